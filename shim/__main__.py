@@ -1,0 +1,7 @@
+"""``python -m shim``: the same as the ``vmsandbox`` command."""
+
+import sys
+
+from shim.cli import main
+
+sys.exit(main())

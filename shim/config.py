@@ -1,0 +1,118 @@
+"""The shim's own configuration: where it listens, what it owns, where it keeps state.
+
+Read from a YAML file (``--config``); every key has a default that works on a single node.
+``cpu_pool`` is the set of host CPUs the shim owns (kernel cpulist syntax, default: every online
+CPU); ``hugepages`` caps how many pages of each size it may hand out (default: what the host
+has reserved).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vmsandbox.errors import InvalidArgument
+from vmsandbox.host import parse_cpulist
+from vmsandbox.resources import HUGEPAGE_SIZES
+
+
+@dataclass(frozen=True)
+class ShimConfig:
+    socket_path: str = "/run/vmsandbox/vmsandbox.sock"
+    socket_group: str = ""
+    state_dir: str = "/var/lib/vmsandbox/state"
+    console_dir: str = "/var/log/vmsandbox/console"
+    libvirt_uri: str = "qemu:///system"
+    cpu_pool: tuple[int, ...] | None = None
+    hugepages: dict[int, int] | None = None  # page size in bytes -> pages the shim may use
+    profile_files: tuple[str, ...] = ()
+    default_handler: str = "vmsandbox"
+    sys_root: str = "/sys"
+    proc_root: str = "/proc"
+    workers: int = 16
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def with_overrides(self, **kwargs: Any) -> ShimConfig:
+        return replace(self, **{k: v for k, v in kwargs.items() if v is not None})
+
+
+_KEYS = {
+    "socket_path",
+    "socket_group",
+    "state_dir",
+    "console_dir",
+    "libvirt_uri",
+    "cpu_pool",
+    "hugepages",
+    "profile_files",
+    "default_handler",
+    "sys_root",
+    "proc_root",
+    "workers",
+}
+
+
+def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise InvalidArgument(f"{source}: {unknown[0]}: unknown key (known: {', '.join(sorted(_KEYS))})")
+    kwargs: dict[str, Any] = {}
+    for key in (
+        "socket_path",
+        "socket_group",
+        "state_dir",
+        "console_dir",
+        "libvirt_uri",
+        "default_handler",
+        "sys_root",
+        "proc_root",
+    ):
+        if key in data:
+            if not isinstance(data[key], str):
+                raise InvalidArgument(f"{source}: {key}: must be a string")
+            kwargs[key] = data[key]
+    if "workers" in data:
+        if not isinstance(data["workers"], int) or not 1 <= data["workers"] <= 256:
+            raise InvalidArgument(f"{source}: workers: must be an integer between 1 and 256")
+        kwargs["workers"] = data["workers"]
+    if data.get("cpu_pool") not in (None, ""):
+        try:
+            kwargs["cpu_pool"] = parse_cpulist(str(data["cpu_pool"]))
+        except ValueError as exc:
+            raise InvalidArgument(f"{source}: cpu_pool: {exc}") from None
+    if data.get("hugepages") is not None:
+        pages = data["hugepages"]
+        if not isinstance(pages, dict):
+            raise InvalidArgument(f"{source}: hugepages: must map a page size (2Mi, 1Gi) to a page count")
+        budget = {}
+        for size, count in pages.items():
+            if size not in HUGEPAGE_SIZES:
+                raise InvalidArgument(f"{source}: hugepages.{size}: unknown page size (use 2Mi or 1Gi)")
+            if not isinstance(count, int) or count < 0:
+                raise InvalidArgument(f"{source}: hugepages.{size}: must be a page count >= 0")
+            budget[HUGEPAGE_SIZES[size]] = count
+        kwargs["hugepages"] = budget
+    if "profile_files" in data:
+        files = data["profile_files"]
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            raise InvalidArgument(f"{source}: profile_files: must be a list of paths")
+        base = Path(source).parent
+        kwargs["profile_files"] = tuple(str(base / f) for f in files)
+    return ShimConfig(**kwargs)
+
+
+def load_config(path: str | None) -> ShimConfig:
+    if not path:
+        return ShimConfig()
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise InvalidArgument(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise InvalidArgument(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{path}: must be a mapping")
+    return config_from_mapping(data, path)

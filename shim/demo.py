@@ -1,0 +1,154 @@
+"""A CRI client that walks one pod through vmsandbox, printing what happens at each step.
+
+Run against a live shim: ``python -m shim.demo --socket /run/vmsandbox/vmsandbox.sock``.
+It declares an init container and two app containers (one with hugepages-2Mi), boots the pod,
+shows the VM shape, the pinning, the host hugepages and the guest's own report, then tries a
+matching and a divergent CreateContainer, and finally stops and removes the pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from pathlib import Path
+
+import grpc
+
+from shim.cri.apimachinery.resource.generated_pb2 import Quantity
+from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+
+
+def resources(requests: dict[str, str], limits: dict[str, str]) -> pb.KubernetesResources:
+    return pb.KubernetesResources(
+        requests={k: Quantity(string=v) for k, v in requests.items()},
+        limits={k: Quantity(string=v) for k, v in limits.items()},
+    )
+
+
+INIT = ("setup", resources({"cpu": "500m", "memory": "64Mi"}, {"cpu": "500m", "memory": "64Mi"}))
+WEB = ("web", resources({"cpu": "1", "memory": "128Mi"}, {"cpu": "1", "memory": "128Mi"}))
+CACHE = (
+    "cache",
+    resources(
+        {"cpu": "500m", "memory": "64Mi", "hugepages-2Mi": "32Mi"},
+        {"cpu": "500m", "memory": "64Mi", "hugepages-2Mi": "32Mi"},
+    ),
+)
+
+
+def pod_config(name: str) -> pb.PodSandboxConfig:
+    return pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=name, namespace="default", uid=str(uuid.uuid4()), attempt=0),
+        hostname=name,
+        labels={"app": "vmsandbox-demo"},
+        pod_resources=pb.PodResourceConfig(
+            init_containers=[pb.ContainerResourceConfig(name=INIT[0], kubernetes_resources=INIT[1])],
+            containers=[
+                pb.ContainerResourceConfig(name=WEB[0], kubernetes_resources=WEB[1]),
+                pb.ContainerResourceConfig(name=CACHE[0], kubernetes_resources=CACHE[1]),
+            ],
+        ),
+    )
+
+
+def container_config(name: str, res: pb.KubernetesResources) -> pb.ContainerConfig:
+    return pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name=name, attempt=0),
+        image=pb.ImageSpec(image="registry.k8s.io/pause:3.9"),
+        kubernetes_resources=res,
+    )
+
+
+def hugepages_free() -> int:
+    return int(Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").read_text())
+
+
+def say(step: str, text: str = "") -> None:
+    print(f"\n== {step}" + (f"\n{text}" if text else ""), flush=True)
+
+
+def run(socket: str, handler: str) -> int:
+    channel = grpc.insecure_channel(f"unix:{socket}")
+    rt = pb_grpc.RuntimeServiceStub(channel)
+    version = rt.Version(pb.VersionRequest(), timeout=10)
+    status = rt.Status(pb.StatusRequest(), timeout=30)
+    conditions = ", ".join(f"{c.type}={c.status}" for c in status.status.conditions)
+    say("runtime", f"{version.runtime_name} {version.runtime_version} (CRI {version.runtime_api_version}); {conditions}")
+
+    free_before = hugepages_free()
+    config = pod_config("demo-pod")
+    say(
+        "RunPodSandbox",
+        "declared: init setup(cpu 500m, memory 64Mi); app web(cpu 1, memory 128Mi); "
+        "app cache(cpu 500m, memory 64Mi, hugepages-2Mi 32Mi)",
+    )
+    sandbox_id = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config, runtime_handler=handler), timeout=300)
+    sid = sandbox_id.pod_sandbox_id
+    st = rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True), timeout=30)
+    info = json.loads(st.info["info"])
+    shape, guest = info["shape"], info["guest"]
+    free_running = hugepages_free()
+    print(f"sandbox {sid[:12]} is {pb.PodSandboxState.Name(st.status.state)} (domain {info['domain']}, "
+          f"{info['accel']}, ready in {info['boot_ms']} ms)")
+    print(f"VM shape: {shape['vcpus']} vCPUs, {shape['memory_bytes'] >> 20} MiB guest RAM backed by "
+          f"{shape['backing_page_size'] >> 10} KiB pages, sized from {shape['demand']['mode']} resources")
+    pins = ", ".join(f"vCPU{i}->CPU{c}" for i, c in enumerate(info["pinned_cpus"]))
+    print(f"pinning: {pins}; emulator threads on CPUs {info['emulator_cpus']}")
+    for h in info["hugepages"]:
+        print(f"host hugepages held: {h['pages']} x {h['page_size'] >> 10} KiB on node {h['node']} "
+              f"(host HugePages_Free {free_before} -> {free_running})")
+    pages = ", ".join(f"{int(k)} KiB: {v['total']} total" for k, v in guest["hugepages"].items())
+    print(f"the guest reports: {guest['vcpus']} vCPUs, MemTotal {guest['mem_total_kib']} KiB, hugepages [{pages}], "
+          f"kernel {guest['kernel']}")
+
+    say("CreateContainer web (as declared)")
+    created = rt.CreateContainer(
+        pb.CreateContainerRequest(pod_sandbox_id=sid, config=container_config(*WEB), sandbox_config=config),
+        timeout=30,
+    )
+    print(f"accepted: container {created.container_id[:12]}")
+
+    say("CreateContainer cache (asks for more memory than declared)")
+    bigger = resources(
+        {"cpu": "500m", "memory": "64Mi", "hugepages-2Mi": "32Mi"},
+        {"cpu": "500m", "memory": "1Gi", "hugepages-2Mi": "32Mi"},
+    )
+    rejected_ok = False
+    try:
+        rt.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=sid, config=container_config("cache", bigger), sandbox_config=config),
+            timeout=30,
+        )
+        print("UNEXPECTED: the divergent container was accepted")
+    except grpc.RpcError as err:
+        print(f"rejected: {err.code().name}: {err.details()}")
+        rejected_ok = err.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+    say("StopPodSandbox + RemovePodSandbox")
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+    left = rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items
+    free_after = hugepages_free()
+    print(f"sandboxes left: {len(left)}; host HugePages_Free back to {free_after} (was {free_before})")
+    ok = rejected_ok and free_after == free_before and not [s for s in left if s.id == sid]
+    print("\ndemo " + ("completed" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--socket", default="/run/vmsandbox/vmsandbox.sock")
+    parser.add_argument("--handler", default="vmsandbox")
+    args = parser.parse_args()
+    try:
+        return run(args.socket, args.handler)
+    except grpc.RpcError as err:
+        print(f"demo failed: {err.code().name}: {err.details()}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

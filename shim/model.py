@@ -1,0 +1,113 @@
+"""What the shim knows about sandboxes and containers: requests in, records kept (no protobuf).
+
+``SandboxSpec`` and ``ContainerSpec`` are RunPodSandbox/CreateContainer requests after
+translation; ``SandboxRecord`` and ``ContainerRecord`` are what the state database keeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from vmsandbox.resources import ContainerResources, PodDeclaration
+from vmsandbox.sizing import LinuxResources
+
+SANDBOX_READY = "SANDBOX_READY"
+SANDBOX_NOTREADY = "SANDBOX_NOTREADY"
+CONTAINER_CREATED = "CONTAINER_CREATED"
+CONTAINER_RUNNING = "CONTAINER_RUNNING"
+CONTAINER_EXITED = "CONTAINER_EXITED"
+CONTAINER_UNKNOWN = "CONTAINER_UNKNOWN"
+
+
+@dataclass(frozen=True)
+class PodMeta:
+    name: str
+    namespace: str
+    uid: str
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    meta: PodMeta
+    runtime_handler: str = ""
+    hostname: str = ""
+    log_directory: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    declaration: PodDeclaration | None = None
+    linux_resources: LinuxResources = field(default_factory=LinuxResources)
+    linux_overhead: LinuxResources = field(default_factory=LinuxResources)
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    name: str
+    attempt: int = 0
+    image: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    log_path: str = ""
+    # requests/limits from kubernetes_resources (field 19); None when the kubelet did not send it
+    resources: ContainerResources | None = None
+    attachments: ContainerResources = field(default_factory=ContainerResources)  # mounts, devices, CDI
+    linux: LinuxResources = field(default_factory=LinuxResources)
+
+
+@dataclass(frozen=True)
+class SandboxRecord:
+    id: str
+    meta: PodMeta
+    state: str
+    created_ns: int
+    runtime_handler: str
+    profile: str
+    domain: str
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    hostname: str = ""
+    log_directory: str = ""
+    declaration: dict[str, Any] | None = None  # records.declaration_doc
+    shape: dict[str, Any] = field(default_factory=dict)  # records.shape_doc
+    cpus: list[int] = field(default_factory=list)
+    emulator_cpus: list[int] = field(default_factory=list)
+    hugepages: list[list[int]] = field(default_factory=list)  # [node, page size, count]
+    guest: dict[str, Any] = field(default_factory=dict)  # the guest's own report
+    accel: str = ""
+    boot_ms: int = 0
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_doc(doc: dict[str, Any]) -> SandboxRecord:
+        return SandboxRecord(**{**doc, "meta": PodMeta(**doc["meta"])})
+
+    def with_state(self, state: str) -> SandboxRecord:
+        return replace(self, state=state)
+
+
+@dataclass(frozen=True)
+class ContainerRecord:
+    id: str
+    sandbox_id: str
+    name: str
+    attempt: int
+    state: str
+    created_ns: int
+    image: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    log_path: str = ""
+    resources: dict[str, Any] = field(default_factory=dict)  # records.resources_doc of what was admitted
+    linux: dict[str, Any] = field(default_factory=dict)  # LinuxResources fields, updated on update
+    reason: str = ""
+    message: str = ""
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_doc(doc: dict[str, Any]) -> ContainerRecord:
+        return ContainerRecord(**doc)

@@ -1,0 +1,109 @@
+"""Assemble and run the CRI server: state, hypervisor, profiles, reconciliation, unix socket.
+
+The socket is created with mode 0660 (umask set around the bind, then chmod), owned by root
+and the configured group; the state directory is 0700.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from shim.config import ShimConfig
+from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from shim.runtime_service import ImageServicer, RuntimeServicer
+from shim.sandboxes import Sandboxes
+from vmsandbox.errors import InfrastructureError
+from vmsandbox.hypervisor import Hypervisor
+from vmsandbox.ledger import Ledger
+from vmsandbox.profile_loader import default_profiles, load_profiles
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Running:
+    server: grpc.Server
+    sandboxes: Sandboxes
+    ledger: Ledger
+    hypervisor: Hypervisor
+
+    def stop(self, grace: float = 5.0) -> None:
+        self.server.stop(grace).wait()
+        self.hypervisor.close()
+        self.ledger.close()
+
+
+def _prepare_socket(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        if not path.is_socket():
+            raise InfrastructureError(f"{path} exists and is not a socket; refusing to replace it")
+        path.unlink()
+
+
+def _secure_socket(path: Path, group: str) -> None:
+    os.chmod(path, 0o660)
+    if group:
+        import grp
+
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise InfrastructureError(f"socket_group {group!r} does not exist") from None
+        os.chown(path, 0, gid)
+
+
+def start(config: ShimConfig) -> Running:
+    state = Path(config.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    os.chmod(state, 0o700)
+    ledger = Ledger(state / "state.db")
+    hypervisor = Hypervisor(config.libvirt_uri)
+    profiles = load_profiles(config.profile_files) if config.profile_files else default_profiles()
+    sandboxes = Sandboxes(config, ledger, hypervisor, profiles)
+    report = sandboxes.reconcile()
+    log.info("reconciled with libvirt: %s", {k: len(v) for k, v in report.items()})
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
+    pb_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(sandboxes), server)
+    pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(config.state_dir), server)
+    sock = Path(config.socket_path)
+    _prepare_socket(sock)
+    old = os.umask(0o117)
+    try:
+        port = server.add_insecure_port(f"unix:{sock}")
+    finally:
+        os.umask(old)
+    if not port:
+        raise InfrastructureError(f"cannot listen on unix socket {sock}")
+    server.start()
+    _secure_socket(sock, config.socket_group)
+    log.info(
+        "vmsandbox listening on %s (libvirt %s, CPUs %s, handlers %s)",
+        sock,
+        config.libvirt_uri,
+        sorted(sandboxes.owned_cpus),
+        sorted(profiles),
+    )
+    return Running(server=server, sandboxes=sandboxes, ledger=ledger, hypervisor=hypervisor)
+
+
+def serve(config: ShimConfig) -> None:
+    running = start(config)
+    done = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down (guests keep running and are adopted on restart)", signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    done.wait()
+    running.stop()

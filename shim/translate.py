@@ -1,0 +1,261 @@
+"""Protobuf <-> core: the only module of the shim that reads or builds CRI messages' fields.
+
+Inbound, it validates shapes the protobuf types cannot (quantities, page sizes, empty names)
+and raises ``InvalidArgument`` naming the field. Outbound, it renders records as CRI messages.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.model import (
+    ContainerRecord,
+    ContainerSpec,
+    PodMeta,
+    SandboxRecord,
+    SandboxSpec,
+)
+from vmsandbox.errors import InvalidArgument
+from vmsandbox.resources import (
+    CdiDevice,
+    ContainerDeclaration,
+    ContainerResources,
+    Device,
+    Mount,
+    PodDeclaration,
+    ResourceList,
+)
+from vmsandbox.sizing import LinuxResources
+
+_PAGE_SIZE = re.compile(r"^(\d+)(B|KB|MB|GB|TB|Ki|Mi|Gi|Ti)$")
+_UNITS = {
+    "B": 1,
+    "KB": 1 << 10,
+    "MB": 1 << 20,
+    "GB": 1 << 30,
+    "TB": 1 << 40,
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+}
+
+
+def page_size_bytes(text: str, where: str) -> int:
+    """CRI hugepage sizes are written '2MB', '1GB' (binary multiples)."""
+    m = _PAGE_SIZE.match(text)
+    if not m:
+        raise InvalidArgument(f"{where}: invalid hugepage size {text!r} (expected e.g. 2MB or 1GB)")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def linux_resources(msg: pb.LinuxContainerResources, where: str) -> LinuxResources:
+    if msg.cpu_period < 0 or msg.cpu_shares < 0 or msg.memory_limit_in_bytes < 0:
+        raise InvalidArgument(f"{where}: cpu_period, cpu_shares and memory_limit_in_bytes must not be negative")
+    pages = tuple(
+        sorted((page_size_bytes(h.page_size, f"{where}.hugepage_limits"), int(h.limit)) for h in msg.hugepage_limits)
+    )
+    return LinuxResources(
+        cpu_period=msg.cpu_period,
+        cpu_quota=max(msg.cpu_quota, 0),
+        cpu_shares=msg.cpu_shares,
+        memory_limit_bytes=msg.memory_limit_in_bytes,
+        hugepage_limits=pages,
+        cpuset_cpus=msg.cpuset_cpus,
+    )
+
+
+def _quantities(m: Mapping[str, Any], where: str) -> ResourceList:
+    raw = {}
+    for key, q in m.items():
+        if not q.HasField("string"):
+            raise InvalidArgument(f"{where}.{key}: quantity has no value")
+        raw[key] = q.string
+    return ResourceList.parse(raw, where=where)
+
+
+def _mounts(items: Iterable[pb.Mount]) -> frozenset[Mount]:
+    return frozenset(
+        Mount(
+            container_path=m.container_path,
+            host_path=m.host_path,
+            readonly=m.readonly,
+            selinux_relabel=m.selinux_relabel,
+            propagation=int(m.propagation),
+        )
+        for m in items
+    )
+
+
+def _devices(items: Iterable[pb.Device]) -> frozenset[Device]:
+    return frozenset(Device(d.container_path, d.host_path, d.permissions) for d in items)
+
+
+def _cdi(items: Iterable[pb.CDIDevice]) -> frozenset[CdiDevice]:
+    return frozenset(CdiDevice(c.name) for c in items)
+
+
+def kubernetes_resources(msg: pb.KubernetesResources, where: str) -> ContainerResources:
+    return ContainerResources(
+        requests=_quantities(msg.requests, f"{where}: requests"),
+        limits=_quantities(msg.limits, f"{where}: limits"),
+    )
+
+
+def declaration(msg: pb.PodResourceConfig) -> PodDeclaration:
+    def one(c: pb.ContainerResourceConfig, kind: str) -> ContainerDeclaration:
+        if not c.name:
+            raise InvalidArgument(f"pod_resources: an {kind} has an empty name")
+        where = f'pod_resources: container "{c.name}"'
+        res = kubernetes_resources(c.kubernetes_resources, where)
+        return ContainerDeclaration(
+            name=c.name,
+            resources=ContainerResources(
+                requests=res.requests,
+                limits=res.limits,
+                mounts=_mounts(c.mounts),
+                devices=_devices(c.devices),
+                cdi_devices=_cdi(c.CDI_devices),
+            ),
+        )
+
+    return PodDeclaration(
+        init_containers=tuple(one(c, "init container") for c in msg.init_containers),
+        containers=tuple(one(c, "app container") for c in msg.containers),
+    )
+
+
+def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSpec:
+    md = config.metadata
+    linux = config.linux
+    return SandboxSpec(
+        meta=PodMeta(name=md.name, namespace=md.namespace, uid=md.uid, attempt=md.attempt),
+        runtime_handler=runtime_handler,
+        hostname=config.hostname,
+        log_directory=config.log_directory,
+        labels=dict(config.labels),
+        annotations=dict(config.annotations),
+        declaration=declaration(config.pod_resources) if config.HasField("pod_resources") else None,
+        linux_resources=linux_resources(linux.resources, "linux.resources"),
+        linux_overhead=linux_resources(linux.overhead, "linux.overhead"),
+    )
+
+
+def container_spec(config: pb.ContainerConfig) -> ContainerSpec:
+    name = config.metadata.name
+    where = f'container "{name}"'
+    resources = (
+        kubernetes_resources(config.kubernetes_resources, where) if config.HasField("kubernetes_resources") else None
+    )
+    return ContainerSpec(
+        name=name,
+        attempt=config.metadata.attempt,
+        image=config.image.image,
+        labels=dict(config.labels),
+        annotations=dict(config.annotations),
+        log_path=config.log_path,
+        resources=resources,
+        attachments=ContainerResources(
+            mounts=_mounts(config.mounts), devices=_devices(config.devices), cdi_devices=_cdi(config.CDI_devices)
+        ),
+        linux=linux_resources(config.linux.resources, f"{where}: linux.resources"),
+    )
+
+
+# -- outbound -------------------------------------------------------------------------------------
+def sandbox_state(state: str) -> int:
+    return int(pb.SANDBOX_READY if state == "SANDBOX_READY" else pb.SANDBOX_NOTREADY)
+
+
+def container_state(state: str) -> int:
+    return int(pb.ContainerState.Value(state))
+
+
+def pod_metadata(r: SandboxRecord) -> pb.PodSandboxMetadata:
+    return pb.PodSandboxMetadata(name=r.meta.name, namespace=r.meta.namespace, uid=r.meta.uid, attempt=r.meta.attempt)
+
+
+def pod_sandbox(r: SandboxRecord) -> pb.PodSandbox:
+    return pb.PodSandbox(
+        id=r.id,
+        metadata=pod_metadata(r),
+        state=sandbox_state(r.state),  # type: ignore[arg-type]
+        created_at=r.created_ns,
+        labels=r.labels,
+        annotations=r.annotations,
+        runtime_handler=r.runtime_handler,
+    )
+
+
+def pod_sandbox_status(r: SandboxRecord) -> pb.PodSandboxStatus:
+    return pb.PodSandboxStatus(
+        id=r.id,
+        metadata=pod_metadata(r),
+        state=sandbox_state(r.state),  # type: ignore[arg-type]
+        created_at=r.created_ns,
+        labels=r.labels,
+        annotations=r.annotations,
+        runtime_handler=r.runtime_handler,
+        network=pb.PodSandboxNetworkStatus(ip=""),
+        linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=pb.NamespaceOption())),
+    )
+
+
+def sandbox_info(r: SandboxRecord) -> dict[str, str]:
+    """The verbose ``info`` map: one JSON document under the key "info", as containerd does."""
+    doc = {
+        "domain": r.domain,
+        "profile": r.profile,
+        "sizing_mode": r.shape.get("demand", {}).get("mode", ""),
+        "shape": r.shape,
+        "pinned_cpus": r.cpus,
+        "emulator_cpus": r.emulator_cpus,
+        "hugepages": [{"node": n, "page_size": s, "pages": c} for n, s, c in r.hugepages],
+        "accel": r.accel,
+        "boot_ms": r.boot_ms,
+        "guest": r.guest,
+        "declaration": r.declaration,
+    }
+    return {"info": json.dumps(doc, sort_keys=True)}
+
+
+def container_metadata(c: ContainerRecord) -> pb.ContainerMetadata:
+    return pb.ContainerMetadata(name=c.name, attempt=c.attempt)
+
+
+def container(c: ContainerRecord) -> pb.Container:
+    return pb.Container(
+        id=c.id,
+        pod_sandbox_id=c.sandbox_id,
+        metadata=container_metadata(c),
+        image=pb.ImageSpec(image=c.image),
+        image_ref=c.image,
+        state=container_state(c.state),  # type: ignore[arg-type]
+        created_at=c.created_ns,
+        labels=c.labels,
+        annotations=c.annotations,
+    )
+
+
+def container_status(c: ContainerRecord) -> pb.ContainerStatus:
+    return pb.ContainerStatus(
+        id=c.id,
+        metadata=container_metadata(c),
+        state=container_state(c.state),  # type: ignore[arg-type]
+        created_at=c.created_ns,
+        image=pb.ImageSpec(image=c.image),
+        image_ref=c.image,
+        reason=c.reason,
+        message=c.message,
+        labels=c.labels,
+        annotations=c.annotations,
+        log_path=c.log_path,
+    )
+
+
+def container_info(c: ContainerRecord) -> dict[str, str]:
+    return {"info": json.dumps({"resources": c.resources, "linux": c.linux}, sort_keys=True)}

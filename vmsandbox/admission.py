@@ -1,0 +1,207 @@
+"""Admission: does a container (or an update) match what the pod declared? (pure)
+
+A running VM cannot grow, so CreateContainer must ask for exactly what ``pod_resources``
+declared for that name, and an update must stay inside the VM. Every function returns or
+raises with messages naming the container, the resource, the declared and the requested value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from vmsandbox.errors import AlreadyExists, Diverged
+from vmsandbox.quantity import Quantity, format_quantity
+from vmsandbox.resources import (
+    CPU,
+    MEMORY,
+    ContainerResources,
+    PodDeclaration,
+    ResourceList,
+    hugepage_size,
+)
+from vmsandbox.sizing import LinuxResources, PodDemand
+
+MIN_SHARES = 2
+DEFAULT_PERIOD = 100_000
+
+
+def _q(q: Quantity | None) -> str:
+    return q.canonical() if q is not None else "nothing"
+
+
+def _list_differences(name: str, kind: str, declared: ResourceList, requested: ResourceList) -> list[str]:
+    out = []
+    for key in sorted(set(declared.names()) | set(requested.names())):
+        d, r = declared.get(key), requested.get(key)
+        if d is None or r is None or d != r:
+            out.append(f'container "{name}": {kind}.{key} declared {_q(d)}, requested {_q(r)}')
+    return out
+
+
+def _set_differences(name: str, kind: str, declared: Iterable[object], requested: Iterable[object]) -> list[str]:
+    d, r = set(declared), set(requested)
+    out = []
+    for item in sorted(d - r, key=repr):
+        out.append(f'container "{name}": {kind} {item.describe()} declared, not requested')  # type: ignore[attr-defined]
+    for item in sorted(r - d, key=repr):
+        out.append(f'container "{name}": {kind} {item.describe()} requested, not declared')  # type: ignore[attr-defined]
+    return out
+
+
+def differences(name: str, declared: ContainerResources, requested: ContainerResources) -> list[str]:
+    """Every way ``requested`` differs from ``declared``; empty means identical."""
+    return [
+        *_list_differences(name, "requests", declared.requests, requested.requests),
+        *_list_differences(name, "limits", declared.limits, requested.limits),
+        *attachment_differences(name, declared, requested),
+    ]
+
+
+@dataclass(frozen=True)
+class Existing:
+    """A container already created in the sandbox."""
+
+    name: str
+    attempt: int
+
+
+def check_name(declaration: PodDeclaration, name: str, attempt: int, existing: Sequence[Existing]) -> None:
+    """The name must be declared, and not be created twice under the same attempt."""
+    if declaration.find(name) is None:
+        declared = ", ".join(repr(c.name) for c in declaration.all_containers())
+        raise Diverged(f'container "{name}" was not declared at RunPodSandbox (declared: {declared})')
+    for e in existing:
+        if e.name == name and e.attempt == attempt:
+            raise AlreadyExists(
+                f'container "{name}" (attempt {attempt}) already exists in this sandbox; '
+                "a retry must carry a higher attempt"
+            )
+
+
+def admit_declared(
+    declaration: PodDeclaration,
+    name: str,
+    attempt: int,
+    requested: ContainerResources,
+    existing: Sequence[Existing],
+) -> None:
+    """CreateContainer with ``kubernetes_resources``: accept iff identical to the declaration."""
+    check_name(declaration, name, attempt, existing)
+    decl = declaration.find(name)
+    assert decl is not None
+    diffs = differences(name, decl.resources, requested)
+    if diffs:
+        raise Diverged("resources diverge from the pod's declaration: " + "; ".join(diffs))
+
+
+# -- containers that only carry LinuxContainerResources ------------------------------------------
+def implied_linux(resources: ContainerResources) -> LinuxResources:
+    """The cgroup settings a kubelet derives from requests/limits (shares, quota, memory, pages)."""
+    req_cpu = resources.requests.get(CPU) or resources.limits.get(CPU)
+    lim_cpu = resources.limits.get(CPU)
+    shares = max(MIN_SHARES, req_cpu.milli_value() * 1024 // 1000) if req_cpu is not None else MIN_SHARES
+    quota = max(1000, lim_cpu.milli_value() * DEFAULT_PERIOD // 1000) if lim_cpu is not None else 0
+    mem = resources.limits.get(MEMORY)
+    pages = []
+    for key, q in resources.limits:
+        size = hugepage_size(key)
+        if size is not None and q.value_int():
+            pages.append((size, q.value_int()))
+    return LinuxResources(
+        cpu_period=DEFAULT_PERIOD if quota else 0,
+        cpu_quota=quota,
+        cpu_shares=shares,
+        memory_limit_bytes=mem.value_int() if mem is not None else 0,
+        hugepage_limits=tuple(sorted(pages)),
+    )
+
+
+def _cpu_from_quota(lr: LinuxResources) -> str:
+    if lr.cpu_quota <= 0 or lr.cpu_period <= 0:
+        return "nothing"
+    return format_quantity(Fraction(lr.cpu_quota, lr.cpu_period), "DecimalSI")
+
+
+def linux_differences(name: str, declared: ContainerResources, requested: LinuxResources) -> list[str]:
+    """Compare a declaration with what a container's LinuxContainerResources says."""
+    want = implied_linux(declared)
+    out = []
+    if want.cpu_shares != requested.cpu_shares and requested.cpu_shares != 0:
+        out.append(
+            f'container "{name}": requests.cpu declared {_q(declared.requests.get(CPU))} '
+            f"(cpu shares {want.cpu_shares}), requested cpu shares {requested.cpu_shares}"
+        )
+    period = requested.cpu_period or DEFAULT_PERIOD
+    requested_quota = requested.cpu_quota if requested.cpu_quota > 0 else 0
+    if Fraction(want.cpu_quota, DEFAULT_PERIOD) != Fraction(requested_quota, period):
+        out.append(
+            f'container "{name}": limits.cpu declared {_q(declared.limits.get(CPU))}, '
+            f"requested {_cpu_from_quota(requested)} (cpu quota {requested.cpu_quota}/{requested.cpu_period})"
+        )
+    if want.memory_limit_bytes != requested.memory_limit_bytes:
+        got = format_quantity(requested.memory_limit_bytes, "BinarySI") if requested.memory_limit_bytes else "nothing"
+        out.append(f'container "{name}": limits.memory declared {_q(declared.limits.get(MEMORY))}, requested {got}')
+    want_pages = dict(want.hugepage_limits)
+    got_pages = {s: v for s, v in requested.hugepage_limits if v}
+    for size in sorted(set(want_pages) | set(got_pages)):
+        if want_pages.get(size, 0) != got_pages.get(size, 0):
+            label = f"hugepages-{size >> 30}Gi" if size >= 1 << 30 else f"hugepages-{size >> 20}Mi"
+            d = format_quantity(want_pages[size], "BinarySI") if size in want_pages else "nothing"
+            r = format_quantity(got_pages[size], "BinarySI") if size in got_pages else "nothing"
+            out.append(f'container "{name}": limits.{label} declared {d}, requested {r}')
+    return out
+
+
+# -- pods sized without a declaration: stay inside the VM ---------------------------------------
+@dataclass(frozen=True)
+class Usage:
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+    hugepages: tuple[tuple[int, int], ...] = ()
+
+    @staticmethod
+    def of_linux(lr: LinuxResources) -> Usage:
+        return Usage(cpu_millis=lr.cpu_millis(), memory_bytes=lr.memory_limit_bytes, hugepages=lr.hugepage_limits)
+
+    @staticmethod
+    def of_resources(res: ContainerResources) -> Usage:
+        return Usage.of_linux(implied_linux(res))
+
+
+def check_envelope(demand: PodDemand, others: Sequence[Usage], new: Usage, *, who: str) -> None:
+    """The containers' limits, summed, must stay within what the VM was sized for."""
+    problems = []
+    cpu = sum(u.cpu_millis for u in others) + new.cpu_millis
+    if cpu > demand.cpu_millis:
+        problems.append(
+            f"cpu: {format_quantity(Fraction(cpu, 1000), 'DecimalSI')} in all > VM's "
+            f"{format_quantity(Fraction(demand.cpu_millis, 1000), 'DecimalSI')} "
+            f"(it would have to grow by {format_quantity(Fraction(cpu - demand.cpu_millis, 1000), 'DecimalSI')})"
+        )
+    mem = sum(u.memory_bytes for u in others) + new.memory_bytes
+    if mem > demand.memory_bytes:
+        problems.append(
+            f"memory: {format_quantity(mem, 'BinarySI')} in all > VM's {format_quantity(demand.memory_bytes, 'BinarySI')} "
+            f"(it would have to grow by {format_quantity(mem - demand.memory_bytes, 'BinarySI')})"
+        )
+    for size, limit in new.hugepages:
+        used = sum(dict(u.hugepages).get(size, 0) for u in others) + limit
+        have = demand.hugepage_bytes(size)
+        if used > have:
+            problems.append(
+                f"hugepages-{size >> 20}Mi: {format_quantity(used, 'BinarySI')} in all > VM's "
+                f"{format_quantity(have, 'BinarySI')}"
+            )
+    if problems:
+        raise Diverged(f"{who} does not fit in the VM, which cannot grow: " + "; ".join(problems))
+
+
+def attachment_differences(name: str, declared: ContainerResources, requested: ContainerResources) -> list[str]:
+    """Mounts, devices and CDI devices only (for containers that carry no kubernetes_resources)."""
+    return [
+        *_set_differences(name, "mount", declared.mounts, requested.mounts),
+        *_set_differences(name, "device", declared.devices, requested.devices),
+        *_set_differences(name, "CDI device", declared.cdi_devices, requested.cdi_devices),
+    ]

@@ -1,0 +1,144 @@
+"""The libvirt domain of a sandbox as typed, frozen values, and the pure builder that makes it.
+
+``build_domain`` turns (sandbox identity, VM shape, placement, guest image, settings) into a
+``Domain``; ``domain_xml.render`` turns a ``Domain`` into libvirt XML. Nothing here touches
+libvirt or the filesystem: same input, same domain, same XML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from vmsandbox.sizing import VmShape
+
+METADATA_NS = "https://vmsandbox.dev/xmlns/sandbox/1"
+METADATA_PREFIX = "vmsandbox"
+AGENT_CHANNEL = "io.vmsandbox.agent.0"
+DOMAIN_PREFIX = "vmsandbox-"
+
+DomainType = Literal["kvm", "qemu"]
+
+
+@dataclass(frozen=True)
+class SandboxIdentity:
+    """Who the guest belongs to; written into the domain's metadata."""
+
+    sandbox_id: str
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    attempt: int
+    runtime_handler: str
+
+
+@dataclass(frozen=True)
+class CpuTune:
+    vcpupins: tuple[tuple[int, tuple[int, ...]], ...]  # (vcpu, host cpus)
+    emulatorpin: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HugepageBacking:
+    page_size_kib: int
+    host_nodes: tuple[int, ...] = ()  # NUMA nodes the pages come from (numatune strict)
+
+
+@dataclass(frozen=True)
+class KernelBoot:
+    kernel: str
+    initrd: str
+    cmdline: str
+    machine: str
+
+
+@dataclass(frozen=True)
+class AgentChannel:
+    """A virtio-serial port; libvirt picks the host socket path when ``path`` is empty."""
+
+    name: str = AGENT_CHANNEL
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class ConsoleLog:
+    path: str
+
+
+@dataclass(frozen=True)
+class Domain:
+    name: str
+    uuid: str
+    type: DomainType
+    memory_kib: int
+    vcpus: int
+    cputune: CpuTune | None
+    memory_backing: HugepageBacking | None
+    boot: KernelBoot
+    cpu_mode: Literal["host-passthrough", "qemu64"]
+    identity: SandboxIdentity
+    shape_json: str
+    channel: AgentChannel
+    console: ConsoleLog | None
+
+
+def domain_name(sandbox_id: str) -> str:
+    """Domain names are derived from ids we generate, never from pod names."""
+    return f"{DOMAIN_PREFIX}{sandbox_id[:32]}"
+
+
+def guest_cmdline(shape: VmShape, extra: str) -> str:
+    """Kernel command line: serial console, the containers' hugepages, then the profile's extra."""
+    parts = ["console=ttyS0", "panic=-1", "quiet"]
+    for size, count in shape.guest_hugepages:
+        parts.append(f"hugepagesz={size // (1024 * 1024)}M" if size < 1 << 30 else f"hugepagesz={size >> 30}G")
+        parts.append(f"hugepages={count}")
+    if extra.strip():
+        parts.append(extra.strip())
+    return " ".join(parts)
+
+
+def build_domain(
+    *,
+    identity: SandboxIdentity,
+    uuid: str,
+    shape: VmShape,
+    host_cpus: tuple[int, ...],
+    emulator_cpus: tuple[int, ...],
+    hugepage_nodes: tuple[int, ...],
+    accel: Literal["kvm", "tcg"],
+    kernel: str,
+    initrd: str,
+    machine: str,
+    extra_cmdline: str,
+    shape_json: str,
+    console_log: str | None,
+) -> Domain:
+    """Assemble the domain. With pinning, vCPU i runs on ``host_cpus[i]``; shared pods float."""
+    if shape.cpu_policy == "exclusive":
+        if len(host_cpus) != shape.vcpus:
+            raise ValueError(f"{shape.vcpus} vCPUs need {shape.vcpus} host CPUs, got {len(host_cpus)}")
+        pins = tuple((i, (cpu,)) for i, cpu in enumerate(host_cpus))
+    else:
+        pins = tuple((i, tuple(sorted(host_cpus))) for i in range(shape.vcpus))
+    cputune = CpuTune(vcpupins=pins, emulatorpin=tuple(sorted(emulator_cpus or host_cpus))) if host_cpus else None
+    backing = (
+        HugepageBacking(page_size_kib=shape.backing_page_size // 1024, host_nodes=hugepage_nodes)
+        if shape.hugepage_backed
+        else None
+    )
+    return Domain(
+        name=domain_name(identity.sandbox_id),
+        uuid=uuid,
+        type="kvm" if accel == "kvm" else "qemu",
+        memory_kib=shape.memory_bytes // 1024,
+        vcpus=shape.vcpus,
+        cputune=cputune,
+        memory_backing=backing,
+        boot=KernelBoot(kernel=kernel, initrd=initrd, cmdline=guest_cmdline(shape, extra_cmdline), machine=machine),
+        cpu_mode="host-passthrough" if accel == "kvm" else "qemu64",
+        identity=identity,
+        shape_json=shape_json,
+        channel=AgentChannel(),
+        console=ConsoleLog(console_log) if console_log else None,
+    )

@@ -1,0 +1,125 @@
+"""Render a typed ``Domain`` to libvirt domain XML, and read our metadata back from XML.
+
+Built with ElementTree only: every pod-supplied string (names, namespaces) reaches the XML as
+element text or attribute values, escaped by the library, never pasted.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from vmsandbox.domain import METADATA_NS, METADATA_PREFIX, Domain, SandboxIdentity
+from vmsandbox.host import format_cpulist
+
+ET.register_namespace(METADATA_PREFIX, METADATA_NS)
+
+
+_cpuset = format_cpulist
+
+
+def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+    el = ET.SubElement(parent, tag, attrs)
+    if text is not None:
+        el.text = text
+    return el
+
+
+def _metadata(parent: ET.Element, domain: Domain) -> None:
+    meta = _sub(parent, "metadata")
+    ident = domain.identity
+    sandbox = _sub(meta, f"{{{METADATA_NS}}}sandbox", id=ident.sandbox_id)
+    _sub(sandbox, f"{{{METADATA_NS}}}pod", name=ident.pod_name, namespace=ident.pod_namespace, uid=ident.pod_uid)
+    _sub(sandbox, f"{{{METADATA_NS}}}attempt", str(ident.attempt))
+    _sub(sandbox, f"{{{METADATA_NS}}}handler", ident.runtime_handler)
+    _sub(sandbox, f"{{{METADATA_NS}}}shape", domain.shape_json)
+
+
+def render(domain: Domain) -> str:
+    root = ET.Element("domain", type=domain.type)
+    _sub(root, "name", domain.name)
+    _sub(root, "uuid", domain.uuid)
+    _metadata(root, domain)
+    _sub(root, "memory", str(domain.memory_kib), unit="KiB")
+    _sub(root, "currentMemory", str(domain.memory_kib), unit="KiB")
+    if domain.memory_backing is not None:
+        backing = _sub(root, "memoryBacking")
+        pages = _sub(backing, "hugepages")
+        _sub(pages, "page", size=str(domain.memory_backing.page_size_kib), unit="KiB")
+    _sub(root, "vcpu", str(domain.vcpus), placement="static")
+    if domain.cputune is not None:
+        tune = _sub(root, "cputune")
+        for vcpu, cpus in domain.cputune.vcpupins:
+            _sub(tune, "vcpupin", vcpu=str(vcpu), cpuset=_cpuset(cpus))
+        _sub(tune, "emulatorpin", cpuset=_cpuset(domain.cputune.emulatorpin))
+    if domain.memory_backing is not None and domain.memory_backing.host_nodes:
+        numatune = _sub(root, "numatune")
+        _sub(numatune, "memory", mode="strict", nodeset=_cpuset(domain.memory_backing.host_nodes))
+    os_el = _sub(root, "os")
+    _sub(os_el, "type", "hvm", arch="x86_64", machine=domain.boot.machine)
+    _sub(os_el, "kernel", domain.boot.kernel)
+    _sub(os_el, "initrd", domain.boot.initrd)
+    _sub(os_el, "cmdline", domain.boot.cmdline)
+    features = _sub(root, "features")
+    _sub(features, "acpi")
+    _sub(features, "apic")
+    if domain.cpu_mode == "host-passthrough":
+        _sub(root, "cpu", mode="host-passthrough", check="none", migratable="off")
+    else:
+        cpu = _sub(root, "cpu", mode="custom", match="exact", check="none")
+        _sub(cpu, "model", domain.cpu_mode, fallback="forbid")
+    _sub(root, "clock", offset="utc")
+    _sub(root, "on_poweroff", "destroy")
+    _sub(root, "on_reboot", "destroy")
+    _sub(root, "on_crash", "destroy")
+    devices = _sub(root, "devices")
+    _sub(devices, "controller", type="virtio-serial", index="0")
+    channel = _sub(devices, "channel", type="unix")
+    source_attrs = {"mode": "bind"}
+    if domain.channel.path:
+        source_attrs["path"] = domain.channel.path
+    _sub(channel, "source", **source_attrs)
+    _sub(channel, "target", type="virtio", name=domain.channel.name)
+    if domain.console is not None:
+        serial = _sub(devices, "serial", type="file")
+        _sub(serial, "source", path=domain.console.path)
+        _sub(serial, "target", port="0")
+    else:
+        serial = _sub(devices, "serial", type="null")
+        _sub(serial, "target", port="0")
+    _sub(devices, "memballoon", model="none")
+    ET.indent(root, space="  ")
+    return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def read_identity(xml: str) -> SandboxIdentity | None:
+    """Our metadata from a domain's XML; None for domains that are not ours."""
+    root = ET.fromstring(xml)
+    sandbox = root.find(f"metadata/{{{METADATA_NS}}}sandbox")
+    if sandbox is None:
+        return None
+    pod = sandbox.find(f"{{{METADATA_NS}}}pod")
+    attempt = sandbox.findtext(f"{{{METADATA_NS}}}attempt", "0")
+    return SandboxIdentity(
+        sandbox_id=sandbox.get("id", ""),
+        pod_name=pod.get("name", "") if pod is not None else "",
+        pod_namespace=pod.get("namespace", "") if pod is not None else "",
+        pod_uid=pod.get("uid", "") if pod is not None else "",
+        attempt=int(attempt) if attempt.isdigit() else 0,
+        runtime_handler=sandbox.findtext(f"{{{METADATA_NS}}}handler", ""),
+    )
+
+
+def read_channel_path(xml: str, name: str) -> str | None:
+    """The host socket path libvirt gave the virtio-serial channel ``name`` (from live XML)."""
+    root = ET.fromstring(xml)
+    for channel in root.iterfind("devices/channel"):
+        target = channel.find("target")
+        source = channel.find("source")
+        if target is not None and target.get("name") == name and source is not None:
+            return source.get("path")
+    return None
+
+
+def read_vcpu_pins(xml: str) -> dict[int, str]:
+    root = ET.fromstring(xml)
+    return {int(p.get("vcpu", "-1")): p.get("cpuset", "") for p in root.iterfind("cputune/vcpupin")}

@@ -1,0 +1,224 @@
+"""The libvirt adapter: define, start, inspect and tear down our domains.
+
+Only this module imports libvirt. Transient libvirt errors (RPC hiccups, a dropped connection,
+a state-change lock timeout) are retried with tenacity, reconnecting when the connection died;
+every other libvirt error becomes an ``InfrastructureError`` carrying libvirt's message.
+Tear-down is idempotent: a domain that is already gone is not an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import libvirt
+from tenacity import (
+    before_sleep_log,
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from vmsandbox.domain import DOMAIN_PREFIX
+from vmsandbox.domain_xml import read_channel_path, read_identity
+from vmsandbox.errors import InfrastructureError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _quiet(_ctx: object, _err: object) -> None:
+    """libvirt prints every error to stderr by default; ours are raised and logged instead."""
+
+
+libvirt.registerErrorHandler(_quiet, None)
+
+_TRANSIENT_CODES = {
+    libvirt.VIR_ERR_RPC,
+    libvirt.VIR_ERR_NO_CONNECT,
+    libvirt.VIR_ERR_OPERATION_TIMEOUT,
+    libvirt.VIR_ERR_SYSTEM_ERROR,
+}
+_TRANSIENT_DOMAINS = {libvirt.VIR_FROM_RPC, libvirt.VIR_FROM_REMOTE}
+
+
+def is_transient(exc: BaseException) -> bool:
+    if not isinstance(exc, libvirt.libvirtError):
+        return False
+    code = exc.get_error_code()
+    if code == libvirt.VIR_ERR_SYSTEM_ERROR:
+        # system errors are transient only when they come from the connection itself
+        return exc.get_error_domain() in _TRANSIENT_DOMAINS
+    return code in _TRANSIENT_CODES or exc.get_error_domain() in _TRANSIENT_DOMAINS
+
+
+def _no_domain(exc: libvirt.libvirtError) -> bool:
+    return exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
+
+
+@dataclass(frozen=True)
+class DomainInfo:
+    name: str
+    sandbox_id: str
+    active: bool
+    xml: str
+
+
+class Hypervisor:
+    """One libvirt connection, shared by threads, reopened when it dies."""
+
+    def __init__(self, uri: str, *, attempts: int = 4) -> None:
+        self.uri = uri
+        self._attempts = attempts
+        self._lock = threading.Lock()
+        self._conn: Any = None
+
+    def _connection(self) -> Any:
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    if self._conn.isAlive():
+                        return self._conn
+                except libvirt.libvirtError:
+                    pass
+                log.warning("libvirt connection to %s is dead; reconnecting", self.uri)
+            try:
+                self._conn = libvirt.open(self.uri)
+            except libvirt.libvirtError as exc:
+                raise InfrastructureError(f"cannot connect to libvirt at {self.uri}: {exc}") from exc
+            return self._conn
+
+    def _call(self, what: str, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(conn)``, retrying transient libvirt errors; wrap the rest."""
+
+        @retry(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self._attempts),
+            wait=wait_exponential(multiplier=0.1, max=2),
+            before_sleep=before_sleep_log(log, logging.WARNING),
+            reraise=True,
+        )
+        def attempt() -> T:
+            return fn(self._connection())
+
+        try:
+            return attempt()
+        except libvirt.libvirtError as exc:
+            raise InfrastructureError(f"libvirt {what}: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except libvirt.libvirtError:
+                    pass
+                self._conn = None
+
+    # -- queries --------------------------------------------------------------------------------
+    def version(self) -> str:
+        def get(conn: Any) -> str:
+            v = conn.getLibVersion()
+            return f"{v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
+
+        return self._call("version", get)
+
+    def exists(self, name: str) -> bool:
+        def look(conn: Any) -> bool:
+            try:
+                conn.lookupByName(name)
+                return True
+            except libvirt.libvirtError as exc:
+                if _no_domain(exc):
+                    return False
+                raise
+
+        return self._call(f"lookup {name}", look)
+
+    def live_xml(self, name: str) -> str:
+        return self._call(f"XML of {name}", lambda conn: str(conn.lookupByName(name).XMLDesc(0)))
+
+    def channel_path(self, name: str, channel: str) -> str:
+        path = read_channel_path(self.live_xml(name), channel)
+        if not path:
+            raise InfrastructureError(f"domain {name} has no socket for channel {channel}")
+        return path
+
+    def vcpu_affinity(self, name: str) -> dict[int, tuple[int, ...]]:
+        """Host CPUs each vCPU may run on, as libvirt reports them for the running domain."""
+
+        def get(conn: Any) -> dict[int, tuple[int, ...]]:
+            info = conn.lookupByName(name).vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE)
+            return {vcpu: tuple(i for i, on in enumerate(mask) if on) for vcpu, mask in enumerate(info)}
+
+        return self._call(f"vcpu affinity of {name}", get)
+
+    def is_active(self, name: str) -> bool:
+        def get(conn: Any) -> bool:
+            try:
+                return bool(conn.lookupByName(name).isActive())
+            except libvirt.libvirtError as exc:
+                if _no_domain(exc):
+                    return False
+                raise
+
+        return self._call(f"state of {name}", get)
+
+    def list_ours(self) -> list[DomainInfo]:
+        """Every domain carrying our metadata (running or only defined)."""
+
+        def get(conn: Any) -> list[DomainInfo]:
+            out = []
+            for dom in conn.listAllDomains(0):
+                name = dom.name()
+                if not name.startswith(DOMAIN_PREFIX):
+                    continue
+                try:
+                    xml = dom.XMLDesc(0)
+                except libvirt.libvirtError as exc:
+                    if _no_domain(exc):
+                        continue
+                    raise
+                ident = read_identity(xml)
+                if ident is None:
+                    continue
+                out.append(DomainInfo(name=name, sandbox_id=ident.sandbox_id, active=bool(dom.isActive()), xml=xml))
+            return out
+
+        return self._call("list domains", get)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def define(self, xml: str) -> None:
+        self._call("define", lambda conn: conn.defineXML(xml))
+
+    def start(self, name: str) -> None:
+        self._call(f"start {name}", lambda conn: conn.lookupByName(name).create())
+
+    def teardown(self, name: str) -> bool:
+        """Destroy (if running) and undefine ``name``; True if there was anything to remove."""
+
+        def remove(conn: Any) -> bool:
+            try:
+                dom = conn.lookupByName(name)
+            except libvirt.libvirtError as exc:
+                if _no_domain(exc):
+                    return False
+                raise
+            try:
+                if dom.isActive():
+                    dom.destroy()
+            except libvirt.libvirtError as exc:
+                if not (_no_domain(exc) or exc.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID):
+                    raise
+            try:
+                dom.undefine()
+            except libvirt.libvirtError as exc:
+                if not _no_domain(exc):
+                    raise
+            return True
+
+        return self._call(f"tear down {name}", remove)
