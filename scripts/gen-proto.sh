@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Regenerate the Python stubs of the CRI contract from proto/.
+#
+#   scripts/gen-proto.sh [OUT_DIR]
+#
+# OUT_DIR defaults to the repository root, where the generated modules are
+# kept under shim/cri/ (tests/unit/test_proto_contract.py regenerates into a
+# temporary directory and checks they are up to date). The interpreter is
+# $PYTHON, default .venv/bin/python; it needs grpcio-tools and mypy-protobuf.
+# Generated files are never edited by hand; only the __init__.py files under
+# shim/cri/ are written by people.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python="${PYTHON:-$repo_root/.venv/bin/python}"
+out_dir="${1:-$repo_root}"
+
+mkdir -p "$out_dir"
+out_dir="$(cd "$out_dir" && pwd)"
+
+# protoc-gen-mypy and protoc-gen-mypy_grpc live next to the interpreter's scripts.
+scripts_dir="$("$python" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+export PATH="$scripts_dir:$PATH"
+
+cd "$repo_root"
+mapfile -t protos < <(cd proto && find . -name '*.proto' -printf '%P\n' | LC_ALL=C sort)
+if [ "${#protos[@]}" -eq 0 ]; then
+    echo "gen-proto: no .proto files under proto/" >&2
+    exit 1
+fi
+
+"$python" -m grpc_tools.protoc \
+    -I proto \
+    --python_out="$out_dir" \
+    --grpc_python_out="$out_dir" \
+    --mypy_out="$out_dir" \
+    --mypy_grpc_out="$out_dir" \
+    "${protos[@]/#/proto/}"

@@ -1,0 +1,1 @@
+"""The CRI gRPC server of vmsandbox."""

@@ -1,0 +1,1 @@
+"""Generated CRI protobuf/gRPC modules (see proto/ and scripts/gen-proto.sh)."""

@@ -1,0 +1,1 @@
+"""Generated stubs for k8s.io.apimachinery.pkg.api.resource (Quantity)."""
