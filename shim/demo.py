@@ -76,7 +76,9 @@ def run(socket: str, handler: str) -> int:
     version = rt.Version(pb.VersionRequest(), timeout=10)
     status = rt.Status(pb.StatusRequest(), timeout=30)
     conditions = ", ".join(f"{c.type}={c.status}" for c in status.status.conditions)
-    say("runtime", f"{version.runtime_name} {version.runtime_version} (CRI {version.runtime_api_version}); {conditions}")
+    say(
+        "runtime", f"{version.runtime_name} {version.runtime_version} (CRI {version.runtime_api_version}); {conditions}"
+    )
 
     free_before = hugepages_free()
     config = pod_config("demo-pod")
@@ -91,18 +93,26 @@ def run(socket: str, handler: str) -> int:
     info = json.loads(st.info["info"])
     shape, guest = info["shape"], info["guest"]
     free_running = hugepages_free()
-    print(f"sandbox {sid[:12]} is {pb.PodSandboxState.Name(st.status.state)} (domain {info['domain']}, "
-          f"{info['accel']}, ready in {info['boot_ms']} ms)")
-    print(f"VM shape: {shape['vcpus']} vCPUs, {shape['memory_bytes'] >> 20} MiB guest RAM backed by "
-          f"{shape['backing_page_size'] >> 10} KiB pages, sized from {shape['demand']['mode']} resources")
+    print(
+        f"sandbox {sid[:12]} is {pb.PodSandboxState.Name(st.status.state)} (domain {info['domain']}, "
+        f"{info['accel']}, ready in {info['boot_ms']} ms)"
+    )
+    print(
+        f"VM shape: {shape['vcpus']} vCPUs, {shape['memory_bytes'] >> 20} MiB guest RAM backed by "
+        f"{shape['backing_page_size'] >> 10} KiB pages, sized from {shape['demand']['mode']} resources"
+    )
     pins = ", ".join(f"vCPU{i}->CPU{c}" for i, c in enumerate(info["pinned_cpus"]))
     print(f"pinning: {pins}; emulator threads on CPUs {info['emulator_cpus']}")
     for h in info["hugepages"]:
-        print(f"host hugepages held: {h['pages']} x {h['page_size'] >> 10} KiB on node {h['node']} "
-              f"(host HugePages_Free {free_before} -> {free_running})")
+        print(
+            f"host hugepages held: {h['pages']} x {h['page_size'] >> 10} KiB on node {h['node']} "
+            f"(host HugePages_Free {free_before} -> {free_running})"
+        )
     pages = ", ".join(f"{int(k)} KiB: {v['total']} total" for k, v in guest["hugepages"].items())
-    print(f"the guest reports: {guest['vcpus']} vCPUs, MemTotal {guest['mem_total_kib']} KiB, hugepages [{pages}], "
-          f"kernel {guest['kernel']}")
+    print(
+        f"the guest reports: {guest['vcpus']} vCPUs, MemTotal {guest['mem_total_kib']} KiB, hugepages [{pages}], "
+        f"kernel {guest['kernel']}"
+    )
 
     say("CreateContainer web (as declared)")
     created = rt.CreateContainer(
@@ -119,7 +129,9 @@ def run(socket: str, handler: str) -> int:
     rejected_ok = False
     try:
         rt.CreateContainer(
-            pb.CreateContainerRequest(pod_sandbox_id=sid, config=container_config("cache", bigger), sandbox_config=config),
+            pb.CreateContainerRequest(
+                pod_sandbox_id=sid, config=container_config("cache", bigger), sandbox_config=config
+            ),
             timeout=30,
         )
         print("UNEXPECTED: the divergent container was accepted")

@@ -41,12 +41,6 @@ def _not_built(name: str, why: str) -> Callable[..., Any]:
     return handler
 
 
-def _fill_unimplemented(cls: type, service: Any, why: dict[str, str], default: str) -> None:
-    for method in service.methods:
-        if method.name not in cls.__dict__:
-            setattr(cls, method.name, _not_built(method.name, why.get(method.name, default)))
-
-
 class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     def __init__(self, sandboxes: Sandboxes) -> None:
         self.sandboxes = sandboxes
@@ -134,7 +128,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
                 return False
             return _labels_match(r.labels, f.label_selector)
 
-        items = [translate.pod_sandbox(r) for r in self.sandboxes.list() if keep(r)]
+        items = [translate.pod_sandbox(r) for r in self.sandboxes.list_sandboxes() if keep(r)]
         return pb.ListPodSandboxResponse(items=items)
 
     @rpc
@@ -245,6 +239,24 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ) -> pb.RuntimeConfigResponse:
         return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=pb.CGROUPFS))
 
+    # RPCs this build does not serve: UNIMPLEMENTED with the reason
+    ExecSync = _not_built("ExecSync", "container processes do not run in the guest yet")
+    Exec = _not_built("Exec", "container processes do not run in the guest yet")
+    Attach = _not_built("Attach", "container processes do not run in the guest yet")
+    PortForward = _not_built("PortForward", "guests have no pod network yet")
+    ReopenContainerLog = _not_built("ReopenContainerLog", "containers write no logs yet")
+    ContainerStats = _not_built("ContainerStats", "container processes do not run in the guest yet")
+    PodSandboxStats = _not_built("PodSandboxStats", "per-pod statistics are not collected yet")
+    CheckpointContainer = _not_built("CheckpointContainer", "checkpointing is not supported")
+    GetContainerEvents = _not_built("GetContainerEvents", "container events are not streamed yet")
+    ListMetricDescriptors = _not_built("ListMetricDescriptors", "metrics are not exported over CRI yet")
+    ListPodSandboxMetrics = _not_built("ListPodSandboxMetrics", "metrics are not exported over CRI yet")
+    StreamPodSandboxes = _not_built("StreamPodSandboxes", "streaming list RPCs are not served yet")
+    StreamContainers = _not_built("StreamContainers", "streaming list RPCs are not served yet")
+    StreamContainerStats = _not_built("StreamContainerStats", "streaming list RPCs are not served yet")
+    StreamPodSandboxStats = _not_built("StreamPodSandboxStats", "streaming list RPCs are not served yet")
+    StreamPodSandboxMetrics = _not_built("StreamPodSandboxMetrics", "streaming list RPCs are not served yet")
+
 
 class ImageServicer(pb_grpc.ImageServiceServicer):
     def __init__(self, state_dir: str) -> None:
@@ -276,15 +288,7 @@ class ImageServicer(pb_grpc.ImageServiceServicer):
     def ImageStatus(self, request: pb.ImageStatusRequest, context: grpc.ServicerContext) -> pb.ImageStatusResponse:
         return pb.ImageStatusResponse()  # no image store yet: every image is absent
 
-
-_WHY_RUNTIME = {
-    "ExecSync": "container processes do not run in the guest yet",
-    "Exec": "container processes do not run in the guest yet",
-    "Attach": "container processes do not run in the guest yet",
-    "PortForward": "guests have no network yet",
-    "ReopenContainerLog": "containers write no logs yet",
-}
-_fill_unimplemented(RuntimeServicer, pb.DESCRIPTOR.services_by_name["RuntimeService"], _WHY_RUNTIME, "not built yet")
-_fill_unimplemented(
-    ImageServicer, pb.DESCRIPTOR.services_by_name["ImageService"], {}, "images are not pulled or stored yet"
-)
+    # RPCs this build does not serve: UNIMPLEMENTED with the reason
+    PullImage = _not_built("PullImage", "images are not pulled or stored yet")
+    RemoveImage = _not_built("RemoveImage", "images are not pulled or stored yet")
+    StreamImages = _not_built("StreamImages", "streaming list RPCs are not served yet")

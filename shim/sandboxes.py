@@ -34,7 +34,15 @@ from vmsandbox import admission, records
 from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, build_domain, domain_name
 from vmsandbox.domain_xml import render
-from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, NotFound, VmSandboxError
+from vmsandbox.errors import (
+    AlreadyExists,
+    CannotFit,
+    Diverged,
+    InfrastructureError,
+    InvalidArgument,
+    NotFound,
+    VmSandboxError,
+)
 from vmsandbox.guest_channel import wait_for_hello
 from vmsandbox.host import HostInventory, choose_accel
 from vmsandbox.hypervisor import Hypervisor
@@ -294,7 +302,7 @@ class Sandboxes:
         except NotFound:
             return None
 
-    def list(self) -> list[SandboxRecord]:
+    def list_sandboxes(self) -> list[SandboxRecord]:
         return [SandboxRecord.from_doc(doc) for _, state, _, doc in self.ledger.sandboxes() if state != STATE_CREATING]
 
     def stop(self, sandbox_id: str) -> None:
@@ -354,7 +362,7 @@ class Sandboxes:
         with self._lock_for(sandbox_id):
             record = self.get(sandbox_id)
             if record.state != SANDBOX_READY:
-                raise admission.Diverged(f"pod sandbox {sandbox_id[:12]} is not ready (it was stopped)")
+                raise Diverged(f"pod sandbox {sandbox_id[:12]} is not ready (it was stopped)")
             existing = self.containers(sandbox_id)
             admitted = self._admit(record, spec, existing)
             container = ContainerRecord(
@@ -396,11 +404,11 @@ class Sandboxes:
                 diffs = admission.linux_differences(spec.name, decl.resources, spec.linux)
                 diffs += admission.attachment_differences(spec.name, decl.resources, attachments)
                 if diffs:
-                    raise admission.Diverged("resources diverge from the pod's declaration: " + "; ".join(diffs))
+                    raise Diverged("resources diverge from the pod's declaration: " + "; ".join(diffs))
             return requested
         for c in existing:
             if c.name == spec.name and c.attempt == spec.attempt:
-                raise admission.AlreadyExists(f'container "{spec.name}" (attempt {spec.attempt}) already exists')
+                raise AlreadyExists(f'container "{spec.name}" (attempt {spec.attempt}) already exists')
         shape = records.shape_from_doc(record.shape)
         usage = self._usage(spec.resources, spec.linux)
         others = [

@@ -42,7 +42,7 @@ def code_for(exc: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.UNIMPLEMENTED
     for cls in type(exc).__mro__:
         if cls in CODES:
-            return CODES[cls]  # type: ignore[index]
+            return CODES[cls]
     return grpc.StatusCode.INTERNAL
 
 

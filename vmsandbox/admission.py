@@ -25,6 +25,11 @@ from vmsandbox.sizing import LinuxResources, PodDemand
 
 MIN_SHARES = 2
 DEFAULT_PERIOD = 100_000
+MIN_QUOTA = 1_000
+
+
+def _hugepage_label(size: int) -> str:
+    return f"hugepages-{size >> 30}Gi" if size >= 1 << 30 else f"hugepages-{size >> 20}Mi"
 
 
 def _q(q: Quantity | None) -> str:
@@ -102,7 +107,9 @@ def implied_linux(resources: ContainerResources) -> LinuxResources:
     req_cpu = resources.requests.get(CPU) or resources.limits.get(CPU)
     lim_cpu = resources.limits.get(CPU)
     shares = max(MIN_SHARES, req_cpu.milli_value() * 1024 // 1000) if req_cpu is not None else MIN_SHARES
-    quota = max(1000, lim_cpu.milli_value() * DEFAULT_PERIOD // 1000) if lim_cpu is not None else 0
+    # kubelet's milliCPUToQuota: no (or a zero) limit means no quota; else at least 1000us.
+    lim_millis = lim_cpu.milli_value() if lim_cpu is not None else 0
+    quota = max(MIN_QUOTA, lim_millis * DEFAULT_PERIOD // 1000) if lim_millis else 0
     mem = resources.limits.get(MEMORY)
     pages = []
     for key, q in resources.limits:
@@ -121,7 +128,8 @@ def implied_linux(resources: ContainerResources) -> LinuxResources:
 def _cpu_from_quota(lr: LinuxResources) -> str:
     if lr.cpu_quota <= 0 or lr.cpu_period <= 0:
         return "nothing"
-    return format_quantity(Fraction(lr.cpu_quota, lr.cpu_period), "DecimalSI")
+    # quota/period need not be a decimal fraction (10000/30000): print it in whole millicores, rounded up
+    return format_quantity(Fraction(lr.cpu_millis(), 1000), "DecimalSI")
 
 
 def linux_differences(name: str, declared: ContainerResources, requested: LinuxResources) -> list[str]:
@@ -147,7 +155,7 @@ def linux_differences(name: str, declared: ContainerResources, requested: LinuxR
     got_pages = {s: v for s, v in requested.hugepage_limits if v}
     for size in sorted(set(want_pages) | set(got_pages)):
         if want_pages.get(size, 0) != got_pages.get(size, 0):
-            label = f"hugepages-{size >> 30}Gi" if size >= 1 << 30 else f"hugepages-{size >> 20}Mi"
+            label = _hugepage_label(size)
             d = format_quantity(want_pages[size], "BinarySI") if size in want_pages else "nothing"
             r = format_quantity(got_pages[size], "BinarySI") if size in got_pages else "nothing"
             out.append(f'container "{name}": limits.{label} declared {d}, requested {r}')
@@ -183,7 +191,8 @@ def check_envelope(demand: PodDemand, others: Sequence[Usage], new: Usage, *, wh
     mem = sum(u.memory_bytes for u in others) + new.memory_bytes
     if mem > demand.memory_bytes:
         problems.append(
-            f"memory: {format_quantity(mem, 'BinarySI')} in all > VM's {format_quantity(demand.memory_bytes, 'BinarySI')} "
+            f"memory: {format_quantity(mem, 'BinarySI')} in all > "
+            f"VM's {format_quantity(demand.memory_bytes, 'BinarySI')} "
             f"(it would have to grow by {format_quantity(mem - demand.memory_bytes, 'BinarySI')})"
         )
     for size, limit in new.hugepages:
@@ -191,8 +200,9 @@ def check_envelope(demand: PodDemand, others: Sequence[Usage], new: Usage, *, wh
         have = demand.hugepage_bytes(size)
         if used > have:
             problems.append(
-                f"hugepages-{size >> 20}Mi: {format_quantity(used, 'BinarySI')} in all > VM's "
-                f"{format_quantity(have, 'BinarySI')}"
+                f"{_hugepage_label(size)}: {format_quantity(used, 'BinarySI')} in all > VM's "
+                f"{format_quantity(have, 'BinarySI') if have else 'nothing'} "
+                f"(it would have to grow by {format_quantity(used - have, 'BinarySI')})"
             )
     if problems:
         raise Diverged(f"{who} does not fit in the VM, which cannot grow: " + "; ".join(problems))

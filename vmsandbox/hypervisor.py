@@ -8,6 +8,7 @@ Tear-down is idempotent: a domain that is already gone is not an error.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -52,12 +53,12 @@ def is_transient(exc: BaseException) -> bool:
     code = exc.get_error_code()
     if code == libvirt.VIR_ERR_SYSTEM_ERROR:
         # system errors are transient only when they come from the connection itself
-        return exc.get_error_domain() in _TRANSIENT_DOMAINS
-    return code in _TRANSIENT_CODES or exc.get_error_domain() in _TRANSIENT_DOMAINS
+        return bool(exc.get_error_domain() in _TRANSIENT_DOMAINS)
+    return bool(code in _TRANSIENT_CODES or exc.get_error_domain() in _TRANSIENT_DOMAINS)
 
 
 def _no_domain(exc: libvirt.libvirtError) -> bool:
-    return exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
+    return bool(exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN)
 
 
 @dataclass(frozen=True)
@@ -113,10 +114,8 @@ class Hypervisor:
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
-                try:
+                with contextlib.suppress(libvirt.libvirtError):
                     self._conn.close()
-                except libvirt.libvirtError:
-                    pass
                 self._conn = None
 
     # -- queries --------------------------------------------------------------------------------

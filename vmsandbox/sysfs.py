@@ -18,7 +18,7 @@ def _read(path: Path, default: str = "") -> str:
 
 
 def _pools(base: Path, node: int) -> list[HugepagePool]:
-    pools = []
+    pools: list[HugepagePool] = []
     if not base.is_dir():
         return pools
     for entry in sorted(base.iterdir()):

@@ -1,0 +1,37 @@
+# vmsandbox: the two front-door commands are `make demo` and `make test` (both run the
+# idempotent host set-up first). Everything else here is for development.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint unit integration bench stop-host proto
+
+setup:
+	scripts/setup-host.sh
+
+demo: setup
+	scripts/demo.sh
+
+test: setup lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint:
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy vmsandbox shim tests bench
+
+unit:
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+integration: setup
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/sandbox_start.py
+	$(PY) bench/admission.py
+
+stop-host:
+	scripts/stop-host.sh
+
+proto:
+	scripts/gen-proto.sh

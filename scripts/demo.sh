@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Start a vmsandbox shim on its own unix socket, walk one pod through it with real CRI calls
+# (python -m shim.demo), then stop the shim. Run scripts/setup-host.sh first (make demo does).
+set -euo pipefail
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PY=${VMSANDBOX_VENV:-$REPO_ROOT/.venv}/bin/python
+WORK=$(mktemp -d /run/vmsandbox-demo.XXXXXX)
+SOCKET=$WORK/vmsandbox.sock
+SHIM_PID=""
+
+cleanup() {
+    if [[ -n $SHIM_PID ]] && kill -0 "$SHIM_PID" 2>/dev/null; then
+        kill -TERM "$SHIM_PID"
+        wait "$SHIM_PID" 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+cd "$REPO_ROOT"
+echo "starting the shim on $SOCKET (log: $WORK/shim.log)"
+"$PY" -m shim serve --socket "$SOCKET" --state-dir "$WORK/state" --console-dir "$WORK/console" \
+    >"$WORK/shim.log" 2>&1 &
+SHIM_PID=$!
+for _ in $(seq 1 600); do
+    [[ -S $SOCKET ]] && break
+    if ! kill -0 "$SHIM_PID" 2>/dev/null; then
+        echo "the shim exited before listening:" >&2
+        cat "$WORK/shim.log" >&2
+        exit 1
+    fi
+    sleep 0.1
+done
+[[ -S $SOCKET ]] || { echo "the shim did not listen within 60 s" >&2; cat "$WORK/shim.log" >&2; exit 1; }
+status=0
+"$PY" -m shim.demo --socket "$SOCKET" || status=$?
+if ((status != 0)); then
+    echo "--- shim log ---" >&2
+    tail -n 30 "$WORK/shim.log" >&2
+fi
+exit "$status"

@@ -1,0 +1,213 @@
+"""Fixtures for tests that drive a real shim process over its real unix socket.
+
+The shim runs as a subprocess (``python -m shim serve``) against the host's libvirtd, with a
+private state directory and profile file. Prerequisites come from ``scripts/setup-host.sh``;
+when they are missing the tests skip locally and fail under CI, so a broken set-up never
+passes silently.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from shim.cri.apimachinery.resource.generated_pb2 import Quantity
+from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+
+IMAGE_DIR = Path(os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default"))
+LIBVIRT_URI = os.environ.get("VMSANDBOX_LIBVIRT_URI", "qemu:///system")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def missing_prerequisites() -> list[str]:
+    missing = []
+    for f in ("vmlinux", "initramfs.img"):
+        if not (IMAGE_DIR / f).is_file():
+            missing.append(f"guest image {IMAGE_DIR / f}")
+    try:
+        import libvirt
+
+        libvirt.open(LIBVIRT_URI).close()
+    except Exception as exc:
+        missing.append(f"libvirt at {LIBVIRT_URI} ({exc})")
+    if hugepages_free() < 256:
+        missing.append("at least 256 free 2 MiB hugepages")
+    return missing
+
+
+def require_host() -> None:
+    missing = missing_prerequisites()
+    if missing:
+        message = "host not set up (run scripts/setup-host.sh): " + "; ".join(missing)
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def hugepages_free() -> int:
+    try:
+        return int(Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").read_text())
+    except OSError:
+        return 0
+
+
+def q(requests: dict[str, str], limits: dict[str, str] | None = None) -> pb.KubernetesResources:
+    return pb.KubernetesResources(
+        requests={k: Quantity(string=v) for k, v in requests.items()},
+        limits={k: Quantity(string=v) for k, v in (limits if limits is not None else requests).items()},
+    )
+
+
+def pod(
+    name: str,
+    *,
+    init: list[tuple[str, pb.KubernetesResources]] | None = None,
+    containers: list[tuple[str, pb.KubernetesResources]] | None = None,
+    labels: dict[str, str] | None = None,
+    declared: bool = True,
+) -> pb.PodSandboxConfig:
+    config = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=name, namespace="test", uid=str(uuid.uuid4()), attempt=0),
+        labels=labels or {},
+    )
+    if declared:
+        config.pod_resources.CopyFrom(
+            pb.PodResourceConfig(
+                init_containers=[pb.ContainerResourceConfig(name=n, kubernetes_resources=r) for n, r in init or []],
+                containers=[
+                    pb.ContainerResourceConfig(name=n, kubernetes_resources=r)
+                    for n, r in containers or [("app", q({"cpu": "1", "memory": "64Mi"}))]
+                ],
+            )
+        )
+    return config
+
+
+def container(name: str, res: pb.KubernetesResources | None, attempt: int = 0) -> pb.ContainerConfig:
+    config = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name=name, attempt=attempt), image=pb.ImageSpec(image="busybox")
+    )
+    if res is not None:
+        config.kubernetes_resources.CopyFrom(res)
+    return config
+
+
+@dataclass
+class Shim:
+    process: subprocess.Popen[bytes]
+    socket: Path
+    state_dir: Path
+    log: Path
+    runtime: pb_grpc.RuntimeServiceStub
+    images: pb_grpc.ImageServiceStub
+    channel: grpc.Channel
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def write_profiles(path: Path) -> None:
+    docs = [
+        {"name": "vmsandbox", "handler": "vmsandbox", "guest": {"image_dir": str(IMAGE_DIR), "boot_timeout_s": 60}},
+        {
+            "name": "broken-guest",
+            "handler": "broken",
+            "guest": {"image_dir": str(IMAGE_DIR), "kernel_cmdline": "rdinit=/does-not-exist", "boot_timeout_s": 8},
+        },
+        {"name": "shared", "handler": "shared", "cpu_policy": "shared", "guest": {"image_dir": str(IMAGE_DIR)}},
+    ]
+    path.write_text(yaml.safe_dump_all(docs))
+
+
+def start_shim(tmp: Path, *, extra_config: dict[str, object] | None = None) -> Shim:
+    profiles = tmp / "profiles.yaml"
+    write_profiles(profiles)
+    config = {
+        "socket_path": str(tmp / "cri.sock"),
+        "state_dir": str(tmp / "state"),
+        "console_dir": str(tmp / "console"),
+        "libvirt_uri": LIBVIRT_URI,
+        "profile_files": [str(profiles)],
+        **(extra_config or {}),
+    }
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    log = tmp / "shim.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "shim", "serve", "--config", str(tmp / "config.yaml")],
+        cwd=REPO,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    sock = tmp / "cri.sock"
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"shim did not start:\n{log.read_text()}")
+        time.sleep(0.05)
+    channel = grpc.insecure_channel(f"unix:{sock}")
+    grpc.channel_ready_future(channel).result(timeout=30)
+    return Shim(
+        process=process,
+        socket=sock,
+        state_dir=tmp / "state",
+        log=log,
+        runtime=pb_grpc.RuntimeServiceStub(channel),
+        images=pb_grpc.ImageServiceStub(channel),
+        channel=channel,
+    )
+
+
+def stop_shim(shim: Shim, *, kill: bool = False) -> None:
+    shim.channel.close()
+    if shim.process.poll() is None:
+        shim.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            shim.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            shim.process.kill()
+            shim.process.wait()
+
+
+def our_domains() -> list[str]:
+    import libvirt
+
+    conn = libvirt.open(LIBVIRT_URI)
+    try:
+        return [d.name() for d in conn.listAllDomains(0) if d.name().startswith("vmsandbox-")]
+    finally:
+        conn.close()
+
+
+def remove_all(shim: Shim) -> None:
+    for s in shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+        shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=s.id), timeout=120)
+        shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=s.id), timeout=120)
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shim]:
+    require_host()
+    tmp = tmp_path_factory.mktemp("shim")
+    running = start_shim(tmp)
+    try:
+        yield running
+    finally:
+        try:
+            remove_all(running)
+        finally:
+            stop_shim(running)
+            shutil.rmtree(tmp, ignore_errors=True)
