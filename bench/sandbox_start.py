@@ -24,10 +24,10 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.qemu_direct import boot_direct, percentile  # noqa: E402
-from shim.cri.apimachinery.resource.generated_pb2 import Quantity  # noqa: E402
-from shim.cri.runtime.v1 import api_pb2 as pb  # noqa: E402
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc  # noqa: E402
+from bench.qemu_direct import boot_direct, percentile
+from shim.cri.apimachinery.resource.generated_pb2 import Quantity
+from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 
 IMAGE_DIR = os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default")
 
@@ -51,9 +51,11 @@ def vmm_overhead_kib(domain: str, guest_kib: int) -> dict[str, int]:
     fields = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "HugetlbPages"):
+        if key in ("VmRSS", "VmHWM", "HugetlbPages", "RssAnon", "RssFile"):
             fields[key] = int(value.split()[0])
     return {
+        "rss_anon_kib": fields["RssAnon"],
+        "rss_file_kib": fields["RssFile"],
         "vm_rss_kib": fields["VmRSS"],
         "vm_hwm_kib": fields["VmHWM"],
         "hugetlb_kib": fields.get("HugetlbPages", 0),
@@ -116,7 +118,7 @@ def main() -> int:
                 direct_s.append(
                     boot_direct(
                         IMAGE_DIR,
-                        int(shape["vcpus"]),
+                        int(shape["vcpus"]),  # type: ignore[call-overload]
                         int(shape["memory_bytes"]) >> 20,  # type: ignore[call-overload]
                         accel=info["accel"],
                         hugepages_dir="/dev/hugepages",
@@ -144,6 +146,8 @@ def main() -> int:
         "ratio_p50": round(p50_s / p50_d, 3),
         "target_ratio": 1.10,
         "vmm_memory_beyond_guest_mib": {
+            "private_max": round(max(m["rss_anon_kib"] for m in memory) / 1024, 1),
+            "shared_file_max": round(max(m["rss_file_kib"] for m in memory) / 1024, 1),
             "rss_max": round(max(m["vm_rss_kib"] for m in memory) / 1024, 1),
             "hwm_max": round(max(m["vm_hwm_kib"] for m in memory) / 1024, 1),
             "target": 64,

@@ -37,10 +37,13 @@ def _q(q: Quantity | None) -> str:
 
 
 def _list_differences(name: str, kind: str, declared: ResourceList, requested: ResourceList) -> list[str]:
+    if declared == requested:
+        return []
     out = []
-    for key in sorted(set(declared.names()) | set(requested.names())):
-        d, r = declared.get(key), requested.get(key)
-        if d is None or r is None or d != r:
+    want, got = dict(declared.key()), dict(requested.key())  # name -> exact value; missing keys differ too
+    for key in sorted(want.keys() | got.keys()):
+        if want.get(key) != got.get(key):
+            d, r = declared.get(key), requested.get(key)
             out.append(f'container "{name}": {kind}.{key} declared {_q(d)}, requested {_q(r)}')
     return out
 
@@ -57,6 +60,8 @@ def _set_differences(name: str, kind: str, declared: Iterable[object], requested
 
 def differences(name: str, declared: ContainerResources, requested: ContainerResources) -> list[str]:
     """Every way ``requested`` differs from ``declared``; empty means identical."""
+    if requested == declared:  # the common case, decided by one structural comparison of canonical values
+        return []
     return [
         *_list_differences(name, "requests", declared.requests, requested.requests),
         *_list_differences(name, "limits", declared.limits, requested.limits),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vmsandbox.errors import InternalError
 from vmsandbox.sizing import VmShape
 
 METADATA_NS = "https://vmsandbox.dev/xmlns/sandbox/1"
@@ -80,6 +81,10 @@ class Domain:
     shape_json: str
     channel: AgentChannel
     console: ConsoleLog | None
+    # CPU features required on top of the custom model (TCG): pdpe1gb when the guest reserves 1 GiB pages
+    cpu_features: tuple[str, ...] = ()
+    # TCG only: cap on QEMU's translation-block cache (its largest memory cost under emulation)
+    tcg_tb_cache_mib: int | None = None
 
 
 def domain_name(sandbox_id: str) -> str:
@@ -113,11 +118,13 @@ def build_domain(
     extra_cmdline: str,
     shape_json: str,
     console_log: str | None,
+    tcg_tb_cache_mib: int | None = None,
 ) -> Domain:
     """Assemble the domain. With pinning, vCPU i runs on ``host_cpus[i]``; shared pods float."""
+    pins: tuple[tuple[int, tuple[int, ...]], ...]
     if shape.cpu_policy == "exclusive":
         if len(host_cpus) != shape.vcpus:
-            raise ValueError(f"{shape.vcpus} vCPUs need {shape.vcpus} host CPUs, got {len(host_cpus)}")
+            raise InternalError(f"{shape.vcpus} vCPUs need {shape.vcpus} host CPUs, got {len(host_cpus)}")
         pins = tuple((i, (cpu,)) for i, cpu in enumerate(host_cpus))
     else:
         pins = tuple((i, tuple(sorted(host_cpus))) for i in range(shape.vcpus))
@@ -141,4 +148,6 @@ def build_domain(
         shape_json=shape_json,
         channel=AgentChannel(),
         console=ConsoleLog(console_log) if console_log else None,
+        tcg_tb_cache_mib=tcg_tb_cache_mib if accel == "tcg" else None,
+        cpu_features=("pdpe1gb",) if accel != "kvm" and any(s >= 1 << 30 for s, _ in shape.guest_hugepages) else (),
     )

@@ -62,11 +62,16 @@ def render(domain: Domain) -> str:
     features = _sub(root, "features")
     _sub(features, "acpi")
     _sub(features, "apic")
+    if domain.type == "qemu" and domain.tcg_tb_cache_mib:
+        tcg = _sub(features, "tcg")
+        _sub(tcg, "tb-cache", str(domain.tcg_tb_cache_mib), unit="MiB")
     if domain.cpu_mode == "host-passthrough":
         _sub(root, "cpu", mode="host-passthrough", check="none", migratable="off")
     else:
         cpu = _sub(root, "cpu", mode="custom", match="exact", check="none")
         _sub(cpu, "model", domain.cpu_mode, fallback="forbid")
+        for feature in domain.cpu_features:
+            _sub(cpu, "feature", policy="require", name=feature)
     _sub(root, "clock", offset="utc")
     _sub(root, "on_poweroff", "destroy")
     _sub(root, "on_reboot", "destroy")

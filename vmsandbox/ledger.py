@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from vmsandbox.errors import InfrastructureError
+from vmsandbox.errors import AlreadyExists, InfrastructureError, NotFound
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -65,9 +65,15 @@ class Ledger:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
-            self._migrate()
         except sqlite3.Error as exc:
             raise InfrastructureError(f"state database {self.path}: {exc}") from exc
+        try:
+            self._migrate()
+        except BaseException as exc:
+            self._db.close()  # a refused (or failed) migration must not leave the file open
+            if isinstance(exc, sqlite3.Error):
+                raise InfrastructureError(f"state database {self.path}: {exc}") from exc
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -172,13 +178,20 @@ class Ledger:
         created_ns: int,
         record: dict[str, Any],
     ) -> None:
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO containers(id, sandbox_id, name, attempt, state, created_ns, record) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT(id) DO UPDATE SET state = excluded.state, record = excluded.record",
-                (container_id, sandbox_id, name, attempt, state, created_ns, json.dumps(record, sort_keys=True)),
-            )
+        try:
+            with self._tx() as db:
+                db.execute(
+                    "INSERT INTO containers(id, sandbox_id, name, attempt, state, created_ns, record) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(id) DO UPDATE SET state = excluded.state, record = excluded.record",
+                    (container_id, sandbox_id, name, attempt, state, created_ns, json.dumps(record, sort_keys=True)),
+                )
+        except sqlite3.IntegrityError as exc:
+            if "UNIQUE" in str(exc):
+                raise AlreadyExists(
+                    f'container "{name}" (attempt {attempt}) already exists in sandbox {sandbox_id}'
+                ) from None
+            raise NotFound(f"sandbox {sandbox_id} is not in the state database") from None
 
     def containers(self, sandbox_id: str | None = None) -> list[tuple[str, str, str, int, dict[str, Any]]]:
         """(id, sandbox id, state, created_ns, record) rows, oldest first."""

@@ -87,6 +87,8 @@ def place(
 ) -> Placement:
     """Where the VM goes, or ``CannotFit`` naming the short resource, the node and the shortfall."""
     owned = set(owned_cpus)
+    if not owned:
+        raise CannotFit("the shim owns no CPUs (check cpu_pool in its configuration)")
     pages_needed = shape.backing_pages
     page_size = shape.backing_page_size
     shortfalls: list[str] = []
@@ -114,8 +116,6 @@ def place(
         if ok:
             candidates.append((len(free_cpus), node, free_cpus, free_pages))
     if not candidates:
-        if not owned:
-            raise CannotFit("the shim owns no CPUs (check cpu_pool in its configuration)")
         raise CannotFit("cannot place the VM: " + "; ".join(shortfalls))
     candidates.sort(key=lambda c: (c[0], c[1]))  # best fit: fewest free CPUs that still fit
     _, node, free_cpus, free_pages = candidates[0]

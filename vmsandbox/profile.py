@@ -19,6 +19,8 @@ InitPolicy = Literal["sequential", "concurrent"]
 CpuPolicy = Literal["exclusive", "shared"]
 
 PAGE_4K = 4096
+#: Pod annotation choosing one of the profiles the handler's profile lists in ``allowed_profiles``.
+PROFILE_ANNOTATION = "io.vmsandbox/profile"
 PAGE_SIZES: Mapping[str, int] = {"4Ki": PAGE_4K, **HUGEPAGE_SIZES}
 
 
@@ -51,7 +53,10 @@ class Profile:
     kernel_cmdline: str = ""
     image_dir: str = "/var/lib/vmsandbox/images/default"
     boot_timeout_s: float = 60.0
+    tcg_tb_cache_mib: int = 32
     extended_resources: Mapping[str, str] = field(default_factory=dict)
+    # other profiles (by name) a pod of this handler may choose with the io.vmsandbox/profile annotation
+    allowed_profiles: tuple[str, ...] = ()
 
     @property
     def pinning(self) -> bool:
@@ -71,6 +76,13 @@ _KEYS = {
     "defaults",
     "guest",
     "extended_resources",
+    "allowed_profiles",
+}
+_SECTION_KEYS: Mapping[str, frozenset[str]] = {
+    "vcpu": frozenset({"min", "max", "extra"}),
+    "memory": frozenset({"overhead", "min"}),
+    "defaults": frozenset({"cpu", "memory"}),
+    "guest": frozenset({"kernel_cmdline", "image_dir", "boot_timeout_s", "tcg_tb_cache_mib"}),
 }
 
 
@@ -82,7 +94,7 @@ def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> Profile:
 
     if not isinstance(data, Mapping):
         raise fail("(document)", "a profile must be a mapping")
-    unknown = sorted(set(data) - _KEYS)
+    unknown = sorted(str(k) for k in set(data) - _KEYS)
     if unknown:
         raise fail(unknown[0], f"unknown key (known: {', '.join(sorted(_KEYS))})")
 
@@ -90,6 +102,10 @@ def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> Profile:
         value = data.get(key, {})
         if not isinstance(value, Mapping):
             raise fail(key, "must be a mapping")
+        known = _SECTION_KEYS[key]
+        unknown = sorted(str(k) for k in set(value) - known)
+        if unknown:
+            raise fail(f"{key}.{unknown[0]}", f"unknown key (known: {', '.join(sorted(known))})")
         return value
 
     def string(key: str, value: Any) -> str:
@@ -134,6 +150,11 @@ def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> Profile:
         isinstance(k, str) and isinstance(v, str) for k, v in extended.items()
     ):
         raise fail("extended_resources", "must map resource names to device pool names")
+    allowed = data.get("allowed_profiles", [])
+    if not isinstance(allowed, list) or not all(isinstance(a, str) and a for a in allowed):
+        raise fail("allowed_profiles", f"must be a list of profile names, got {allowed!r}")
+    if len(set(allowed)) != len(allowed):
+        raise fail("allowed_profiles", f"names a profile twice: {allowed!r}")
     timeout = guest.get("boot_timeout_s", 60)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 1 <= timeout <= 3600:
         raise fail("guest.boot_timeout_s", f"must be a number of seconds between 1 and 3600, got {timeout!r}")
@@ -160,5 +181,42 @@ def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> Profile:
         kernel_cmdline=cmdline,
         image_dir=string("guest.image_dir", guest.get("image_dir", "/var/lib/vmsandbox/images/default")),
         boot_timeout_s=float(timeout),
+        tcg_tb_cache_mib=integer("guest.tcg_tb_cache_mib", guest.get("tcg_tb_cache_mib", 32), 8, 4096),
         extended_resources=dict(extended),
+        allowed_profiles=tuple(allowed),
     )
+
+
+def select_profile(
+    by_handler: Mapping[str, Profile],
+    by_name: Mapping[str, Profile],
+    handler: str,
+    annotations: Mapping[str, str],
+) -> Profile:
+    """The profile of a RuntimeClass handler, or the one its pod chose with ``PROFILE_ANNOTATION``.
+
+    An unknown handler is refused with containerd's words; a chosen profile must be the handler's own
+    or one it lists in ``allowed_profiles``, and must exist.
+    """
+    profile = by_handler.get(handler)
+    if profile is None:
+        raise InvalidArgument(
+            f'failed to get sandbox runtime: no runtime for "{handler}" is configured '
+            f"(configured handlers: {', '.join(sorted(by_handler))})"
+        )
+    chosen = annotations.get(PROFILE_ANNOTATION)
+    if chosen is None or chosen == profile.name:
+        return profile
+    allowed = ", ".join(f'"{a}"' for a in (profile.name, *profile.allowed_profiles))
+    if chosen not in profile.allowed_profiles:
+        raise InvalidArgument(
+            f'annotation {PROFILE_ANNOTATION}: profile "{chosen}" is not allowed for runtime handler '
+            f'"{handler}" (allowed: {allowed})'
+        )
+    target = by_name.get(chosen)
+    if target is None:
+        raise InvalidArgument(
+            f'annotation {PROFILE_ANNOTATION}: profile "{chosen}" is allowed for runtime handler "{handler}" '
+            f"but is not defined (defined profiles: {', '.join(sorted(by_name))})"
+        )
+    return target

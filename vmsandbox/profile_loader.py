@@ -53,17 +53,33 @@ def load_profile_file(path: str | Path) -> list[Profile]:
 
 
 def load_profiles(paths: Iterable[str | Path]) -> dict[str, Profile]:
-    """All profiles by handler name; a handler defined twice is an error naming both files."""
+    """All profiles by handler name; a handler or a name defined twice is an error naming both files,
+    and so is an ``allowed_profiles`` entry that names no profile."""
     by_handler: dict[str, Profile] = {}
     origin: dict[str, str] = {}
+    name_origin: dict[str, str] = {}
     for path in paths:
         for profile in load_profile_file(path):
             if profile.handler in by_handler:
                 raise ProfileError(
                     str(path), "handler", f"{profile.handler!r} is already defined in {origin[profile.handler]}"
                 )
+            if profile.name in name_origin:
+                raise ProfileError(
+                    str(path), "name", f"profile {profile.name!r} is already defined in {name_origin[profile.name]}"
+                )
             by_handler[profile.handler] = profile
             origin[profile.handler] = str(path)
+            name_origin[profile.name] = str(path)
+    for profile in by_handler.values():
+        for allowed in profile.allowed_profiles:
+            if allowed not in name_origin:
+                raise ProfileError(
+                    origin[profile.handler],
+                    "allowed_profiles",
+                    f"profile {profile.name!r} allows {allowed!r}, which is not defined "
+                    f"(defined: {', '.join(sorted(name_origin))})",
+                )
     return by_handler
 
 

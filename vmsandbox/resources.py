@@ -23,11 +23,31 @@ HUGEPAGES_PREFIX = "hugepages-"
 HUGEPAGE_SIZES: Mapping[str, int] = {"2Mi": 2 * 1024 * 1024, "1Gi": 1024 * 1024 * 1024}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ResourceList:
     """An immutable ``name -> Quantity`` map, sorted by name (so equal lists compare equal)."""
 
     items: tuple[tuple[str, Quantity], ...] = ()
+
+    def key(self) -> tuple[tuple[str, tuple[int, int]], ...]:
+        """The canonical form: names with exact values in lowest terms; computed once per list.
+
+        Equality and hashing use it, so comparing a request with a declaration is one tuple
+        comparison of strings and ints (admission runs it on every CreateContainer).
+        """
+        cached: tuple[tuple[str, tuple[int, int]], ...] | None = self.__dict__.get("_key")
+        if cached is None:
+            cached = tuple((name, q.value.as_integer_ratio()) for name, q in self.items)
+            self.__dict__["_key"] = cached
+        return cached
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ResourceList):
+            return NotImplemented
+        return self is other or self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
 
     @staticmethod
     def of(pairs: Mapping[str, Quantity] | Iterable[tuple[str, Quantity]]) -> ResourceList:

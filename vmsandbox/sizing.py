@@ -25,6 +25,7 @@ from vmsandbox.profile import Profile
 from vmsandbox.resources import (
     CPU,
     EPHEMERAL_STORAGE,
+    HUGEPAGES_PREFIX,
     MEMORY,
     ContainerDeclaration,
     PodDeclaration,
@@ -106,11 +107,15 @@ def demand_from_declaration(decl: PodDeclaration, profile: Profile) -> PodDemand
     for name in sorted(names):
         size = hugepage_size(name)
         if size is not None:
+            # Per container, as Kubernetes validates it: each container's cgroup holds whole pages.
+            for c in decl.all_containers():
+                for kind, q in (("limits", c.resources.limits.get(name)), ("requests", c.resources.requests.get(name))):
+                    if q is not None and q.value_int() % size:
+                        raise InvalidArgument(
+                            f'pod_resources: container "{c.name}": {kind}.{name} {q.canonical()} is not a whole '
+                            f"number of {name[len(HUGEPAGES_PREFIX) :]} pages"
+                        )
             amount = effective(name, 0)
-            if amount % size:
-                raise InvalidArgument(
-                    f"pod_resources: {name} of {amount} bytes is not a whole number of {size // MIB}Mi pages"
-                )
             if amount:
                 hugepages.append((size, amount))
         elif is_extended(name):

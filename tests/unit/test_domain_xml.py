@@ -1,0 +1,242 @@
+"""Tests of vmsandbox.domain and vmsandbox.domain_xml: golden domain XML and reading our metadata back.
+
+The golden files in tests/golden/ are compared byte for byte; ``UPDATE_GOLDEN=1`` rewrites them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from vmsandbox.domain import (
+    AGENT_CHANNEL,
+    METADATA_NS,
+    AgentChannel,
+    Domain,
+    SandboxIdentity,
+    build_domain,
+    domain_name,
+    guest_cmdline,
+)
+from vmsandbox.domain_xml import read_channel_path, read_identity, read_vcpu_pins, render
+from vmsandbox.errors import InternalError
+from vmsandbox.profile import Profile
+from vmsandbox.records import shape_doc
+from vmsandbox.resources import ContainerDeclaration, ContainerResources, PodDeclaration, ResourceList
+from vmsandbox.sizing import PodDemand, VmShape, demand_from_declaration, shape_for
+
+GOLDEN = Path(__file__).parents[1] / "golden"
+MI, GI = 1024**2, 1024**3
+
+
+def sized(limits: dict[str, str], profile: Profile) -> VmShape:
+    decl = PodDeclaration(
+        containers=(ContainerDeclaration("app", ContainerResources(limits=ResourceList.parse(limits, where="app"))),)
+    )
+    return shape_for(demand_from_declaration(decl, profile), profile)
+
+
+@dataclass(frozen=True)
+class Case:
+    identity: SandboxIdentity
+    shape: VmShape
+    host_cpus: tuple[int, ...]
+    hugepage_nodes: tuple[int, ...]
+    accel: Literal["kvm", "tcg"]
+    extra_cmdline: str
+    console_log: str | None
+
+    def domain(self) -> Domain:
+        return build_domain(
+            identity=self.identity,
+            uuid="6f1f3f3e-6b0d-4a5e-9c58-0b0f9e1f2a3b",
+            shape=self.shape,
+            host_cpus=self.host_cpus,
+            emulator_cpus=self.host_cpus,
+            hugepage_nodes=self.hugepage_nodes,
+            accel=self.accel,
+            kernel="/var/lib/vmsandbox/images/default/vmlinux",
+            initrd="/var/lib/vmsandbox/images/default/initramfs.img",
+            machine="q35",
+            extra_cmdline=self.extra_cmdline,
+            shape_json=json.dumps(shape_doc(self.shape), sort_keys=True, separators=(",", ":")),
+            console_log=self.console_log,
+        )
+
+
+SID = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+CASES = {
+    # (a) exclusive, 2 pinned vCPUs, 2Mi-backed, TCG; the pod name carries every XML-special character
+    "exclusive-2mi-tcg": Case(
+        identity=SandboxIdentity(SID, "web<&\">'-0", "default", "uid-a", 0, "vmsandbox"),
+        shape=sized({"cpu": "1500m", "memory": "192Mi", "hugepages-2Mi": "16Mi"}, Profile(name="p", handler="p")),
+        host_cpus=(0, 1),
+        hugepage_nodes=(0,),
+        accel="tcg",
+        extra_cmdline="",
+        console_log=None,
+    ),
+    # (b) shared CPU pool, ordinary 4 KiB pages
+    "shared-4k-tcg": Case(
+        identity=SandboxIdentity("fedcba98" * 8, "batch", "kube-system", "uid-b", 2, "shared"),
+        shape=sized(
+            {"cpu": "2", "memory": "256Mi"},
+            Profile(name="s", handler="shared", cpu_policy="shared", page_size_bytes=4096),
+        ),
+        host_cpus=(7, 6, 3, 2),
+        hugepage_nodes=(),
+        accel="tcg",
+        extra_cmdline="",
+        console_log="/var/log/vmsandbox/console/fedcba98.log",
+    ),
+    # (c) KVM with host-passthrough, 1Gi backing from NUMA node 1
+    "kvm-1gi-numatune": Case(
+        identity=SandboxIdentity("a1" * 32, "db", "prod", "uid-c", 1, "vmsandbox-big"),
+        shape=sized({"cpu": "3500m", "memory": "512Mi", "hugepages-1Gi": "1Gi"}, Profile(name="b", handler="b")),
+        host_cpus=(16, 48, 17, 49),
+        hugepage_nodes=(1,),
+        accel="kvm",
+        extra_cmdline="  loglevel=4 ",
+        console_log="/var/log/vmsandbox/console/a1a1.log",
+    ),
+}
+
+
+def test_cases_are_what_they_claim() -> None:
+    a, b, c = (CASES[k].shape for k in ("exclusive-2mi-tcg", "shared-4k-tcg", "kvm-1gi-numatune"))
+    assert (a.vcpus, a.memory_bytes, a.backing_page_size, a.guest_hugepages) == (2, 272 * MI, 2 * MI, ((2 * MI, 8),))
+    assert (b.vcpus, b.memory_bytes, b.backing_page_size, b.cpu_policy) == (2, 320 * MI, 4096, "shared")
+    assert (c.vcpus, c.memory_bytes, c.backing_page_size, c.guest_hugepages) == (4, 2 * GI, GI, ((GI, 1),))
+
+
+@pytest.mark.parametrize("name", sorted(CASES), ids=sorted(CASES))
+def test_golden_xml(name: str) -> None:
+    case = CASES[name]
+    xml = render(case.domain())
+    assert render(case.domain()) == xml  # same input, same XML
+    path = GOLDEN / f"{name}.xml"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(xml)
+    assert path.exists(), f"{path} is missing; run with UPDATE_GOLDEN=1 to create it"
+    assert xml == path.read_text(), f"{path} differs; review the change, then UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("name", sorted(CASES), ids=sorted(CASES))
+def test_metadata_round_trips(name: str) -> None:
+    case = CASES[name]
+    xml = render(case.domain())
+    assert read_identity(xml) == case.identity
+    assert read_channel_path(xml, AGENT_CHANNEL) is None  # libvirt picks the path
+    shape_text = ET.fromstring(xml).findtext(f"metadata/{{{METADATA_NS}}}sandbox/{{{METADATA_NS}}}shape")
+    assert shape_text is not None and json.loads(shape_text) == shape_doc(case.shape)
+
+
+def test_pod_name_is_escaped_not_pasted() -> None:
+    xml = render(CASES["exclusive-2mi-tcg"].domain())
+    assert '<vmsandbox:pod name="web&lt;&amp;&quot;&gt;\'-0" namespace="default" uid="uid-a" />' in xml
+    assert "web<" not in xml
+
+
+@pytest.mark.parametrize(
+    ("name", "pins"),
+    [
+        pytest.param("exclusive-2mi-tcg", {0: "0", 1: "1"}, id="exclusive"),
+        pytest.param("shared-4k-tcg", {0: "2-3,6-7", 1: "2-3,6-7"}, id="shared-floats"),
+        pytest.param("kvm-1gi-numatune", {0: "16", 1: "48", 2: "17", 3: "49"}, id="kvm-siblings"),
+    ],
+)
+def test_read_vcpu_pins(name: str, pins: dict[int, str]) -> None:
+    assert read_vcpu_pins(render(CASES[name].domain())) == pins
+
+
+def test_read_channel_path_from_live_xml() -> None:
+    path = "/run/libvirt/qemu/channel/3-vmsandbox-0123/io.vmsandbox.agent.0"
+    xml = render(replace(CASES["exclusive-2mi-tcg"].domain(), channel=AgentChannel(path=path)))
+    assert '<source mode="bind" path="/run/libvirt/qemu/channel/3-vmsandbox-0123/io.vmsandbox.agent.0" />' in xml
+    assert read_channel_path(xml, AGENT_CHANNEL) == path
+    assert read_channel_path(xml, "org.qemu.guest_agent.0") is None
+
+
+@pytest.mark.parametrize(
+    "xml",
+    [
+        pytest.param("<domain type='kvm'><name>other</name></domain>", id="no-metadata"),
+        pytest.param(
+            "<domain type='kvm'><metadata><x:sandbox xmlns:x='https://example.com/x' id='1'/></metadata></domain>",
+            id="foreign-metadata",
+        ),
+    ],
+)
+def test_read_identity_of_foreign_domains(xml: str) -> None:
+    assert read_identity(xml) is None
+    assert read_vcpu_pins(xml) == {}
+
+
+@pytest.mark.parametrize(
+    ("guest_hugepages", "extra", "cmdline"),
+    [
+        pytest.param((), "", "console=ttyS0 panic=-1 quiet", id="plain"),
+        pytest.param(
+            ((2 * MI, 8),),
+            "  loglevel=4 ",
+            "console=ttyS0 panic=-1 quiet hugepagesz=2M hugepages=8 loglevel=4",
+            id="2Mi-and-extra",
+        ),
+        pytest.param(
+            ((2 * MI, 2), (GI, 1)),
+            " ",
+            "console=ttyS0 panic=-1 quiet hugepagesz=2M hugepages=2 hugepagesz=1G hugepages=1",
+            id="both-sizes",
+        ),
+    ],
+)
+def test_guest_cmdline(guest_hugepages: tuple[tuple[int, int], ...], extra: str, cmdline: str) -> None:
+    shape = VmShape(1, 256 * MI, 4096, guest_hugepages, "exclusive", PodDemand(1000, MI))
+    assert guest_cmdline(shape, extra) == cmdline
+
+
+def test_domain_name_uses_the_id_only() -> None:
+    assert domain_name(SID) == "vmsandbox-0123456789abcdef0123456789abcdef"
+    assert CASES["exclusive-2mi-tcg"].domain().name == "vmsandbox-0123456789abcdef0123456789abcdef"
+
+
+def test_exclusive_needs_one_host_cpu_per_vcpu() -> None:
+    with pytest.raises(InternalError) as exc:
+        replace(CASES["exclusive-2mi-tcg"], host_cpus=(0,)).domain()
+    assert str(exc.value) == "2 vCPUs need 2 host CPUs, got 1"
+
+
+def test_no_host_cpus_means_no_cputune() -> None:
+    domain = replace(CASES["shared-4k-tcg"], host_cpus=()).domain()
+    assert domain.cputune is None
+    assert "<cputune>" not in render(domain)
+
+
+# -- libvirt's own parser and schema ----------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(CASES), ids=sorted(CASES))
+def test_libvirt_accepts_the_xml(name: str) -> None:
+    try:
+        import libvirt
+    except ImportError:
+        pytest.skip("libvirt-python is not installed")
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    conn = libvirt.open("test:///default")
+    try:
+        xml = render(CASES[name].domain())
+        dom = conn.defineXMLFlags(xml, libvirt.VIR_DOMAIN_DEFINE_VALIDATE)
+        try:
+            live = dom.XMLDesc(0)
+            assert read_identity(live) == CASES[name].identity
+            assert read_vcpu_pins(live) == read_vcpu_pins(xml)
+            assert dom.maxMemory() == CASES[name].shape.memory_bytes // 1024
+            assert dom.vcpusFlags(libvirt.VIR_DOMAIN_VCPU_MAXIMUM) == CASES[name].shape.vcpus
+        finally:
+            dom.undefine()
+    finally:
+        conn.close()
