@@ -33,6 +33,8 @@ class ShimConfig:
     sys_root: str = "/sys"
     proc_root: str = "/proc"
     workers: int = 16
+    metrics_address: str = ""  # host:port for Prometheus /metrics; empty = off
+    log_format: str = "text"  # text or json
     extra: dict[str, Any] = field(default_factory=dict)
 
     def with_overrides(self, **kwargs: Any) -> ShimConfig:
@@ -52,6 +54,8 @@ _KEYS = {
     "sys_root",
     "proc_root",
     "workers",
+    "metrics_address",
+    "log_format",
 }
 
 
@@ -69,11 +73,15 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         "default_handler",
         "sys_root",
         "proc_root",
+        "metrics_address",
+        "log_format",
     ):
         if key in data:
             if not isinstance(data[key], str):
                 raise InvalidArgument(f"{source}: {key}: must be a string")
             kwargs[key] = data[key]
+    if kwargs.get("log_format", "text") not in ("text", "json"):
+        raise InvalidArgument(f"{source}: log_format: must be text or json, got {kwargs['log_format']!r}")
     if "workers" in data:
         if not isinstance(data["workers"], int) or not 1 <= data["workers"] <= 256:
             raise InvalidArgument(f"{source}: workers: must be an integer between 1 and 256")

@@ -10,14 +10,17 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+from shim import metrics
 from shim.config import ShimConfig
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from shim.health import Health
 from shim.runtime_service import ImageServicer, RuntimeServicer
 from shim.sandboxes import Sandboxes
 from vmsandbox.errors import InfrastructureError
@@ -34,9 +37,15 @@ class Running:
     sandboxes: Sandboxes
     ledger: Ledger
     hypervisor: Hypervisor
+    health: Health | None = None
+    stop_metrics: Callable[[], None] | None = None
 
     def stop(self, grace: float = 5.0) -> None:
+        if self.health is not None:
+            self.health.shutting_down()
         self.server.stop(grace).wait()
+        if self.stop_metrics is not None:
+            self.stop_metrics()
         self.hypervisor.close()
         self.ledger.close()
 
@@ -66,7 +75,7 @@ def start(config: ShimConfig) -> Running:
     state.mkdir(parents=True, exist_ok=True)
     os.chmod(state, 0o700)
     ledger = Ledger(state / "state.db")
-    hypervisor = Hypervisor(config.libvirt_uri)
+    hypervisor = Hypervisor(config.libvirt_uri, observe=metrics.libvirt_event)
     profiles = load_profiles(config.profile_files) if config.profile_files else default_profiles()
     sandboxes = Sandboxes(config, ledger, hypervisor, profiles)
     report = sandboxes.reconcile()
@@ -74,6 +83,8 @@ def start(config: ShimConfig) -> Running:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
     pb_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(sandboxes), server)
     pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(config.state_dir), server)
+    health = Health(server)  # grpc.health.v1.Health on the CRI socket
+    stop_metrics = metrics.serve(config.metrics_address, sandboxes) if config.metrics_address else None
     sock = Path(config.socket_path)
     _prepare_socket(sock)
     old = os.umask(0o117)
@@ -84,6 +95,7 @@ def start(config: ShimConfig) -> Running:
     if not port:
         raise InfrastructureError(f"cannot listen on unix socket {sock}")
     server.start()
+    health.serving()
     _secure_socket(sock, config.socket_group)
     log.info(
         "vmsandbox listening on %s (libvirt %s, CPUs %s, handlers %s)",
@@ -92,7 +104,14 @@ def start(config: ShimConfig) -> Running:
         sorted(sandboxes.owned_cpus),
         sorted(profiles),
     )
-    return Running(server=server, sandboxes=sandboxes, ledger=ledger, hypervisor=hypervisor)
+    return Running(
+        server=server,
+        sandboxes=sandboxes,
+        ledger=ledger,
+        hypervisor=hypervisor,
+        health=health,
+        stop_metrics=stop_metrics,
+    )
 
 
 def serve(config: ShimConfig) -> None:

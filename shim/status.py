@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from shim import logs, metrics
 from vmsandbox.errors import (
     AlreadyExists,
     CannotFit,
@@ -52,14 +53,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 def rpc(method: F) -> F:
     @functools.wraps(method)
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
-        try:
-            return method(self, request, context)
-        except (VmSandboxError, NotImplementedError) as exc:
-            code = code_for(exc)
-            log.info("%s -> %s: %s", method.__name__, code.name, exc)
-            context.abort(code, str(exc) or method.__name__)
-        except Exception as exc:
-            log.exception("%s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__}: internal error: {type(exc).__name__}: {exc}")
+        with logs.scope():  # lines logged during this call carry the pod the orchestrator binds
+            try:
+                return method(self, request, context)
+            except (VmSandboxError, NotImplementedError) as exc:
+                code = code_for(exc)
+                log.info("%s -> %s: %s", method.__name__, code.name, exc)
+                metrics.rejected(method.__name__, code.name)
+                context.abort(code, str(exc) or method.__name__)
+            except Exception as exc:
+                log.exception("%s failed", method.__name__)
+                metrics.rejected(method.__name__, grpc.StatusCode.INTERNAL.name)
+                context.abort(
+                    grpc.StatusCode.INTERNAL, f"{method.__name__}: internal error: {type(exc).__name__}: {exc}"
+                )
 
     return wrapper  # type: ignore[return-value]

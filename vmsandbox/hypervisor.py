@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import libvirt
 from tenacity import (
+    RetryCallState,
     before_sleep_log,
     retry,
     retry_if_exception,
@@ -29,6 +30,7 @@ from vmsandbox.domain_xml import read_channel_path, read_identity
 from vmsandbox.errors import InfrastructureError
 
 log = logging.getLogger(__name__)
+_log_retry = before_sleep_log(log, logging.WARNING)
 T = TypeVar("T")
 
 
@@ -67,14 +69,16 @@ class DomainInfo:
     sandbox_id: str
     active: bool
     xml: str
+    owner: str = ""  # instance id of the state database that defined it ("" before schema 2)
 
 
 class Hypervisor:
     """One libvirt connection, shared by threads, reopened when it dies."""
 
-    def __init__(self, uri: str, *, attempts: int = 4) -> None:
+    def __init__(self, uri: str, *, attempts: int = 4, observe: Callable[[str], None] | None = None) -> None:
         self.uri = uri
         self._attempts = attempts
+        self._observe = observe or (lambda _event: None)  # "retry" / "error", for metrics
         self._lock = threading.Lock()
         self._conn: Any = None
 
@@ -90,6 +94,7 @@ class Hypervisor:
             try:
                 self._conn = libvirt.open(self.uri)
             except libvirt.libvirtError as exc:
+                self._observe("error")
                 raise InfrastructureError(f"cannot connect to libvirt at {self.uri}: {exc}") from exc
             return self._conn
 
@@ -100,7 +105,7 @@ class Hypervisor:
             retry=retry_if_exception(is_transient),
             stop=stop_after_attempt(self._attempts),
             wait=wait_exponential(multiplier=0.1, max=2),
-            before_sleep=before_sleep_log(log, logging.WARNING),
+            before_sleep=self._before_retry,
             reraise=True,
         )
         def attempt() -> T:
@@ -109,7 +114,12 @@ class Hypervisor:
         try:
             return attempt()
         except libvirt.libvirtError as exc:
+            self._observe("error")
             raise InfrastructureError(f"libvirt {what}: {exc}") from exc
+
+    def _before_retry(self, state: RetryCallState) -> None:
+        self._observe("retry")
+        _log_retry(state)
 
     def close(self) -> None:
         with self._lock:
@@ -185,7 +195,11 @@ class Hypervisor:
                 ident = read_identity(xml)
                 if ident is None:
                     continue
-                out.append(DomainInfo(name=name, sandbox_id=ident.sandbox_id, active=bool(dom.isActive()), xml=xml))
+                out.append(
+                    DomainInfo(
+                        name=name, sandbox_id=ident.sandbox_id, active=bool(dom.isActive()), xml=xml, owner=ident.owner
+                    )
+                )
             return out
 
         return self._call("list domains", get)
@@ -196,6 +210,23 @@ class Hypervisor:
 
     def start(self, name: str) -> None:
         self._call(f"start {name}", lambda conn: conn.lookupByName(name).create())
+
+    def destroy(self, name: str) -> bool:
+        """Stop the guest of ``name`` (its definition stays); True if it was running."""
+
+        def stop(conn: Any) -> bool:
+            try:
+                dom = conn.lookupByName(name)
+                if not dom.isActive():
+                    return False
+                dom.destroy()
+                return True
+            except libvirt.libvirtError as exc:
+                if _no_domain(exc) or exc.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID:
+                    return False
+                raise
+
+        return self._call(f"destroy {name}", stop)
 
     def teardown(self, name: str) -> bool:
         """Destroy (if running) and undefine ``name``; True if there was anything to remove."""

@@ -1,0 +1,462 @@
+"""``vmsandbox plan``: what the shim would do with a pod, without doing any of it.
+
+manifest -> KEP-4112 declaration (``vmsandbox.manifest``) -> demand and VM shape (the profile) ->
+placement on this host's inventory or a fixture sysfs tree, with nothing claimed (or with what a
+running shim holds, read-only, when ``--state-dir`` is given) -> the libvirt domain XML, with
+placeholder ids so the output is stable. No libvirt connection, no state write.
+
+Outcome: ``fits`` (exit 0), ``refused`` (exit 1: which resource, declared vs available), or an
+``InvalidArgument`` for bad input (exit 2, raised to the caller).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shim import textout
+from shim.config import ShimConfig
+from vmsandbox import records
+from vmsandbox.domain import SandboxIdentity, build_domain
+from vmsandbox.domain_xml import render
+from vmsandbox.errors import CannotFit, InvalidArgument
+from vmsandbox.host import HostInventory, choose_accel, format_cpulist
+from vmsandbox.manifest import PodManifest, pod_from_manifest, select_workload
+from vmsandbox.placement import HugepageBudget, Placement, cpu_key, page_key, place
+from vmsandbox.profile import Profile, select_profile
+from vmsandbox.resources import ContainerResources, PodDeclaration, is_extended
+from vmsandbox.sizing import PodDemand, VmShape, demand_from_declaration, shape_for
+from vmsandbox.sysfs import read_inventory
+
+PLACEHOLDER_SANDBOX_ID = "0" * 64
+PLACEHOLDER_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True)
+class HostSource:
+    """Where the inventory comes from: the real host, or a fixture tree holding ``sys/`` (and ``proc/``)."""
+
+    sys_root: str
+    proc_root: str
+    kvm_device: bool
+    label: str
+
+    @staticmethod
+    def real(config: ShimConfig) -> HostSource:
+        return HostSource(config.sys_root, config.proc_root, os.path.exists("/dev/kvm"), "this host")
+
+    @staticmethod
+    def fixture(directory: str) -> HostSource:
+        """A directory with ``sys/`` (and ``proc/``) inside, or a sysfs root itself (``devices/system``)."""
+        root = Path(directory)
+        if (root / "sys" / "devices" / "system" / "cpu").is_dir():
+            sys_root, proc_root = root / "sys", root / "proc"
+        elif (root / "devices" / "system" / "cpu").is_dir():
+            sys_root, proc_root = root, root.parent / "proc"
+        else:
+            raise InvalidArgument(f"--host-sysfs {directory}: no devices/system/cpu under it or under its sys/")
+        # a fixture host has /dev/kvm exactly when its CPUs advertise vmx/svm
+        return HostSource(str(sys_root), str(proc_root), kvm_device=True, label=str(directory))
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """One resource the pod cannot get: what it declared or needs, and the most there is."""
+
+    resource: str
+    declared: str
+    available: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    manifest: PodManifest
+    profile: Profile
+    handler: str
+    host: HostSource
+    owned_cpus: tuple[int, ...]
+    nodes: tuple[int, ...]
+    demand: PodDemand | None
+    shape: VmShape | None
+    placement: Placement | None
+    accel: str
+    domain_xml: str | None
+    refusal: str | None
+    shortfalls: tuple[Shortfall, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        return self.refusal is None
+
+
+# -- inputs -----------------------------------------------------------------------------------------
+def load_manifest(path: str, index: int | None) -> PodManifest:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InvalidArgument(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        raise InvalidArgument(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    try:
+        return pod_from_manifest(select_workload(docs, index))
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{path}: {exc}") from None
+
+
+def choose_profile(
+    profiles: Mapping[str, Profile], manifest: PodManifest, *, name: str, handler: str, default_handler: str
+) -> tuple[Profile, str, list[str]]:
+    """The profile and the handler it is planned for, and notes on how they were chosen.
+
+    ``--profile NAME`` wins; else the handler (``--handler``, else the pod's runtimeClassName when a
+    profile serves it, else the default handler) and the pod's profile annotation, as the shim chooses.
+    """
+    notes: list[str] = []
+    if name:
+        for p in profiles.values():
+            if p.name == name:
+                return p, p.handler, notes
+        known = ", ".join(sorted(p.name for p in profiles.values()))
+        raise InvalidArgument(f"--profile {name}: no such profile (profiles: {known})")
+    if handler:
+        if handler not in profiles:
+            raise InvalidArgument(
+                f"--handler {handler}: no profile serves it (handlers: {', '.join(sorted(profiles))})"
+            )
+    elif manifest.runtime_class in profiles:
+        handler = manifest.runtime_class
+    else:
+        if manifest.runtime_class:
+            notes.append(
+                f"runtimeClassName {manifest.runtime_class!r} is not a handler of these profiles; assuming its "
+                f"RuntimeClass maps to handler {default_handler!r} (use --handler)"
+            )
+        if default_handler not in profiles:
+            raise InvalidArgument(
+                f"default handler {default_handler!r} has no profile (handlers: {', '.join(sorted(profiles))}); "
+                "use --handler or --profile"
+            )
+        handler = default_handler
+    by_name = {p.name: p for p in profiles.values()}
+    return select_profile(profiles, by_name, handler, dict(manifest.annotations)), handler, notes
+
+
+def budgets(inv: HostInventory, caps: Mapping[int, int] | None) -> dict[tuple[int, int], HugepageBudget]:
+    """The shim's hugepage budget per (node, page size), as ``Sandboxes`` computes it."""
+    out = {}
+    remaining = dict(caps or {})
+    for pool in inv.hugepages:
+        pages = pool.total
+        if caps is not None:
+            pages = min(pages, remaining.get(pool.page_size, 0))
+            remaining[pool.page_size] = remaining.get(pool.page_size, 0) - pages
+        out[(pool.node, pool.page_size)] = HugepageBudget(
+            node=pool.node, page_size=pool.page_size, pages=pages, host_free=pool.free
+        )
+    return out
+
+
+def passthrough_refusal(decl: PodDeclaration, profile: Profile) -> tuple[str, list[Shortfall]] | None:
+    """What the shim refuses before sizing (RunPodSandbox answers INVALID_ARGUMENT): extended resources
+    without a device pool, and any passthrough (pools, devices, CDI devices), which this build lacks."""
+    out: list[Shortfall] = []
+    reasons: list[str] = []
+    for c in decl.all_containers():
+        res: ContainerResources = c.resources
+        amounts = {**dict(res.limits), **dict(res.requests)}
+        for name, q in sorted(amounts.items()):
+            if not is_extended(name):
+                continue
+            pool = profile.extended_resources.get(name)
+            if pool is None:
+                why = f"is not mapped to a device pool by profile {profile.name!r}"
+            else:
+                why = f"maps to device pool {pool!r}, but device passthrough is not available in this build"
+            reasons.append(f'container "{c.name}": extended resource {name} {why}')
+            out.append(Shortfall(f'{name} (container "{c.name}")', q.canonical(), f"0 ({why.removeprefix('is ')})"))
+        for kind, items in (("devices", res.devices), ("CDI devices", res.cdi_devices)):
+            if items:
+                reasons.append(f'container "{c.name}": {kind} need passthrough, which is not available in this build')
+                out.append(Shortfall(f'{kind} (container "{c.name}")', str(len(items)), "0 (no passthrough)"))
+    if not out:
+        return None
+    return "; ".join(reasons) + " (the shim refuses RunPodSandbox with INVALID_ARGUMENT)", out
+
+
+def _fit_shortfalls(
+    shape: VmShape,
+    inv: HostInventory,
+    owned: frozenset[int],
+    taken: frozenset[str],
+    pools: Mapping[tuple[int, int], HugepageBudget],
+) -> list[Shortfall]:
+    """Per resource the VM needs on one NUMA node: needed vs the best node's free amount."""
+    out = []
+    if shape.cpu_policy == "exclusive":
+        free = {
+            n: sum(1 for c in inv.cpus if c.node == n and c.id in owned and cpu_key(c.id) not in taken)
+            for n in inv.nodes
+        }
+        best = max(free, key=lambda n: (free[n], -n)) if free else 0
+        if free.get(best, 0) < shape.vcpus:
+            out.append(Shortfall("cpu (exclusive vCPUs)", str(shape.vcpus), f"{free.get(best, 0)} free on node {best}"))
+    if shape.backing_pages:
+        label = f"hugepages-{textout.page_label(shape.backing_page_size)}"
+        usable: dict[int, int] = {}
+        for n in inv.nodes:
+            b = pools.get((n, shape.backing_page_size))
+            if b is None:
+                usable[n] = 0
+                continue
+            mine = sum(1 for i in range(b.pages) if page_key(b.page_size, n, i) not in taken)
+            usable[n] = min(mine, b.host_free)
+        best = max(usable, key=lambda n: (usable[n], -n)) if usable else 0
+        if usable.get(best, 0) < shape.backing_pages:
+            out.append(
+                Shortfall(
+                    f"{label} (guest RAM {textout.size(shape.memory_bytes)})",
+                    f"{shape.backing_pages} pages",
+                    f"{usable.get(best, 0)} free on node {best}",
+                )
+            )
+    return out
+
+
+# -- the plan ---------------------------------------------------------------------------------------
+def make_plan(
+    manifest: PodManifest,
+    profiles: Mapping[str, Profile],
+    config: ShimConfig,
+    host: HostSource,
+    *,
+    profile_name: str = "",
+    handler: str = "",
+    taken: frozenset[str] = frozenset(),
+) -> Plan:
+    profile, handler, notes = choose_profile(
+        profiles, manifest, name=profile_name, handler=handler, default_handler=config.default_handler
+    )
+    notes = list(manifest.notes) + notes
+    if manifest.sidecars and profile.init_containers == "sequential":
+        which = ", ".join(manifest.sidecars)
+        notes.append(
+            f"init container{'s' if len(manifest.sidecars) > 1 else ''} {which} "
+            f"{'are sidecars' if len(manifest.sidecars) > 1 else 'is a sidecar'} (restartPolicy: Always), "
+            f"running beside the app containers, but profile {profile.name!r} sizes init containers "
+            "sequentially: the VM may be too small (use init_containers: concurrent)"
+        )
+    inv = read_inventory(host.sys_root, host.proc_root)
+    if not inv.cpus:
+        raise InvalidArgument(f"{host.sys_root}: no online CPUs found")
+    online = {c.id for c in inv.cpus}
+    owned = frozenset(config.cpu_pool if config.cpu_pool is not None else online)
+    missing = owned - online
+    if missing:
+        raise InvalidArgument(f"cpu_pool names CPUs that are not online on {host.label}: {format_cpulist(missing)}")
+    accel = choose_accel(profile.accel, inv.hw_virt, host.kvm_device)
+
+    def result(
+        demand: PodDemand | None,
+        shape: VmShape | None,
+        placement: Placement | None,
+        xml: str | None,
+        refusal: str | None,
+        shortfalls: Sequence[Shortfall] = (),
+    ) -> Plan:
+        return Plan(
+            manifest=manifest,
+            profile=profile,
+            handler=handler,
+            host=host,
+            owned_cpus=tuple(sorted(owned)),
+            nodes=inv.nodes,
+            demand=demand,
+            shape=shape,
+            placement=placement,
+            accel=accel,
+            domain_xml=xml,
+            refusal=refusal,
+            shortfalls=tuple(shortfalls),
+            notes=tuple(notes),
+        )
+
+    refused = passthrough_refusal(manifest.declaration, profile)
+    demand = demand_from_declaration(manifest.declaration, profile)
+    if refused is not None:
+        return result(demand, None, None, None, *refused)
+    try:
+        shape = shape_for(demand, profile)
+    except CannotFit as exc:
+        vcpus = max(-(-demand.cpu_millis // 1000) + profile.vcpu_extra, profile.vcpu_min)
+        short = Shortfall("vCPUs", str(vcpus), f"{profile.vcpu_max} (vcpu.max of profile {profile.name!r})")
+        return result(demand, None, None, None, str(exc), [short])
+    pools = budgets(inv, config.hugepages)
+    try:
+        placement = place(shape, inv, owned, taken, pools)
+    except CannotFit as exc:
+        return result(demand, shape, None, None, str(exc), _fit_shortfalls(shape, inv, owned, taken, pools))
+    image = Path(profile.image_dir)
+    console = str(Path(config.console_dir) / f"{PLACEHOLDER_SANDBOX_ID}.log") if config.console_dir else None
+    domain = build_domain(
+        identity=SandboxIdentity(
+            sandbox_id=PLACEHOLDER_SANDBOX_ID,
+            pod_name=manifest.name,
+            pod_namespace=manifest.namespace,
+            pod_uid=PLACEHOLDER_UUID,
+            attempt=0,
+            runtime_handler=handler,
+        ),
+        uuid=PLACEHOLDER_UUID,
+        shape=shape,
+        host_cpus=placement.cpus,
+        emulator_cpus=placement.cpus,
+        hugepage_nodes=tuple(n for n, _, _ in placement.hugepages),
+        accel="kvm" if accel == "kvm" else "tcg",
+        kernel=str(image / "vmlinux"),
+        initrd=str(image / "initramfs.img"),
+        machine=profile.machine,
+        extra_cmdline=profile.kernel_cmdline,
+        shape_json="",
+        console_log=console,
+    )
+    return result(demand, shape, placement, render(domain), None)
+
+
+# -- output -----------------------------------------------------------------------------------------
+def _resources_line(res: ContainerResources) -> str:
+    req = " ".join(f"{k}={v.canonical()}" for k, v in res.requests) or "-"
+    lim = " ".join(f"{k}={v.canonical()}" for k, v in res.limits) or "-"
+    mounts = f"  mounts {','.join(sorted(m.container_path for m in res.mounts))}" if res.mounts else ""
+    return f"requests {req}  limits {lim}{mounts}"
+
+
+def _demand_line(demand: PodDemand, profile: Profile) -> str:
+    parts = [f"cpu {demand.cpu_millis}m", f"memory {textout.size(demand.memory_bytes)}"]
+    parts += [f"hugepages-{textout.page_label(s)} {textout.size(b)}" for s, b in demand.hugepages]
+    parts += [f"{n} {c}" for n, c in demand.extended]
+    if demand.ephemeral_storage_bytes:
+        parts.append(f"ephemeral-storage {textout.size(demand.ephemeral_storage_bytes)}")
+    return ", ".join(parts) + f" (init containers: {profile.init_containers})"
+
+
+def _shape_line(shape: VmShape, profile: Profile) -> str:
+    cpus = "pinned, exclusive" if shape.cpu_policy == "exclusive" else "shared, floating over the pool"
+    if shape.hugepage_backed:
+        page = textout.page_label(shape.backing_page_size)
+        memory = f"{textout.size(shape.memory_bytes)} RAM on {page} hugepages ({shape.backing_pages} pages)"
+    else:
+        memory = f"{textout.size(shape.memory_bytes)} RAM on ordinary 4Ki pages"
+    text = f"{shape.vcpus} vCPU{'s' if shape.vcpus != 1 else ''} ({cpus}), {memory}"
+    if shape.guest_hugepages:
+        text += ", guest hugepages " + " ".join(f"{n}x{textout.page_label(s)}" for s, n in shape.guest_hugepages)
+    return text + f"; overhead {textout.size(profile.memory_overhead_bytes)}"
+
+
+def _placement_line(shape: VmShape, placement: Placement) -> str:
+    node = ",".join(str(n) for n in placement.nodes)
+    if shape.cpu_policy == "exclusive":
+        cpus = ", ".join(f"vCPU {i} -> CPU {c}" for i, c in enumerate(placement.cpus))
+    else:
+        cpus = f"vCPUs float over CPUs {format_cpulist(placement.cpus)}"
+    pages = "".join(f"; {n}x{textout.page_label(s)} pages from node {nd}" for nd, s, n in placement.hugepages)
+    return f"NUMA node {node}: {cpus}{pages}"
+
+
+def render_text(plan: Plan) -> str:
+    m = plan.manifest
+    source = m.kind if m.kind == "Pod" else f"pod template of {m.kind} {m.name}"
+    host = (
+        f"{plan.host.label}: {textout.plural(len(plan.owned_cpus), 'CPU')} owned ({format_cpulist(plan.owned_cpus)}), "
+        f"{len(plan.nodes)} NUMA node{'s' if len(plan.nodes) != 1 else ''}, accel {plan.accel}"
+    )
+    pairs = [
+        ("pod", f"{m.pod} ({source})"),
+        ("handler", f"{plan.handler} (profile {plan.profile.name!r})"),
+        ("declared", "pod_resources as a KEP-4112 kubelet would send it:"),
+    ]
+    out = [textout.fields(pairs, width=9)]
+    rows = [
+        ["init" + (" (sidecar)" if c.name in m.sidecars else ""), c.name, _resources_line(c.resources)]
+        for c in m.declaration.init_containers
+    ]
+    rows += [["app", c.name, _resources_line(c.resources)] for c in m.declaration.containers]
+    out.append("\n".join("  " + line for line in textout.table(["KIND", "CONTAINER", "RESOURCES"], rows).splitlines()))
+    pairs = []
+    if plan.demand is not None:
+        pairs.append(("demand", _demand_line(plan.demand, plan.profile)))
+    if plan.shape is not None:
+        pairs.append(("VM", _shape_line(plan.shape, plan.profile)))
+    pairs.append(("host", host))
+    if plan.placement is not None and plan.shape is not None:
+        pairs.append(("placement", _placement_line(plan.shape, plan.placement)))
+    pairs.append(("verdict", "fits" if plan.fits else f"does not fit: {plan.refusal}"))
+    out.append(textout.fields(pairs, width=9))
+    if plan.shortfalls:
+        rows = [[s.resource, s.declared, s.available] for s in plan.shortfalls]
+        out.append(
+            "\n".join("  " + line for line in textout.table(["RESOURCE", "DECLARED", "AVAILABLE"], rows).splitlines())
+        )
+    for note in plan.notes:
+        out.append(f"note: {note}")
+    if plan.domain_xml is not None:
+        out.append("libvirt domain XML (placeholder sandbox id and uuid):")
+        out.append(plan.domain_xml.rstrip("\n"))
+    return "\n".join(out) + "\n"
+
+
+def plan_doc(plan: Plan) -> dict[str, Any]:
+    m = plan.manifest
+    return {
+        "pod": {
+            "kind": m.kind,
+            "name": m.name,
+            "namespace": m.namespace,
+            "runtime_class": m.runtime_class,
+            "labels": dict(m.labels),
+            "sidecars": list(m.sidecars),
+        },
+        "handler": plan.handler,
+        "profile": plan.profile.name,
+        "pod_resources": records.declaration_doc(m.declaration),
+        "demand": records.demand_doc(plan.demand) if plan.demand is not None else None,
+        "shape": records.shape_doc(plan.shape) if plan.shape is not None else None,
+        "host": {
+            "source": plan.host.label,
+            "sys_root": plan.host.sys_root,
+            "owned_cpus": format_cpulist(plan.owned_cpus),
+            "numa_nodes": list(plan.nodes),
+            "accel": plan.accel,
+        },
+        "placement": (
+            {
+                "nodes": list(plan.placement.nodes),
+                "cpus": list(plan.placement.cpus),
+                "hugepages": [{"node": n, "page_size": s, "pages": c} for n, s, c in plan.placement.hugepages],
+            }
+            if plan.placement is not None
+            else None
+        ),
+        "fits": plan.fits,
+        "refusal": (
+            {
+                "reason": plan.refusal,
+                "shortfalls": [
+                    {"resource": s.resource, "declared": s.declared, "available": s.available} for s in plan.shortfalls
+                ],
+            }
+            if plan.refusal is not None
+            else None
+        ),
+        "notes": list(plan.notes),
+        "domain_xml": plan.domain_xml,
+    }
