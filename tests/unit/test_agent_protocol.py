@@ -1,0 +1,439 @@
+"""Tests of vmsandbox.agent_protocol: encoding, strict decoding, agreement with the guest's own
+implementation (images/guest/agent.awk, run with busybox awk when it is installed), and the host
+side of the channel (vmsandbox.guest_channel) against a fake guest on a unix socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from vmsandbox.agent_protocol import (
+    Ack,
+    GuestReport,
+    Hello,
+    HugePages,
+    Message,
+    ProtocolError,
+    Request,
+    Response,
+    decode,
+    encode,
+    report_from_body,
+    report_to_body,
+)
+from vmsandbox.errors import InfrastructureError
+from vmsandbox.guest_channel import (
+    GuestChannel,
+    GuestChannelClosed,
+    GuestChannelTimeout,
+    GuestRequestFailed,
+    wait_for_hello,
+)
+
+AGENT_AWK = Path(__file__).resolve().parents[2] / "images" / "guest" / "agent.awk"
+
+REPORT = GuestReport(
+    agent="init/1",
+    kernel="6.1.0-56-amd64",
+    vcpus=2,
+    mem_total_kib=210504,
+    hugepages={2048: HugePages(total=8, free=8), 1048576: HugePages(total=0, free=0)},
+    cmdline='console=ttyS0 hugepagesz=2M hugepages=8 x="a\\b"',
+    boot_ms=2620,
+)
+
+# A hello exactly as the guest image sent it (q35, TCG, -smp 2 -m 256).
+GUEST_HELLO = (
+    b'{"v":1,"type":"hello","body":{"agent":"init/1","kernel":"6.1.0-56-amd64","vcpus":2,'
+    b'"mem_total_kib":210504,"hugepages":{"2048":{"total":8,"free":8}},'
+    b'"cmdline":"console=ttyS0 hugepagesz=2M hugepages=8 ","boot_ms":2620}}\n'
+)
+
+HELLO_BODY = json.loads(GUEST_HELLO)["body"]
+
+
+def line(obj: object) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+def hello_with(**changes: object) -> bytes:
+    body = {k: v for k, v in HELLO_BODY.items() if changes.get(k, "") is not None}
+    body.update({k: v for k, v in changes.items() if v is not None})
+    return line({"v": 1, "type": "hello", "body": body})
+
+
+# ---- round trips ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        Hello(REPORT),
+        Hello(GuestReport("a", "k", 1, 0, {}, "", 0, errors=("insmod x failed", "é"))),
+        Ack(),
+        Request(id="1", op="ping"),
+        Request(id='we"ird\n id', op="future-op"),
+        Response(id="1", ok=True, body={}),
+        Response(id="2", ok=True, body={"nested": {"list": [1, "two", None]}}),
+        Response(id="3", ok=False, error="unknown op: dance"),
+        Response(id=None, ok=False, error="unparsable message: not a JSON object"),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_encode_decode_round_trip(msg: Message) -> None:
+    data = encode(msg)
+    assert data.endswith(b"\n")
+    assert data.count(b"\n") == 1
+    assert decode(data) == msg
+
+
+def test_hello_from_the_guest_image_decodes() -> None:
+    msg = decode(GUEST_HELLO)
+    assert isinstance(msg, Hello)
+    assert msg.report == GuestReport(
+        agent="init/1",
+        kernel="6.1.0-56-amd64",
+        vcpus=2,
+        mem_total_kib=210504,
+        hugepages={2048: HugePages(8, 8)},
+        cmdline="console=ttyS0 hugepagesz=2M hugepages=8 ",
+        boot_ms=2620,
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b'{"v":1,"type":"ack"}', Ack()),
+        (b'{"v":1,"type":"ack"}\r\n', Ack()),
+        (b'  {"type":"ack","v":1,"later":"field"}  ', Ack()),
+        (b'{"v":1,"type":"request","id":"x","op":"ping","args":{}}', Request("x", "ping")),
+        (b'{"v":1,"type":"response","id":"7","ok":true,"body":{"a":1}}', Response("7", True, {"a": 1})),
+        (b'{"v":1,"type":"response","id":null,"ok":false,"error":"e"}', Response(None, False, error="e")),
+    ],
+)
+def test_decode_accepts(data: bytes, expected: Message) -> None:
+    assert decode(data) == expected
+
+
+def test_report_is_hashable_and_frozen() -> None:
+    hash(REPORT)
+    with pytest.raises(AttributeError):
+        REPORT.vcpus = 3  # type: ignore[misc]
+
+
+# ---- strict decoding -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        pytest.param(b"", "empty message", id="empty"),
+        pytest.param(b"\n", "empty message", id="blank"),
+        pytest.param(b"\xff\xfe{}", "not UTF-8", id="not-utf8"),
+        pytest.param(b"{not json", "not JSON", id="bad-json"),
+        pytest.param(b"[1,2]", "not a JSON object", id="array"),
+        pytest.param(b'"hello"', "not a JSON object", id="string"),
+        pytest.param(b'{"type":"ack"}', "no protocol version", id="no-version"),
+        pytest.param(b'{"v":2,"type":"ack"}', "unsupported protocol version 2", id="version-2"),
+        pytest.param(b'{"v":"1","type":"ack"}', "unsupported protocol version '1'", id="version-string"),
+        pytest.param(b'{"v":true,"type":"ack"}', "unsupported protocol version True", id="version-bool"),
+        pytest.param(b'{"v":1.0,"type":"ack"}', "unsupported protocol version 1.0", id="version-float"),
+        pytest.param(b'{"v":1}', "missing field 'type'", id="no-type"),
+        pytest.param(b'{"v":1,"type":7}', "field 'type' must be a string, got an integer", id="type-int"),
+        pytest.param(b'{"v":1,"type":"bye"}', "unknown message type 'bye'", id="unknown-type"),
+        pytest.param(b'{"v":1,"type":"request","op":"ping"}', "missing field 'id'", id="request-no-id"),
+        pytest.param(b'{"v":1,"type":"request","id":3,"op":"ping"}', "'id' must be a string", id="request-int-id"),
+        pytest.param(b'{"v":1,"type":"request","id":"3"}', "missing field 'op'", id="request-no-op"),
+        pytest.param(b'{"v":1,"type":"request","id":"","op":"ping"}', "must not be empty", id="request-empty"),
+        pytest.param(b'{"v":1,"type":"response","ok":true,"body":{}}', "missing field 'id'", id="resp-no-id"),
+        pytest.param(b'{"v":1,"type":"response","id":"1","body":{}}', "missing field 'ok'", id="resp-no-ok"),
+        pytest.param(
+            b'{"v":1,"type":"response","id":"1","ok":1,"body":{}}',
+            "'ok' must be a boolean, got an integer",
+            id="resp-ok-int",
+        ),
+        pytest.param(b'{"v":1,"type":"response","id":"1","ok":true}', "missing field 'body'", id="resp-no-body"),
+        pytest.param(
+            b'{"v":1,"type":"response","id":"1","ok":true,"body":[]}',
+            "'body' must be an object, got an array",
+            id="resp-body-array",
+        ),
+        pytest.param(b'{"v":1,"type":"response","id":"1","ok":false}', "missing field 'error'", id="resp-no-error"),
+        pytest.param(b'{"v":1,"type":"hello"}', "missing field 'body'", id="hello-no-body"),
+        pytest.param(hello_with(vcpus=None), "missing field 'vcpus'", id="hello-no-vcpus"),
+        pytest.param(hello_with(vcpus=0), "'vcpus' must be at least 1", id="hello-zero-vcpus"),
+        pytest.param(hello_with(vcpus=True), "'vcpus' must be an integer, got a boolean", id="hello-bool-vcpus"),
+        pytest.param(hello_with(vcpus=2.0), "'vcpus' must be an integer, got a number", id="hello-float-vcpus"),
+        pytest.param(hello_with(mem_total_kib=-1), "must not be negative", id="hello-negative-mem"),
+        pytest.param(hello_with(kernel=None), "missing field 'kernel'", id="hello-no-kernel"),
+        pytest.param(hello_with(cmdline=["a"]), "'cmdline' must be a string, got an array", id="hello-cmdline"),
+        pytest.param(hello_with(boot_ms="3"), "'boot_ms' must be an integer, got a string", id="hello-boot-ms"),
+        pytest.param(hello_with(agent=None), "missing field 'agent'", id="hello-no-agent"),
+        pytest.param(hello_with(hugepages=None), "missing field 'hugepages'", id="hello-no-hugepages"),
+        pytest.param(
+            hello_with(hugepages={"2M": {"total": 1, "free": 1}}),
+            "hugepage size '2M'",
+            id="hugepage-size-unit",
+        ),
+        pytest.param(hello_with(hugepages={"0": {"total": 1, "free": 1}}), "hugepage size '0'", id="hugepage-0"),
+        pytest.param(hello_with(hugepages={"2048": 8}), "hugepages['2048'] must be an object", id="hugepage-int"),
+        pytest.param(
+            hello_with(hugepages={"2048": {"total": 8}}),
+            "hugepages['2048']: missing field 'free'",
+            id="hp-free",
+        ),
+        pytest.param(hello_with(errors="boom"), "'errors' must be an array", id="errors-string"),
+        pytest.param(hello_with(errors=[1]), "'errors' must be an array of strings", id="errors-ints"),
+    ],
+)
+def test_decode_rejects(data: bytes, problem: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(data)
+    assert problem in str(info.value)
+    assert isinstance(info.value, InfrastructureError)
+
+
+def test_encode_rejects_empty_request_fields() -> None:
+    with pytest.raises(ProtocolError, match="empty id or op"):
+        encode(Request(id="", op="ping"))
+
+
+def test_report_from_body_names_where() -> None:
+    body = {k: v for k, v in HELLO_BODY.items() if k != "vcpus"}
+    with pytest.raises(ProtocolError, match=r"^report response body: missing field 'vcpus'$"):
+        report_from_body(body, "report response body")
+
+
+# ---- the guest's implementation agrees -----------------------------------------------------------
+
+BUSYBOX = shutil.which("busybox")
+
+
+def run_agent_awk(mode: str, msg: bytes = b"") -> str:
+    assert BUSYBOX is not None
+    env = dict(os.environ, MSG=msg.decode().rstrip("\n"), HUGEPAGE_DIRS="", BOOT_ERRORS="")
+    out = subprocess.run(
+        [BUSYBOX, "awk", "-v", f"mode={mode}", "-f", str(AGENT_AWK)],
+        env=env,
+        capture_output=True,
+        check=True,
+        timeout=10,
+    ).stdout.decode()
+    assert out.endswith("\n") and out.count("\n") == 1
+    return out
+
+
+needs_busybox = pytest.mark.skipif(BUSYBOX is None, reason="busybox not installed (apt-get install busybox-static)")
+
+
+@needs_busybox
+def test_guest_hello_decodes() -> None:
+    msg = decode(run_agent_awk("hello").encode())
+    assert isinstance(msg, Hello)
+    assert msg.report.agent == "init/1"
+    assert msg.report.vcpus >= 1
+
+
+@needs_busybox
+@pytest.mark.parametrize(
+    ("request_line", "action", "expected"),
+    [
+        (encode(Ack()), "ack", None),
+        (encode(Request("1", "ping")), "reply", Response("1", True, {})),
+        (encode(Request('q"\\\u00e9', "ping")), "reply", Response('q"\\\u00e9', True, {})),
+        (encode(Request("2", "poweroff")), "poweroff", Response("2", True, {})),
+        (encode(Request("3", "dance")), "reply", Response("3", False, error="unknown op: dance")),
+        (b"junk", "reply", Response(None, False, error="unparsable message: not a JSON object")),
+        (
+            b'{"v":2,"type":"request","id":"4","op":"ping"}',
+            "reply",
+            Response("4", False, error='unsupported protocol version (want "v":1)'),
+        ),
+        (
+            b'{"v":1,"type":"request","id":"5","op":"ping"} trailing',
+            "reply",
+            Response(None, False, error="unparsable message: trailing data after the object"),
+        ),
+    ],
+)
+def test_guest_handles_requests(request_line: bytes, action: str, expected: Response | None) -> None:
+    out = run_agent_awk("handle", request_line)
+    got_action, _, response = out.rstrip("\n").partition(" ")
+    assert got_action == action
+    if expected is None:
+        assert response == ""
+    else:
+        assert decode(response.encode()) == expected
+
+
+@needs_busybox
+def test_guest_report_response_decodes() -> None:
+    out = run_agent_awk("handle", encode(Request("r", "report")))
+    msg = decode(out.partition(" ")[2].encode())
+    assert isinstance(msg, Response) and msg.ok
+    assert report_from_body(msg.body).agent == "init/1"
+
+
+# ---- the host side (vmsandbox.guest_channel) against a fake guest on a unix socket ------------------
+
+
+class FakeGuest:
+    """Listens on ``path`` (optionally after ``delay_s``) and runs ``script`` on the first
+    connection, with a line reader and a writer."""
+
+    def __init__(
+        self, path: Path, script: Callable[[Callable[[], Message], Callable[[Message], None]], None], delay_s: float = 0
+    ) -> None:
+        self.path = path
+        self.error: BaseException | None = None
+        self._script = script
+        self._delay_s = delay_s
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            time.sleep(self._delay_s)
+            with socket.socket(socket.AF_UNIX) as server:
+                server.bind(str(self.path))
+                server.listen()
+                server.settimeout(10)
+                conn, _ = server.accept()
+                with conn, conn.makefile("rwb") as f:
+
+                    def send(msg: Message) -> None:
+                        f.write(encode(msg))
+                        f.flush()
+
+                    self._script(lambda: decode(f.readline()), send)
+        except BaseException as e:  # reported by join()
+            self.error = e
+
+    def join(self) -> None:
+        self._thread.join(timeout=10)
+        assert not self._thread.is_alive()
+        if self.error is not None:
+            raise self.error
+
+
+def booting_guest(recv: Callable[[], Message], send: Callable[[Message], None]) -> None:
+    """Like images/guest/init: hello first, then answer requests until the host leaves."""
+    send(Hello(REPORT))
+    while True:
+        try:
+            msg = recv()
+        except ProtocolError:  # EOF: empty line
+            return
+        if isinstance(msg, Request):
+            if msg.op == "report":
+                send(Response(msg.id, True, report_to_body(REPORT)))
+            elif msg.op == "ping":
+                send(Response(msg.id, True, {}))
+            else:
+                send(Response(msg.id, False, error=f"unknown op: {msg.op}"))
+
+
+def test_wait_for_hello_acks_and_retries_until_the_socket_exists(tmp_path: Path) -> None:
+    seen: list[Message] = []
+
+    def script(recv: Callable[[], Message], send: Callable[[Message], None]) -> None:
+        send(Hello(REPORT))
+        seen.extend([recv(), recv()])
+
+    guest = FakeGuest(tmp_path / "late.sock", script, delay_s=0.3)
+    assert wait_for_hello(tmp_path / "late.sock", 5) == REPORT
+    guest.join()
+    assert seen == [Request("0", "report"), Ack()]
+
+
+def test_open_takes_the_report_of_an_already_acked_guest(tmp_path: Path) -> None:
+    def acked_guest(recv: Callable[[], Message], send: Callable[[Message], None]) -> None:
+        request = recv()
+        assert request == Request("0", "report")
+        send(Response("0", True, report_to_body(REPORT)))
+        assert recv() == Request("1", "ping")
+        send(Response("1", True, {"pong": True}))
+
+    guest = FakeGuest(tmp_path / "g.sock", acked_guest)
+    with GuestChannel.open(tmp_path / "g.sock", 5) as channel:
+        assert channel.report == REPORT
+        assert channel.request("ping", 5) == {"pong": True}
+    guest.join()
+
+
+def test_request_skips_stale_messages_and_reports_refusals(tmp_path: Path) -> None:
+    guest = FakeGuest(tmp_path / "g.sock", booting_guest)
+    with GuestChannel.open(tmp_path / "g.sock", 5) as channel:
+        # the answer to the greeting request ("0") is still in flight and must be skipped
+        assert channel.request("ping", 5) == {}
+        assert channel.report_now(5) == REPORT
+        with pytest.raises(GuestRequestFailed, match=r"refused 'dance' on .*g\.sock: unknown op: dance"):
+            channel.request("dance", 5)
+    guest.join()
+
+
+def test_requests_from_threads_each_get_their_own_answer(tmp_path: Path) -> None:
+    guest = FakeGuest(tmp_path / "g.sock", booting_guest)
+    with GuestChannel.open(tmp_path / "g.sock", 5) as channel, ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda op: channel.request(op, 5), ["ping", "report"] * 8))
+    guest.join()
+    assert results == [{}, report_to_body(REPORT)] * 8
+
+
+def test_wait_for_hello_times_out_naming_the_socket(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "silent.sock"))
+        server.listen()
+        start = time.monotonic()
+        with pytest.raises(GuestChannelTimeout, match=r"no hello from the guest within 0\.3 s on .*silent\.sock"):
+            wait_for_hello(tmp_path / "silent.sock", 0.3)
+        assert time.monotonic() - start < 2
+
+
+def test_wait_for_hello_times_out_when_nothing_listens(tmp_path: Path) -> None:
+    with pytest.raises(GuestChannelTimeout, match=r"on .*absent\.sock within 0\.2 s \(connect: No such file"):
+        wait_for_hello(tmp_path / "absent.sock", 0.2)
+
+
+def test_malformed_line_from_the_guest_is_a_protocol_error(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "g.sock"))
+        server.listen()
+
+        def serve() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(b'{"v":1,"type":"hello","body":{}}\n')
+                conn.recv(4096)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        with pytest.raises(ProtocolError, match=r"g\.sock: hello message body: missing field 'hugepages'"):
+            wait_for_hello(tmp_path / "g.sock", 5)
+        thread.join(timeout=5)
+
+
+def test_guest_leaving_mid_request_is_reported(tmp_path: Path) -> None:
+    def leaves(recv: Callable[[], Message], send: Callable[[Message], None]) -> None:
+        send(Hello(REPORT))
+        for _ in range(3):  # greeting request, ack, the ping: then hang up
+            recv()
+
+    guest = FakeGuest(tmp_path / "g.sock", leaves)
+    with (
+        GuestChannel.open(tmp_path / "g.sock", 5) as channel,
+        pytest.raises(GuestChannelClosed, match="by the other end"),
+    ):
+        channel.request("ping", 5)
+    guest.join()

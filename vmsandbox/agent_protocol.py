@@ -1,0 +1,243 @@
+"""The host <-> guest agent protocol: typed messages and their JSON Lines encoding (no IO).
+
+One UTF-8 JSON object per line, each with ``"v": 1`` and a ``"type"``; the full description
+is in ``images/README.md``. The guest speaks first (``hello``, repeated until the host sends
+``ack``); the host sends ``request`` messages (ops of the image's agent: ``ping``, ``report``,
+``poweroff``), each answered by a ``response`` with the same ``id``. Unknown keys are ignored,
+so later agents can add fields without breaking this host; missing or mistyped fields are errors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple, TypeAlias
+
+from vmsandbox.errors import InfrastructureError
+
+VERSION = 1
+CHANNEL_NAME = "io.vmsandbox.agent.0"
+"""Name of the virtio-serial port the guest agent listens on."""
+
+
+class ProtocolError(InfrastructureError):
+    """A line from the other side is not a valid protocol message."""
+
+
+class HugePages(NamedTuple):
+    total: int
+    free: int
+
+
+@dataclass(frozen=True)
+class GuestReport:
+    """What the guest says about itself (body of ``hello`` and of the ``report`` response)."""
+
+    agent: str
+    kernel: str
+    vcpus: int
+    mem_total_kib: int
+    hugepages: Mapping[int, HugePages] = field(hash=False)
+    """Page size in KiB -> pool counts."""
+    cmdline: str
+    boot_ms: int
+    """Guest uptime when the report was made."""
+    errors: tuple[str, ...] = ()
+    """Problems the guest met while booting (a module that failed to load, ...)."""
+
+
+@dataclass(frozen=True)
+class Hello:
+    report: GuestReport
+
+
+@dataclass(frozen=True)
+class Ack:
+    pass
+
+
+@dataclass(frozen=True)
+class Request:
+    id: str
+    op: str
+
+
+@dataclass(frozen=True)
+class Response:
+    id: str | None
+    """None when the guest could not read the id of the message it answers."""
+    ok: bool
+    body: Mapping[str, object] = field(default_factory=dict, hash=False)
+    error: str = ""
+
+
+Message: TypeAlias = Hello | Ack | Request | Response
+_JsonObject: TypeAlias = dict[str, object]
+
+
+# ---- encoding -------------------------------------------------------------------------------------
+
+
+def report_to_body(report: GuestReport) -> _JsonObject:
+    body: _JsonObject = {
+        "agent": report.agent,
+        "kernel": report.kernel,
+        "vcpus": report.vcpus,
+        "mem_total_kib": report.mem_total_kib,
+        "hugepages": {
+            str(size): {"total": pool.total, "free": pool.free} for size, pool in sorted(report.hugepages.items())
+        },
+        "cmdline": report.cmdline,
+        "boot_ms": report.boot_ms,
+    }
+    if report.errors:
+        body["errors"] = list(report.errors)
+    return body
+
+
+def encode(msg: Message) -> bytes:
+    """One line (ending in ``\\n``) carrying ``msg``."""
+    obj: _JsonObject = {"v": VERSION}
+    if isinstance(msg, Hello):
+        obj |= {"type": "hello", "body": report_to_body(msg.report)}
+    elif isinstance(msg, Ack):
+        obj["type"] = "ack"
+    elif isinstance(msg, Request):
+        if not msg.id or not msg.op:
+            raise ProtocolError(f"cannot encode a request with an empty id or op: {msg!r}")
+        obj |= {"type": "request", "id": msg.id, "op": msg.op}
+    elif isinstance(msg, Response):
+        obj |= {"type": "response", "id": msg.id, "ok": msg.ok}
+        if msg.ok:
+            obj["body"] = dict(msg.body)
+        else:
+            obj["error"] = msg.error
+    else:  # pragma: no cover - exhaustiveness for callers outside mypy
+        raise ProtocolError(f"not a protocol message: {msg!r}")
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+# ---- decoding -------------------------------------------------------------------------------------
+
+
+def _field(obj: Mapping[str, object], key: str, kind: type, where: str) -> object:
+    if key not in obj:
+        raise ProtocolError(f"{where}: missing field {key!r}")
+    value = obj[key]
+    # bool is an int subclass in Python; JSON keeps them apart, so do we.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ProtocolError(f"{where}: field {key!r} must be {_JSON_NAMES[kind]}, got {_json_kind(value)}")
+    return value
+
+
+_JSON_NAMES: dict[type, str] = {
+    str: "a string",
+    int: "an integer",
+    bool: "a boolean",
+    dict: "an object",
+    list: "an array",
+}
+
+
+def _json_kind(value: object) -> str:
+    # json.loads yields only dict, list, str, int, float, bool and None.
+    return "null" if value is None else _JSON_NAMES.get(type(value), "a number")
+
+
+def _str(obj: Mapping[str, object], key: str, where: str) -> str:
+    value = _field(obj, key, str, where)
+    assert isinstance(value, str)
+    return value
+
+
+def _count(obj: Mapping[str, object], key: str, where: str) -> int:
+    value = _field(obj, key, int, where)
+    assert isinstance(value, int)
+    if value < 0:
+        raise ProtocolError(f"{where}: field {key!r} must not be negative, got {value}")
+    return value
+
+
+def _object(obj: Mapping[str, object], key: str, where: str) -> _JsonObject:
+    value = _field(obj, key, dict, where)
+    assert isinstance(value, dict)
+    return value
+
+
+def report_from_body(body: Mapping[str, object], where: str = "report") -> GuestReport:
+    """The GuestReport in a ``hello`` body or a ``report`` response body."""
+    pools: dict[int, HugePages] = {}
+    for size, pool in _object(body, "hugepages", where).items():
+        if not size.isdigit() or int(size) == 0:
+            raise ProtocolError(f"{where}: hugepage size {size!r} is not a positive KiB count")
+        if not isinstance(pool, dict):
+            raise ProtocolError(f"{where}: hugepages[{size!r}] must be an object")
+        pool_where = f"{where}: hugepages[{size!r}]"
+        pools[int(size)] = HugePages(total=_count(pool, "total", pool_where), free=_count(pool, "free", pool_where))
+    errors: tuple[str, ...] = ()
+    if "errors" in body:
+        raw = _field(body, "errors", list, where)
+        assert isinstance(raw, list)
+        if not all(isinstance(e, str) for e in raw):
+            raise ProtocolError(f"{where}: field 'errors' must be an array of strings")
+        errors = tuple(raw)
+    vcpus = _count(body, "vcpus", where)
+    if vcpus == 0:
+        raise ProtocolError(f"{where}: field 'vcpus' must be at least 1")
+    return GuestReport(
+        agent=_str(body, "agent", where),
+        kernel=_str(body, "kernel", where),
+        vcpus=vcpus,
+        mem_total_kib=_count(body, "mem_total_kib", where),
+        hugepages=pools,
+        cmdline=_str(body, "cmdline", where),
+        boot_ms=_count(body, "boot_ms", where),
+        errors=errors,
+    )
+
+
+def decode(line: bytes) -> Message:
+    """The message on one line (with or without its line ending); ProtocolError if invalid."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"message is not UTF-8: {e}") from None
+    text = text.removesuffix("\n").removesuffix("\r")
+    if not text.strip():
+        raise ProtocolError("empty message line")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProtocolError(f"message is not JSON: {e}: {_clip(text)}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"message is not a JSON object: {_clip(text)}")
+    version = obj.get("v")
+    if "v" not in obj:
+        raise ProtocolError(f"message has no protocol version 'v': {_clip(text)}")
+    if type(version) is not int or version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version!r} (this host speaks {VERSION})")
+    kind = _str(obj, "type", "message")
+    where = f"{kind} message"
+    if kind == "hello":
+        return Hello(report_from_body(_object(obj, "body", where), f"{where} body"))
+    if kind == "ack":
+        return Ack()
+    if kind == "request":
+        request = Request(id=_str(obj, "id", where), op=_str(obj, "op", where))
+        if not request.id or not request.op:
+            raise ProtocolError(f"{where}: 'id' and 'op' must not be empty")
+        return request
+    if kind == "response":
+        if "id" not in obj:
+            raise ProtocolError(f"{where}: missing field 'id'")
+        rid = None if obj["id"] is None else _str(obj, "id", where)
+        ok = _field(obj, "ok", bool, where)
+        if ok:
+            return Response(id=rid, ok=True, body=_object(obj, "body", where))
+        return Response(id=rid, ok=False, error=_str(obj, "error", where))
+    raise ProtocolError(f"unknown message type {kind!r}")
+
+
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
