@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vmsandbox.errors import InternalError
+from vmsandbox.placement import GuestCell
 from vmsandbox.sizing import VmShape
 
 METADATA_NS = "https://vmsandbox.dev/xmlns/sandbox/1"
@@ -31,6 +32,7 @@ class SandboxIdentity:
     pod_uid: str
     attempt: int
     runtime_handler: str
+    owner: str = ""  # the instance id of the state database that owns the domain (ledger.instance_id)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,15 @@ class CpuTune:
 class HugepageBacking:
     page_size_kib: int
     host_nodes: tuple[int, ...] = ()  # NUMA nodes the pages come from (numatune strict)
+
+
+@dataclass(frozen=True)
+class NumaCell:
+    """A guest NUMA cell: its vCPUs and its memory, bound to one host node (``<memnode>`` strict)."""
+
+    vcpus: tuple[int, ...]  # empty: a memory-only cell
+    memory_kib: int
+    host_node: int
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,10 @@ class Domain:
     cpu_features: tuple[str, ...] = ()
     # TCG only: cap on QEMU's translation-block cache (its largest memory cost under emulation)
     tcg_tb_cache_mib: int | None = None
+    # guest NUMA cells, when the guest's memory spans host nodes (one cell per node, in order)
+    numa_cells: tuple[NumaCell, ...] = ()
+    # PCI functions passed through with VFIO (<hostdev managed='yes'>), whole IOMMU groups
+    hostdevs: tuple[str, ...] = ()
 
 
 def domain_name(sandbox_id: str) -> str:
@@ -119,6 +134,8 @@ def build_domain(
     shape_json: str,
     console_log: str | None,
     tcg_tb_cache_mib: int | None = None,
+    numa_cells: tuple[GuestCell, ...] = (),
+    hostdevs: tuple[str, ...] = (),
 ) -> Domain:
     """Assemble the domain. With pinning, vCPU i runs on ``host_cpus[i]``; shared pods float."""
     pins: tuple[tuple[int, tuple[int, ...]], ...]
@@ -129,6 +146,12 @@ def build_domain(
     else:
         pins = tuple((i, tuple(sorted(host_cpus))) for i in range(shape.vcpus))
     cputune = CpuTune(vcpupins=pins, emulatorpin=tuple(sorted(emulator_cpus or host_cpus))) if host_cpus else None
+    if numa_cells:
+        cell_pages = sum(c.pages for c in numa_cells)
+        if cell_pages != shape.backing_pages:
+            raise InternalError(f"NUMA cells hold {cell_pages} pages, the guest has {shape.backing_pages}")
+        if sorted(v for c in numa_cells for v in c.vcpus) != list(range(shape.vcpus)):
+            raise InternalError(f"NUMA cells must hold each of the {shape.vcpus} vCPUs once")
     backing = (
         HugepageBacking(page_size_kib=shape.backing_page_size // 1024, host_nodes=hugepage_nodes)
         if shape.hugepage_backed
@@ -150,4 +173,9 @@ def build_domain(
         console=ConsoleLog(console_log) if console_log else None,
         tcg_tb_cache_mib=tcg_tb_cache_mib if accel == "tcg" else None,
         cpu_features=("pdpe1gb",) if accel != "kvm" and any(s >= 1 << 30 for s, _ in shape.guest_hugepages) else (),
+        numa_cells=tuple(
+            NumaCell(vcpus=c.vcpus, memory_kib=c.pages * shape.backing_page_size // 1024, host_node=c.host_node)
+            for c in numa_cells
+        ),
+        hostdevs=tuple(hostdevs),
     )

@@ -31,6 +31,8 @@ def _metadata(parent: ET.Element, domain: Domain) -> None:
     _sub(sandbox, f"{{{METADATA_NS}}}pod", name=ident.pod_name, namespace=ident.pod_namespace, uid=ident.pod_uid)
     _sub(sandbox, f"{{{METADATA_NS}}}attempt", str(ident.attempt))
     _sub(sandbox, f"{{{METADATA_NS}}}handler", ident.runtime_handler)
+    if ident.owner:
+        _sub(sandbox, f"{{{METADATA_NS}}}owner", ident.owner)
     _sub(sandbox, f"{{{METADATA_NS}}}shape", domain.shape_json)
 
 
@@ -54,6 +56,8 @@ def render(domain: Domain) -> str:
     if domain.memory_backing is not None and domain.memory_backing.host_nodes:
         numatune = _sub(root, "numatune")
         _sub(numatune, "memory", mode="strict", nodeset=_cpuset(domain.memory_backing.host_nodes))
+        for i, cell in enumerate(domain.numa_cells):
+            _sub(numatune, "memnode", cellid=str(i), mode="strict", nodeset=str(cell.host_node))
     os_el = _sub(root, "os")
     _sub(os_el, "type", "hvm", arch="x86_64", machine=domain.boot.machine)
     _sub(os_el, "kernel", domain.boot.kernel)
@@ -66,12 +70,19 @@ def render(domain: Domain) -> str:
         tcg = _sub(features, "tcg")
         _sub(tcg, "tb-cache", str(domain.tcg_tb_cache_mib), unit="MiB")
     if domain.cpu_mode == "host-passthrough":
-        _sub(root, "cpu", mode="host-passthrough", check="none", migratable="off")
+        cpu = _sub(root, "cpu", mode="host-passthrough", check="none", migratable="off")
     else:
         cpu = _sub(root, "cpu", mode="custom", match="exact", check="none")
         _sub(cpu, "model", domain.cpu_mode, fallback="forbid")
         for feature in domain.cpu_features:
             _sub(cpu, "feature", policy="require", name=feature)
+    if domain.numa_cells:
+        numa = _sub(cpu, "numa")
+        for i, cell in enumerate(domain.numa_cells):
+            attrs = {"id": str(i), "memory": str(cell.memory_kib), "unit": "KiB"}
+            if cell.vcpus:
+                attrs["cpus"] = _cpuset(cell.vcpus)
+            _sub(numa, "cell", **attrs)
     _sub(root, "clock", offset="utc")
     _sub(root, "on_poweroff", "destroy")
     _sub(root, "on_reboot", "destroy")
@@ -91,6 +102,12 @@ def render(domain: Domain) -> str:
     else:
         serial = _sub(devices, "serial", type="null")
         _sub(serial, "target", port="0")
+    for address in domain.hostdevs:
+        hostdev = _sub(devices, "hostdev", mode="subsystem", type="pci", managed="yes")
+        pci_domain, bus, slot_fn = address.split(":")
+        slot, function = slot_fn.split(".")
+        source = _sub(hostdev, "source")
+        _sub(source, "address", domain=f"0x{pci_domain}", bus=f"0x{bus}", slot=f"0x{slot}", function=f"0x{function}")
     _sub(devices, "memballoon", model="none")
     ET.indent(root, space="  ")
     return ET.tostring(root, encoding="unicode") + "\n"
@@ -111,6 +128,7 @@ def read_identity(xml: str) -> SandboxIdentity | None:
         pod_uid=pod.get("uid", "") if pod is not None else "",
         attempt=int(attempt) if attempt.isdigit() else 0,
         runtime_handler=sandbox.findtext(f"{{{METADATA_NS}}}handler", ""),
+        owner=sandbox.findtext(f"{{{METADATA_NS}}}owner", ""),
     )
 
 
@@ -123,6 +141,15 @@ def read_channel_path(xml: str, name: str) -> str | None:
         if target is not None and target.get("name") == name and source is not None:
             return source.get("path")
     return None
+
+
+def read_hostdevs(xml: str) -> tuple[str, ...]:
+    """PCI addresses of the domain's ``<hostdev type='pci'>`` sources, as ``0000:3b:00.0``."""
+    out = []
+    for address in ET.fromstring(xml).iterfind("devices/hostdev[@type='pci']/source/address"):
+        parts = [address.get(k, "0").lower().removeprefix("0x") for k in ("domain", "bus", "slot", "function")]
+        out.append(f"{int(parts[0], 16):04x}:{int(parts[1], 16):02x}:{int(parts[2], 16):02x}.{int(parts[3], 16)}")
+    return tuple(out)
 
 
 def read_vcpu_pins(xml: str) -> dict[int, str]:

@@ -1,11 +1,15 @@
-"""The host as the placer sees it: CPUs, their cores and NUMA nodes, hugepage pools (pure values).
+"""The host as the placer sees it: CPUs, their cores and NUMA nodes, hugepage pools, PCI functions
+(pure values).
 
 Read from sysfs by ``sysfs.read_inventory``; built by hand in tests.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_PCI_ADDRESS = re.compile(r"^(?:([0-9a-f]{4}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 
 
 @dataclass(frozen=True, order=True)
@@ -24,11 +28,37 @@ class HugepagePool:
     free: int
 
 
+@dataclass(frozen=True, order=True)
+class PciFunction:
+    """One PCI function as sysfs shows it (``/sys/bus/pci/devices/<address>``)."""
+
+    address: str  # domain:bus:slot.function, lower case: 0000:3b:00.0
+    vendor: str = ""  # 4 hex digits, no 0x: 10de
+    device: str = ""  # 4 hex digits: 2330
+    node: int = -1  # NUMA node; -1 when the platform does not say
+    iommu_group: int | None = None  # None: no IOMMU group (IOMMU off), cannot be passed through
+    driver: str = ""  # bound driver (vfio-pci, nvidia, ...); "" when none
+    pci_class: str = ""  # 6 hex digits: 030200
+
+    @property
+    def ids(self) -> str:
+        return f"{self.vendor}:{self.device}"
+
+    @property
+    def is_bridge(self) -> bool:
+        return self.pci_class.startswith("0604")
+
+    def describe(self) -> str:
+        driver = f", driver {self.driver}" if self.driver else ", no driver"
+        return f"{self.address} ({self.ids}{driver})"
+
+
 @dataclass(frozen=True)
 class HostInventory:
     cpus: tuple[HostCpu, ...]
     hugepages: tuple[HugepagePool, ...] = ()
     hw_virt: bool = False  # the CPU advertises vmx or svm
+    pci: tuple[PciFunction, ...] = ()  # sorted by address
 
     @property
     def nodes(self) -> tuple[int, ...]:
@@ -45,6 +75,31 @@ class HostInventory:
             if p.node == node and p.page_size == page_size:
                 return p
         return None
+
+    def pci_function(self, address: str) -> PciFunction | None:
+        for f in self.pci:
+            if f.address == address:
+                return f
+        return None
+
+    def iommu_groups(self) -> dict[int, tuple[PciFunction, ...]]:
+        """IOMMU group number -> its functions, by address."""
+        groups: dict[int, list[PciFunction]] = {}
+        for f in self.pci:
+            if f.iommu_group is not None:
+                groups.setdefault(f.iommu_group, []).append(f)
+        return {g: tuple(sorted(fs)) for g, fs in sorted(groups.items())}
+
+
+def parse_pci_address(text: str) -> str:
+    """``[domain:]bus:slot.function`` (hex) to the canonical ``0000:3b:00.0``; ValueError on junk."""
+    m = _PCI_ADDRESS.match(text.strip().lower())
+    if not m:
+        raise ValueError(f"bad PCI address {text!r} (expected [dddd:]bb:ss.f, hexadecimal)")
+    domain, bus, slot, function = m.groups()
+    if int(slot, 16) > 0x1F:
+        raise ValueError(f"bad PCI address {text!r} (slot above 1f)")
+    return f"{domain or '0000'}:{bus}:{slot}.{function}"
 
 
 def parse_cpulist(text: str) -> tuple[int, ...]:

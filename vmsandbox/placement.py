@@ -1,23 +1,66 @@
-"""Choose host CPUs and hugepages for a VM shape (pure).
+"""Choose host CPUs, hugepages and PCI devices for a VM shape (pure).
 
-Everything a sandbox holds is a *claim key*, a string the ledger stores under a unique
-constraint: ``cpu:<id>`` for an exclusively owned CPU and ``hugepages-<kib>kB:node<n>:<i>`` for
-one page of the shim's hugepage budget. Placement reads the free keys and returns the ones to
-claim; the ledger makes double-booking impossible.
+Everything a sandbox holds is a *claim key*, a string the ledger stores under a unique constraint:
+``cpu:<id>`` for an exclusively owned CPU, ``hugepages-<kib>kB:node<n>:<i>`` for one page of the
+shim's hugepage budget and ``pci:<domain:bus:slot.fn>`` for one passed-through PCI function.
+Placement reads what is free and returns what to claim; the ledger makes double-booking impossible.
 
-Exclusive pods get whole cores first (thread siblings together), on one NUMA node when one can
-hold the CPUs and the pages, best fit first (the fullest node that still fits); shared pods float
-over the owned CPUs that no exclusive pod holds.
+**Pools.** The shim owns ``cpu_pool``. Of it, ``shared_cpus`` is the shared pool (non-exclusive
+pods float over all of it, whatever else runs there) and ``housekeeping_cpus`` is where emulator
+threads may be pinned (profile ``emulator: housekeeping``; it may overlap the shared pool). The
+rest is the exclusive pool: exclusive placement never takes a shared or housekeeping CPU. With no
+shared pool configured, shared pods are refused (RESOURCE_EXHAUSTED, saying so): floating them over
+"whatever no exclusive pod holds right now" would let a later exclusive pod take those CPUs.
+
+**Exclusive CPUs** are taken whole cores first (thread siblings together; a core counts as whole
+only when all its online threads are in the exclusive pool), then lone threads, then, only when
+needed, threads of a core that gets broken; lowest ids first.
+
+**NUMA policy** (profile ``numa_policy``, after the kubelet Topology Manager's):
+
+* ``single-numa-node``: CPUs, pages and devices on one node, or refused per node.
+* ``restricted``: one node when one can hold the VM; a VM too big for any one node spans the fewest
+  nodes whose *capacity* can hold it, and is refused when those are not free together.
+* ``best-effort``: one node when one fits now, else the fewest nodes that fit now.
+* ``none``: no alignment: CPUs where they fit best, pages preferably on the CPUs' nodes, devices
+  anywhere.
+
+Pages always come from the nodes of the CPUs under the aligned policies (``<numatune>`` strict;
+spanning VMs get one guest NUMA cell per node, each bound to its node's pages), and so do devices.
+Shared pods float over the whole shared pool under every policy (as the kubelet's shared pool);
+the policy places their pages and devices, on nodes that have shared CPUs. Devices with no NUMA
+node (``numa_node`` -1) fit any node. Among nodes (or node sets) that fit, the best fit wins: the
+smallest sum over the resources the VM asks for of (free left after it / capacity), so CPUs,
+pages and devices all count; ties go to the lowest node ids.
+
+**Cost.** ``HostPools`` (what may be handed out) is built once per host; ``FreeState`` keeps, per
+node, sorted lists of free whole cores and lone threads, free page intervals and free device
+groups, and is either built from the ledger's keys or updated in place by ``take``/``release``.
+``decide`` then costs O(nodes + vCPUs + page intervals touched + devices): no per-page work and no
+scan of what is taken (a VM spanning nodes also weighs the node sets of the smallest size that
+can hold it, at most C(nodes, k)). Page keys are generated from the chosen ranges only when
+``claims`` is read, for the ledger.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import itertools
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from operator import itemgetter
+from typing import NamedTuple
 
-from vmsandbox.errors import CannotFit
-from vmsandbox.host import HostCpu, HostInventory, format_cpulist
+from vmsandbox.devices import NO_DEVICES, NO_POOLS, PCI_KEY_PREFIX, DeviceGroup, DevicePools, DeviceRequest
+from vmsandbox.errors import CannotFit, InvalidArgument
+from vmsandbox.host import HostInventory, format_cpulist
+from vmsandbox.profile import EmulatorPolicy as EmulatorPolicy
+from vmsandbox.profile import NumaPolicy as NumaPolicy
 from vmsandbox.sizing import VmShape
+
+NO_AFFINITY = -1  # node of devices the platform does not place
+_START = itemgetter(0)
 
 
 def cpu_key(cpu: int) -> str:
@@ -39,99 +82,719 @@ class HugepageBudget:
 
 
 @dataclass(frozen=True)
+class GuestCell:
+    """A guest NUMA cell of a VM whose memory spans host nodes: its vCPUs and its pages' host node."""
+
+    host_node: int
+    vcpus: tuple[int, ...]  # guest vCPU indexes (may be empty: a memory-only cell)
+    pages: int  # backing pages from ``host_node``
+
+
+@dataclass(frozen=True)
 class Placement:
     cpus: tuple[int, ...]  # one per vCPU (exclusive) or the pool to float over (shared)
     nodes: tuple[int, ...]  # NUMA nodes of the CPUs and pages
-    claims: tuple[str, ...]  # keys to insert into the ledger
     hugepages: tuple[tuple[int, int, int], ...] = ()  # (node, page size, count)
+    emulator_cpus: tuple[int, ...] = ()  # where QEMU's own threads run
+    devices: tuple[DeviceGroup, ...] = ()  # IOMMU groups passed through, whole
+    page_ranges: tuple[tuple[int, int, int, int], ...] = ()  # (node, page size, first index, end index)
+    exclusive: bool = True  # cpus are held (claimed), not floated over
+    cells: tuple[GuestCell, ...] = ()  # guest NUMA cells when the pages span nodes
+
+    @cached_property
+    def claims(self) -> tuple[str, ...]:
+        """The keys to insert into the ledger: CPUs (exclusive only), pages, PCI functions."""
+        keys = [cpu_key(c) for c in self.cpus] if self.exclusive else []
+        for node, size, start, end in self.page_ranges:
+            prefix = f"hugepages-{size // 1024}kB:node{node}:"
+            keys.extend(prefix + str(i) for i in range(start, end))
+        for group in self.devices:
+            keys.extend(group.keys)
+        return tuple(keys)
+
+    @property
+    def hostdevs(self) -> tuple[str, ...]:
+        """PCI addresses of every function passed through, group by group."""
+        return tuple(a for g in self.devices for a in g.addresses)
 
 
 def _size_label(page_size: int) -> str:
     return f"{page_size >> 30}Gi" if page_size >= 1 << 30 else f"{page_size >> 20}Mi"
 
 
-def _pick_cpus(free: list[HostCpu], count: int) -> list[int] | None:
-    """Whole free cores first (siblings together), then the rest, lowest ids first."""
-    if len(free) < count:
-        return None
-    cores: dict[tuple[int, int], list[int]] = {}
-    for c in sorted(free, key=lambda c: c.id):
-        cores.setdefault((c.package, c.core), []).append(c.id)
-    groups = sorted(cores.values(), key=lambda ids: (-len(ids), ids[0]))
-    chosen: list[int] = []
-    for ids in groups:
-        if len(chosen) >= count:
-            break
-        if len(chosen) + len(ids) <= count:
-            chosen.extend(ids)
-    for ids in groups:
-        for cpu in ids:
-            if len(chosen) >= count:
+# -- what the shim may hand out (built once per host) ------------------------------------------------
+@dataclass(frozen=True)
+class HostPools:
+    nodes: tuple[int, ...]
+    owned: frozenset[int]
+    exclusive_cpus: frozenset[int]
+    shared_cpus: tuple[int, ...]
+    housekeeping_cpus: tuple[int, ...]
+    cpu_node: Mapping[int, int]
+    cores: tuple[tuple[int, ...], ...]  # core index -> its exclusive-pool threads, sorted; by lowest id
+    core_node: tuple[int, ...]
+    core_whole: tuple[bool, ...]  # every online thread of the core is in the exclusive pool
+    core_of: Mapping[int, int]  # exclusive CPU -> core index
+    budgets: Mapping[tuple[int, int], HugepageBudget]
+    devices: DevicePools = NO_POOLS
+    cpu_capacity: Mapping[int, int] = field(default_factory=dict)  # exclusive CPUs per node
+    shared_nodes: tuple[int, ...] = ()  # nodes with shared CPUs
+    housekeeping_by_node: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    page_capacity: Mapping[int, Mapping[int, int]] = field(default_factory=dict)  # page size -> node -> pages
+    device_capacity: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # pool -> node -> groups
+
+
+def host_pools(
+    inventory: HostInventory,
+    owned_cpus: Iterable[int],
+    *,
+    shared_cpus: Iterable[int] = (),
+    housekeeping_cpus: Iterable[int] = (),
+    budgets: Mapping[tuple[int, int], HugepageBudget] | None = None,
+    devices: DevicePools = NO_POOLS,
+) -> HostPools:
+    """Split the owned CPUs into the exclusive, shared and housekeeping pools (InvalidArgument when
+    shared or housekeeping CPUs are not owned)."""
+    owned = frozenset(owned_cpus)
+    shared = frozenset(shared_cpus)
+    housekeeping = frozenset(housekeeping_cpus)
+    for name, subset in (("shared_cpus", shared), ("housekeeping_cpus", housekeeping)):
+        if not subset <= owned:
+            raise InvalidArgument(
+                f"{name} ({format_cpulist(subset)}) must be a subset of cpu_pool ({format_cpulist(owned)}): "
+                f"{format_cpulist(subset - owned)} is not in it"
+            )
+    exclusive = owned - shared - housekeeping
+    node_of = {c.id: c.node for c in inventory.cpus}
+    threads: dict[tuple[int, int], list[int]] = {}
+    for c in sorted(inventory.cpus):
+        threads.setdefault((c.package, c.core), []).append(c.id)
+    cores: list[tuple[int, ...]] = []
+    whole: list[bool] = []
+    for ids in sorted(threads.values()):
+        mine = tuple(i for i in ids if i in exclusive)
+        if mine:
+            cores.append(mine)
+            whole.append(len(mine) == len(ids))
+    core_of = {cpu: i for i, ids in enumerate(cores) for cpu in ids}
+    nodes = tuple(sorted({c.node for c in inventory.cpus} | {n for n, _ in (budgets or {})}))
+    capacity = {n: 0 for n in nodes}
+    for cpu in exclusive:
+        capacity[node_of[cpu]] += 1
+    page_capacity: dict[int, dict[int, int]] = {}
+    for (node, size), budget in (budgets or {}).items():
+        page_capacity.setdefault(size, {})[node] = budget.pages
+    device_capacity: dict[str, dict[int, int]] = {}
+    for pool, groups in devices.pools.items():
+        per_node = device_capacity.setdefault(pool, {})
+        for g in groups:
+            key = g.node if g.node >= 0 else NO_AFFINITY
+            per_node[key] = per_node.get(key, 0) + 1
+    hk_by_node: dict[int, list[int]] = {}
+    for cpu in sorted(housekeeping):
+        hk_by_node.setdefault(node_of[cpu], []).append(cpu)
+    return HostPools(
+        nodes=nodes,
+        owned=owned,
+        exclusive_cpus=exclusive,
+        shared_cpus=tuple(sorted(shared)),
+        housekeeping_cpus=tuple(sorted(housekeeping)),
+        cpu_node=node_of,
+        cores=tuple(cores),
+        core_node=tuple(node_of[ids[0]] for ids in cores),
+        core_whole=tuple(whole),
+        core_of=core_of,
+        budgets=dict(budgets or {}),
+        devices=devices,
+        cpu_capacity=capacity,
+        shared_nodes=tuple(sorted({node_of[c] for c in shared})),
+        housekeeping_by_node={n: tuple(v) for n, v in hk_by_node.items()},
+        page_capacity=page_capacity,
+        device_capacity=device_capacity,
+    )
+
+
+# -- what is free (sorted per-node structures) ------------------------------------------------------
+class FreeState:
+    """What is free right now, per node: whole cores, lone threads, page intervals, device groups.
+
+    Built from the ledger's keys (``from_taken``) or kept up to date with ``take``/``release``.
+    """
+
+    def __init__(self, pools: HostPools) -> None:
+        self.pools = pools
+        # node -> core width -> sorted indexes of wholly free whole cores
+        self.full: dict[int, dict[int, list[int]]] = {n: {} for n in pools.nodes}
+        self.lone: dict[int, list[int]] = {n: [] for n in pools.nodes}  # free CPUs outside free whole cores
+        self.ncpu: dict[int, int] = {n: 0 for n in pools.nodes}
+        self.core_free: list[int] = [len(ids) for ids in pools.cores]
+        for i, ids in enumerate(pools.cores):
+            node = pools.core_node[i]
+            self.ncpu[node] += len(ids)
+            if pools.core_whole[i]:
+                self.full[node].setdefault(len(ids), []).append(i)
+            else:
+                self.lone[node].extend(ids)
+        for n in pools.nodes:
+            self.lone[n].sort()
+        self.pages: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self.npages: dict[tuple[int, int], int] = {}
+        for key, budget in pools.budgets.items():
+            self.pages[key] = [(0, budget.pages)] if budget.pages > 0 else []
+            self.npages[key] = max(budget.pages, 0)
+        # pool -> node (NO_AFFINITY included) -> sorted free group numbers
+        self.groups: dict[str, dict[int, list[int]]] = {}
+        for pool, groups in pools.devices.pools.items():
+            per_node: dict[int, list[int]] = {}
+            for g in groups:
+                per_node.setdefault(g.node if g.node >= 0 else NO_AFFINITY, []).append(g.group)
+            self.groups[pool] = {n: sorted(v) for n, v in per_node.items()}
+        self.groups_taken: set[int] = set()
+
+    @classmethod
+    def from_taken(cls, pools: HostPools, taken: Iterable[str]) -> FreeState:
+        """The free state given the ledger's held keys (keys outside the pools are ignored)."""
+        state = cls(pools)
+        taken_pages: dict[tuple[int, int], list[int]] = {}
+        by_address = pools.devices.by_address
+        for key in taken:
+            if key.startswith("cpu:"):
+                cpu = key[4:]
+                if cpu.isdigit() and int(cpu) in pools.core_of:
+                    state.take_cpu(int(cpu))
+            elif key.startswith("hugepages-"):
+                head, _, index = key.rpartition(":")
+                size_part, _, node_part = head.partition(":node")
+                if not (index.isdigit() and node_part.isdigit() and size_part.endswith("kB")):
+                    continue
+                kib = size_part[len("hugepages-") : -2]
+                if kib.isdigit():
+                    taken_pages.setdefault((int(node_part), int(kib) * 1024), []).append(int(index))
+            elif key.startswith(PCI_KEY_PREFIX):
+                group = by_address.get(key[len(PCI_KEY_PREFIX) :])
+                if group is not None and group.group not in state.groups_taken:
+                    state.take_group(group)
+        for where, indexes in taken_pages.items():
+            budget = pools.budgets.get(where)
+            if budget is None:
+                continue
+            free: list[tuple[int, int]] = []
+            start = 0
+            held = 0
+            for i in sorted(set(indexes)):
+                if i >= budget.pages:
+                    break
+                if i > start:
+                    free.append((start, i))
+                start = i + 1
+                held += 1
+            if start < budget.pages:
+                free.append((start, budget.pages))
+            state.pages[where] = free
+            state.npages[where] = budget.pages - held
+        return state
+
+    # -- CPUs ---------------------------------------------------------------------------------------
+    def take_cpu(self, cpu: int) -> None:
+        pools = self.pools
+        core = pools.core_of[cpu]
+        node = pools.core_node[core]
+        ids = pools.cores[core]
+        if pools.core_whole[core] and self.core_free[core] == len(ids):
+            bucket = self.full[node][len(ids)]
+            del bucket[bisect_left(bucket, core)]
+            for other in ids:
+                if other != cpu:
+                    insort(self.lone[node], other)
+        else:
+            lone = self.lone[node]
+            at = bisect_left(lone, cpu)
+            if at == len(lone) or lone[at] != cpu:
+                raise ValueError(f"CPU {cpu} is not free")
+            del lone[at]
+        self.core_free[core] -= 1
+        self.ncpu[node] -= 1
+
+    def release_cpu(self, cpu: int) -> None:
+        pools = self.pools
+        core = pools.core_of[cpu]
+        node = pools.core_node[core]
+        ids = pools.cores[core]
+        self.core_free[core] += 1
+        self.ncpu[node] += 1
+        lone = self.lone[node]
+        if pools.core_whole[core] and self.core_free[core] == len(ids):
+            for other in ids:
+                if other != cpu:
+                    del lone[bisect_left(lone, other)]
+            insort(self.full[node].setdefault(len(ids), []), core)
+        else:
+            insort(lone, cpu)
+
+    def pick_cpus(self, node: int, count: int) -> list[int]:
+        """``count`` free CPUs of ``node``: whole cores (widest first), lone threads, then broken cores."""
+        cores = self.pools.cores
+        out: list[int] = []
+        left = count
+        used: set[int] = set()
+        buckets = self.full[node]
+        for width in sorted(buckets, reverse=True):
+            if left < width:
+                continue
+            for core in buckets[width][: left // width]:
+                out.extend(cores[core])
+                used.add(core)
+            left = count - len(out)
+        if left:
+            lone = self.lone[node][:left]
+            out.extend(lone)
+            left -= len(lone)
+        if left:
+            for width in sorted(buckets):
+                for core in buckets[width]:
+                    if core in used:
+                        continue
+                    take = cores[core][:left]
+                    out.extend(take)
+                    left -= len(take)
+                    if not left:
+                        return out
+        return out
+
+    # -- pages --------------------------------------------------------------------------------------
+    def usable_pages(self, node: int, size: int) -> int:
+        budget = self.pools.budgets.get((node, size))
+        if budget is None:
+            return 0
+        return min(self.npages.get((node, size), 0), budget.host_free)
+
+    def pick_pages(self, node: int, size: int, count: int) -> list[tuple[int, int]]:
+        """The ``count`` lowest free page indexes of (node, size), as [start, end) ranges."""
+        out: list[tuple[int, int]] = []
+        left = count
+        for start, end in self.pages.get((node, size), ()):
+            if not left:
                 break
-            if cpu not in chosen:
-                chosen.append(cpu)
-    return chosen[:count]
+            n = min(end - start, left)
+            out.append((start, start + n))
+            left -= n
+        return out
+
+    def take_pages(self, node: int, size: int, start: int, end: int) -> None:
+        free = self.pages[(node, size)]
+        at = bisect_right(free, start, key=_START) - 1
+        if at < 0 or free[at][1] < end:
+            raise ValueError(f"pages {start}-{end - 1} of {_size_label(size)} on node {node} are not free")
+        s, e = free[at]
+        pieces = [p for p in ((s, start), (end, e)) if p[0] < p[1]]
+        free[at : at + 1] = pieces
+        self.npages[(node, size)] -= end - start
+
+    def release_pages(self, node: int, size: int, start: int, end: int) -> None:
+        free = self.pages[(node, size)]
+        at = bisect_left(free, start, key=_START)
+        if (at > 0 and free[at - 1][1] > start) or (at < len(free) and free[at][0] < end):
+            raise ValueError(f"pages {start}-{end - 1} of {_size_label(size)} on node {node} are free already")
+        self.npages[(node, size)] += end - start
+        if at > 0 and free[at - 1][1] == start:
+            at -= 1
+            start = free[at][0]
+            del free[at]
+        if at < len(free) and free[at][0] == end:
+            end = free[at][1]
+            del free[at]
+        free.insert(at, (start, end))
+
+    # -- devices ------------------------------------------------------------------------------------
+    def free_groups(self, pool: str, node: int) -> list[int]:
+        return self.groups.get(pool, {}).get(node, [])
+
+    def take_group(self, group: DeviceGroup) -> None:
+        node = group.node if group.node >= 0 else NO_AFFINITY
+        free = self.groups[group.pool][node]
+        at = bisect_left(free, group.group)
+        if at == len(free) or free[at] != group.group:
+            raise ValueError(f"IOMMU group {group.group} is not free")
+        del free[at]
+        self.groups_taken.add(group.group)
+
+    def release_group(self, group: DeviceGroup) -> None:
+        node = group.node if group.node >= 0 else NO_AFFINITY
+        insort(self.groups[group.pool].setdefault(node, []), group.group)
+        self.groups_taken.discard(group.group)
+
+    # -- whole placements ---------------------------------------------------------------------------
+    def take(self, placement: Placement) -> None:
+        if placement.exclusive:
+            for cpu in placement.cpus:
+                self.take_cpu(cpu)
+        for node, size, start, end in placement.page_ranges:
+            self.take_pages(node, size, start, end)
+        for group in placement.devices:
+            self.take_group(group)
+
+    def release(self, placement: Placement) -> None:
+        if placement.exclusive:
+            for cpu in placement.cpus:
+                self.release_cpu(cpu)
+        for node, size, start, end in placement.page_ranges:
+            self.release_pages(node, size, start, end)
+        for group in placement.devices:
+            self.release_group(group)
+
+    def snapshot(self) -> tuple[object, ...]:
+        """A comparable picture of everything free (tests: incremental == rebuilt from keys)."""
+        return (
+            {n: {w: list(v) for w, v in b.items() if v} for n, b in self.full.items()},
+            {n: list(v) for n, v in self.lone.items()},
+            dict(self.ncpu),
+            {k: list(v) for k, v in self.pages.items()},
+            dict(self.npages),
+            {p: {n: list(v) for n, v in g.items() if v} for p, g in self.groups.items()},
+            frozenset(self.groups_taken),
+        )
 
 
-def _free_pages(budget: HugepageBudget, taken: frozenset[str]) -> list[str]:
-    keys = [page_key(budget.page_size, budget.node, i) for i in range(budget.pages)]
-    return [k for k in keys if k not in taken]
+# -- the decision ------------------------------------------------------------------------------------
+class _Resource(NamedTuple):
+    """One thing the VM needs per node set: CPUs, pages of one size or groups of one device pool."""
+
+    label: str
+    unit: str
+    need: int
+    free: Mapping[int, int]
+    cap: Mapping[int, int]
+    free_anywhere: int = 0  # devices without a NUMA node fit any node set
+    cap_anywhere: int = 0
+
+    def free_on(self, nodes: Sequence[int]) -> int:
+        free = self.free
+        return sum([free.get(n, 0) for n in nodes]) + self.free_anywhere
+
+    def cap_on(self, nodes: Sequence[int]) -> int:
+        cap = self.cap
+        return sum([cap.get(n, 0) for n in nodes]) + self.cap_anywhere
+
+    def capacity(self) -> _Resource:
+        return self._replace(free=self.cap, free_anywhere=self.cap_anywhere)
+
+
+def _where(nodes: Sequence[int]) -> str:
+    return f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {format_cpulist(list(nodes))}"
+
+
+def _shortfalls(nodes: Sequence[int], resources: Sequence[_Resource], named: Sequence[DeviceGroup]) -> list[str]:
+    out = []
+    for r in resources:
+        free = r.free_on(nodes)
+        if free < r.need:
+            out.append(f"{r.label} on {_where(nodes)}: need {r.need}{r.unit}, free {free} (short by {r.need - free})")
+    for g in named:
+        if g.node >= 0 and g.node not in nodes:
+            out.append(f"IOMMU group {g.group} (pool {g.pool}) is on node {g.node}, not {_where(nodes)}")
+    return out
+
+
+def _fewest_nodes(eligible: Sequence[int], resources: Sequence[_Resource], must: frozenset[int]) -> int:
+    """A lower bound on how many of ``eligible`` can hold everything (len + 1: none can)."""
+    bound = max(len(must), 1)
+    for r in resources:
+        missing = r.need - r.free_anywhere
+        if missing <= 0:
+            continue
+        held = 0
+        for k, free in enumerate(sorted([r.free.get(n, 0) for n in eligible], reverse=True), 1):
+            held += free
+            if held >= missing:
+                bound = max(bound, k)
+                break
+        else:
+            return len(eligible) + 1
+    return bound
+
+
+def _search(
+    eligible: Sequence[int],
+    resources: Sequence[_Resource],
+    must: frozenset[int],
+    sizes: Iterable[int],
+) -> tuple[int, ...] | None:
+    """The best-fitting node set of the smallest size in ``sizes`` that holds everything: the smallest
+    sum over the resources of (free left / capacity), lowest node ids on ties."""
+    best: tuple[float, tuple[int, ...]] | None = None
+    bound = 0
+    for k in sizes:
+        if k == 1:
+            for n in eligible:
+                if must and not must <= {n}:
+                    continue
+                score = 0.0
+                for r in resources:
+                    left = r.free.get(n, 0) + r.free_anywhere - r.need
+                    if left < 0:
+                        break
+                    score += left / max(r.cap.get(n, 0) + r.cap_anywhere, 1)
+                else:
+                    if best is None or score < best[0]:
+                        best = (score, (n,))
+        else:
+            if not bound:
+                bound = _fewest_nodes(eligible, resources, must)
+            if k < bound:
+                continue
+            if k > len(eligible):
+                return None
+            for nodes in itertools.combinations(eligible, k):
+                if must and not must.issubset(nodes):
+                    continue
+                if all(r.free_on(nodes) >= r.need for r in resources):
+                    score = sum((r.free_on(nodes) - r.need) / max(r.cap_on(nodes), 1) for r in resources)
+                    if best is None or score < best[0]:
+                        best = (score, nodes)
+        if best is not None:
+            return best[1]
+    return None
+
+
+def decide(
+    shape: VmShape,
+    pools: HostPools,
+    state: FreeState,
+    *,
+    policy: NumaPolicy = "single-numa-node",
+    emulator: EmulatorPolicy = "vcpus",
+    devices: DeviceRequest = NO_DEVICES,
+) -> Placement:
+    """Where the VM goes given what is free, or ``CannotFit`` naming each short resource, its node(s)
+    and the shortfall. Reads ``state``, never changes it (``state.take(placement)`` does)."""
+    exclusive = shape.cpu_policy == "exclusive"
+    if not pools.owned:
+        raise CannotFit("the shim owns no CPUs (check cpu_pool in its configuration)")
+    if exclusive and not pools.exclusive_cpus:
+        raise CannotFit(
+            f"no CPU is left for exclusive pods: cpu_pool ({format_cpulist(pools.owned)}) minus shared_cpus and "
+            "housekeeping_cpus is empty"
+        )
+    if not exclusive and not pools.shared_cpus:
+        raise CannotFit(
+            "shared pods float over the shim's shared CPU pool, and none is configured "
+            "(set shared_cpus, a subset of cpu_pool, in the shim's configuration)"
+        )
+    if emulator == "housekeeping" and not pools.housekeeping_cpus:
+        raise CannotFit(
+            "the profile pins emulator threads to housekeeping CPUs, and none are configured "
+            "(set housekeeping_cpus, a subset of cpu_pool, in the shim's configuration)"
+        )
+    size = shape.backing_page_size
+    pages = shape.backing_pages
+    named: list[DeviceGroup] = []
+    for number in devices.named:
+        group = pools.devices.group(number)
+        if group is None:
+            raise CannotFit(f"IOMMU group {number} is in no configured device pool on this host")
+        if group.group in state.groups_taken:
+            raise CannotFit(f"{group.describe()} is held by another sandbox")
+        named.append(group)
+
+    resources: list[_Resource] = []
+    cpu_res = page_res = None
+    if exclusive:
+        cpu_res = _Resource("cpu", "", shape.vcpus, state.ncpu, pools.cpu_capacity)
+        resources.append(cpu_res)
+    if pages:
+        page_free = {n: state.usable_pages(n, size) for n in pools.nodes}
+        page_res = _Resource(
+            f"hugepages-{_size_label(size)}", " pages", pages, page_free, pools.page_capacity.get(size, {})
+        )
+        resources.append(page_res)
+    dev_res: list[_Resource] = []
+    for pool, count in devices.counts:
+        free = {n: len(v) for n, v in state.groups.get(pool, {}).items()}
+        for g in named:
+            if g.pool == pool:
+                key = g.node if g.node >= 0 else NO_AFFINITY
+                free[key] = free.get(key, 0) - 1
+        cap = pools.device_capacity.get(pool, {})
+        dev_res.append(
+            _Resource(
+                f"device pool {pool}",
+                " IOMMU groups",
+                count,
+                free,
+                cap,
+                free.get(NO_AFFINITY, 0),
+                cap.get(NO_AFFINITY, 0),
+            )
+        )
+    resources.extend(dev_res)
+
+    eligible = pools.nodes if exclusive else pools.shared_nodes
+    named_nodes = frozenset(g.node for g in named if g.node >= 0)
+    all_sizes = range(1, len(eligible) + 1)
+
+    if policy == "none":
+        cpu_nodes: tuple[int, ...] = ()
+        if cpu_res is not None:
+            found = _search(eligible, [cpu_res], frozenset(), all_sizes)
+            if found is None:
+                raise CannotFit("cannot place the VM: " + "; ".join(_shortfalls(eligible, [cpu_res], ())))
+            cpu_nodes = found
+        page_nodes: tuple[int, ...] = ()
+        if page_res is not None:
+            found = _search(cpu_nodes or eligible, [page_res], frozenset(), (1,))
+            if found is None:
+                found = _search(eligible, [page_res], frozenset(), all_sizes)
+            if found is None:
+                raise CannotFit("cannot place the VM: " + "; ".join(_shortfalls(eligible, [page_res], ())))
+            page_nodes = found
+        short = _shortfalls(pools.nodes, dev_res, ())
+        if short:
+            raise CannotFit("cannot place the VM: " + "; ".join(short))
+        device_order = [*cpu_nodes, *(n for n in pools.nodes if n not in cpu_nodes)]
+        return _assemble(shape, pools, state, cpu_nodes, page_nodes, device_order, named, devices, emulator)
+
+    must = named_nodes if policy != "best-effort" else named_nodes & frozenset(eligible)
+    chosen = _search(eligible, resources, must, (1,)) if resources or named else tuple(eligible)
+    if chosen is None:
+        if policy == "single-numa-node" or len(eligible) < 2:
+            per_node = [s for n in eligible for s in _shortfalls((n,), resources, named)]
+            raise CannotFit("cannot place the VM: " + "; ".join(per_node))
+        if policy == "restricted":
+            by_capacity = _search(eligible, [r.capacity() for r in resources], must, all_sizes)
+            if by_capacity is None:
+                raise CannotFit("cannot place the VM: " + "; ".join(_shortfalls(eligible, resources, named)))
+            k = len(by_capacity)
+            if k == 1:
+                per_node = [s for n in eligible for s in _shortfalls((n,), resources, named)]
+                raise CannotFit(
+                    "cannot place the VM: " + "; ".join(per_node) + " (numa_policy restricted: one NUMA node "
+                    "can hold it, so it is not spread over several)"
+                )
+            chosen = _search(eligible, resources, must, (k,))
+            if chosen is None:
+                closest = min(
+                    itertools.combinations(eligible, k),
+                    key=lambda ns: sum(max(r.need - r.free_on(ns), 0) for r in resources),
+                )
+                raise CannotFit(
+                    f"cannot place the VM: numa_policy restricted: it needs {k} NUMA nodes and no {k} have it free "
+                    "together: " + "; ".join(_shortfalls(closest, resources, named))
+                )
+        else:  # best-effort
+            chosen = _search(eligible, resources, must, range(2, len(eligible) + 1))
+            if chosen is None:
+                raise CannotFit("cannot place the VM: " + "; ".join(_shortfalls(eligible, resources, named)))
+    cpu_nodes = tuple(sorted(chosen, key=lambda n: (-state.ncpu.get(n, 0), n))) if exclusive else ()
+    page_nodes = chosen if pages else ()
+    return _assemble(shape, pools, state, cpu_nodes, page_nodes, list(chosen), named, devices, emulator)
+
+
+def _assemble(
+    shape: VmShape,
+    pools: HostPools,
+    state: FreeState,
+    cpu_nodes: Sequence[int],
+    page_nodes: Sequence[int],
+    device_order: Sequence[int],
+    named: Sequence[DeviceGroup],
+    devices: DeviceRequest,
+    emulator: EmulatorPolicy,
+) -> Placement:
+    """Pick the actual CPUs, page ranges and groups on the chosen nodes (enough is known to be free)."""
+    exclusive = shape.cpu_policy == "exclusive"
+    cpus: list[int] = []
+    on_node: dict[int, int] = {}
+    if exclusive:
+        left = shape.vcpus
+        for n in cpu_nodes:
+            take = min(state.ncpu[n], left)
+            if take:
+                cpus.extend(state.pick_cpus(n, take))
+                on_node[n] = take
+                left -= take
+            if not left:
+                break
+    size = shape.backing_page_size
+    ranges: list[tuple[int, int, int, int]] = []
+    counts: dict[int, int] = {}
+    if page_nodes:
+        left = shape.backing_pages
+        for n in sorted(page_nodes, key=lambda n: (-on_node.get(n, 0), -state.usable_pages(n, size), n)):
+            take = min(state.usable_pages(n, size), left)
+            if take:
+                ranges.extend((n, size, a, b) for a, b in state.pick_pages(n, size, take))
+                counts[n] = take
+                left -= take
+            if not left:
+                break
+    chosen: list[DeviceGroup] = list(named)
+    if devices.counts:
+        skip = set(devices.named)
+        by_group = pools.devices.by_group
+        order = [*sorted(device_order, key=lambda n: (-on_node.get(n, 0), n)), NO_AFFINITY]
+        for pool, count in devices.counts:
+            left = count
+            for n in order:
+                for number in state.free_groups(pool, n):
+                    if number in skip:
+                        continue
+                    chosen.append(by_group[number])
+                    left -= 1
+                    if not left:
+                        break
+                if not left:
+                    break
+    cpu_tuple = tuple(cpus) if exclusive else pools.shared_cpus
+    nodes = tuple(sorted(set(on_node) | set(counts))) if exclusive else tuple(sorted(set(pools.shared_nodes)))
+    if emulator == "housekeeping":
+        near = [c for n in nodes for c in pools.housekeeping_by_node.get(n, ())]
+        emulator_cpus = tuple(sorted(near)) if near else pools.housekeeping_cpus
+    else:
+        emulator_cpus = tuple(sorted(cpu_tuple))
+    cells: tuple[GuestCell, ...] = ()
+    if len(counts) > 1:
+        page_order = sorted(counts)
+        vcpus_of: dict[int, list[int]] = {n: [] for n in page_order}
+        for i, cpu in enumerate(cpu_tuple if exclusive else ()):
+            vcpus_of.get(pools.cpu_node[cpu], vcpus_of[page_order[0]]).append(i)
+        if not exclusive:
+            vcpus_of[page_order[0]].extend(range(shape.vcpus))
+        cells = tuple(GuestCell(n, tuple(sorted(vcpus_of[n])), counts[n]) for n in page_order)
+    return Placement(
+        cpus=cpu_tuple,
+        nodes=nodes,
+        hugepages=tuple((n, size, counts[n]) for n in sorted(counts)),
+        emulator_cpus=emulator_cpus,
+        devices=tuple(chosen),
+        page_ranges=tuple(sorted(ranges)),
+        exclusive=exclusive,
+        cells=cells,
+    )
 
 
 def place(
     shape: VmShape,
     inventory: HostInventory,
     owned_cpus: Iterable[int],
-    taken: frozenset[str],
+    taken: Iterable[str],
     budgets: Mapping[tuple[int, int], HugepageBudget],
+    *,
+    shared_cpus: Iterable[int] = (),
+    housekeeping_cpus: Iterable[int] = (),
+    numa_policy: NumaPolicy = "single-numa-node",
+    emulator: EmulatorPolicy = "vcpus",
+    devices: DeviceRequest = NO_DEVICES,
+    device_pools: DevicePools = NO_POOLS,
 ) -> Placement:
-    """Where the VM goes, or ``CannotFit`` naming the short resource, the node and the shortfall."""
-    owned = set(owned_cpus)
-    if not owned:
-        raise CannotFit("the shim owns no CPUs (check cpu_pool in its configuration)")
-    pages_needed = shape.backing_pages
-    page_size = shape.backing_page_size
-    shortfalls: list[str] = []
-    candidates = []
-    for node in inventory.nodes:
-        node_cpus = [c for c in inventory.cpus if c.node == node and c.id in owned]
-        free_cpus = [c for c in node_cpus if cpu_key(c.id) not in taken]
-        budget = budgets.get((node, page_size))
-        free_pages = _free_pages(budget, taken) if budget and pages_needed else []
-        usable_pages = min(len(free_pages), budget.host_free) if budget else 0
-        ok = True
-        if shape.cpu_policy == "exclusive" and len(free_cpus) < shape.vcpus:
-            shortfalls.append(
-                f"cpu on node {node}: need {shape.vcpus}, free {len(free_cpus)} "
-                f"(short by {shape.vcpus - len(free_cpus)})"
-            )
-            ok = False
-        if pages_needed and usable_pages < pages_needed:
-            label = f"hugepages-{_size_label(page_size)}"
-            shortfalls.append(
-                f"{label} on node {node}: need {pages_needed} pages, free {usable_pages} "
-                f"(short by {pages_needed - usable_pages})"
-            )
-            ok = False
-        if ok:
-            candidates.append((len(free_cpus), node, free_cpus, free_pages))
-    if not candidates:
-        raise CannotFit("cannot place the VM: " + "; ".join(shortfalls))
-    candidates.sort(key=lambda c: (c[0], c[1]))  # best fit: fewest free CPUs that still fit
-    _, node, free_cpus, free_pages = candidates[0]
-    claims: list[str] = []
-    if shape.cpu_policy == "exclusive":
-        picked = _pick_cpus(free_cpus, shape.vcpus)
-        assert picked is not None  # candidates only hold nodes with enough CPUs
-        cpus = tuple(picked)
-        claims.extend(cpu_key(c) for c in cpus)
-    else:
-        shared = sorted(c.id for c in inventory.cpus if c.id in owned and cpu_key(c.id) not in taken)
-        if not shared:
-            raise CannotFit(f"no shared CPU left: every owned CPU ({format_cpulist(owned)}) is held exclusively")
-        cpus = tuple(shared)
-    hugepages: tuple[tuple[int, int, int], ...] = ()
-    if pages_needed:
-        claims.extend(free_pages[:pages_needed])
-        hugepages = ((node, page_size, pages_needed),)
-    return Placement(cpus=cpus, nodes=(node,), claims=tuple(claims), hugepages=hugepages)
+    """One decision from scratch: the pools and the free state built from the ledger's keys."""
+    pools = host_pools(
+        inventory,
+        owned_cpus,
+        shared_cpus=shared_cpus,
+        housekeeping_cpus=housekeeping_cpus,
+        budgets=budgets,
+        devices=device_pools,
+    )
+    return decide(
+        shape, pools, FreeState.from_taken(pools, taken), policy=numa_policy, emulator=emulator, devices=devices
+    )

@@ -1,11 +1,18 @@
-"""Read the host inventory from sysfs and procfs (the IO edge; roots are injectable for tests)."""
+"""Read the host inventory from sysfs and procfs (the IO edge; roots are injectable for tests).
+
+CPUs (online, package, core, NUMA node), hugepage pools per node and page size, and PCI functions
+(vendor/device ids, class, NUMA node, IOMMU group and bound driver, from ``bus/pci/devices``; the
+group and the driver are the names of the ``iommu_group`` and ``driver`` symlinks). Reading never
+changes anything: no device is ever bound, unbound or detached here.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
-from vmsandbox.host import HostCpu, HostInventory, HugepagePool, parse_cpulist
+from vmsandbox.host import HostCpu, HostInventory, HugepagePool, PciFunction, parse_cpulist, parse_pci_address
 
 _PAGES_DIR = re.compile(r"^hugepages-(\d+)kB$")
 
@@ -29,6 +36,48 @@ def _pools(base: Path, node: int) -> list[HugepagePool]:
         free = int(_read(entry / "free_hugepages", "0") or 0)
         pools.append(HugepagePool(node=node, page_size=int(m.group(1)) * 1024, total=total, free=free))
     return pools
+
+
+def _link_name(path: Path) -> str:
+    """The last component of a symlink's target ('' when it is not a symlink)."""
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return ""
+
+
+def _hex(path: Path) -> str:
+    return _read(path).lower().removeprefix("0x")
+
+
+def read_pci(sys_root: str | Path = "/sys") -> tuple[PciFunction, ...]:
+    """Every PCI function under ``bus/pci/devices``, sorted by address."""
+    base = Path(sys_root) / "bus/pci/devices"
+    if not base.is_dir():
+        return ()
+    out: list[PciFunction] = []
+    for entry in sorted(base.iterdir()):
+        try:
+            address = parse_pci_address(entry.name)
+        except ValueError:
+            continue
+        group = _link_name(entry / "iommu_group")
+        try:
+            node = int(_read(entry / "numa_node", "-1") or -1)
+        except ValueError:
+            node = -1
+        out.append(
+            PciFunction(
+                address=address,
+                vendor=_hex(entry / "vendor"),
+                device=_hex(entry / "device"),
+                node=max(node, -1),
+                iommu_group=int(group) if group.isdigit() else None,
+                driver=_link_name(entry / "driver"),
+                pci_class=_hex(entry / "class"),
+            )
+        )
+    return tuple(sorted(out))
 
 
 def read_inventory(sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> HostInventory:
@@ -67,7 +116,7 @@ def read_inventory(sys_root: str | Path = "/sys", proc_root: str | Path = "/proc
             flags = line
             break
     hw_virt = bool(re.search(r"\b(vmx|svm)\b", flags))
-    return HostInventory(cpus=tuple(cpus), hugepages=tuple(pools), hw_virt=hw_virt)
+    return HostInventory(cpus=tuple(cpus), hugepages=tuple(pools), hw_virt=hw_virt, pci=read_pci(sys_path))
 
 
 def hugepages_free(sys_root: str | Path = "/sys") -> dict[tuple[int, int], int]:

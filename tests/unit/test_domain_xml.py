@@ -24,8 +24,9 @@ from vmsandbox.domain import (
     domain_name,
     guest_cmdline,
 )
-from vmsandbox.domain_xml import read_channel_path, read_identity, read_vcpu_pins, render
+from vmsandbox.domain_xml import read_channel_path, read_hostdevs, read_identity, read_vcpu_pins, render
 from vmsandbox.errors import InternalError
+from vmsandbox.placement import GuestCell
 from vmsandbox.profile import Profile
 from vmsandbox.records import shape_doc
 from vmsandbox.resources import ContainerDeclaration, ContainerResources, PodDeclaration, ResourceList
@@ -51,6 +52,9 @@ class Case:
     accel: Literal["kvm", "tcg"]
     extra_cmdline: str
     console_log: str | None
+    emulator_cpus: tuple[int, ...] = ()  # default: the vCPUs' CPUs
+    numa_cells: tuple[GuestCell, ...] = ()
+    hostdevs: tuple[str, ...] = ()
 
     def domain(self) -> Domain:
         return build_domain(
@@ -58,7 +62,7 @@ class Case:
             uuid="6f1f3f3e-6b0d-4a5e-9c58-0b0f9e1f2a3b",
             shape=self.shape,
             host_cpus=self.host_cpus,
-            emulator_cpus=self.host_cpus,
+            emulator_cpus=self.emulator_cpus or self.host_cpus,
             hugepage_nodes=self.hugepage_nodes,
             accel=self.accel,
             kernel="/var/lib/vmsandbox/images/default/vmlinux",
@@ -67,6 +71,8 @@ class Case:
             extra_cmdline=self.extra_cmdline,
             shape_json=json.dumps(shape_doc(self.shape), sort_keys=True, separators=(",", ":")),
             console_log=self.console_log,
+            numa_cells=self.numa_cells,
+            hostdevs=self.hostdevs,
         )
 
 
@@ -104,6 +110,29 @@ CASES = {
         accel="kvm",
         extra_cmdline="  loglevel=4 ",
         console_log="/var/log/vmsandbox/console/a1a1.log",
+    ),
+    # (d) KVM, a GPU's IOMMU group passed through (two functions), emulator threads on a housekeeping CPU
+    "kvm-hostdev-housekeeping": Case(
+        identity=SandboxIdentity("b2" * 32, "train", "ml", "uid-d", 0, "vmsandbox-gpu"),
+        shape=sized({"cpu": "2", "memory": "448Mi", "nvidia.com/gpu": "1"}, Profile(name="g", handler="g")),
+        host_cpus=(2, 6),
+        hugepage_nodes=(1,),
+        accel="kvm",
+        extra_cmdline="",
+        console_log=None,
+        emulator_cpus=(7,),
+        hostdevs=("0000:af:00.0", "0000:af:00.1"),
+    ),
+    # (e) a VM bigger than a NUMA node (numa_policy restricted): one guest cell per host node
+    "tcg-two-node-cells": Case(
+        identity=SandboxIdentity("c3" * 32, "big", "batch", "uid-e", 0, "vmsandbox"),
+        shape=sized({"cpu": "6", "memory": "704Mi"}, Profile(name="r", handler="r", numa_policy="restricted")),
+        host_cpus=(0, 4, 1, 5, 2, 6),
+        hugepage_nodes=(0, 1),
+        accel="tcg",
+        extra_cmdline="",
+        console_log=None,
+        numa_cells=(GuestCell(0, (0, 1, 2, 3), 256), GuestCell(1, (4, 5), 128)),
     ),
 }
 
@@ -212,6 +241,39 @@ def test_exclusive_needs_one_host_cpu_per_vcpu() -> None:
     assert str(exc.value) == "2 vCPUs need 2 host CPUs, got 1"
 
 
+def test_hostdevs_and_cells() -> None:
+    gpu = render(CASES["kvm-hostdev-housekeeping"].domain())
+    assert read_hostdevs(gpu) == ("0000:af:00.0", "0000:af:00.1")
+    assert '<emulatorpin cpuset="7" />' in gpu
+    assert read_hostdevs(render(CASES["exclusive-2mi-tcg"].domain())) == ()
+    big = CASES["tcg-two-node-cells"]
+    assert big.shape.memory_bytes == 768 * MI and big.shape.vcpus == 6
+    xml = render(big.domain())
+    assert '<memnode cellid="1" mode="strict" nodeset="1" />' in xml
+    assert '<cell id="0" memory="524288" unit="KiB" cpus="0-3" />' in xml
+
+
+@pytest.mark.parametrize(
+    ("cells", "message"),
+    [
+        pytest.param(
+            (GuestCell(0, (0, 1, 2, 3), 256), GuestCell(1, (4, 5), 127)),
+            "NUMA cells hold 383 pages, the guest has 384",
+            id="pages",
+        ),
+        pytest.param(
+            (GuestCell(0, (0, 1, 2), 256), GuestCell(1, (4, 5), 128)),
+            "NUMA cells must hold each of the 6 vCPUs once",
+            id="vcpus",
+        ),
+    ],
+)
+def test_cells_must_match_the_shape(cells: tuple[GuestCell, ...], message: str) -> None:
+    with pytest.raises(InternalError) as exc:
+        replace(CASES["tcg-two-node-cells"], numa_cells=cells).domain()
+    assert str(exc.value) == message
+
+
 def test_no_host_cpus_means_no_cputune() -> None:
     domain = replace(CASES["shared-4k-tcg"], host_cpus=()).domain()
     assert domain.cputune is None
@@ -236,6 +298,7 @@ def test_libvirt_accepts_the_xml(name: str) -> None:
             assert read_vcpu_pins(live) == read_vcpu_pins(xml)
             assert dom.maxMemory() == CASES[name].shape.memory_bytes // 1024
             assert dom.vcpusFlags(libvirt.VIR_DOMAIN_VCPU_MAXIMUM) == CASES[name].shape.vcpus
+            assert read_hostdevs(live) == CASES[name].hostdevs
         finally:
             dom.undefine()
     finally:

@@ -8,8 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmsandbox.host import HostCpu, HostInventory, HugepagePool, choose_accel, format_cpulist, parse_cpulist
-from vmsandbox.sysfs import hugepages_free, read_inventory
+from vmsandbox.host import (
+    HostCpu,
+    HostInventory,
+    HugepagePool,
+    PciFunction,
+    choose_accel,
+    format_cpulist,
+    parse_cpulist,
+    parse_pci_address,
+)
+from vmsandbox.sysfs import hugepages_free, read_inventory, read_pci
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "sysfs"
 MI, GI = 1024**2, 1024**3
@@ -37,12 +46,45 @@ NO_NUMA_4CPU = HostInventory(
 )
 
 
+def fn(address: str, ids: str, cls: str, node: int, group: int, driver: str) -> PciFunction:
+    vendor, device = ids.split(":")
+    return PciFunction(address, vendor, device, node, group, driver, cls)
+
+
+VFIO_TWO_NODE = HostInventory(
+    # 2 packages x 2 cores x 2 threads, node = package, siblings n and n+4
+    cpus=tuple(HostCpu(n, node=(n // 2) % 2, package=(n // 2) % 2, core=n % 2) for n in range(8)),
+    hugepages=(
+        HugepagePool(0, GI, 0, 0),
+        HugepagePool(0, 2 * MI, 512, 512),
+        HugepagePool(1, GI, 0, 0),
+        HugepagePool(1, 2 * MI, 512, 512),
+    ),
+    hw_virt=True,
+    pci=(
+        fn("0000:00:00.0", "8086:2020", "060000", -1, 0, ""),  # host bridge, no driver
+        fn("0000:17:00.0", "8086:0b25", "088000", -1, 7, "vfio-pci"),  # no NUMA node
+        fn("0000:3b:00.0", "10de:2330", "030200", 0, 12, "vfio-pci"),  # GPU ...
+        fn("0000:3b:00.1", "10de:22a3", "040300", 0, 12, "vfio-pci"),  # ... and its audio function: one group
+        fn("0000:5e:00.0", "15b3:101d", "020000", 0, 20, "mlx5_core"),  # the host's NIC, two ports, one group
+        fn("0000:5e:00.1", "15b3:101d", "020000", 0, 20, "mlx5_core"),
+        fn("0000:86:00.0", "8086:1592", "020000", 1, 30, "vfio-pci"),  # a group half on vfio-pci ...
+        fn("0000:86:00.1", "8086:1592", "020000", 1, 30, "ice"),  # ... half on the host driver
+        fn("0000:af:00.0", "10de:2330", "030200", 1, 40, "vfio-pci"),
+        fn("0000:af:00.1", "10de:22a3", "040300", 1, 40, "vfio-pci"),
+        fn("0000:d7:00.0", "8086:2030", "060400", 1, 41, "pcieport"),  # a PCI bridge ...
+        fn("0000:d8:00.0", "10de:2330", "030200", 1, 41, "vfio-pci"),  # ... in the group of the GPU behind it
+    ),
+)
+
+
 @pytest.mark.parametrize(
     ("tree", "expected"),
     [
         pytest.param("one-node-2cpu", ONE_NODE_2CPU, id="one-node-2cpu"),
         pytest.param("two-socket-64-thread", TWO_SOCKET_64, id="two-socket-64-thread"),
         pytest.param("no-numa-4cpu-smt", NO_NUMA_4CPU, id="no-numa-dir"),
+        pytest.param("vfio-two-node", VFIO_TWO_NODE, id="vfio-two-node"),
     ],
 )
 def test_read_inventory(tree: str, expected: HostInventory) -> None:
@@ -63,6 +105,57 @@ def test_two_socket_topology() -> None:
     assert len(siblings) == 32
     assert siblings[(1, 3)] == [19, 51]
     assert format_cpulist([c.id for c in inv.cpus if c.node == 1]) == "16-31,48-63"
+
+
+def test_iommu_groups_of_the_vfio_host() -> None:
+    inv = read_inventory(FIXTURES / "vfio-two-node" / "sys", FIXTURES / "vfio-two-node" / "proc")
+    groups = inv.iommu_groups()
+    assert sorted(groups) == [0, 7, 12, 20, 30, 40, 41]
+    assert [f.address for f in groups[12]] == ["0000:3b:00.0", "0000:3b:00.1"]
+    assert [(f.address, f.is_bridge) for f in groups[41]] == [("0000:d7:00.0", True), ("0000:d8:00.0", False)]
+    assert inv.pci_function("0000:86:00.1") == fn("0000:86:00.1", "8086:1592", "020000", 1, 30, "ice")
+    assert inv.pci_function("0000:99:00.0") is None
+    assert groups[12][0].ids == "10de:2330"
+    assert groups[12][0].describe() == "0000:3b:00.0 (10de:2330, driver vfio-pci)"
+    assert groups[0][0].describe() == "0000:00:00.0 (8086:2020, no driver)"
+
+
+def test_pci_without_iommu_and_junk_entries(tmp_path: Path) -> None:
+    """A host without IOMMU (this development machine): functions have no group; junk names are skipped."""
+    base = tmp_path / "bus/pci/devices"
+    (base / "0000:00:02.0").mkdir(parents=True)
+    (base / "0000:00:02.0" / "vendor").write_text("0x1AF4\n")
+    (base / "0000:00:02.0" / "numa_node").write_text("junk\n")
+    (base / "not-an-address").mkdir()
+    assert read_pci(tmp_path) == (PciFunction("0000:00:02.0", "1af4", "", -1, None, "", ""),)
+    assert read_pci(tmp_path / "missing") == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [
+        pytest.param("0000:3b:00.0", "0000:3b:00.0", id="full"),
+        pytest.param("3b:00.1", "0000:3b:00.1", id="no-domain"),
+        pytest.param(" 0001:AF:1f.7 ", "0001:af:1f.7", id="upper-case-and-spaces"),
+    ],
+)
+def test_parse_pci_address(text: str, address: str) -> None:
+    assert parse_pci_address(text) == address
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("3b:00", id="no-function"),
+        pytest.param("3b:00.8", id="function-above-7"),
+        pytest.param("3b:20.0", id="slot-above-1f"),
+        pytest.param("10de:2330", id="vendor-device-ids"),
+        pytest.param("0000:3b:00.0.0", id="junk"),
+    ],
+)
+def test_parse_pci_address_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="bad PCI address"):
+        parse_pci_address(text)
 
 
 def test_hugepages_free() -> None:
