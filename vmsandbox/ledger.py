@@ -5,7 +5,14 @@ sqlite3 in WAL mode under the state directory. A claim is a row keyed by its res
 held by one sandbox only: double-booking is impossible, not merely unlikely, even across
 processes and crashes. Records are JSON documents owned by the caller.
 
-The schema is versioned with ``PRAGMA user_version``; ``MIGRATIONS[i]`` takes version i to i+1.
+The schema is versioned with ``PRAGMA user_version``; ``MIGRATIONS[i]`` takes version i to i+1,
+in one transaction with the version bump (sqlite's DDL is transactional), so a failing migration
+leaves the file at the version it had. A file newer than this code is refused, never touched.
+
+Version 2 adds ``meta``, which holds ``instance_id``: a random id minted once per state
+database. The shim writes it into the metadata of every domain it defines, and reconciliation
+touches only domains carrying its own id, so two shims (or test runs) sharing one libvirt never
+tear down each other's guests.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
                record TEXT NOT NULL,
                UNIQUE (sandbox_id, name, attempt)
            )""",
+    ),
+    (
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+        "INSERT INTO meta(key, value) VALUES ('instance_id', lower(hex(randomblob(16))))",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -93,9 +104,20 @@ class Ledger:
                 )
             for target in range(version, SCHEMA_VERSION):
                 with self._tx():
+                    if self.schema_version > target:  # another process migrated it meanwhile
+                        continue
                     for stmt in MIGRATIONS[target]:
                         self._db.execute(stmt)
                     self._db.execute(f"PRAGMA user_version = {target + 1}")
+
+    @property
+    def instance_id(self) -> str:
+        """This state database's random id, stamped on the domains it owns (schema 2)."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'instance_id'").fetchone()
+        if row is None:
+            raise InfrastructureError(f"state database {self.path} has no instance_id")
+        return str(row[0])
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

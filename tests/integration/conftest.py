@@ -132,7 +132,8 @@ def write_profiles(path: Path) -> None:
     path.write_text(yaml.safe_dump_all(docs))
 
 
-def start_shim(tmp: Path, *, extra_config: dict[str, object] | None = None) -> Shim:
+def start_shim(tmp: Path, *, extra_config: dict[str, object] | None = None, env: dict[str, str] | None = None) -> Shim:
+    """Start ``python -m shim serve`` on ``tmp``; ``env`` adds environment variables (e.g. VMSANDBOX_FAULT)."""
     profiles = tmp / "profiles.yaml"
     write_profiles(profiles)
     config = {
@@ -145,13 +146,15 @@ def start_shim(tmp: Path, *, extra_config: dict[str, object] | None = None) -> S
     }
     (tmp / "config.yaml").write_text(yaml.safe_dump(config))
     log = tmp / "shim.log"
+    sock = tmp / "cri.sock"
+    sock.unlink(missing_ok=True)  # a killed shim leaves its socket behind: wait for the new one
     process = subprocess.Popen(
         [sys.executable, "-m", "shim", "serve", "--config", str(tmp / "config.yaml")],
         cwd=REPO,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
+        env={**os.environ, **env} if env else None,
     )
-    sock = tmp / "cri.sock"
     deadline = time.monotonic() + 60
     while not sock.exists():
         if process.poll() is not None or time.monotonic() > deadline:

@@ -24,16 +24,17 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
 
 
 def test_schema_version_and_wal(ledger: Ledger) -> None:
-    assert SCHEMA_VERSION == len(MIGRATIONS) == 1
+    assert SCHEMA_VERSION == len(MIGRATIONS) == 2
     assert ledger.schema_version == SCHEMA_VERSION
     raw = sqlite3.connect(ledger.path)
     try:
-        assert raw.execute("PRAGMA user_version").fetchone() == (1,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (2,)
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         assert {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} == {
             "claims",
             "sandboxes",
             "containers",
+            "meta",
         }
     finally:
         raw.close()
@@ -200,13 +201,13 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InfrastructureError) as exc:
         Ledger(path)
     assert str(exc.value) == (
-        f"state database {path} has schema 2, newer than this vmsandbox (1); refusing to touch it"
+        f"state database {path} has schema 3, newer than this vmsandbox (2); refusing to touch it"
     )
     assert _open_fds(path) == []  # the refused connection was closed
     raw = sqlite3.connect(path)
     try:
         assert raw.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)  # untouched
-        assert raw.execute("PRAGMA user_version").fetchone() == (2,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (3,)
     finally:
         raw.close()
 

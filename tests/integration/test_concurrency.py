@@ -1,0 +1,132 @@
+"""Ten simultaneous RunPodSandbox calls on a host that fits exactly four: four guests boot, six are
+told RESOURCE_EXHAUSTED naming the resource, and nothing leaks.
+
+This host has 2 CPUs, so "fits four" comes from the hugepage budget: the pods are ``shared``
+(they float over the shared CPU pool and claim no CPU) and the shim may hand out exactly four
+pods' worth of 2 MiB pages. The claims go through one ledger transaction each, under a unique
+constraint, so the count is exact, not a race.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from shim.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.conftest import IMAGE_DIR, Shim, pod, q, require_host, start_shim, stop_shim
+from tests.integration.state_check import assert_consistent, read_domains, read_ledger, vmsandbox_free_baseline
+from vmsandbox.profile_loader import load_profiles
+from vmsandbox.resources import ContainerDeclaration, ContainerResources, PodDeclaration, ResourceList
+from vmsandbox.sizing import demand_from_declaration, shape_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CALLS = 10
+FITS = 4
+RPC_TIMEOUT = 300  # four TCG guests booting at once on two cores
+APP = {"cpu": "500m", "memory": "64Mi"}
+
+
+def pages_per_pod(profiles: Path) -> int:
+    """The 2 MiB pages one test pod's guest needs, from the same sizing code the shim runs."""
+    profile = load_profiles([profiles])["vmsandbox"]
+    resources = ContainerResources(
+        requests=ResourceList.parse(APP, where="requests"), limits=ResourceList.parse(APP, where="limits")
+    )
+    declaration = PodDeclaration(init_containers=(), containers=(ContainerDeclaration("app", resources),))
+    shape = shape_for(demand_from_declaration(declaration, profile), profile)
+    assert shape.backing_page_size == 2 << 20 and shape.cpu_policy == "shared"
+    return shape.backing_pages
+
+
+@pytest.fixture
+def tight_host(tmp_path: Path) -> Iterator[tuple[Shim, int, int]]:
+    require_host()
+    profiles = tmp_path / "tight-profiles.yaml"
+    profiles.write_text(
+        yaml.safe_dump(
+            {
+                "name": "vmsandbox",
+                "handler": "vmsandbox",
+                "cpu_policy": "shared",
+                "guest": {"image_dir": str(IMAGE_DIR), "boot_timeout_s": 240},
+            }
+        )
+    )
+    pages = pages_per_pod(profiles)
+    baseline = vmsandbox_free_baseline()
+    shim = start_shim(
+        tmp_path,
+        extra_config={"profile_files": [str(profiles)], "hugepages": {"2Mi": FITS * pages}, "shared_cpus": "0-1"},
+    )
+    try:
+        yield shim, pages, baseline
+    finally:
+        try:
+            for s in shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+                shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=s.id), timeout=RPC_TIMEOUT)
+                shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=s.id), timeout=RPC_TIMEOUT)
+        finally:
+            stop_shim(shim)
+            shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_ten_simultaneous_pods_on_a_host_that_fits_four(tight_host: tuple[Shim, int, int]) -> None:
+    shim, pages, baseline = tight_host
+    results: list[str | grpc.RpcError | None] = [None] * CALLS
+    barrier = threading.Barrier(CALLS)
+
+    def run(i: int) -> None:
+        config = pod(f"crowd-{i}", containers=[("app", q(APP))])
+        barrier.wait()
+        try:
+            results[i] = shim.runtime.RunPodSandbox(
+                pb.RunPodSandboxRequest(config=config), timeout=RPC_TIMEOUT
+            ).pod_sandbox_id
+        except grpc.RpcError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(CALLS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    winners = [r for r in results if isinstance(r, str)]
+    losers = [r for r in results if isinstance(r, grpc.RpcError)]
+    assert len(winners) == FITS and len(losers) == CALLS - FITS, [
+        r if isinstance(r, str) else (r.code() if r else None, r.details() if r else None) for r in results
+    ]
+    for err in losers:
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+        assert f"hugepages-2Mi on node 0: need {pages} pages, free 0" in str(err.details()), err.details()
+    # the four are whole: READY, each with its own pages, none held twice, libvirt agrees
+    for sid in winners:
+        st = shim.runtime.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid), timeout=30)
+        assert st.status.state == pb.SANDBOX_READY
+    led = assert_consistent(shim.state_dir, baseline)
+    assert sorted(led.rows) == sorted(winners)
+    assert len(led.claims) == FITS * pages
+    assert {owner for _, owner in led.claims} == set(winners)
+    # the losers left nothing behind: no row, no domain, no claim
+    assert sorted(d.sandbox_id for d in read_domains() if d.owner == led.instance) == sorted(winners)
+
+    for sid in winners:
+        shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
+        shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
+    led = assert_consistent(shim.state_dir, baseline)
+    assert led.rows == {} and led.claims == []
+    assert not [d for d in read_domains() if d.owner == read_ledger(shim.state_dir).instance]
+    # and the budget is whole again: a fifth pod fits now
+    sid = shim.runtime.RunPodSandbox(
+        pb.RunPodSandboxRequest(config=pod("after-crowd", containers=[("app", q(APP))])), timeout=RPC_TIMEOUT
+    ).pod_sandbox_id
+    shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
+    shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
+    assert_consistent(shim.state_dir, baseline)
