@@ -3,7 +3,10 @@
 Read from a YAML file (``--config``); every key has a default that works on a single node.
 ``cpu_pool`` is the set of host CPUs the shim owns (kernel cpulist syntax, default: every online
 CPU); ``hugepages`` caps how many pages of each size it may hand out (default: what the host
-has reserved).
+has reserved). Of ``cpu_pool``, ``shared_cpus`` is the pool shared pods float over (none: shared
+pods are refused) and ``housekeeping_cpus`` where emulator threads may be pinned; exclusive pods
+get only the rest. ``device_pools`` names the PCI functions that may be passed through (nothing
+else ever is); ``cdi_spec_dirs`` are where CDI specs are read, later directories winning.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from typing import Any
 
 import yaml
 
+from vmsandbox.cdi import DEFAULT_SPEC_DIRS
+from vmsandbox.devices import parse_pool_config
 from vmsandbox.errors import InvalidArgument
-from vmsandbox.host import parse_cpulist
+from vmsandbox.host import format_cpulist, parse_cpulist
 from vmsandbox.resources import HUGEPAGE_SIZES
 
 
@@ -35,6 +40,10 @@ class ShimConfig:
     workers: int = 16
     metrics_address: str = ""  # host:port for Prometheus /metrics; empty = off
     log_format: str = "text"  # text or json
+    shared_cpus: tuple[int, ...] = ()  # of cpu_pool: shared pods float over these (none: shared pods refused)
+    housekeeping_cpus: tuple[int, ...] = ()  # of cpu_pool: emulator threads of `emulator: housekeeping` profiles
+    device_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pool -> PCI addresses / vendor:device
+    cdi_spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS
     extra: dict[str, Any] = field(default_factory=dict)
 
     def with_overrides(self, **kwargs: Any) -> ShimConfig:
@@ -56,6 +65,10 @@ _KEYS = {
     "workers",
     "metrics_address",
     "log_format",
+    "shared_cpus",
+    "housekeeping_cpus",
+    "device_pools",
+    "cdi_spec_dirs",
 }
 
 
@@ -91,6 +104,26 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
             kwargs["cpu_pool"] = parse_cpulist(str(data["cpu_pool"]))
         except ValueError as exc:
             raise InvalidArgument(f"{source}: cpu_pool: {exc}") from None
+    for key in ("shared_cpus", "housekeeping_cpus"):
+        if data.get(key) in (None, ""):
+            continue
+        try:
+            kwargs[key] = parse_cpulist(str(data[key]))
+        except ValueError as exc:
+            raise InvalidArgument(f"{source}: {key}: {exc}") from None
+        outside = set(kwargs[key]) - set(kwargs.get("cpu_pool", kwargs[key]))
+        if outside:
+            raise InvalidArgument(f"{source}: {key}: {format_cpulist(outside)} is not in cpu_pool")
+    if data.get("device_pools") is not None:
+        try:
+            kwargs["device_pools"] = parse_pool_config(data["device_pools"])
+        except ValueError as exc:
+            raise InvalidArgument(f"{source}: device_pools: {exc}") from None
+    if "cdi_spec_dirs" in data:
+        dirs = data["cdi_spec_dirs"]
+        if not isinstance(dirs, list) or not all(isinstance(d, str) and d.startswith("/") for d in dirs):
+            raise InvalidArgument(f"{source}: cdi_spec_dirs: must be a list of absolute directory paths")
+        kwargs["cdi_spec_dirs"] = tuple(dirs)
     if data.get("hugepages") is not None:
         pages = data["hugepages"]
         if not isinstance(pages, dict):

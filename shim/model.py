@@ -76,6 +76,9 @@ class SandboxRecord:
     guest: dict[str, Any] = field(default_factory=dict)  # the guest's own report
     accel: str = ""
     boot_ms: int = 0
+    linux_overhead: dict[str, Any] = field(default_factory=dict)  # LinuxPodSandboxConfig.overhead, recorded
+    # the pod-level resources of the last accepted UpdatePodSandboxResources (LinuxResources fields)
+    updated_resources: dict[str, Any] = field(default_factory=dict)
 
     def to_doc(self) -> dict[str, Any]:
         return asdict(self)

@@ -19,6 +19,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from shim import faults, logs, metrics
 from shim.config import ShimConfig
 from shim.model import (
     CONTAINER_CREATED,
@@ -32,6 +33,8 @@ from shim.model import (
 )
 from vmsandbox import admission, records
 from vmsandbox.agent_protocol import GuestReport, report_to_body
+from vmsandbox.cdi import load_registry
+from vmsandbox.devices import NO_DEVICES, DevicePools, DeviceRequest, request_devices, resolve_pools
 from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, build_domain, domain_name
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import (
@@ -44,19 +47,25 @@ from vmsandbox.errors import (
     VmSandboxError,
 )
 from vmsandbox.guest_channel import wait_for_hello
-from vmsandbox.host import HostInventory, choose_accel
-from vmsandbox.hypervisor import Hypervisor
+from vmsandbox.host import HostInventory, choose_accel, format_cpulist
+from vmsandbox.hypervisor import DomainInfo, Hypervisor
 from vmsandbox.ledger import ClaimConflict, Ledger
-from vmsandbox.placement import HugepageBudget, Placement, place
-from vmsandbox.profile import Profile
-from vmsandbox.resources import ContainerResources, is_extended
-from vmsandbox.sizing import LinuxResources, VmShape, demand_from_declaration, demand_from_linux, shape_for
+from vmsandbox.placement import HugepageBudget, Placement, cpu_key, place
+from vmsandbox.profile import Profile, select_profile
+from vmsandbox.resources import ContainerResources, PodDeclaration, is_extended
+from vmsandbox.sizing import (
+    LinuxResources,
+    PodDemand,
+    VmShape,
+    demand_from_declaration,
+    demand_from_linux,
+    shape_for,
+)
 from vmsandbox.sysfs import read_inventory
 
 log = logging.getLogger(__name__)
 
 STATE_CREATING = "creating"
-PROFILE_ANNOTATION = "io.vmsandbox/profile"
 
 
 def _new_id() -> str:
@@ -78,11 +87,14 @@ class Sandboxes:
         self.ledger = ledger
         self.hypervisor = hypervisor
         self.profiles = profiles
+        self.profiles_by_name = {p.name: p for p in profiles.values()}
         self._inventory = inventory or (lambda: read_inventory(config.sys_root, config.proc_root))
         self._clock = clock
         self._place_lock = threading.Lock()
         self._sandbox_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        # parsed declarations by sandbox id: immutable for a sandbox's life, parsed once, not per CreateContainer
+        self._declarations: dict[str, PodDeclaration] = {}
         first = self._inventory()
         online = {c.id for c in first.cpus}
         pool = set(config.cpu_pool) if config.cpu_pool is not None else online
@@ -90,6 +102,26 @@ class Sandboxes:
         if missing:
             raise InvalidArgument(f"cpu_pool names CPUs that are not online: {sorted(missing)}")
         self.owned_cpus = frozenset(pool)
+        # of the owned CPUs: the shared pool (shared pods float over it) and the housekeeping CPUs
+        # (emulator threads); exclusive pods get only the rest (vmsandbox.placement)
+        for key in ("shared_cpus", "housekeeping_cpus"):
+            outside = set(getattr(config, key)) - self.owned_cpus
+            if outside:
+                owned = format_cpulist(self.owned_cpus)
+                raise InvalidArgument(f"{key} ({format_cpulist(outside)}) must be a subset of cpu_pool ({owned})")
+        self.shared_cpus = frozenset(config.shared_cpus)
+        self.housekeeping_cpus = frozenset(config.housekeeping_cpus)
+        for problem in self._device_pools(first).problems:
+            log.warning("device_pools: %s", problem)
+        for p in profiles.values():
+            if p.cpu_policy == "shared" and not self.shared_cpus:
+                log.warning("profile %r is shared but shared_cpus is not configured: its pods will be refused", p.name)
+            if p.emulator == "housekeeping" and not self.housekeeping_cpus:
+                log.warning(
+                    "profile %r pins emulator threads to housekeeping CPUs but housekeeping_cpus is not configured: "
+                    "its pods will be refused",
+                    p.name,
+                )
 
     # -- helpers --------------------------------------------------------------------------------
     def _lock_for(self, sandbox_id: str) -> threading.Lock:
@@ -97,14 +129,7 @@ class Sandboxes:
             return self._sandbox_locks.setdefault(sandbox_id, threading.Lock())
 
     def profile_for(self, handler: str, annotations: dict[str, str]) -> Profile:
-        name = handler or self.config.default_handler
-        profile = self.profiles.get(name)
-        if profile is None:
-            raise InvalidArgument(
-                f'failed to get sandbox runtime: no runtime for "{name}" is configured '
-                f"(configured handlers: {', '.join(sorted(self.profiles))})"
-            )
-        return profile
+        return select_profile(self.profiles, self.profiles_by_name, handler or self.config.default_handler, annotations)
 
     def _budgets(self, inv: HostInventory) -> dict[tuple[int, int], HugepageBudget]:
         budgets = {}
@@ -120,12 +145,30 @@ class Sandboxes:
             )
         return budgets
 
-    def _claim(self, sandbox_id: str, shape: VmShape) -> Placement:
+    def _device_pools(self, inv: HostInventory) -> DevicePools:
+        """The admin's device pools resolved on this inventory (whole IOMMU groups only)."""
+        return resolve_pools(self.config.device_pools, inv)
+
+    def _claim(
+        self, sandbox_id: str, shape: VmShape, profile: Profile | None = None, devices: DeviceRequest = NO_DEVICES
+    ) -> Placement:
         """Place and claim under one lock; a conflict with another process is retried once."""
         for attempt in range(3):
             with self._place_lock:
                 inv = self._inventory()
-                placement = place(shape, inv, self.owned_cpus, self.ledger.taken(), self._budgets(inv))
+                placement = place(
+                    shape,
+                    inv,
+                    self.owned_cpus,
+                    self.ledger.taken(),
+                    self._budgets(inv),
+                    shared_cpus=self.shared_cpus,
+                    housekeeping_cpus=self.housekeeping_cpus,
+                    numa_policy=profile.numa_policy if profile is not None else "single-numa-node",
+                    emulator=profile.emulator if profile is not None else "vcpus",
+                    devices=devices,
+                    device_pools=self._device_pools(inv) if not devices.empty else DevicePools(),
+                )
                 try:
                     self.ledger.claim(sandbox_id, placement.claims)
                     return placement
@@ -135,7 +178,9 @@ class Sandboxes:
 
     # -- sandboxes ------------------------------------------------------------------------------
     def run(self, spec: SandboxSpec) -> str:
+        started = time.monotonic()
         meta = spec.meta
+        logs.bind(pod=f"{meta.namespace}/{meta.name}")
         for field_name in ("name", "namespace", "uid"):
             if not getattr(meta, field_name):
                 raise InvalidArgument(f"PodSandboxConfig.metadata.{field_name} is empty")
@@ -143,17 +188,21 @@ class Sandboxes:
             raise InvalidArgument(f"PodSandboxConfig.metadata.attempt is negative ({meta.attempt})")
         profile = self.profile_for(spec.runtime_handler, spec.annotations)
         pod = f"{meta.namespace}/{meta.name}"
+        devices = NO_DEVICES
         if spec.declaration is not None:
-            self._check_passthrough(spec, profile)
             demand = demand_from_declaration(spec.declaration, profile)
+            devices = self._check_passthrough(spec, profile, demand)
         else:
             demand = demand_from_linux(spec.linux_resources, spec.annotations, profile)
         shape = shape_for(demand, profile)
         inv = self._inventory()
         accel = choose_accel(profile.accel, inv.hw_virt, os.path.exists("/dev/kvm"))
         sandbox_id = _new_id()
+        logs.bind(sandbox_id=sandbox_id)
         name = domain_name(sandbox_id)
-        placement = self._claim(sandbox_id, shape)
+        faults.checkpoint("run:before-claim")
+        placement = self._claim(sandbox_id, shape, profile, devices)
+        faults.checkpoint("run:after-claim")
         record = SandboxRecord(
             id=sandbox_id,
             meta=meta,
@@ -169,17 +218,19 @@ class Sandboxes:
             declaration=records.declaration_doc(spec.declaration) if spec.declaration else None,
             shape=records.shape_doc(shape),
             cpus=list(placement.cpus),
-            emulator_cpus=list(placement.cpus),
+            emulator_cpus=list(placement.emulator_cpus),
             hugepages=[list(h) for h in placement.hugepages],
             accel=accel,
+            linux_overhead=asdict(spec.linux_overhead) if not spec.linux_overhead.empty else {},
         )
         log.info(
-            "sandbox %s for pod %s: %d vCPUs on %s, %d MiB, claiming %d resources",
+            "sandbox %s for pod %s: %d vCPUs on %s, %d MiB, %s, claiming %d resources",
             sandbox_id[:12],
             pod,
             shape.vcpus,
             placement.cpus,
             shape.memory_bytes >> 20,
+            ", ".join(g.describe() for g in placement.devices) or "no devices",
             len(placement.claims),
         )
         try:
@@ -191,28 +242,33 @@ class Sandboxes:
                 log.error("sandbox %s for pod %s failed and was rolled back: %s", sandbox_id[:12], pod, exc)
                 raise type(exc)(f"pod {pod}: {exc} (rolled back: domain removed, resources released)") from exc
             raise
+        faults.checkpoint("run:after-ready")
+        metrics.observe_start(record.runtime_handler, time.monotonic() - started)
         return sandbox_id
 
-    def _check_passthrough(self, spec: SandboxSpec, profile: Profile) -> None:
+    def _check_passthrough(self, spec: SandboxSpec, profile: Profile, demand: PodDemand) -> DeviceRequest:
+        """The IOMMU groups the pod names (devices, CDI devices) and how many each pool must add
+        (extended resources the profile maps to pools); INVALID_ARGUMENT naming the container for
+        anything that is not a configured pool's VFIO group (DESIGN §10)."""
         assert spec.declaration is not None
-        for c in spec.declaration.all_containers():
-            res = c.resources
-            for key in (*res.requests.names(), *res.limits.names()):
-                if is_extended(key):
-                    if key not in profile.extended_resources:
-                        raise InvalidArgument(
-                            f'container "{c.name}": extended resource {key} is not mapped to a device pool '
-                            f"by profile {profile.name!r}"
-                        )
-                    raise InvalidArgument(
-                        f'container "{c.name}": extended resource {key} maps to device pool '
-                        f"{profile.extended_resources[key]!r}, but device passthrough is not available in this build"
-                    )
-            if res.devices or res.cdi_devices:
-                raise InvalidArgument(
-                    f'container "{c.name}": devices and CDI devices need passthrough, '
-                    "which is not available in this build"
-                )
+        containers = spec.declaration.all_containers()
+        wants_cdi = any(c.resources.cdi_devices for c in containers)
+        if not (
+            wants_cdi
+            or any(c.resources.devices for c in containers)
+            or any(
+                is_extended(n) for c in containers for n in (*c.resources.requests.names(), *c.resources.limits.names())
+            )
+        ):
+            return NO_DEVICES
+        pools = self._device_pools(self._inventory())
+        registry = load_registry(self.config.cdi_spec_dirs) if wants_cdi else None
+        if registry is not None:
+            for problem in registry.problems:
+                log.warning("CDI: %s", problem)
+        return request_devices(
+            spec.declaration, demand.extended, profile.extended_resources, profile.name, pools, registry
+        )
 
     def _boot(
         self, record: SandboxRecord, profile: Profile, shape: VmShape, placement: Placement, accel: str
@@ -234,11 +290,12 @@ class Sandboxes:
                 pod_uid=record.meta.uid,
                 attempt=record.meta.attempt,
                 runtime_handler=record.runtime_handler,
+                owner=self.ledger.instance_id,
             ),
             uuid=str(uuidlib.uuid4()),
             shape=shape,
             host_cpus=placement.cpus,
-            emulator_cpus=placement.cpus,
+            emulator_cpus=placement.emulator_cpus,
             hugepage_nodes=tuple(n for n, _, _ in placement.hugepages),
             accel="kvm" if accel == "kvm" else "tcg",
             kernel=str(kernel),
@@ -247,10 +304,15 @@ class Sandboxes:
             extra_cmdline=profile.kernel_cmdline,
             shape_json="",
             console_log=console,
+            tcg_tb_cache_mib=profile.tcg_tb_cache_mib,
+            numa_cells=placement.cells,
+            hostdevs=placement.hostdevs,
         )
         started = time.monotonic()
         self.hypervisor.define(render(domain))
+        faults.checkpoint("run:after-define")
         self.hypervisor.start(domain.name)
+        faults.checkpoint("run:after-start")
         path = self.hypervisor.channel_path(domain.name, AGENT_CHANNEL)
         try:
             report = wait_for_hello(path, profile.boot_timeout_s)
@@ -259,6 +321,14 @@ class Sandboxes:
         boot_ms = int((time.monotonic() - started) * 1000)
         if report.vcpus != shape.vcpus:
             raise InfrastructureError(f"guest reports {report.vcpus} vCPUs, the domain has {shape.vcpus}")
+        for size, count in shape.guest_hugepages:
+            pool = report.hugepages.get(size // 1024)
+            got = pool.total if pool is not None else 0
+            if got < count:
+                raise InfrastructureError(
+                    f"guest reserved {got} of the {count} hugepages-{_size_label(size)} pages its containers "
+                    f"declared (guest RAM {shape.memory_bytes >> 20} MiB){self._console_tail(console)}"
+                )
         ready = replace(record, state=SANDBOX_READY, guest=_report_doc(report), boot_ms=boot_ms)
         self.ledger.put_sandbox(record.id, SANDBOX_READY, record.created_ns, ready.to_doc())
         log.info(
@@ -294,7 +364,9 @@ class Sandboxes:
         row = self.ledger.get_sandbox(sandbox_id)
         if row is None or row[0] == STATE_CREATING:
             raise NotFound(f"pod sandbox {sandbox_id!r} not found")
-        return SandboxRecord.from_doc(row[2])
+        record = SandboxRecord.from_doc(row[2])
+        logs.bind(sandbox_id=record.id, pod=f"{record.meta.namespace}/{record.meta.name}")
+        return record
 
     def find(self, sandbox_id: str) -> SandboxRecord | None:
         try:
@@ -313,8 +385,11 @@ class Sandboxes:
             record = self.find(sandbox_id)
             if record is None:
                 return
-            self.hypervisor.teardown(record.domain)
+            self.hypervisor.destroy(record.domain)
+            faults.checkpoint("remove:after-destroy")
+            self.hypervisor.teardown(record.domain)  # undefine
             self.ledger.release(sandbox_id)
+            faults.checkpoint("remove:after-release")
             for c in self.containers(sandbox_id):
                 if c.state != CONTAINER_EXITED:
                     self._put_container(replace(c, state=CONTAINER_EXITED, reason="SandboxStopped"))
@@ -333,11 +408,18 @@ class Sandboxes:
                 (Path(self.config.console_dir) / f"{sandbox_id}.log").unlink(missing_ok=True)
         with self._locks_lock:
             self._sandbox_locks.pop(sandbox_id, None)
+        self._declarations.pop(sandbox_id, None)
 
     def update_sandbox(self, sandbox_id: str, resources: LinuxResources) -> None:
-        record = self.get(sandbox_id)
-        shape = records.shape_from_doc(record.shape)
-        admission.check_envelope(shape.demand, [], admission.Usage.of_linux(resources), who="the pod's new resources")
+        """UpdatePodSandboxResources: accepted and recorded when it fits the VM, else FAILED_PRECONDITION."""
+        with self._lock_for(sandbox_id):
+            record = self.get(sandbox_id)
+            shape = records.shape_from_doc(record.shape)
+            admission.check_envelope(
+                shape.demand, [], admission.Usage.of_linux(resources), who="the pod's new resources"
+            )
+            updated = replace(record, updated_resources=asdict(resources))
+            self.ledger.put_sandbox(sandbox_id, record.state, record.created_ns, updated.to_doc())
 
     # -- containers -----------------------------------------------------------------------------
     def containers(self, sandbox_id: str | None = None) -> list[ContainerRecord]:
@@ -377,7 +459,12 @@ class Sandboxes:
                 annotations=dict(spec.annotations),
                 log_path=spec.log_path,
                 resources=records.resources_doc(admitted),
-                linux=asdict(spec.linux),
+                # what the container's cgroup holds: as sent, else implied by its kubernetes_resources
+                linux=asdict(
+                    admission.implied_linux(spec.resources)
+                    if spec.linux.empty and spec.resources is not None
+                    else spec.linux
+                ),
                 reason="Created",
                 message="admitted; vmsandbox does not run container processes in the guest yet",
             )
@@ -394,7 +481,9 @@ class Sandboxes:
         )
         names = [admission.Existing(c.name, c.attempt) for c in existing]
         if record.declaration is not None:
-            declaration = records.declaration_from_doc(record.declaration)
+            declaration = self._declarations.get(record.id)
+            if declaration is None:
+                declaration = self._declarations[record.id] = records.declaration_from_doc(record.declaration)
             if spec.resources is not None:
                 admission.admit_declared(declaration, spec.name, spec.attempt, requested, names)
             else:
@@ -411,11 +500,7 @@ class Sandboxes:
                 raise AlreadyExists(f'container "{spec.name}" (attempt {spec.attempt}) already exists')
         shape = records.shape_from_doc(record.shape)
         usage = self._usage(spec.resources, spec.linux)
-        others = [
-            self._usage(None, LinuxResources(**_linux_args(c.linux)))
-            for c in existing
-            if c.state != CONTAINER_EXITED and c.name != spec.name
-        ]
+        others = [self._usage(None, LinuxResources(**_linux_args(c.linux))) for c in _live(existing, skip={spec.name})]
         admission.check_envelope(shape.demand, others, usage, who=f'container "{spec.name}"')
         return requested
 
@@ -448,51 +533,238 @@ class Sandboxes:
         with self._lock_for(c.sandbox_id):
             record = self.get(c.sandbox_id)
             shape = records.shape_from_doc(record.shape)
-            others = [
-                self._usage(None, LinuxResources(**_linux_args(o.linux)))
-                for o in self.containers(c.sandbox_id)
-                if o.id != c.id and o.state != CONTAINER_EXITED
-            ]
-            new_linux = admission.implied_linux(resources) if resources is not None else linux
+            # init containers of a sequential profile run alone, before the app containers
+            inits = {d["name"] for d in (record.declaration or {}).get("init_containers", [])}
+            profile = self.profiles_by_name.get(record.profile)
+            if profile is None or profile.init_containers == "concurrent":
+                inits = set()
+            live = [] if c.name in inits else _live(self.containers(c.sandbox_id), skip={c.name, *inits})
+            others = [self._usage(None, LinuxResources(**_linux_args(o.linux))) for o in live]
+            new_linux = admission.implied_linux(resources) if resources is not None and linux.empty else linux
             admission.check_envelope(shape.demand, others, self._usage(resources, linux), who=f'update of "{c.name}"')
-            self._put_container(replace(c, linux=asdict(new_linux)))
+            updated = replace(c, linux=asdict(new_linux))
+            if resources is not None:
+                updated = replace(
+                    updated,
+                    resources={
+                        **c.resources,
+                        "requests": resources.requests.as_strings(),
+                        "limits": resources.limits.as_strings(),
+                    },
+                )
+            self._put_container(updated)
 
     # -- start-up -------------------------------------------------------------------------------
     def reconcile(self) -> dict[str, list[str]]:
-        """Make the ledger and libvirt agree; adopt what is whole, remove what is half-made."""
-        report: dict[str, list[str]] = {"adopted": [], "removed_domains": [], "stopped": [], "released": []}
-        domains = {d.sandbox_id: d for d in self.hypervisor.list_ours()}
+        """Make the ledger and libvirt agree at start-up, before the first RPC; every decision is logged.
+
+        A domain is ours when its metadata carries this state database's instance id (or, for a
+        domain defined before schema 2, when the ledger knows its sandbox); others are left alone.
+
+        - READY row, guest running, claims as recorded: adopted; its containers' records stay.
+        - ``creating`` row (RunPodSandbox died after claiming, defining or starting): the domain,
+          if any, is torn down, the row and its claims deleted, its console log removed.
+        - READY row whose guest is not running (StopPodSandbox died after destroying it, or it died
+          while the shim was down) or whose claims do not match its record: the domain is torn
+          down, the claims released, the sandbox and its containers marked stopped.
+        - NOTREADY row with a leftover domain or claims: the tear-down is finished.
+        - our domain with no row: torn down; claims whose owner has no row: released; console
+          logs of sandboxes with no row: removed.
+
+        A domain whose tear-down fails keeps its claims (it may still hold the pages) and is tried
+        again at the next start.
+        """
+        report: dict[str, list[str]] = {
+            "adopted": [],
+            "removed_domains": [],
+            "stopped": [],
+            "forgotten": [],
+            "released": [],
+            "foreign": [],
+            "failed": [],
+        }
+        me = self.ledger.instance_id
         rows = {sid: (state, doc) for sid, state, _, doc in self.ledger.sandboxes()}
-        for sid, dom in domains.items():
-            state = rows.get(sid, (None, None))[0]
-            if state == SANDBOX_READY and dom.active:
-                report["adopted"].append(sid)
-                log.info("reconcile: adopted running sandbox %s (domain %s)", sid[:12], dom.name)
+        owners = self.ledger.claim_owners()
+        domains: dict[str, DomainInfo] = {}
+        foreign: set[str] = set()
+        for dom in self.hypervisor.list_ours():
+            if dom.owner == me or (not dom.owner and (dom.sandbox_id in rows or dom.sandbox_id in owners)):
+                domains[dom.sandbox_id] = dom
                 continue
-            log.warning("reconcile: removing domain %s (ledger state %s, active %s)", dom.name, state, dom.active)
-            self.hypervisor.teardown(dom.name)
-            report["removed_domains"].append(dom.name)
-        for sid, (state, doc) in rows.items():
-            if state == STATE_CREATING:
-                log.warning("reconcile: sandbox %s was half-made; forgetting it", sid[:12])
-                self.ledger.delete_sandbox(sid)
-                report["released"].append(sid)
-            elif state == SANDBOX_READY and (sid not in domains or not domains[sid].active):
-                log.warning("reconcile: sandbox %s lost its guest; marking it NOTREADY", sid[:12])
+            foreign.add(dom.sandbox_id)
+            report["foreign"].append(dom.name)
+            log.info(
+                "reconcile: domain %s (sandbox %s) belongs to another vmsandbox state (owner %s); left alone",
+                dom.name,
+                dom.sandbox_id[:12],
+                dom.owner or "unrecorded",
+            )
+        kept: set[str] = set()  # sandboxes whose domain could not be removed: their claims stay held
+        for sid, dom in domains.items():
+            state, doc = rows.get(sid, (None, None))
+            problem = self._adoption_problem(sid, state, doc, dom)
+            if problem is None:
+                assert doc is not None
                 record = SandboxRecord.from_doc(doc)
-                self.ledger.release(sid)
+                report["adopted"].append(sid)
+                log.info(
+                    "reconcile: adopted sandbox %s (domain %s) of pod %s/%s: guest running, %d claims and "
+                    "%d container records kept",
+                    sid[:12],
+                    dom.name,
+                    record.meta.namespace,
+                    record.meta.name,
+                    len(self.ledger.claims_of(sid)),
+                    len(self.ledger.containers(sid)),
+                )
+                continue
+            log.warning("reconcile: tearing down domain %s of sandbox %s: %s", dom.name, sid[:12], problem)
+            try:
+                self.hypervisor.teardown(dom.name)
+            except VmSandboxError as exc:
+                log.error(
+                    "reconcile: could not tear down domain %s of sandbox %s; its claims stay held until the "
+                    "next start: %s",
+                    dom.name,
+                    sid[:12],
+                    exc,
+                )
+                kept.add(sid)
+                report["failed"].append(dom.name)
+                continue
+            report["removed_domains"].append(dom.name)
+        adopted = set(report["adopted"])
+        for sid, (state, doc) in rows.items():
+            if sid in adopted or sid in kept:
+                continue
+            record = SandboxRecord.from_doc(doc)
+            pod = f"{record.meta.namespace}/{record.meta.name}"
+            if state == STATE_CREATING:
+                held = len(self.ledger.claims_of(sid))
+                self.ledger.delete_sandbox(sid)
+                self._remove_console_log(sid)
+                log.warning(
+                    "reconcile: forgot sandbox %s (domain %s) of pod %s: its RunPodSandbox did not finish; "
+                    "%d claims released",
+                    sid[:12],
+                    record.domain,
+                    pod,
+                    held,
+                )
+                report["forgotten"].append(sid)
+            elif state == SANDBOX_READY:
+                released = self.ledger.release(sid)
+                exited = 0
+                for c in self.containers(sid):
+                    if c.state != CONTAINER_EXITED:
+                        self._put_container(replace(c, state=CONTAINER_EXITED, reason="SandboxStopped"))
+                        exited += 1
                 self.ledger.put_sandbox(
                     sid, SANDBOX_NOTREADY, record.created_ns, record.with_state(SANDBOX_NOTREADY).to_doc()
                 )
+                log.warning(
+                    "reconcile: sandbox %s (domain %s) of pod %s has no running guest: marked NOTREADY, "
+                    "%d claims released, %d containers marked exited",
+                    sid[:12],
+                    record.domain,
+                    pod,
+                    released,
+                    exited,
+                )
                 report["stopped"].append(sid)
-        known = {sid for sid, (state, _) in rows.items() if state == SANDBOX_READY}
-        for owner in self.ledger.claim_owners() - known:
-            if owner in report["adopted"]:
-                continue
-            log.warning("reconcile: releasing claims of %s, which has no running sandbox", owner[:12])
-            self.ledger.release(owner)
+            else:
+                released = self.ledger.release(sid)
+                if released:
+                    log.warning(
+                        "reconcile: released %d claims of stopped sandbox %s (domain %s): its StopPodSandbox "
+                        "did not finish",
+                        released,
+                        sid[:12],
+                        record.domain,
+                    )
+                    report["released"].append(sid)
+                else:
+                    log.info(
+                        "reconcile: sandbox %s (domain %s) of pod %s stays %s: no guest, nothing held",
+                        sid[:12],
+                        record.domain,
+                        pod,
+                        state,
+                    )
+        for owner in sorted(self.ledger.claim_owners() - set(rows) - kept):
+            released = self.ledger.release(owner)
+            log.warning(
+                "reconcile: released %d claims of sandbox %s (domain %s), which has no row: its RunPodSandbox "
+                "died right after claiming",
+                released,
+                owner[:12],
+                domain_name(owner),
+            )
             report["released"].append(owner)
+        remaining = {sid for sid, *_ in self.ledger.sandboxes()}
+        self._sweep_console_logs(remaining | kept | foreign)
         return report
+
+    def _adoption_problem(self, sid: str, state: str | None, doc: dict[str, Any] | None, dom: DomainInfo) -> str | None:
+        """Why the domain of ``sid`` cannot be adopted, or None when it is whole and consistent."""
+        if state is None or doc is None:
+            return "the ledger has no row for it"
+        if state == STATE_CREATING:
+            guest = "running" if dom.active else "defined, never started"
+            return f"its RunPodSandbox did not finish (row still creating, guest {guest})"
+        if state != SANDBOX_READY:
+            return f"the sandbox is {state}: its StopPodSandbox did not finish"
+        if not dom.active:
+            return "the sandbox is READY but its guest is not running"
+        record = SandboxRecord.from_doc(doc)
+        if record.domain != dom.name:
+            return f"the sandbox's row names domain {record.domain}"
+        held = set(self.ledger.claims_of(sid))
+        cpus = {cpu_key(c) for c in record.cpus} if record.shape.get("cpu_policy") == "exclusive" else set()
+        pages = sum(int(h[2]) for h in record.hugepages)
+        held_pages = sum(1 for k in held if k.startswith("hugepages-"))
+        if not cpus <= held or held_pages != pages:
+            return (
+                f"its claims do not match its record (CPUs {sorted(record.cpus)}, {pages} pages; "
+                f"held: {len(held & cpus)} of those CPUs, {held_pages} pages)"
+            )
+        return None
+
+    def _remove_console_log(self, sandbox_id: str) -> None:
+        if self.config.console_dir:
+            (Path(self.config.console_dir) / f"{sandbox_id}.log").unlink(missing_ok=True)
+
+    def _sweep_console_logs(self, keep: set[str]) -> None:
+        """Remove the console logs of sandboxes nobody remembers (a crash between tear-down and unlink)."""
+        if not self.config.console_dir:
+            return
+        try:
+            files = sorted(Path(self.config.console_dir).glob("*.log"))
+        except OSError:
+            return
+        for f in files:
+            sid = f.stem
+            if sid in keep or len(sid) != 64 or any(ch not in "0123456789abcdef" for ch in sid):
+                continue
+            f.unlink(missing_ok=True)
+            log.info(
+                "reconcile: removed console log %s of forgotten sandbox %s (domain %s)", f, sid[:12], domain_name(sid)
+            )
+
+
+def _live(containers: list[ContainerRecord], skip: set[str]) -> list[ContainerRecord]:
+    """The containers that hold resources: per name the latest attempt (a retry supersedes the earlier
+    ones), not exited, and not named in ``skip``."""
+    latest: dict[str, ContainerRecord] = {}
+    for c in containers:
+        if c.name not in skip and (c.name not in latest or c.attempt > latest[c.name].attempt):
+            latest[c.name] = c
+    return [c for c in latest.values() if c.state != CONTAINER_EXITED]
+
+
+def _size_label(page_size: int) -> str:
+    return f"{page_size >> 30}Gi" if page_size >= 1 << 30 else f"{page_size >> 20}Mi"
 
 
 def _linux_args(doc: dict[str, Any]) -> dict[str, Any]:

@@ -100,10 +100,17 @@ def _cdi(items: Iterable[pb.CDIDevice]) -> frozenset[CdiDevice]:
 
 
 def kubernetes_resources(msg: pb.KubernetesResources, where: str) -> ContainerResources:
-    return ContainerResources(
+    res = ContainerResources(
         requests=_quantities(msg.requests, f"{where}: requests"),
         limits=_quantities(msg.limits, f"{where}: limits"),
     )
+    for key, request in res.requests:
+        limit = res.limits.get(key)
+        if limit is not None and request > limit:
+            raise InvalidArgument(
+                f"{where}: requests.{key} {request.canonical()} is greater than limits.{key} {limit.canonical()}"
+            )
+    return res
 
 
 def declaration(msg: pb.PodResourceConfig) -> PodDeclaration:
@@ -219,6 +226,9 @@ def sandbox_info(r: SandboxRecord) -> dict[str, str]:
         "boot_ms": r.boot_ms,
         "guest": r.guest,
         "declaration": r.declaration,
+        "ephemeral_storage_bytes": r.shape.get("demand", {}).get("ephemeral_storage_bytes", 0),
+        "linux_overhead": r.linux_overhead,
+        "updated_resources": r.updated_resources,
     }
     return {"info": json.dumps(doc, sort_keys=True)}
 
@@ -241,6 +251,29 @@ def container(c: ContainerRecord) -> pb.Container:
     )
 
 
+def page_size_text(size: int) -> str:
+    """Bytes -> the CRI's hugepage size spelling ("2MB", "1GB")."""
+    for unit, factor in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return f"{size}B"
+
+
+def linux_resources_msg(doc: Mapping[str, Any]) -> pb.LinuxContainerResources:
+    """A recorded ``LinuxResources`` (as a dict) back into the CRI message."""
+    return pb.LinuxContainerResources(
+        cpu_period=int(doc.get("cpu_period", 0)),
+        cpu_quota=int(doc.get("cpu_quota", 0)),
+        cpu_shares=int(doc.get("cpu_shares", 0)),
+        memory_limit_in_bytes=int(doc.get("memory_limit_bytes", 0)),
+        cpuset_cpus=str(doc.get("cpuset_cpus", "")),
+        hugepage_limits=[
+            pb.HugepageLimit(page_size=page_size_text(int(size)), limit=int(limit))
+            for size, limit in doc.get("hugepage_limits", ())
+        ],
+    )
+
+
 def container_status(c: ContainerRecord) -> pb.ContainerStatus:
     return pb.ContainerStatus(
         id=c.id,
@@ -254,6 +287,7 @@ def container_status(c: ContainerRecord) -> pb.ContainerStatus:
         labels=c.labels,
         annotations=c.annotations,
         log_path=c.log_path,
+        resources=pb.ContainerResources(linux=linux_resources_msg(c.linux)),
     )
 
 

@@ -39,17 +39,18 @@ def _q(q: Quantity | None) -> str:
 def _list_differences(name: str, kind: str, declared: ResourceList, requested: ResourceList) -> list[str]:
     if declared == requested:
         return []
-    out = []
-    want, got = dict(declared.key()), dict(requested.key())  # name -> exact value; missing keys differ too
-    for key in sorted(want.keys() | got.keys()):
-        if want.get(key) != got.get(key):
-            d, r = declared.get(key), requested.get(key)
-            out.append(f'container "{name}": {kind}.{key} declared {_q(d)}, requested {_q(r)}')
-    return out
+    want, got = declared.exact_values(), requested.exact_values()  # a missing key differs too
+    return [
+        f'container "{name}": {kind}.{key} declared {_q(declared.get(key))}, requested {_q(requested.get(key))}'
+        for key in sorted(want.keys() | got.keys())
+        if want.get(key) != got.get(key)
+    ]
 
 
 def _set_differences(name: str, kind: str, declared: Iterable[object], requested: Iterable[object]) -> list[str]:
     d, r = set(declared), set(requested)
+    if d == r:
+        return []
     out = []
     for item in sorted(d - r, key=repr):
         out.append(f'container "{name}": {kind} {item.describe()} declared, not requested')  # type: ignore[attr-defined]

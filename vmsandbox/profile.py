@@ -17,6 +17,10 @@ from vmsandbox.resources import HUGEPAGE_SIZES
 Accel = Literal["auto", "kvm", "tcg"]
 InitPolicy = Literal["sequential", "concurrent"]
 CpuPolicy = Literal["exclusive", "shared"]
+# NUMA alignment of CPUs, hugepages and devices, after the kubelet Topology Manager's policies
+NumaPolicy = Literal["none", "best-effort", "restricted", "single-numa-node"]
+# where QEMU's emulator threads run: with the vCPUs, or on the shim's housekeeping CPUs
+EmulatorPolicy = Literal["vcpus", "housekeeping"]
 
 PAGE_4K = 4096
 #: Pod annotation choosing one of the profiles the handler's profile lists in ``allowed_profiles``.
@@ -57,6 +61,8 @@ class Profile:
     extended_resources: Mapping[str, str] = field(default_factory=dict)
     # other profiles (by name) a pod of this handler may choose with the io.vmsandbox/profile annotation
     allowed_profiles: tuple[str, ...] = ()
+    numa_policy: NumaPolicy = "single-numa-node"
+    emulator: EmulatorPolicy = "vcpus"
 
     @property
     def pinning(self) -> bool:
@@ -77,6 +83,8 @@ _KEYS = {
     "guest",
     "extended_resources",
     "allowed_profiles",
+    "numa_policy",
+    "emulator",
 }
 _SECTION_KEYS: Mapping[str, frozenset[str]] = {
     "vcpu": frozenset({"min", "max", "extra"}),
@@ -184,6 +192,12 @@ def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> Profile:
         tcg_tb_cache_mib=integer("guest.tcg_tb_cache_mib", guest.get("tcg_tb_cache_mib", 32), 8, 4096),
         extended_resources=dict(extended),
         allowed_profiles=tuple(allowed),
+        numa_policy=choice(  # type: ignore[arg-type]
+            "numa_policy",
+            data.get("numa_policy", "single-numa-node"),
+            ("none", "best-effort", "restricted", "single-numa-node"),
+        ),
+        emulator=choice("emulator", data.get("emulator", "vcpus"), ("vcpus", "housekeeping")),  # type: ignore[arg-type]
     )
 
 

@@ -41,6 +41,13 @@ class ResourceList:
             self.__dict__["_key"] = cached
         return cached
 
+    def exact_values(self) -> dict[str, tuple[int, int]]:
+        """``key()`` as a dict, name -> exact value in lowest terms; computed once per list."""
+        cached: dict[str, tuple[int, int]] | None = self.__dict__.get("_values")
+        if cached is None:
+            cached = self.__dict__["_values"] = dict(self.key())
+        return cached
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ResourceList):
             return NotImplemented
@@ -175,12 +182,12 @@ class PodDeclaration:
                 seen.add(decl.name)
         if not self.containers:
             raise InvalidArgument("pod_resources: declares no app container")
+        # an index, not a field (eq, hash and repr ignore it): find() runs on every CreateContainer
+        self.__dict__["_by_name"] = {d.name: d for d in self.init_containers + self.containers}
 
     def find(self, name: str) -> ContainerDeclaration | None:
-        for decl in self.init_containers + self.containers:
-            if decl.name == name:
-                return decl
-        return None
+        found: ContainerDeclaration | None = self.__dict__["_by_name"].get(name)
+        return found
 
     def all_containers(self) -> tuple[ContainerDeclaration, ...]:
         return self.init_containers + self.containers

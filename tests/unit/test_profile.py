@@ -15,8 +15,8 @@ QUANTITY_GRAMMAR = (
     'such as "e3" (examples: "500m", "1.5", "2Gi", "1e3")'
 )
 TOP_KEYS = (
-    "accel, allowed_profiles, cpu_policy, defaults, extended_resources, guest, handler, init_containers, machine, "
-    "memory, name, page_size, vcpu"
+    "accel, allowed_profiles, cpu_policy, defaults, emulator, extended_resources, guest, handler, init_containers, "
+    "machine, memory, name, numa_policy, page_size, vcpu"
 )
 
 
@@ -90,6 +90,12 @@ def test_minimal_profile_takes_defaults(tmp_path: Path) -> None:
     )
 
 
+def test_numa_policy_and_emulator(tmp_path: Path) -> None:
+    [profile] = load_profile_file(write(tmp_path, "name: a\nnuma_policy: best-effort\nemulator: housekeeping\n"))
+    assert (profile.numa_policy, profile.emulator) == ("best-effort", "housekeeping")
+    assert (Profile("b", "b").numa_policy, Profile("b", "b").emulator) == ("single-numa-node", "vcpus")
+
+
 def test_multi_document_file_skips_empty_documents(tmp_path: Path) -> None:
     text = "name: a\n---\n---\nname: b\ncpu_policy: shared\npage_size: 4Ki\n"
     profiles = load_profile_file(write(tmp_path, text))
@@ -159,6 +165,16 @@ ERRORS = [
         id="cpu-policy",
     ),
     pytest.param("name: a\nmachine: microvm\n", 2, "machine", "must be one of q35, pc, got 'microvm'", id="machine"),
+    pytest.param(
+        "name: a\nnuma_policy: strict\n",
+        2,
+        "numa_policy",
+        "must be one of none, best-effort, restricted, single-numa-node, got 'strict'",
+        id="numa-policy",
+    ),
+    pytest.param(
+        "name: a\nemulator: own\n", 2, "emulator", "must be one of vcpus, housekeeping, got 'own'", id="emulator"
+    ),
     pytest.param("name: a\naccel: hvf\n", 2, "accel", "must be one of auto, kvm, tcg, got 'hvf'", id="accel"),
     pytest.param(
         "name: a\ninit_containers: parallel\n",
