@@ -31,6 +31,7 @@ from vmsandbox.agent_protocol import (
 from vmsandbox.errors import InfrastructureError
 
 MAX_LINE_BYTES = 1 << 20
+_GREETING_DRAIN_S = 2.0
 _RETRY_CONNECT_S = 0.01
 _GREETING_ID = "0"
 """Id of the report request that opens every connection (request ids count up from 1)."""
@@ -110,6 +111,17 @@ def _connect(path: str, deadline: float, timeout_s: float, last_error: str) -> s
         time.sleep(_RETRY_CONNECT_S)
 
 
+def _drain_greeting(conn: _Connection, deadline: float) -> None:
+    """After a hello, consume the answer to our greeting request, so that it never reaches the
+    next host to connect as a stray response. A guest that does not answer in time, or a
+    connection that closes, ends the wait: the hello is what we came for."""
+    with contextlib.suppress(GuestChannelTimeout, GuestChannelClosed):
+        while True:
+            msg = conn.read(deadline, "greeting response")
+            if isinstance(msg, Response) and msg.id in (_GREETING_ID, None):
+                return
+
+
 class GuestChannel:
     """A connection to a guest agent that has described itself (hello or report)."""
 
@@ -143,6 +155,7 @@ class GuestChannel:
                     msg = conn.read(deadline, awaited)
                     if isinstance(msg, Hello):
                         conn.send(Ack())
+                        _drain_greeting(conn, min(deadline, time.monotonic() + _GREETING_DRAIN_S))
                         return cls(conn, msg.report)
                     if isinstance(msg, Response) and msg.id in (_GREETING_ID, None):
                         if not msg.ok:
