@@ -35,7 +35,7 @@ from vmsandbox.agent_protocol import CHANNEL_NAME
 from vmsandbox.guest_channel import wait_for_hello
 
 DEFAULT_IMAGE_DIR = "/var/lib/vmsandbox/images/default"
-BASE_CMDLINE = "console=ttyS0 panic=-1 quiet"
+BASE_CMDLINE = "console=ttyS0 panic=-1 quiet cryptomgr.notests"
 
 
 def qemu_argv(

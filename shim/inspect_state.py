@@ -145,7 +145,12 @@ def _hugepages(record: Mapping[str, Any]) -> str:
 
 def _devices(record: Mapping[str, Any]) -> list[str]:
     devices = record.get("devices") or []
-    return [str(d.get("address", d)) if isinstance(d, Mapping) else str(d) for d in devices]
+    return [
+        f"group {d.get('iommu_group')} ({'+'.join(d.get('functions') or [])}, pool {d.get('pool')})"
+        if isinstance(d, Mapping)
+        else str(d)
+        for d in devices
+    ]
 
 
 def view_doc(v: SandboxView, now_ns: int) -> dict[str, Any]:

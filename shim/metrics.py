@@ -86,8 +86,8 @@ class HostCollector(Collector):
         try:
             rows = s.ledger.sandboxes()
             taken = s.ledger.taken()
-            inv = s._inventory()
-            budgets = s._budgets(inv)
+            inv = s.inventory()
+            budgets = s.policy.budgets(inv)
         except Exception as exc:  # a scrape must not take the server down
             log.warning("metrics: cannot read the ledger or the inventory: %s", exc)
             return
@@ -100,7 +100,7 @@ class HostCollector(Collector):
             "vmsandbox_cpus", "CPUs the shim owns per NUMA node, allocated (pinned) or free", labels=["node", "state"]
         )
         for node in inv.nodes:
-            owned = [c.id for c in inv.cpus if c.node == node and c.id in s.owned_cpus]
+            owned = [c.id for c in inv.cpus if c.node == node and c.id in s.policy.owned_cpus]
             allocated = sum(1 for c in owned if c in held_cpus)
             cpus.add_metric([str(node), "allocated"], allocated)
             cpus.add_metric([str(node), "free"], len(owned) - allocated)

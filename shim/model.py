@@ -73,6 +73,7 @@ class SandboxRecord:
     cpus: list[int] = field(default_factory=list)
     emulator_cpus: list[int] = field(default_factory=list)
     hugepages: list[list[int]] = field(default_factory=list)  # [node, page size, count]
+    devices: list[dict[str, Any]] = field(default_factory=list)  # DeviceGroup.to_doc() of each group
     guest: dict[str, Any] = field(default_factory=dict)  # the guest's own report
     accel: str = ""
     boot_ms: int = 0

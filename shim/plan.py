@@ -21,15 +21,16 @@ import yaml
 
 from shim import textout
 from shim.config import ShimConfig
+from shim.host_policy import HostPolicy, domain_for
 from vmsandbox import records
-from vmsandbox.domain import SandboxIdentity, build_domain
+from vmsandbox.domain import SandboxIdentity
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import CannotFit, InvalidArgument
-from vmsandbox.host import HostInventory, choose_accel, format_cpulist
+from vmsandbox.host import choose_accel, format_cpulist
 from vmsandbox.manifest import PodManifest, pod_from_manifest, select_workload
-from vmsandbox.placement import HugepageBudget, Placement, cpu_key, page_key, place
+from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile, select_profile
-from vmsandbox.resources import ContainerResources, PodDeclaration, is_extended
+from vmsandbox.resources import ContainerResources
 from vmsandbox.sizing import PodDemand, VmShape, demand_from_declaration, shape_for
 from vmsandbox.sysfs import read_inventory
 
@@ -151,85 +152,21 @@ def choose_profile(
     return select_profile(profiles, by_name, handler, dict(manifest.annotations)), handler, notes
 
 
-def budgets(inv: HostInventory, caps: Mapping[int, int] | None) -> dict[tuple[int, int], HugepageBudget]:
-    """The shim's hugepage budget per (node, page size), as ``Sandboxes`` computes it."""
-    out = {}
-    remaining = dict(caps or {})
-    for pool in inv.hugepages:
-        pages = pool.total
-        if caps is not None:
-            pages = min(pages, remaining.get(pool.page_size, 0))
-            remaining[pool.page_size] = remaining.get(pool.page_size, 0) - pages
-        out[(pool.node, pool.page_size)] = HugepageBudget(
-            node=pool.node, page_size=pool.page_size, pages=pages, host_free=pool.free
-        )
-    return out
-
-
-def passthrough_refusal(decl: PodDeclaration, profile: Profile) -> tuple[str, list[Shortfall]] | None:
-    """What the shim refuses before sizing (RunPodSandbox answers INVALID_ARGUMENT): extended resources
-    without a device pool, and any passthrough (pools, devices, CDI devices), which this build lacks."""
-    out: list[Shortfall] = []
-    reasons: list[str] = []
-    for c in decl.all_containers():
-        res: ContainerResources = c.resources
-        amounts = {**dict(res.limits), **dict(res.requests)}
-        for name, q in sorted(amounts.items()):
-            if not is_extended(name):
-                continue
-            pool = profile.extended_resources.get(name)
-            if pool is None:
-                why = f"is not mapped to a device pool by profile {profile.name!r}"
-            else:
-                why = f"maps to device pool {pool!r}, but device passthrough is not available in this build"
-            reasons.append(f'container "{c.name}": extended resource {name} {why}')
-            out.append(Shortfall(f'{name} (container "{c.name}")', q.canonical(), f"0 ({why.removeprefix('is ')})"))
-        for kind, items in (("devices", res.devices), ("CDI devices", res.cdi_devices)):
-            if items:
-                reasons.append(f'container "{c.name}": {kind} need passthrough, which is not available in this build')
-                out.append(Shortfall(f'{kind} (container "{c.name}")', str(len(items)), "0 (no passthrough)"))
-    if not out:
-        return None
-    return "; ".join(reasons) + " (the shim refuses RunPodSandbox with INVALID_ARGUMENT)", out
-
-
-def _fit_shortfalls(
-    shape: VmShape,
-    inv: HostInventory,
-    owned: frozenset[int],
-    taken: frozenset[str],
-    pools: Mapping[tuple[int, int], HugepageBudget],
-) -> list[Shortfall]:
-    """Per resource the VM needs on one NUMA node: needed vs the best node's free amount."""
-    out = []
-    if shape.cpu_policy == "exclusive":
-        free = {
-            n: sum(1 for c in inv.cpus if c.node == n and c.id in owned and cpu_key(c.id) not in taken)
-            for n in inv.nodes
-        }
-        best = max(free, key=lambda n: (free[n], -n)) if free else 0
-        if free.get(best, 0) < shape.vcpus:
-            out.append(Shortfall("cpu (exclusive vCPUs)", str(shape.vcpus), f"{free.get(best, 0)} free on node {best}"))
-    if shape.backing_pages:
-        label = f"hugepages-{textout.page_label(shape.backing_page_size)}"
-        usable: dict[int, int] = {}
-        for n in inv.nodes:
-            b = pools.get((n, shape.backing_page_size))
-            if b is None:
-                usable[n] = 0
-                continue
-            mine = sum(1 for i in range(b.pages) if page_key(b.page_size, n, i) not in taken)
-            usable[n] = min(mine, b.host_free)
-        best = max(usable, key=lambda n: (usable[n], -n)) if usable else 0
-        if usable.get(best, 0) < shape.backing_pages:
-            out.append(
-                Shortfall(
-                    f"{label} (guest RAM {textout.size(shape.memory_bytes)})",
-                    f"{shape.backing_pages} pages",
-                    f"{usable.get(best, 0)} free on node {best}",
-                )
-            )
-    return out
+def _shortfall_rows(exc: CannotFit, shape: VmShape | None) -> list[Shortfall]:
+    """The refusal's shortfalls as "declared vs available" rows."""
+    rows = []
+    for s in exc.shortfalls:
+        resource = s.resource
+        if shape is not None and resource.startswith("hugepages-"):
+            resource += f" (guest RAM {textout.size(shape.memory_bytes)})"
+        if s.where.startswith("vcpu.max"):
+            available = f"{s.available} ({s.where})"
+        elif s.available.isdigit():
+            available = f"{s.available} free on {s.where}"
+        else:
+            available = s.available
+        rows.append(Shortfall(resource, s.need, available))
+    return rows
 
 
 # -- the plan ---------------------------------------------------------------------------------------
@@ -258,11 +195,8 @@ def make_plan(
     inv = read_inventory(host.sys_root, host.proc_root)
     if not inv.cpus:
         raise InvalidArgument(f"{host.sys_root}: no online CPUs found")
-    online = {c.id for c in inv.cpus}
-    owned = frozenset(config.cpu_pool if config.cpu_pool is not None else online)
-    missing = owned - online
-    if missing:
-        raise InvalidArgument(f"cpu_pool names CPUs that are not online on {host.label}: {format_cpulist(missing)}")
+    policy = HostPolicy(config, inv, label=host.label)
+    owned = policy.owned_cpus
     accel = choose_accel(profile.accel, inv.hw_virt, host.kvm_device)
 
     def result(
@@ -290,24 +224,21 @@ def make_plan(
             notes=tuple(notes),
         )
 
-    refused = passthrough_refusal(manifest.declaration, profile)
     demand = demand_from_declaration(manifest.declaration, profile)
-    if refused is not None:
-        return result(demand, None, None, None, *refused)
+    try:
+        devices = policy.device_request(manifest.declaration, demand, profile, inv)
+    except InvalidArgument as exc:  # the manifest is valid; the shim would refuse it (INVALID_ARGUMENT)
+        return result(demand, None, None, None, f"{exc} (the shim refuses RunPodSandbox with INVALID_ARGUMENT)")
     try:
         shape = shape_for(demand, profile)
     except CannotFit as exc:
-        vcpus = max(-(-demand.cpu_millis // 1000) + profile.vcpu_extra, profile.vcpu_min)
-        short = Shortfall("vCPUs", str(vcpus), f"{profile.vcpu_max} (vcpu.max of profile {profile.name!r})")
-        return result(demand, None, None, None, str(exc), [short])
-    pools = budgets(inv, config.hugepages)
+        return result(demand, None, None, None, str(exc), _shortfall_rows(exc, None))
     try:
-        placement = place(shape, inv, owned, taken, pools)
+        placement = policy.place(shape, profile, inv, taken, devices)
     except CannotFit as exc:
-        return result(demand, shape, None, None, str(exc), _fit_shortfalls(shape, inv, owned, taken, pools))
-    image = Path(profile.image_dir)
+        return result(demand, shape, None, None, str(exc), _shortfall_rows(exc, shape))
     console = str(Path(config.console_dir) / f"{PLACEHOLDER_SANDBOX_ID}.log") if config.console_dir else None
-    domain = build_domain(
+    domain = domain_for(
         identity=SandboxIdentity(
             sandbox_id=PLACEHOLDER_SANDBOX_ID,
             pod_name=manifest.name,
@@ -318,15 +249,9 @@ def make_plan(
         ),
         uuid=PLACEHOLDER_UUID,
         shape=shape,
-        host_cpus=placement.cpus,
-        emulator_cpus=placement.cpus,
-        hugepage_nodes=tuple(n for n, _, _ in placement.hugepages),
-        accel="kvm" if accel == "kvm" else "tcg",
-        kernel=str(image / "vmlinux"),
-        initrd=str(image / "initramfs.img"),
-        machine=profile.machine,
-        extra_cmdline=profile.kernel_cmdline,
-        shape_json="",
+        placement=placement,
+        profile=profile,
+        accel=accel,
         console_log=console,
     )
     return result(demand, shape, placement, render(domain), None)
@@ -369,7 +294,8 @@ def _placement_line(shape: VmShape, placement: Placement) -> str:
     else:
         cpus = f"vCPUs float over CPUs {format_cpulist(placement.cpus)}"
     pages = "".join(f"; {n}x{textout.page_label(s)} pages from node {nd}" for nd, s, n in placement.hugepages)
-    return f"NUMA node {node}: {cpus}{pages}"
+    devices = "".join(f"; {g.describe()}" for g in placement.devices)
+    return f"NUMA node {node}: {cpus}{pages}{devices}"
 
 
 def render_text(plan: Plan) -> str:
@@ -442,6 +368,7 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
                 "nodes": list(plan.placement.nodes),
                 "cpus": list(plan.placement.cpus),
                 "hugepages": [{"node": n, "page_size": s, "pages": c} for n, s, c in plan.placement.hugepages],
+                "devices": [g.to_doc() for g in plan.placement.devices],
             }
             if plan.placement is not None
             else None

@@ -70,7 +70,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
                 {
                     "libvirt_uri": self.sandboxes.hypervisor.uri,
                     "libvirt_version": libvirt_version,
-                    "owned_cpus": sorted(self.sandboxes.owned_cpus),
+                    "owned_cpus": sorted(self.sandboxes.policy.owned_cpus),
                     "handlers": sorted(self.sandboxes.profiles),
                 },
                 sort_keys=True,

@@ -21,6 +21,7 @@ from typing import Any
 
 from shim import faults, logs, metrics
 from shim.config import ShimConfig
+from shim.host_policy import HostPolicy, domain_for
 from shim.model import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
@@ -33,9 +34,8 @@ from shim.model import (
 )
 from vmsandbox import admission, records
 from vmsandbox.agent_protocol import GuestReport, report_to_body
-from vmsandbox.cdi import load_registry
-from vmsandbox.devices import NO_DEVICES, DevicePools, DeviceRequest, request_devices, resolve_pools
-from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, build_domain, domain_name
+from vmsandbox.devices import NO_DEVICES, DeviceRequest
+from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, domain_name
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import (
     AlreadyExists,
@@ -47,15 +47,14 @@ from vmsandbox.errors import (
     VmSandboxError,
 )
 from vmsandbox.guest_channel import wait_for_hello
-from vmsandbox.host import HostInventory, choose_accel, format_cpulist
+from vmsandbox.host import HostInventory, choose_accel
 from vmsandbox.hypervisor import DomainInfo, Hypervisor
 from vmsandbox.ledger import ClaimConflict, Ledger
-from vmsandbox.placement import HugepageBudget, Placement, cpu_key, place
+from vmsandbox.placement import Placement, cpu_key
 from vmsandbox.profile import Profile, select_profile
-from vmsandbox.resources import ContainerResources, PodDeclaration, is_extended
+from vmsandbox.resources import ContainerResources, PodDeclaration
 from vmsandbox.sizing import (
     LinuxResources,
-    PodDemand,
     VmShape,
     demand_from_declaration,
     demand_from_linux,
@@ -88,40 +87,17 @@ class Sandboxes:
         self.hypervisor = hypervisor
         self.profiles = profiles
         self.profiles_by_name = {p.name: p for p in profiles.values()}
-        self._inventory = inventory or (lambda: read_inventory(config.sys_root, config.proc_root))
+        self.inventory = inventory or (lambda: read_inventory(config.sys_root, config.proc_root))
         self._clock = clock
         self._place_lock = threading.Lock()
         self._sandbox_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         # parsed declarations by sandbox id: immutable for a sandbox's life, parsed once, not per CreateContainer
         self._declarations: dict[str, PodDeclaration] = {}
-        first = self._inventory()
-        online = {c.id for c in first.cpus}
-        pool = set(config.cpu_pool) if config.cpu_pool is not None else online
-        missing = pool - online
-        if missing:
-            raise InvalidArgument(f"cpu_pool names CPUs that are not online: {sorted(missing)}")
-        self.owned_cpus = frozenset(pool)
-        # of the owned CPUs: the shared pool (shared pods float over it) and the housekeeping CPUs
-        # (emulator threads); exclusive pods get only the rest (vmsandbox.placement)
-        for key in ("shared_cpus", "housekeeping_cpus"):
-            outside = set(getattr(config, key)) - self.owned_cpus
-            if outside:
-                owned = format_cpulist(self.owned_cpus)
-                raise InvalidArgument(f"{key} ({format_cpulist(outside)}) must be a subset of cpu_pool ({owned})")
-        self.shared_cpus = frozenset(config.shared_cpus)
-        self.housekeeping_cpus = frozenset(config.housekeeping_cpus)
-        for problem in self._device_pools(first).problems:
-            log.warning("device_pools: %s", problem)
-        for p in profiles.values():
-            if p.cpu_policy == "shared" and not self.shared_cpus:
-                log.warning("profile %r is shared but shared_cpus is not configured: its pods will be refused", p.name)
-            if p.emulator == "housekeeping" and not self.housekeeping_cpus:
-                log.warning(
-                    "profile %r pins emulator threads to housekeeping CPUs but housekeeping_cpus is not configured: "
-                    "its pods will be refused",
-                    p.name,
-                )
+        first = self.inventory()
+        self.policy = HostPolicy(config, first)
+        for problem in self.policy.problems(first, profiles.values()):
+            log.warning("%s", problem)
 
     # -- helpers --------------------------------------------------------------------------------
     def _lock_for(self, sandbox_id: str) -> threading.Lock:
@@ -131,44 +107,12 @@ class Sandboxes:
     def profile_for(self, handler: str, annotations: dict[str, str]) -> Profile:
         return select_profile(self.profiles, self.profiles_by_name, handler or self.config.default_handler, annotations)
 
-    def _budgets(self, inv: HostInventory) -> dict[tuple[int, int], HugepageBudget]:
-        budgets = {}
-        caps = dict(self.config.hugepages or {})
-        remaining = dict(caps)
-        for pool in inv.hugepages:
-            pages = pool.total
-            if self.config.hugepages is not None:
-                pages = min(pages, remaining.get(pool.page_size, 0))
-                remaining[pool.page_size] = remaining.get(pool.page_size, 0) - pages
-            budgets[(pool.node, pool.page_size)] = HugepageBudget(
-                node=pool.node, page_size=pool.page_size, pages=pages, host_free=pool.free
-            )
-        return budgets
-
-    def _device_pools(self, inv: HostInventory) -> DevicePools:
-        """The admin's device pools resolved on this inventory (whole IOMMU groups only)."""
-        return resolve_pools(self.config.device_pools, inv)
-
-    def _claim(
-        self, sandbox_id: str, shape: VmShape, profile: Profile | None = None, devices: DeviceRequest = NO_DEVICES
-    ) -> Placement:
+    def _claim(self, sandbox_id: str, shape: VmShape, profile: Profile, devices: DeviceRequest) -> Placement:
         """Place and claim under one lock; a conflict with another process is retried once."""
         for attempt in range(3):
             with self._place_lock:
-                inv = self._inventory()
-                placement = place(
-                    shape,
-                    inv,
-                    self.owned_cpus,
-                    self.ledger.taken(),
-                    self._budgets(inv),
-                    shared_cpus=self.shared_cpus,
-                    housekeeping_cpus=self.housekeeping_cpus,
-                    numa_policy=profile.numa_policy if profile is not None else "single-numa-node",
-                    emulator=profile.emulator if profile is not None else "vcpus",
-                    devices=devices,
-                    device_pools=self._device_pools(inv) if not devices.empty else DevicePools(),
-                )
+                inv = self.inventory()
+                placement = self.policy.place(shape, profile, inv, self.ledger.taken(), devices)
                 try:
                     self.ledger.claim(sandbox_id, placement.claims)
                     return placement
@@ -191,11 +135,11 @@ class Sandboxes:
         devices = NO_DEVICES
         if spec.declaration is not None:
             demand = demand_from_declaration(spec.declaration, profile)
-            devices = self._check_passthrough(spec, profile, demand)
+            devices = self.policy.device_request(spec.declaration, demand, profile, self.inventory())
         else:
             demand = demand_from_linux(spec.linux_resources, spec.annotations, profile)
         shape = shape_for(demand, profile)
-        inv = self._inventory()
+        inv = self.inventory()
         accel = choose_accel(profile.accel, inv.hw_virt, os.path.exists("/dev/kvm"))
         sandbox_id = _new_id()
         logs.bind(sandbox_id=sandbox_id)
@@ -220,6 +164,7 @@ class Sandboxes:
             cpus=list(placement.cpus),
             emulator_cpus=list(placement.emulator_cpus),
             hugepages=[list(h) for h in placement.hugepages],
+            devices=[g.to_doc() for g in placement.devices],
             accel=accel,
             linux_overhead=asdict(spec.linux_overhead) if not spec.linux_overhead.empty else {},
         )
@@ -246,30 +191,6 @@ class Sandboxes:
         metrics.observe_start(record.runtime_handler, time.monotonic() - started)
         return sandbox_id
 
-    def _check_passthrough(self, spec: SandboxSpec, profile: Profile, demand: PodDemand) -> DeviceRequest:
-        """The IOMMU groups the pod names (devices, CDI devices) and how many each pool must add
-        (extended resources the profile maps to pools); INVALID_ARGUMENT naming the container for
-        anything that is not a configured pool's VFIO group (DESIGN §10)."""
-        assert spec.declaration is not None
-        containers = spec.declaration.all_containers()
-        wants_cdi = any(c.resources.cdi_devices for c in containers)
-        if not (
-            wants_cdi
-            or any(c.resources.devices for c in containers)
-            or any(
-                is_extended(n) for c in containers for n in (*c.resources.requests.names(), *c.resources.limits.names())
-            )
-        ):
-            return NO_DEVICES
-        pools = self._device_pools(self._inventory())
-        registry = load_registry(self.config.cdi_spec_dirs) if wants_cdi else None
-        if registry is not None:
-            for problem in registry.problems:
-                log.warning("CDI: %s", problem)
-        return request_devices(
-            spec.declaration, demand.extended, profile.extended_resources, profile.name, pools, registry
-        )
-
     def _boot(
         self, record: SandboxRecord, profile: Profile, shape: VmShape, placement: Placement, accel: str
     ) -> SandboxRecord:
@@ -282,7 +203,7 @@ class Sandboxes:
         if self.config.console_dir:
             Path(self.config.console_dir).mkdir(parents=True, exist_ok=True)
             console = str(Path(self.config.console_dir) / f"{record.id}.log")
-        domain = build_domain(
+        domain = domain_for(
             identity=SandboxIdentity(
                 sandbox_id=record.id,
                 pod_name=record.meta.name,
@@ -294,19 +215,10 @@ class Sandboxes:
             ),
             uuid=str(uuidlib.uuid4()),
             shape=shape,
-            host_cpus=placement.cpus,
-            emulator_cpus=placement.emulator_cpus,
-            hugepage_nodes=tuple(n for n, _, _ in placement.hugepages),
-            accel="kvm" if accel == "kvm" else "tcg",
-            kernel=str(kernel),
-            initrd=str(initrd),
-            machine=profile.machine,
-            extra_cmdline=profile.kernel_cmdline,
-            shape_json="",
+            placement=placement,
+            profile=profile,
+            accel=accel,
             console_log=console,
-            tcg_tb_cache_mib=profile.tcg_tb_cache_mib,
-            numa_cells=placement.cells,
-            hostdevs=placement.hostdevs,
         )
         started = time.monotonic()
         self.hypervisor.define(render(domain))

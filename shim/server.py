@@ -101,7 +101,7 @@ def start(config: ShimConfig) -> Running:
         "vmsandbox listening on %s (libvirt %s, CPUs %s, handlers %s)",
         sock,
         config.libvirt_uri,
-        sorted(sandboxes.owned_cpus),
+        sorted(sandboxes.policy.owned_cpus),
         sorted(profiles),
     )
     return Running(

@@ -222,6 +222,7 @@ def sandbox_info(r: SandboxRecord) -> dict[str, str]:
         "pinned_cpus": r.cpus,
         "emulator_cpus": r.emulator_cpus,
         "hugepages": [{"node": n, "page_size": s, "pages": c} for n, s, c in r.hugepages],
+        "devices": r.devices,
         "accel": r.accel,
         "boot_ms": r.boot_ms,
         "guest": r.guest,

@@ -103,6 +103,10 @@ class DeviceGroup:
     def keys(self) -> tuple[str, ...]:
         return tuple(pci_key(f.address) for f in self.functions)
 
+    def to_doc(self) -> dict[str, object]:
+        """What a sandbox record and the admin's tools show of a passed-through group."""
+        return {"pool": self.pool, "iommu_group": self.group, "node": self.node, "functions": list(self.addresses)}
+
     def describe(self) -> str:
         more = f" + {len(self.functions) - 1} more" if len(self.functions) > 1 else ""
         where = f"node {self.node}" if self.node >= 0 else "no NUMA node"

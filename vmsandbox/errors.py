@@ -7,6 +7,9 @@ resource, what was declared and what was asked.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 
 class VmSandboxError(Exception):
     """Base of every error the core raises on purpose."""
@@ -28,8 +31,29 @@ class Diverged(VmSandboxError):
     """The request does not match what the pod declared at RunPodSandbox (FAILED_PRECONDITION)."""
 
 
+@dataclass(frozen=True)
+class Shortfall:
+    """One resource a placement could not get: what was needed where, and what was there."""
+
+    resource: str  # "cpu", "hugepages-2Mi", "device pool gpu", "vCPUs"
+    where: str  # "node 0", "nodes 0-1", "profile 'small'"
+    need: str  # "288 pages"
+    available: str  # "60"
+    detail: str  # the sentence the error message carries
+
+    def __str__(self) -> str:
+        return self.detail
+
+
 class CannotFit(VmSandboxError):
-    """The host (or the VM) has too little of a resource (RESOURCE_EXHAUSTED)."""
+    """The host (or the VM) has too little of a resource (RESOURCE_EXHAUSTED).
+
+    ``shortfalls`` names each short resource when the refusal comes from counting them, so tools
+    can show "declared vs available" without parsing the message."""
+
+    def __init__(self, message: str, shortfalls: Sequence[Shortfall] = ()) -> None:
+        super().__init__(message)
+        self.shortfalls = tuple(shortfalls)
 
 
 class InfrastructureError(VmSandboxError):

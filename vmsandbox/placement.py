@@ -53,7 +53,7 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from vmsandbox.devices import NO_DEVICES, NO_POOLS, PCI_KEY_PREFIX, DeviceGroup, DevicePools, DeviceRequest
-from vmsandbox.errors import CannotFit, InvalidArgument
+from vmsandbox.errors import CannotFit, InvalidArgument, Shortfall
 from vmsandbox.host import HostInventory, format_cpulist
 from vmsandbox.profile import EmulatorPolicy as EmulatorPolicy
 from vmsandbox.profile import NumaPolicy as NumaPolicy
@@ -483,16 +483,30 @@ def _where(nodes: Sequence[int]) -> str:
     return f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {format_cpulist(list(nodes))}"
 
 
-def _shortfalls(nodes: Sequence[int], resources: Sequence[_Resource], named: Sequence[DeviceGroup]) -> list[str]:
+def _shortfalls(nodes: Sequence[int], resources: Sequence[_Resource], named: Sequence[DeviceGroup]) -> list[Shortfall]:
     out = []
+    where = _where(nodes)
     for r in resources:
         free = r.free_on(nodes)
         if free < r.need:
-            out.append(f"{r.label} on {_where(nodes)}: need {r.need}{r.unit}, free {free} (short by {r.need - free})")
+            out.append(
+                Shortfall(
+                    r.label,
+                    where,
+                    f"{r.need}{r.unit}",
+                    str(free),
+                    f"{r.label} on {where}: need {r.need}{r.unit}, free {free} (short by {r.need - free})",
+                )
+            )
     for g in named:
         if g.node >= 0 and g.node not in nodes:
-            out.append(f"IOMMU group {g.group} (pool {g.pool}) is on node {g.node}, not {_where(nodes)}")
+            group = f"IOMMU group {g.group} (pool {g.pool})"
+            out.append(Shortfall(group, where, f"node {g.node}", where, f"{group} is on node {g.node}, not {where}"))
     return out
+
+
+def _refuse(shortfalls: Sequence[Shortfall], prefix: str = "cannot place the VM: ", suffix: str = "") -> CannotFit:
+    return CannotFit(prefix + "; ".join(map(str, shortfalls)) + suffix, shortfalls)
 
 
 def _fewest_nodes(eligible: Sequence[int], resources: Sequence[_Resource], must: frozenset[int]) -> int:
@@ -637,7 +651,7 @@ def decide(
         if cpu_res is not None:
             found = _search(eligible, [cpu_res], frozenset(), all_sizes)
             if found is None:
-                raise CannotFit("cannot place the VM: " + "; ".join(_shortfalls(eligible, [cpu_res], ())))
+                raise _refuse(_shortfalls(eligible, [cpu_res], ()))
             cpu_nodes = found
         page_nodes: tuple[int, ...] = ()
         if page_res is not None:
@@ -645,11 +659,11 @@ def decide(
             if found is None:
                 found = _search(eligible, [page_res], frozenset(), all_sizes)
             if found is None:
-                raise CannotFit("cannot place the VM: " + "; ".join(_shortfalls(eligible, [page_res], ())))
+                raise _refuse(_shortfalls(eligible, [page_res], ()))
             page_nodes = found
         short = _shortfalls(pools.nodes, dev_res, ())
         if short:
-            raise CannotFit("cannot place the VM: " + "; ".join(short))
+            raise _refuse(short)
         device_order = [*cpu_nodes, *(n for n in pools.nodes if n not in cpu_nodes)]
         return _assemble(shape, pools, state, cpu_nodes, page_nodes, device_order, named, devices, emulator)
 
@@ -657,18 +671,16 @@ def decide(
     chosen = _search(eligible, resources, must, (1,)) if resources or named else tuple(eligible)
     if chosen is None:
         if policy == "single-numa-node" or len(eligible) < 2:
-            per_node = [s for n in eligible for s in _shortfalls((n,), resources, named)]
-            raise CannotFit("cannot place the VM: " + "; ".join(per_node))
+            raise _refuse([s for n in eligible for s in _shortfalls((n,), resources, named)])
         if policy == "restricted":
             by_capacity = _search(eligible, [r.capacity() for r in resources], must, all_sizes)
             if by_capacity is None:
-                raise CannotFit("cannot place the VM: " + "; ".join(_shortfalls(eligible, resources, named)))
+                raise _refuse(_shortfalls(eligible, resources, named))
             k = len(by_capacity)
             if k == 1:
-                per_node = [s for n in eligible for s in _shortfalls((n,), resources, named)]
-                raise CannotFit(
-                    "cannot place the VM: " + "; ".join(per_node) + " (numa_policy restricted: one NUMA node "
-                    "can hold it, so it is not spread over several)"
+                raise _refuse(
+                    [s for n in eligible for s in _shortfalls((n,), resources, named)],
+                    suffix=" (numa_policy restricted: one NUMA node can hold it, so it is not spread over several)",
                 )
             chosen = _search(eligible, resources, must, (k,))
             if chosen is None:
@@ -676,14 +688,15 @@ def decide(
                     itertools.combinations(eligible, k),
                     key=lambda ns: sum(max(r.need - r.free_on(ns), 0) for r in resources),
                 )
-                raise CannotFit(
-                    f"cannot place the VM: numa_policy restricted: it needs {k} NUMA nodes and no {k} have it free "
-                    "together: " + "; ".join(_shortfalls(closest, resources, named))
+                raise _refuse(
+                    _shortfalls(closest, resources, named),
+                    prefix=f"cannot place the VM: numa_policy restricted: it needs {k} NUMA nodes and no {k} "
+                    "have it free together: ",
                 )
         else:  # best-effort
             chosen = _search(eligible, resources, must, range(2, len(eligible) + 1))
             if chosen is None:
-                raise CannotFit("cannot place the VM: " + "; ".join(_shortfalls(eligible, resources, named)))
+                raise _refuse(_shortfalls(eligible, resources, named))
     cpu_nodes = tuple(sorted(chosen, key=lambda n: (-state.ncpu.get(n, 0), n))) if exclusive else ()
     page_nodes = chosen if pages else ()
     return _assemble(shape, pools, state, cpu_nodes, page_nodes, list(chosen), named, devices, emulator)

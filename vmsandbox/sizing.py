@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from vmsandbox.errors import CannotFit, InvalidArgument
+from vmsandbox.errors import CannotFit, InvalidArgument, Shortfall
 from vmsandbox.profile import Profile
 from vmsandbox.resources import (
     CPU,
@@ -211,10 +211,12 @@ def shape_for(demand: PodDemand, profile: Profile) -> VmShape:
     """The VM shape for ``demand`` under ``profile``; a pod larger than the profile allows is refused."""
     vcpus = max(-(-demand.cpu_millis // 1000) + profile.vcpu_extra, profile.vcpu_min)
     if vcpus > profile.vcpu_max:
-        raise CannotFit(
+        message = (
             f"pod needs {vcpus} vCPUs ({demand.cpu_millis}m cpu + {profile.vcpu_extra} extra) but profile "
             f"{profile.name!r} allows at most {profile.vcpu_max}"
         )
+        where = f"vcpu.max of profile {profile.name!r}"
+        raise CannotFit(message, [Shortfall("vCPUs", where, str(vcpus), str(profile.vcpu_max), message)])
     backing = max((size for size, _ in demand.hugepages), default=profile.page_size_bytes)
     hugepage_total = sum(amount for _, amount in demand.hugepages)
     memory = max(demand.memory_bytes + hugepage_total + profile.memory_overhead_bytes, profile.memory_min_bytes)

@@ -22,6 +22,7 @@ DEPLOY = REPO / "deploy"
 SYSFS = REPO / "tests" / "fixtures" / "sysfs"
 TWO_SOCKET = SYSFS / "two-socket-64-thread"
 ONE_NODE = SYSFS / "one-node-2cpu"
+VFIO_HOST = SYSFS / "vfio-two-node"
 UPDATE_GOLDEN = os.environ.get("VMSANDBOX_UPDATE_GOLDEN") == "1"
 
 

@@ -3,6 +3,7 @@ from one RPC's scope into the next (in-process: the formatter and the filter are
 
 from __future__ import annotations
 
+import contextvars
 import io
 import json
 import logging
@@ -62,14 +63,18 @@ def test_scope_ends_the_binding(captured: tuple[io.StringIO, logging.Handler]) -
     stream, handler = captured
     handler.setFormatter(logs.JsonFormatter())
     log = logging.getLogger("test.vmsandbox.logs")
-    with logs.scope():
-        logs.bind(sandbox_id="s1", pod="a/b")
-        log.info("inside")
-    log.info("outside")
+
+    def body() -> tuple[str, str]:  # in a fresh context: other tests may have bound this thread's
+        with logs.scope():
+            logs.bind(sandbox_id="s1", pod="a/b")
+            log.info("inside")
+        log.info("outside")
+        return logs.current()
+
+    assert contextvars.Context().run(body) == ("", "")
     inside, outside = (json.loads(line) for line in stream.getvalue().splitlines())
     assert (inside["sandbox_id"], inside["pod"]) == ("s1", "a/b")
     assert "sandbox_id" not in outside and "pod" not in outside
-    assert logs.current() == ("", "")
 
 
 def test_exceptions_stay_on_one_json_line(captured: tuple[io.StringIO, logging.Handler]) -> None:

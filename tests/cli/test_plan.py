@@ -23,8 +23,12 @@ from tests.cli.conftest import (
     REPO,
     TWO_SOCKET,
     UPDATE_GOLDEN,
+    VFIO_HOST,
     vmsandbox,
     vmsandbox_json,
+)
+from tests.cli.conftest import (
+    HERE as CLI,
 )
 from vmsandbox.ledger import Ledger
 
@@ -148,20 +152,33 @@ PLAN_CASES = [
             "pod_resources.containers.0.requests": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"},
             "demand.extended": [["nvidia.com/gpu", 1]],
             "shape": None,
-            "refusal.shortfalls.0.declared": "1",
+            "refusal.shortfalls": [],
         },
         contains={
             "refusal.reason": "extended resource nvidia.com/gpu is not mapped to a device pool by profile 'vmsandbox'",
-            "refusal.shortfalls.0.available": "0 (not mapped",
         },
     ),
     PlanCase(
-        "gpu-with-device-pool-still-refused",
+        "gpu-pool-not-configured-on-this-host",
         "gpu-pod.yaml",
         TWO_SOCKET,
         args=("--profiles", str(PROFILES), "--handler", "vmsandbox-gpu"),
         exit=1,
-        contains={"refusal.reason": "maps to device pool 'a100', but device passthrough is not available"},
+        contains={"refusal.reason": "maps to device pool 'a100', which is not configured on this node"},
+    ),
+    PlanCase(
+        "gpu-from-the-admins-pool-whole-iommu-group",
+        "gpu-inference-pod.yaml",
+        VFIO_HOST,
+        args=("--config", str(CLI / "gpu-config.yaml"), "--handler", "vmsandbox-gpu"),
+        expect={
+            "fits": True,
+            "placement.nodes": [0],  # the GPU's node: numa_policy single-numa-node
+            "placement.devices": [
+                {"pool": "a100", "iommu_group": 12, "node": 0, "functions": ["0000:3b:00.0", "0000:3b:00.1"]}
+            ],
+        },
+        contains={"domain_xml": '<hostdev mode="subsystem" type="pci" managed="yes">'},
     ),
     PlanCase(
         "deployment-template",
@@ -187,8 +204,13 @@ PLAN_CASES = [
                 {
                     "resource": "hugepages-2Mi (guest RAM 4160Mi)",
                     "declared": "2080 pages",
+                    "available": "1000 free on node 0",
+                },
+                {
+                    "resource": "hugepages-2Mi (guest RAM 4160Mi)",
+                    "declared": "2080 pages",
                     "available": "1024 free on node 1",
-                }
+                },
             ],
         },
     ),
@@ -201,7 +223,8 @@ PLAN_CASES = [
             "profile": "hugepages",
             "shape.vcpus": 24,
             "shape.memory_bytes": 5 * GI,  # 4Gi + 128Mi overhead, rounded up to 1Gi pages
-            "placement.hugepages": [{"node": 0, "page_size": GI, "pages": 5}],
+            # best fit counts pages too: node 1 has fewer 1Gi pages left over afterwards
+            "placement.hugepages": [{"node": 1, "page_size": GI, "pages": 5}],
         },
     ),
     PlanCase(
@@ -221,7 +244,7 @@ PLAN_CASES = [
         "shared-profile-4k-pages-fits-small-host",
         "burstable-pod.yaml",
         ONE_NODE,
-        args=("--profiles", str(DEPLOY / "profiles.yaml"), "--profile", "small"),
+        args=("--config", str(CLI / "shared-config.yaml"), "--profile", "small"),
         expect={
             "shape.cpu_policy": "shared",
             "shape.backing_page_size": 4096,
@@ -238,7 +261,7 @@ PLAN_CASES = [
         expect={
             "host.owned_cpus": "5",
             "refusal.shortfalls.0": {
-                "resource": "cpu (exclusive vCPUs)",
+                "resource": "cpu",
                 "declared": "2",
                 "available": "1 free on node 0",
             },
@@ -282,13 +305,19 @@ GOLDEN_CASES = [
         "deployment-medium-shared",
         "deployment.yaml",
         TWO_SOCKET,
-        ("--profiles", str(DEPLOY / "profiles.yaml"), "--handler", "vmsandbox-medium"),
+        ("--config", str(CLI / "two-socket-config.yaml"), "--handler", "vmsandbox-medium"),
     ),
     GoldenCase(
         "burstable-small-one-node-tcg",
         "burstable-pod.yaml",
         ONE_NODE,
-        ("--profiles", str(DEPLOY / "profiles.yaml"), "--profile", "small"),
+        ("--config", str(CLI / "shared-config.yaml"), "--profile", "small"),
+    ),
+    GoldenCase(
+        "gpu-vfio-host-hostdevs",
+        "gpu-inference-pod.yaml",
+        VFIO_HOST,
+        ("--config", str(CLI / "gpu-config.yaml")),
     ),
     GoldenCase(
         "big-pod-1gi-pages",
@@ -322,7 +351,7 @@ def test_plan_text_explains_a_fit() -> None:
     )
     assert "placement  NUMA node 0: vCPU 0 -> CPU 0; 128x2Mi pages from node 0" in out
     assert "verdict    fits" in out
-    assert "<cmdline>console=ttyS0 panic=-1 quiet hugepagesz=2M hugepages=32</cmdline>" in out
+    assert "<cmdline>console=ttyS0 panic=-1 quiet cryptomgr.notests hugepagesz=2M hugepages=32</cmdline>" in out
 
 
 def test_plan_text_explains_a_refusal() -> None:

@@ -462,7 +462,7 @@ def test_claims_hold_pci_functions_until_the_pool_is_exhausted(gpu_shim: tuple[S
     assert one_gpu.declaration is not None
     demand = demand_from_declaration(one_gpu.declaration, profile)
     shape = shape_for(demand, profile)
-    devices = sb._check_passthrough(one_gpu, profile, demand)
+    devices = sb.policy.device_request(one_gpu.declaration, demand, profile, sb.inventory())
     got = [sb._claim(f"s{i}", shape, profile, devices).hostdevs for i in range(3)]
     assert got == [("0000:3b:00.0", "0000:3b:00.1"), ("0000:af:00.0", "0000:af:00.1"), ("0000:d8:00.0",)]
     assert {k for k in sb.ledger.taken() if k.startswith("pci:")} == {f"pci:{a}" for g in got for a in g}

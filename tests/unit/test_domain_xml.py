@@ -210,17 +210,17 @@ def test_read_identity_of_foreign_domains(xml: str) -> None:
 @pytest.mark.parametrize(
     ("guest_hugepages", "extra", "cmdline"),
     [
-        pytest.param((), "", "console=ttyS0 panic=-1 quiet", id="plain"),
+        pytest.param((), "", "console=ttyS0 panic=-1 quiet cryptomgr.notests", id="plain"),
         pytest.param(
             ((2 * MI, 8),),
             "  loglevel=4 ",
-            "console=ttyS0 panic=-1 quiet hugepagesz=2M hugepages=8 loglevel=4",
+            "console=ttyS0 panic=-1 quiet cryptomgr.notests hugepagesz=2M hugepages=8 loglevel=4",
             id="2Mi-and-extra",
         ),
         pytest.param(
             ((2 * MI, 2), (GI, 1)),
             " ",
-            "console=ttyS0 panic=-1 quiet hugepagesz=2M hugepages=2 hugepagesz=1G hugepages=1",
+            "console=ttyS0 panic=-1 quiet cryptomgr.notests hugepagesz=2M hugepages=2 hugepagesz=1G hugepages=1",
             id="both-sizes",
         ),
     ],
