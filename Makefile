@@ -29,6 +29,7 @@ integration: setup
 bench: setup
 	$(PY) bench/sandbox_start.py
 	$(PY) bench/admission.py
+	$(PY) bench/placement.py
 
 stop-host:
 	scripts/stop-host.sh

@@ -131,13 +131,14 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 # -- profile ----------------------------------------------------------------------------------------
-def _host_for_profiles(args: argparse.Namespace) -> tuple[Any, frozenset[int] | None, bool]:
-    """(inventory, owned CPUs, check guest images?) for validation; no host checks with --no-host."""
+def _host_for_profiles(args: argparse.Namespace) -> tuple[Any, frozenset[int] | None, bool, Any]:
+    """(inventory, owned CPUs, check guest images?, device pools) for validation; none with --no-host."""
     from shim import plan
+    from vmsandbox.devices import resolve_pools
     from vmsandbox.sysfs import read_inventory
 
     if args.no_host:
-        return None, None, False
+        return None, None, False, None
     config = _config(args.config)
     if args.host_sysfs:
         source = plan.HostSource.fixture(args.host_sysfs)
@@ -145,15 +146,15 @@ def _host_for_profiles(args: argparse.Namespace) -> tuple[Any, frozenset[int] | 
     else:
         inv = read_inventory(config.sys_root, config.proc_root)
     owned = frozenset(config.cpu_pool) if config.cpu_pool is not None else None
-    return inv, owned, not args.host_sysfs
+    return inv, owned, not args.host_sysfs, resolve_pools(config.device_pools, inv)
 
 
 def _profile_validate(args: argparse.Namespace) -> int:
     from shim import textout, validate
 
     checked, problems = validate.parse_files(args.files)
-    inv, owned, images = _host_for_profiles(args)
-    problems += validate.host_problems(checked, inv, owned, check_images=images)
+    inv, owned, images, pools = _host_for_profiles(args)
+    problems += validate.host_problems(checked, inv, owned, check_images=images, device_pools=pools)
     problems.sort(key=lambda p: (args.files.index(p.file) if p.file in args.files else 0, p.line, p.key))
     errors = [p for p in problems if p.severity == "error"]
     if args.format == "json":

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from shim import textout
+from vmsandbox.devices import DevicePools
 from vmsandbox.host import HostInventory
 from vmsandbox.profile import PAGE_4K, Profile, ProfileError, profile_from_mapping
 from vmsandbox.profile_loader import _key_lines
@@ -86,9 +87,15 @@ def parse_files(paths: Iterable[str]) -> tuple[list[Checked], list[Problem]]:
 
 
 def host_problems(
-    checked: list[Checked], inventory: HostInventory | None, owned: frozenset[int] | None, *, check_images: bool
+    checked: list[Checked],
+    inventory: HostInventory | None,
+    owned: frozenset[int] | None,
+    *,
+    check_images: bool,
+    device_pools: DevicePools | None = None,
 ) -> list[Problem]:
-    """Semantic checks across files and against the host (``inventory`` None: host checks skipped)."""
+    """Semantic checks across files and against the host (``inventory`` None: host checks skipped;
+    ``device_pools``: the shim's pools resolved on that host, None to skip pool checks)."""
     problems: list[Problem] = []
     handlers: dict[str, Checked] = {}
     names: dict[str, Checked] = {}
@@ -119,16 +126,30 @@ def host_problems(
         if p.name in names and names[p.name] is not c:
             problems.append(Problem(c.file, c.line("name"), "name", f"profile {p.name!r} is defined twice"))
         names.setdefault(p.name, c)
-        for resource, pool in sorted(p.extended_resources.items()):
-            problems.append(
-                Problem(
-                    c.file,
-                    c.line(f"extended_resources.{resource}"),
-                    f"extended_resources.{resource}",
-                    f"device pool {pool!r} cannot be resolved: this build defines no device pools "
-                    f"(passthrough is not available yet), so pods asking for {resource} are refused",
+        for resource, pool in sorted(p.extended_resources.items()) if device_pools is not None else ():
+            key = f"extended_resources.{resource}"
+            if pool not in device_pools.pools:
+                configured = ", ".join(sorted(device_pools.pools)) or "none"
+                problems.append(
+                    Problem(
+                        c.file,
+                        c.line(key),
+                        key,
+                        f"device pool {pool!r} is not in the shim's device_pools (configured: {configured}), "
+                        f"so pods asking for {resource} are refused",
+                    )
                 )
-            )
+            elif not device_pools.pools[pool]:
+                problems.append(
+                    Problem(
+                        c.file,
+                        c.line(key),
+                        key,
+                        f"device pool {pool!r} holds no whole IOMMU group on this host, so pods asking for "
+                        f"{resource} will be refused",
+                        "warning",
+                    )
+                )
         if check_images:
             image = Path(p.image_dir)
             missing = [f for f in ("vmlinux", "initramfs.img") if not (image / f).is_file()]

@@ -48,11 +48,11 @@ VALIDATE_CASES = {
         0,
         ["2: vcpu.max: warning: 8 exceeds the 2 CPUs the shim owns on one NUMA node"],
     ),
-    "device-pool-unresolvable": (
+    "device-pool-not-configured": (
         "name: a\nextended_resources:\n  nvidia.com/gpu: a100\n",
         TWO_SOCKET,
         1,
-        ["3: extended_resources.nvidia.com/gpu: device pool 'a100' cannot be resolved"],
+        ["3: extended_resources.nvidia.com/gpu: device pool 'a100' is not in the shim's device_pools (configured: none)"],
     ),
     "duplicate-handler": (
         "name: a\nhandler: h\n---\nname: b\nhandler: h\n",
