@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.shim_process import shim_process
 from shim import translate
 from shim.cri.apimachinery.resource.generated_pb2 import Quantity as PbQuantity
 from shim.cri.runtime.v1 import api_pb2 as pb
@@ -225,50 +225,14 @@ def percentiles(samples: list[float]) -> dict[str, float]:
 
 
 def socket_round_trips(calls: int) -> dict[str, Any]:
-    repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-") as tmp:
-        sock = Path(tmp) / "cri.sock"
         profile = Path(tmp) / "profiles.yaml"
         profile.write_text(json.dumps({"name": "vmsandbox", "handler": "vmsandbox", "guest": {"image_dir": IMAGE_DIR}}))
-        log_path = Path(tmp) / "shim.log"
-        with open(log_path, "wb") as log:
-            shim = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "shim",
-                    "--log-level",
-                    "WARNING",
-                    "serve",
-                    "--socket",
-                    str(sock),
-                    "--state-dir",
-                    f"{tmp}/state",
-                    "--console-dir",
-                    f"{tmp}/console",
-                    "--profile",
-                    str(profile),
-                ],
-                cwd=repo,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                return _drive(sock, shim, log_path, calls)
-            finally:
-                shim.terminate()
-                shim.wait(timeout=30)
+        with shim_process(tmp, "--profile", str(profile), log_level="WARNING") as rt:
+            return _drive(rt, calls)
 
 
-def _drive(sock: Path, shim: subprocess.Popen[bytes], log_path: Path, calls: int) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    while not sock.exists():
-        if shim.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"shim did not start: {log_path.read_text()}")
-        time.sleep(0.05)
-    channel = grpc.insecure_channel(f"unix:{sock}")
-    rt = pb_grpc.RuntimeServiceStub(channel)
-    rt.Version(pb.VersionRequest(), timeout=30)
+def _drive(rt: pb_grpc.RuntimeServiceStub, calls: int) -> dict[str, Any]:
     config = pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name="bench", namespace="bench", uid=str(uuid.uuid4())),
         pod_resources=pb.PodResourceConfig(
@@ -319,7 +283,6 @@ def _drive(sock: Path, shim: subprocess.Popen[bytes], log_path: Path, calls: int
     finally:
         rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
         rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
-        channel.close()
     create_all = accepted + diverged + exists
     p99 = percentiles(create_all)["p99"]
     return {

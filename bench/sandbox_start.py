@@ -13,21 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
-
-import grpc
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.qemu_direct import boot_direct, percentile
+from bench.shim_process import shim_process
 from shim.cri.apimachinery.resource.generated_pb2 import Quantity
 from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 
 IMAGE_DIR = os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default")
 
@@ -69,70 +67,37 @@ def main() -> int:
     parser.add_argument("--cpu", default="1")
     parser.add_argument("--memory", default="192Mi", help="pod memory; the profile adds 64Mi guest overhead")
     args = parser.parse_args()
-    repo = Path(__file__).resolve().parents[1]
-    with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-") as tmp:
-        sock = Path(tmp) / "cri.sock"
-        log = open(Path(tmp) / "shim.log", "wb")  # noqa: SIM115
-        shim = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "shim",
-                "serve",
-                "--socket",
-                str(sock),
-                "--state-dir",
-                f"{tmp}/state",
-                "--console-dir",
-                f"{tmp}/console",
-            ],
-            cwd=repo,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while not sock.exists():
-                if shim.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"shim did not start: {(Path(tmp) / 'shim.log').read_text()}")
-                time.sleep(0.05)
-            channel = grpc.insecure_channel(f"unix:{sock}")
-            rt = pb_grpc.RuntimeServiceStub(channel)
-            rt.Version(pb.VersionRequest(), timeout=30)
-            sandbox_s, direct_s, memory = [], [], []
-            shape: dict[str, object] = {}
-            for _ in range(args.runs):
-                config = pod(args.cpu, args.memory)
-                start = time.monotonic()
-                sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
-                sandbox_s.append(time.monotonic() - start)
-                info = json.loads(
-                    rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True), timeout=30).info[
-                        "info"
-                    ]
+    with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-") as tmp, shim_process(tmp) as rt:
+        sandbox_s, direct_s, memory = [], [], []
+        shape: dict[str, Any] = {}
+        for _ in range(args.runs):
+            config = pod(args.cpu, args.memory)
+            start = time.monotonic()
+            sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+            sandbox_s.append(time.monotonic() - start)
+            info: dict[str, Any] = json.loads(
+                rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True), timeout=30).info[
+                    "info"
+                ]
+            )
+            shape = info["shape"]
+            memory.append(vmm_overhead_kib(info["domain"], int(shape["memory_bytes"]) // 1024))
+            rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+            rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+            direct_s.append(
+                boot_direct(
+                    IMAGE_DIR,
+                    int(shape["vcpus"]),
+                    int(shape["memory_bytes"]) >> 20,
+                    accel=info["accel"],
+                    hugepages_dir="/dev/hugepages",
                 )
-                shape = info["shape"]
-                memory.append(vmm_overhead_kib(info["domain"], int(shape["memory_bytes"]) // 1024))  # type: ignore[call-overload]
-                rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
-                rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
-                direct_s.append(
-                    boot_direct(
-                        IMAGE_DIR,
-                        int(shape["vcpus"]),  # type: ignore[call-overload]
-                        int(shape["memory_bytes"]) >> 20,  # type: ignore[call-overload]
-                        accel=info["accel"],
-                        hugepages_dir="/dev/hugepages",
-                    )
-                )
-        finally:
-            shim.terminate()
-            shim.wait(timeout=30)
-            log.close()
+            )
     p50_s, p50_d = percentile(sandbox_s, 50), percentile(direct_s, 50)
     result = {
         "benchmark": "sandbox_start",
         "runs": args.runs,
-        "shape": {"vcpus": shape.get("vcpus"), "memory_mib": int(shape.get("memory_bytes", 0)) >> 20},  # type: ignore[call-overload]
+        "shape": {"vcpus": shape.get("vcpus"), "memory_mib": int(shape.get("memory_bytes", 0)) >> 20},
         "sandbox_s": {
             "p50": round(p50_s, 3),
             "p95": round(percentile(sandbox_s, 95), 3),

@@ -52,7 +52,10 @@ VALIDATE_CASES = {
         "name: a\nextended_resources:\n  nvidia.com/gpu: a100\n",
         TWO_SOCKET,
         1,
-        ["3: extended_resources.nvidia.com/gpu: device pool 'a100' is not in the shim's device_pools (configured: none)"],
+        [
+            "3: extended_resources.nvidia.com/gpu: device pool 'a100' is not in the shim's device_pools "
+            "(configured: none)"
+        ],
     ),
     "duplicate-handler": (
         "name: a\nhandler: h\n---\nname: b\nhandler: h\n",

@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,11 +202,10 @@ def remove_all(shim: Shim) -> None:
         shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=s.id), timeout=120)
 
 
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shim]:
-    require_host()
-    tmp = tmp_path_factory.mktemp("shim")
-    running = start_shim(tmp)
+@contextmanager
+def running_shim(tmp: Path, *, extra_config: dict[str, object] | None = None) -> Iterator[Shim]:
+    """A shim for the block: on the way out it removes every sandbox it holds, stops, and cleans ``tmp``."""
+    running = start_shim(tmp, extra_config=extra_config)
     try:
         yield running
     finally:
@@ -214,3 +214,10 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shim]:
         finally:
             stop_shim(running)
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shim]:
+    require_host()
+    with running_shim(tmp_path_factory.mktemp("shim")) as running:
+        yield running

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,10 +28,8 @@ from tests.integration.conftest import (
     IMAGE_DIR,
     Shim,
     our_domains,
-    remove_all,
     require_host,
-    start_shim,
-    stop_shim,
+    running_shim,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -64,16 +61,9 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shim]:
     tmp = tmp_path_factory.mktemp("admission")
     profiles = tmp / "admission-profiles.yaml"
     write_profiles(profiles)
-    running = start_shim(tmp, extra_config={"profile_files": [str(profiles)]})
-    try:
+    with running_shim(tmp, extra_config={"profile_files": [str(profiles)]}) as running:
         yield running
         assert claims(running) == 0  # every sandbox gave back its CPUs and pages
-    finally:
-        try:
-            remove_all(running)
-        finally:
-            stop_shim(running)
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def claims(shim: Shim) -> int:

@@ -9,7 +9,6 @@ Two guests for the whole module: "web" (declared, exclusive CPU, handler vmsandb
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 import stat
 from collections.abc import Callable, Iterator
@@ -30,10 +29,8 @@ from tests.integration.conftest import (
     our_domains,
     pod,
     q,
-    remove_all,
     require_host,
-    start_shim,
-    stop_shim,
+    running_shim,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -76,15 +73,8 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shim]:
             ]
         )
     )
-    running = start_shim(tmp, extra_config={"profile_files": [str(profiles)]})
-    try:
+    with running_shim(tmp, extra_config={"profile_files": [str(profiles)]}) as running:
         yield running
-    finally:
-        try:
-            remove_all(running)
-        finally:
-            stop_shim(running)
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @dataclass
