@@ -126,10 +126,11 @@ def host_problems(
         if p.name in names and names[p.name] is not c:
             problems.append(Problem(c.file, c.line("name"), "name", f"profile {p.name!r} is defined twice"))
         names.setdefault(p.name, c)
+        pools = device_pools.pools if device_pools is not None else {}
         for resource, pool in sorted(p.extended_resources.items()) if device_pools is not None else ():
             key = f"extended_resources.{resource}"
-            if pool not in device_pools.pools:
-                configured = ", ".join(sorted(device_pools.pools)) or "none"
+            if pool not in pools:
+                configured = ", ".join(sorted(pools)) or "none"
                 problems.append(
                     Problem(
                         c.file,
@@ -139,7 +140,7 @@ def host_problems(
                         f"so pods asking for {resource} are refused",
                     )
                 )
-            elif not device_pools.pools[pool]:
+            elif not pools[pool]:
                 problems.append(
                     Problem(
                         c.file,
