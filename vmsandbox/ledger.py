@@ -74,7 +74,9 @@ class Ledger:
         try:
             self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=30)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            # WAL + NORMAL: a commit survives the shim's own crash (kill -9 included); only a power loss
+            # can drop the last commits, and then every guest is gone too, which reconcile handles
+            self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
         except sqlite3.Error as exc:
             raise InfrastructureError(f"state database {self.path}: {exc}") from exc
