@@ -223,14 +223,23 @@ class Sandboxes:
         started = time.monotonic()
         self.hypervisor.define(render(domain))
         faults.checkpoint("run:after-define")
+        defined = time.monotonic()
         self.hypervisor.start(domain.name)
         faults.checkpoint("run:after-start")
         path = self.hypervisor.channel_path(domain.name, AGENT_CHANNEL)
+        running = time.monotonic()
         try:
             report = wait_for_hello(path, profile.boot_timeout_s)
         except InfrastructureError as exc:
             raise InfrastructureError(f"{exc}{self._console_tail(console)}") from exc
         boot_ms = int((time.monotonic() - started) * 1000)
+        log.info(
+            "sandbox %s boot: define %d ms, start %d ms, guest hello %d ms",
+            record.id[:12],
+            (defined - started) * 1000,
+            (running - defined) * 1000,
+            (time.monotonic() - running) * 1000,
+        )
         if report.vcpus != shape.vcpus:
             raise InfrastructureError(f"guest reports {report.vcpus} vCPUs, the domain has {shape.vcpus}")
         for size, count in shape.guest_hugepages:
