@@ -132,14 +132,14 @@ class Sandboxes:
             raise InvalidArgument(f"PodSandboxConfig.metadata.attempt is negative ({meta.attempt})")
         profile = self.profile_for(spec.runtime_handler, spec.annotations)
         pod = f"{meta.namespace}/{meta.name}"
+        inv = self.inventory()  # for devices and accel; placement reads it afresh under its lock
         devices = NO_DEVICES
         if spec.declaration is not None:
             demand = demand_from_declaration(spec.declaration, profile)
-            devices = self.policy.device_request(spec.declaration, demand, profile, self.inventory())
+            devices = self.policy.device_request(spec.declaration, demand, profile, inv)
         else:
             demand = demand_from_linux(spec.linux_resources, spec.annotations, profile)
         shape = shape_for(demand, profile)
-        inv = self.inventory()
         accel = choose_accel(profile.accel, inv.hw_virt, os.path.exists("/dev/kvm"))
         sandbox_id = _new_id()
         logs.bind(sandbox_id=sandbox_id)
