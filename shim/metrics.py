@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from vmsandbox.errors import InfrastructureError, InvalidArgument
+from vmsandbox.resources import page_size_label
 
 if TYPE_CHECKING:
     from shim.sandboxes import Sandboxes
@@ -66,10 +67,6 @@ def rejected(rpc: str, reason: str) -> None:
 def libvirt_event(event: str) -> None:
     """The hypervisor adapter's hook: ``retry`` for a retried transient error, ``error`` for a failure."""
     (LIBVIRT_RETRIES if event == "retry" else LIBVIRT_ERRORS).inc()
-
-
-def _page_label(page_size: int) -> str:
-    return f"{page_size >> 30}Gi" if page_size >= 1 << 30 else f"{page_size >> 20}Mi"
 
 
 class HostCollector(Collector):
@@ -124,7 +121,7 @@ class HostCollector(Collector):
         )
         for (node, size), budget in sorted(budgets.items()):
             allocated = held_pages.get((node, size), 0)
-            label = _page_label(size)
+            label = page_size_label(size)
             pages.add_metric([str(node), label, "allocated"], allocated)
             pages.add_metric([str(node), label, "free"], max(budget.pages - allocated, 0))
             host_free.add_metric([str(node), label], budget.host_free)

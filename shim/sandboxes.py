@@ -52,7 +52,7 @@ from vmsandbox.hypervisor import DomainInfo, Hypervisor
 from vmsandbox.ledger import ClaimConflict, Ledger
 from vmsandbox.placement import Placement, cpu_key
 from vmsandbox.profile import Profile, select_profile
-from vmsandbox.resources import ContainerResources, PodDeclaration
+from vmsandbox.resources import ContainerResources, PodDeclaration, hugepage_resource
 from vmsandbox.sizing import (
     LinuxResources,
     VmShape,
@@ -247,7 +247,7 @@ class Sandboxes:
             got = pool.total if pool is not None else 0
             if got < count:
                 raise InfrastructureError(
-                    f"guest reserved {got} of the {count} hugepages-{_size_label(size)} pages its containers "
+                    f"guest reserved {got} of the {count} {hugepage_resource(size)} pages its containers "
                     f"declared (guest RAM {shape.memory_bytes >> 20} MiB){self._console_tail(console)}"
                 )
         ready = replace(record, state=SANDBOX_READY, guest=_report_doc(report), boot_ms=boot_ms)
@@ -682,10 +682,6 @@ def _live(containers: list[ContainerRecord], skip: set[str]) -> list[ContainerRe
         if c.name not in skip and (c.name not in latest or c.attempt > latest[c.name].attempt):
             latest[c.name] = c
     return [c for c in latest.values() if c.state != CONTAINER_EXITED]
-
-
-def _size_label(page_size: int) -> str:
-    return f"{page_size >> 30}Gi" if page_size >= 1 << 30 else f"{page_size >> 20}Mi"
 
 
 def _linux_args(doc: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from vmsandbox.resources import (
     ContainerResources,
     PodDeclaration,
     ResourceList,
+    hugepage_resource,
     hugepage_size,
 )
 from vmsandbox.sizing import LinuxResources, PodDemand
@@ -26,10 +27,6 @@ from vmsandbox.sizing import LinuxResources, PodDemand
 MIN_SHARES = 2
 DEFAULT_PERIOD = 100_000
 MIN_QUOTA = 1_000
-
-
-def _hugepage_label(size: int) -> str:
-    return f"hugepages-{size >> 30}Gi" if size >= 1 << 30 else f"hugepages-{size >> 20}Mi"
 
 
 def _q(q: Quantity | None) -> str:
@@ -161,7 +158,7 @@ def linux_differences(name: str, declared: ContainerResources, requested: LinuxR
     got_pages = {s: v for s, v in requested.hugepage_limits if v}
     for size in sorted(set(want_pages) | set(got_pages)):
         if want_pages.get(size, 0) != got_pages.get(size, 0):
-            label = _hugepage_label(size)
+            label = hugepage_resource(size)
             d = format_quantity(want_pages[size], "BinarySI") if size in want_pages else "nothing"
             r = format_quantity(got_pages[size], "BinarySI") if size in got_pages else "nothing"
             out.append(f'container "{name}": limits.{label} declared {d}, requested {r}')
@@ -206,7 +203,7 @@ def check_envelope(demand: PodDemand, others: Sequence[Usage], new: Usage, *, wh
         have = demand.hugepage_bytes(size)
         if used > have:
             problems.append(
-                f"{_hugepage_label(size)}: {format_quantity(used, 'BinarySI')} in all > VM's "
+                f"{hugepage_resource(size)}: {format_quantity(used, 'BinarySI')} in all > VM's "
                 f"{format_quantity(have, 'BinarySI') if have else 'nothing'} "
                 f"(it would have to grow by {format_quantity(used - have, 'BinarySI')})"
             )

@@ -136,18 +136,6 @@ class Hypervisor:
 
         return self._call("version", get)
 
-    def exists(self, name: str) -> bool:
-        def look(conn: Any) -> bool:
-            try:
-                conn.lookupByName(name)
-                return True
-            except libvirt.libvirtError as exc:
-                if _no_domain(exc):
-                    return False
-                raise
-
-        return self._call(f"lookup {name}", look)
-
     def live_xml(self, name: str) -> str:
         return self._call(f"XML of {name}", lambda conn: str(conn.lookupByName(name).XMLDesc(0)))
 
@@ -156,26 +144,6 @@ class Hypervisor:
         if not path:
             raise InfrastructureError(f"domain {name} has no socket for channel {channel}")
         return path
-
-    def vcpu_affinity(self, name: str) -> dict[int, tuple[int, ...]]:
-        """Host CPUs each vCPU may run on, as libvirt reports them for the running domain."""
-
-        def get(conn: Any) -> dict[int, tuple[int, ...]]:
-            info = conn.lookupByName(name).vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE)
-            return {vcpu: tuple(i for i, on in enumerate(mask) if on) for vcpu, mask in enumerate(info)}
-
-        return self._call(f"vcpu affinity of {name}", get)
-
-    def is_active(self, name: str) -> bool:
-        def get(conn: Any) -> bool:
-            try:
-                return bool(conn.lookupByName(name).isActive())
-            except libvirt.libvirtError as exc:
-                if _no_domain(exc):
-                    return False
-                raise
-
-        return self._call(f"state of {name}", get)
 
     def list_ours(self) -> list[DomainInfo]:
         """Every domain carrying our metadata (running or only defined)."""

@@ -57,6 +57,7 @@ from vmsandbox.errors import CannotFit, InvalidArgument, Shortfall
 from vmsandbox.host import HostInventory, format_cpulist
 from vmsandbox.profile import EmulatorPolicy as EmulatorPolicy
 from vmsandbox.profile import NumaPolicy as NumaPolicy
+from vmsandbox.resources import hugepage_resource, page_size_label
 from vmsandbox.sizing import VmShape
 
 NO_AFFINITY = -1  # node of devices the platform does not place
@@ -116,10 +117,6 @@ class Placement:
     def hostdevs(self) -> tuple[str, ...]:
         """PCI addresses of every function passed through, group by group."""
         return tuple(a for g in self.devices for a in g.addresses)
-
-
-def _size_label(page_size: int) -> str:
-    return f"{page_size >> 30}Gi" if page_size >= 1 << 30 else f"{page_size >> 20}Mi"
 
 
 # -- what the shim may hand out (built once per host) ------------------------------------------------
@@ -384,7 +381,7 @@ class FreeState:
         free = self.pages[(node, size)]
         at = bisect_right(free, start, key=_START) - 1
         if at < 0 or free[at][1] < end:
-            raise ValueError(f"pages {start}-{end - 1} of {_size_label(size)} on node {node} are not free")
+            raise ValueError(f"pages {start}-{end - 1} of {page_size_label(size)} on node {node} are not free")
         s, e = free[at]
         pieces = [p for p in ((s, start), (end, e)) if p[0] < p[1]]
         free[at : at + 1] = pieces
@@ -394,7 +391,7 @@ class FreeState:
         free = self.pages[(node, size)]
         at = bisect_left(free, start, key=_START)
         if (at > 0 and free[at - 1][1] > start) or (at < len(free) and free[at][0] < end):
-            raise ValueError(f"pages {start}-{end - 1} of {_size_label(size)} on node {node} are free already")
+            raise ValueError(f"pages {start}-{end - 1} of {page_size_label(size)} on node {node} are free already")
         self.npages[(node, size)] += end - start
         if at > 0 and free[at - 1][1] == start:
             at -= 1
@@ -617,9 +614,7 @@ def decide(
         resources.append(cpu_res)
     if pages:
         page_free = {n: state.usable_pages(n, size) for n in pools.nodes}
-        page_res = _Resource(
-            f"hugepages-{_size_label(size)}", " pages", pages, page_free, pools.page_capacity.get(size, {})
-        )
+        page_res = _Resource(hugepage_resource(size), " pages", pages, page_free, pools.page_capacity.get(size, {}))
         resources.append(page_res)
     dev_res: list[_Resource] = []
     for pool, count in devices.counts:

@@ -104,6 +104,16 @@ def check_resource_name(name: str, *, where: str) -> None:
         raise InvalidArgument(f"{where}: unsupported hugepage resource {name!r} (supported: {sizes})")
 
 
+def page_size_label(page_size: int) -> str:
+    """The size as a ``hugepages-<size>`` resource spells it: 2097152 -> '2Mi', 1073741824 -> '1Gi'."""
+    return f"{page_size >> 30}Gi" if page_size >= 1 << 30 else f"{page_size >> 20}Mi"
+
+
+def hugepage_resource(page_size: int) -> str:
+    """2097152 -> 'hugepages-2Mi'."""
+    return HUGEPAGES_PREFIX + page_size_label(page_size)
+
+
 def hugepage_size(name: str) -> int | None:
     """Page size in bytes for a ``hugepages-<size>`` resource name, else None."""
     if name.startswith(HUGEPAGES_PREFIX):
