@@ -31,8 +31,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from vmsandbox.adapters.guest_channel import wait_for_hello
 from vmsandbox.agent_protocol import CHANNEL_NAME
-from vmsandbox.guest_channel import wait_for_hello
 
 DEFAULT_IMAGE_DIR = "/var/lib/vmsandbox/images/default"
 BASE_CMDLINE = "console=ttyS0 panic=-1 quiet cryptomgr.notests"

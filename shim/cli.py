@@ -102,7 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
 # -- plan -------------------------------------------------------------------------------------------
 def _plan(args: argparse.Namespace) -> int:
     from shim import inspect_state, plan, textout
-    from vmsandbox.profile_loader import default_profiles, load_profiles
+    from vmsandbox.adapters.profile_loader import default_profiles, load_profiles
 
     config = _config(args.config)
     if args.cpu_pool:
@@ -134,8 +134,8 @@ def _plan(args: argparse.Namespace) -> int:
 def _host_for_profiles(args: argparse.Namespace) -> tuple[Any, frozenset[int] | None, bool, Any]:
     """(inventory, owned CPUs, check guest images?, device pools) for validation; none with --no-host."""
     from shim import plan
+    from vmsandbox.adapters.sysfs import read_inventory
     from vmsandbox.devices import resolve_pools
-    from vmsandbox.sysfs import read_inventory
 
     if args.no_host:
         return None, None, False, None
@@ -183,7 +183,7 @@ def _profile_validate(args: argparse.Namespace) -> int:
 
 def _profile_runtimeclass(args: argparse.Namespace) -> int:
     from shim import textout, validate
-    from vmsandbox.profile_loader import load_profiles
+    from vmsandbox.adapters.profile_loader import load_profiles
 
     profiles = load_profiles(args.files)
     chosen = [p for h, p in profiles.items() if not args.handler or h in args.handler]

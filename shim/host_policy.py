@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from shim.config import ShimConfig
-from vmsandbox.cdi import load_registry
+from vmsandbox.adapters.cdi_specs import load_registry
 from vmsandbox.devices import NO_DEVICES, DevicePools, DeviceRequest, request_devices, resolve_pools
 from vmsandbox.domain import Domain, SandboxIdentity, build_domain
 from vmsandbox.errors import InvalidArgument

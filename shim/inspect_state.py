@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from shim import textout
+from vmsandbox.adapters.ledger import SCHEMA_VERSION
 from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound
 from vmsandbox.host import format_cpulist
-from vmsandbox.ledger import SCHEMA_VERSION
 
 DB_NAME = "state.db"
 

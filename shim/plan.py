@@ -23,6 +23,7 @@ from shim import textout
 from shim.config import ShimConfig
 from shim.host_policy import HostPolicy, domain_for
 from vmsandbox import records
+from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.domain import SandboxIdentity
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import CannotFit, InvalidArgument
@@ -32,7 +33,6 @@ from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile, select_profile
 from vmsandbox.resources import ContainerResources
 from vmsandbox.sizing import PodDemand, VmShape, demand_from_declaration, shape_for
-from vmsandbox.sysfs import read_inventory
 
 PLACEHOLDER_SANDBOX_ID = "0" * 64
 PLACEHOLDER_UUID = "00000000-0000-0000-0000-000000000000"

@@ -33,6 +33,10 @@ from shim.model import (
     SandboxSpec,
 )
 from vmsandbox import admission, records
+from vmsandbox.adapters.guest_channel import wait_for_hello
+from vmsandbox.adapters.hypervisor import DomainInfo, Hypervisor
+from vmsandbox.adapters.ledger import ClaimConflict, Ledger
+from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.devices import NO_DEVICES, DeviceRequest
 from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, domain_name
@@ -46,10 +50,7 @@ from vmsandbox.errors import (
     NotFound,
     VmSandboxError,
 )
-from vmsandbox.guest_channel import wait_for_hello
 from vmsandbox.host import HostInventory, choose_accel
-from vmsandbox.hypervisor import DomainInfo, Hypervisor
-from vmsandbox.ledger import ClaimConflict, Ledger
 from vmsandbox.placement import Placement, cpu_key
 from vmsandbox.profile import Profile, select_profile
 from vmsandbox.resources import ContainerResources, PodDeclaration, hugepage_resource
@@ -60,7 +61,6 @@ from vmsandbox.sizing import (
     demand_from_linux,
     shape_for,
 )
-from vmsandbox.sysfs import read_inventory
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.health import Health
 from shim.runtime_service import ImageServicer, RuntimeServicer
 from shim.sandboxes import Sandboxes
+from vmsandbox.adapters.hypervisor import Hypervisor
+from vmsandbox.adapters.ledger import Ledger
+from vmsandbox.adapters.profile_loader import default_profiles, load_profiles
 from vmsandbox.errors import InfrastructureError
-from vmsandbox.hypervisor import Hypervisor
-from vmsandbox.ledger import Ledger
-from vmsandbox.profile_loader import default_profiles, load_profiles
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from typing import Any, Literal
 import yaml
 
 from shim import textout
+from vmsandbox.adapters.profile_loader import _key_lines
 from vmsandbox.devices import DevicePools
 from vmsandbox.host import HostInventory
 from vmsandbox.profile import PAGE_4K, Profile, ProfileError, profile_from_mapping
-from vmsandbox.profile_loader import _key_lines
 
 Severity = Literal["error", "warning"]
 

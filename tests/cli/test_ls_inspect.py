@@ -15,7 +15,7 @@ import yaml
 
 from shim.model import CONTAINER_CREATED, ContainerRecord, PodMeta, SandboxRecord
 from tests.cli.conftest import vmsandbox, vmsandbox_json
-from vmsandbox.ledger import Ledger
+from vmsandbox.adapters.ledger import Ledger
 
 MI = 1 << 20
 READY_ID = "3f2a" + "1" * 60

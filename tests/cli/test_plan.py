@@ -30,7 +30,7 @@ from tests.cli.conftest import (
 from tests.cli.conftest import (
     HERE as CLI,
 )
-from vmsandbox.ledger import Ledger
+from vmsandbox.adapters.ledger import Ledger
 
 MI = 1 << 20
 GI = 1 << 30

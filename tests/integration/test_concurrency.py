@@ -21,7 +21,7 @@ import yaml
 from shim.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.conftest import IMAGE_DIR, Shim, pod, q, require_host, start_shim, stop_shim
 from tests.integration.state_check import assert_consistent, read_domains, read_ledger, vmsandbox_free_baseline
-from vmsandbox.profile_loader import load_profiles
+from vmsandbox.adapters.profile_loader import load_profiles
 from vmsandbox.resources import ContainerDeclaration, ContainerResources, PodDeclaration, ResourceList
 from vmsandbox.sizing import demand_from_declaration, shape_for
 

@@ -1,6 +1,6 @@
 """The guest image (images/build.sh) booted with a plain qemu-system-x86_64 under TCG: the /init
 agent greets on virtio-serial port io.vmsandbox.agent.0 and answers requests
-(vmsandbox.guest_channel on the host side).
+(vmsandbox.adapters.guest_channel on the host side).
 
 The image directory comes from $VMSANDBOX_IMAGE_DIR (default /var/lib/vmsandbox/images/default);
 build it with `images/build.sh DIR`."""
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from vmsandbox.adapters.guest_channel import GuestChannel, GuestRequestFailed, wait_for_hello
 from vmsandbox.agent_protocol import (
     CHANNEL_NAME,
     Ack,
@@ -33,7 +34,6 @@ from vmsandbox.agent_protocol import (
     decode,
     encode,
 )
-from vmsandbox.guest_channel import GuestChannel, GuestRequestFailed, wait_for_hello
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

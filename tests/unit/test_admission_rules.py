@@ -24,15 +24,16 @@ from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.model import CONTAINER_EXITED, SANDBOX_READY, ContainerSpec, PodMeta, SandboxRecord
 from shim.sandboxes import Sandboxes
 from vmsandbox import records
+from vmsandbox.adapters.hypervisor import Hypervisor
+from vmsandbox.adapters.ledger import Ledger
+from vmsandbox.adapters.profile_loader import load_profiles
+from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.admission import Existing, admit_declared, differences
 from vmsandbox.domain import SandboxIdentity, build_domain
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import AlreadyExists, CannotFit, Diverged, InvalidArgument
-from vmsandbox.hypervisor import Hypervisor
-from vmsandbox.ledger import Ledger
 from vmsandbox.placement import HugepageBudget, place
 from vmsandbox.profile import PROFILE_ANNOTATION, Profile, ProfileError, profile_from_mapping, select_profile
-from vmsandbox.profile_loader import load_profiles
 from vmsandbox.quantity import Quantity, parse_quantity
 from vmsandbox.resources import (
     CdiDevice,
@@ -44,7 +45,6 @@ from vmsandbox.resources import (
     ResourceList,
 )
 from vmsandbox.sizing import LinuxResources, demand_from_declaration, shape_for
-from vmsandbox.sysfs import read_inventory
 
 MI, GI = 1 << 20, 1 << 30
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"

@@ -1,6 +1,6 @@
 """Tests of vmsandbox.agent_protocol: encoding, strict decoding, agreement with the guest's own
 implementation (images/guest/agent.awk, run with busybox awk when it is installed), and the host
-side of the channel (vmsandbox.guest_channel) against a fake guest on a unix socket."""
+side of the channel (vmsandbox.adapters.guest_channel) against a fake guest on a unix socket."""
 
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from vmsandbox.adapters.guest_channel import (
+    GuestChannel,
+    GuestChannelClosed,
+    GuestChannelTimeout,
+    GuestRequestFailed,
+    wait_for_hello,
+)
 from vmsandbox.agent_protocol import (
     Ack,
     GuestReport,
@@ -32,13 +39,6 @@ from vmsandbox.agent_protocol import (
     report_to_body,
 )
 from vmsandbox.errors import InfrastructureError
-from vmsandbox.guest_channel import (
-    GuestChannel,
-    GuestChannelClosed,
-    GuestChannelTimeout,
-    GuestRequestFailed,
-    wait_for_hello,
-)
 
 AGENT_AWK = Path(__file__).resolve().parents[2] / "images" / "guest" / "agent.awk"
 
@@ -285,7 +285,7 @@ def test_guest_report_response_decodes() -> None:
     assert report_from_body(msg.body).agent == "init/1"
 
 
-# ---- the host side (vmsandbox.guest_channel) against a fake guest on a unix socket ------------------
+# ---- the host side (vmsandbox.adapters.guest_channel) against a fake guest on a unix socket ------------------
 
 
 class FakeGuest:

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
+from vmsandbox.adapters.cdi_specs import load_registry
 from vmsandbox.cdi import (
     DEFAULT_SPEC_DIRS,
     CdiDevice,
     CdiError,
     build_registry,
-    load_registry,
     parse_qualified_name,
     parse_spec,
 )

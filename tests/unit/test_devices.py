@@ -13,6 +13,9 @@ import yaml
 from shim.config import ShimConfig
 from shim.model import PodMeta, SandboxSpec
 from shim.sandboxes import Sandboxes
+from vmsandbox.adapters.hypervisor import Hypervisor
+from vmsandbox.adapters.ledger import Ledger
+from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.cdi import build_registry
 from vmsandbox.devices import (
     DeviceGroup,
@@ -27,8 +30,6 @@ from vmsandbox.devices import (
 from vmsandbox.domain_xml import read_hostdevs
 from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument
 from vmsandbox.host import HostInventory, PciFunction
-from vmsandbox.hypervisor import Hypervisor
-from vmsandbox.ledger import Ledger
 from vmsandbox.profile import Profile
 from vmsandbox.resources import (
     CdiDevice,
@@ -39,7 +40,6 @@ from vmsandbox.resources import (
     ResourceList,
 )
 from vmsandbox.sizing import demand_from_declaration, shape_for
-from vmsandbox.sysfs import read_inventory
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "sysfs"
 VFIO = read_inventory(FIXTURES / "vfio-two-node" / "sys", FIXTURES / "vfio-two-node" / "proc")

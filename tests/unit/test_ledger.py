@@ -1,4 +1,4 @@
-"""Tests of vmsandbox.ledger: transactional claims, sandbox/container records, schema versioning."""
+"""Tests of vmsandbox.adapters.ledger: transactional claims, sandbox/container records, schema versioning."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from vmsandbox.adapters.ledger import MIGRATIONS, SCHEMA_VERSION, ClaimConflict, Ledger
 from vmsandbox.errors import AlreadyExists, InfrastructureError, NotFound
-from vmsandbox.ledger import MIGRATIONS, SCHEMA_VERSION, ClaimConflict, Ledger
 
 
 @pytest.fixture
@@ -174,7 +174,7 @@ def test_committed_rows_survive_a_crash(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import os
-        from vmsandbox.ledger import Ledger
+        from vmsandbox.adapters.ledger import Ledger
         db = Ledger({str(path)!r})
         db.put_sandbox("sb1", "ready", 1, {{"pod": "a"}})
         db.claim("sb1", ["cpu:0", "cpu:1"])

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import ledger as ledger_mod
+from vmsandbox.adapters import ledger as ledger_mod
+from vmsandbox.adapters.ledger import MIGRATIONS, SCHEMA_VERSION, Ledger
 from vmsandbox.errors import InfrastructureError
-from vmsandbox.ledger import MIGRATIONS, SCHEMA_VERSION, Ledger
 
 V1_STATEMENTS = MIGRATIONS[0]
 

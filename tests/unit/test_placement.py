@@ -12,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vmsandbox.adapters.ledger import Ledger
+from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.devices import NO_DEVICES, NO_POOLS, DevicePools, DeviceRequest, resolve_pools
 from vmsandbox.errors import CannotFit, InvalidArgument
 from vmsandbox.host import HostCpu, HostInventory, HugepagePool
-from vmsandbox.ledger import Ledger
 from vmsandbox.placement import (
     FreeState,
     GuestCell,
@@ -30,7 +31,6 @@ from vmsandbox.placement import (
     place,
 )
 from vmsandbox.sizing import PodDemand, VmShape
-from vmsandbox.sysfs import read_inventory
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "sysfs"
 MI, GI = 1024**2, 1024**3

@@ -1,4 +1,4 @@
-"""Tests of vmsandbox.profile and vmsandbox.profile_loader: YAML profiles, validated with `file:line: key: problem`."""
+"""Tests of vmsandbox.profile and vmsandbox.adapters.profile_loader: YAML profiles, `file:line: key: problem`."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from vmsandbox.adapters.profile_loader import default_profiles, load_profile_file, load_profiles
 from vmsandbox.profile import Profile, ProfileError, profile_from_mapping
-from vmsandbox.profile_loader import default_profiles, load_profile_file, load_profiles
 
 MI, GI = 1024**2, 1024**3
 QUANTITY_GRAMMAR = (

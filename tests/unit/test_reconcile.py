@@ -25,13 +25,13 @@ from shim.model import (
     SandboxRecord,
 )
 from shim.sandboxes import STATE_CREATING, Sandboxes
+from vmsandbox.adapters.hypervisor import DomainInfo, Hypervisor
+from vmsandbox.adapters.ledger import Ledger
+from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.domain import SandboxIdentity, domain_name
 from vmsandbox.domain_xml import read_identity
 from vmsandbox.errors import InfrastructureError
-from vmsandbox.hypervisor import DomainInfo, Hypervisor
-from vmsandbox.ledger import Ledger
 from vmsandbox.profile import Profile
-from vmsandbox.sysfs import read_inventory
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "one-node-2cpu"
 PAGE = "hugepages-2048kB:node0:{}"

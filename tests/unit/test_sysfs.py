@@ -1,4 +1,4 @@
-"""Tests of vmsandbox.sysfs (fixture trees under tests/fixtures/sysfs) and the cpulist helpers of vmsandbox.host."""
+"""Tests of vmsandbox.adapters.sysfs (fixture trees under tests/fixtures/sysfs) and vmsandbox.host's cpulists."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vmsandbox.adapters.sysfs import hugepages_free, read_inventory, read_pci
 from vmsandbox.host import (
     HostCpu,
     HostInventory,
@@ -18,7 +19,6 @@ from vmsandbox.host import (
     parse_cpulist,
     parse_pci_address,
 )
-from vmsandbox.sysfs import hugepages_free, read_inventory, read_pci
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "sysfs"
 MI, GI = 1024**2, 1024**3

@@ -1,0 +1,48 @@
+"""The layout is the architecture: modules directly under ``vmsandbox`` are the pure core and import
+no IO (files, sockets, processes, databases, libvirt, YAML, gRPC); the IO edge lives in
+``vmsandbox.adapters``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+CORE = Path(__file__).resolve().parents[2] / "vmsandbox"
+IO_MODULES = {
+    "os",
+    "io",
+    "pathlib",
+    "shutil",
+    "socket",
+    "select",
+    "subprocess",
+    "sqlite3",
+    "threading",
+    "time",
+    "yaml",
+    "libvirt",
+    "grpc",
+    "google",
+    "shim",
+    "vmsandbox.adapters",
+}
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("module", sorted(p.name for p in CORE.glob("*.py")))
+def test_core_module_imports_no_io(module: str) -> None:
+    bad = {
+        name for name in _imports(CORE / module) if any(name == io or name.startswith(io + ".") for io in IO_MODULES)
+    }
+    assert not bad, f"vmsandbox/{module} is part of the pure core but imports {sorted(bad)}"
