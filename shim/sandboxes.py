@@ -29,6 +29,7 @@ from shim.model import (
     SANDBOX_READY,
     ContainerRecord,
     ContainerSpec,
+    PodMeta,
     SandboxRecord,
     SandboxSpec,
 )
@@ -94,6 +95,11 @@ class Sandboxes:
         self._locks_lock = threading.Lock()
         # parsed declarations by sandbox id: immutable for a sandbox's life, parsed once, not per CreateContainer
         self._declarations: dict[str, PodDeclaration] = {}
+        # pod metadata -> the sandbox holding it, from RunPodSandbox until RemovePodSandbox (as containerd does)
+        self._names_lock = threading.Lock()
+        self._names: dict[PodMeta, str] = {
+            SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()
+        }
         first = self.inventory()
         self.policy = HostPolicy(config, first)
         for problem in self.policy.problems(first, profiles.values()):
@@ -131,6 +137,30 @@ class Sandboxes:
         if meta.attempt < 0:
             raise InvalidArgument(f"PodSandboxConfig.metadata.attempt is negative ({meta.attempt})")
         profile = self.profile_for(spec.runtime_handler, spec.annotations)
+        sandbox_id = _new_id()
+        self._reserve_name(meta, sandbox_id)
+        try:
+            return self._run(spec, profile, sandbox_id, started)
+        except BaseException:
+            self._release_name(meta, sandbox_id)
+            raise
+
+    def _reserve_name(self, meta: PodMeta, sandbox_id: str) -> None:
+        with self._names_lock:
+            holder = self._names.setdefault(meta, sandbox_id)
+        if holder != sandbox_id:
+            raise AlreadyExists(
+                f"pod {meta.namespace}/{meta.name} (uid {meta.uid}, attempt {meta.attempt}) already has sandbox "
+                f"{holder}; remove it first or use a new attempt"
+            )
+
+    def _release_name(self, meta: PodMeta, sandbox_id: str) -> None:
+        with self._names_lock:
+            if self._names.get(meta) == sandbox_id:
+                del self._names[meta]
+
+    def _run(self, spec: SandboxSpec, profile: Profile, sandbox_id: str, started: float) -> str:
+        meta = spec.meta
         pod = f"{meta.namespace}/{meta.name}"
         inv = self.inventory()  # for devices and accel; placement reads it afresh under its lock
         devices = NO_DEVICES
@@ -141,7 +171,6 @@ class Sandboxes:
             demand = demand_from_linux(spec.linux_resources, spec.annotations, profile)
         shape = shape_for(demand, profile)
         accel = choose_accel(profile.accel, inv.hw_virt, os.path.exists("/dev/kvm"))
-        sandbox_id = _new_id()
         logs.bind(sandbox_id=sandbox_id)
         name = domain_name(sandbox_id)
         faults.checkpoint("run:before-claim")
@@ -324,6 +353,9 @@ class Sandboxes:
             raise InvalidArgument("pod_sandbox_id is empty")
         self.stop(sandbox_id)
         with self._lock_for(sandbox_id):
+            record = self.find(sandbox_id)
+            if record is not None:
+                self._release_name(record.meta, record.id)
             self.ledger.delete_sandbox(sandbox_id)
             if self.config.console_dir:
                 (Path(self.config.console_dir) / f"{sandbox_id}.log").unlink(missing_ok=True)
@@ -625,7 +657,50 @@ class Sandboxes:
             report["released"].append(owner)
         remaining = {sid for sid, *_ in self.ledger.sandboxes()}
         self._sweep_console_logs(remaining | kept | foreign)
+        with self._names_lock:
+            self._names = {SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()}
         return report
+
+    # -- guests that die ------------------------------------------------------------------------
+    def guest_stopped(self, domain: str, why: str) -> bool:
+        """libvirt says ``domain`` stopped: a READY sandbox whose guest is gone becomes NOTREADY and its
+        containers EXITED, with the cause. Its claims stay until StopPodSandbox/RemovePodSandbox (the
+        kubelet's answer to NOTREADY), which tear the domain down. True when a sandbox changed."""
+        for sid, state, _, _doc in self.ledger.sandboxes():
+            if state != SANDBOX_READY or domain_name(sid) != domain:
+                continue
+            with self._lock_for(sid):
+                record = self.find(sid)
+                if record is None or record.state != SANDBOX_READY or self.hypervisor.is_active(domain):
+                    return False  # stopped by us, or started again meanwhile
+                now = self._clock()
+                for c in self.containers(sid):
+                    if c.state != CONTAINER_EXITED:
+                        self._put_container(replace(c, state=CONTAINER_EXITED, reason="SandboxDied", message=f"{why}"))
+                dead = replace(
+                    record, state=SANDBOX_NOTREADY, guest={**record.guest, "stopped": why, "stopped_ns": now}
+                )
+                self.ledger.put_sandbox(sid, SANDBOX_NOTREADY, record.created_ns, dead.to_doc())
+            log.warning(
+                "sandbox %s of pod %s/%s is NOTREADY: %s (its resources stay held until StopPodSandbox)",
+                sid[:12],
+                record.meta.namespace,
+                record.meta.name,
+                why,
+            )
+            return True
+        return False
+
+    def check_guests(self) -> list[str]:
+        """Re-check every READY sandbox's guest (after libvirt events may have been missed); the ids of
+        the sandboxes found dead."""
+        dead = []
+        active = {d.name for d in self.hypervisor.list_ours() if d.active}
+        for sid, state, _, _doc in self.ledger.sandboxes():
+            gone = state == SANDBOX_READY and domain_name(sid) not in active
+            if gone and self.guest_stopped(domain_name(sid), "the guest is no longer running"):
+                dead.append(sid)
+        return dead
 
     def _adoption_problem(self, sid: str, state: str | None, doc: dict[str, Any] | None, dom: DomainInfo) -> str | None:
         """Why the domain of ``sid`` cannot be adopted, or None when it is whole and consistent."""

@@ -23,6 +23,7 @@ from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.health import Health
 from shim.runtime_service import ImageServicer, RuntimeServicer
 from shim.sandboxes import Sandboxes
+from vmsandbox.adapters.domain_events import DomainEvents
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.profile_loader import default_profiles, load_profiles
@@ -39,11 +40,14 @@ class Running:
     hypervisor: Hypervisor
     health: Health | None = None
     stop_metrics: Callable[[], None] | None = None
+    events: DomainEvents | None = None
 
     def stop(self, grace: float = 5.0) -> None:
         if self.health is not None:
             self.health.shutting_down()
         self.server.stop(grace).wait()
+        if self.events is not None:
+            self.events.close()
         if self.stop_metrics is not None:
             self.stop_metrics()
         self.hypervisor.close()
@@ -80,6 +84,10 @@ def start(config: ShimConfig) -> Running:
     sandboxes = Sandboxes(config, ledger, hypervisor, profiles)
     report = sandboxes.reconcile()
     log.info("reconciled with libvirt: %s", {k: len(v) for k, v in report.items()})
+    # a guest that dies (QEMU killed, panic) turns its sandbox NOTREADY; after a reconnect every guest is re-checked
+    events = DomainEvents(config.libvirt_uri, sandboxes.guest_stopped, sandboxes.check_guests)
+    events.start()
+    sandboxes.check_guests()  # a guest that died between the reconcile and the subscription
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
     pb_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(sandboxes), server)
     pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(config.state_dir), server)
@@ -111,6 +119,7 @@ def start(config: ShimConfig) -> Running:
         hypervisor=hypervisor,
         health=health,
         stop_metrics=stop_metrics,
+        events=events,
     )
 
 

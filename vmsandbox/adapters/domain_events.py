@@ -73,8 +73,8 @@ class DomainEvents:
     def __init__(
         self,
         uri: str,
-        on_stop: Callable[[str, str], None],
-        on_reconnect: Callable[[], None] = lambda: None,
+        on_stop: Callable[[str, str], object],
+        on_reconnect: Callable[[], object] = lambda: None,
         *,
         max_backoff_s: float = 10.0,
     ) -> None:

@@ -139,6 +139,19 @@ class Hypervisor:
     def live_xml(self, name: str) -> str:
         return self._call(f"XML of {name}", lambda conn: str(conn.lookupByName(name).XMLDesc(0)))
 
+    def is_active(self, name: str) -> bool:
+        """Whether the guest of ``name`` is running (False when there is no such domain)."""
+
+        def get(conn: Any) -> bool:
+            try:
+                return bool(conn.lookupByName(name).isActive())
+            except libvirt.libvirtError as exc:
+                if _no_domain(exc):
+                    return False
+                raise
+
+        return self._call(f"state of {name}", get)
+
     def channel_path(self, name: str, channel: str) -> str:
         path = read_channel_path(self.live_xml(name), channel)
         if not path:
