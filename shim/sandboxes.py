@@ -211,10 +211,10 @@ class Sandboxes:
             self.ledger.put_sandbox(sandbox_id, STATE_CREATING, record.created_ns, record.to_doc())
             record = self._boot(record, profile, shape, placement, accel)
         except BaseException as exc:
-            self._rollback(sandbox_id, name)
+            outcome = self._rollback(sandbox_id, name)
             if isinstance(exc, VmSandboxError):
-                log.error("sandbox %s for pod %s failed and was rolled back: %s", sandbox_id[:12], pod, exc)
-                raise type(exc)(f"pod {pod}: {exc} (rolled back: domain removed, resources released)") from exc
+                log.error("sandbox %s for pod %s failed: %s (%s)", sandbox_id[:12], pod, exc, outcome)
+                raise type(exc)(f"pod {pod}: {exc} ({outcome})") from exc
             raise
         faults.checkpoint("run:after-ready")
         metrics.observe_start(record.runtime_handler, time.monotonic() - started)
@@ -300,13 +300,18 @@ class Sandboxes:
             return ""
         return "; last console lines: " + " | ".join(lines) if lines else "; the guest console is empty"
 
-    def _rollback(self, sandbox_id: str, name: str) -> None:
+    def _rollback(self, sandbox_id: str, name: str) -> str:
+        """Undo a RunPodSandbox that failed; says what was undone, as it stands when it returns."""
         try:
             self.hypervisor.teardown(name)
         except VmSandboxError as exc:  # keep the claims: the domain may still hold the pages
             log.error("rollback of %s: tear-down failed, claims kept for reconciliation: %s", sandbox_id[:12], exc)
-            return
+            return (
+                f"rollback incomplete: domain {name} could not be removed, so its resources stay held until "
+                "the shim's reconciliation removes it"
+            )
         self.ledger.delete_sandbox(sandbox_id)
+        return "rolled back: domain removed, resources released"
 
     def get(self, sandbox_id: str) -> SandboxRecord:
         if not sandbox_id:

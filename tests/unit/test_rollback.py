@@ -1,0 +1,108 @@
+"""A RunPodSandbox that fails half-way says what its rollback really did: when libvirt cannot remove
+the domain the claims stay held (the guest may hold the pages) and the error says so; otherwise
+nothing is left behind. The pod's name is free again either way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from shim.config import ShimConfig
+from shim.model import PodMeta, SandboxSpec
+from shim.sandboxes import Sandboxes
+from vmsandbox.adapters.hypervisor import Hypervisor
+from vmsandbox.adapters.ledger import Ledger
+from vmsandbox.adapters.sysfs import read_inventory
+from vmsandbox.errors import InfrastructureError
+from vmsandbox.profile import Profile
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "one-node-2cpu"
+
+
+class FailingHypervisor:
+    """Defines, then fails to start; tear-down fails while ``libvirt_down`` is set."""
+
+    def __init__(self) -> None:
+        self.libvirt_down = False
+        self.defined: list[str] = []
+
+    def define(self, xml: str) -> None:
+        self.defined.append(xml)
+
+    def start(self, name: str) -> None:
+        raise InfrastructureError(f"libvirt start {name}: Cannot recv data: Connection reset by peer")
+
+    def teardown(self, name: str) -> bool:
+        if self.libvirt_down:
+            raise InfrastructureError("cannot connect to libvirt at qemu:///system: Connection refused")
+        return True
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[Sandboxes, FailingHypervisor, Ledger]]:
+    image = tmp_path / "image"
+    image.mkdir()
+    for name in ("vmlinux", "initramfs.img"):
+        (image / name).write_text("")
+    ledger = Ledger(tmp_path / "state.db")
+    hv = FailingHypervisor()
+    sb = Sandboxes(
+        ShimConfig(state_dir=str(tmp_path), console_dir=""),
+        ledger,
+        cast(Hypervisor, hv),
+        {
+            "vmsandbox": Profile(
+                name="vmsandbox",
+                handler="vmsandbox",
+                image_dir=str(image),
+                accel="tcg",
+                default_memory_bytes=32 << 20,  # 64 MiB with the overhead: fits the fixture's 60 free pages
+                memory_overhead_bytes=32 << 20,
+                memory_min_bytes=64 << 20,
+            )
+        },
+        inventory=lambda: read_inventory(FIXTURE / "sys", FIXTURE / "proc"),
+    )
+    try:
+        yield sb, hv, ledger
+    finally:
+        ledger.close()
+
+
+SPEC = SandboxSpec(meta=PodMeta("web", "default", "uid-1"))
+
+
+def test_rollback_that_worked_says_so_and_leaves_nothing(env: tuple[Sandboxes, FailingHypervisor, Ledger]) -> None:
+    sb, _hv, ledger = env
+    with pytest.raises(InfrastructureError, match=r"rolled back: domain removed, resources released"):
+        sb.run(SPEC)
+    assert ledger.claim_owners() == set()
+    assert ledger.sandboxes() == []
+
+
+def test_rollback_that_could_not_remove_the_domain_keeps_claims_and_says_so(
+    env: tuple[Sandboxes, FailingHypervisor, Ledger],
+) -> None:
+    sb, hv, ledger = env
+    hv.libvirt_down = True
+    with pytest.raises(InfrastructureError) as err:
+        sb.run(SPEC)
+    assert "rollback incomplete" in str(err.value)
+    assert "released" not in str(err.value)
+    assert len(ledger.claim_owners()) == 1  # held: the domain may still hold the pages
+    # the next reconcile, with libvirt back, finishes the job
+    hv.libvirt_down = False
+    cast(Hypervisor, hv).list_ours = lambda: []  # type: ignore[method-assign]
+    sb.reconcile()
+    assert ledger.claim_owners() == set()
+    assert ledger.sandboxes() == []
+
+
+def test_a_failed_run_frees_the_pod_name(env: tuple[Sandboxes, FailingHypervisor, Ledger]) -> None:
+    sb, _hv, _ledger = env
+    for _ in range(2):  # the second attempt is not refused as a duplicate of the first
+        with pytest.raises(InfrastructureError, match="rolled back"):
+            sb.run(SPEC)
