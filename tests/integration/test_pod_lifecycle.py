@@ -115,7 +115,7 @@ def test_guest_that_never_reports_is_rolled_back(shim: Shim) -> None:
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     details = str(err.value.details())
     assert "test/silent" in details and "8" in details and "rolled back" in details
-    assert elapsed < 8 + 20  # the profile's 8 s boot timeout plus tear-down
+    assert elapsed < 8 + 45  # the profile's 8 s boot timeout plus tear-down (generous: CI hosts are shared)
     assert our_domains() == []
     assert claims_in_ledger(shim) == 0
     assert hugepages_free() == free_before
