@@ -320,13 +320,13 @@ def _round_up(value: int, unit: int) -> int:
 
 def shape_for(demand: PodDemand, profile: Profile) -> VmShape:
     """The VM shape for ``demand`` under ``profile``; a pod larger than the profile allows is refused."""
-    with_extra = -(-demand.cpu_millis // 1000) + profile.vcpu_extra
-    with_overhead = -(-(demand.cpu_millis + demand.overhead_cpu_millis) // 1000)
-    vcpus = max(with_extra, with_overhead, profile.vcpu_min)
+    by_extra = -(-demand.cpu_millis // 1000) + profile.vcpu_extra
+    by_overhead = -(-(demand.cpu_millis + demand.overhead_cpu_millis) // 1000)
+    vcpus = max(by_extra, by_overhead, profile.vcpu_min)
     if vcpus > profile.vcpu_max:
         added = (
             f"{demand.overhead_cpu_millis}m RuntimeClass overhead"
-            if with_overhead > with_extra
+            if by_overhead > by_extra
             else f"{profile.vcpu_extra} extra"
         )
         message = (
