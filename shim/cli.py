@@ -32,8 +32,11 @@ PLAN_EXAMPLES = """examples:
   vmsandbox plan pod.yaml --config /etc/vmsandbox/config.yaml --state-dir /var/lib/vmsandbox/state
   vmsandbox plan pod.yaml --host-sysfs tests/fixtures/sysfs/two-socket-64-thread --format xml
 
-exit status: 0 the pod fits, 1 it would be refused (the output says which resource, declared vs
-available), 2 bad input (unreadable or invalid manifest, unknown profile, bad option).
+exit status: 0 the pod fits, 1 the shim would refuse it (the output says which resource, declared
+vs available, or why the shim would answer INVALID_ARGUMENT), 2 no plan could be made: bad input
+(an unreadable or invalid manifest, config or profile file, an unknown profile or handler, a bad
+option, no state database at --state-dir).
+A multi-document manifest (or a kind: List) needs --document N to choose its pod.
 The domain XML carries placeholder ids (all zeros); the shim generates real ones.
 """
 VALIDATE_EXAMPLES = """examples:
@@ -131,9 +134,10 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 # -- profile ----------------------------------------------------------------------------------------
-def _host_for_profiles(args: argparse.Namespace) -> tuple[Any, frozenset[int] | None, bool, Any]:
-    """(inventory, owned CPUs, check guest images?, device pools) for validation; none with --no-host."""
-    from shim import plan
+def _host_for_profiles(args: argparse.Namespace) -> tuple[Any, Any, bool, Any]:
+    """(inventory, the config's CPU pools, check guest images?, device pools) for validation; none
+    with --no-host."""
+    from shim import plan, validate
     from vmsandbox.adapters.sysfs import read_inventory
     from vmsandbox.devices import resolve_pools
 
@@ -145,17 +149,23 @@ def _host_for_profiles(args: argparse.Namespace) -> tuple[Any, frozenset[int] | 
         inv = read_inventory(source.sys_root, source.proc_root)
     else:
         inv = read_inventory(config.sys_root, config.proc_root)
-    owned = frozenset(config.cpu_pool) if config.cpu_pool is not None else None
-    return inv, owned, not args.host_sysfs, resolve_pools(config.device_pools, inv)
+    cpus = validate.CpuPools(
+        owned=frozenset(config.cpu_pool) if config.cpu_pool is not None else None,
+        shared=frozenset(config.shared_cpus),
+        housekeeping=frozenset(config.housekeeping_cpus),
+        file=args.config or "",
+        lines=validate.config_key_lines(args.config) if args.config else {},
+    )
+    return inv, cpus, not args.host_sysfs, resolve_pools(config.device_pools, inv)
 
 
 def _profile_validate(args: argparse.Namespace) -> int:
     from shim import textout, validate
 
     checked, problems = validate.parse_files(args.files)
-    inv, owned, images, pools = _host_for_profiles(args)
-    problems += validate.host_problems(checked, inv, owned, check_images=images, device_pools=pools)
-    problems.sort(key=lambda p: (args.files.index(p.file) if p.file in args.files else 0, p.line, p.key))
+    inv, cpus, images, pools = _host_for_profiles(args)
+    problems += validate.host_problems(checked, inv, cpus, check_images=images, device_pools=pools)
+    problems.sort(key=lambda p: (args.files.index(p.file) if p.file in args.files else len(args.files), p.line, p.key))
     errors = [p for p in problems if p.severity == "error"]
     if args.format == "json":
         doc = {
@@ -178,6 +188,9 @@ def _profile_validate(args: argparse.Namespace) -> int:
                 f"{path}: {len(mine)} profile{'s' if len(mine) != 1 else ''} {verdict}"
                 + (f" ({handlers})" if mine else "")
             )
+        for path in sorted({p.file for p in errors} - set(args.files)):  # the shim's config
+            bad = sum(1 for p in errors if p.file == path)
+            print(f"{path}: {bad} error{'s' if bad != 1 else ''}")
     return EXIT_NO if errors else EXIT_OK
 
 
@@ -250,6 +263,7 @@ def _sub(
     """A subcommand with a description, examples and (unless ``formats`` is empty) ``--format``."""
     p: argparse.ArgumentParser = sub.add_parser(
         name,
+        parents=[_logging_options(argparse.SUPPRESS)],
         help=help_text,
         description=help_text[0].upper() + help_text[1:] + ".",
         epilog=examples,
@@ -263,16 +277,29 @@ def _sub(
     return p
 
 
+def _logging_options(default: Any) -> argparse.ArgumentParser:
+    """--log-level and --log-format, accepted before the command and after it (``default``
+    SUPPRESS on the commands, so a value given before the command is not reset)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "--log-level",
+        default="INFO" if default is None else default,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level (default INFO)",
+    )
+    p.add_argument(
+        "--log-format", choices=list(logs.FORMATS), default=default, help="log lines as text (default) or JSON"
+    )
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vmsandbox",
+        parents=[_logging_options(None)],
         description="A CRI runtime that runs each pod in its own pinned QEMU guest, and its admin tools.",
         epilog=TOP_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    parser.add_argument(
-        "--log-format", choices=list(logs.FORMATS), default=None, help="log lines as text (default) or JSON"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -314,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     profile = sub.add_parser(
         "profile",
+        parents=[_logging_options(argparse.SUPPRESS)],
         help="check profile files; derive RuntimeClass manifests from them",
         description="Check sizing profiles and derive RuntimeClass manifests from them.",
         epilog=VALIDATE_EXAMPLES + "\n" + RUNTIMECLASS_EXAMPLES,
@@ -363,12 +391,13 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(filter(None, [args.command, getattr(args, "profile_command", None)]))
     try:
         return int(args.func(args))
-    except NotFound as exc:
-        _err(command, exc)
-        return EXIT_NO
     except VmSandboxError as exc:
         _err(command, exc)
-        return EXIT_BAD_INPUT if isinstance(exc, InvalidArgument) or command == "serve" else EXIT_NO
+        if command in ("plan", "serve"):  # plan: 1 means "would be refused", which is not an exception
+            return EXIT_BAD_INPUT
+        if isinstance(exc, NotFound):
+            return EXIT_NO
+        return EXIT_BAD_INPUT if isinstance(exc, InvalidArgument) else EXIT_NO
     except ValueError as exc:  # cpulist syntax and the like
         _err(command, exc)
         return EXIT_BAD_INPUT

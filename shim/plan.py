@@ -5,6 +5,10 @@ placement on this host's inventory or a fixture sysfs tree, with nothing claimed
 running shim holds, read-only, when ``--state-dir`` is given) -> the libvirt domain XML, with
 placeholder ids so the output is stable. No libvirt connection, no state write.
 
+Sidecars (``restartPolicy: Always``) come from the manifest, and ``spec.overhead`` is the
+RuntimeClass overhead the kubelet would send; a note says when the pod's ``io.vmsandbox/sidecars``
+annotation would make the shim size it otherwise.
+
 Outcome: ``fits`` (exit 0), ``refused`` (exit 1: which resource, declared vs available), or an
 ``InvalidArgument`` for bad input (exit 2, raised to the caller).
 """
@@ -28,11 +32,18 @@ from vmsandbox.domain import SandboxIdentity
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import CannotFit, InvalidArgument
 from vmsandbox.host import choose_accel, format_cpulist
-from vmsandbox.manifest import PodManifest, pod_from_manifest, select_workload
+from vmsandbox.manifest import PodManifest, describe_all, pod_from_manifest, select_workload, workloads
 from vmsandbox.placement import Placement
-from vmsandbox.profile import Profile, select_profile
+from vmsandbox.profile import SIDECARS_ANNOTATION, Profile, select_profile
 from vmsandbox.resources import ContainerResources
-from vmsandbox.sizing import PodDemand, VmShape, demand_from_declaration, shape_for
+from vmsandbox.sizing import (
+    LinuxResources,
+    PodDemand,
+    VmShape,
+    demand_from_declaration,
+    shape_for,
+    sidecars_from_annotations,
+)
 
 PLACEHOLDER_SANDBOX_ID = "0" * 64
 PLACEHOLDER_UUID = "00000000-0000-0000-0000-000000000000"
@@ -109,6 +120,14 @@ def load_manifest(path: str, index: int | None) -> PodManifest:
         where = f"{path}:{mark.line + 1}" if mark is not None else path
         raise InvalidArgument(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
     try:
+        found = workloads(docs)
+        if index is None and len(found) > 1:
+            raise InvalidArgument(
+                f"the manifest holds {len(found)} pod templates ({describe_all(found)}); choose one with "
+                "--document N (0-based)"
+            )
+        if index is not None and not 0 <= index < len(found):
+            raise InvalidArgument(f"--document {index} is out of range: the manifest holds {len(found)} pods (0-based)")
         return pod_from_manifest(select_workload(docs, index))
     except InvalidArgument as exc:
         raise InvalidArgument(f"{path}: {exc}") from None
@@ -184,14 +203,6 @@ def make_plan(
         profiles, manifest, name=profile_name, handler=handler, default_handler=config.default_handler
     )
     notes = list(manifest.notes) + notes
-    if manifest.sidecars and profile.init_containers == "sequential":
-        which = ", ".join(manifest.sidecars)
-        notes.append(
-            f"init container{'s' if len(manifest.sidecars) > 1 else ''} {which} "
-            f"{'are sidecars' if len(manifest.sidecars) > 1 else 'is a sidecar'} (restartPolicy: Always), "
-            f"running beside the app containers, but profile {profile.name!r} sizes init containers "
-            "sequentially: the VM may be too small (use init_containers: concurrent)"
-        )
     inv = read_inventory(host.sys_root, host.proc_root)
     if not inv.cpus:
         raise InvalidArgument(f"{host.sys_root}: no online CPUs found")
@@ -224,7 +235,19 @@ def make_plan(
             notes=tuple(notes),
         )
 
-    demand = demand_from_declaration(manifest.declaration, profile)
+    overhead = LinuxResources(
+        cpu_period=100_000 if manifest.overhead_cpu_millis else 0,
+        cpu_quota=manifest.overhead_cpu_millis * 100,
+        memory_limit_bytes=manifest.overhead_memory_bytes,
+    )  # as the kubelet sends spec.overhead (LinuxPodSandboxConfig.overhead)
+    sidecars = frozenset(manifest.sidecars)
+    demand = demand_from_declaration(manifest.declaration, profile, sidecars=sidecars, overhead=overhead)
+    try:
+        on_the_wire = sidecars_from_annotations(dict(manifest.annotations), manifest.declaration)
+    except InvalidArgument as exc:  # the shim refuses it (INVALID_ARGUMENT)
+        return result(demand, None, None, None, f"{exc} (the shim refuses RunPodSandbox with INVALID_ARGUMENT)")
+    if on_the_wire != sidecars:
+        notes.append(_sidecar_note(manifest, profile, on_the_wire, demand, overhead))
     try:
         devices = policy.device_request(manifest.declaration, demand, profile, inv)
     except InvalidArgument as exc:  # the manifest is valid; the shim would refuse it (INVALID_ARGUMENT)
@@ -257,6 +280,28 @@ def make_plan(
     return result(demand, shape, placement, render(domain), None)
 
 
+def _sidecar_note(
+    manifest: PodManifest, profile: Profile, on_the_wire: frozenset[str], demand: PodDemand, overhead: LinuxResources
+) -> str:
+    """Why the shim would size the pod differently: the kubelet does not send restartPolicy."""
+    wanted = ",".join(manifest.sidecars)
+    shim = demand_from_declaration(manifest.declaration, profile, sidecars=on_the_wire, overhead=overhead)
+    sized = ", ".join(sorted(on_the_wire)) or "none"
+    fix = f'"{SIDECARS_ANNOTATION}: {wanted}"' if wanted else f"no {SIDECARS_ANNOTATION} annotation"
+    differs = (
+        f": it would ask for cpu {shim.cpu_millis}m, memory {textout.size(shim.memory_bytes)} instead of "
+        f"{demand.cpu_millis}m, {textout.size(demand.memory_bytes)}"
+        if (shim.cpu_millis, shim.memory_bytes, shim.hugepages)
+        != (demand.cpu_millis, demand.memory_bytes, demand.hugepages)
+        else " (the same size for this pod)"
+    )
+    return (
+        f"sidecars by restartPolicy: Always: {', '.join(manifest.sidecars) or 'none'}; the kubelet does not send "
+        f"restartPolicy, so the shim takes them from the pod annotation {SIDECARS_ANNOTATION} (here: {sized})"
+        f"{differs}; give the pod template {fix}"
+    )
+
+
 # -- output -----------------------------------------------------------------------------------------
 def _resources_line(res: ContainerResources) -> str:
     req = " ".join(f"{k}={v.canonical()}" for k, v in res.requests) or "-"
@@ -265,13 +310,18 @@ def _resources_line(res: ContainerResources) -> str:
     return f"requests {req}  limits {lim}{mounts}"
 
 
-def _demand_line(demand: PodDemand, profile: Profile) -> str:
+def _demand_line(demand: PodDemand) -> str:
     parts = [f"cpu {demand.cpu_millis}m", f"memory {textout.size(demand.memory_bytes)}"]
     parts += [f"hugepages-{textout.page_label(s)} {textout.size(b)}" for s, b in demand.hugepages]
     parts += [f"{n} {c}" for n, c in demand.extended]
     if demand.ephemeral_storage_bytes:
         parts.append(f"ephemeral-storage {textout.size(demand.ephemeral_storage_bytes)}")
-    return ", ".join(parts) + f" (init containers: {profile.init_containers})"
+    if demand.overhead_cpu_millis or demand.overhead_memory_bytes:
+        parts.append(
+            f"RuntimeClass overhead cpu {demand.overhead_cpu_millis}m "
+            f"memory {textout.size(demand.overhead_memory_bytes)}"
+        )
+    return ", ".join(parts)
 
 
 def _shape_line(shape: VmShape, profile: Profile) -> str:
@@ -284,7 +334,8 @@ def _shape_line(shape: VmShape, profile: Profile) -> str:
     text = f"{shape.vcpus} vCPU{'s' if shape.vcpus != 1 else ''} ({cpus}), {memory}"
     if shape.guest_hugepages:
         text += ", guest hugepages " + " ".join(f"{n}x{textout.page_label(s)}" for s, n in shape.guest_hugepages)
-    return text + f"; overhead {textout.size(profile.memory_overhead_bytes)}"
+    overhead = max(profile.memory_overhead_bytes, shape.demand.overhead_memory_bytes)
+    return text + f"; overhead {textout.size(overhead)}"
 
 
 def _placement_line(shape: VmShape, placement: Placement) -> str:
@@ -319,7 +370,7 @@ def render_text(plan: Plan) -> str:
     out.append("\n".join("  " + line for line in textout.table(["KIND", "CONTAINER", "RESOURCES"], rows).splitlines()))
     pairs = []
     if plan.demand is not None:
-        pairs.append(("demand", _demand_line(plan.demand, plan.profile)))
+        pairs.append(("demand", _demand_line(plan.demand)))
     if plan.shape is not None:
         pairs.append(("VM", _shape_line(plan.shape, plan.profile)))
     pairs.append(("host", host))

@@ -60,7 +60,10 @@ from vmsandbox.sizing import (
     VmShape,
     demand_from_declaration,
     demand_from_linux,
+    running_alongside,
     shape_for,
+    sidecar_names,
+    sidecars_from_annotations,
 )
 
 log = logging.getLogger(__name__)
@@ -165,10 +168,11 @@ class Sandboxes:
         inv = self.inventory()  # for devices and accel; placement reads it afresh under its lock
         devices = NO_DEVICES
         if spec.declaration is not None:
-            demand = demand_from_declaration(spec.declaration, profile)
+            sidecars = sidecars_from_annotations(spec.annotations, spec.declaration)
+            demand = demand_from_declaration(spec.declaration, profile, sidecars=sidecars, overhead=spec.linux_overhead)
             devices = self.policy.device_request(spec.declaration, demand, profile, inv)
         else:
-            demand = demand_from_linux(spec.linux_resources, spec.annotations, profile)
+            demand = demand_from_linux(spec.linux_resources, spec.annotations, profile, overhead=spec.linux_overhead)
         shape = shape_for(demand, profile)
         accel = choose_accel(profile.accel, inv.hw_virt, os.path.exists("/dev/kvm"))
         logs.bind(sandbox_id=sandbox_id)
@@ -491,15 +495,16 @@ class Sandboxes:
         with self._lock_for(c.sandbox_id):
             record = self.get(c.sandbox_id)
             shape = records.shape_from_doc(record.shape)
-            # init containers of a sequential profile run alone, before the app containers
-            inits = {d["name"] for d in (record.declaration or {}).get("init_containers", [])}
-            profile = self.profiles_by_name.get(record.profile)
-            if profile is None or profile.init_containers == "concurrent":
-                inits = set()
-            live = [] if c.name in inits else _live(self.containers(c.sandbox_id), skip={c.name, *inits})
-            others = [self._usage(None, LinuxResources(**_linux_args(o.linux))) for o in live]
+            # the containers that may run beside it, phase by phase (KEP-753: sidecars stay, init containers end)
+            inits = [d["name"] for d in (record.declaration or {}).get("init_containers", [])]
+            sidecars = frozenset(sidecar_names(record.annotations))  # checked at RunPodSandbox
+            live = {o.name: o for o in _live(self.containers(c.sandbox_id), skip={c.name})}
             new_linux = admission.implied_linux(resources) if resources is not None and linux.empty else linux
-            admission.check_envelope(shape.demand, others, self._usage(resources, linux), who=f'update of "{c.name}"')
+            for phase in running_alongside(c.name, inits, sidecars, live):
+                others = [self._usage(None, LinuxResources(**_linux_args(live[n].linux))) for n in phase if n in live]
+                admission.check_envelope(
+                    shape.demand, others, self._usage(resources, linux), who=f'update of "{c.name}"'
+                )
             updated = replace(c, linux=asdict(new_linux))
             if resources is not None:
                 updated = replace(

@@ -1,15 +1,19 @@
 """``vmsandbox profile validate`` and ``profile runtimeclass``: check profile files, derive RuntimeClasses.
 
-Validation is the schema of ``vmsandbox.profile`` (every key, type and range; ``min <= max``) plus
-what only a host can tell: the page size is reserved there, the vCPU bounds fit a NUMA node of the
-CPUs the shim owns, ``accel: kvm`` has hardware virtualisation, extended resources name device pools
-that resolve, the guest image exists. Each problem is ``file:line: key: problem``.
+Validation is the schema of ``vmsandbox.profile`` (every key, type and range; ``min <= max``;
+handlers that are DNS-1123 labels), every problem of every profile, plus what only the shim's
+configuration and a host can tell: the config's ``cpu_pool`` is online, a shared profile has
+``shared_cpus`` to float over, an exclusive profile has CPUs left that are neither shared nor
+housekeeping, the vCPU bounds fit those exclusive CPUs (on one NUMA node under
+``numa_policy: single-numa-node``), the page size is reserved, ``accel: kvm`` has hardware
+virtualisation, extended resources name device pools that resolve, the guest image exists. Each
+problem is ``file:line: key: problem``, in the profile file or, for the pools, the config file.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,8 +22,8 @@ import yaml
 from shim import textout
 from vmsandbox.adapters.profile_loader import _key_lines
 from vmsandbox.devices import DevicePools
-from vmsandbox.host import HostInventory
-from vmsandbox.profile import PAGE_4K, Profile, ProfileError, profile_from_mapping
+from vmsandbox.host import HostInventory, format_cpulist
+from vmsandbox.profile import PAGE_4K, Profile, profile_problems
 
 Severity = Literal["error", "warning"]
 
@@ -50,8 +54,35 @@ class Checked:
         return self.lines.get(key, self.start)
 
 
+@dataclass(frozen=True)
+class CpuPools:
+    """The shim configuration's CPU pools, and where in its file each key is (``file`` empty: the
+    built-in defaults, no file)."""
+
+    owned: frozenset[int] | None = None  # None: every online CPU
+    shared: frozenset[int] = frozenset()
+    housekeeping: frozenset[int] = frozenset()
+    file: str = ""
+    lines: Mapping[str, int] = field(default_factory=dict)
+
+    def where(self, key: str) -> tuple[str, int]:
+        return (self.file or "(config)", self.lines.get(key, 1 if self.file else 0))
+
+    def described(self) -> str:
+        return f"the shim's configuration {self.file}" if self.file else "the shim's built-in configuration"
+
+
+def config_key_lines(path: str) -> dict[str, int]:
+    """Line of each top-level key of a YAML config file (nothing when it cannot be read)."""
+    try:
+        node = yaml.compose(Path(path).read_text(), Loader=yaml.SafeLoader)
+    except (OSError, yaml.YAMLError):
+        return {}
+    return _key_lines(node) if node is not None else {}
+
+
 def parse_files(paths: Iterable[str]) -> tuple[list[Checked], list[Problem]]:
-    """Every profile of every file, and the schema problems (one per document: the first found)."""
+    """Every profile of every file, and every schema problem of each document."""
     checked: list[Checked] = []
     problems: list[Problem] = []
     for path in paths:
@@ -75,12 +106,10 @@ def parse_files(paths: Iterable[str]) -> tuple[list[Checked], list[Problem]]:
             found += 1
             lines = _key_lines(node)
             start = node.start_mark.line + 1
-            try:
-                profile = profile_from_mapping(doc, source=path)
-            except ProfileError as exc:
-                problems.append(Problem(path, lines.get(exc.key, start), exc.key, exc.problem))
-                continue
-            checked.append(Checked(profile, path, lines, start))
+            profile, errors = profile_problems(doc, source=path)
+            problems += [Problem(path, lines.get(e.key, start), e.key, e.problem) for e in errors]
+            if profile is not None:
+                checked.append(Checked(profile, path, lines, start))
         if not found:
             problems.append(Problem(path, 1, "(file)", "holds no profile"))
     return checked, problems
@@ -89,14 +118,18 @@ def parse_files(paths: Iterable[str]) -> tuple[list[Checked], list[Problem]]:
 def host_problems(
     checked: list[Checked],
     inventory: HostInventory | None,
-    owned: frozenset[int] | None,
+    cpus: CpuPools | None = None,
     *,
     check_images: bool,
     device_pools: DevicePools | None = None,
 ) -> list[Problem]:
     """Semantic checks across files and against the host (``inventory`` None: host checks skipped;
-    ``device_pools``: the shim's pools resolved on that host, None to skip pool checks)."""
+    ``cpus``: the config's CPU pools, None for the defaults; ``device_pools``: the shim's pools
+    resolved on that host, None to skip pool checks)."""
+    cpus = cpus if cpus is not None else CpuPools()
     problems: list[Problem] = []
+    if inventory is not None:
+        problems += _cpu_pool_problems(checked, inventory, cpus)
     handlers: dict[str, Checked] = {}
     names: dict[str, Checked] = {}
     defined = {c.profile.name for c in checked}
@@ -165,11 +198,46 @@ def host_problems(
                     )
                 )
         if inventory is not None:
-            problems.extend(_against_host(c, inventory, owned))
+            problems.extend(_against_host(c, inventory, cpus))
     return problems
 
 
-def _against_host(c: Checked, inv: HostInventory, owned: frozenset[int] | None) -> list[Problem]:
+def _online_owned(inv: HostInventory, cpus: CpuPools) -> frozenset[int]:
+    online = frozenset(cpu.id for cpu in inv.cpus)
+    return online if cpus.owned is None else cpus.owned & online
+
+
+def _cpu_pool_problems(checked: list[Checked], inv: HostInventory, cpus: CpuPools) -> list[Problem]:
+    """What is wrong with the config's CPU pools on this host: once, against the config file."""
+    out: list[Problem] = []
+    if cpus.owned is not None:
+        offline = cpus.owned - {cpu.id for cpu in inv.cpus}
+        if offline:
+            out.append(
+                Problem(
+                    *cpus.where("cpu_pool"),
+                    "cpu_pool",
+                    f"names CPUs that are not online on this host: {format_cpulist(offline)} (the shim refuses to "
+                    "start; they are left out of the checks below)",
+                )
+            )
+    owned = _online_owned(inv, cpus)
+    exclusive_profiles = [c.profile.name for c in checked if c.profile.cpu_policy == "exclusive"]
+    if owned and exclusive_profiles and not owned - cpus.shared - cpus.housekeeping:
+        key = "shared_cpus" if owned <= cpus.shared else "housekeeping_cpus"
+        out.append(
+            Problem(
+                *cpus.where(key),
+                key,
+                f"every CPU of cpu_pool ({format_cpulist(owned)}) is in shared_cpus or housekeeping_cpus: no CPU is "
+                f"left for exclusive pods, so profile{'s' if len(exclusive_profiles) > 1 else ''} "
+                f"{', '.join(exclusive_profiles)} (cpu_policy exclusive) would refuse every pod",
+            )
+        )
+    return out
+
+
+def _against_host(c: Checked, inv: HostInventory, cpus: CpuPools) -> list[Problem]:
     p = c.profile
     out: list[Problem] = []
     if p.page_size_bytes > PAGE_4K:
@@ -192,30 +260,47 @@ def _against_host(c: Checked, inv: HostInventory, owned: frozenset[int] | None) 
             )
     if p.accel == "kvm" and not inv.hw_virt:
         out.append(Problem(c.file, c.line("accel"), "accel", "kvm, but the host CPU has no vmx/svm (use auto or tcg)"))
-    mine = owned if owned is not None else frozenset(cpu.id for cpu in inv.cpus)
-    per_node = {n: sum(1 for cpu in inv.cpus if cpu.node == n and cpu.id in mine) for n in inv.nodes}
-    largest = max(per_node.values(), default=0)
-    if p.cpu_policy == "exclusive":
-        if p.vcpu_min > largest:
+    if p.cpu_policy == "shared":
+        if not cpus.shared:
             out.append(
                 Problem(
                     c.file,
-                    c.line("vcpu.min"),
-                    "vcpu.min",
-                    f"{p.vcpu_min} exceeds the {largest} CPUs the shim owns on one NUMA node: no pod could be placed",
+                    c.line("cpu_policy"),
+                    "cpu_policy",
+                    f"shared, but {cpus.described()} sets no shared_cpus: every pod of this profile would be refused "
+                    "(set shared_cpus, a subset of cpu_pool)",
                 )
             )
-        elif p.vcpu_max > largest:
-            out.append(
-                Problem(
-                    c.file,
-                    c.line("vcpu.max"),
-                    "vcpu.max",
-                    f"{p.vcpu_max} exceeds the {largest} CPUs the shim owns on one NUMA node: pods needing more "
-                    f"than {largest} vCPUs will be refused",
-                    "warning",
-                )
+        return out
+    # exclusive pods get the owned CPUs that are neither shared nor housekeeping
+    exclusive = _online_owned(inv, cpus) - cpus.shared - cpus.housekeeping
+    if not exclusive:
+        return out  # reported once against the config (_cpu_pool_problems)
+    if p.numa_policy == "single-numa-node":
+        per_node = {n: sum(1 for cpu in inv.cpus if cpu.node == n and cpu.id in exclusive) for n in inv.nodes}
+        largest, where = max(per_node.values(), default=0), "exclusive CPUs on one NUMA node"
+    else:
+        largest, where = len(exclusive), "exclusive CPUs"
+    if p.vcpu_min > largest:
+        out.append(
+            Problem(
+                c.file,
+                c.line("vcpu.min"),
+                "vcpu.min",
+                f"{p.vcpu_min} exceeds the shim's {largest} {where}: no pod could be placed",
             )
+        )
+    elif p.vcpu_max > largest:
+        out.append(
+            Problem(
+                c.file,
+                c.line("vcpu.max"),
+                "vcpu.max",
+                f"{p.vcpu_max} exceeds the shim's {largest} {where}: pods needing more than {largest} vCPUs "
+                "will be refused",
+                "warning",
+            )
+        )
     return out
 
 

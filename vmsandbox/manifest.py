@@ -5,13 +5,17 @@ it reads: Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob, Replicat
 PodTemplate) and builds what a KEP-4112 kubelet would send as ``PodSandboxConfig.pod_resources``:
 
 * init containers first (native sidecars, ``restartPolicy: Always``, stay init containers: this
-  KEP revision cannot mark them), then app containers, in manifest order;
+  KEP revision cannot mark them; ``sidecars`` lists them), then app containers, in manifest order;
 * requests and limits after the API server's defaulting (a resource with a limit and no request
   gets request = limit) and validation (request <= limit; hugepages and extended resources are not
   overcommitable, so their request equals their limit; extended resources are integers;
   hugepages need cpu or memory);
 * ``volumeMounts`` as mounts with their container path only: the host path the kubelet would send
   (``/var/lib/kubelet/pods/<uid>/volumes/...``) is not derivable from a manifest; no devices.
+* ``spec.overhead`` (set by the RuntimeClass admission controller), which the kubelet sends as
+  ``LinuxPodSandboxConfig.overhead``.
+
+``workloads`` unwraps ``kind: List`` documents (what ``kubectl get -o yaml`` prints) into their items.
 
 Errors are ``InvalidArgument`` naming the manifest path (``spec.containers[1].resources...``).
 """
@@ -71,6 +75,8 @@ class PodManifest:
     declaration: PodDeclaration
     sidecars: tuple[str, ...] = ()  # init containers with restartPolicy: Always
     notes: tuple[str, ...] = ()
+    overhead_cpu_millis: int = 0  # spec.overhead (RuntimeClass overhead)
+    overhead_memory_bytes: int = 0
 
     @property
     def pod(self) -> str:
@@ -81,19 +87,62 @@ def is_workload(doc: object) -> bool:
     return isinstance(doc, Mapping) and doc.get("kind") in WORKLOAD_KINDS
 
 
+def _is_list(doc: object) -> bool:
+    """``kind: List`` (or a typed list such as ``PodList``) holding ``items``."""
+    return isinstance(doc, Mapping) and str(doc.get("kind", "")).endswith("List") and "items" in doc
+
+
+def workloads(docs: Sequence[object]) -> list[Mapping[str, Any]]:
+    """The pod-bearing documents, in order, with ``kind: List`` documents unwrapped into their items."""
+    found: list[Mapping[str, Any]] = []
+    for doc in docs:
+        if _is_list(doc):
+            assert isinstance(doc, Mapping)
+            items = doc["items"]
+            if not isinstance(items, list):
+                raise InvalidArgument(f"kind {doc.get('kind')}: items must be a list, got {type(items).__name__}")
+            found += workloads(items)
+        elif is_workload(doc):
+            assert isinstance(doc, Mapping)
+            found.append(doc)
+    return found
+
+
+def _kinds(docs: Sequence[object]) -> set[str]:
+    out: set[str] = set()
+    for d in docs:
+        if _is_list(d):
+            assert isinstance(d, Mapping)
+            items = d["items"]
+            out |= _kinds(items) if isinstance(items, list) else set()
+        elif isinstance(d, Mapping):
+            out.add(str(d.get("kind")))
+    return out
+
+
 def select_workload(docs: Sequence[object], index: int | None = None) -> Mapping[str, Any]:
     """The document to plan: the only pod-bearing one, or the ``index``-th of them (0-based)."""
-    workloads = [d for d in docs if is_workload(d)]
+    workloads_ = workloads(docs)
+    return pick(workloads_, _kinds(docs), index)
+
+
+def describe_all(found: Sequence[Mapping[str, Any]]) -> str:
+    """``0: Pod/a, 1: Deployment/b``: the pod-bearing documents by index."""
+    return ", ".join(f"{index}: {_describe(d)}" for index, d in enumerate(found))
+
+
+def pick(workloads: Sequence[Mapping[str, Any]], kinds: set[str], index: int | None) -> Mapping[str, Any]:
+    """The only one of ``workloads``, or the ``index``-th; ``kinds`` names what was found instead of pods."""
     if not workloads:
-        kinds = sorted({str(d.get("kind")) for d in docs if isinstance(d, Mapping)})
-        found = f" (found kind {', '.join(kinds)})" if kinds else ""
+        found = f" (found kind {', '.join(sorted(kinds))})" if kinds else ""
         raise InvalidArgument(
             f"no pod in the manifest{found}: expected kind {', '.join(WORKLOAD_KINDS)}",
         )
     if index is None:
         if len(workloads) > 1:
-            names = ", ".join(f"{index}: {_describe(d)}" for index, d in enumerate(workloads))
-            raise InvalidArgument(f"the manifest holds {len(workloads)} pod templates ({names}); choose one by index")
+            raise InvalidArgument(
+                f"the manifest holds {len(workloads)} pod templates ({describe_all(workloads)}); choose one by index"
+            )
         index = 0
     if not 0 <= index < len(workloads):
         raise InvalidArgument(f"document index {index} is out of range: the manifest holds {len(workloads)} pods")
@@ -276,11 +325,8 @@ def pod_from_manifest(doc: Mapping[str, Any]) -> PodManifest:
             f"{spec_path}.resources (pod-level resources) is not part of pod_resources in this KEP revision; "
             "the VM is sized from the containers"
         )
-    if spec.get("overhead") is not None:
-        notes.append(
-            f"{spec_path}.overhead is set by the RuntimeClass admission controller for scheduling; the VM adds "
-            "the profile's guest overhead itself"
-        )
+    overhead = _resource_list(spec.get("overhead"), f"{spec_path}.overhead")
+    overhead_cpu, overhead_memory = overhead.get(CPU), overhead.get(MEMORY)
     if any(isinstance(c, Mapping) and c.get("volumeDevices") for c in (*_init_raw(spec), *containers_raw)):
         notes.append("volumeDevices are not declared: raw block devices need passthrough, not available yet")
     runtime_class = spec.get("runtimeClassName") or ""
@@ -296,6 +342,8 @@ def pod_from_manifest(doc: Mapping[str, Any]) -> PodManifest:
         declaration=declaration,
         sidecars=tuple(sidecars),
         notes=tuple(notes),
+        overhead_cpu_millis=overhead_cpu.milli_value() if overhead_cpu is not None else 0,
+        overhead_memory_bytes=overhead_memory.value_int() if overhead_memory is not None else 0,
     )
 
 

@@ -6,7 +6,9 @@ One profile per RuntimeClass handler. This module is pure: it turns an already-p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,7 +17,6 @@ from vmsandbox.quantity import parse_nonnegative_quantity
 from vmsandbox.resources import HUGEPAGE_SIZES
 
 Accel = Literal["auto", "kvm", "tcg"]
-InitPolicy = Literal["sequential", "concurrent"]
 CpuPolicy = Literal["exclusive", "shared"]
 # NUMA alignment of CPUs, hugepages and devices, after the kubelet Topology Manager's policies
 NumaPolicy = Literal["none", "best-effort", "restricted", "single-numa-node"]
@@ -25,6 +26,8 @@ EmulatorPolicy = Literal["vcpus", "housekeeping"]
 PAGE_4K = 4096
 #: Pod annotation choosing one of the profiles the handler's profile lists in ``allowed_profiles``.
 PROFILE_ANNOTATION = "io.vmsandbox/profile"
+#: Pod annotation naming the init containers that are sidecars (read by ``vmsandbox.sizing``).
+SIDECARS_ANNOTATION = "io.vmsandbox/sidecars"
 PAGE_SIZES: Mapping[str, int] = {"4Ki": PAGE_4K, **HUGEPAGE_SIZES}
 
 
@@ -51,7 +54,6 @@ class Profile:
     cpu_policy: CpuPolicy = "exclusive"
     machine: str = "q35"
     accel: Accel = "auto"
-    init_containers: InitPolicy = "sequential"
     default_cpu_millis: int = 1000
     default_memory_bytes: int = 256 * 1024 * 1024
     kernel_cmdline: str = ""
@@ -78,7 +80,6 @@ _KEYS = {
     "cpu_policy",
     "machine",
     "accel",
-    "init_containers",
     "defaults",
     "guest",
     "extended_resources",
@@ -86,34 +87,61 @@ _KEYS = {
     "numa_policy",
     "emulator",
 }
+#: keys earlier versions read, and why they are refused now
+RETIRED_KEYS: Mapping[str, str] = {
+    "init_containers": (
+        "no longer supported: sidecars (init containers with restartPolicy: Always) are sized by Kubernetes' "
+        f"rule; name them with the pod annotation {SIDECARS_ANNOTATION} (vmsandbox plan reads restartPolicy "
+        "from the manifest); remove this key"
+    ),
+}
 _SECTION_KEYS: Mapping[str, frozenset[str]] = {
     "vcpu": frozenset({"min", "max", "extra"}),
     "memory": frozenset({"overhead", "min"}),
     "defaults": frozenset({"cpu", "memory"}),
     "guest": frozenset({"kernel_cmdline", "image_dir", "boot_timeout_s", "tcg_tb_cache_mib"}),
 }
+# a RuntimeClass handler is a DNS-1123 label: lower-case alphanumerics and '-', at most 63 characters
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class _Invalid(Exception):
+    """One key failed; the value it would have had is not used."""
 
 
 def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> Profile:
-    """Build a Profile from a mapping (one YAML document); every error names source and key."""
+    """Build a Profile from a mapping (one YAML document); the first error names source and key."""
+    profile, problems = profile_problems(data, source=source)
+    if problems:
+        raise problems[0]
+    assert profile is not None
+    return profile
 
-    def fail(key: str, problem: str) -> ProfileError:
-        return ProfileError(source, key, problem)
+
+def profile_problems(data: Mapping[str, Any], *, source: str) -> tuple[Profile | None, list[ProfileError]]:
+    """The Profile of a mapping, or every problem in it (each naming source and key), in key order."""
+    problems: list[ProfileError] = []
+
+    def fail(key: str, problem: str) -> _Invalid:
+        problems.append(ProfileError(source, key, problem))
+        return _Invalid()
 
     if not isinstance(data, Mapping):
-        raise fail("(document)", "a profile must be a mapping")
-    unknown = sorted(str(k) for k in set(data) - _KEYS)
-    if unknown:
-        raise fail(unknown[0], f"unknown key (known: {', '.join(sorted(_KEYS))})")
+        return None, [ProfileError(source, "(document)", "a profile must be a mapping")]
+    for key in sorted(str(k) for k in set(data) - _KEYS):
+        if key in RETIRED_KEYS:
+            fail(key, RETIRED_KEYS[key])
+        else:
+            fail(key, f"unknown key (known: {', '.join(sorted(_KEYS))})")
 
     def section(key: str) -> Mapping[str, Any]:
         value = data.get(key, {})
         if not isinstance(value, Mapping):
-            raise fail(key, "must be a mapping")
+            fail(key, "must be a mapping")
+            return {}
         known = _SECTION_KEYS[key]
-        unknown = sorted(str(k) for k in set(value) - known)
-        if unknown:
-            raise fail(f"{key}.{unknown[0]}", f"unknown key (known: {', '.join(sorted(known))})")
+        for unknown in sorted(str(k) for k in set(value) - known):
+            fail(f"{key}.{unknown}", f"unknown key (known: {', '.join(sorted(known))})")
         return value
 
     def string(key: str, value: Any) -> str:
@@ -128,77 +156,119 @@ def profile_from_mapping(data: Mapping[str, Any], *, source: str) -> Profile:
             raise fail(key, f"must be between {low} and {high}, got {value}")
         return value
 
-    def quantity(key: str, value: Any, *, milli: bool = False) -> int:
+    def quantity(key: str, value: Any, *, milli: bool = False, positive: bool = False) -> int:
         try:
             q = parse_nonnegative_quantity(str(value))
         except InvalidArgument as exc:
             raise fail(key, str(exc)) from None
-        return q.milli_value() if milli else q.value_int()
+        amount = q.milli_value() if milli else q.value_int()
+        if positive and amount == 0:
+            raise fail(key, f"must be more than 0, got {value!r}")
+        return amount
 
     def choice(key: str, value: Any, options: tuple[str, ...]) -> str:
         if value not in options:
             raise fail(key, f"must be one of {', '.join(options)}, got {value!r}")
         return str(value)
 
-    name = string("name", data.get("name"))
-    handler = string("handler", data.get("handler", name))
+    values: dict[str, Any] = {}
+
+    def read(field_name: str, compute: Callable[[], Any]) -> None:
+        """Compute one field; a failure is recorded and the field left out."""
+        with contextlib.suppress(_Invalid):
+            values[field_name] = compute()
+
     vcpu = section("vcpu")
     memory = section("memory")
     defaults = section("defaults")
     guest = section("guest")
-    vcpu_min = integer("vcpu.min", vcpu.get("min", 1), 1, 1024)
-    vcpu_max = integer("vcpu.max", vcpu.get("max", 16), 1, 1024)
-    if vcpu_min > vcpu_max:
-        raise fail("vcpu.min", f"{vcpu_min} is greater than vcpu.max {vcpu_max}")
-    page_key = str(data.get("page_size", "2Mi"))
-    if page_key not in PAGE_SIZES:
-        raise fail("page_size", f"must be one of {', '.join(PAGE_SIZES)}, got {page_key!r}")
-    extended = data.get("extended_resources", {})
-    if not isinstance(extended, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in extended.items()
-    ):
-        raise fail("extended_resources", "must map resource names to device pool names")
-    allowed = data.get("allowed_profiles", [])
-    if not isinstance(allowed, list) or not all(isinstance(a, str) and a for a in allowed):
-        raise fail("allowed_profiles", f"must be a list of profile names, got {allowed!r}")
-    if len(set(allowed)) != len(allowed):
-        raise fail("allowed_profiles", f"names a profile twice: {allowed!r}")
-    timeout = guest.get("boot_timeout_s", 60)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 1 <= timeout <= 3600:
-        raise fail("guest.boot_timeout_s", f"must be a number of seconds between 1 and 3600, got {timeout!r}")
-    cmdline = guest.get("kernel_cmdline", "")
-    if not isinstance(cmdline, str):
-        raise fail("guest.kernel_cmdline", "must be a string")
-    return Profile(
-        name=name,
-        handler=handler,
-        vcpu_min=vcpu_min,
-        vcpu_max=vcpu_max,
-        vcpu_extra=integer("vcpu.extra", vcpu.get("extra", 0), 0, 64),
-        memory_overhead_bytes=quantity("memory.overhead", memory.get("overhead", "64Mi")),
-        memory_min_bytes=quantity("memory.min", memory.get("min", "128Mi")),
-        page_size_bytes=PAGE_SIZES[page_key],
-        cpu_policy=choice("cpu_policy", data.get("cpu_policy", "exclusive"), ("exclusive", "shared")),  # type: ignore[arg-type]
-        machine=choice("machine", data.get("machine", "q35"), ("q35", "pc")),
-        accel=choice("accel", data.get("accel", "auto"), ("auto", "kvm", "tcg")),  # type: ignore[arg-type]
-        init_containers=choice(  # type: ignore[arg-type]
-            "init_containers", data.get("init_containers", "sequential"), ("sequential", "concurrent")
-        ),
-        default_cpu_millis=quantity("defaults.cpu", defaults.get("cpu", "1"), milli=True),
-        default_memory_bytes=quantity("defaults.memory", defaults.get("memory", "256Mi")),
-        kernel_cmdline=cmdline,
-        image_dir=string("guest.image_dir", guest.get("image_dir", "/var/lib/vmsandbox/images/default")),
-        boot_timeout_s=float(timeout),
-        tcg_tb_cache_mib=integer("guest.tcg_tb_cache_mib", guest.get("tcg_tb_cache_mib", 32), 8, 4096),
-        extended_resources=dict(extended),
-        allowed_profiles=tuple(allowed),
-        numa_policy=choice(  # type: ignore[arg-type]
+    read("name", lambda: string("name", data.get("name")))
+
+    def handler() -> str:
+        value = string("handler", data.get("handler", data.get("name")))
+        if len(value) > 63 or not _DNS_LABEL.match(value):
+            key = "handler" if "handler" in data else "name"
+            raise fail(
+                key,
+                f"{value!r} is not a valid RuntimeClass handler (a DNS-1123 label: at most 63 lower-case letters, "
+                "digits and '-', starting and ending with a letter or digit)",
+            )
+        return value
+
+    if "name" in values or "handler" in data:
+        read("handler", handler)
+    read("vcpu_min", lambda: integer("vcpu.min", vcpu.get("min", 1), 1, 1024))
+    read("vcpu_max", lambda: integer("vcpu.max", vcpu.get("max", 16), 1, 1024))
+    if "vcpu_min" in values and "vcpu_max" in values and values["vcpu_min"] > values["vcpu_max"]:
+        fail("vcpu.min", f"{values['vcpu_min']} is greater than vcpu.max {values['vcpu_max']}")
+    read("vcpu_extra", lambda: integer("vcpu.extra", vcpu.get("extra", 0), 0, 64))
+
+    def page_size() -> int:
+        page_key = str(data.get("page_size", "2Mi"))
+        if page_key not in PAGE_SIZES:
+            raise fail("page_size", f"must be one of {', '.join(PAGE_SIZES)}, got {page_key!r}")
+        return PAGE_SIZES[page_key]
+
+    def extended() -> dict[str, str]:
+        value = data.get("extended_resources", {})
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise fail("extended_resources", "must map resource names to device pool names")
+        return dict(value)
+
+    def allowed() -> tuple[str, ...]:
+        value = data.get("allowed_profiles", [])
+        if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+            raise fail("allowed_profiles", f"must be a list of profile names, got {value!r}")
+        if len(set(value)) != len(value):
+            raise fail("allowed_profiles", f"names a profile twice: {value!r}")
+        return tuple(value)
+
+    def timeout() -> float:
+        value = guest.get("boot_timeout_s", 60)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 3600:
+            raise fail("guest.boot_timeout_s", f"must be a number of seconds between 1 and 3600, got {value!r}")
+        return float(value)
+
+    def cmdline() -> str:
+        value = guest.get("kernel_cmdline", "")
+        if not isinstance(value, str):
+            raise fail("guest.kernel_cmdline", "must be a string")
+        return value
+
+    read("memory_overhead_bytes", lambda: quantity("memory.overhead", memory.get("overhead", "64Mi")))
+    read("memory_min_bytes", lambda: quantity("memory.min", memory.get("min", "128Mi"), positive=True))
+    read("page_size_bytes", page_size)
+    read("cpu_policy", lambda: choice("cpu_policy", data.get("cpu_policy", "exclusive"), ("exclusive", "shared")))
+    read("machine", lambda: choice("machine", data.get("machine", "q35"), ("q35", "pc")))
+    read("accel", lambda: choice("accel", data.get("accel", "auto"), ("auto", "kvm", "tcg")))
+    read("default_cpu_millis", lambda: quantity("defaults.cpu", defaults.get("cpu", "1"), milli=True))
+    read("default_memory_bytes", lambda: quantity("defaults.memory", defaults.get("memory", "256Mi")))
+    read("kernel_cmdline", cmdline)
+    read(
+        "image_dir",
+        lambda: string("guest.image_dir", guest.get("image_dir", "/var/lib/vmsandbox/images/default")),
+    )
+    read("boot_timeout_s", timeout)
+    read(
+        "tcg_tb_cache_mib",
+        lambda: integer("guest.tcg_tb_cache_mib", guest.get("tcg_tb_cache_mib", 32), 8, 4096),
+    )
+    read("extended_resources", extended)
+    read("allowed_profiles", allowed)
+    read(
+        "numa_policy",
+        lambda: choice(
             "numa_policy",
             data.get("numa_policy", "single-numa-node"),
             ("none", "best-effort", "restricted", "single-numa-node"),
         ),
-        emulator=choice("emulator", data.get("emulator", "vcpus"), ("vcpus", "housekeeping")),  # type: ignore[arg-type]
     )
+    read("emulator", lambda: choice("emulator", data.get("emulator", "vcpus"), ("vcpus", "housekeeping")))
+    if problems:
+        return None, problems
+    return Profile(**values), []
 
 
 def select_profile(

@@ -70,7 +70,7 @@ def declaration_from_doc(doc: dict[str, Any]) -> PodDeclaration:
 
 
 def demand_doc(d: PodDemand) -> dict[str, Any]:
-    return {
+    doc: dict[str, Any] = {
         "cpu_millis": d.cpu_millis,
         "memory_bytes": d.memory_bytes,
         "hugepages": [list(p) for p in d.hugepages],
@@ -78,6 +78,9 @@ def demand_doc(d: PodDemand) -> dict[str, Any]:
         "extended": [list(e) for e in d.extended],
         "mode": d.mode,
     }
+    if d.overhead_cpu_millis or d.overhead_memory_bytes:  # only when the kubelet sent a RuntimeClass overhead
+        doc["overhead"] = {"cpu_millis": d.overhead_cpu_millis, "memory_bytes": d.overhead_memory_bytes}
+    return doc
 
 
 def demand_from_doc(doc: dict[str, Any]) -> PodDemand:
@@ -88,6 +91,8 @@ def demand_from_doc(doc: dict[str, Any]) -> PodDemand:
         ephemeral_storage_bytes=doc.get("ephemeral_storage_bytes", 0),
         extended=tuple((str(n), int(c)) for n, c in doc.get("extended", [])),
         mode=doc.get("mode", "declared"),
+        overhead_cpu_millis=int(doc.get("overhead", {}).get("cpu_millis", 0)),
+        overhead_memory_bytes=int(doc.get("overhead", {}).get("memory_bytes", 0)),
     )
 
 

@@ -3,25 +3,37 @@
 Two ways in:
 
 * ``demand_from_declaration``: KEP-4112 ``pod_resources``. Per resource, a container counts its
-  limit when set, else its request, else the profile default; the pod needs
-  ``max(max over init containers, sum over app containers)`` (Kubernetes' effective-request
-  rule), or the sum of all of them when the profile says init containers run concurrently.
-* ``demand_from_linux``: today's kubelets, which send only the pod-level cgroup settings
-  (``LinuxPodSandboxConfig.resources``) or containerd-style ``sandbox-*`` annotations.
+  limit when set, else its request, else the profile default, and the pod needs Kubernetes'
+  effective amount (KEP-753, sidecars included)::
 
-``shape_for`` then applies the profile: vCPUs = ceil(cpu) + extra, within [min, max]; guest RAM
-= memory + hugepages + guest overhead, at least the profile minimum, rounded up to the backing
-page size. Same input, same shape.
+      max( max over init containers i of (init_i + sum of sidecars declared before i),
+           sum of sidecars + sum of app containers )
+
+  Sidecars are init containers with ``restartPolicy: Always``: they start in init order and run
+  for the pod's life. The declaration carries no restart policy, so the caller names them
+  (``vmsandbox plan`` from the manifest, RunPodSandbox from ``SIDECARS_ANNOTATION``); without a
+  name every init container runs to completion before the next one starts.
+* ``demand_from_linux``: today's kubelets, which send only the pod-level cgroup settings
+  (``LinuxPodSandboxConfig.resources``, already computed by the kubelet with the rule above) or
+  containerd-style ``sandbox-*`` annotations.
+
+Both take the RuntimeClass overhead (``LinuxPodSandboxConfig.overhead``), which the scheduler
+reserved beyond the containers for the runtime's own cost. ``shape_for`` then applies the profile:
+vCPUs = max(ceil(cpu) + vcpu.extra, ceil(cpu + overhead cpu)), within [min, max]; guest RAM =
+memory + hugepages + max(memory.overhead, overhead memory), at least the profile minimum, rounded
+up to the backing page size. The two overheads describe the same thing, the guest's cost beyond
+its containers (``vmsandbox profile runtimeclass`` declares the profile's as the RuntimeClass
+overhead), so the larger is taken, never the sum. Same input, same shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from vmsandbox.errors import CannotFit, InvalidArgument, Shortfall
-from vmsandbox.profile import Profile
+from vmsandbox.profile import SIDECARS_ANNOTATION, Profile
 from vmsandbox.resources import (
     CPU,
     EPHEMERAL_STORAGE,
@@ -48,6 +60,9 @@ class PodDemand:
     ephemeral_storage_bytes: int = 0
     extended: tuple[tuple[str, int], ...] = ()  # (resource name, count), sorted by name
     mode: SizingMode = "declared"
+    # RuntimeClass overhead (LinuxPodSandboxConfig.overhead): reserved beyond the containers, not theirs
+    overhead_cpu_millis: int = 0
+    overhead_memory_bytes: int = 0
 
     def hugepage_bytes(self, page_size: int) -> int:
         return dict(self.hugepages).get(page_size, 0)
@@ -81,21 +96,98 @@ def _container_amount(decl: ContainerDeclaration, name: str, default: int, *, mi
     return q.milli_value() if milli else q.value_int()
 
 
-def _combine(per_init: Iterable[int], per_app: Iterable[int], policy: str) -> int:
-    inits, apps = list(per_init), list(per_app)
-    if policy == "concurrent":
-        return sum(inits) + sum(apps)
-    return max(max(inits, default=0), sum(apps))
+def effective_amount(per_init: Iterable[tuple[int, bool]], per_app: Iterable[int]) -> int:
+    """Kubernetes' effective pod amount of one resource (KEP-753).
+
+    ``per_init`` is each init container's amount with whether it is a sidecar, in declaration
+    order. A plain init container runs beside the sidecars declared before it; a sidecar joins
+    them and stays; the app containers run beside all sidecars.
+    """
+    sidecars = 0
+    peak = 0
+    for amount, sidecar in per_init:
+        if sidecar:
+            sidecars += amount
+            peak = max(peak, sidecars)
+        else:
+            peak = max(peak, amount + sidecars)
+    return max(peak, sidecars + sum(per_app))
 
 
-def demand_from_declaration(decl: PodDeclaration, profile: Profile) -> PodDemand:
-    """The pod's effective demand from its full declaration (DESIGN §3)."""
+def sidecar_names(annotations: Mapping[str, str]) -> tuple[str, ...]:
+    """The names ``SIDECARS_ANNOTATION`` lists, as written (stripped, empty entries kept as ''), unchecked."""
+    raw = annotations.get(SIDECARS_ANNOTATION)
+    return () if raw is None else tuple(part.strip() for part in raw.split(","))
+
+
+def sidecars_from_annotations(annotations: Mapping[str, str], decl: PodDeclaration) -> frozenset[str]:
+    """The init containers ``SIDECARS_ANNOTATION`` names, each checked against the declaration.
+
+    Absent: none (each init container runs to completion before the next starts, as Kubernetes
+    runs init containers without ``restartPolicy: Always``).
+    """
+    inits = [c.name for c in decl.init_containers]
+    names: list[str] = []
+    for name in sidecar_names(annotations):
+        shown = repr(name[:64] + ("..." if len(name) > 64 else ""))
+        if not name:
+            raise InvalidArgument(
+                f"annotation {SIDECARS_ANNOTATION}: an empty name (expected init container names separated by commas)"
+            )
+        if name in names:
+            raise InvalidArgument(f"annotation {SIDECARS_ANNOTATION}: {shown} is named twice")
+        if name not in inits:
+            declared = ", ".join(repr(n) for n in inits[:16]) + (", ..." if len(inits) > 16 else "")
+            raise InvalidArgument(
+                f"annotation {SIDECARS_ANNOTATION}: {shown} is not an init container of pod_resources "
+                f"(init containers: {declared or 'none'})"
+            )
+        names.append(name)
+    return frozenset(names)
+
+
+def running_alongside(
+    name: str, init_order: Sequence[str], sidecars: frozenset[str], others: Iterable[str]
+) -> list[frozenset[str]]:
+    """The sets of containers that may run together with ``name``, one per phase of the pod's life.
+
+    ``init_order`` lists the init containers in declaration order; every other name in ``others``
+    is an app container. A plain init container runs beside the sidecars declared before it; a
+    sidecar beside each later plain init container (with the sidecars declared before that one)
+    and beside the app containers and all other sidecars; an app container beside the other app
+    containers and all sidecars.
+    """
+    apps = frozenset(o for o in others if o not in init_order and o != name)
+    if name in init_order:
+        index = init_order.index(name)
+        before = frozenset(s for s in init_order[:index] if s in sidecars)
+        if name not in sidecars:
+            return [before]
+        phases = [(sidecars - {name}) | apps]
+        for j in range(index + 1, len(init_order)):
+            if init_order[j] not in sidecars:
+                phases.append(frozenset(s for s in init_order[:j] if s in sidecars and s != name) | {init_order[j]})
+        return phases
+    return [sidecars | apps]
+
+
+def demand_from_declaration(
+    decl: PodDeclaration,
+    profile: Profile,
+    *,
+    sidecars: frozenset[str] = frozenset(),
+    overhead: LinuxResources | None = None,
+) -> PodDemand:
+    """The pod's effective demand from its full declaration; ``sidecars`` names the init containers
+    with ``restartPolicy: Always``, ``overhead`` is the RuntimeClass overhead."""
+    unknown = sorted(sidecars - {c.name for c in decl.init_containers})
+    if unknown:
+        raise InvalidArgument(f"sidecar {unknown[0]!r} is not an init container of pod_resources")
 
     def effective(name: str, default: int, *, milli: bool = False) -> int:
-        return _combine(
-            (_container_amount(c, name, default, milli=milli) for c in decl.init_containers),
+        return effective_amount(
+            ((_container_amount(c, name, default, milli=milli), c.name in sidecars) for c in decl.init_containers),
             (_container_amount(c, name, default, milli=milli) for c in decl.containers),
-            profile.init_containers,
         )
 
     names: set[str] = set()
@@ -122,7 +214,7 @@ def demand_from_declaration(decl: PodDeclaration, profile: Profile) -> PodDemand
             amount = effective(name, 0)
             if amount:
                 extended.append((name, amount))
-    return PodDemand(
+    demand = PodDemand(
         cpu_millis=effective(CPU, profile.default_cpu_millis, milli=True),
         memory_bytes=effective(MEMORY, profile.default_memory_bytes),
         hugepages=tuple(sorted(hugepages)),
@@ -130,6 +222,7 @@ def demand_from_declaration(decl: PodDeclaration, profile: Profile) -> PodDemand
         extended=tuple(extended),
         mode="declared",
     )
+    return with_overhead(demand, overhead)
 
 
 @dataclass(frozen=True)
@@ -185,7 +278,25 @@ def linux_resources_from_annotations(annotations: Mapping[str, str]) -> LinuxRes
     )
 
 
-def demand_from_linux(resources: LinuxResources, annotations: Mapping[str, str], profile: Profile) -> PodDemand:
+def with_overhead(demand: PodDemand, overhead: LinuxResources | None) -> PodDemand:
+    """``demand`` with the RuntimeClass overhead of ``LinuxPodSandboxConfig.overhead``: the kubelet
+    sends the RuntimeClass's cpu as quota/period and its memory as the memory limit."""
+    if overhead is None:
+        return demand
+    return replace(
+        demand,
+        overhead_cpu_millis=overhead.cpu_millis(),
+        overhead_memory_bytes=max(overhead.memory_limit_bytes, 0),
+    )
+
+
+def demand_from_linux(
+    resources: LinuxResources,
+    annotations: Mapping[str, str],
+    profile: Profile,
+    *,
+    overhead: LinuxResources | None = None,
+) -> PodDemand:
     """Size from the pod-level cgroup settings, falling back to annotations, then to defaults."""
     mode: SizingMode = "linux-resources"
     source = resources
@@ -200,7 +311,7 @@ def demand_from_linux(resources: LinuxResources, annotations: Mapping[str, str],
             raise InvalidArgument(f"hugepage limit of {limit} bytes is not a whole number of {size} byte pages")
     if mode != "linux-resources" and source.cpu_millis() == 0 and source.memory_limit_bytes == 0:
         mode = "defaults"
-    return PodDemand(cpu_millis=cpu, memory_bytes=memory, hugepages=hugepages, mode=mode)
+    return with_overhead(PodDemand(cpu_millis=cpu, memory_bytes=memory, hugepages=hugepages, mode=mode), overhead)
 
 
 def _round_up(value: int, unit: int) -> int:
@@ -209,17 +320,25 @@ def _round_up(value: int, unit: int) -> int:
 
 def shape_for(demand: PodDemand, profile: Profile) -> VmShape:
     """The VM shape for ``demand`` under ``profile``; a pod larger than the profile allows is refused."""
-    vcpus = max(-(-demand.cpu_millis // 1000) + profile.vcpu_extra, profile.vcpu_min)
+    by_extra = -(-demand.cpu_millis // 1000) + profile.vcpu_extra
+    by_overhead = -(-(demand.cpu_millis + demand.overhead_cpu_millis) // 1000)
+    vcpus = max(by_extra, by_overhead, profile.vcpu_min)
     if vcpus > profile.vcpu_max:
+        added = (
+            f"{demand.overhead_cpu_millis}m RuntimeClass overhead"
+            if by_overhead > by_extra
+            else f"{profile.vcpu_extra} extra"
+        )
         message = (
-            f"pod needs {vcpus} vCPUs ({demand.cpu_millis}m cpu + {profile.vcpu_extra} extra) but profile "
+            f"pod needs {vcpus} vCPUs ({demand.cpu_millis}m cpu + {added}) but profile "
             f"{profile.name!r} allows at most {profile.vcpu_max}"
         )
         where = f"vcpu.max of profile {profile.name!r}"
         raise CannotFit(message, [Shortfall("vCPUs", where, str(vcpus), str(profile.vcpu_max), message)])
     backing = max((size for size, _ in demand.hugepages), default=profile.page_size_bytes)
     hugepage_total = sum(amount for _, amount in demand.hugepages)
-    memory = max(demand.memory_bytes + hugepage_total + profile.memory_overhead_bytes, profile.memory_min_bytes)
+    overhead = max(profile.memory_overhead_bytes, demand.overhead_memory_bytes)
+    memory = max(demand.memory_bytes + hugepage_total + overhead, profile.memory_min_bytes)
     memory = _round_up(_round_up(memory, MIB), backing)
     guest_pages = tuple((size, amount // size) for size, amount in demand.hugepages)
     return VmShape(

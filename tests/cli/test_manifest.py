@@ -10,7 +10,7 @@ import yaml
 
 from tests.cli.conftest import MANIFESTS
 from vmsandbox.errors import InvalidArgument
-from vmsandbox.manifest import pod_from_manifest, select_workload
+from vmsandbox.manifest import pod_from_manifest, select_workload, workloads
 from vmsandbox.records import declaration_doc
 
 
@@ -121,3 +121,51 @@ def test_select_workload_skips_other_kinds() -> None:
     assert select_workload(docs)["kind"] == "Deployment"
     with pytest.raises(InvalidArgument, match="out of range"):
         select_workload(docs, 3)
+
+
+LIST_CASES = [
+    pytest.param([{"apiVersion": "v1", "kind": "List", "items": [pod([{"name": "a"}])]}], ["p"], id="list-of-one"),
+    pytest.param(
+        [
+            {"kind": "ConfigMap", "metadata": {"name": "c"}},
+            {"apiVersion": "v1", "kind": "PodList", "items": [pod([{"name": "a"}]), {"kind": "Service"}]},
+            {**pod([{"name": "b"}]), "metadata": {"name": "q"}},
+        ],
+        ["p", "q"],
+        id="typed-list-beside-documents",
+    ),
+    pytest.param(
+        [{"kind": "List", "items": [{"kind": "List", "items": [pod([{"name": "a"}])]}]}], ["p"], id="nested-lists"
+    ),
+    pytest.param([{"kind": "List", "items": []}], [], id="empty-list"),
+]
+
+
+@pytest.mark.parametrize(("docs", "names"), LIST_CASES)
+def test_lists_are_unwrapped(docs: list[Any], names: list[str]) -> None:
+    assert [d["metadata"]["name"] for d in workloads(docs)] == names
+
+
+def test_list_items_must_be_a_list() -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        workloads([{"kind": "List", "items": {"a": 1}}])
+    assert str(exc.value) == "kind List: items must be a list, got dict"
+
+
+def test_empty_list_names_what_it_found() -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        select_workload([{"kind": "List", "items": [{"kind": "Service"}]}])
+    assert str(exc.value).startswith("no pod in the manifest (found kind Service)")
+
+
+@pytest.mark.parametrize(
+    ("overhead", "cpu", "memory"),
+    [
+        pytest.param(None, 0, 0, id="none"),
+        pytest.param({"cpu": "250m", "memory": "120Mi"}, 250, 120 << 20, id="both"),
+        pytest.param({"memory": 1000000}, 0, 1_000_000, id="memory-number"),
+    ],
+)
+def test_runtimeclass_overhead_is_read(overhead: dict[str, Any] | None, cpu: int, memory: int) -> None:
+    m = pod_from_manifest(pod([{"name": "a"}], **({"overhead": overhead} if overhead else {})))
+    assert (m.overhead_cpu_millis, m.overhead_memory_bytes) == (cpu, memory)

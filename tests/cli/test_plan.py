@@ -114,7 +114,7 @@ PLAN_CASES = [
         },
     ),
     PlanCase(
-        "init-and-sidecar-sequential",
+        "init-and-sidecar-kep-753",
         "init-hugepages-pod.yaml",
         TWO_SOCKET,
         expect={
@@ -122,25 +122,20 @@ PLAN_CASES = [
             "pod_resources.init_containers.0.name": "setup",
             "pod_resources.init_containers.1.name": "log-shipper",
             "pod_resources.init_containers.0.requests": {"cpu": "500m", "memory": "64Mi"},
-            "demand.cpu_millis": 1000,
-            "demand.memory_bytes": 128 * MI,
+            # the sidecar (100m, 32Mi) runs beside the app container (1, 128Mi): max(500m, 100m + 1) cpu,
+            # max(64Mi, 32Mi + 128Mi) memory
+            "demand.cpu_millis": 1100,
+            "demand.memory_bytes": 160 * MI,
             "demand.hugepages": [[2 * MI, 64 * MI]],
-            "shape.memory_bytes": 256 * MI,  # 128Mi + 64Mi hugepages + 64Mi overhead
+            "shape.vcpus": 2,
+            "shape.memory_bytes": 288 * MI,  # 160Mi + 64Mi hugepages + 64Mi overhead
             "shape.guest_hugepages": [[2 * MI, 32]],
         },
-        contains={"notes": "log-shipper is a sidecar"},
-    ),
-    PlanCase(
-        "init-and-sidecar-concurrent",
-        "init-hugepages-pod.yaml",
-        TWO_SOCKET,
-        args=("--profiles", str(PROFILES), "--handler", "vmsandbox-sidecars"),
-        expect={
-            "handler": "vmsandbox-sidecars",
-            "demand.cpu_millis": 1600,  # 500m + 100m + 1
-            "demand.memory_bytes": 224 * MI,
-            "shape.vcpus": 2,
-            "shape.memory_bytes": 352 * MI,
+        # the manifest does not carry the annotation the shim reads on the wire
+        contains={
+            "notes": "the shim takes them from the pod annotation io.vmsandbox/sidecars (here: none): it would ask "
+            "for cpu 1000m, memory 128Mi instead of 1100m, 160Mi; give the pod template "
+            '"io.vmsandbox/sidecars: log-shipper"'
         },
     ),
     PlanCase(
@@ -346,10 +341,11 @@ def test_plan_text_explains_a_fit() -> None:
     out = done.stdout
     assert "pod        net/dpdk (Pod)" in out
     assert "init (sidecar)  log-shipper" in out
+    assert "demand     cpu 1100m, memory 160Mi, hugepages-2Mi 64Mi" in out
     assert (
-        "VM         1 vCPU (pinned, exclusive), 256Mi RAM on 2Mi hugepages (128 pages), guest hugepages 32x2Mi" in out
+        "VM         2 vCPUs (pinned, exclusive), 288Mi RAM on 2Mi hugepages (144 pages), guest hugepages 32x2Mi" in out
     )
-    assert "placement  NUMA node 0: vCPU 0 -> CPU 0; 128x2Mi pages from node 0" in out
+    assert "placement  NUMA node 0: vCPU 0 -> CPU 0, vCPU 1 -> CPU 32; 144x2Mi pages from node 0" in out
     assert "verdict    fits" in out
     assert "<cmdline>console=ttyS0 panic=-1 quiet cryptomgr.notests hugepagesz=2M hugepages=32</cmdline>" in out
 
@@ -423,7 +419,7 @@ INVALID = {
     "two-pods-no-index": (
         "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec: {containers: [{name: c}]}\n---\n"
         "apiVersion: v1\nkind: Pod\nmetadata: {name: b}\nspec: {containers: [{name: c}]}\n",
-        "holds 2 pod templates (0: Pod/a, 1: Pod/b); choose one by index",
+        "holds 2 pod templates (0: Pod/a, 1: Pod/b); choose one with --document N (0-based)",
     ),
 }
 
@@ -548,3 +544,78 @@ def test_plan_never_loads_libvirt_or_grpc() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def _with_annotations(tmp_path: Path, name: str, annotations: dict[str, str]) -> Path:
+    doc = yaml.safe_load((MANIFESTS / name).read_text())
+    doc.setdefault("metadata", {})["annotations"] = annotations
+    out = tmp_path / name
+    out.write_text(yaml.safe_dump(doc))
+    return out
+
+
+def test_plan_with_the_sidecar_annotation_agrees_with_the_shim(tmp_path: Path) -> None:
+    manifest = _with_annotations(tmp_path, "init-hugepages-pod.yaml", {"io.vmsandbox/sidecars": "log-shipper"})
+    code, doc = vmsandbox_json("plan", manifest, "--host-sysfs", TWO_SOCKET, "--profiles", PROFILES)
+    assert code == 0
+    assert (doc["demand"]["cpu_millis"], doc["demand"]["memory_bytes"]) == (1100, 160 * MI)
+    assert not any("io.vmsandbox/sidecars" in note for note in doc["notes"])
+
+
+def test_plan_sidecar_annotation_naming_an_app_container_is_refused(tmp_path: Path) -> None:
+    manifest = _with_annotations(tmp_path, "init-hugepages-pod.yaml", {"io.vmsandbox/sidecars": "forwarder"})
+    code, doc = vmsandbox_json("plan", manifest, "--host-sysfs", TWO_SOCKET, "--profiles", PROFILES)
+    assert code == 1
+    assert doc["refusal"]["reason"] == (
+        "annotation io.vmsandbox/sidecars: 'forwarder' is not an init container of pod_resources (init containers: "
+        "'setup', 'log-shipper') (the shim refuses RunPodSandbox with INVALID_ARGUMENT)"
+    )
+
+
+def test_plan_counts_the_runtimeclass_overhead(tmp_path: Path) -> None:
+    """spec.overhead (what the kubelet sends as LinuxPodSandboxConfig.overhead) replaces the smaller
+    profile overhead: 512Mi + 256Mi, and ceil(2 + 0.5) vCPUs."""
+    doc = yaml.safe_load((MANIFESTS / "guaranteed-pod.yaml").read_text())
+    doc["spec"]["overhead"] = {"cpu": "500m", "memory": "256Mi"}
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    code, plan = vmsandbox_json("plan", manifest, "--host-sysfs", TWO_SOCKET, "--profiles", PROFILES)
+    assert code == 0
+    assert plan["demand"]["overhead"] == {"cpu_millis": 500, "memory_bytes": 256 * MI}
+    assert (plan["shape"]["vcpus"], plan["shape"]["memory_bytes"]) == (3, 768 * MI)
+
+
+def test_plan_unwraps_a_list(tmp_path: Path) -> None:
+    """``kubectl get pods -o yaml`` prints ``kind: List``; its items are the documents."""
+    pod = yaml.safe_load((MANIFESTS / "burstable-pod.yaml").read_text())
+    [deployment] = [
+        d for d in yaml.safe_load_all((MANIFESTS / "deployment.yaml").read_text()) if d["kind"] == "Deployment"
+    ]
+    one = tmp_path / "one.yaml"
+    one.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [pod]}))
+    code, doc = vmsandbox_json("plan", one, "--host-sysfs", TWO_SOCKET, "--profiles", PROFILES)
+    assert (code, doc["pod"]["name"]) == (0, "api")
+    two = tmp_path / "two.yaml"
+    two.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [deployment, pod]}))
+    done = vmsandbox("plan", two, "--host-sysfs", TWO_SOCKET, "--profiles", PROFILES)
+    assert done.returncode == 2
+    assert "holds 2 pod templates (0: Deployment/cache, 1: Pod/api); choose one with --document N" in done.stderr
+    code, doc = vmsandbox_json("plan", two, "--host-sysfs", TWO_SOCKET, "--profiles", PROFILES, "--document", "1")
+    assert (code, doc["pod"]["name"]) == (0, "api")
+    done = vmsandbox("plan", two, "--host-sysfs", TWO_SOCKET, "--profiles", PROFILES, "--document", "2")
+    assert done.returncode == 2
+    assert "--document 2 is out of range: the manifest holds 2 pods" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        pytest.param(("--state-dir", "/nonexistent/state"), "no state database at", id="missing-state-dir"),
+        pytest.param(("--config", "/nonexistent/config.yaml"), "cannot read", id="missing-config"),
+    ],
+)
+def test_plan_cannot_plan_exits_2(args: tuple[str, ...], message: str) -> None:
+    """README and --help: 0 fits, 1 refused, 2 bad input (no plan could be made)."""
+    done = vmsandbox("plan", MANIFESTS / "guaranteed-pod.yaml", "--host-sysfs", TWO_SOCKET, *args)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert message in done.stderr

@@ -522,6 +522,24 @@ def one(name: str, requests: dict[str, str], limits: dict[str, str] | None = Non
 
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
+SIDECARS_ANNOTATION = "io.vmsandbox/sidecars"
+
+
+def annotated(config: pb.PodSandboxConfig, annotations: dict[str, str]) -> pb.PodSandboxConfig:
+    config.annotations.update(annotations)
+    return config
+
+
+def with_overhead(config: pb.PodSandboxConfig, cpu_millis: int, memory: int = 0) -> pb.PodSandboxConfig:
+    """LinuxPodSandboxConfig.overhead as the kubelet sends a RuntimeClass overhead (quota/period, memory)."""
+    config.linux.overhead.CopyFrom(
+        pb.LinuxContainerResources(cpu_period=100_000, cpu_quota=cpu_millis * 100, memory_limit_in_bytes=memory)
+    )
+    return config
+
+
+# a sidecar of 10 cpus beside an app of 7: 17 vCPUs (over the profile's 16) only when the shim knows
+SIDECAR_POD = ([one("app", {"cpu": "7"})], [one("proxy", {"cpu": "10"})])
 
 
 @pytest.mark.parametrize(
@@ -660,6 +678,45 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             ["pod needs 100 vCPUs", "allows at most 16"],
             id="more-vcpus-than-the-profile-allows",
+        ),
+        pytest.param(
+            pb.RunPodSandboxRequest(
+                config=annotated(declared_pod(*SIDECAR_POD), {SIDECARS_ANNOTATION: "proxy"}),
+            ),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ["pod needs 17 vCPUs (17000m cpu + 0 extra) but profile 'vmsandbox' allows at most 16"],
+            id="annotated-sidecar-adds-to-the-app",
+        ),
+        pytest.param(
+            pb.RunPodSandboxRequest(config=annotated(declared_pod(*SIDECAR_POD), {SIDECARS_ANNOTATION: "app"})),
+            INVALID,
+            [
+                "annotation io.vmsandbox/sidecars: 'app' is not an init container of pod_resources "
+                "(init containers: 'proxy')"
+            ],
+            id="sidecar-annotation-names-an-app-container",
+        ),
+        pytest.param(
+            pb.RunPodSandboxRequest(config=with_overhead(declared_pod([one("app", {"cpu": "15600m"})]), 1000)),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ["pod needs 17 vCPUs (15600m cpu + 1000m RuntimeClass overhead) but profile 'vmsandbox' allows at most 16"],
+            id="declared-pod-runtimeclass-overhead",
+        ),
+        pytest.param(
+            pb.RunPodSandboxRequest(
+                config=with_overhead(
+                    pb.PodSandboxConfig(
+                        metadata=pb.PodSandboxMetadata(name="bad", namespace="admission", uid="uid-bad"),
+                        linux=pb.LinuxPodSandboxConfig(
+                            resources=pb.LinuxContainerResources(cpu_period=100_000, cpu_quota=1_600_000)
+                        ),
+                    ),
+                    500,
+                )
+            ),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ["pod needs 17 vCPUs (16000m cpu + 500m RuntimeClass overhead) but profile 'vmsandbox' allows at most 16"],
+            id="todays-pod-runtimeclass-overhead",
         ),
         pytest.param(
             pb.RunPodSandboxRequest(

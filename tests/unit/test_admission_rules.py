@@ -44,7 +44,7 @@ from vmsandbox.resources import (
     PodDeclaration,
     ResourceList,
 )
-from vmsandbox.sizing import LinuxResources, demand_from_declaration, shape_for
+from vmsandbox.sizing import LinuxResources, demand_from_declaration, shape_for, sidecars_from_annotations
 
 MI, GI = 1 << 20, 1 << 30
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
@@ -462,9 +462,17 @@ def sandboxes(tmp_path: Path) -> Iterator[Sandboxes]:
         ledger.close()
 
 
-def add_sandbox(sb: Sandboxes, sandbox_id: str, declaration: PodDeclaration | None, demand_cpu: str = "1") -> None:
+def add_sandbox(
+    sb: Sandboxes,
+    sandbox_id: str,
+    declaration: PodDeclaration | None,
+    demand_cpu: str = "1",
+    annotations: dict[str, str] | None = None,
+) -> None:
+    annotations = annotations or {}
     if declaration is not None:
-        demand = demand_from_declaration(declaration, PROFILE)
+        sidecars = sidecars_from_annotations(annotations, declaration)
+        demand = demand_from_declaration(declaration, PROFILE, sidecars=sidecars)
     else:
         demand = replace(demand_from_declaration(declaration_for_cpu(demand_cpu), PROFILE), mode="linux-resources")
     record = SandboxRecord(
@@ -475,6 +483,7 @@ def add_sandbox(sb: Sandboxes, sandbox_id: str, declaration: PodDeclaration | No
         runtime_handler="vmsandbox",
         profile="vmsandbox",
         domain="vmsandbox-x",
+        annotations=annotations,
         declaration=records.declaration_doc(declaration) if declaration else None,
         shape=records.shape_doc(shape_for(demand, PROFILE)),
     )
@@ -555,6 +564,47 @@ def test_update_container_envelope(
         assert f'update of "{target}" does not fit in the VM, which cannot grow' in str(err.value)
         assert "it would have to grow by" in str(err.value)
         assert sandboxes.container(ids[target]).linux == before
+
+
+def _limits(name: str, cpu: str, memory: str) -> ContainerDeclaration:
+    both = ResourceList.parse({"cpu": cpu, "memory": memory}, where=name)
+    return ContainerDeclaration(name, ContainerResources(requests=both, limits=both))
+
+
+# a sidecar started before a plain init container: demand cpu max(250m, 1 + 250m, 250m + 500m) = 1250m,
+# memory max(64Mi, 128Mi + 64Mi, 64Mi + 64Mi) = 192Mi
+WITH_SIDECAR = PodDeclaration(
+    init_containers=(_limits("proxy", "250m", "64Mi"), _limits("setup", "1", "128Mi")),
+    containers=(_limits("app", "500m", "64Mi"),),
+)
+
+
+@pytest.mark.parametrize(
+    ("target", "update", "accepted"),
+    [
+        pytest.param("app", lin(500, 128), True, id="app-up-to-the-vm-beside-the-sidecar"),
+        pytest.param("app", lin(500, 160), False, id="app-beyond-beside-the-sidecar"),
+        pytest.param("setup", lin(1000, 128), True, id="init-beside-the-earlier-sidecar"),
+        pytest.param("setup", lin(1000, 160), False, id="init-beyond-beside-the-earlier-sidecar"),
+        pytest.param("proxy", lin(250, 64), True, id="sidecar-unchanged"),
+        pytest.param("proxy", lin(250, 96), False, id="sidecar-beyond-beside-the-later-init"),
+    ],
+)
+def test_update_container_follows_the_sidecar_rule(
+    sandboxes: Sandboxes, target: str, update: LinuxResources, accepted: bool
+) -> None:
+    add_sandbox(sandboxes, "s7", WITH_SIDECAR, annotations={"io.vmsandbox/sidecars": "proxy"})
+    assert records.shape_from_doc(sandboxes.get("s7").shape).demand.memory_bytes == 192 * MI
+    ids = {}
+    for c in (*WITH_SIDECAR.init_containers, *WITH_SIDECAR.containers):
+        ids[c.name] = sandboxes.create_container("s7", ContainerSpec(name=c.name, resources=c.resources))
+    if accepted:
+        sandboxes.update_container(ids[target], None, update)
+        assert sandboxes.container(ids[target]).linux["memory_limit_bytes"] == update.memory_limit_bytes
+    else:
+        with pytest.raises(Diverged) as err:
+            sandboxes.update_container(ids[target], None, update)
+        assert f'update of "{target}" does not fit in the VM, which cannot grow' in str(err.value)
 
 
 def test_update_with_kubernetes_resources_is_recorded(sandboxes: Sandboxes) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from vmsandbox.adapters.profile_loader import default_profiles, load_profile_file, load_profiles
-from vmsandbox.profile import Profile, ProfileError, profile_from_mapping
+from vmsandbox.profile import Profile, ProfileError, profile_from_mapping, profile_problems
 
 MI, GI = 1024**2, 1024**3
 QUANTITY_GRAMMAR = (
@@ -15,8 +15,14 @@ QUANTITY_GRAMMAR = (
     'such as "e3" (examples: "500m", "1.5", "2Gi", "1e3")'
 )
 TOP_KEYS = (
-    "accel, allowed_profiles, cpu_policy, defaults, emulator, extended_resources, guest, handler, init_containers, "
-    "machine, memory, name, numa_policy, page_size, vcpu"
+    "accel, allowed_profiles, cpu_policy, defaults, emulator, extended_resources, guest, handler, machine, memory, "
+    "name, numa_policy, page_size, vcpu"
+)
+
+
+HANDLER_PROBLEM = (
+    "'{}' is not a valid RuntimeClass handler (a DNS-1123 label: at most 63 lower-case letters, digits and '-', "
+    "starting and ending with a letter or digit)"
 )
 
 
@@ -40,7 +46,6 @@ page_size: 1Gi
 cpu_policy: shared
 machine: pc
 accel: tcg
-init_containers: concurrent
 defaults:
   cpu: 500m
   memory: 1Gi
@@ -67,7 +72,6 @@ def test_full_profile(tmp_path: Path) -> None:
             cpu_policy="shared",
             machine="pc",
             accel="tcg",
-            init_containers="concurrent",
             default_cpu_millis=500,
             default_memory_bytes=GI,
             kernel_cmdline="loglevel=4",
@@ -177,12 +181,34 @@ ERRORS = [
     ),
     pytest.param("name: a\naccel: hvf\n", 2, "accel", "must be one of auto, kvm, tcg, got 'hvf'", id="accel"),
     pytest.param(
-        "name: a\ninit_containers: parallel\n",
+        "name: a\ninit_containers: sequential\n",
         2,
         "init_containers",
-        "must be one of sequential, concurrent, got 'parallel'",
-        id="init-policy",
+        "no longer supported: sidecars (init containers with restartPolicy: Always) are sized by Kubernetes' rule; "
+        "name them with the pod annotation io.vmsandbox/sidecars (vmsandbox plan reads restartPolicy from the "
+        "manifest); remove this key",
+        id="init-containers-retired",
     ),
+    pytest.param("name: a\nmemory:\n  min: 0\n", 3, "memory.min", "must be more than 0, got 0", id="memory-min-zero"),
+    pytest.param(
+        "name: a\nmemory:\n  min: 0Mi\n", 3, "memory.min", "must be more than 0, got '0Mi'", id="memory-min-0Mi"
+    ),
+    pytest.param(
+        "name: a\nhandler: vmsandbox_fast\n",
+        2,
+        "handler",
+        "'vmsandbox_fast' is not a valid RuntimeClass handler (a DNS-1123 label: at most 63 lower-case letters, "
+        "digits and '-', starting and ending with a letter or digit)",
+        id="handler-underscore",
+    ),
+    pytest.param("name: a\nhandler: Fast\n", 2, "handler", HANDLER_PROBLEM.format("Fast"), id="handler-upper-case"),
+    pytest.param(
+        "name: a\nhandler: fast-\n", 2, "handler", HANDLER_PROBLEM.format("fast-"), id="handler-trailing-dash"
+    ),
+    pytest.param(
+        "name: a\nhandler: " + "h" * 64 + "\n", 2, "handler", HANDLER_PROBLEM.format("h" * 64), id="handler-64-chars"
+    ),
+    pytest.param("name: vm.small\n", 1, "name", HANDLER_PROBLEM.format("vm.small"), id="name-serves-as-handler"),
     pytest.param(
         "name: a\nmemory:\n  overhead: 64MB\n",
         3,
@@ -323,3 +349,39 @@ def test_default_profiles() -> None:
     with pytest.raises(ProfileError) as exc:
         default_profiles({"accel": "xen"})
     assert str(exc.value) == "(built-in): accel: must be one of auto, kvm, tcg, got 'xen'"
+
+
+def test_every_problem_of_a_profile_is_reported() -> None:
+    doc = {
+        "name": "a",
+        "handler": "A_B",
+        "vcpu": {"min": 0, "max": 2000, "mxa": 1},
+        "memory": {"min": 0},
+        "accel": "hvf",
+        "init_containers": "concurrent",
+        "bogus": 1,
+    }
+    profile, problems = profile_problems(doc, source="inline")
+    assert profile is None
+    assert [p.key for p in problems] == [
+        "bogus",
+        "init_containers",
+        "vcpu.mxa",
+        "handler",
+        "vcpu.min",
+        "vcpu.max",
+        "memory.min",
+        "accel",
+    ]
+    with pytest.raises(ProfileError) as exc:  # the loader stops at the first; validate reports them all
+        profile_from_mapping(doc, source="inline")
+    assert exc.value.key == "bogus"
+
+
+def test_valid_profile_has_no_problems() -> None:
+    assert profile_problems({"name": "a"}, source="inline") == (Profile(name="a", handler="a"), [])
+
+
+def test_valid_handlers() -> None:
+    for handler in ("a", "vmsandbox", "vm-1", "0", "a" * 63):
+        assert profile_from_mapping({"name": "x", "handler": handler}, source="inline").handler == handler

@@ -19,12 +19,15 @@ from vmsandbox.sizing import (
     demand_from_declaration,
     demand_from_linux,
     linux_resources_from_annotations,
+    running_alongside,
     shape_for,
+    sidecars_from_annotations,
 )
 
 KI, MI, GI = 1024, 1024**2, 1024**3
 P2M, P1G = 2 * MI, GI
 PROFILE = Profile(name="test", handler="test")  # 1..16 vCPUs, +64Mi, >=128Mi, 2Mi pages, 1 cpu / 256Mi defaults
+NONE: frozenset[str] = frozenset()
 
 
 def container(
@@ -47,35 +50,33 @@ def pod(*apps: ContainerDeclaration, init: tuple[ContainerDeclaration, ...] = ()
 DECLARED = [
     pytest.param(
         pod(container("app", limits={"cpu": "500m", "memory": "512Mi"})),
-        "sequential",
+        NONE,
         PodDemand(500, 512 * MI),
         id="limits",
     ),
     pytest.param(
         pod(container("app", requests={"cpu": "250m", "memory": "64Mi"}, limits={"cpu": "2", "memory": "1Gi"})),
-        "sequential",
+        NONE,
         PodDemand(2000, GI),
         id="limit-wins-over-request",
     ),
     pytest.param(
         pod(container("app", requests={"cpu": "300m", "memory": "100Mi"})),
-        "sequential",
+        NONE,
         PodDemand(300, 100 * MI),
         id="request-when-no-limit",
     ),
-    pytest.param(pod(container("app")), "sequential", PodDemand(1000, 256 * MI), id="profile-default-when-neither"),
-    pytest.param(
-        pod(container("a"), container("b")), "sequential", PodDemand(2000, 512 * MI), id="default-per-container"
-    ),
+    pytest.param(pod(container("app")), NONE, PodDemand(1000, 256 * MI), id="profile-default-when-neither"),
+    pytest.param(pod(container("a"), container("b")), NONE, PodDemand(2000, 512 * MI), id="default-per-container"),
     pytest.param(
         pod(container("app", requests={"cpu": "1000m"}, limits={"memory": "1073741824"})),
-        "sequential",
+        NONE,
         PodDemand(1000, GI),
         id="canonicalised-spellings",
     ),
     pytest.param(
         pod(container("app", limits={"cpu": "0.0001", "memory": "129M"})),
-        "sequential",
+        NONE,
         PodDemand(1, 129_000_000),
         id="millicores-round-up-decimal-memory",
     ),
@@ -84,7 +85,7 @@ DECLARED = [
             container("a", limits={"cpu": "500m", "memory": "100Mi"}),
             container("b", limits={"cpu": "700m", "memory": "200Mi"}),
         ),
-        "sequential",
+        NONE,
         PodDemand(1200, 300 * MI),
         id="apps-sum",
     ),
@@ -94,7 +95,7 @@ DECLARED = [
             container("b", limits={"cpu": "1", "memory": "128Mi"}),
             init=(container("init", limits={"cpu": "3", "memory": "64Mi"}),),
         ),
-        "sequential",
+        NONE,
         PodDemand(3000, 256 * MI),
         id="init-larger-cpu-apps-larger-memory",
     ),
@@ -106,7 +107,7 @@ DECLARED = [
                 container("i2", limits={"cpu": "3", "memory": "64Mi"}),
             ),
         ),
-        "sequential",
+        NONE,
         PodDemand(3000, GI),
         id="max-over-init-containers",
     ),
@@ -116,19 +117,19 @@ DECLARED = [
             container("b", limits={"cpu": "1", "memory": "128Mi"}),
             init=(container("init", limits={"cpu": "3", "memory": "64Mi"}),),
         ),
-        "concurrent",
+        frozenset({"init"}),
         PodDemand(5000, 320 * MI),
-        id="concurrent-init-sums",
+        id="sidecar-adds-to-apps",
     ),
     pytest.param(
         pod(container("app", limits={"cpu": "200m", "memory": "64Mi"}), init=(container("init"),)),
-        "sequential",
+        NONE,
         PodDemand(1000, 256 * MI),
         id="init-default-counts",
     ),
     pytest.param(
         pod(container("app", limits={"cpu": "1", "memory": "64Mi", "hugepages-2Mi": "64Mi"})),
-        "sequential",
+        NONE,
         PodDemand(1000, 64 * MI, hugepages=((P2M, 64 * MI),)),
         id="hugepages-2Mi",
     ),
@@ -137,19 +138,19 @@ DECLARED = [
             container("a", limits={"hugepages-1Gi": "2Gi", "hugepages-2Mi": "4Mi"}),
             container("b", requests={"hugepages-2Mi": "6Mi"}, limits={"hugepages-2Mi": "6Mi"}),
         ),
-        "sequential",
+        NONE,
         PodDemand(2000, 512 * MI, hugepages=((P2M, 10 * MI), (P1G, 2 * GI))),
         id="hugepages-both-sizes-sorted",
     ),
     pytest.param(
         pod(container("app", limits={"hugepages-2Mi": "0"})),
-        "sequential",
+        NONE,
         PodDemand(1000, 256 * MI),
         id="zero-hugepages-dropped",
     ),
     pytest.param(
         pod(container("app", requests={"ephemeral-storage": "1Gi"}, limits={"ephemeral-storage": "2Gi"})),
-        "sequential",
+        NONE,
         PodDemand(1000, 256 * MI, ephemeral_storage_bytes=2 * GI),
         id="ephemeral-storage",
     ),
@@ -158,17 +159,250 @@ DECLARED = [
             container("a", limits={"vendor.com/gpu": "1", "example.org/nic": "2"}),
             container("b", limits={"vendor.com/gpu": "2"}),
         ),
-        "sequential",
+        NONE,
         PodDemand(2000, 512 * MI, extended=(("example.org/nic", 2), ("vendor.com/gpu", 3))),
         id="extended-resources",
     ),
 ]
 
 
-@pytest.mark.parametrize(("declaration", "init_policy", "expected"), DECLARED)
-def test_demand_from_declaration(declaration: PodDeclaration, init_policy: str, expected: PodDemand) -> None:
-    profile = replace(PROFILE, init_containers=init_policy)  # type: ignore[arg-type]
-    assert demand_from_declaration(declaration, profile) == expected
+@pytest.mark.parametrize(("declaration", "sidecars", "expected"), DECLARED)
+def test_demand_from_declaration(declaration: PodDeclaration, sidecars: frozenset[str], expected: PodDemand) -> None:
+    assert demand_from_declaration(declaration, PROFILE, sidecars=sidecars) == expected
+
+
+# -- sidecars (KEP-753) ------------------------------------------------------------------------------
+def limits(name: str, cpu: str, memory: str, **more: str) -> ContainerDeclaration:
+    return container(name, limits={"cpu": cpu, "memory": memory, **{k.replace("_", "-"): v for k, v in more.items()}})
+
+
+# Kubernetes' effective amount: max(max_i (init_i + sidecars declared before i), sidecars + apps),
+# with the figures Kubernetes computes for these pods (kubectl describe node: Requests)
+KEP_753 = [
+    pytest.param(
+        (limits("log", "100m", "64Mi"),),
+        (limits("app", "1", "192Mi"),),
+        {"log"},
+        (1100, 256 * MI),
+        (1000, 192 * MI),
+        id="sidecar-beside-the-app",
+    ),
+    pytest.param(
+        (limits("migrate", "2", "1Gi"), limits("proxy", "200m", "128Mi")),
+        (limits("app", "500m", "256Mi"),),
+        {"proxy"},
+        (2000, GI),
+        (2000, GI),
+        id="sidecar-after-a-plain-init",
+    ),
+    pytest.param(
+        (limits("proxy", "200m", "128Mi"), limits("migrate", "2", "1Gi")),
+        (limits("app", "500m", "256Mi"),),
+        {"proxy"},
+        (2200, GI + 128 * MI),
+        (2000, GI),
+        id="sidecar-before-a-plain-init-order-matters",
+    ),
+    pytest.param(
+        (
+            limits("s1", "100m", "16Mi"),
+            limits("i1", "2", "64Mi"),
+            limits("s2", "300m", "32Mi"),
+            limits("i2", "1500m", "256Mi"),
+        ),
+        (limits("app", "500m", "100Mi"),),
+        {"s1", "s2"},
+        (2100, 304 * MI),  # cpu: i1 + s1; memory: i2 + s1 + s2
+        (2000, 256 * MI),
+        id="two-sidecars-around-two-inits",
+    ),
+    pytest.param(
+        (limits("s1", "250m", "64Mi"), limits("s2", "250m", "64Mi")),
+        (limits("a", "1", "128Mi"), limits("b", "1", "128Mi")),
+        {"s1", "s2"},
+        (2500, 384 * MI),
+        (2000, 256 * MI),
+        id="all-init-containers-are-sidecars",
+    ),
+    pytest.param(
+        (limits("setup", "2", "2Gi"),),
+        (limits("app", "1", "1Gi"),),
+        set(),
+        (2000, 2 * GI),  # a plain init container ends before the app starts: not 3 cpus, 3Gi
+        (2000, 2 * GI),
+        id="plain-init-is-not-summed",
+    ),
+    pytest.param(
+        (container("agent"),),
+        (limits("app", "500m", "64Mi"),),
+        {"agent"},
+        (1500, 320 * MI),  # the sidecar declares nothing: the profile's 1 cpu / 256Mi
+        (1000, 256 * MI),
+        id="sidecar-takes-profile-defaults",
+    ),
+]
+
+
+@pytest.mark.parametrize(("inits", "apps", "sidecars", "kubernetes", "without_sidecars"), KEP_753)
+def test_sidecars_follow_kubernetes(
+    inits: tuple[ContainerDeclaration, ...],
+    apps: tuple[ContainerDeclaration, ...],
+    sidecars: set[str],
+    kubernetes: tuple[int, int],
+    without_sidecars: tuple[int, int],
+) -> None:
+    decl = pod(*apps, init=inits)
+    got = demand_from_declaration(decl, PROFILE, sidecars=frozenset(sidecars))
+    assert (got.cpu_millis, got.memory_bytes) == kubernetes
+    plain = demand_from_declaration(decl, PROFILE)  # what the shim computes when nobody names the sidecars
+    assert (plain.cpu_millis, plain.memory_bytes) == without_sidecars
+
+
+def test_sidecar_hugepages_add_to_the_apps() -> None:
+    decl = pod(
+        limits("app", "1", "64Mi", hugepages_2Mi="8Mi"),
+        init=(limits("dpdk-helper", "100m", "16Mi", hugepages_2Mi="4Mi"),),
+    )
+    assert demand_from_declaration(decl, PROFILE, sidecars=frozenset({"dpdk-helper"})).hugepages == ((P2M, 12 * MI),)
+    assert demand_from_declaration(decl, PROFILE).hugepages == ((P2M, 8 * MI),)
+
+
+def test_sidecar_must_be_an_init_container() -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        demand_from_declaration(pod(container("app")), PROFILE, sidecars=frozenset({"app"}))
+    assert str(exc.value) == "sidecar 'app' is not an init container of pod_resources"
+
+
+SIDECAR_POD = pod(container("app"), init=(container("setup"), container("proxy"), container("log")))
+ANNOTATED = [
+    pytest.param({}, frozenset(), id="absent-none"),
+    pytest.param({"io.vmsandbox/sidecars": "proxy"}, frozenset({"proxy"}), id="one"),
+    pytest.param({"io.vmsandbox/sidecars": " proxy , log "}, frozenset({"proxy", "log"}), id="two-with-spaces"),
+    pytest.param({"other": "x"}, frozenset(), id="other-annotations"),
+]
+
+
+@pytest.mark.parametrize(("annotations", "expected"), ANNOTATED)
+def test_sidecars_from_annotations(annotations: dict[str, str], expected: frozenset[str]) -> None:
+    assert sidecars_from_annotations(annotations, SIDECAR_POD) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        pytest.param(
+            "app",
+            "annotation io.vmsandbox/sidecars: 'app' is not an init container of pod_resources (init containers: "
+            "'setup', 'proxy', 'log')",
+            id="app-container",
+        ),
+        pytest.param(
+            "ghost",
+            "annotation io.vmsandbox/sidecars: 'ghost' is not an init container of pod_resources (init containers: "
+            "'setup', 'proxy', 'log')",
+            id="undeclared",
+        ),
+        pytest.param(
+            "proxy,,log",
+            "annotation io.vmsandbox/sidecars: an empty name (expected init container names separated by commas)",
+            id="empty-entry",
+        ),
+        pytest.param("", "annotation io.vmsandbox/sidecars: an empty name", id="empty-value"),
+        pytest.param("proxy,proxy", "annotation io.vmsandbox/sidecars: 'proxy' is named twice", id="twice"),
+        pytest.param(
+            "x" * 5000,
+            f"annotation io.vmsandbox/sidecars: '{'x' * 64}...' is not an init container",
+            id="long-name-bounded",
+        ),
+    ],
+)
+def test_sidecar_annotation_rejects(value: str, message: str) -> None:
+    with pytest.raises(InvalidArgument) as exc:
+        sidecars_from_annotations({"io.vmsandbox/sidecars": value}, SIDECAR_POD)
+    assert str(exc.value).startswith(message)
+    assert len(str(exc.value)) < 300
+
+
+INIT_ORDER = ("s1", "i1", "s2", "i2")
+ALONGSIDE = [
+    pytest.param("i1", {"s1", "s2"}, {"a", "b"}, [{"s1"}], id="plain-init-beside-earlier-sidecars"),
+    pytest.param("i2", {"s1", "s2"}, {"a", "b"}, [{"s1", "s2"}], id="later-plain-init"),
+    pytest.param("i1", set(), {"a"}, [set()], id="plain-init-alone-without-sidecars"),
+    pytest.param(
+        "s1",
+        {"s1", "s2"},
+        {"a", "b"},
+        [{"s2", "a", "b"}, {"i1"}, {"s2", "i2"}],
+        id="sidecar-beside-apps-and-every-later-init",
+    ),
+    pytest.param("s2", {"s1", "s2"}, {"a"}, [{"s1", "a"}, {"s1", "i2"}], id="later-sidecar"),
+    pytest.param("a", {"s1", "s2"}, {"a", "b", "i1"}, [{"s1", "s2", "b"}], id="app-beside-sidecars-and-apps"),
+    pytest.param("a", set(), {"a", "b", "i1", "s1"}, [{"b"}], id="app-without-sidecars-skips-init"),
+]
+
+
+@pytest.mark.parametrize(("name", "sidecars", "others", "phases"), ALONGSIDE)
+def test_running_alongside(name: str, sidecars: set[str], others: set[str], phases: list[set[str]]) -> None:
+    got = running_alongside(name, INIT_ORDER, frozenset(sidecars), others)
+    assert got == [frozenset(p) for p in phases]
+
+
+# -- RuntimeClass overhead (LinuxPodSandboxConfig.overhead) -----------------------------------------
+def test_overhead_is_carried_by_both_ways_in() -> None:
+    overhead = LinuxResources(cpu_period=100000, cpu_quota=25000, memory_limit_bytes=160 * MI)
+    declared = demand_from_declaration(pod(limits("app", "1", "512Mi")), PROFILE, overhead=overhead)
+    assert declared == PodDemand(1000, 512 * MI, overhead_cpu_millis=250, overhead_memory_bytes=160 * MI)
+    legacy = demand_from_linux(
+        LinuxResources(cpu_period=100000, cpu_quota=100000, memory_limit_bytes=512 * MI), {}, PROFILE, overhead=overhead
+    )
+    assert legacy == PodDemand(
+        1000, 512 * MI, mode="linux-resources", overhead_cpu_millis=250, overhead_memory_bytes=160 * MI
+    )
+    assert demand_from_linux(LinuxResources(), {}, PROFILE, overhead=LinuxResources()) == PodDemand(
+        1000, 256 * MI, mode="defaults"
+    )
+
+
+OVERHEAD = [
+    # (pod cpu, pod memory, overhead cpu, overhead memory, profile overrides, vcpus, guest RAM)
+    pytest.param(2000, 512 * MI, 0, 0, {}, 2, 576 * MI, id="no-overhead-profile-only"),
+    pytest.param(2000, 512 * MI, 0, 32 * MI, {}, 2, 576 * MI, id="smaller-than-profile-overhead"),
+    pytest.param(2000, 512 * MI, 0, 256 * MI, {}, 2, 768 * MI, id="larger-replaces-profile-overhead"),
+    pytest.param(2000, 512 * MI, 500, 0, {}, 3, 576 * MI, id="cpu-overhead-adds-a-vcpu"),
+    pytest.param(1500, 512 * MI, 250, 0, {}, 2, 576 * MI, id="cpu-overhead-within-the-ceil"),
+    pytest.param(1500, 512 * MI, 600, 0, {}, 3, 576 * MI, id="cpu-overhead-past-the-ceil"),
+    # the RuntimeClass `vmsandbox profile runtimeclass` derives: podFixed = vcpu.extra, memory.overhead
+    pytest.param(
+        1500,
+        512 * MI,
+        1000,
+        96 * MI,
+        {"vcpu_extra": 1, "memory_overhead_bytes": 96 * MI},
+        3,
+        608 * MI,
+        id="derived-runtimeclass-not-counted-twice",
+    ),
+    pytest.param(100, 16 * MI, 0, 64 * MI, {"memory_min_bytes": 256 * MI}, 1, 256 * MI, id="memory-min-still-applies"),
+]
+
+
+@pytest.mark.parametrize(("cpu", "memory", "ocpu", "omemory", "overrides", "vcpus", "ram"), OVERHEAD)
+def test_shape_counts_the_runtimeclass_overhead(
+    cpu: int, memory: int, ocpu: int, omemory: int, overrides: dict[str, int], vcpus: int, ram: int
+) -> None:
+    d = PodDemand(cpu, memory, overhead_cpu_millis=ocpu, overhead_memory_bytes=omemory)
+    shape = shape_for(d, replace(PROFILE, **overrides))  # type: ignore[arg-type]
+    assert (shape.vcpus, shape.memory_bytes) == (vcpus, ram)
+    # Kubernetes counts the pod as its containers plus the overhead: the VM is never smaller
+    assert shape.memory_bytes >= memory + omemory and shape.vcpus * 1000 >= cpu + ocpu
+
+
+def test_overhead_past_vcpu_max_is_named() -> None:
+    with pytest.raises(CannotFit) as exc:
+        shape_for(PodDemand(16000, MI, overhead_cpu_millis=500), PROFILE)
+    assert str(exc.value) == (
+        "pod needs 17 vCPUs (16000m cpu + 500m RuntimeClass overhead) but profile 'test' allows at most 16"
+    )
 
 
 def test_profile_defaults_are_used() -> None:
@@ -534,7 +768,7 @@ def build(
 @given(
     raw_init=raw_containers("init", 0),
     raw_apps=raw_containers("app", 1),
-    policy=st.sampled_from(["sequential", "concurrent"]),
+    mask=st.integers(0, 7),
     page=st.sampled_from([4096, P2M, P1G]),
     style=st.integers(0, 2),
     order=st.randoms(use_true_random=False),
@@ -542,17 +776,18 @@ def build(
 def test_same_input_same_shape(
     raw_init: list[tuple[str, dict[str, int]]],
     raw_apps: list[tuple[str, dict[str, int]]],
-    policy: str,
+    mask: int,
     page: int,
     style: int,
     order: object,
 ) -> None:
     """Re-spelling every quantity and reordering the app containers changes nothing."""
-    profile = replace(PROFILE, init_containers=policy, page_size_bytes=page)  # type: ignore[arg-type]
+    profile = replace(PROFILE, page_size_bytes=page)
+    sidecars = frozenset(name for i, (name, _) in enumerate(raw_init) if mask >> i & 1)
     shuffled = list(raw_apps)
     order.shuffle(shuffled)  # type: ignore[attr-defined]
-    first = _outcome(build(raw_init, raw_apps, 0), profile)
-    again = _outcome(build(raw_init, shuffled, style), profile)
+    first = _outcome(build(raw_init, raw_apps, 0), profile, sidecars)
+    again = _outcome(build(raw_init, shuffled, style), profile, sidecars)
     assert again == first
     if isinstance(first, str):  # refused, and for the same reason both times
         assert first.startswith("pod needs ") and first.endswith("allows at most 16")
@@ -572,12 +807,37 @@ def test_same_input_same_shape(
     )
 
 
-def _outcome(decl: PodDeclaration, profile: Profile) -> VmShape | str:
+def _outcome(decl: PodDeclaration, profile: Profile, sidecars: frozenset[str]) -> VmShape | str:
     try:
-        return shape_for(demand_from_declaration(decl, profile), profile)
+        return shape_for(demand_from_declaration(decl, profile, sidecars=sidecars), profile)
     except CannotFit as exc:
         return str(exc)
 
 
 def _round_mib(n: int) -> int:
     return -(-n // MI) * MI
+
+
+@settings(max_examples=150, deadline=None)
+@given(raw_init=raw_containers("init", 0), raw_apps=raw_containers("app", 1), mask=st.integers(0, 7))
+def test_sidecars_lie_between_sequential_and_all_concurrent(
+    raw_init: list[tuple[str, dict[str, int]]], raw_apps: list[tuple[str, dict[str, int]]], mask: int
+) -> None:
+    """Naming sidecars never shrinks a pod, never makes it larger than running every container at
+    once, and making every init container a sidecar is exactly that sum."""
+    decl = build(raw_init, raw_apps, 0)
+    names = [n for n, _ in raw_init]
+    some = frozenset(n for i, n in enumerate(names) if mask >> i & 1)
+    low, mid, high = (demand_from_declaration(decl, PROFILE, sidecars=s) for s in (frozenset(), some, frozenset(names)))
+    for a, b, c in zip(_amounts(low), _amounts(mid), _amounts(high), strict=True):
+        assert a <= b <= c
+    summed = demand_from_declaration(pod(*decl.init_containers, *decl.containers), PROFILE)
+    assert (high.cpu_millis, high.memory_bytes, high.hugepages) == (
+        summed.cpu_millis,
+        summed.memory_bytes,
+        summed.hugepages,
+    )
+
+
+def _amounts(d: PodDemand) -> tuple[int, int, int]:
+    return d.cpu_millis, d.memory_bytes, d.hugepage_bytes(P2M)
