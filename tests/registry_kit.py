@@ -51,10 +51,12 @@ class Entry:
     data: bytes = b""
 
 
-def file(name: str, data: bytes, mode: int = 0o644, uid: int = 0, gid: int = 0, **pax: str) -> Entry:
+def file(
+    name: str, data: bytes, mode: int = 0o644, uid: int = 0, gid: int = 0, pax: dict[str, str] | None = None
+) -> Entry:
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.uid, info.gid, info.mtime = len(data), mode, uid, gid, 1_700_000_000
-    info.pax_headers = dict(pax)
+    info.pax_headers = dict(pax or {})
     return Entry(info, data)
 
 
@@ -101,7 +103,12 @@ def busybox_entries(applets: tuple[str, ...] = ("sh", "ls", "cat", "echo", "slee
     """A busybox root: /bin/busybox from the host's busybox-static, applet symlinks, /etc/passwd."""
     passwd = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
     group = b"root:x:0:\nnogroup:x:65534:\n"
-    out = [directory("bin"), file("bin/busybox", BUSYBOX.read_bytes(), 0o755), directory("etc"), directory("tmp", 0o1777)]
+    out = [
+        directory("bin"),
+        file("bin/busybox", BUSYBOX.read_bytes(), 0o755),
+        directory("etc"),
+        directory("tmp", 0o1777),
+    ]
     out += [symlink(f"bin/{a}", "busybox") for a in applets]
     out += [file("etc/passwd", passwd), file("etc/group", group)]
     return out

@@ -20,7 +20,6 @@ What the OCI image spec leaves to the runtime, decided here:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import gzip
@@ -46,6 +45,7 @@ OPAQUE = ".wh..wh..opq"
 _KEPT_XATTRS = ("security.capability",)
 _KEPT_XATTR_PREFIXES = ("user.",)
 _CHUNK = 1 << 20
+_MAX_LINKS = 40  # symlinks followed while making one directory, as the kernel's own limit
 
 
 class _OpenHow(ctypes.Structure):
@@ -98,6 +98,20 @@ class _Counting:
         return data
 
 
+def _clamped(parts: tuple[str, ...]) -> tuple[str, ...]:
+    """Components with ``.``/``..`` applied as at ``/``: ``..`` at the root stays there."""
+    out: list[str] = []
+    for comp in parts:
+        if comp in ("", "."):
+            continue
+        if comp == "..":
+            if out:
+                out.pop()
+            continue
+        out.append(comp)
+    return tuple(out)
+
+
 def clean_name(name: str, where: str) -> tuple[str, ...]:
     """A tar entry name as path components under the root; ``..`` climbing out refuses the layer."""
     parts: list[str] = []
@@ -135,8 +149,11 @@ class Tree:
         self._dirs.clear()
 
     # -- resolution -----------------------------------------------------------------------------
-    def _dir(self, parts: tuple[str, ...], create: bool) -> int | None:
-        """An O_PATH fd of directory ``parts`` (resolved in root), made when ``create``; None if absent."""
+    def _dir(self, parts: tuple[str, ...], create: bool, depth: int = 0) -> int | None:
+        """An O_PATH fd of directory ``parts`` (resolved in root), made when ``create``; None if absent.
+
+        A dangling symlink in the way is followed inside the tree, and its target made, as
+        ``mkdir -p`` in a chroot would."""
         if not parts:
             return self.root_fd
         cached = self._dirs.get(parts)
@@ -147,15 +164,26 @@ class Tree:
         except FileNotFoundError:
             if not create:
                 return None
-            parent = self._dir(parts[:-1], create=True)
+            if depth > _MAX_LINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), "/".join(parts)) from None
+            parent = self._dir(parts[:-1], create=True, depth=depth + 1)
             assert parent is not None
-            with contextlib.suppress(FileExistsError):  # a dangling symlink in the way: the open below says so
+            try:
                 os.mkdir(parts[-1], 0o755, dir_fd=parent)
+            except FileExistsError:
+                target = os.readlink(parts[-1], dir_fd=parent)  # not a link: the open below says what it is
+                here = () if target.startswith("/") else self._inside(parent)
+                self._dir(_clamped((*here, *target.split("/"))), create=True, depth=depth + 1)
             fd = open_in_root(self.root_fd, "/".join(parts), _O_PATH | os.O_DIRECTORY)
         if len(self._dirs) > 4096:
             self._forget_dirs()
         self._dirs[parts] = fd
         return fd
+
+    def _inside(self, fd: int) -> tuple[str, ...]:
+        """Where directory ``fd`` is, as components under the root."""
+        rel = os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), os.readlink(f"/proc/self/fd/{self.root_fd}"))
+        return _clamped(tuple(rel.split("/")))
 
     def _remove(self, parent: int, name: str) -> None:
         """Remove ``name`` in ``parent`` (a whole directory tree included), never following a link."""
