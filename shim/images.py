@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from shim import metrics
+from shim import faults, metrics
 from vmsandbox.adapters.image_disk import ImageDisk
 from vmsandbox.adapters.layers import Limits, Tree, tree_usage
 from vmsandbox.adapters.skopeo import Skopeo
@@ -126,10 +126,14 @@ class ImageStore:
 
     # -- holders ------------------------------------------------------------------------------------
     def acquire(self, image_id: str) -> Path:
-        """Hold ``image_id`` for a container; returns its read-only tree. NOT_FOUND if not stored."""
+        """Hold ``image_id`` for a container; returns its read-only tree. NOT_FOUND if not stored.
+
+        An image removed while held can still be acquired by id until ``collect()``: containers
+        that ran from it re-acquire it when the shim restarts. New containers find images by name
+        (``get``), which never returns a removed one."""
         with self._lock:
             record = self._images.get(image_id)
-            if record is None or record.removed:
+            if record is None:
                 raise NotFound(f"image {bounded(image_id)} is not stored (pull it first)")
             self._holders[image_id] += 1
             return self.disk.tree_path(image_id)
@@ -285,6 +289,7 @@ class ImageStore:
             layout = work / "layout"
             self.skopeo.copy(resolved.endpoint, resolved.manifest_digest, creds, layout, self.disk.blob_dir, what)
             layout_manifest = _layout_manifest(layout, what)
+            faults.checkpoint("pull:after-blobs")
             log.info(
                 "%s: %d blobs in place (%d bytes fetched) in %.3f s", what, len(blobs), missing, time.monotonic() - t0
             )
@@ -296,6 +301,7 @@ class ImageStore:
             self._unpack(tree_dir, manifest, what)
             used, inodes = tree_usage(str(tree_dir))
             self.disk.commit_tree(tree_dir, image_id)
+            faults.checkpoint("pull:after-tree")
             uid, username = image_user(config.user)
             record = ImageRecord(
                 id=image_id,

@@ -45,6 +45,7 @@ OPAQUE = ".wh..wh..opq"
 _KEPT_XATTRS = ("security.capability",)
 _KEPT_XATTR_PREFIXES = ("user.",)
 _CHUNK = 1 << 20
+_MAX_CACHED_DIRS = 256  # directory fds kept open between entries of a layer
 _MAX_LINKS = 40  # symlinks followed while making one directory, as the kernel's own limit
 
 
@@ -137,16 +138,24 @@ class Tree:
         self.bytes = 0
         self.entries = 0
         self._dirs: dict[tuple[str, ...], int] = {}
+        self._stale: list[int] = []
         self._is_root = os.geteuid() == 0
 
     def close(self) -> None:
         self._forget_dirs()
+        self._close_stale()
         os.close(self.root_fd)
 
     def _forget_dirs(self) -> None:
-        for fd in self._dirs.values():
-            os.close(fd)
+        """Stop trusting cached directory fds (a removal may have taken what they name); callers may
+        still hold one, so they are closed only when the layer ends."""
+        self._stale.extend(self._dirs.values())
         self._dirs.clear()
+
+    def _close_stale(self) -> None:
+        for fd in self._stale:
+            os.close(fd)
+        self._stale.clear()
 
     # -- resolution -----------------------------------------------------------------------------
     def _dir(self, parts: tuple[str, ...], create: bool, depth: int = 0) -> int | None:
@@ -175,7 +184,7 @@ class Tree:
                 here = () if target.startswith("/") else self._inside(parent)
                 self._dir(_clamped((*here, *target.split("/"))), create=True, depth=depth + 1)
             fd = open_in_root(self.root_fd, "/".join(parts), _O_PATH | os.O_DIRECTORY)
-        if len(self._dirs) > 4096:
+        if len(self._dirs) > _MAX_CACHED_DIRS:
             self._forget_dirs()
         self._dirs[parts] = fd
         return fd
@@ -222,6 +231,7 @@ class Tree:
         for parts, member in reversed(dir_meta):  # deepest last-seen first; mtimes after the contents
             self._set_dir_meta(parts, member)
         self._forget_dirs()
+        self._close_stale()
         return stats
 
     def _entry(
@@ -233,6 +243,7 @@ class Tree:
         created: set[tuple[str, ...]],
         dir_meta: list[tuple[tuple[str, ...], tarfile.TarInfo]],
     ) -> None:
+        self._close_stale()  # no fd is held from one entry to the next
         stats.entries += 1
         self.entries += 1
         if self.entries > self.limits.max_entries:
