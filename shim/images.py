@@ -251,7 +251,7 @@ class ImageStore:
         endpoint = places[-1]
         for i, endpoint in enumerate(places):
             try:
-                raw = self.skopeo.fetch_manifest(endpoint, ref.fetch_by, creds, what)
+                raw = self.skopeo.fetch_manifest(endpoint, ref.fetch_by, _creds_for(ref, endpoint, creds), what)
                 break
             except VmSandboxError as exc:
                 if i == len(places) - 1:
@@ -263,7 +263,7 @@ class ImageStore:
         doc = parse_document(raw, what)
         if isinstance(doc, Index):
             entry = select_platform(doc, what, NODE_PLATFORM)
-            raw = self.skopeo.fetch_manifest(endpoint, entry.digest, creds, what)
+            raw = self.skopeo.fetch_manifest(endpoint, entry.digest, _creds_for(ref, endpoint, creds), what)
             if sha256_digest(raw) != entry.digest:
                 raise InvalidArgument(f"{what}: the {NODE_PLATFORM} manifest does not match its digest {entry.digest}")
             doc = parse_document(raw, what, entry.media_type)
@@ -287,7 +287,14 @@ class ImageStore:
         try:
             t0 = time.monotonic()
             layout = work / "layout"
-            self.skopeo.copy(resolved.endpoint, resolved.manifest_digest, creds, layout, self.disk.blob_dir, what)
+            self.skopeo.copy(
+                resolved.endpoint,
+                resolved.manifest_digest,
+                _creds_for(ref, resolved.endpoint, creds),
+                layout,
+                self.disk.blob_dir,
+                what,
+            )
             layout_manifest = _layout_manifest(layout, what)
             faults.checkpoint("pull:after-blobs")
             log.info(
@@ -377,6 +384,12 @@ class ImageStore:
                 )
         finally:
             tree.close()
+
+
+def _creds_for(ref: ImageReference, endpoint: Endpoint, creds: Credentials | None) -> Credentials | None:
+    """A pull's own credentials go to the image's registry only, never to a mirror or another
+    location (those use the configured auth file): the kubelet chose them for that registry."""
+    return creds if endpoint.host == ref.domain else None
 
 
 def _layout_manifest(layout: Path, what: str) -> str:

@@ -130,3 +130,14 @@ def test_credentials_never_show_secrets() -> None:
     assert c.auth_entry()["identitytoken"] == "tok"
     assert Credentials(auth="dTpw").auth_entry() == {"auth": "dTpw"}
     assert Credentials().auth_entry() == {}
+
+
+def test_a_pulls_credentials_go_to_the_images_registry_only() -> None:
+    from shim.images import _creds_for
+    from vmsandbox.registries import endpoints
+
+    creds = Credentials(username="u", password="p")
+    places = endpoints(parse_reference("busybox"), CONF)
+    assert [_creds_for(parse_reference("busybox"), e, creds) for e in places] == [None, creds]
+    rewritten = endpoints(parse_reference("quay.io/org/x"), CONF)
+    assert _creds_for(parse_reference("quay.io/org/x"), rewritten[0], creds) is None
