@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from vmsandbox.errors import InvalidArgument
@@ -94,6 +94,7 @@ _domain = st.sampled_from(["", "docker.io/", "quay.io/", "localhost:5000/", "127
 
 @given(_domain, st.lists(_component, min_size=1, max_size=4), st.one_of(st.none(), _tag), st.one_of(st.none(), _digest))
 def test_normal_form_is_a_fixed_point(domain: str, path: list[str], tag: str | None, digest: str | None) -> None:
+    assume(domain or "." not in path[0])  # a first component with a dot names a registry host
     text = domain + "/".join(path) + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
     ref = parse_reference(text)
     again = parse_reference(str(ref))
