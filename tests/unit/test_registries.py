@@ -121,6 +121,10 @@ def test_classify(stderr: str, kind: type) -> None:
 def test_cause_is_the_last_message_bounded() -> None:
     assert _cause('time="t" level=fatal msg="reading \\"x\\": manifest unknown"\n') == 'reading "x": manifest unknown'
     assert len(_cause("x" * 5000)) <= 301
+    wrapped = (
+        'level=fatal msg="Error parsing image name \\"docker://h/x:1\\": reading manifest 1 in h/x: manifest unknown"'
+    )
+    assert _cause(wrapped) == "reading manifest 1 in h/x: manifest unknown"
 
 
 def test_credentials_never_show_secrets() -> None:

@@ -65,6 +65,7 @@ def _cause(stderr: str) -> str:
     m = re.search(r'msg="(.*)"\s*$', text)
     if m:
         text = m.group(1).replace('\\"', '"')
+    text = re.sub(r'^Error parsing image name "[^"]*": ', "", text)  # skopeo's wrapper adds nothing
     return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + "…"
 
 
