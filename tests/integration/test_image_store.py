@@ -109,7 +109,7 @@ def test_ten_concurrent_pulls_download_each_blob_once(pushed: Pushed, tmp_path: 
     store = ImageStore(tmp_path / "images")
     ref = pushed.ref("big")
     before = pushed.registry.blob_gets()
-    shared_before = metrics.IMAGE_PULLS_SHARED._value.get()
+    shared_before = metrics.REGISTRY.get_sample_value("vmsandbox_image_pulls_shared_total") or 0.0
     results: list[str] = []
     errors: list[BaseException] = []
     start = threading.Barrier(10)
@@ -132,7 +132,7 @@ def test_ten_concurrent_pulls_download_each_blob_once(pushed: Pushed, tmp_path: 
     assert record is not None
     fetched = {d: after.get(d, 0) - before.get(d, 0) for d in (record.config, *record.layers)}
     assert fetched == dict.fromkeys(fetched, 1), fetched
-    assert metrics.IMAGE_PULLS_SHARED._value.get() - shared_before == 9
+    assert (metrics.REGISTRY.get_sample_value("vmsandbox_image_pulls_shared_total") or 0.0) - shared_before == 9
 
 
 def test_held_images_are_freed_on_last_release(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
