@@ -42,8 +42,17 @@ def leftovers(store: ImageStore) -> list[str]:
 
 def test_pull_names_status_and_remove(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
     ref = pushed.ref("uid")
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = (sample("vmsandbox_image_pulls_total", result="ok"), sample("vmsandbox_image_pull_bytes_total"))
+    durations = sample("vmsandbox_image_pull_seconds_count")
     image_id = store.pull(ref)
     assert image_id == pushed.id("uid")  # the config digest, as containerd answers
+    assert sample("vmsandbox_image_pulls_total", result="ok") == before[0] + 1
+    assert sample("vmsandbox_image_pull_bytes_total") - before[1] > 1_000_000  # busybox, compressed
+    assert sample("vmsandbox_image_pull_seconds_count") == durations + 1
     repo = ref.rsplit(":", 1)[0]
     for query in (ref, image_id, image_id[7:], image_id[7:19], f"{repo}@{pushed.top('uid')}"):
         found = store.get(query)
