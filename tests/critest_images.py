@@ -1,15 +1,18 @@
 """Push look-alikes of critest's test images to a local registry, so its image specs run offline.
 
-critest (cri-tools) with ``--registry-prefix HOST:PORT`` asks for
-``HOST:PORT/k8s-staging-cri-tools/test-image-*`` and ``HOST:PORT/e2e-test-images/busybox:1.29-2``
-style names. This builds images with the properties its specs check — distinct images for
+critest (cri-tools) asks for ``gcr.io/k8s-staging-cri-tools/test-image-*``,
+``registry.k8s.io/e2e-test-images/busybox:1.29-2``, ``registry.k8s.io/pause:3.9`` and
+``k8s.gcr.io/pause:3.9``; with ``--registry-prefix HOST:PORT`` it pulls ``HOST:PORT/<path>``
+instead. This builds images with the properties its specs check — distinct images for
 ``test-image-1..3``, one image under three ``test-image-tags`` tags, ``User`` set to a uid, a
 username, ``uid:group`` and ``name:group`` — from the host's busybox-static, and pushes each under
-its tag and under ``latest`` (some critest versions keep only the repository path of a name when a
-prefix is given). What cannot be imitated: a spec that pins a digest of the upstream image.
+its path, its tag and ``latest`` (critest versions that take a prefix keep only the repository
+path). The printed ``registries`` entry points those upstream registries at the local one in the
+shim's configuration, which keeps the names critest checks in ImageStatus: the way to run its image
+specs offline. What cannot be imitated: a spec that pins a digest of an upstream image.
 
     .venv/bin/python -m tests.critest_images --registry 127.0.0.1:5000
-    .venv/bin/python -m tests.critest_images --start-registry /tmp/critest-registry   # prints host and pid
+    .venv/bin/python -m tests.critest_images --start-registry /tmp/critest-registry   # prints host, pid, config
 """
 
 from __future__ import annotations
@@ -48,7 +51,14 @@ IMAGES: dict[str, tuple[tuple[str, ...], str, str]] = {
     f"{E2E}/busybox": (("1.29-2", "1.29-4", "latest"), "", "e2e-busybox"),
     f"{E2E}/nginx": (("1.14-2", "latest"), "", "e2e-nginx"),
     f"{STAGING}/hostnet-nginx-amd64": (("latest",), "", "hostnet-nginx"),
+    "pause": (("3.9", "3.10", "latest"), "", "pause"),
 }
+UPSTREAM = ("gcr.io", "registry.k8s.io", "k8s.gcr.io")
+
+
+def registries_config(host: str) -> list[dict[str, object]]:
+    """The shim's ``registries`` entries that serve critest's upstream names from ``host``."""
+    return [{"prefix": upstream, "location": host} for upstream in UPSTREAM]
 
 
 def push_all(registry: str, work: Path) -> list[str]:
@@ -82,7 +92,7 @@ def main() -> None:
         host = registry.host
     with tempfile.TemporaryDirectory(prefix="critest-images-") as tmp:
         refs = push_all(host, Path(tmp))
-    out = {"registry": host, "pushed": len(refs)}
+    out: dict[str, object] = {"registry": host, "pushed": len(refs), "registries": registries_config(host)}
     if registry is not None and registry.process is not None:
         out["registry_pid"] = registry.process.pid
         out["registry_log"] = str(registry.log_path)
