@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from shim.images import ImageStore
-from tests.critest_images import E2E, STAGING, push_all
+from tests.critest_images import E2E, STAGING, push_all, registries_config
 from tests.integration.image_setup import Pushed, pushed  # noqa: F401
+from vmsandbox.registries import parse_registries
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,3 +36,10 @@ def test_look_alikes(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
     assert len(tags) == 1 and len(distinct) == 3
     record = store.get(tags.pop())
     assert record is not None and len(record.repo_tags) == 3
+
+    upstream = ImageStore(tmp_path / "upstream", registries=parse_registries(registries_config(host)))
+    names = ("registry.k8s.io/pause:3.9", "k8s.gcr.io/pause:3.9", "gcr.io/k8s-staging-cri-tools/test-image-tag:test")
+    ids = [upstream.pull(n) for n in names]
+    assert ids[0] == ids[1] != ids[2]
+    pause = upstream.get(ids[0])
+    assert pause is not None and pause.repo_tags == ("k8s.gcr.io/pause:3.9", "registry.k8s.io/pause:3.9")
