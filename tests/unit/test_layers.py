@@ -3,13 +3,17 @@ outside the tree; device nodes are not created; setuid and owners are kept; limi
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import stat
 import struct
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.registry_kit import (
     Entry,
@@ -256,3 +260,46 @@ def test_dangling_symlinked_directory_is_made_inside(place: tuple[Path, Path]) -
     root, _ = place
     apply(root, [directory("var"), symlink("var/run", "../run")], [file("var/run/pid", b"1")])
     assert (root / "run/pid").read_bytes() == b"1"
+
+
+_COMPONENTS = st.sampled_from(["a", "b", "..", ".", "host", "victim", ".wh.a", ".wh.victim", ".wh..wh..opq"])
+_NAMES = st.builds(
+    lambda lead, parts: lead + "/".join(parts),
+    st.sampled_from(["", "/", "./"]),
+    st.lists(_COMPONENTS, min_size=1, max_size=4),
+)
+
+
+@st.composite
+def _entries(draw: st.DrawFn, host: str) -> Entry:
+    kind = draw(st.sampled_from(["file", "dir", "symlink", "hardlink", "fifo", "device"]))
+    name = draw(_NAMES)
+    if kind == "file":
+        return file(name, b"pwned", draw(st.sampled_from([0o644, 0o4755])))
+    if kind == "dir":
+        return directory(name)
+    if kind == "symlink":
+        return symlink(name, draw(st.one_of(_NAMES, st.sampled_from([host, f"{host}/victim", "../host", "/"]))))
+    if kind == "hardlink":
+        return hardlink(name, draw(st.one_of(_NAMES, st.just(f"{host}/victim"))))
+    if kind == "fifo":
+        return fifo(name)
+    return device(name)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_no_layer_reaches_outside_the_tree(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root, host = Path(tmp) / "tree", Path(tmp) / "host"
+        root.mkdir()
+        host.mkdir()
+        (host / "victim").write_text("keep me")
+        layers = data.draw(st.lists(st.lists(_entries(str(host)), min_size=1, max_size=8), min_size=1, max_size=3))
+        with contextlib.suppress(InvalidArgument, CannotFit):  # refusing a layer is fine; reaching outside is not
+            apply(root, *layers)
+        host_untouched(host)
+        assert os.stat(host / "victim").st_nlink == 1
+        outside = {p.name for p in Path(tmp).iterdir()} - {"tree", "host"}
+        assert all(n.startswith("layer") for n in outside), outside
+        assert not any(stat.S_ISCHR(p.lstat().st_mode) or stat.S_ISBLK(p.lstat().st_mode) for p in root.rglob("*"))
