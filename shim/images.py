@@ -15,6 +15,7 @@ hides it at once and frees its tree and blobs when the last holder releases it.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import threading
@@ -192,14 +193,22 @@ class ImageStore:
         keep = referenced_blobs(self._images) | set(self._inflight_blobs)
         self.disk.remove_blobs(b for b in record.blobs if b not in keep)
 
-    def _save(self) -> None:
-        self.disk.save_catalogue([record_doc(r) for r in sorted(self._images.values(), key=lambda r: r.id)])
+    def _save(self, images: dict[str, ImageRecord] | None = None) -> None:
+        """Persist ``images`` (default: the current ones); a full disk is RESOURCE_EXHAUSTED."""
+        docs = [record_doc(r) for r in sorted((images or self._images).values(), key=lambda r: r.id)]
+        try:
+            self.disk.save_catalogue(docs)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CannotFit(f"no space left on the image store ({self.disk.root}) for its catalogue") from None
+            raise
 
     # -- pull ---------------------------------------------------------------------------------------
     def pull(self, text: str, creds: Credentials | None = None) -> str:
         """Pull ``text`` and return the image id; concurrent pulls of one reference share the work."""
         ref = parse_reference(text)
-        key = str(ref)
+        # one flight per reference and credentials: a pull never rides on someone else's login
+        key = f"{ref}\0{_fingerprint(creds)}"
         with self._lock:
             flight = self._flights.get(key)
             leader = flight is None
@@ -239,8 +248,14 @@ class ImageStore:
             if stored is None or not self.disk.has_tree(image_id):
                 stored, fetched = self._fetch(ref, resolved, creds)
             with self._lock:
-                self._images = with_pulled(self._images, stored, ref, ref.with_digest(resolved.top_digest))
-                self._save()
+                updated = with_pulled(self._images, stored, ref, ref.with_digest(resolved.top_digest))
+                try:
+                    self._save(updated)
+                except BaseException:
+                    if fetched or image_id not in self._images:
+                        self._free(stored)  # nothing names it: give the space back
+                    raise
+                self._images = updated
         log.info("pulled %s: image %s (%d bytes fetched)", ref, image_id, fetched)
         return image_id, fetched
 
@@ -384,6 +399,12 @@ class ImageStore:
                 )
         finally:
             tree.close()
+
+
+def _fingerprint(creds: Credentials | None) -> str:
+    if creds is None:
+        return ""
+    return hashlib.sha256(json.dumps(creds.auth_entry(), sort_keys=True).encode()).hexdigest()
 
 
 def _creds_for(ref: ImageReference, endpoint: Endpoint, creds: Credentials | None) -> Credentials | None:

@@ -306,3 +306,28 @@ def test_a_crash_mid_pull_leaves_no_image_and_no_garbage(pushed: Pushed, tmp_pat
     assert leftovers(store) == []
     assert store.pull(pushed.ref("uid")) == pushed.id("uid")
     shutil.rmtree(root)
+
+
+def test_a_pull_never_rides_on_another_callers_login(auth_registry: Registry, tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "images")
+    ref = f"{auth_registry.host}/private/app:v1"
+    outcomes: dict[str, object] = {}
+    barrier = threading.Barrier(2)
+
+    def pull(who: str, creds: Credentials | None) -> None:
+        barrier.wait()
+        try:
+            outcomes[who] = store.pull(ref, creds)
+        except Unauthenticated as exc:
+            outcomes[who] = exc
+
+    threads = [
+        threading.Thread(target=pull, args=("alice", Credentials(username="alice", password="s3cret-pass"))),
+        threading.Thread(target=pull, args=("anonymous", None)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert str(outcomes["alice"]).startswith("sha256:")
+    assert isinstance(outcomes["anonymous"], Unauthenticated)
