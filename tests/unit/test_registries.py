@@ -145,3 +145,41 @@ def test_a_pulls_credentials_go_to_the_images_registry_only() -> None:
     assert [_creds_for(parse_reference("busybox"), e, creds) for e in places] == [None, creds]
     rewritten = endpoints(parse_reference("quay.io/org/x"), CONF)
     assert _creds_for(parse_reference("quay.io/org/x"), rewritten[0], creds) is None
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ({"registries": "x"}, "must be a list"),
+        ({"registries": [{"prefix": "a.io", "bogus": 1}]}, "unknown key"),
+        ({"registry_auth_file": "auth.json"}, "absolute path"),
+        ({"image_store_dir": "rel/dir"}, "absolute path"),
+        ({"image_max_bytes": 0}, "positive integer"),
+        ({"image_max_entries": True}, "positive integer"),
+    ],
+)
+def test_shim_config_image_keys_are_checked(data: dict[str, object], says: str) -> None:
+    from shim.config import config_from_mapping
+
+    with pytest.raises(InvalidArgument, match=says):
+        config_from_mapping(data, "config.yaml")
+
+
+def test_shim_config_image_keys() -> None:
+    from shim.config import config_from_mapping
+
+    config = config_from_mapping(
+        {
+            "registries": [{"prefix": "docker.io", "mirrors": [{"location": "m.local:5000", "insecure": True}]}],
+            "registry_auth_file": "/etc/vmsandbox/auth.json",
+            "image_max_bytes": 1 << 30,
+            "image_max_entries": 1000,
+        },
+        "config.yaml",
+    )
+    assert config.registries.entries[0].mirrors[0].location == "m.local:5000"
+    assert (config.registry_auth_file, config.image_max_bytes, config.image_max_entries) == (
+        "/etc/vmsandbox/auth.json",
+        1 << 30,
+        1000,
+    )
