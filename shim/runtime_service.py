@@ -248,6 +248,8 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ContainerStats = _not_built("ContainerStats", "container processes do not run in the guest yet")
     PodSandboxStats = _not_built("PodSandboxStats", "per-pod statistics are not collected yet")
     CheckpointContainer = _not_built("CheckpointContainer", "checkpointing is not supported")
+    CheckpointPod = _not_built("CheckpointPod", "checkpointing is not supported")
+    RestorePod = _not_built("RestorePod", "checkpointing is not supported")
     GetContainerEvents = _not_built("GetContainerEvents", "container events are not streamed yet")
     ListMetricDescriptors = _not_built("ListMetricDescriptors", "metrics are not exported over CRI yet")
     ListPodSandboxMetrics = _not_built("ListPodSandboxMetrics", "metrics are not exported over CRI yet")
