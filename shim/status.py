@@ -1,7 +1,9 @@
 """Errors to gRPC status codes, in one place; servicer methods never leak a traceback.
 
 ``rpc`` wraps a servicer method: a core error aborts with its code and message; anything else
-is logged with its traceback and answered INTERNAL with a one-line cause.
+is logged with its traceback and answered INTERNAL with a one-line cause. Every message a client
+sees is escaped and bounded (``vmsandbox.validation.bound``): an echoed input can never make it
+larger than the transport accepts.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from shim import logs, metrics
+from vmsandbox import validation
 from vmsandbox.errors import (
     AlreadyExists,
     CannotFit,
@@ -58,14 +61,16 @@ def rpc(method: F) -> F:
                 return method(self, request, context)
             except (VmSandboxError, NotImplementedError) as exc:
                 code = code_for(exc)
-                log.info("%s -> %s: %s", method.__name__, code.name, exc)
+                message = validation.bound(str(exc) or method.__name__)
+                log.info("%s -> %s: %s", method.__name__, code.name, message)
                 metrics.rejected(method.__name__, code.name)
-                context.abort(code, str(exc) or method.__name__)
+                context.abort(code, message)
             except Exception as exc:
                 log.exception("%s failed", method.__name__)
                 metrics.rejected(method.__name__, grpc.StatusCode.INTERNAL.name)
                 context.abort(
-                    grpc.StatusCode.INTERNAL, f"{method.__name__}: internal error: {type(exc).__name__}: {exc}"
+                    grpc.StatusCode.INTERNAL,
+                    validation.bound(f"{method.__name__}: internal error: {type(exc).__name__}: {exc}"),
                 )
 
     return wrapper  # type: ignore[return-value]

@@ -734,10 +734,10 @@ def test_bad_container_requests(shim: Shim, declared: str) -> None:
     rejected(
         shim,
         lambda: shim.runtime.UpdateContainerResources(
-            pb.UpdateContainerResourcesRequest(container_id="nope"), timeout=30
+            pb.UpdateContainerResourcesRequest(container_id="f" * 64), timeout=30
         ),
         grpc.StatusCode.NOT_FOUND,
-        "container 'nope' not found",
+        f'container "{"f" * 64}" not found',
     )
     rejected(
         shim,

@@ -93,6 +93,7 @@ def pods(shim: Shim) -> Iterator[Pods]:
     web_config.labels.update(WEB_LABELS)
     web_config.annotations.update(WEB_ANNOTATIONS)
     web_config.hostname = "web-0"
+    web_config.log_directory = "/var/log/pods/test_web_uid"
     db_config = pod("db", declared=False, labels={"app": "db"})
     db_config.annotations.update(DB_ANNOTATIONS)
     ids: list[str] = []
@@ -271,7 +272,8 @@ def test_containers_round_trip_filters_and_idempotent_stop_remove(shim: Shim, po
     st = shim.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30).status
     assert (st.id, st.metadata.name, st.metadata.attempt) == (cid, "web", 0)
     assert st.state == pb.CONTAINER_CREATED and st.created_at > 0
-    assert st.image.image == "busybox" and st.log_path == "web/0.log"
+    assert st.image.image == "busybox"
+    assert st.log_path == "/var/log/pods/test_web_uid/web/0.log"  # log_directory joined with log_path
     assert dict(st.labels) == {"role": "server"} and dict(st.annotations) == {"example.com/note": "hello"}
     assert st.resources.linux.cpu_quota == 100_000 and st.resources.linux.memory_limit_in_bytes == 64 * MI
     created = pb.ContainerStateValue(state=pb.CONTAINER_CREATED)
