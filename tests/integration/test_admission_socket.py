@@ -637,7 +637,7 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
                 )
             ),
             INVALID,
-            ["annotation io.kubernetes.cri.sandbox-memory: 'lots' is not an integer"],
+            ['annotation io.kubernetes.cri.sandbox-memory: "lots" is not an integer'],
             id="bad-sandbox-annotation",
         ),
         pytest.param(
@@ -652,7 +652,7 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
                 )
             ),
             INVALID,
-            ["linux.resources.hugepage_limits: invalid hugepage size '3XB'"],
+            ['linux.resources.hugepage_limits: invalid hugepage size "3XB"'],
             id="bad-hugepage-size-in-linux-resources",
         ),
         pytest.param(
