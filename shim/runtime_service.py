@@ -6,6 +6,7 @@ answer. RPCs this build does not serve answer UNIMPLEMENTED with a sentence sayi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -175,8 +176,13 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         self, request: pb.ListContainersRequest, context: grpc.ServicerContext
     ) -> pb.ListContainersResponse:
         f = request.filter
+        sandbox_id = f.pod_sandbox_id
+        if sandbox_id:
+            # a unique prefix names its sandbox, as containerd normalises the filter; else it matches nothing
+            with contextlib.suppress(VmSandboxError):
+                sandbox_id = self.sandboxes.get(sandbox_id).id
         out = []
-        for c in self.sandboxes.containers(f.pod_sandbox_id or None):
+        for c in self.sandboxes.containers(sandbox_id or None):
             if f.id and not c.id.startswith(f.id):
                 continue
             if f.HasField("state") and translate.container_state(c.state) != f.state.state:

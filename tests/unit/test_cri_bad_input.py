@@ -175,6 +175,10 @@ def test_a_unique_prefix_names_the_sandbox(server: Server) -> None:
     rows = {sid: state for sid, state, _, _ in server.sandboxes.ledger.sandboxes()}
     assert rows[SEED_SANDBOXES[2]] == SANDBOX_NOTREADY
 
+    code, _, body = server.rpc(
+        "ListContainers", pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id="abab"))
+    )
+    assert [c.id for c in pb.ListContainersResponse.FromString(body).containers] == [SEED_CONTAINER]
     code, _, body = server.rpc("ContainerStatus", pb.ContainerStatusRequest(container_id="dede"))
     assert code == OK and pb.ContainerStatusResponse.FromString(body).status.id == SEED_CONTAINER
     code, _, _ = server.rpc("RemoveContainer", pb.RemoveContainerRequest(container_id="f" * 64))
