@@ -78,8 +78,10 @@ def linux_resources(msg: pb.LinuxContainerResources, where: str) -> LinuxResourc
 def _quantities(m: Mapping[str, Any], where: str) -> ResourceList:
     raw = {}
     for key, q in m.items():
+        # a qualified name at most ("vendor.com/gpu"): bounded here, its grammar checked by ResourceList.parse
+        validation.text(key, f"{where}: resource name", 253 + 1 + 63)
         if not q.HasField("string"):
-            raise InvalidArgument(f"{where}.{validation.escape(key[:253])}: quantity has no value")
+            raise InvalidArgument(f"{where}.{key}: quantity has no value")
         raw[key] = q.string
     return ResourceList.parse(raw, where=where)
 

@@ -61,6 +61,9 @@ def run_request(**overrides: object) -> pb.RunPodSandboxRequest:
             config.annotations.update(value)  # type: ignore[call-overload]
         elif key == "hugepage":
             config.linux.resources.hugepage_limits.add(page_size=value, limit=2 << 20)
+        elif key == "resource":
+            c = config.pod_resources.containers.add(name="app")
+            c.kubernetes_resources.requests[str(value)].CopyFrom(Quantity(string="1"))
         elif key == "device":
             c = config.pod_resources.containers.add(name="app")
             c.kubernetes_resources.requests["cpu"].CopyFrom(Quantity(string="1"))
@@ -97,6 +100,8 @@ RUN_CASES = [
         id="fullwidth-digits-in-annotation",
     ),
     pytest.param(run_request(hugepage="0KB"), "hugepage size", id="hugepage-size-zero"),
+    pytest.param(run_request(resource="x" * 100_000), "resource name", id="100k-resource-name"),
+    pytest.param(run_request(resource="cpu\n"), "resource name", id="newline-in-resource-name"),
     pytest.param(run_request(hugepage="\u0662MB"), "hugepage size", id="hugepage-size-non-ascii"),
     pytest.param(run_request(device="/dev/vfio/\u00b2"), "cannot be passed into a VM", id="vfio-superscript-two"),
     pytest.param(run_request(log_directory="../logs"), "PodSandboxConfig.log_directory", id="relative-log-dir"),
