@@ -62,6 +62,7 @@ def page_size_bytes(text: str, where: str) -> int:
 def linux_resources(msg: pb.LinuxContainerResources, where: str) -> LinuxResources:
     if msg.cpu_period < 0 or msg.cpu_shares < 0 or msg.memory_limit_in_bytes < 0:
         raise InvalidArgument(f"{where}: cpu_period, cpu_shares and memory_limit_in_bytes must not be negative")
+    validation.text(msg.cpuset_cpus, f"{where}.cpuset_cpus", 1024)  # recorded and reported back, not parsed
     pages = tuple(
         sorted((page_size_bytes(h.page_size, f"{where}.hugepage_limits"), int(h.limit)) for h in msg.hugepage_limits)
     )
