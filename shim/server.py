@@ -106,13 +106,13 @@ def _open_ledger(state: Path) -> Ledger:
 
 def start(config: ShimConfig) -> Running:
     gid = preflight(config)
+    profiles = load_profiles(config.profile_files) if config.profile_files else default_profiles()
     state = Path(config.state_dir)
     _owner_only_dir(state)
     if config.console_dir:
         _owner_only_dir(Path(config.console_dir))
     ledger = _open_ledger(state)
     hypervisor = Hypervisor(config.libvirt_uri, observe=metrics.libvirt_event)
-    profiles = load_profiles(config.profile_files) if config.profile_files else default_profiles()
     sandboxes = Sandboxes(config, ledger, hypervisor, profiles)
     report = sandboxes.reconcile()
     log.info("reconciled with libvirt: %s", {k: len(v) for k, v in report.items()})

@@ -17,7 +17,7 @@ from shim import logs, metrics, server
 from shim.config import ShimConfig
 from vmsandbox import validation as v
 from vmsandbox.devices import vfio_group
-from vmsandbox.errors import InvalidArgument, NotFound
+from vmsandbox.errors import InvalidArgument, NotFound, VmSandboxError
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "one-node-2cpu"
 
@@ -216,11 +216,12 @@ def _config(tmp: Path, **kwargs: object) -> ShimConfig:
     [
         pytest.param({"socket_group": "no-such-group-vmsandbox"}, id="socket-group"),
         pytest.param({"metrics_address": "localhost"}, id="metrics-address"),
+        pytest.param({"profile_files": ("/nonexistent/profiles.yaml",)}, id="profile-file"),
     ],
 )
 def test_bad_configuration_touches_no_file(tmp_path: Path, bad_setting: dict[str, str]) -> None:
     config = _config(tmp_path, **bad_setting)
-    with pytest.raises(InvalidArgument):
+    with pytest.raises(VmSandboxError):
         server.start(config)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no socket, no state, no console directory
 
