@@ -145,7 +145,12 @@ def test_a_valid_run_still_gets_through(server: Server) -> None:
 )
 @pytest.mark.parametrize("rpc", ["StopPodSandbox", "RemovePodSandbox"])
 def test_stop_and_remove_validate_the_id(server: Server, rpc: str, given: str, code: grpc.StatusCode) -> None:
-    victims = [server.root / "victim.log", Path("/tmp/victim.log"), server.root / "console" / "victim.log"]
+    victims = [
+        server.root / "victim.log",
+        Path("/tmp/victim.log"),
+        server.root / "console" / "victim.log",
+        server.root / "console" / f"{'f' * 64}.log",  # id-shaped, but no sandbox of ours
+    ]
     for v in victims:
         v.parent.mkdir(exist_ok=True)
         v.write_text("keep me")
