@@ -20,9 +20,9 @@ from pathlib import Path
 
 import grpc
 
-from shim import metrics
+from shim import metrics, status
 from shim.config import ShimConfig
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.health import Health
 from shim.runtime_service import ImageServicer, RuntimeServicer
 from shim.sandboxes import Sandboxes
@@ -117,8 +117,8 @@ def start(config: ShimConfig) -> Running:
     report = sandboxes.reconcile()
     log.info("reconciled with libvirt: %s", {k: len(v) for k, v in report.items()})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
-    pb_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(sandboxes), server)
-    pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(config.state_dir), server)
+    status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], RuntimeServicer(sandboxes))
+    status.add_servicer(server, pb.DESCRIPTOR.services_by_name["ImageService"], ImageServicer(config.state_dir))
     health = Health(server)  # grpc.health.v1.Health on the CRI socket
     stop_metrics = metrics.serve(config.metrics_address, sandboxes) if config.metrics_address else None
     sock = Path(config.socket_path)

@@ -20,9 +20,9 @@ import grpc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf.message import Message
 
+from shim import status
 from shim.config import ShimConfig
 from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.model import SANDBOX_READY, ContainerRecord, PodMeta, SandboxRecord
 from shim.runtime_service import ImageServicer, RuntimeServicer
 from shim.sandboxes import STATE_CREATING, Sandboxes
@@ -152,8 +152,8 @@ def cri_server() -> Iterator[Server]:
         )
         seed(sb)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        pb_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(sb), server)
-        pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(str(root / "state")), server)
+        status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], RuntimeServicer(sb))
+        status.add_servicer(server, pb.DESCRIPTOR.services_by_name["ImageService"], ImageServicer(str(root / "state")))
         sock = root / "cri.sock"
         assert server.add_insecure_port(f"unix:{sock}")
         server.start()

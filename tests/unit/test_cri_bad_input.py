@@ -275,3 +275,16 @@ def test_update_with_zero_hugepage_size(server: Server) -> None:
     )
     code, details, _ = server.rpc("UpdateContainerResources", request)
     assert code == INVALID and "hugepage size" in details
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"\x0a\x05\x0a\x03\x0a\x01\xff", id="non-utf8-in-a-string"),
+        pytest.param(b"\x0a\x05\x0a\x03", id="truncated"),
+        pytest.param(b"\x0f\xff\xff", id="bad-tag"),
+    ],
+)
+def test_undecodable_request_is_invalid_argument(server: Server, body: bytes) -> None:
+    code, details, _ = server.rpc("RunPodSandbox", body)
+    assert code == INVALID and "runtime.v1.RunPodSandboxRequest" in details

@@ -6,7 +6,8 @@ tree. Requests are built by hypothesis from each method's input descriptor (the 
 upstream cri-api field for field: tests/unit/test_proto_contract.py), with strings drawn from both
 near-valid values (names, ids and id prefixes of live sandboxes, quantities) and hostile ones
 (controls, NUL, U+FFFE, huge), enum numbers outside the enum, and unknown fields of every wire type
-appended to the encoded request. Sent as raw bytes, as a peer would.
+appended to the encoded request; some requests are then truncated or have a byte overwritten (bad
+tags, lengths, non-UTF-8 strings). Sent as raw bytes, as a peer would.
 
 After every request: the status is never INTERNAL or UNKNOWN, the server still answers, no row is
 left half-made, and every claim and every libvirt domain belongs to a live sandbox.
@@ -190,7 +191,14 @@ def _request(data: st.DataObject, method: _descriptor.MethodDescriptor) -> bytes
         _fill(data, msg, depth=data.draw(st.integers(1, 5)), sparse=8)
     else:
         _fill(data, msg, depth=data.draw(st.integers(1, 5)))
-    return bytes(msg.SerializeToString()) + data.draw(_unknown_fields())
+    body = bytes(msg.SerializeToString()) + data.draw(_unknown_fields())
+    damage = data.draw(st.integers(0, 9))
+    if damage == 0 and body:  # a truncated request
+        body = body[: data.draw(st.integers(0, len(body) - 1))]
+    elif damage == 1 and body:  # a byte overwritten: a bad tag, length or UTF-8
+        at = data.draw(st.integers(0, len(body) - 1))
+        body = body[:at] + bytes([data.draw(st.integers(0, 255))]) + body[at + 1 :]
+    return body
 
 
 METHODS = [m for s in pb.DESCRIPTOR.services_by_name.values() for m in s.methods]
