@@ -340,6 +340,17 @@ def test_unknown_and_empty_sandbox_ids(shim: Shim, pods: Pods) -> None:
     assert listed(shim) == sorted([pods.web, pods.db])  # nothing else changed
 
 
+def test_a_unique_id_prefix_names_the_sandbox(shim: Shim, pods: Pods) -> None:
+    """``crictl inspectp 3f2a9c1b0d4e5``: 13 characters name the sandbox, as in containerd."""
+    assert status(shim, pods.web[:13]).status.id == pods.web
+    rejected(
+        shim,
+        lambda: status(shim, "../" + pods.web),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "64 lowercase hexadecimal characters",
+    )
+
+
 def test_stop_then_remove_sandbox(shim: Shim, pods: Pods) -> None:
     """Runs last: stops "db" (READY -> NOTREADY, containers exit), then removes it with its containers."""
     cid = shim.runtime.CreateContainer(
