@@ -246,3 +246,14 @@ def test_state_and_console_are_owner_only(tmp_path: Path) -> None:
         assert stat.S_IMODE((tmp_path / "run" / "cri.sock").stat().st_mode) == 0o660
     finally:
         running.stop(grace=0)
+
+
+@given(st.characters(codec=None) | st.sampled_from(["\ufffe", "\U0010ffff", "\ud800", "\x85", "\u2029", "\\"]))
+def test_the_unsafe_class_is_the_unsafe_predicate(ch: str) -> None:
+    assert (v.escape(ch) != ch) == (v.unsafe(ch) or ch == "\\")
+    try:
+        v.text(ch, "f")
+        refused = False
+    except InvalidArgument:
+        refused = True
+    assert refused == v.unsafe(ch)
