@@ -135,7 +135,7 @@ def declaration(msg: pb.PodResourceConfig) -> PodDeclaration:
     def one(c: pb.ContainerResourceConfig, kind: str) -> ContainerDeclaration:
         if not c.name:
             raise InvalidArgument(f"pod_resources: an {kind} has an empty name")
-        validation.dns1123_label(c.name, f"pod_resources: {kind} name")
+        validation.container_name(c.name, f"pod_resources: {kind} name")
         where = f'pod_resources: container "{c.name}"'
         res = kubernetes_resources(c.kubernetes_resources, where)
         return ContainerDeclaration(
@@ -158,7 +158,7 @@ def declaration(msg: pb.PodResourceConfig) -> PodDeclaration:
 def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSpec:
     md = config.metadata
     linux = config.linux
-    validation.dns1123_subdomain(md.name, "PodSandboxConfig.metadata.name")
+    validation.pod_name(md.name, "PodSandboxConfig.metadata.name")
     validation.dns1123_label(md.namespace, "PodSandboxConfig.metadata.namespace")
     validation.uid(md.uid, "PodSandboxConfig.metadata.uid")
     if runtime_handler:
@@ -182,7 +182,7 @@ def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSp
 
 def container_spec(config: pb.ContainerConfig) -> ContainerSpec:
     name = config.metadata.name
-    validation.dns1123_label(name, "ContainerConfig.metadata.name")
+    validation.container_name(name, "ContainerConfig.metadata.name")
     validation.text(config.image.image, "ContainerConfig.image.image")
     if config.log_path:
         validation.relative_file(config.log_path, "ContainerConfig.log_path")

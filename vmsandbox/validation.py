@@ -6,12 +6,20 @@ through ``quote`` (bounded, escaped), so a message never grows with the input.
 The name rules are Kubernetes' own (apimachinery ``validation``), because the kubelet sends what the
 API server accepted and nothing else is meaningful:
 
-* DNS-1123 label (namespaces, container names): at most 63 characters of ``[a-z0-9-]``, starting
-  and ending with an alphanumeric character.
-* DNS-1123 subdomain (pod names): at most 253 characters; DNS-1123 labels joined by dots.
+* DNS-1123 label (namespaces): at most 63 characters of ``[a-z0-9-]``, starting and ending with
+  an alphanumeric character.
+* DNS-1123 subdomain: at most 253 characters; DNS-1123 labels joined by dots.
+* Pod names are DNS-1123 subdomains and container names DNS-1123 labels, with two allowances
+  made for cri-tools' conformance suite (critest), which a CRI runtime must pass and which names
+  pods "PodSandbox-with-attributes-<uuid>" and containers
+  "container-with-RunAsGroup-without-RunAsUser-test-<uuid>" (86 characters): upper case letters
+  are accepted, and a container name may be as long as a subdomain (253). Nothing else is: the
+  character set, the shape and the bounds are what keeps them safe in paths, XML and log lines.
 * Qualified name (label and annotation keys): an optional DNS-1123 subdomain prefix and ``/``, then
   a name of at most 63 characters of ``[A-Za-z0-9._-]`` starting and ending alphanumeric.
-* Label value: empty, or at most 63 characters shaped like a qualified name's name part.
+* Label value: empty, or at most 63 characters shaped like a qualified name's name part; except
+  the kubelet's own ``io.kubernetes.pod.name`` and ``io.kubernetes.container.name`` labels,
+  which carry a pod's and a container's name and follow their rules.
 * Annotations: keys are qualified names; keys and values together at most 256 KiB.
 
 A pod uid has no syntax in Kubernetes beyond being generated (a UUID, or a hash for static pods):
@@ -38,6 +46,8 @@ TEXT_LIMIT = 4096  # free text (image names, paths, hostnames)
 
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_ANY_CASE_LABEL = re.compile(r"[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?")
+_ANY_CASE_SUBDOMAIN = re.compile(r"[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?)*")
 _QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _UID = re.compile(r"[A-Za-z0-9._-]+")
 _ID_PREFIX = re.compile(r"[0-9a-f]+")
@@ -126,6 +136,35 @@ def dns1123_subdomain(value: str, field: str) -> None:
     )
 
 
+#: Labels the kubelet sets to the pod's and the container's name: their values follow those names'
+#: rules (up to 253 characters), not a label value's (up to 63).
+KUBELET_POD_NAME_LABEL = "io.kubernetes.pod.name"
+KUBELET_CONTAINER_NAME_LABEL = "io.kubernetes.container.name"
+
+
+def pod_name(value: str, field: str) -> None:
+    """A DNS-1123 subdomain, upper case allowed (see the module docstring)."""
+    _require(value, field)
+    _check(
+        len(value) <= 253 and _ANY_CASE_SUBDOMAIN.fullmatch(value) is not None,
+        field,
+        value,
+        "must be a DNS-1123 subdomain: at most 253 characters of letters, digits, '-' and '.', "
+        "starting and ending with a letter or digit",
+    )
+
+
+def container_name(value: str, field: str) -> None:
+    """A DNS-1123 label, upper case allowed, up to 253 characters (see the module docstring)."""
+    _require(value, field)
+    _check(
+        len(value) <= 253 and _ANY_CASE_LABEL.fullmatch(value) is not None,
+        field,
+        value,
+        "must be a DNS-1123 label: letters, digits and '-', starting and ending with a letter or digit",
+    )
+
+
 _NAME_RULE = "at most 63 characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
 
 
@@ -158,7 +197,12 @@ def label_value(value: str, field: str) -> None:
 def label_map(items: Mapping[str, str], field: str) -> None:
     for key, value in items.items():
         qualified_name(key, f"{field} key")
-        label_value(value, f"{field}[{key}]")
+        if key == KUBELET_POD_NAME_LABEL:
+            pod_name(value, f"{field}[{key}]")  # the kubelet copies the pod's name here
+        elif key == KUBELET_CONTAINER_NAME_LABEL:
+            container_name(value, f"{field}[{key}]")
+        else:
+            label_value(value, f"{field}[{key}]")
 
 
 def annotation_map(items: Mapping[str, str], field: str) -> None:

@@ -80,7 +80,9 @@ RUN_CASES = [
     pytest.param(run_request(name="web\nFORGED ERROR line"), "PodSandboxConfig.metadata.name", id="newline-in-name"),
     pytest.param(run_request(name="web\ufffe"), "PodSandboxConfig.metadata.name", id="u+fffe-in-name"),
     pytest.param(run_request(name="web\x1b[31m"), "PodSandboxConfig.metadata.name", id="escape-in-name"),
-    pytest.param(run_request(name="Web"), "PodSandboxConfig.metadata.name", id="uppercase-name"),
+    pytest.param(run_request(name="web_1"), "PodSandboxConfig.metadata.name", id="underscore-in-name"),
+    pytest.param(run_request(name="a..b"), "PodSandboxConfig.metadata.name", id="empty-dns-label-in-name"),
+    pytest.param(run_request(name="../etc"), "PodSandboxConfig.metadata.name", id="path-in-name"),
     pytest.param(run_request(name="x" * 13_000), "PodSandboxConfig.metadata.name", id="13k-name"),
     pytest.param(run_request(namespace="a.b"), "PodSandboxConfig.metadata.namespace", id="dotted-namespace"),
     pytest.param(run_request(uid="../../etc"), "PodSandboxConfig.metadata.uid", id="path-in-uid"),
@@ -123,8 +125,27 @@ def test_bad_run_pod_sandbox(server: Server, request_: pb.RunPodSandboxRequest, 
     assert_no_leak(server.sandboxes)
 
 
-def test_a_valid_run_still_gets_through(server: Server) -> None:
-    code, details, _ = server.rpc("RunPodSandbox", run_request())
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pytest.param(run_request(), id="kubelet-like"),
+        # cri-tools' critest names pods with capitals, and copies the name into the kubelet's label
+        pytest.param(
+            run_request(
+                name="PodSandbox-with-attributes-6f1c2d3e-4b5a-4c6d-8e7f-9a0b1c2d3e4f",
+                namespace="cri-test-namespace6f1c2d3e-4b5a-4c6d-8e7f-9a0b1c2d3e4f",
+                uid="cri-test-uid6f1c2d3e-4b5a-4c6d-8e7f-9a0b1c2d3e4f",
+                labels={
+                    "foo": "bar",
+                    "io.kubernetes.pod.name": "PodSandbox-with-attributes-6f1c2d3e-4b5a-4c6d-8e7f-9a0b1c2d3e4f",
+                },
+            ),
+            id="critest-like",
+        ),
+    ],
+)
+def test_a_valid_run_still_gets_through(server: Server, request_: pb.RunPodSandboxRequest) -> None:
+    code, details, _ = server.rpc("RunPodSandbox", request_)
     assert code == grpc.StatusCode.UNAVAILABLE and "rolled back" in details  # no guest image: past validation
     assert_no_leak(server.sandboxes)
 
@@ -258,6 +279,15 @@ def test_bad_create_container(server: Server, config: pb.ContainerConfig, needle
     code, details, _ = create(server, config)
     assert code == INVALID, details
     assert needle in details
+
+
+def test_critest_container_names_are_accepted(server: Server) -> None:
+    name = "container-with-RunAsGroup-without-RunAsUser-test-6f1c2d3e-4b5a-4c6d-8e7f-9a0b1c2d3e4f"  # 86
+    config = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name=name), labels={"io.kubernetes.container.name": name, "foo": "bar"}
+    )
+    code, details, _ = create(server, config)
+    assert code == OK, details
 
 
 def test_env_value_need_not_be_utf8(server: Server) -> None:

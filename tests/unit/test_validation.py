@@ -52,6 +52,17 @@ NAME_TABLE = [
     (v.dns1123_subdomain, ".a", False),
     (v.dns1123_subdomain, "a_b", False),
     (v.dns1123_subdomain, "we\x00b", False),
+    (v.pod_name, "PodSandbox-with-attributes-6f1c2d3e", True),  # critest's capitals
+    (v.pod_name, "web.shop-1", True),
+    (v.pod_name, "web_1", False),
+    (v.pod_name, "a..b", False),
+    (v.pod_name, "x" * 254, False),
+    (v.pod_name, "we\x00b", False),
+    (v.container_name, "container-with-RunAsGroup-without-RunAsUser-test-" + "a" * 36, True),
+    (v.container_name, "a.b", False),
+    (v.container_name, "a_b", False),
+    (v.container_name, "-a", False),
+    (v.container_name, "a" * 254, False),
     (v.qualified_name, "app", True),
     (v.qualified_name, "app.kubernetes.io/name", True),
     (v.qualified_name, "Example.com/A_b.c-D", False),  # the prefix is a subdomain: lowercase
@@ -107,6 +118,15 @@ def test_name_rules(check: object, value: str, valid: bool) -> None:
         message = bad(check, value)
         assert len(message) < 600
         assert not any(v.unsafe(ch) for ch in message)
+
+
+def test_the_kubelets_pod_name_label_carries_a_pod_name() -> None:
+    long_static_pod = "kube-apiserver-" + "node-1.rack-7.datacenter-west.example.internal" * 2  # > 63
+    v.label_map({"io.kubernetes.pod.name": long_static_pod, "io.kubernetes.pod.namespace": "kube-system"}, "f")
+    with pytest.raises(InvalidArgument):
+        v.label_map({"app": long_static_pod}, "f")
+    with pytest.raises(InvalidArgument):
+        v.label_map({"io.kubernetes.pod.name": "Web_1"}, "f")
 
 
 def test_annotations_total_size() -> None:
