@@ -39,7 +39,7 @@ class ShimConfig:
     sys_root: str = "/sys"
     proc_root: str = "/proc"
     workers: int = 16
-    metrics_address: str = ""  # host:port for Prometheus /metrics; empty = off
+    metrics_address: str = ""  # host:port for Prometheus /metrics (":port" = 127.0.0.1); empty = off
     log_format: str = "text"  # text or json
     shared_cpus: tuple[int, ...] = ()  # of cpu_pool: shared pods float over these (none: shared pods refused)
     housekeeping_cpus: tuple[int, ...] = ()  # of cpu_pool: emulator threads of `emulator: housekeeping` profiles

@@ -4,6 +4,10 @@ The orchestrator calls ``bind(sandbox_id=..., pod=...)`` as soon as it knows who
 a filter on the handler copies the bound values onto every record emitted in that context (the
 hypervisor's and tenacity's lines included). The RPC wrapper (``shim.status.rpc``) opens a fresh
 context per call with ``scope()``, so one RPC's pod never leaks into the next on the same thread.
+
+A line is one line: the text format escapes control characters, line separators and
+noncharacters in the message and the pod (``vmsandbox.validation.escape``), the JSON format
+writes them as JSON escapes, so no value a client sent can forge or split a line.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
+
+from vmsandbox.validation import escape, unsafe
 
 LogFormat = Literal["text", "json"]
 FORMATS: tuple[LogFormat, ...] = ("text", "json")
@@ -63,11 +69,11 @@ class TextFormatter(logging.Formatter):
         tags = []
         sandbox_id, pod = str(getattr(record, "sandbox_id", "")), str(getattr(record, "pod", ""))
         if sandbox_id:
-            tags.append(f"sandbox={sandbox_id[:12]}")
+            tags.append(f"sandbox={escape(sandbox_id[:12])}")
         if pod:
-            tags.append(f"pod={pod}")
+            tags.append(f"pod={escape(pod)}")
         where = f" [{' '.join(tags)}]" if tags else ""
-        line = f"{stamp} {record.levelname} {record.name}{where}: {record.getMessage()}"
+        line = f"{stamp} {record.levelname} {record.name}{where}: {escape(record.getMessage())}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
@@ -92,7 +98,11 @@ class JsonFormatter(logging.Formatter):
             doc.update({k: v for k, v in fields.items() if k not in doc})
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, ensure_ascii=False)
+        # ensure_ascii=False keeps C1 controls and U+2028/U+2029 raw, which some readers split lines at
+        line = json.dumps(doc, ensure_ascii=False)
+        if any(unsafe(ch) for ch in line):
+            line = "".join(f"\\u{ord(ch):04x}" if unsafe(ch) and ord(ch) <= 0xFFFF else ch for ch in line)
+        return line
 
 
 def setup(level: str = "INFO", fmt: str = "text") -> None:

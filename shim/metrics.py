@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from vmsandbox.errors import InfrastructureError, InvalidArgument
 from vmsandbox.resources import page_size_label
+from vmsandbox.validation import quote
 
 if TYPE_CHECKING:
     from shim.sandboxes import Sandboxes
@@ -157,11 +158,12 @@ class HostCollector(Collector):
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """``host:port``, ``:port`` (all interfaces) or ``[v6]:port``."""
+    """``host:port``, ``:port`` (loopback: 127.0.0.1) or ``[v6]:port``; all interfaces only when asked
+    for by name (``0.0.0.0:port`` or ``[::]:port``)."""
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument(f"metrics_address: {address!r} is not host:port (e.g. 127.0.0.1:9464)")
-    host = host.strip("[]") or "0.0.0.0"
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"metrics_address: {quote(address)} is not host:port (e.g. 127.0.0.1:9464)")
+    host = host.strip("[]") or "127.0.0.1"
     return host, int(port)
 
 

@@ -6,6 +6,7 @@ answer. RPCs this build does not serve answer UNIMPLEMENTED with a sentence sayi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -174,8 +175,13 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         self, request: pb.ListContainersRequest, context: grpc.ServicerContext
     ) -> pb.ListContainersResponse:
         f = request.filter
+        sandbox_id = f.pod_sandbox_id
+        if sandbox_id:
+            # a unique prefix names its sandbox, as containerd normalises the filter; else it matches nothing
+            with contextlib.suppress(VmSandboxError):
+                sandbox_id = self.sandboxes.get(sandbox_id).id
         out = []
-        for c in self.sandboxes.containers(f.pod_sandbox_id or None):
+        for c in self.sandboxes.containers(sandbox_id or None):
             if f.id and not c.id.startswith(f.id):
                 continue
             if f.HasField("state") and translate.container_state(c.state) != f.state.state:
@@ -247,6 +253,8 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ContainerStats = _not_built("ContainerStats", "container processes do not run in the guest yet")
     PodSandboxStats = _not_built("PodSandboxStats", "per-pod statistics are not collected yet")
     CheckpointContainer = _not_built("CheckpointContainer", "checkpointing is not supported")
+    CheckpointPod = _not_built("CheckpointPod", "checkpointing is not supported")
+    RestorePod = _not_built("RestorePod", "checkpointing is not supported")
     GetContainerEvents = _not_built("GetContainerEvents", "container events are not streamed yet")
     ListMetricDescriptors = _not_built("ListMetricDescriptors", "metrics are not exported over CRI yet")
     ListPodSandboxMetrics = _not_built("ListPodSandboxMetrics", "metrics are not exported over CRI yet")

@@ -33,7 +33,7 @@ from shim.model import (
     SandboxRecord,
     SandboxSpec,
 )
-from vmsandbox import admission, records
+from vmsandbox import admission, records, validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
 from vmsandbox.adapters.hypervisor import DomainInfo, Hypervisor
 from vmsandbox.adapters.ledger import ClaimConflict, Ledger
@@ -234,7 +234,7 @@ class Sandboxes:
                 raise InfrastructureError(f"guest image file {f} is missing (run scripts/setup-host.sh)")
         console = None
         if self.config.console_dir:
-            Path(self.config.console_dir).mkdir(parents=True, exist_ok=True)
+            Path(self.config.console_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
             console = str(Path(self.config.console_dir) / f"{record.id}.log")
         domain = domain_for(
             identity=SandboxIdentity(
@@ -317,9 +317,17 @@ class Sandboxes:
         self.ledger.delete_sandbox(sandbox_id)
         return "rolled back: domain removed, resources released"
 
+    def _sandbox_id(self, given: str) -> str:
+        """The full id that a client's id or unique id prefix names (containerd's rule): INVALID_ARGUMENT
+        when it is no id at all or an ambiguous prefix, NOT_FOUND when a prefix matches nothing."""
+        validation.id_prefix(given, "pod_sandbox_id")
+        if validation.is_id(given):
+            return given
+        known = (sid for sid, state, _, _ in self.ledger.sandboxes() if state != STATE_CREATING)
+        return validation.resolve_prefix(given, known, "pod sandbox")
+
     def get(self, sandbox_id: str) -> SandboxRecord:
-        if not sandbox_id:
-            raise InvalidArgument("pod_sandbox_id is empty")
+        sandbox_id = self._sandbox_id(sandbox_id)
         row = self.ledger.get_sandbox(sandbox_id)
         if row is None or row[0] == STATE_CREATING:
             raise NotFound(f"pod sandbox {sandbox_id!r} not found")
@@ -340,6 +348,10 @@ class Sandboxes:
         """Destroy the guest and release its resources; unknown ids and repeats succeed."""
         if not sandbox_id:
             raise InvalidArgument("pod_sandbox_id is empty")
+        found = self.find(sandbox_id)
+        if found is None:
+            return
+        sandbox_id = found.id
         with self._lock_for(sandbox_id):
             record = self.find(sandbox_id)
             if record is None:
@@ -360,20 +372,24 @@ class Sandboxes:
     def remove(self, sandbox_id: str) -> None:
         if not sandbox_id:
             raise InvalidArgument("pod_sandbox_id is empty")
+        found = self.find(sandbox_id)  # paths below are built from the id of a row we wrote, never the client's
+        if found is None:
+            return
+        sandbox_id = found.id
         self.stop(sandbox_id)
         with self._lock_for(sandbox_id):
             record = self.find(sandbox_id)
             if record is not None:
                 self._release_name(record.meta, record.id)
             self.ledger.delete_sandbox(sandbox_id)
-            if self.config.console_dir:
-                (Path(self.config.console_dir) / f"{sandbox_id}.log").unlink(missing_ok=True)
+            self._remove_console_log(sandbox_id)
         with self._locks_lock:
             self._sandbox_locks.pop(sandbox_id, None)
         self._declarations.pop(sandbox_id, None)
 
     def update_sandbox(self, sandbox_id: str, resources: LinuxResources) -> None:
         """UpdatePodSandboxResources: accepted and recorded when it fits the VM, else FAILED_PRECONDITION."""
+        sandbox_id = self.get(sandbox_id).id
         with self._lock_for(sandbox_id):
             record = self.get(sandbox_id)
             shape = records.shape_from_doc(record.shape)
@@ -388,12 +404,10 @@ class Sandboxes:
         return [ContainerRecord.from_doc(doc) for *_, doc in self.ledger.containers(sandbox_id)]
 
     def container(self, container_id: str) -> ContainerRecord:
-        if not container_id:
-            raise InvalidArgument("container_id is empty")
-        for c in self.containers():
-            if c.id == container_id:
-                return c
-        raise NotFound(f"container {container_id!r} not found")
+        """The container an id or unique id prefix names (as ``_sandbox_id``)."""
+        validation.id_prefix(container_id, "container_id")
+        by_id = {c.id: c for c in self.containers()}
+        return by_id[validation.resolve_prefix(container_id, by_id, "container")]
 
     def _put_container(self, c: ContainerRecord) -> None:
         self.ledger.put_container(c.id, c.sandbox_id, c.name, c.attempt, c.state, c.created_ns, c.to_doc())
@@ -403,6 +417,7 @@ class Sandboxes:
             raise InvalidArgument("ContainerConfig.metadata.name is empty")
         if spec.attempt < 0:
             raise InvalidArgument(f"ContainerConfig.metadata.attempt is negative ({spec.attempt})")
+        sandbox_id = self.get(sandbox_id).id
         with self._lock_for(sandbox_id):
             record = self.get(sandbox_id)
             if record.state != SANDBOX_READY:
@@ -419,7 +434,7 @@ class Sandboxes:
                 image=spec.image,
                 labels=dict(spec.labels),
                 annotations=dict(spec.annotations),
-                log_path=spec.log_path,
+                log_path=validation.join_log_path(record.log_directory, spec.log_path),
                 resources=records.resources_doc(admitted),
                 # what the container's cgroup holds: as sent, else implied by its kubernetes_resources
                 linux=asdict(
@@ -457,6 +472,14 @@ class Sandboxes:
                 if diffs:
                     raise Diverged("resources diverge from the pod's declaration: " + "; ".join(diffs))
             return requested
+        if attachments.devices:
+            device = min(attachments.devices, key=lambda d: d.host_path)
+            raise InvalidArgument(
+                f'container "{spec.name}": device {validation.quote(device.host_path)} cannot reach the guest: this '
+                "pod declared no devices at RunPodSandbox (no pod_resources) and a VM's devices are fixed when it "
+                "boots; host device nodes are never passed through, only VFIO groups of the admin's device_pools "
+                "declared in pod_resources"
+            )
         for c in existing:
             if c.name == spec.name and c.attempt == spec.attempt:
                 raise AlreadyExists(f'container "{spec.name}" (attempt {spec.attempt}) already exists')
@@ -486,8 +509,10 @@ class Sandboxes:
             self._put_container(replace(c, state=CONTAINER_EXITED, reason="Stopped"))
 
     def remove_container(self, container_id: str) -> None:
-        if not container_id:
-            raise InvalidArgument("container_id is empty")
+        try:
+            container_id = self.container(container_id).id
+        except NotFound:
+            return  # removing an unknown container succeeds, as containerd answers
         self.ledger.delete_container(container_id)
 
     def update_container(self, container_id: str, resources: ContainerResources | None, linux: LinuxResources) -> None:
@@ -738,7 +763,7 @@ class Sandboxes:
         return None
 
     def _remove_console_log(self, sandbox_id: str) -> None:
-        if self.config.console_dir:
+        if self.config.console_dir and validation.is_id(sandbox_id):
             (Path(self.config.console_dir) / f"{sandbox_id}.log").unlink(missing_ok=True)
 
     def _sweep_console_logs(self, keep: set[str]) -> None:

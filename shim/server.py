@@ -1,7 +1,10 @@
 """Assemble and run the CRI server: state, hypervisor, profiles, reconciliation, unix socket.
 
-The socket is created with mode 0660 (umask set around the bind, then chmod), owned by root
-and the configured group; the state directory is 0700.
+The configuration is checked before anything touches the filesystem (``preflight``: the socket
+group exists, the metrics address parses). The socket is created with mode 0660 (umask set around
+the bind, then chmod), owned by root and the configured group; the state directory and the console
+log directory are 0700 and the state database 0600 (SQLite gives its -wal and -shm files the
+database's mode).
 """
 
 from __future__ import annotations
@@ -17,20 +20,21 @@ from pathlib import Path
 
 import grpc
 
-from shim import metrics
+from shim import metrics, status
 from shim.config import ShimConfig
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.health import Health
 from shim.image_service import ImageServicer
 from shim.images import ImageStore
 from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
+from vmsandbox import validation
 from vmsandbox.adapters.domain_events import DomainEvents
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.layers import Limits
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.profile_loader import default_profiles, load_profiles
-from vmsandbox.errors import InfrastructureError
+from vmsandbox.errors import InfrastructureError, InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +69,20 @@ def _prepare_socket(path: Path) -> None:
         path.unlink()
 
 
-def _secure_socket(path: Path, group: str) -> None:
-    os.chmod(path, 0o660)
-    if group:
-        import grp
+def _socket_gid(group: str) -> int | None:
+    if not group:
+        return None
+    import grp
 
-        try:
-            gid = grp.getgrnam(group).gr_gid
-        except KeyError:
-            raise InfrastructureError(f"socket_group {group!r} does not exist") from None
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise InvalidArgument(f"socket_group {validation.quote(group)} does not exist") from None
+
+
+def _secure_socket(path: Path, gid: int | None) -> None:
+    os.chmod(path, 0o660)
+    if gid is not None:
         os.chown(path, 0, gid)
 
 
@@ -86,13 +95,40 @@ def image_store(config: ShimConfig) -> ImageStore:
     )
 
 
+def preflight(config: ShimConfig) -> int | None:
+    """Every check of the configuration that needs no file of ours; returns the socket's group id."""
+    gid = _socket_gid(config.socket_group)
+    if config.metrics_address:
+        metrics.parse_address(config.metrics_address)
+    return gid
+
+
+def _owner_only_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def _open_ledger(state: Path) -> Ledger:
+    db = state / "state.db"
+    for f in (db, db.with_name("state.db-wal"), db.with_name("state.db-shm")):
+        if f.exists():
+            os.chmod(f, 0o600)  # a database written by an older build under umask 022
+    old = os.umask(0o077)
+    try:
+        return Ledger(db)
+    finally:
+        os.umask(old)
+
+
 def start(config: ShimConfig) -> Running:
-    state = Path(config.state_dir)
-    state.mkdir(parents=True, exist_ok=True)
-    os.chmod(state, 0o700)
-    ledger = Ledger(state / "state.db")
-    hypervisor = Hypervisor(config.libvirt_uri, observe=metrics.libvirt_event)
+    gid = preflight(config)
     profiles = load_profiles(config.profile_files) if config.profile_files else default_profiles()
+    state = Path(config.state_dir)
+    _owner_only_dir(state)
+    if config.console_dir:
+        _owner_only_dir(Path(config.console_dir))
+    ledger = _open_ledger(state)
+    hypervisor = Hypervisor(config.libvirt_uri, observe=metrics.libvirt_event)
     sandboxes = Sandboxes(config, ledger, hypervisor, profiles)
     report = sandboxes.reconcile()
     log.info("reconciled with libvirt: %s", {k: len(v) for k, v in report.items()})
@@ -103,8 +139,8 @@ def start(config: ShimConfig) -> Running:
     images = image_store(config)
     images.collect()  # after reconciliation: images removed while held and not held again are freed
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
-    pb_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(sandboxes), server)
-    pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(images, config.state_dir), server)
+    status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], RuntimeServicer(sandboxes))
+    status.add_servicer(server, pb.DESCRIPTOR.services_by_name["ImageService"], ImageServicer(images, config.state_dir))
     health = Health(server)  # grpc.health.v1.Health on the CRI socket
     stop_metrics = metrics.serve(config.metrics_address, sandboxes) if config.metrics_address else None
     sock = Path(config.socket_path)
@@ -118,7 +154,7 @@ def start(config: ShimConfig) -> Running:
         raise InfrastructureError(f"cannot listen on unix socket {sock}")
     server.start()
     health.serving()
-    _secure_socket(sock, config.socket_group)
+    _secure_socket(sock, gid)
     log.info(
         "vmsandbox listening on %s (libvirt %s, CPUs %s, handlers %s)",
         sock,

@@ -1,7 +1,9 @@
 """Protobuf <-> core: the only module of the shim that reads or builds CRI messages' fields.
 
-Inbound, it validates shapes the protobuf types cannot (quantities, page sizes, empty names)
-and raises ``InvalidArgument`` naming the field. Outbound, it renders records as CRI messages.
+Inbound, it validates shapes the protobuf types cannot (quantities, page sizes, and names, labels
+and annotations by Kubernetes' rules: ``vmsandbox.validation``) and raises ``InvalidArgument``
+naming the field, so nothing malformed reaches the orchestrator, a log line or the domain XML.
+Outbound, it renders records as CRI messages.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from shim.model import (
     SandboxRecord,
     SandboxSpec,
 )
+from vmsandbox import validation
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.image_catalogue import ImageRecord
 from vmsandbox.oci import image_user
@@ -34,7 +37,7 @@ from vmsandbox.resources import (
 )
 from vmsandbox.sizing import LinuxResources
 
-_PAGE_SIZE = re.compile(r"^(\d+)(B|KB|MB|GB|TB|Ki|Mi|Gi|Ti)$")
+_PAGE_SIZE = re.compile(r"([0-9]{1,16})(B|KB|MB|GB|TB|Ki|Mi|Gi|Ti)")  # ASCII digits only
 _UNITS = {
     "B": 1,
     "KB": 1 << 10,
@@ -49,16 +52,20 @@ _UNITS = {
 
 
 def page_size_bytes(text: str, where: str) -> int:
-    """CRI hugepage sizes are written '2MB', '1GB' (binary multiples)."""
-    m = _PAGE_SIZE.match(text)
+    """CRI hugepage sizes are written '2MB', '1GB' (binary multiples); zero is no size."""
+    m = _PAGE_SIZE.fullmatch(text)
     if not m:
-        raise InvalidArgument(f"{where}: invalid hugepage size {text!r} (expected e.g. 2MB or 1GB)")
-    return int(m.group(1)) * _UNITS[m.group(2)]
+        raise InvalidArgument(f"{where}: invalid hugepage size {validation.quote(text)} (expected e.g. 2MB or 1GB)")
+    size = int(m.group(1)) * _UNITS[m.group(2)]
+    if size == 0:
+        raise InvalidArgument(f"{where}: hugepage size {validation.quote(text)} is zero")
+    return size
 
 
 def linux_resources(msg: pb.LinuxContainerResources, where: str) -> LinuxResources:
     if msg.cpu_period < 0 or msg.cpu_shares < 0 or msg.memory_limit_in_bytes < 0:
         raise InvalidArgument(f"{where}: cpu_period, cpu_shares and memory_limit_in_bytes must not be negative")
+    validation.text(msg.cpuset_cpus, f"{where}.cpuset_cpus", 1024)  # recorded and reported back, not parsed
     pages = tuple(
         sorted((page_size_bytes(h.page_size, f"{where}.hugepage_limits"), int(h.limit)) for h in msg.hugepage_limits)
     )
@@ -75,13 +82,18 @@ def linux_resources(msg: pb.LinuxContainerResources, where: str) -> LinuxResourc
 def _quantities(m: Mapping[str, Any], where: str) -> ResourceList:
     raw = {}
     for key, q in m.items():
+        # a qualified name at most ("vendor.com/gpu"): bounded here, its grammar checked by ResourceList.parse
+        validation.text(key, f"{where}: resource name", 253 + 1 + 63)
         if not q.HasField("string"):
             raise InvalidArgument(f"{where}.{key}: quantity has no value")
         raw[key] = q.string
     return ResourceList.parse(raw, where=where)
 
 
-def _mounts(items: Iterable[pb.Mount]) -> frozenset[Mount]:
+def _mounts(items: Iterable[pb.Mount], where: str) -> frozenset[Mount]:
+    for m in items:
+        validation.text(m.host_path, f"{where}.host_path")
+        validation.text(m.container_path, f"{where}.container_path")
     return frozenset(
         Mount(
             container_path=m.container_path,
@@ -94,11 +106,17 @@ def _mounts(items: Iterable[pb.Mount]) -> frozenset[Mount]:
     )
 
 
-def _devices(items: Iterable[pb.Device]) -> frozenset[Device]:
+def _devices(items: Iterable[pb.Device], where: str) -> frozenset[Device]:
+    for d in items:
+        validation.text(d.host_path, f"{where}.host_path")
+        validation.text(d.container_path, f"{where}.container_path")
+        validation.text(d.permissions, f"{where}.permissions", 3)
     return frozenset(Device(d.container_path, d.host_path, d.permissions) for d in items)
 
 
-def _cdi(items: Iterable[pb.CDIDevice]) -> frozenset[CdiDevice]:
+def _cdi(items: Iterable[pb.CDIDevice], where: str) -> frozenset[CdiDevice]:
+    for c in items:
+        validation.text(c.name, f"{where}.name", 253)
     return frozenset(CdiDevice(c.name) for c in items)
 
 
@@ -120,6 +138,7 @@ def declaration(msg: pb.PodResourceConfig) -> PodDeclaration:
     def one(c: pb.ContainerResourceConfig, kind: str) -> ContainerDeclaration:
         if not c.name:
             raise InvalidArgument(f"pod_resources: an {kind} has an empty name")
+        validation.container_name(c.name, f"pod_resources: {kind} name")
         where = f'pod_resources: container "{c.name}"'
         res = kubernetes_resources(c.kubernetes_resources, where)
         return ContainerDeclaration(
@@ -127,9 +146,9 @@ def declaration(msg: pb.PodResourceConfig) -> PodDeclaration:
             resources=ContainerResources(
                 requests=res.requests,
                 limits=res.limits,
-                mounts=_mounts(c.mounts),
-                devices=_devices(c.devices),
-                cdi_devices=_cdi(c.CDI_devices),
+                mounts=_mounts(c.mounts, f"{where}: mounts"),
+                devices=_devices(c.devices, f"{where}: devices"),
+                cdi_devices=_cdi(c.CDI_devices, f"{where}: CDI_devices"),
             ),
         )
 
@@ -142,6 +161,15 @@ def declaration(msg: pb.PodResourceConfig) -> PodDeclaration:
 def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSpec:
     md = config.metadata
     linux = config.linux
+    validation.pod_name(md.name, "PodSandboxConfig.metadata.name")
+    validation.dns1123_label(md.namespace, "PodSandboxConfig.metadata.namespace")
+    validation.uid(md.uid, "PodSandboxConfig.metadata.uid")
+    if runtime_handler:
+        validation.dns1123_label(runtime_handler, "RunPodSandboxRequest.runtime_handler")
+    validation.text(config.hostname, "PodSandboxConfig.hostname", 253)
+    validation.absolute_path(config.log_directory, "PodSandboxConfig.log_directory")
+    validation.label_map(config.labels, "PodSandboxConfig.labels")
+    validation.annotation_map(config.annotations, "PodSandboxConfig.annotations")
     return SandboxSpec(
         meta=PodMeta(name=md.name, namespace=md.namespace, uid=md.uid, attempt=md.attempt),
         runtime_handler=runtime_handler,
@@ -157,6 +185,12 @@ def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSp
 
 def container_spec(config: pb.ContainerConfig) -> ContainerSpec:
     name = config.metadata.name
+    validation.container_name(name, "ContainerConfig.metadata.name")
+    validation.text(config.image.image, "ContainerConfig.image.image")
+    if config.log_path:
+        validation.relative_file(config.log_path, "ContainerConfig.log_path")
+    validation.label_map(config.labels, "ContainerConfig.labels")
+    validation.annotation_map(config.annotations, "ContainerConfig.annotations")
     where = f'container "{name}"'
     resources = (
         kubernetes_resources(config.kubernetes_resources, where) if config.HasField("kubernetes_resources") else None
@@ -170,7 +204,9 @@ def container_spec(config: pb.ContainerConfig) -> ContainerSpec:
         log_path=config.log_path,
         resources=resources,
         attachments=ContainerResources(
-            mounts=_mounts(config.mounts), devices=_devices(config.devices), cdi_devices=_cdi(config.CDI_devices)
+            mounts=_mounts(config.mounts, f"{where}: mounts"),
+            devices=_devices(config.devices, f"{where}: devices"),
+            cdi_devices=_cdi(config.CDI_devices, f"{where}: CDI_devices"),
         ),
         linux=linux_resources(config.linux.resources, f"{where}: linux.resources"),
     )

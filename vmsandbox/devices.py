@@ -214,7 +214,7 @@ def vfio_group(path: str) -> int | None:
     """``/dev/vfio/12`` -> 12; None for any other path (``/dev/vfio/vfio`` included)."""
     if path.startswith(VFIO_DIR):
         rest = path[len(VFIO_DIR) :]
-        if rest.isdigit():
+        if rest.isascii() and rest.isdigit():  # str.isdigit() is true for "²", which int() refuses
             return int(rest)
     return None
 

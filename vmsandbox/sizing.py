@@ -28,6 +28,7 @@ overhead), so the larger is taken, never the sum. Same input, same shape.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -44,6 +45,7 @@ from vmsandbox.resources import (
     hugepage_size,
     is_extended,
 )
+from vmsandbox.validation import quote
 
 SizingMode = Literal["declared", "linux-resources", "annotations", "defaults"]
 
@@ -247,6 +249,7 @@ class LinuxResources:
         return 0
 
 
+_INTEGER = re.compile(r"-?[0-9]{1,19}")
 SANDBOX_ANNOTATIONS = {
     "period": "io.kubernetes.cri.sandbox-cpu-period",
     "quota": "io.kubernetes.cri.sandbox-cpu-quota",
@@ -262,12 +265,12 @@ def linux_resources_from_annotations(annotations: Mapping[str, str]) -> LinuxRes
         raw = annotations.get(SANDBOX_ANNOTATIONS[key], "")
         if raw == "":
             return 0
-        try:
-            value = int(raw)
-        except ValueError:
-            raise InvalidArgument(f"annotation {SANDBOX_ANNOTATIONS[key]}: {raw!r} is not an integer") from None
+        # ASCII digits only, as Kubernetes: int() also takes Arabic-Indic and fullwidth digits, " 12", "1_2"
+        if _INTEGER.fullmatch(raw) is None:
+            raise InvalidArgument(f"annotation {SANDBOX_ANNOTATIONS[key]}: {quote(raw)} is not an integer")
+        value = int(raw)
         if value < 0 and not (key == "quota" and value == -1):
-            raise InvalidArgument(f"annotation {SANDBOX_ANNOTATIONS[key]}: {raw!r} is negative")
+            raise InvalidArgument(f"annotation {SANDBOX_ANNOTATIONS[key]}: {quote(raw)} is negative")
         return max(value, 0)
 
     return LinuxResources(

@@ -655,7 +655,7 @@ SIDECAR_POD = ([one("app", {"cpu": "7"})], [one("proxy", {"cpu": "10"})])
                 )
             ),
             INVALID,
-            ["annotation io.kubernetes.cri.sandbox-memory: 'lots' is not an integer"],
+            ['annotation io.kubernetes.cri.sandbox-memory: "lots" is not an integer'],
             id="bad-sandbox-annotation",
         ),
         pytest.param(
@@ -670,7 +670,7 @@ SIDECAR_POD = ([one("app", {"cpu": "7"})], [one("proxy", {"cpu": "10"})])
                 )
             ),
             INVALID,
-            ["linux.resources.hugepage_limits: invalid hugepage size '3XB'"],
+            ['linux.resources.hugepage_limits: invalid hugepage size "3XB"'],
             id="bad-hugepage-size-in-linux-resources",
         ),
         pytest.param(
@@ -791,10 +791,10 @@ def test_bad_container_requests(shim: Shim, declared: str) -> None:
     rejected(
         shim,
         lambda: shim.runtime.UpdateContainerResources(
-            pb.UpdateContainerResourcesRequest(container_id="nope"), timeout=30
+            pb.UpdateContainerResourcesRequest(container_id="f" * 64), timeout=30
         ),
         grpc.StatusCode.NOT_FOUND,
-        "container 'nope' not found",
+        f'container "{"f" * 64}" not found',
     )
     rejected(
         shim,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,3 +131,74 @@ def test_ten_simultaneous_pods_on_a_host_that_fits_four(tight_host: tuple[Shim, 
     shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
     shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
     assert_consistent(shim.state_dir, baseline)
+
+
+CROWD = 50
+
+
+def test_fifty_simultaneous_pods_on_a_two_cpu_pool_refuse_fast(tmp_path: Path) -> None:
+    """50 RunPodSandbox at once on a pool of 2 exclusive CPUs, 1 vCPU each: exactly 2 boot and 48 are
+    refused RESOURCE_EXHAUSTED while those 2 are still booting (placement never waits for a boot)."""
+    require_host()
+    profiles = tmp_path / "two-cpu-profiles.yaml"
+    profiles.write_text(
+        yaml.safe_dump(
+            {
+                "name": "vmsandbox",
+                "handler": "vmsandbox",
+                "cpu_policy": "exclusive",
+                "guest": {"image_dir": str(IMAGE_DIR), "boot_timeout_s": 240},
+            }
+        )
+    )
+    baseline = vmsandbox_free_baseline()
+    shim = start_shim(tmp_path, extra_config={"profile_files": [str(profiles)], "cpu_pool": "0-1", "workers": 64})
+    results: list[str | grpc.RpcError | None] = [None] * CROWD
+    answered = [0.0] * CROWD
+    barrier = threading.Barrier(CROWD)
+    try:
+
+        def run(i: int) -> None:
+            config = pod(f"crowd-{i}", containers=[("app", q(APP))])  # 500m: one vCPU, one pinned CPU
+            barrier.wait()
+            start = time.monotonic()
+            try:
+                results[i] = shim.runtime.RunPodSandbox(
+                    pb.RunPodSandboxRequest(config=config), timeout=RPC_TIMEOUT
+                ).pod_sandbox_id
+            except grpc.RpcError as exc:
+                results[i] = exc
+            answered[i] = time.monotonic() - start
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(CROWD)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [r for r in results if isinstance(r, str)]
+        losers = [(r, answered[i]) for i, r in enumerate(results) if isinstance(r, grpc.RpcError)]
+        assert len(winners) == 2 and len(losers) == CROWD - 2, [
+            r if isinstance(r, str) else (r.code(), r.details()) if r else None for r in results
+        ]
+        for err, _ in losers:
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+            assert "cpu" in str(err.details()).lower(), err.details()
+        slowest_refusal = max(seconds for _, seconds in losers)
+        first_boot = min(answered[i] for i, r in enumerate(results) if isinstance(r, str))
+        print(f"50 on 2 CPUs: slowest refusal {slowest_refusal:.3f} s, first guest ready {first_boot:.3f} s")
+        assert slowest_refusal < min(first_boot, 5.0), (slowest_refusal, first_boot)
+        led = assert_consistent(shim.state_dir, baseline)
+        assert sorted(led.rows) == sorted(winners)
+        assert {owner for _, owner in led.claims} == set(winners)
+        for sid in winners:
+            shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
+            shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
+        led = assert_consistent(shim.state_dir, baseline)
+        assert led.rows == {} and led.claims == []
+    finally:
+        try:
+            for s in shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+                shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=s.id), timeout=RPC_TIMEOUT)
+                shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=s.id), timeout=RPC_TIMEOUT)
+        finally:
+            stop_shim(shim)

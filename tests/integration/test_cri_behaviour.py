@@ -93,6 +93,7 @@ def pods(shim: Shim) -> Iterator[Pods]:
     web_config.labels.update(WEB_LABELS)
     web_config.annotations.update(WEB_ANNOTATIONS)
     web_config.hostname = "web-0"
+    web_config.log_directory = "/var/log/pods/test_web_uid"
     db_config = pod("db", declared=False, labels={"app": "db"})
     db_config.annotations.update(DB_ANNOTATIONS)
     ids: list[str] = []
@@ -267,7 +268,8 @@ def test_containers_round_trip_filters_and_idempotent_stop_remove(shim: Shim, po
     st = shim.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30).status
     assert (st.id, st.metadata.name, st.metadata.attempt) == (cid, "web", 0)
     assert st.state == pb.CONTAINER_CREATED and st.created_at > 0
-    assert st.image.image == "busybox" and st.log_path == "web/0.log"
+    assert st.image.image == "busybox"
+    assert st.log_path == "/var/log/pods/test_web_uid/web/0.log"  # log_directory joined with log_path
     assert dict(st.labels) == {"role": "server"} and dict(st.annotations) == {"example.com/note": "hello"}
     assert st.resources.linux.cpu_quota == 100_000 and st.resources.linux.memory_limit_in_bytes == 64 * MI
     created = pb.ContainerStateValue(state=pb.CONTAINER_CREATED)
@@ -332,6 +334,17 @@ def test_unknown_and_empty_sandbox_ids(shim: Shim, pods: Pods) -> None:
     ):
         rejected(shim, call, grpc.StatusCode.INVALID_ARGUMENT, "pod_sandbox_id is empty")
     assert listed(shim) == sorted([pods.web, pods.db])  # nothing else changed
+
+
+def test_a_unique_id_prefix_names_the_sandbox(shim: Shim, pods: Pods) -> None:
+    """``crictl inspectp 3f2a9c1b0d4e5``: 13 characters name the sandbox, as in containerd."""
+    assert status(shim, pods.web[:13]).status.id == pods.web
+    rejected(
+        shim,
+        lambda: status(shim, "../" + pods.web),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "64 lowercase hexadecimal characters",
+    )
 
 
 def test_stop_then_remove_sandbox(shim: Shim, pods: Pods) -> None:

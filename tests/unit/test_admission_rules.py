@@ -281,7 +281,7 @@ def test_bad_declarations_name_the_container_and_resource(msg: pb.PodResourceCon
                     resources=pb.LinuxContainerResources(hugepage_limits=[pb.HugepageLimit(page_size="2M", limit=1)])
                 ),
             ),
-            "container \"app\": linux.resources.hugepage_limits: invalid hugepage size '2M'",
+            'container "app": linux.resources.hugepage_limits: invalid hugepage size "2M"',
             id="bad-page-size",
         ),
     ],
@@ -510,28 +510,28 @@ def spec(name: str, attempt: int = 0, *, linux: LinuxResources | None = None, de
 
 
 def test_retries_supersede_earlier_attempts_in_the_envelope(sandboxes: Sandboxes) -> None:
-    add_sandbox(sandboxes, "s1", None, demand_cpu="1")  # 1 cpu, 256Mi
-    sandboxes.create_container("s1", spec("a", linux=lin(500, 128)))
-    sandboxes.create_container("s1", spec("a", 1, linux=lin(500, 128)))  # retry: replaces attempt 0
-    sandboxes.create_container("s1", spec("b", linux=lin(500, 128)))  # fits next to the latest "a" only
+    add_sandbox(sandboxes, "a1" * 32, None, demand_cpu="1")  # 1 cpu, 256Mi
+    sandboxes.create_container("a1" * 32, spec("a", linux=lin(500, 128)))
+    sandboxes.create_container("a1" * 32, spec("a", 1, linux=lin(500, 128)))  # retry: replaces attempt 0
+    sandboxes.create_container("a1" * 32, spec("b", linux=lin(500, 128)))  # fits next to the latest "a" only
     with pytest.raises(Diverged) as err:
-        sandboxes.create_container("s1", spec("c", linux=lin(1, 1)))
+        sandboxes.create_container("a1" * 32, spec("c", linux=lin(1, 1)))
     assert "cpu: 1001m in all > VM's 1 (it would have to grow by 1m)" in str(err.value)
     with pytest.raises(AlreadyExists):
-        sandboxes.create_container("s1", spec("b", linux=lin(500, 128)))
+        sandboxes.create_container("a1" * 32, spec("b", linux=lin(500, 128)))
 
 
 def test_exited_containers_hold_nothing(sandboxes: Sandboxes) -> None:
-    add_sandbox(sandboxes, "s1", None, demand_cpu="1")
-    a = sandboxes.create_container("s1", spec("a", linux=lin(1000, 256)))
+    add_sandbox(sandboxes, "a1" * 32, None, demand_cpu="1")
+    a = sandboxes.create_container("a1" * 32, spec("a", linux=lin(1000, 256)))
     sandboxes.stop_container(a)
     assert sandboxes.container(a).state == CONTAINER_EXITED
-    sandboxes.create_container("s1", spec("b", linux=lin(1000, 256)))
+    sandboxes.create_container("a1" * 32, spec("b", linux=lin(1000, 256)))
 
 
 def test_declared_containers_record_the_cgroup_their_resources_imply(sandboxes: Sandboxes) -> None:
-    add_sandbox(sandboxes, "s2", DECLARED)
-    cid = sandboxes.create_container("s2", spec("app", declared=True))
+    add_sandbox(sandboxes, "a2" * 32, DECLARED)
+    cid = sandboxes.create_container("a2" * 32, spec("app", declared=True))
     linux = sandboxes.container(cid).linux
     assert (linux["cpu_quota"], linux["memory_limit_bytes"]) == (50_000, 64 * MI)
 
@@ -552,8 +552,8 @@ def test_declared_containers_record_the_cgroup_their_resources_imply(sandboxes: 
 def test_update_container_envelope(
     sandboxes: Sandboxes, created: list[str], target: str, update: LinuxResources, accepted: bool
 ) -> None:
-    add_sandbox(sandboxes, "s3", DECLARED)
-    ids = {name: sandboxes.create_container("s3", spec(name, declared=True)) for name in created}
+    add_sandbox(sandboxes, "a3" * 32, DECLARED)
+    ids = {name: sandboxes.create_container("a3" * 32, spec(name, declared=True)) for name in created}
     if accepted:
         sandboxes.update_container(ids[target], None, update)
         assert sandboxes.container(ids[target]).linux["memory_limit_bytes"] == update.memory_limit_bytes
@@ -577,6 +577,7 @@ WITH_SIDECAR = PodDeclaration(
     init_containers=(_limits("proxy", "250m", "64Mi"), _limits("setup", "1", "128Mi")),
     containers=(_limits("app", "500m", "64Mi"),),
 )
+S7 = "57" * 32  # a sandbox id as the shim makes them (64 lowercase hex)
 
 
 @pytest.mark.parametrize(
@@ -593,11 +594,11 @@ WITH_SIDECAR = PodDeclaration(
 def test_update_container_follows_the_sidecar_rule(
     sandboxes: Sandboxes, target: str, update: LinuxResources, accepted: bool
 ) -> None:
-    add_sandbox(sandboxes, "s7", WITH_SIDECAR, annotations={"io.vmsandbox/sidecars": "proxy"})
-    assert records.shape_from_doc(sandboxes.get("s7").shape).demand.memory_bytes == 192 * MI
+    add_sandbox(sandboxes, S7, WITH_SIDECAR, annotations={"io.vmsandbox/sidecars": "proxy"})
+    assert records.shape_from_doc(sandboxes.get(S7).shape).demand.memory_bytes == 192 * MI
     ids = {}
     for c in (*WITH_SIDECAR.init_containers, *WITH_SIDECAR.containers):
-        ids[c.name] = sandboxes.create_container("s7", ContainerSpec(name=c.name, resources=c.resources))
+        ids[c.name] = sandboxes.create_container(S7, ContainerSpec(name=c.name, resources=c.resources))
     if accepted:
         sandboxes.update_container(ids[target], None, update)
         assert sandboxes.container(ids[target]).linux["memory_limit_bytes"] == update.memory_limit_bytes
@@ -608,8 +609,8 @@ def test_update_container_follows_the_sidecar_rule(
 
 
 def test_update_with_kubernetes_resources_is_recorded(sandboxes: Sandboxes) -> None:
-    add_sandbox(sandboxes, "s4", DECLARED)
-    cid = sandboxes.create_container("s4", spec("app", declared=True))
+    add_sandbox(sandboxes, "a4" * 32, DECLARED)
+    cid = sandboxes.create_container("a4" * 32, spec("app", declared=True))
     new = ContainerResources(
         requests=ResourceList.parse({"cpu": "250m"}, where="r"),
         limits=ResourceList.parse({"memory": "32Mi"}, where="l"),
@@ -621,23 +622,23 @@ def test_update_with_kubernetes_resources_is_recorded(sandboxes: Sandboxes) -> N
 
 
 def test_update_pod_sandbox_resources_is_recorded_or_refused(sandboxes: Sandboxes) -> None:
-    add_sandbox(sandboxes, "s5", DECLARED)
-    sandboxes.update_sandbox("s5", lin(1000, 128))
-    assert sandboxes.get("s5").updated_resources["memory_limit_bytes"] == 128 * MI
+    add_sandbox(sandboxes, "a5" * 32, DECLARED)
+    sandboxes.update_sandbox("a5" * 32, lin(1000, 128))
+    assert sandboxes.get("a5" * 32).updated_resources["memory_limit_bytes"] == 128 * MI
     with pytest.raises(Diverged) as err:
-        sandboxes.update_sandbox("s5", lin(1000, 256))
+        sandboxes.update_sandbox("a5" * 32, lin(1000, 256))
     assert "memory: 256Mi in all > VM's 128Mi (it would have to grow by 128Mi)" in str(err.value)
-    assert sandboxes.get("s5").updated_resources["memory_limit_bytes"] == 128 * MI
+    assert sandboxes.get("a5" * 32).updated_resources["memory_limit_bytes"] == 128 * MI
 
 
 def test_remove_takes_the_containers_and_forgets_the_declaration(sandboxes: Sandboxes) -> None:
-    add_sandbox(sandboxes, "s6", DECLARED)
-    cid = sandboxes.create_container("s6", spec("app", declared=True))
-    assert "s6" in sandboxes._declarations
-    sandboxes.remove("s6")
-    sandboxes.remove("s6")  # idempotent
-    assert sandboxes.containers("s6") == []
-    assert "s6" not in sandboxes._declarations
+    add_sandbox(sandboxes, "a6" * 32, DECLARED)
+    cid = sandboxes.create_container("a6" * 32, spec("app", declared=True))
+    assert "a6" * 32 in sandboxes._declarations
+    sandboxes.remove("a6" * 32)
+    sandboxes.remove("a6" * 32)  # idempotent
+    assert sandboxes.containers("a6" * 32) == []
+    assert "a6" * 32 not in sandboxes._declarations
     sandboxes.stop_container(cid)  # unknown now: still fine
     sandboxes.remove_container(cid)
 

@@ -12,10 +12,12 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import descriptor_pb2
 from google.protobuf.message import Message
 
 from shim.cri.apimachinery.resource import generated_pb2 as resource_pb2
@@ -234,10 +236,10 @@ ENUM_VALUES: list[tuple[str, str, int]] = [
     ("Protocol", "TCP", 0),
     ("Protocol", "UDP", 1),
     ("Protocol", "SCTP", 2),
-    ("Signal", "RUNTIME_DEFAULT", 0),
-    ("Signal", "SIGKILL", 13),
-    ("Signal", "SIGTERM", 23),
-    ("Signal", "SIGRTMAX", 65),
+    ("Signal", "SIGNAL_RUNTIME_DEFAULT", 0),
+    ("Signal", "SIGNAL_SIGKILL", 13),
+    ("Signal", "SIGNAL_SIGTERM", 23),
+    ("Signal", "SIGNAL_SIGRTMAX", 65),
     ("CgroupDriver", "SYSTEMD", 0),
     ("CgroupDriver", "CGROUPFS", 1),
     ("ContainerEventType", "CONTAINER_CREATED_EVENT", 0),
@@ -289,6 +291,8 @@ RUNTIME_METHODS = [
     "UpdateRuntimeConfig",
     "Status",
     "CheckpointContainer",
+    "CheckpointPod",
+    "RestorePod",
     "GetContainerEvents",
     "ListMetricDescriptors",
     "ListPodSandboxMetrics",
@@ -356,6 +360,85 @@ def test_method_types(method: str, request_type: str, response_type: str) -> Non
     md = api_pb2.DESCRIPTOR.services_by_name["RuntimeService"].methods_by_name[method]
     assert md.input_type.full_name == f"runtime.v1.{request_type}"
     assert md.output_type.full_name == f"runtime.v1.{response_type}"
+
+
+# ---------------------------------------------------------------------------
+# Every name, number and type as upstream cri-api has it
+# ---------------------------------------------------------------------------
+
+UPSTREAM_TABLE = REPO_ROOT / "tests" / "fixtures" / "cri-api" / "runtime-v1.tsv"
+
+# What we add to upstream's runtime.v1: the KEP-4112 extension (DESIGN.md section 2), nothing else.
+KEP4112_LINES = {
+    "field\tPodSandboxConfig\tpod_resources\t10\truntime.v1.PodResourceConfig\toptional",
+    "field\tContainerConfig\tkubernetes_resources\t19\truntime.v1.KubernetesResources\toptional",
+    "field\tUpdateContainerResourcesRequest\tkubernetes_resources\t5\truntime.v1.KubernetesResources\toptional",
+    "field\tPodResourceConfig\tinit_containers\t1\truntime.v1.ContainerResourceConfig\trepeated",
+    "field\tPodResourceConfig\tcontainers\t2\truntime.v1.ContainerResourceConfig\trepeated",
+    "field\tContainerResourceConfig\tname\t1\tstring\toptional",
+    "field\tContainerResourceConfig\tkubernetes_resources\t2\truntime.v1.KubernetesResources\toptional",
+    "field\tContainerResourceConfig\tmounts\t3\truntime.v1.Mount\trepeated",
+    "field\tContainerResourceConfig\tdevices\t4\truntime.v1.Device\trepeated",
+    "field\tContainerResourceConfig\tCDI_devices\t5\truntime.v1.CDIDevice\trepeated",
+    "field\tKubernetesResources\trequests\t1\truntime.v1.KubernetesResources.RequestsEntry\trepeated",
+    "field\tKubernetesResources\tlimits\t2\truntime.v1.KubernetesResources.LimitsEntry\trepeated",
+    "field\tKubernetesResources.RequestsEntry\tkey\t1\tstring\toptional",
+    "field\tKubernetesResources.RequestsEntry\tvalue\t2\tk8s.io.apimachinery.pkg.api.resource.Quantity\toptional",
+    "field\tKubernetesResources.LimitsEntry\tkey\t1\tstring\toptional",
+    "field\tKubernetesResources.LimitsEntry\tvalue\t2\tk8s.io.apimachinery.pkg.api.resource.Quantity\toptional",
+}
+
+_TYPE_NAMES = {v: k[len("TYPE_") :].lower() for k, v in descriptor_pb2.FieldDescriptorProto.Type.items()}
+_LABEL_NAMES = {v: k[len("LABEL_") :].lower() for k, v in descriptor_pb2.FieldDescriptorProto.Label.items()}
+
+
+def _contract_lines(f: descriptor_pb2.FileDescriptorProto) -> set[str]:
+    """The same lines scripts/cri-api-table.py prints, from our compiled descriptor."""
+    lines: set[str] = set()
+
+    def walk(
+        prefix: str,
+        messages: Iterable[descriptor_pb2.DescriptorProto],
+        enums: Iterable[descriptor_pb2.EnumDescriptorProto],
+    ) -> None:
+        for e in enums:
+            lines.update(f"enum\t{prefix}{e.name}\t{v.name}\t{v.number}" for v in e.value)
+        for m in messages:
+            for fd in m.field:
+                kind = fd.type_name.lstrip(".") if fd.type_name else _TYPE_NAMES[fd.type]
+                label = "proto3-optional" if fd.proto3_optional else _LABEL_NAMES[fd.label]
+                lines.add(f"field\t{prefix}{m.name}\t{fd.name}\t{fd.number}\t{kind}\t{label}")
+            walk(f"{prefix}{m.name}.", m.nested_type, m.enum_type)
+
+    walk("", f.message_type, f.enum_type)
+    for s in f.service:
+        for md in s.method:
+            stream = "server-stream" if md.server_streaming else "unary"
+            lines.add(f"rpc\t{s.name}\t{md.name}\t{md.input_type.lstrip('.')}\t{md.output_type.lstrip('.')}\t{stream}")
+    return lines
+
+
+def _upstream_lines() -> set[str]:
+    return {line for line in UPSTREAM_TABLE.read_text().splitlines() if line and not line.startswith("#")}
+
+
+def test_matches_upstream_cri_api_outside_kep4112() -> None:
+    ours = _contract_lines(descriptor_pb2.FileDescriptorProto.FromString(api_pb2.DESCRIPTOR.serialized_pb))
+    upstream = _upstream_lines()
+    assert ours >= KEP4112_LINES
+    missing = sorted(upstream - ours)
+    extra = sorted(ours - upstream - KEP4112_LINES)
+    assert not missing and not extra, (
+        "runtime.v1 differs from upstream cri-api (tests/fixtures/cri-api/runtime-v1.tsv):\n"
+        + "\n".join([f"  upstream only: {line}" for line in missing] + [f"  ours only: {line}" for line in extra])
+    )
+
+
+def test_env_value_is_bytes_as_upstream() -> None:
+    """A non-UTF-8 environment value parses (it was INTERNAL "Exception deserializing request")."""
+    wire = _len_field(6, _len_field(1, b"K") + _len_field(2, b"\xff\xfe not utf-8"))
+    config = api_pb2.ContainerConfig.FromString(wire)
+    assert config.envs[0].value == b"\xff\xfe not utf-8"
 
 
 # ---------------------------------------------------------------------------

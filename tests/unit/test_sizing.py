@@ -645,37 +645,37 @@ def test_demand_from_linux(resources: LinuxResources, annotations: dict[str, str
         pytest.param(
             LinuxResources(),
             {A_QUOTA: "abc"},
-            "annotation io.kubernetes.cri.sandbox-cpu-quota: 'abc' is not an integer",
+            'annotation io.kubernetes.cri.sandbox-cpu-quota: "abc" is not an integer',
             id="quota-junk",
         ),
         pytest.param(
             LinuxResources(),
             {A_PERIOD: "1.5"},
-            "annotation io.kubernetes.cri.sandbox-cpu-period: '1.5' is not an integer",
+            'annotation io.kubernetes.cri.sandbox-cpu-period: "1.5" is not an integer',
             id="period-fraction",
         ),
         pytest.param(
             LinuxResources(),
             {A_MEMORY: "512Mi"},
-            "annotation io.kubernetes.cri.sandbox-memory: '512Mi' is not an integer",
+            'annotation io.kubernetes.cri.sandbox-memory: "512Mi" is not an integer',
             id="memory-quantity",
         ),
         pytest.param(
             LinuxResources(),
             {A_MEMORY: "-5"},
-            "annotation io.kubernetes.cri.sandbox-memory: '-5' is negative",
+            'annotation io.kubernetes.cri.sandbox-memory: "-5" is negative',
             id="memory-negative",
         ),
         pytest.param(
             LinuxResources(),
             {A_QUOTA: "-2"},
-            "annotation io.kubernetes.cri.sandbox-cpu-quota: '-2' is negative",
+            'annotation io.kubernetes.cri.sandbox-cpu-quota: "-2" is negative',
             id="quota-below-minus-one",
         ),
         pytest.param(
             LinuxResources(),
             {A_SHARES: "-1"},
-            "annotation io.kubernetes.cri.sandbox-cpu-shares: '-1' is negative",
+            'annotation io.kubernetes.cri.sandbox-cpu-shares: "-1" is negative',
             id="shares-minus-one",
         ),
         pytest.param(

@@ -69,6 +69,9 @@ def _cause(stderr: str) -> str:
     return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + "…"
 
 
+_PROXY_VARIABLES = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"})
+
+
 class Skopeo:
     """One skopeo binary with a private, empty registries.conf and an accept-all signature policy."""
 
@@ -105,6 +108,8 @@ class Skopeo:
             "HOME": str(self.work_dir),
             "TMPDIR": str(self.work_dir),
             "CONTAINERS_REGISTRIES_CONF": str(self._registries_conf),
+            # a node behind a proxy reaches its registries through it, as containerd does
+            **{k: v for k, v in os.environ.items() if k in _PROXY_VARIABLES},
         }
         try:
             done = subprocess.run(

@@ -137,141 +137,141 @@ class _Signal:
 
 class _SignalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Signal.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
-    RUNTIME_DEFAULT: _Signal.ValueType  # 0
-    SIGABRT: _Signal.ValueType  # 1
-    SIGALRM: _Signal.ValueType  # 2
-    SIGBUS: _Signal.ValueType  # 3
-    SIGCHLD: _Signal.ValueType  # 4
-    SIGCLD: _Signal.ValueType  # 5
-    SIGCONT: _Signal.ValueType  # 6
-    SIGFPE: _Signal.ValueType  # 7
-    SIGHUP: _Signal.ValueType  # 8
-    SIGILL: _Signal.ValueType  # 9
-    SIGINT: _Signal.ValueType  # 10
-    SIGIO: _Signal.ValueType  # 11
-    SIGIOT: _Signal.ValueType  # 12
-    SIGKILL: _Signal.ValueType  # 13
-    SIGPIPE: _Signal.ValueType  # 14
-    SIGPOLL: _Signal.ValueType  # 15
-    SIGPROF: _Signal.ValueType  # 16
-    SIGPWR: _Signal.ValueType  # 17
-    SIGQUIT: _Signal.ValueType  # 18
-    SIGSEGV: _Signal.ValueType  # 19
-    SIGSTKFLT: _Signal.ValueType  # 20
-    SIGSTOP: _Signal.ValueType  # 21
-    SIGSYS: _Signal.ValueType  # 22
-    SIGTERM: _Signal.ValueType  # 23
-    SIGTRAP: _Signal.ValueType  # 24
-    SIGTSTP: _Signal.ValueType  # 25
-    SIGTTIN: _Signal.ValueType  # 26
-    SIGTTOU: _Signal.ValueType  # 27
-    SIGURG: _Signal.ValueType  # 28
-    SIGUSR1: _Signal.ValueType  # 29
-    SIGUSR2: _Signal.ValueType  # 30
-    SIGVTALRM: _Signal.ValueType  # 31
-    SIGWINCH: _Signal.ValueType  # 32
-    SIGXCPU: _Signal.ValueType  # 33
-    SIGXFSZ: _Signal.ValueType  # 34
-    SIGRTMIN: _Signal.ValueType  # 35
-    SIGRTMINPLUS1: _Signal.ValueType  # 36
-    SIGRTMINPLUS2: _Signal.ValueType  # 37
-    SIGRTMINPLUS3: _Signal.ValueType  # 38
-    SIGRTMINPLUS4: _Signal.ValueType  # 39
-    SIGRTMINPLUS5: _Signal.ValueType  # 40
-    SIGRTMINPLUS6: _Signal.ValueType  # 41
-    SIGRTMINPLUS7: _Signal.ValueType  # 42
-    SIGRTMINPLUS8: _Signal.ValueType  # 43
-    SIGRTMINPLUS9: _Signal.ValueType  # 44
-    SIGRTMINPLUS10: _Signal.ValueType  # 45
-    SIGRTMINPLUS11: _Signal.ValueType  # 46
-    SIGRTMINPLUS12: _Signal.ValueType  # 47
-    SIGRTMINPLUS13: _Signal.ValueType  # 48
-    SIGRTMINPLUS14: _Signal.ValueType  # 49
-    SIGRTMINPLUS15: _Signal.ValueType  # 50
-    SIGRTMAXMINUS14: _Signal.ValueType  # 51
-    SIGRTMAXMINUS13: _Signal.ValueType  # 52
-    SIGRTMAXMINUS12: _Signal.ValueType  # 53
-    SIGRTMAXMINUS11: _Signal.ValueType  # 54
-    SIGRTMAXMINUS10: _Signal.ValueType  # 55
-    SIGRTMAXMINUS9: _Signal.ValueType  # 56
-    SIGRTMAXMINUS8: _Signal.ValueType  # 57
-    SIGRTMAXMINUS7: _Signal.ValueType  # 58
-    SIGRTMAXMINUS6: _Signal.ValueType  # 59
-    SIGRTMAXMINUS5: _Signal.ValueType  # 60
-    SIGRTMAXMINUS4: _Signal.ValueType  # 61
-    SIGRTMAXMINUS3: _Signal.ValueType  # 62
-    SIGRTMAXMINUS2: _Signal.ValueType  # 63
-    SIGRTMAXMINUS1: _Signal.ValueType  # 64
-    SIGRTMAX: _Signal.ValueType  # 65
+    SIGNAL_RUNTIME_DEFAULT: _Signal.ValueType  # 0
+    SIGNAL_SIGABRT: _Signal.ValueType  # 1
+    SIGNAL_SIGALRM: _Signal.ValueType  # 2
+    SIGNAL_SIGBUS: _Signal.ValueType  # 3
+    SIGNAL_SIGCHLD: _Signal.ValueType  # 4
+    SIGNAL_SIGCLD: _Signal.ValueType  # 5
+    SIGNAL_SIGCONT: _Signal.ValueType  # 6
+    SIGNAL_SIGFPE: _Signal.ValueType  # 7
+    SIGNAL_SIGHUP: _Signal.ValueType  # 8
+    SIGNAL_SIGILL: _Signal.ValueType  # 9
+    SIGNAL_SIGINT: _Signal.ValueType  # 10
+    SIGNAL_SIGIO: _Signal.ValueType  # 11
+    SIGNAL_SIGIOT: _Signal.ValueType  # 12
+    SIGNAL_SIGKILL: _Signal.ValueType  # 13
+    SIGNAL_SIGPIPE: _Signal.ValueType  # 14
+    SIGNAL_SIGPOLL: _Signal.ValueType  # 15
+    SIGNAL_SIGPROF: _Signal.ValueType  # 16
+    SIGNAL_SIGPWR: _Signal.ValueType  # 17
+    SIGNAL_SIGQUIT: _Signal.ValueType  # 18
+    SIGNAL_SIGSEGV: _Signal.ValueType  # 19
+    SIGNAL_SIGSTKFLT: _Signal.ValueType  # 20
+    SIGNAL_SIGSTOP: _Signal.ValueType  # 21
+    SIGNAL_SIGSYS: _Signal.ValueType  # 22
+    SIGNAL_SIGTERM: _Signal.ValueType  # 23
+    SIGNAL_SIGTRAP: _Signal.ValueType  # 24
+    SIGNAL_SIGTSTP: _Signal.ValueType  # 25
+    SIGNAL_SIGTTIN: _Signal.ValueType  # 26
+    SIGNAL_SIGTTOU: _Signal.ValueType  # 27
+    SIGNAL_SIGURG: _Signal.ValueType  # 28
+    SIGNAL_SIGUSR1: _Signal.ValueType  # 29
+    SIGNAL_SIGUSR2: _Signal.ValueType  # 30
+    SIGNAL_SIGVTALRM: _Signal.ValueType  # 31
+    SIGNAL_SIGWINCH: _Signal.ValueType  # 32
+    SIGNAL_SIGXCPU: _Signal.ValueType  # 33
+    SIGNAL_SIGXFSZ: _Signal.ValueType  # 34
+    SIGNAL_SIGRTMIN: _Signal.ValueType  # 35
+    SIGNAL_SIGRTMINPLUS1: _Signal.ValueType  # 36
+    SIGNAL_SIGRTMINPLUS2: _Signal.ValueType  # 37
+    SIGNAL_SIGRTMINPLUS3: _Signal.ValueType  # 38
+    SIGNAL_SIGRTMINPLUS4: _Signal.ValueType  # 39
+    SIGNAL_SIGRTMINPLUS5: _Signal.ValueType  # 40
+    SIGNAL_SIGRTMINPLUS6: _Signal.ValueType  # 41
+    SIGNAL_SIGRTMINPLUS7: _Signal.ValueType  # 42
+    SIGNAL_SIGRTMINPLUS8: _Signal.ValueType  # 43
+    SIGNAL_SIGRTMINPLUS9: _Signal.ValueType  # 44
+    SIGNAL_SIGRTMINPLUS10: _Signal.ValueType  # 45
+    SIGNAL_SIGRTMINPLUS11: _Signal.ValueType  # 46
+    SIGNAL_SIGRTMINPLUS12: _Signal.ValueType  # 47
+    SIGNAL_SIGRTMINPLUS13: _Signal.ValueType  # 48
+    SIGNAL_SIGRTMINPLUS14: _Signal.ValueType  # 49
+    SIGNAL_SIGRTMINPLUS15: _Signal.ValueType  # 50
+    SIGNAL_SIGRTMAXMINUS14: _Signal.ValueType  # 51
+    SIGNAL_SIGRTMAXMINUS13: _Signal.ValueType  # 52
+    SIGNAL_SIGRTMAXMINUS12: _Signal.ValueType  # 53
+    SIGNAL_SIGRTMAXMINUS11: _Signal.ValueType  # 54
+    SIGNAL_SIGRTMAXMINUS10: _Signal.ValueType  # 55
+    SIGNAL_SIGRTMAXMINUS9: _Signal.ValueType  # 56
+    SIGNAL_SIGRTMAXMINUS8: _Signal.ValueType  # 57
+    SIGNAL_SIGRTMAXMINUS7: _Signal.ValueType  # 58
+    SIGNAL_SIGRTMAXMINUS6: _Signal.ValueType  # 59
+    SIGNAL_SIGRTMAXMINUS5: _Signal.ValueType  # 60
+    SIGNAL_SIGRTMAXMINUS4: _Signal.ValueType  # 61
+    SIGNAL_SIGRTMAXMINUS3: _Signal.ValueType  # 62
+    SIGNAL_SIGRTMAXMINUS2: _Signal.ValueType  # 63
+    SIGNAL_SIGRTMAXMINUS1: _Signal.ValueType  # 64
+    SIGNAL_SIGRTMAX: _Signal.ValueType  # 65
 
 class Signal(_Signal, metaclass=_SignalEnumTypeWrapper): ...
 
-RUNTIME_DEFAULT: Signal.ValueType  # 0
-SIGABRT: Signal.ValueType  # 1
-SIGALRM: Signal.ValueType  # 2
-SIGBUS: Signal.ValueType  # 3
-SIGCHLD: Signal.ValueType  # 4
-SIGCLD: Signal.ValueType  # 5
-SIGCONT: Signal.ValueType  # 6
-SIGFPE: Signal.ValueType  # 7
-SIGHUP: Signal.ValueType  # 8
-SIGILL: Signal.ValueType  # 9
-SIGINT: Signal.ValueType  # 10
-SIGIO: Signal.ValueType  # 11
-SIGIOT: Signal.ValueType  # 12
-SIGKILL: Signal.ValueType  # 13
-SIGPIPE: Signal.ValueType  # 14
-SIGPOLL: Signal.ValueType  # 15
-SIGPROF: Signal.ValueType  # 16
-SIGPWR: Signal.ValueType  # 17
-SIGQUIT: Signal.ValueType  # 18
-SIGSEGV: Signal.ValueType  # 19
-SIGSTKFLT: Signal.ValueType  # 20
-SIGSTOP: Signal.ValueType  # 21
-SIGSYS: Signal.ValueType  # 22
-SIGTERM: Signal.ValueType  # 23
-SIGTRAP: Signal.ValueType  # 24
-SIGTSTP: Signal.ValueType  # 25
-SIGTTIN: Signal.ValueType  # 26
-SIGTTOU: Signal.ValueType  # 27
-SIGURG: Signal.ValueType  # 28
-SIGUSR1: Signal.ValueType  # 29
-SIGUSR2: Signal.ValueType  # 30
-SIGVTALRM: Signal.ValueType  # 31
-SIGWINCH: Signal.ValueType  # 32
-SIGXCPU: Signal.ValueType  # 33
-SIGXFSZ: Signal.ValueType  # 34
-SIGRTMIN: Signal.ValueType  # 35
-SIGRTMINPLUS1: Signal.ValueType  # 36
-SIGRTMINPLUS2: Signal.ValueType  # 37
-SIGRTMINPLUS3: Signal.ValueType  # 38
-SIGRTMINPLUS4: Signal.ValueType  # 39
-SIGRTMINPLUS5: Signal.ValueType  # 40
-SIGRTMINPLUS6: Signal.ValueType  # 41
-SIGRTMINPLUS7: Signal.ValueType  # 42
-SIGRTMINPLUS8: Signal.ValueType  # 43
-SIGRTMINPLUS9: Signal.ValueType  # 44
-SIGRTMINPLUS10: Signal.ValueType  # 45
-SIGRTMINPLUS11: Signal.ValueType  # 46
-SIGRTMINPLUS12: Signal.ValueType  # 47
-SIGRTMINPLUS13: Signal.ValueType  # 48
-SIGRTMINPLUS14: Signal.ValueType  # 49
-SIGRTMINPLUS15: Signal.ValueType  # 50
-SIGRTMAXMINUS14: Signal.ValueType  # 51
-SIGRTMAXMINUS13: Signal.ValueType  # 52
-SIGRTMAXMINUS12: Signal.ValueType  # 53
-SIGRTMAXMINUS11: Signal.ValueType  # 54
-SIGRTMAXMINUS10: Signal.ValueType  # 55
-SIGRTMAXMINUS9: Signal.ValueType  # 56
-SIGRTMAXMINUS8: Signal.ValueType  # 57
-SIGRTMAXMINUS7: Signal.ValueType  # 58
-SIGRTMAXMINUS6: Signal.ValueType  # 59
-SIGRTMAXMINUS5: Signal.ValueType  # 60
-SIGRTMAXMINUS4: Signal.ValueType  # 61
-SIGRTMAXMINUS3: Signal.ValueType  # 62
-SIGRTMAXMINUS2: Signal.ValueType  # 63
-SIGRTMAXMINUS1: Signal.ValueType  # 64
-SIGRTMAX: Signal.ValueType  # 65
+SIGNAL_RUNTIME_DEFAULT: Signal.ValueType  # 0
+SIGNAL_SIGABRT: Signal.ValueType  # 1
+SIGNAL_SIGALRM: Signal.ValueType  # 2
+SIGNAL_SIGBUS: Signal.ValueType  # 3
+SIGNAL_SIGCHLD: Signal.ValueType  # 4
+SIGNAL_SIGCLD: Signal.ValueType  # 5
+SIGNAL_SIGCONT: Signal.ValueType  # 6
+SIGNAL_SIGFPE: Signal.ValueType  # 7
+SIGNAL_SIGHUP: Signal.ValueType  # 8
+SIGNAL_SIGILL: Signal.ValueType  # 9
+SIGNAL_SIGINT: Signal.ValueType  # 10
+SIGNAL_SIGIO: Signal.ValueType  # 11
+SIGNAL_SIGIOT: Signal.ValueType  # 12
+SIGNAL_SIGKILL: Signal.ValueType  # 13
+SIGNAL_SIGPIPE: Signal.ValueType  # 14
+SIGNAL_SIGPOLL: Signal.ValueType  # 15
+SIGNAL_SIGPROF: Signal.ValueType  # 16
+SIGNAL_SIGPWR: Signal.ValueType  # 17
+SIGNAL_SIGQUIT: Signal.ValueType  # 18
+SIGNAL_SIGSEGV: Signal.ValueType  # 19
+SIGNAL_SIGSTKFLT: Signal.ValueType  # 20
+SIGNAL_SIGSTOP: Signal.ValueType  # 21
+SIGNAL_SIGSYS: Signal.ValueType  # 22
+SIGNAL_SIGTERM: Signal.ValueType  # 23
+SIGNAL_SIGTRAP: Signal.ValueType  # 24
+SIGNAL_SIGTSTP: Signal.ValueType  # 25
+SIGNAL_SIGTTIN: Signal.ValueType  # 26
+SIGNAL_SIGTTOU: Signal.ValueType  # 27
+SIGNAL_SIGURG: Signal.ValueType  # 28
+SIGNAL_SIGUSR1: Signal.ValueType  # 29
+SIGNAL_SIGUSR2: Signal.ValueType  # 30
+SIGNAL_SIGVTALRM: Signal.ValueType  # 31
+SIGNAL_SIGWINCH: Signal.ValueType  # 32
+SIGNAL_SIGXCPU: Signal.ValueType  # 33
+SIGNAL_SIGXFSZ: Signal.ValueType  # 34
+SIGNAL_SIGRTMIN: Signal.ValueType  # 35
+SIGNAL_SIGRTMINPLUS1: Signal.ValueType  # 36
+SIGNAL_SIGRTMINPLUS2: Signal.ValueType  # 37
+SIGNAL_SIGRTMINPLUS3: Signal.ValueType  # 38
+SIGNAL_SIGRTMINPLUS4: Signal.ValueType  # 39
+SIGNAL_SIGRTMINPLUS5: Signal.ValueType  # 40
+SIGNAL_SIGRTMINPLUS6: Signal.ValueType  # 41
+SIGNAL_SIGRTMINPLUS7: Signal.ValueType  # 42
+SIGNAL_SIGRTMINPLUS8: Signal.ValueType  # 43
+SIGNAL_SIGRTMINPLUS9: Signal.ValueType  # 44
+SIGNAL_SIGRTMINPLUS10: Signal.ValueType  # 45
+SIGNAL_SIGRTMINPLUS11: Signal.ValueType  # 46
+SIGNAL_SIGRTMINPLUS12: Signal.ValueType  # 47
+SIGNAL_SIGRTMINPLUS13: Signal.ValueType  # 48
+SIGNAL_SIGRTMINPLUS14: Signal.ValueType  # 49
+SIGNAL_SIGRTMINPLUS15: Signal.ValueType  # 50
+SIGNAL_SIGRTMAXMINUS14: Signal.ValueType  # 51
+SIGNAL_SIGRTMAXMINUS13: Signal.ValueType  # 52
+SIGNAL_SIGRTMAXMINUS12: Signal.ValueType  # 53
+SIGNAL_SIGRTMAXMINUS11: Signal.ValueType  # 54
+SIGNAL_SIGRTMAXMINUS10: Signal.ValueType  # 55
+SIGNAL_SIGRTMAXMINUS9: Signal.ValueType  # 56
+SIGNAL_SIGRTMAXMINUS8: Signal.ValueType  # 57
+SIGNAL_SIGRTMAXMINUS7: Signal.ValueType  # 58
+SIGNAL_SIGRTMAXMINUS6: Signal.ValueType  # 59
+SIGNAL_SIGRTMAXMINUS5: Signal.ValueType  # 60
+SIGNAL_SIGRTMAXMINUS4: Signal.ValueType  # 61
+SIGNAL_SIGRTMAXMINUS3: Signal.ValueType  # 62
+SIGNAL_SIGRTMAXMINUS2: Signal.ValueType  # 63
+SIGNAL_SIGRTMAXMINUS1: Signal.ValueType  # 64
+SIGNAL_SIGRTMAX: Signal.ValueType  # 65
 Global___Signal: _TypeAlias = Signal  # noqa: Y015
 
 class _ContainerState:
@@ -470,6 +470,7 @@ class Mount(_message.Message):
     RECURSIVE_READ_ONLY_FIELD_NUMBER: _builtins.int
     IMAGE_FIELD_NUMBER: _builtins.int
     IMAGE_SUB_PATH_FIELD_NUMBER: _builtins.int
+    MOUNT_OPTIONS_FIELD_NUMBER: _builtins.int
     container_path: _builtins.str
     host_path: _builtins.str
     """Empty when `image` is set."""
@@ -489,6 +490,10 @@ class Mount(_message.Message):
     def image(self) -> Global___ImageSpec:
         """Image volume source (KEP-4639)."""
 
+    @_builtins.property
+    def mount_options(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Additional bind mount options (e.g. noexec, nosuid, nodev)."""
+
     def __init__(
         self,
         *,
@@ -502,10 +507,11 @@ class Mount(_message.Message):
         recursive_read_only: _builtins.bool = ...,
         image: Global___ImageSpec | None = ...,
         image_sub_path: _builtins.str = ...,
+        mount_options: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["image", b"image"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_path", b"container_path", "gidMappings", b"gidMappings", "host_path", b"host_path", "image", b"image", "image_sub_path", b"image_sub_path", "propagation", b"propagation", "readonly", b"readonly", "recursive_read_only", b"recursive_read_only", "selinux_relabel", b"selinux_relabel", "uidMappings", b"uidMappings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_path", b"container_path", "gidMappings", b"gidMappings", "host_path", b"host_path", "image", b"image", "image_sub_path", b"image_sub_path", "mount_options", b"mount_options", "propagation", b"propagation", "readonly", b"readonly", "recursive_read_only", b"recursive_read_only", "selinux_relabel", b"selinux_relabel", "uidMappings", b"uidMappings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2214,12 +2220,13 @@ class KeyValue(_message.Message):
     KEY_FIELD_NUMBER: _builtins.int
     VALUE_FIELD_NUMBER: _builtins.int
     key: _builtins.str
-    value: _builtins.str
+    value: _builtins.bytes
+    """bytes on the wire, as upstream: an environment value need not be UTF-8."""
     def __init__(
         self,
         *,
         key: _builtins.str = ...,
-        value: _builtins.str = ...,
+        value: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -3670,14 +3677,11 @@ class ExecRequest(_message.Message):
     STDIN_FIELD_NUMBER: _builtins.int
     STDOUT_FIELD_NUMBER: _builtins.int
     STDERR_FIELD_NUMBER: _builtins.int
-    AUDIT_REQUEST_ID_FIELD_NUMBER: _builtins.int
     container_id: _builtins.str
     tty: _builtins.bool
     stdin: _builtins.bool
     stdout: _builtins.bool
     stderr: _builtins.bool
-    audit_request_id: _builtins.str
-    """API server audit ID of the originating request."""
     @_builtins.property
     def cmd(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -3689,11 +3693,10 @@ class ExecRequest(_message.Message):
         stdin: _builtins.bool = ...,
         stdout: _builtins.bool = ...,
         stderr: _builtins.bool = ...,
-        audit_request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_request_id", b"audit_request_id", "cmd", b"cmd", "container_id", b"container_id", "stderr", b"stderr", "stdin", b"stdin", "stdout", b"stdout", "tty", b"tty"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cmd", b"cmd", "container_id", b"container_id", "stderr", b"stderr", "stdin", b"stdin", "stdout", b"stdout", "tty", b"tty"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3728,13 +3731,11 @@ class AttachRequest(_message.Message):
     TTY_FIELD_NUMBER: _builtins.int
     STDOUT_FIELD_NUMBER: _builtins.int
     STDERR_FIELD_NUMBER: _builtins.int
-    AUDIT_REQUEST_ID_FIELD_NUMBER: _builtins.int
     container_id: _builtins.str
     stdin: _builtins.bool
     tty: _builtins.bool
     stdout: _builtins.bool
     stderr: _builtins.bool
-    audit_request_id: _builtins.str
     def __init__(
         self,
         *,
@@ -3743,11 +3744,10 @@ class AttachRequest(_message.Message):
         tty: _builtins.bool = ...,
         stdout: _builtins.bool = ...,
         stderr: _builtins.bool = ...,
-        audit_request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_request_id", b"audit_request_id", "container_id", b"container_id", "stderr", b"stderr", "stdin", b"stdin", "stdout", b"stdout", "tty", b"tty"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_id", b"container_id", "stderr", b"stderr", "stdin", b"stdin", "stdout", b"stdout", "tty", b"tty"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -4351,17 +4351,21 @@ class RuntimeFeatures(_message.Message):
 
     SUPPLEMENTAL_GROUPS_POLICY_FIELD_NUMBER: _builtins.int
     USER_NAMESPACES_HOST_NETWORK_FIELD_NUMBER: _builtins.int
+    MOUNT_OPTIONS_FIELD_NUMBER: _builtins.int
     supplemental_groups_policy: _builtins.bool
     user_namespaces_host_network: _builtins.bool
+    mount_options: _builtins.bool
+    """The runtime honours Mount.mount_options."""
     def __init__(
         self,
         *,
         supplemental_groups_policy: _builtins.bool = ...,
         user_namespaces_host_network: _builtins.bool = ...,
+        mount_options: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["supplemental_groups_policy", b"supplemental_groups_policy", "user_namespaces_host_network", b"user_namespaces_host_network"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mount_options", b"mount_options", "supplemental_groups_policy", b"supplemental_groups_policy", "user_namespaces_host_network", b"user_namespaces_host_network"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -5195,6 +5199,172 @@ class CheckpointContainerResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckpointContainerResponse: _TypeAlias = CheckpointContainerResponse  # noqa: Y015
+
+@_typing.final
+class CheckpointPodRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class OptionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    POD_SANDBOX_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_PATH_FIELD_NUMBER: _builtins.int
+    CONTAINER_IDS_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    pod_sandbox_id: _builtins.str
+    output_path: _builtins.str
+    @_builtins.property
+    def container_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Empty: every container of the pod."""
+
+    @_builtins.property
+    def options(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        pod_sandbox_id: _builtins.str = ...,
+        output_path: _builtins.str = ...,
+        container_ids: _abc.Iterable[_builtins.str] | None = ...,
+        options: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_ids", b"container_ids", "options", b"options", "output_path", b"output_path", "pod_sandbox_id", b"pod_sandbox_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointPodRequest: _TypeAlias = CheckpointPodRequest  # noqa: Y015
+
+@_typing.final
+class CheckpointPodResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointPodResponse: _TypeAlias = CheckpointPodResponse  # noqa: Y015
+
+@_typing.final
+class RestorePodRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class OptionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
+    CONFIG_FIELD_NUMBER: _builtins.int
+    RUNTIME_HANDLER_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    CONTAINER_CONFIGS_FIELD_NUMBER: _builtins.int
+    checkpoint_path: _builtins.str
+    runtime_handler: _builtins.str
+    @_builtins.property
+    def config(self) -> Global___PodSandboxConfig: ...
+    @_builtins.property
+    def options(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def container_configs(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerConfig]: ...
+    def __init__(
+        self,
+        *,
+        checkpoint_path: _builtins.str = ...,
+        config: Global___PodSandboxConfig | None = ...,
+        runtime_handler: _builtins.str = ...,
+        options: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        container_configs: _abc.Iterable[Global___ContainerConfig] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "config", b"config", "container_configs", b"container_configs", "options", b"options", "runtime_handler", b"runtime_handler"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestorePodRequest: _TypeAlias = RestorePodRequest  # noqa: Y015
+
+@_typing.final
+class RestoredContainer(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CONTAINER_ID_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    container_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        container_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_id", b"container_id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoredContainer: _TypeAlias = RestoredContainer  # noqa: Y015
+
+@_typing.final
+class RestorePodResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_SANDBOX_ID_FIELD_NUMBER: _builtins.int
+    RESTORED_CONTAINERS_FIELD_NUMBER: _builtins.int
+    pod_sandbox_id: _builtins.str
+    @_builtins.property
+    def restored_containers(self) -> _containers.RepeatedCompositeFieldContainer[Global___RestoredContainer]: ...
+    def __init__(
+        self,
+        *,
+        pod_sandbox_id: _builtins.str = ...,
+        restored_containers: _abc.Iterable[Global___RestoredContainer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pod_sandbox_id", b"pod_sandbox_id", "restored_containers", b"restored_containers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestorePodResponse: _TypeAlias = RestorePodResponse  # noqa: Y015
 
 @_typing.final
 class GetEventsRequest(_message.Message):

@@ -87,6 +87,9 @@ class RuntimeServiceStub:
     """Runtime-wide configuration and health."""
     Status: _grpc.UnaryUnaryMultiCallable[_api_pb2.StatusRequest, _api_pb2.StatusResponse]
     CheckpointContainer: _grpc.UnaryUnaryMultiCallable[_api_pb2.CheckpointContainerRequest, _api_pb2.CheckpointContainerResponse]
+    CheckpointPod: _grpc.UnaryUnaryMultiCallable[_api_pb2.CheckpointPodRequest, _api_pb2.CheckpointPodResponse]
+    """Pod-level checkpoint and restore."""
+    RestorePod: _grpc.UnaryUnaryMultiCallable[_api_pb2.RestorePodRequest, _api_pb2.RestorePodResponse]
     GetContainerEvents: _grpc.UnaryStreamMultiCallable[_api_pb2.GetEventsRequest, _api_pb2.ContainerEventResponse]
     """Evented PLEG: a server stream of container lifecycle events."""
     ListMetricDescriptors: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListMetricDescriptorsRequest, _api_pb2.ListMetricDescriptorsResponse]
@@ -149,6 +152,9 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Runtime-wide configuration and health."""
     Status: _aio.UnaryUnaryMultiCallable[_api_pb2.StatusRequest, _api_pb2.StatusResponse]  # type: ignore[assignment]
     CheckpointContainer: _aio.UnaryUnaryMultiCallable[_api_pb2.CheckpointContainerRequest, _api_pb2.CheckpointContainerResponse]  # type: ignore[assignment]
+    CheckpointPod: _aio.UnaryUnaryMultiCallable[_api_pb2.CheckpointPodRequest, _api_pb2.CheckpointPodResponse]  # type: ignore[assignment]
+    """Pod-level checkpoint and restore."""
+    RestorePod: _aio.UnaryUnaryMultiCallable[_api_pb2.RestorePodRequest, _api_pb2.RestorePodResponse]  # type: ignore[assignment]
     GetContainerEvents: _aio.UnaryStreamMultiCallable[_api_pb2.GetEventsRequest, _api_pb2.ContainerEventResponse]  # type: ignore[assignment]
     """Evented PLEG: a server stream of container lifecycle events."""
     ListMetricDescriptors: _aio.UnaryUnaryMultiCallable[_api_pb2.ListMetricDescriptorsRequest, _api_pb2.ListMetricDescriptorsResponse]  # type: ignore[assignment]
@@ -382,6 +388,21 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.CheckpointContainerRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.CheckpointContainerResponse, _abc.Awaitable[_api_pb2.CheckpointContainerResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CheckpointPod(
+        self,
+        request: _api_pb2.CheckpointPodRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.CheckpointPodResponse, _abc.Awaitable[_api_pb2.CheckpointPodResponse]]:
+        """Pod-level checkpoint and restore."""
+
+    @_abc_1.abstractmethod
+    def RestorePod(
+        self,
+        request: _api_pb2.RestorePodRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.RestorePodResponse, _abc.Awaitable[_api_pb2.RestorePodResponse]]: ...
 
     @_abc_1.abstractmethod
     def GetContainerEvents(
