@@ -5,7 +5,10 @@ Read from a YAML file (``--config``); every key has a default that works on a si
 CPU); ``hugepages`` caps how many pages of each size it may hand out (default: what the host
 has reserved). Of ``cpu_pool``, ``shared_cpus`` is the pool shared pods float over (none: shared
 pods are refused) and ``housekeeping_cpus`` where emulator threads may be pinned; exclusive pods
-get only the rest. ``device_pools`` names the PCI functions that may be passed through (nothing
+get only the rest. ``memory_reserved`` is the ordinary memory per NUMA node that guests not backed
+by hugepages may not take (a quantity for every node, or a mapping from node number to quantity;
+nodes not named keep the default 1Gi): the host's own processes and the kubelet's pods live there.
+``device_pools`` names the PCI functions that may be passed through (nothing
 else ever is); ``cdi_spec_dirs`` are where CDI specs are read, later directories winning.
 """
 
@@ -21,7 +24,11 @@ from vmsandbox.cdi import DEFAULT_SPEC_DIRS
 from vmsandbox.devices import parse_pool_config
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import format_cpulist, parse_cpulist
+from vmsandbox.quantity import parse_nonnegative_quantity
 from vmsandbox.resources import HUGEPAGE_SIZES
+
+ANY_NODE = -1
+DEFAULT_MEMORY_RESERVED = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,12 @@ class ShimConfig:
     housekeeping_cpus: tuple[int, ...] = ()  # of cpu_pool: emulator threads of `emulator: housekeeping` profiles
     device_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pool -> PCI addresses / vendor:device
     cdi_spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS
+    # node -> bytes of ordinary memory guests may not take; ANY_NODE: every node not named
+    memory_reserved: dict[int, int] = field(default_factory=lambda: {ANY_NODE: DEFAULT_MEMORY_RESERVED})
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def memory_reserved_on(self, node: int) -> int:
+        return self.memory_reserved.get(node, self.memory_reserved.get(ANY_NODE, DEFAULT_MEMORY_RESERVED))
 
     def with_overrides(self, **kwargs: Any) -> ShimConfig:
         return replace(self, **{k: v for k, v in kwargs.items() if v is not None})
@@ -69,6 +81,7 @@ _KEYS = {
     "housekeeping_cpus",
     "device_pools",
     "cdi_spec_dirs",
+    "memory_reserved",
 }
 
 
@@ -136,6 +149,8 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
                 raise InvalidArgument(f"{source}: hugepages.{size}: must be a page count >= 0")
             budget[HUGEPAGE_SIZES[size]] = count
         kwargs["hugepages"] = budget
+    if data.get("memory_reserved") is not None:
+        kwargs["memory_reserved"] = _memory_reserved(data["memory_reserved"], source)
     if "profile_files" in data:
         files = data["profile_files"]
         if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
@@ -143,6 +158,27 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         base = Path(source).parent
         kwargs["profile_files"] = tuple(str(base / f) for f in files)
     return ShimConfig(**kwargs)
+
+
+def _memory_reserved(value: object, source: str) -> dict[int, int]:
+    """``2Gi`` (every node) or ``{0: 4Gi, 1: 2Gi}`` (nodes not named: the default) to node -> bytes."""
+
+    def amount(text: object, where: str) -> int:
+        if isinstance(text, bool) or not isinstance(text, str | int):
+            raise InvalidArgument(f"{source}: {where}: must be a memory quantity such as 2Gi")
+        try:
+            return parse_nonnegative_quantity(str(text)).value_int()
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{source}: {where}: {exc}") from None
+
+    if isinstance(value, dict):
+        out = {ANY_NODE: DEFAULT_MEMORY_RESERVED}
+        for node, text in value.items():
+            if isinstance(node, bool) or not isinstance(node, int) or node < 0:
+                raise InvalidArgument(f"{source}: memory_reserved: {node!r}: keys are NUMA node numbers (0, 1, ...)")
+            out[node] = amount(text, f"memory_reserved.{node}")
+        return out
+    return {ANY_NODE: amount(value, "memory_reserved")}
 
 
 def load_config(path: str | None) -> ShimConfig:

@@ -125,7 +125,7 @@ def test_pools_of_the_vfio_host() -> None:
     assert POOLS.by_address["0000:3b:00.1"].group == 12
     group = POOLS.group(12)
     assert group is not None
-    assert group.keys == ("pci:0000:3b:00.0", "pci:0000:3b:00.1")
+    assert group.addresses == ("0000:3b:00.0", "0000:3b:00.1")
     assert group.describe() == "IOMMU group 12 (0000:3b:00.0 10de:2330 + 1 more, pool gpu, node 0)"
     assert POOLS.pools["accel"][0].describe() == "IOMMU group 7 (0000:17:00.0 8086:0b25, pool accel, no NUMA node)"
 
