@@ -178,6 +178,11 @@ class ResourceManager:
             f"held: {len(cpus & set(got.cpus))} of those CPUs, {got.page_count} pages)"
         )
 
+    def snapshot(self) -> tuple[object, ...]:
+        """A comparable picture of the free state (tests and the benchmark: in place == rebuilt)."""
+        with self._lock:
+            return self._state.snapshot()
+
     def usage(self) -> list[PoolUsage]:
         """Every pool per node: exclusive CPUs, hugepages per size, ordinary memory; capacity and held."""
         with self._lock:

@@ -31,6 +31,7 @@ from tests.cli.conftest import (
     HERE as CLI,
 )
 from vmsandbox.adapters.ledger import Ledger
+from vmsandbox.claims import Claim
 
 MI = 1 << 20
 GI = 1 << 30
@@ -505,7 +506,7 @@ def test_plan_counts_what_a_running_shim_holds_and_changes_nothing(tmp_path: Pat
     state.mkdir()
     ledger = Ledger(state / "state.db")
     node0 = [*range(16), *range(32, 48)]
-    ledger.claim("a" * 64, [f"cpu:{c}" for c in node0])
+    ledger.claim("a" * 64, Claim(cpus=tuple(node0)), page_limits={}, memory_limits={})
     record = SandboxRecord(
         id="a" * 64,
         meta=PodMeta("x", "y", "z"),

@@ -16,7 +16,6 @@ from vmsandbox.adapters.ledger import MIGRATIONS, SCHEMA_VERSION, ClaimConflict,
 from vmsandbox.claims import Claim
 from vmsandbox.errors import AlreadyExists, InfrastructureError, NotFound
 
-
 P2M = 2 << 20
 PAGES = {(0, P2M): 8, (1, P2M): 8}
 MEMORY = {0: 1 << 30}
