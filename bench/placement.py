@@ -46,6 +46,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import contextlib
+
 from shim.config import ShimConfig
 from shim.resources import ResourceManager
 from vmsandbox.adapters.ledger import Ledger
@@ -248,19 +250,15 @@ def measure_full_host(
         pod = mix[rng.randrange(len(mix))]
         t0 = perf()
         state = FreeState.from_claims(manager.pools, ledger.held().values())
-        try:
+        with contextlib.suppress(CannotFit):
             decide(pod.shape, manager.pools, state, policy=pod.profile.numa_policy, devices=pod.devices)
-        except CannotFit:
-            pass
         baseline_ns.append(perf() - t0)
     in_place_ns = []
     for _ in range(200):
         pod = mix[rng.randrange(len(mix))]
         t0 = perf()
-        try:
+        with contextlib.suppress(CannotFit):
             manager.place(pod.shape, pod.profile, pod.devices)
-        except CannotFit:
-            pass
         in_place_ns.append(perf() - t0)
     # one claim's transaction, replayed into a fresh ledger (its cost does not depend on what is held)
     replay = Ledger(replay_path)

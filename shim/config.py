@@ -8,6 +8,7 @@ pods are refused) and ``housekeeping_cpus`` where emulator threads may be pinned
 get only the rest. ``memory_reserved`` is the ordinary memory per NUMA node that guests not backed
 by hugepages may not take (a quantity for every node, or a mapping from node number to quantity;
 nodes not named keep the default 1Gi): the host's own processes and the kubelet's pods live there.
+``packing`` chooses among the NUMA nodes a pod fits (``spread``, ``best-fit``, ``first-fit``).
 ``device_pools`` names the PCI functions that may be passed through (nothing
 else ever is); ``cdi_spec_dirs`` are where CDI specs are read, later directories winning.
 """
@@ -24,6 +25,7 @@ from vmsandbox.cdi import DEFAULT_SPEC_DIRS
 from vmsandbox.devices import parse_pool_config
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import format_cpulist, parse_cpulist
+from vmsandbox.placement import DEFAULT_PACKING, PACKINGS, Packing
 from vmsandbox.quantity import parse_nonnegative_quantity
 from vmsandbox.resources import HUGEPAGE_SIZES
 
@@ -53,6 +55,7 @@ class ShimConfig:
     cdi_spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS
     # node -> bytes of ordinary memory guests may not take; ANY_NODE: every node not named
     memory_reserved: dict[int, int] = field(default_factory=lambda: {ANY_NODE: DEFAULT_MEMORY_RESERVED})
+    packing: Packing = DEFAULT_PACKING  # which NUMA node of those that fit (vmsandbox.placement)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def memory_reserved_on(self, node: int) -> int:
@@ -82,6 +85,7 @@ _KEYS = {
     "device_pools",
     "cdi_spec_dirs",
     "memory_reserved",
+    "packing",
 }
 
 
@@ -149,6 +153,10 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
                 raise InvalidArgument(f"{source}: hugepages.{size}: must be a page count >= 0")
             budget[HUGEPAGE_SIZES[size]] = count
         kwargs["hugepages"] = budget
+    if "packing" in data:
+        if data["packing"] not in PACKINGS:
+            raise InvalidArgument(f"{source}: packing: must be one of {', '.join(PACKINGS)}, got {data['packing']!r}")
+        kwargs["packing"] = data["packing"]
     if data.get("memory_reserved") is not None:
         kwargs["memory_reserved"] = _memory_reserved(data["memory_reserved"], source)
     if "profile_files" in data:

@@ -27,7 +27,7 @@ from vmsandbox.claims import Claim
 from vmsandbox.devices import NO_DEVICES, DeviceRequest
 from vmsandbox.errors import CannotFit
 from vmsandbox.host import HostInventory
-from vmsandbox.placement import FreeState, HostPools, Packing, Placement, decide
+from vmsandbox.placement import DEFAULT_PACKING, FreeState, HostPools, Packing, Placement, decide
 from vmsandbox.profile import Profile
 from vmsandbox.resources import hugepage_resource
 from vmsandbox.sizing import VmShape
@@ -59,7 +59,7 @@ class ResourceManager:
         held: Mapping[str, Claim],
         ledger: Ledger | None = None,
         *,
-        packing: Packing = "best-fit",
+        packing: Packing = DEFAULT_PACKING,
     ) -> None:
         self.policy = policy
         self.pools = pools
@@ -78,13 +78,14 @@ class ResourceManager:
         *,
         held: Mapping[str, Claim] | None = None,
         label: str = "this host",
-        packing: Packing = "best-fit",
+        packing: Packing | None = None,
     ) -> ResourceManager:
         """The manager of ``inventory`` under ``config``, its free state rebuilt from ``ledger``'s claims
         (or, read-only, from ``held``: ``vmsandbox plan --state-dir``; nothing can be reserved then)."""
         policy = HostPolicy(config, inventory, label=label)
         claims = ledger.held() if ledger is not None else dict(held or {})
-        return cls(policy, policy.pools(inventory, claims.values()), claims, ledger, packing=packing)
+        pools = policy.pools(inventory, claims.values())
+        return cls(policy, pools, claims, ledger, packing=packing or config.packing)
 
     # -- decisions ----------------------------------------------------------------------------------
     def place(self, shape: VmShape, profile: Profile, devices: DeviceRequest = NO_DEVICES) -> Placement:

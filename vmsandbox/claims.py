@@ -22,8 +22,8 @@ def _summed(parts: Iterable[tuple[tuple[int, ...], int]]) -> dict[tuple[int, ...
 
 @dataclass(frozen=True)
 class Claim:
-    cpus: tuple[int, ...] = ()  # exclusive CPUs, in vCPU order
-    pci: tuple[str, ...] = ()  # PCI function addresses (whole IOMMU groups)
+    cpus: tuple[int, ...] = ()  # exclusive CPUs, sorted
+    pci: tuple[str, ...] = ()  # PCI function addresses (whole IOMMU groups), sorted
     pages: tuple[tuple[int, int, int], ...] = ()  # (node, page size in bytes, pages), sorted, counts > 0
     memory: tuple[tuple[int, int], ...] = ()  # (node, bytes) of ordinary guest memory, sorted, > 0
 
@@ -34,12 +34,13 @@ class Claim:
         pages: Iterable[tuple[int, int, int]] = (),
         memory: Iterable[tuple[int, int]] = (),
     ) -> Claim:
-        """A claim with its amounts summed per place and sorted (zero amounts dropped)."""
+        """A claim in its one spelling: CPUs and PCI functions sorted, amounts summed per place and sorted
+        (zero amounts dropped), so equal holdings compare equal."""
         page_sum = _summed(((n, s), c) for n, s, c in pages)
         mem_sum = _summed(((n,), b) for n, b in memory)
         return Claim(
-            cpus=tuple(cpus),
-            pci=tuple(pci),
+            cpus=tuple(sorted(cpus)),
+            pci=tuple(sorted(pci)),
             pages=tuple((n, s, c) for (n, s), c in sorted(page_sum.items()) if c),
             memory=tuple((n, b) for (n,), b in sorted(mem_sum.items()) if b),
         )

@@ -112,8 +112,8 @@ def test_ten_simultaneous_pods_on_a_host_that_fits_four(tight_host: tuple[Shim, 
         assert st.status.state == pb.SANDBOX_READY
     led = assert_consistent(shim.state_dir, baseline)
     assert sorted(led.rows) == sorted(winners)
-    assert len(led.claims) == FITS * pages
-    assert {owner for _, owner in led.claims} == set(winners)
+    assert sum(c.page_count for c in led.claims.values()) == FITS * pages
+    assert set(led.claims) == set(winners)
     # the losers left nothing behind: no row, no domain, no claim
     assert sorted(d.sandbox_id for d in read_domains() if d.owner == led.instance) == sorted(winners)
 
@@ -121,7 +121,7 @@ def test_ten_simultaneous_pods_on_a_host_that_fits_four(tight_host: tuple[Shim, 
         shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
         shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
     led = assert_consistent(shim.state_dir, baseline)
-    assert led.rows == {} and led.claims == []
+    assert led.rows == {} and led.claims == {}
     assert not [d for d in read_domains() if d.owner == read_ledger(shim.state_dir).instance]
     # and the budget is whole again: a fifth pod fits now
     sid = shim.runtime.RunPodSandbox(
