@@ -111,6 +111,10 @@ class ClaimConflict(Exception):
         self.what = what
 
 
+class _Beyond(Exception):
+    """Inside a claim's transaction: an amount would go beyond its limit (rolls the claim back)."""
+
+
 def _page_resource(size: int) -> str:
     return f"{_PAGES_PREFIX}{size // 1024}{_PAGES_SUFFIX}"
 
@@ -250,45 +254,48 @@ class Ledger:
         when a CPU or PCI function is held already, or an amount would take its (node, page size)
         or node beyond ``page_limits`` / ``memory_limits`` (a missing limit is zero)."""
         keys = [(f"{_CPU}{c}", sandbox_id) for c in claim.cpus] + [(f"{_PCI}{a}", sandbox_id) for a in claim.pci]
-        limits = {(_page_resource(s), n): v for (n, s), v in page_limits.items()}
-        limits.update({(_MEMORY, n): v for n, v in memory_limits.items()})
-        try:
-            with self._tx() as db:
-                if keys:
-                    db.executemany("INSERT INTO claims(key, sandbox_id) VALUES (?, ?)", keys)
-                rows = _amount_rows(claim)
-                over = []
-                for resource, node, amount in rows:
-                    limit = limits.get((resource, node), 0)
-                    raised = db.execute(
-                        "UPDATE totals SET held = held + ? WHERE resource = ? AND node = ? AND held + ? <= ?",
-                        (amount, resource, node, amount, limit),
-                    ).rowcount
-                    if raised:
-                        continue
-                    row = db.execute(
-                        "SELECT held FROM totals WHERE resource = ? AND node = ?", (resource, node)
-                    ).fetchone()
-                    if row is None and amount <= limit:
-                        db.execute(
-                            "INSERT INTO totals(resource, node, held) VALUES (?, ?, ?)", (resource, node, amount)
+        # (resource, node, amount, limit) per counted amount
+        counted = [(_page_resource(s), n, c, page_limits.get((n, s), 0)) for n, s, c in claim.pages]
+        counted += [(_MEMORY, n, b, memory_limits.get(n, 0)) for n, b in claim.memory]
+        if all(amount <= limit for _, _, amount, limit in counted):
+            try:
+                with self._tx() as db:
+                    if keys:
+                        db.executemany("INSERT INTO claims(key, sandbox_id) VALUES (?, ?)", keys)
+                    if counted:
+                        # raise each running total only while it stays within its limit: a row left
+                        # as it was (the count falls short) means an amount would go beyond it
+                        raised = db.executemany(
+                            "INSERT INTO totals(resource, node, held) VALUES (?, ?, ?) "
+                            "ON CONFLICT(resource, node) DO UPDATE SET held = held + excluded.held "
+                            "WHERE held + excluded.held <= ?",
+                            counted,
+                        ).rowcount
+                        if raised != len(counted):
+                            raise _Beyond
+                        db.executemany(
+                            "INSERT INTO amounts(sandbox_id, resource, node, amount) VALUES (?, ?, ?, ?) "
+                            "ON CONFLICT(sandbox_id, resource, node) DO UPDATE SET amount = amount + excluded.amount",
+                            [(sandbox_id, r, n, a) for r, n, a, _ in counted],
                         )
-                        continue
-                    held = row[0] if row is not None else 0
-                    over.append(f"{resource} on node {node}: {amount} more would exceed {limit} ({held} held)")
-                if over:
-                    raise ClaimConflict(over)
-                db.executemany(
-                    "INSERT INTO amounts(sandbox_id, resource, node, amount) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT(sandbox_id, resource, node) DO UPDATE SET amount = amount + excluded.amount",
-                    [(sandbox_id, r, n, a) for r, n, a in rows],
-                )
-        except sqlite3.IntegrityError:
-            wanted = [k for k, _ in keys]
-            with self._lock:
-                marks = ",".join("?" * len(wanted))
-                held = {r[0] for r in self._db.execute(f"SELECT key FROM claims WHERE key IN ({marks})", wanted)}
-            raise ClaimConflict([k for k in wanted if k in held]) from None
+                return
+            except sqlite3.IntegrityError:
+                wanted = [k for k, _ in keys]
+                with self._lock:
+                    marks = ",".join("?" * len(wanted))
+                    held = {r[0] for r in self._db.execute(f"SELECT key FROM claims WHERE key IN ({marks})", wanted)}
+                raise ClaimConflict([k for k in wanted if k in held]) from None
+            except _Beyond:
+                pass
+        with self._lock:
+            totals = {(r, n): int(h) for r, n, h in self._db.execute("SELECT resource, node, held FROM totals")}
+        raise ClaimConflict(
+            [
+                f"{r} on node {n}: {a} more would exceed {lim} ({totals.get((r, n), 0)} held)"
+                for r, n, a, lim in counted
+                if totals.get((r, n), 0) + a > lim
+            ]
+        )
 
     @staticmethod
     def _release(db: sqlite3.Connection, sandbox_id: str) -> int:
