@@ -67,6 +67,7 @@ class ResourceManager:
         self._ledger = ledger
         self._lock = threading.Lock()
         self._held: dict[str, Claim] = {sid: c for sid, c in held.items() if not c.empty}
+        self._page_limits = {k: b.pages for k, b in pools.budgets.items()}
         self._state = FreeState.from_claims(pools, self._held.values())
 
     @classmethod
@@ -119,7 +120,7 @@ class ResourceManager:
                     self._ledger.claim(
                         sandbox_id,
                         claim,
-                        page_limits={k: b.pages for k, b in self.pools.budgets.items()},
+                        page_limits=self._page_limits,
                         memory_limits=self.pools.memory_capacity,
                     )
                 except ClaimConflict as exc:

@@ -243,6 +243,10 @@ class FreeState:
         for n in pools.nodes:
             self.lone[n].sort()
         self.npages: dict[tuple[int, int], int] = {k: max(b.pages, 0) for k, b in pools.budgets.items()}
+        # the same counts by page size, then node: what ``decide`` reads (kept in step with npages)
+        self.pages_free: dict[int, dict[int, int]] = {}
+        for (node, size), free in self.npages.items():
+            self.pages_free.setdefault(size, {})[node] = free
         self.memory: dict[int, int] = dict(pools.memory_capacity)
         # pool -> node (NO_AFFINITY included) -> sorted free group numbers
         self.groups: dict[str, dict[int, list[int]]] = {}
@@ -340,11 +344,11 @@ class FreeState:
             return
         if strict and free < count:
             raise ValueError(f"{count} {page_size_label(size)} pages on node {node} are not free ({free} are)")
-        self.npages[(node, size)] = free - count
+        self.npages[(node, size)] = self.pages_free[size][node] = free - count
 
     def release_pages(self, node: int, size: int, count: int) -> None:
         if (node, size) in self.npages:
-            self.npages[(node, size)] += count
+            self.npages[(node, size)] = self.pages_free[size][node] = self.npages[(node, size)] + count
 
     def take_memory(self, node: int, amount: int, *, strict: bool = True) -> None:
         free = self.memory.get(node)
@@ -451,8 +455,8 @@ class _Resource(NamedTuple):
     packed: bool = False  # always best fit (scarce devices), whatever the packing
 
     def free_on(self, nodes: Sequence[int]) -> int:
-        free = self.free
-        return sum([free.get(n, 0) for n in nodes]) + self.free_anywhere
+        free = self.free  # below zero where more is held than the budget (see FreeState.take_claim)
+        return sum([max(free.get(n, 0), 0) for n in nodes]) + self.free_anywhere
 
     def cap_on(self, nodes: Sequence[int]) -> int:
         cap = self.cap
@@ -620,7 +624,7 @@ def decide(
         )
         resources.append(cpu_res)
     if pages:
-        page_free = {n: state.usable_pages(n, size) for n in pools.nodes}
+        page_free = state.pages_free.get(size, {})  # may be below zero (see take_claim): never fits
         page_res = _Resource(
             hugepage_resource(size),
             " pages",

@@ -101,6 +101,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+CHECKPOINT_S = 0.5
 
 
 class ClaimConflict(Exception):
@@ -186,6 +187,9 @@ class Ledger:
             # can drop the last commits, and then every guest is gone too, which reconcile handles
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
+            # checkpoints (copying the WAL back into the file, with an fsync) run on a thread of their own,
+            # not inside whichever commit crosses sqlite's 1000-page mark: a claim stays a small write
+            self._db.execute("PRAGMA wal_autocheckpoint=0")
         except sqlite3.Error as exc:
             raise InfrastructureError(f"state database {self.path}: {exc}") from exc
         try:
@@ -195,8 +199,28 @@ class Ledger:
             if isinstance(exc, sqlite3.Error):
                 raise InfrastructureError(f"state database {self.path}: {exc}") from exc
             raise
+        self._stop = threading.Event()
+        self._checkpointer = threading.Thread(target=self._checkpoints, name="ledger-checkpoint", daemon=True)
+        self._checkpointer.start()
+
+    def _checkpoints(self) -> None:
+        """Every CHECKPOINT_S, a PASSIVE checkpoint on a connection of its own (it never blocks a writer)."""
+        try:
+            db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30)
+        except sqlite3.Error:
+            return
+        try:
+            while not self._stop.wait(CHECKPOINT_S):
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error:
+                    continue  # busy or gone: the next round (or the last connection's close) does it
+        finally:
+            db.close()
 
     def close(self) -> None:
+        self._stop.set()
+        self._checkpointer.join(timeout=5)
         with self._lock:
             self._db.close()
 
