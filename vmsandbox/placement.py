@@ -81,7 +81,8 @@ DEFAULT_PACKING: Packing = "spread"
 
 @dataclass(frozen=True)
 class HugepageBudget:
-    """How many pages of one size on one node the shim may hand out, and how many the kernel has free."""
+    """How many pages of one size on one node the shim may hand out (``pages``: the pool, within the
+    configured cap, less what others than the shim use), and what the kernel had free when it was made."""
 
     node: int
     page_size: int
