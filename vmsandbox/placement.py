@@ -481,17 +481,20 @@ def _where(nodes: Sequence[int]) -> str:
 def _shortfalls(nodes: Sequence[int], resources: Sequence[_Resource], named: Sequence[DeviceGroup]) -> list[Shortfall]:
     out = []
     where = _where(nodes)
+    single = nodes[0] if len(nodes) == 1 else None
     for r in resources:
-        free = max(r.free_on(nodes), 0)
-        if free < r.need:
-            text = (
-                f"{r.label} on {where}: need {r.amount(r.need)}{r.unit}, free {r.amount(free)} "
-                f"(short by {r.amount(r.need - free)})"
-            )
-            cap = r.cap_on(nodes)
-            if cap < r.need:  # waiting for other pods to go will not help: the configuration must change
-                text += f"; its pool there is only {r.amount(cap)}{r.unit} ({r.pool}): waiting will not help"
-            out.append(Shortfall(r.label, where, f"{r.amount(r.need)}{r.unit}", r.amount(free), text))
+        if single is not None:
+            free = max(r.free.get(single, 0), 0) + r.free_anywhere
+        else:
+            free = max(r.free_on(nodes), 0)
+        if free >= r.need:
+            continue
+        need = f"{r.amount(r.need)}{r.unit}"
+        text = f"{r.label} on {where}: need {need}, free {r.amount(free)} (short by {r.amount(r.need - free)})"
+        cap = r.cap.get(single, 0) + r.cap_anywhere if single is not None else r.cap_on(nodes)
+        if cap < r.need:  # waiting for other pods to go will not help: the configuration must change
+            text += f"; its pool there is only {r.amount(cap)}{r.unit} ({r.pool}): waiting will not help"
+        out.append(Shortfall(r.label, where, need, r.amount(free), text))
     for g in named:
         if g.node >= 0 and g.node not in nodes:
             group = f"IOMMU group {g.group} (pool {g.pool})"
