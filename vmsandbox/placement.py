@@ -483,10 +483,7 @@ def _shortfalls(nodes: Sequence[int], resources: Sequence[_Resource], named: Seq
     where = _where(nodes)
     single = nodes[0] if len(nodes) == 1 else None
     for r in resources:
-        if single is not None:
-            free = max(r.free.get(single, 0), 0) + r.free_anywhere
-        else:
-            free = max(r.free_on(nodes), 0)
+        free = max(r.free.get(single, 0), 0) + r.free_anywhere if single is not None else max(r.free_on(nodes), 0)
         if free >= r.need:
             continue
         need = f"{r.amount(r.need)}{r.unit}"
