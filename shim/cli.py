@@ -117,7 +117,7 @@ def _plan(args: argparse.Namespace) -> int:
     profiles = load_profiles(files) if files else default_profiles()
     manifest = plan.load_manifest(args.manifest, args.document)
     host = plan.HostSource.fixture(args.host_sysfs) if args.host_sysfs else plan.HostSource.real(config)
-    taken = inspect_state.claims(args.state_dir) if args.state_dir else frozenset()
+    taken = inspect_state.claims(args.state_dir) if args.state_dir else {}
     result = plan.make_plan(
         manifest, profiles, config, host, profile_name=args.profile or "", handler=args.handler or "", taken=taken
     )

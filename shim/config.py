@@ -5,7 +5,11 @@ Read from a YAML file (``--config``); every key has a default that works on a si
 CPU); ``hugepages`` caps how many pages of each size it may hand out (default: what the host
 has reserved). Of ``cpu_pool``, ``shared_cpus`` is the pool shared pods float over (none: shared
 pods are refused) and ``housekeeping_cpus`` where emulator threads may be pinned; exclusive pods
-get only the rest. ``device_pools`` names the PCI functions that may be passed through (nothing
+get only the rest. ``memory_reserved`` is the ordinary memory per NUMA node that guests not backed
+by hugepages may not take (a quantity for every node, or a mapping from node number to quantity;
+nodes not named keep the default 1Gi): the host's own processes and the kubelet's pods live there.
+``packing`` chooses among the NUMA nodes a pod fits (``spread``, ``best-fit``, ``first-fit``).
+``device_pools`` names the PCI functions that may be passed through (nothing
 else ever is); ``cdi_spec_dirs`` are where CDI specs are read, later directories winning.
 """
 
@@ -21,8 +25,13 @@ from vmsandbox.cdi import DEFAULT_SPEC_DIRS
 from vmsandbox.devices import parse_pool_config
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import format_cpulist, parse_cpulist
+from vmsandbox.placement import DEFAULT_PACKING, PACKINGS, Packing
+from vmsandbox.quantity import parse_nonnegative_quantity
 from vmsandbox.registries import Registries, parse_registries
 from vmsandbox.resources import HUGEPAGE_SIZES
+
+ANY_NODE = -1
+DEFAULT_MEMORY_RESERVED = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,13 @@ class ShimConfig:
     image_store_dir: str = ""  # empty: <state_dir>/images
     image_max_bytes: int = 32 << 30  # uncompressed bytes one image may unpack to
     image_max_entries: int = 2_000_000  # tar entries one image may have, all layers together
+    # node -> bytes of ordinary memory guests may not take; ANY_NODE: every node not named
+    memory_reserved: dict[int, int] = field(default_factory=lambda: {ANY_NODE: DEFAULT_MEMORY_RESERVED})
+    packing: Packing = DEFAULT_PACKING  # which NUMA node of those that fit (vmsandbox.placement)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def memory_reserved_on(self, node: int) -> int:
+        return self.memory_reserved.get(node, self.memory_reserved.get(ANY_NODE, DEFAULT_MEMORY_RESERVED))
 
     def with_overrides(self, **kwargs: Any) -> ShimConfig:
         return replace(self, **{k: v for k, v in kwargs.items() if v is not None})
@@ -80,6 +95,8 @@ _KEYS = {
     "image_store_dir",
     "image_max_bytes",
     "image_max_entries",
+    "memory_reserved",
+    "packing",
 }
 
 
@@ -158,6 +175,12 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
                 raise InvalidArgument(f"{source}: hugepages.{size}: must be a page count >= 0")
             budget[HUGEPAGE_SIZES[size]] = count
         kwargs["hugepages"] = budget
+    if "packing" in data:
+        if data["packing"] not in PACKINGS:
+            raise InvalidArgument(f"{source}: packing: must be one of {', '.join(PACKINGS)}, got {data['packing']!r}")
+        kwargs["packing"] = data["packing"]
+    if data.get("memory_reserved") is not None:
+        kwargs["memory_reserved"] = _memory_reserved(data["memory_reserved"], source)
     if "profile_files" in data:
         files = data["profile_files"]
         if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
@@ -165,6 +188,27 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         base = Path(source).parent
         kwargs["profile_files"] = tuple(str(base / f) for f in files)
     return ShimConfig(**kwargs)
+
+
+def _memory_reserved(value: object, source: str) -> dict[int, int]:
+    """``2Gi`` (every node) or ``{0: 4Gi, 1: 2Gi}`` (nodes not named: the default) to node -> bytes."""
+
+    def amount(text: object, where: str) -> int:
+        if isinstance(text, bool) or not isinstance(text, str | int):
+            raise InvalidArgument(f"{source}: {where}: must be a memory quantity such as 2Gi")
+        try:
+            return parse_nonnegative_quantity(str(text)).value_int()
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{source}: {where}: {exc}") from None
+
+    if isinstance(value, dict):
+        out = {ANY_NODE: DEFAULT_MEMORY_RESERVED}
+        for node, text in value.items():
+            if isinstance(node, bool) or not isinstance(node, int) or node < 0:
+                raise InvalidArgument(f"{source}: memory_reserved: {node!r}: keys are NUMA node numbers (0, 1, ...)")
+            out[node] = amount(text, f"memory_reserved.{node}")
+        return out
+    return {ANY_NODE: amount(value, "memory_reserved")}
 
 
 def load_config(path: str | None) -> ShimConfig:

@@ -1,9 +1,10 @@
-"""What this shim may hand out on this host, and the one way a pod is placed and its domain built.
+"""What this shim may hand out on this host, and the one way a pod's domain is built.
 
 ``HostPolicy`` joins the shim's configuration (owned, shared and housekeeping CPUs, hugepage
-caps, device pools, CDI spec directories) with a host inventory. RunPodSandbox
-(``shim.sandboxes``) and ``vmsandbox plan`` (``shim.plan``) both place pods and build domains
-through it, so what ``plan`` predicts is what the shim does.
+caps, reserved memory, device pools, CDI spec directories) with a host inventory into the pools
+the ResourceManager (``shim.resources``) hands out. RunPodSandbox (``shim.sandboxes``) and
+``vmsandbox plan`` (``shim.plan``) both place pods through that manager and build domains with
+``domain_for``, so what ``plan`` predicts is what the shim does.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from collections.abc import Iterable, Mapping
 
 from shim.config import ShimConfig
 from vmsandbox.adapters.cdi_specs import load_registry
+from vmsandbox.claims import Claim
 from vmsandbox.devices import NO_DEVICES, DevicePools, DeviceRequest, request_devices, resolve_pools
 from vmsandbox.domain import Domain, SandboxIdentity, build_domain
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory, format_cpulist
-from vmsandbox.placement import HugepageBudget, Placement, place
+from vmsandbox.placement import HostPools, HugepageBudget, Placement, host_pools
 from vmsandbox.profile import Profile
 from vmsandbox.records import shape_doc
 from vmsandbox.resources import PodDeclaration, is_extended
@@ -60,8 +62,11 @@ class HostPolicy:
                 )
         return out
 
-    def budgets(self, inventory: HostInventory) -> dict[tuple[int, int], HugepageBudget]:
-        """Pages the shim may hand out per (node, page size): what the host reserved, within the caps."""
+    def budgets(
+        self, inventory: HostInventory, held: Mapping[tuple[int, int], int] | None = None
+    ) -> dict[tuple[int, int], HugepageBudget]:
+        """Pages the shim may hand out per (node, page size): what the host reserved, within the caps,
+        less what others than the shim use (the kernel's used pages beyond ``held``, the shim's own)."""
         caps: Mapping[int, int] | None = self.config.hugepages
         remaining = dict(caps or {})
         out = {}
@@ -70,10 +75,38 @@ class HostPolicy:
             if caps is not None:
                 pages = min(pages, remaining.get(pool.page_size, 0))
                 remaining[pool.page_size] = remaining.get(pool.page_size, 0) - pages
+            others = max(pool.total - pool.free - (held or {}).get((pool.node, pool.page_size), 0), 0)
             out[(pool.node, pool.page_size)] = HugepageBudget(
-                node=pool.node, page_size=pool.page_size, pages=pages, host_free=pool.free
+                node=pool.node, page_size=pool.page_size, pages=min(pages, pool.total - others), host_free=pool.free
             )
         return out
+
+    def memory(self, inventory: HostInventory) -> dict[int, int]:
+        """Ordinary memory per node guests may take: MemTotal less the node's hugepage pools and what
+        the admin reserved ({} when the inventory has no memory figures: not counted)."""
+        pages: dict[int, int] = {}
+        for pool in inventory.hugepages:
+            pages[pool.node] = pages.get(pool.node, 0) + pool.total * pool.page_size
+        return {
+            node: max(total - pages.get(node, 0) - self.config.memory_reserved_on(node), 0)
+            for node, total in inventory.memory
+        }
+
+    def pools(self, inventory: HostInventory, held: Iterable[Claim] = ()) -> HostPools:
+        """Everything the shim may hand out on ``inventory``, given what it holds already."""
+        held_pages: dict[tuple[int, int], int] = {}
+        for claim in held:
+            for node, size, count in claim.pages:
+                held_pages[(node, size)] = held_pages.get((node, size), 0) + count
+        return host_pools(
+            inventory,
+            self.owned_cpus,
+            shared_cpus=self.shared_cpus,
+            housekeeping_cpus=self.housekeeping_cpus,
+            budgets=self.budgets(inventory, held_pages),
+            devices=self.device_pools(inventory),
+            memory=self.memory(inventory),
+        )
 
     def device_pools(self, inventory: HostInventory) -> DevicePools:
         """The admin's device pools resolved on this inventory (whole IOMMU groups only)."""
@@ -101,28 +134,6 @@ class HostPolicy:
                 log.warning("CDI: %s", problem)
         pools = self.device_pools(inventory)
         return request_devices(declaration, demand.extended, profile.extended_resources, profile.name, pools, registry)
-
-    def place(
-        self,
-        shape: VmShape,
-        profile: Profile,
-        inventory: HostInventory,
-        taken: Iterable[str],
-        devices: DeviceRequest = NO_DEVICES,
-    ) -> Placement:
-        return place(
-            shape,
-            inventory,
-            self.owned_cpus,
-            taken,
-            self.budgets(inventory),
-            shared_cpus=self.shared_cpus,
-            housekeeping_cpus=self.housekeeping_cpus,
-            numa_policy=profile.numa_policy,
-            emulator=profile.emulator,
-            devices=devices,
-            device_pools=self.device_pools(inventory) if not devices.empty else DevicePools(),
-        )
 
 
 def domain_for(

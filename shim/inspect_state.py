@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from shim import textout
-from vmsandbox.adapters.ledger import SCHEMA_VERSION
+from vmsandbox.adapters.ledger import SCHEMA_VERSION, read_claims
+from vmsandbox.claims import Claim
 from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound
 from vmsandbox.host import format_cpulist
 
@@ -33,7 +34,7 @@ class SandboxView:
     state: str
     created_ns: int
     record: Mapping[str, Any]
-    claims: tuple[str, ...] = ()
+    claims: Claim = field(default_factory=Claim)
     containers: tuple[Mapping[str, Any], ...] = field(default=())
 
 
@@ -61,10 +62,13 @@ def open_state(state_dir: str | Path) -> Iterator[sqlite3.Connection]:
         yield db
 
 
-def claims(state_dir: str | Path) -> frozenset[str]:
-    """Every resource key the shim holds right now."""
+def claims(state_dir: str | Path) -> dict[str, Claim]:
+    """What every sandbox holds right now, by sandbox id."""
     with open_state(state_dir) as db:
-        return frozenset(r[0] for r in db.execute("SELECT key FROM claims"))
+        try:
+            return read_claims(db)
+        except sqlite3.Error as exc:
+            raise InfrastructureError(f"state database in {state_dir}: {exc}") from exc
 
 
 def read_sandboxes(state_dir: str | Path) -> list[SandboxView]:
@@ -73,9 +77,7 @@ def read_sandboxes(state_dir: str | Path) -> list[SandboxView]:
         try:
             db.execute("BEGIN")
             rows = db.execute("SELECT id, state, created_ns, record FROM sandboxes ORDER BY created_ns, id").fetchall()
-            held: dict[str, list[str]] = {}
-            for key, owner in db.execute("SELECT key, sandbox_id FROM claims ORDER BY key"):
-                held.setdefault(owner, []).append(key)
+            held = read_claims(db)
             kids: dict[str, list[Mapping[str, Any]]] = {}
             for owner, state, record in db.execute(
                 "SELECT sandbox_id, state, record FROM containers ORDER BY created_ns, id"
@@ -92,7 +94,7 @@ def read_sandboxes(state_dir: str | Path) -> list[SandboxView]:
             state=state,
             created_ns=created,
             record=json.loads(record),
-            claims=tuple(held.get(sid, ())),
+            claims=held.get(sid, Claim()),
             containers=tuple(kids.get(sid, ())),
         )
         for sid, state, created, record in rows
@@ -162,8 +164,18 @@ def view_doc(v: SandboxView, now_ns: int) -> dict[str, Any]:
         "age_s": max(now_ns - v.created_ns, 0) // 1_000_000_000,
         "pod": _pod(v.record),
         "record": dict(v.record),
-        "claims": list(v.claims),
+        "claims": claim_doc(v.claims),
         "containers": [dict(c) for c in v.containers],
+    }
+
+
+def claim_doc(claim: Claim) -> dict[str, Any]:
+    """A claim as JSON: CPUs, PCI functions, hugepages and ordinary memory per node."""
+    return {
+        "cpus": list(claim.cpus),
+        "pci": list(claim.pci),
+        "hugepages": [{"node": n, "page_size": s, "pages": c} for n, s, c in claim.pages],
+        "memory": [{"node": n, "bytes": b} for n, b in claim.memory],
     }
 
 
@@ -245,7 +257,6 @@ def render_inspect(v: SandboxView, now_ns: int) -> str:
     if emulator:
         pins += f"; emulator on {format_cpulist(list(emulator))}"
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(v.created_ns / 1e9))
-    cpu_claims = sum(1 for k in v.claims if k.startswith("cpu:"))
     pairs = [
         ("sandbox", v.id),
         ("pod", f"{_pod(r)} (uid {meta.get('uid', '?')}, attempt {meta.get('attempt', 0)})"),
@@ -260,7 +271,7 @@ def render_inspect(v: SandboxView, now_ns: int) -> str:
         ("devices", ", ".join(_devices(r)) or "none"),
         ("guest", _guest_text(r.get("guest") or {})),
         ("boot", f"{r.get('boot_ms', 0)} ms" if r.get("boot_ms") else "-"),
-        ("claims", f"{len(v.claims)} ({textout.plural(cpu_claims, 'CPU')}, {len(v.claims) - cpu_claims} hugepages)"),
+        ("claims", v.claims.describe()),
     ]
     out = [textout.fields(pairs)]
     if v.containers:

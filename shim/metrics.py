@@ -2,16 +2,15 @@
 
 Events are counted where they happen with one-line calls (``observe_start`` in the orchestrator,
 ``rejected`` in the RPC wrapper, ``image_pull`` in the image store, ``libvirt_event`` from the
-hypervisor adapter's hook); the host's state (guests running, CPUs and hugepages allocated vs
-free per NUMA node) is read from the ledger
-and the sysfs inventory at scrape time by ``HostCollector``, so it cannot drift. The core
+hypervisor adapter's hook); the host's state (guests running, CPUs, hugepages and ordinary memory
+allocated vs free per NUMA node) is read from the ResourceManager and the sysfs inventory at scrape
+time by ``HostCollector``. The core
 (``vmsandbox/``) never imports this module.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -71,8 +70,6 @@ IMAGE_PULL_SECONDS = Histogram(
     registry=REGISTRY,
 )
 
-_PAGE_KEY = re.compile(r"^hugepages-(\d+)kB:node(\d+):\d+$")
-
 
 def observe_start(handler: str, seconds: float) -> None:
     START_SECONDS.labels(handler=handler).observe(seconds)
@@ -110,9 +107,8 @@ class HostCollector(Collector):
         s = self.sandboxes
         try:
             rows = s.ledger.sandboxes()
-            taken = s.ledger.taken()
+            usage = s.resources.usage()
             inv = s.inventory()
-            budgets = s.policy.budgets(inv)
         except Exception as exc:  # a scrape must not take the server down
             log.warning("metrics: cannot read the ledger or the inventory: %s", exc)
             return
@@ -120,40 +116,45 @@ class HostCollector(Collector):
         running.add_metric([], sum(1 for _, state, _, _ in rows if state == "SANDBOX_READY"))
         yield running
 
-        held_cpus = {int(k[4:]) for k in taken if k.startswith("cpu:") and k[4:].isdigit()}
+        allocated_cpus = {u.node: u.held for u in usage if u.resource == "cpu"}
         cpus = GaugeMetricFamily(
             "vmsandbox_cpus", "CPUs the shim owns per NUMA node, allocated (pinned) or free", labels=["node", "state"]
         )
         for node in inv.nodes:
-            owned = [c.id for c in inv.cpus if c.node == node and c.id in s.policy.owned_cpus]
-            allocated = sum(1 for c in owned if c in held_cpus)
+            owned = sum(1 for c in inv.cpus if c.node == node and c.id in s.policy.owned_cpus)
+            allocated = allocated_cpus.get(node, 0)
             cpus.add_metric([str(node), "allocated"], allocated)
-            cpus.add_metric([str(node), "free"], len(owned) - allocated)
+            cpus.add_metric([str(node), "free"], owned - allocated)
         yield cpus
 
-        held_pages: dict[tuple[int, int], int] = {}
-        for key in taken:
-            m = _PAGE_KEY.match(key)
-            if m:
-                where = (int(m.group(2)), int(m.group(1)) * 1024)
-                held_pages[where] = held_pages.get(where, 0) + 1
         pages = GaugeMetricFamily(
             "vmsandbox_hugepages",
             "Hugepages of the shim's budget per NUMA node and page size, allocated or free",
             labels=["node", "page_size", "state"],
         )
+        for u in usage:
+            if u.resource.startswith("hugepages-"):
+                label = u.resource.removeprefix("hugepages-")
+                pages.add_metric([str(u.node), label, "allocated"], u.held)
+                pages.add_metric([str(u.node), label, "free"], max(u.free, 0))
+        yield pages
+        memory = GaugeMetricFamily(
+            "vmsandbox_memory_bytes",
+            "Ordinary memory (guests not on hugepages) the shim may hand out per NUMA node, allocated or free",
+            labels=["node", "state"],
+        )
+        for u in usage:
+            if u.resource == "memory":
+                memory.add_metric([str(u.node), "allocated"], u.held)
+                memory.add_metric([str(u.node), "free"], max(u.free, 0))
+        yield memory
         host_free = GaugeMetricFamily(
             "vmsandbox_host_hugepages_free",
             "Free hugepages per NUMA node and page size as the kernel reports them",
             labels=["node", "page_size"],
         )
-        for (node, size), budget in sorted(budgets.items()):
-            allocated = held_pages.get((node, size), 0)
-            label = page_size_label(size)
-            pages.add_metric([str(node), label, "allocated"], allocated)
-            pages.add_metric([str(node), label, "free"], max(budget.pages - allocated, 0))
-            host_free.add_metric([str(node), label], budget.host_free)
-        yield pages
+        for pool in sorted(inv.hugepages):
+            host_free.add_metric([str(pool.node), page_size_label(pool.page_size)], pool.free)
         yield host_free
 
 

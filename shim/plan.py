@@ -25,9 +25,11 @@ import yaml
 
 from shim import textout
 from shim.config import ShimConfig
-from shim.host_policy import HostPolicy, domain_for
+from shim.host_policy import domain_for
+from shim.resources import ResourceManager
 from vmsandbox import records
 from vmsandbox.adapters.sysfs import read_inventory
+from vmsandbox.claims import Claim
 from vmsandbox.domain import SandboxIdentity
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import CannotFit, InvalidArgument
@@ -180,7 +182,7 @@ def _shortfall_rows(exc: CannotFit, shape: VmShape | None) -> list[Shortfall]:
             resource += f" (guest RAM {textout.size(shape.memory_bytes)})"
         if s.where.startswith("vcpu.max"):
             available = f"{s.available} ({s.where})"
-        elif s.available.isdigit():
+        elif s.available[:1].isdigit():
             available = f"{s.available} free on {s.where}"
         else:
             available = s.available
@@ -197,8 +199,9 @@ def make_plan(
     *,
     profile_name: str = "",
     handler: str = "",
-    taken: frozenset[str] = frozenset(),
+    taken: Mapping[str, Claim] | None = None,
 ) -> Plan:
+    """What the shim would do with ``manifest``; ``taken``: what a running shim holds (``--state-dir``)."""
     profile, handler, notes = choose_profile(
         profiles, manifest, name=profile_name, handler=handler, default_handler=config.default_handler
     )
@@ -206,7 +209,8 @@ def make_plan(
     inv = read_inventory(host.sys_root, host.proc_root)
     if not inv.cpus:
         raise InvalidArgument(f"{host.sys_root}: no online CPUs found")
-    policy = HostPolicy(config, inv, label=host.label)
+    manager = ResourceManager.open(config, inv, held=taken or {}, label=host.label)
+    policy = manager.policy
     owned = policy.owned_cpus
     accel = choose_accel(profile.accel, inv.hw_virt, host.kvm_device)
 
@@ -257,7 +261,7 @@ def make_plan(
     except CannotFit as exc:
         return result(demand, None, None, None, str(exc), _shortfall_rows(exc, None))
     try:
-        placement = policy.place(shape, profile, inv, taken, devices)
+        placement = manager.place(shape, profile, devices)
     except CannotFit as exc:
         return result(demand, shape, None, None, str(exc), _shortfall_rows(exc, shape))
     console = str(Path(config.console_dir) / f"{PLACEHOLDER_SANDBOX_ID}.log") if config.console_dir else None
@@ -345,8 +349,9 @@ def _placement_line(shape: VmShape, placement: Placement) -> str:
     else:
         cpus = f"vCPUs float over CPUs {format_cpulist(placement.cpus)}"
     pages = "".join(f"; {n}x{textout.page_label(s)} pages from node {nd}" for nd, s, n in placement.hugepages)
+    memory = "".join(f"; {textout.size(b)} of memory from node {nd}" for nd, b in placement.memory)
     devices = "".join(f"; {g.describe()}" for g in placement.devices)
-    return f"NUMA node {node}: {cpus}{pages}{devices}"
+    return f"NUMA node {node}: {cpus}{pages}{memory}{devices}"
 
 
 def render_text(plan: Plan) -> str:
@@ -419,6 +424,7 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
                 "nodes": list(plan.placement.nodes),
                 "cpus": list(plan.placement.cpus),
                 "hugepages": [{"node": n, "page_size": s, "pages": c} for n, s, c in plan.placement.hugepages],
+                "memory": [{"node": n, "bytes": b} for n, b in plan.placement.memory],
                 "devices": [g.to_doc() for g in plan.placement.devices],
             }
             if plan.placement is not None

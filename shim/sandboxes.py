@@ -21,7 +21,7 @@ from typing import Any
 
 from shim import faults, logs, metrics
 from shim.config import ShimConfig
-from shim.host_policy import HostPolicy, domain_for
+from shim.host_policy import domain_for
 from shim.model import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
@@ -33,18 +33,19 @@ from shim.model import (
     SandboxRecord,
     SandboxSpec,
 )
+from shim.resources import ResourceManager
 from vmsandbox import admission, records, validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
 from vmsandbox.adapters.hypervisor import DomainInfo, Hypervisor
-from vmsandbox.adapters.ledger import ClaimConflict, Ledger
+from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.agent_protocol import GuestReport, report_to_body
-from vmsandbox.devices import NO_DEVICES, DeviceRequest
+from vmsandbox.claims import Claim
+from vmsandbox.devices import NO_DEVICES
 from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, domain_name
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import (
     AlreadyExists,
-    CannotFit,
     Diverged,
     InfrastructureError,
     InvalidArgument,
@@ -52,7 +53,7 @@ from vmsandbox.errors import (
     VmSandboxError,
 )
 from vmsandbox.host import HostInventory, choose_accel
-from vmsandbox.placement import Placement, cpu_key
+from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile, select_profile
 from vmsandbox.resources import ContainerResources, PodDeclaration, hugepage_resource
 from vmsandbox.sizing import (
@@ -85,6 +86,7 @@ class Sandboxes:
         *,
         inventory: Callable[[], HostInventory] | None = None,
         clock: Callable[[], int] = time.time_ns,
+        resources: ResourceManager | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -93,7 +95,6 @@ class Sandboxes:
         self.profiles_by_name = {p.name: p for p in profiles.values()}
         self.inventory = inventory or (lambda: read_inventory(config.sys_root, config.proc_root))
         self._clock = clock
-        self._place_lock = threading.Lock()
         self._sandbox_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         # parsed declarations by sandbox id: immutable for a sandbox's life, parsed once, not per CreateContainer
@@ -104,7 +105,9 @@ class Sandboxes:
             SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()
         }
         first = self.inventory()
-        self.policy = HostPolicy(config, first)
+        # the one owner of CPUs, pages, memory and devices: its free state is rebuilt from the ledger
+        self.resources = resources or ResourceManager.open(config, first, ledger)
+        self.policy = self.resources.policy
         for problem in self.policy.problems(first, profiles.values()):
             log.warning("%s", problem)
 
@@ -115,19 +118,6 @@ class Sandboxes:
 
     def profile_for(self, handler: str, annotations: dict[str, str]) -> Profile:
         return select_profile(self.profiles, self.profiles_by_name, handler or self.config.default_handler, annotations)
-
-    def _claim(self, sandbox_id: str, shape: VmShape, profile: Profile, devices: DeviceRequest) -> Placement:
-        """Place and claim under one lock; a conflict with another process is retried once."""
-        for attempt in range(3):
-            with self._place_lock:
-                inv = self.inventory()
-                placement = self.policy.place(shape, profile, inv, self.ledger.taken(), devices)
-                try:
-                    self.ledger.claim(sandbox_id, placement.claims)
-                    return placement
-                except ClaimConflict as exc:
-                    log.warning("claim conflict for %s (attempt %d): %s", sandbox_id, attempt, exc)
-        raise CannotFit("host resources are changing under us; no consistent placement after 3 attempts")
 
     # -- sandboxes ------------------------------------------------------------------------------
     def run(self, spec: SandboxSpec) -> str:
@@ -165,7 +155,7 @@ class Sandboxes:
     def _run(self, spec: SandboxSpec, profile: Profile, sandbox_id: str, started: float) -> str:
         meta = spec.meta
         pod = f"{meta.namespace}/{meta.name}"
-        inv = self.inventory()  # for devices and accel; placement reads it afresh under its lock
+        inv = self.inventory()  # for devices and accel; placement uses the ResourceManager's pools
         devices = NO_DEVICES
         if spec.declaration is not None:
             sidecars = sidecars_from_annotations(spec.annotations, spec.declaration)
@@ -178,7 +168,7 @@ class Sandboxes:
         logs.bind(sandbox_id=sandbox_id)
         name = domain_name(sandbox_id)
         faults.checkpoint("run:before-claim")
-        placement = self._claim(sandbox_id, shape, profile, devices)
+        placement = self.resources.reserve(sandbox_id, shape, profile, devices)
         faults.checkpoint("run:after-claim")
         record = SandboxRecord(
             id=sandbox_id,
@@ -202,14 +192,14 @@ class Sandboxes:
             linux_overhead=asdict(spec.linux_overhead) if not spec.linux_overhead.empty else {},
         )
         log.info(
-            "sandbox %s for pod %s: %d vCPUs on %s, %d MiB, %s, claiming %d resources",
+            "sandbox %s for pod %s: %d vCPUs on %s, %d MiB, %s, claimed %s",
             sandbox_id[:12],
             pod,
             shape.vcpus,
             placement.cpus,
             shape.memory_bytes >> 20,
             ", ".join(g.describe() for g in placement.devices) or "no devices",
-            len(placement.claims),
+            placement.claim.describe(),
         )
         try:
             self.ledger.put_sandbox(sandbox_id, STATE_CREATING, record.created_ns, record.to_doc())
@@ -314,6 +304,7 @@ class Sandboxes:
                 f"rollback incomplete: domain {name} could not be removed, so its resources stay held until "
                 "the shim's reconciliation removes it"
             )
+        self.resources.release(sandbox_id)
         self.ledger.delete_sandbox(sandbox_id)
         return "rolled back: domain removed, resources released"
 
@@ -359,7 +350,7 @@ class Sandboxes:
             self.hypervisor.destroy(record.domain)
             faults.checkpoint("remove:after-destroy")
             self.hypervisor.teardown(record.domain)  # undefine
-            self.ledger.release(sandbox_id)
+            self.resources.release(sandbox_id)
             faults.checkpoint("remove:after-release")
             for c in self.containers(sandbox_id):
                 if c.state != CONTAINER_EXITED:
@@ -572,8 +563,9 @@ class Sandboxes:
             "failed": [],
         }
         me = self.ledger.instance_id
+        self.resources.resync()
         rows = {sid: (state, doc) for sid, state, _, doc in self.ledger.sandboxes()}
-        owners = self.ledger.claim_owners()
+        owners = self.resources.owners()
         domains: dict[str, DomainInfo] = {}
         foreign: set[str] = set()
         for dom in self.hypervisor.list_ours():
@@ -597,13 +589,13 @@ class Sandboxes:
                 record = SandboxRecord.from_doc(doc)
                 report["adopted"].append(sid)
                 log.info(
-                    "reconcile: adopted sandbox %s (domain %s) of pod %s/%s: guest running, %d claims and "
+                    "reconcile: adopted sandbox %s (domain %s) of pod %s/%s: guest running, claims (%s) and "
                     "%d container records kept",
                     sid[:12],
                     dom.name,
                     record.meta.namespace,
                     record.meta.name,
-                    len(self.ledger.claims_of(sid)),
+                    self.resources.held(sid).describe(),
                     len(self.ledger.containers(sid)),
                 )
                 continue
@@ -629,7 +621,7 @@ class Sandboxes:
             record = SandboxRecord.from_doc(doc)
             pod = f"{record.meta.namespace}/{record.meta.name}"
             if state == STATE_CREATING:
-                held = len(self.ledger.claims_of(sid))
+                held = self.resources.release(sid)
                 self.ledger.delete_sandbox(sid)
                 self._remove_console_log(sid)
                 log.warning(
@@ -642,7 +634,7 @@ class Sandboxes:
                 )
                 report["forgotten"].append(sid)
             elif state == SANDBOX_READY:
-                released = self.ledger.release(sid)
+                released = self.resources.release(sid)
                 exited = 0
                 for c in self.containers(sid):
                     if c.state != CONTAINER_EXITED:
@@ -662,7 +654,7 @@ class Sandboxes:
                 )
                 report["stopped"].append(sid)
             else:
-                released = self.ledger.release(sid)
+                released = self.resources.release(sid)
                 if released:
                     log.warning(
                         "reconcile: released %d claims of stopped sandbox %s (domain %s): its StopPodSandbox "
@@ -680,8 +672,8 @@ class Sandboxes:
                         pod,
                         state,
                     )
-        for owner in sorted(self.ledger.claim_owners() - set(rows) - kept):
-            released = self.ledger.release(owner)
+        for owner in sorted(self.resources.owners() - set(rows) - kept):
+            released = self.resources.release(owner)
             log.warning(
                 "reconcile: released %d claims of sandbox %s (domain %s), which has no row: its RunPodSandbox "
                 "died right after claiming",
@@ -751,16 +743,13 @@ class Sandboxes:
         record = SandboxRecord.from_doc(doc)
         if record.domain != dom.name:
             return f"the sandbox's row names domain {record.domain}"
-        held = set(self.ledger.claims_of(sid))
-        cpus = {cpu_key(c) for c in record.cpus} if record.shape.get("cpu_policy") == "exclusive" else set()
-        pages = sum(int(h[2]) for h in record.hugepages)
-        held_pages = sum(1 for k in held if k.startswith("hugepages-"))
-        if not cpus <= held or held_pages != pages:
-            return (
-                f"its claims do not match its record (CPUs {sorted(record.cpus)}, {pages} pages; "
-                f"held: {len(held & cpus)} of those CPUs, {held_pages} pages)"
-            )
-        return None
+        exclusive = record.shape.get("cpu_policy") == "exclusive"
+        expected = Claim.of(
+            record.cpus if exclusive else (),
+            (str(a) for d in record.devices for a in d.get("functions", ())),
+            ((int(n), int(size), int(count)) for n, size, count in record.hugepages),
+        )
+        return self.resources.holds(sid, expected)
 
     def _remove_console_log(self, sandbox_id: str) -> None:
         if self.config.console_dir and validation.is_id(sandbox_id):

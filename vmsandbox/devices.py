@@ -14,8 +14,8 @@ the admin did not give us (say, the host's NIC sharing a group with a GPU). Grou
 rule, functions without an IOMMU group (IOMMU off) and selectors matching nothing are reported as
 ``problems`` and left out; they never fail the shim.
 
-Claims: each passed function is held in the ledger as ``pci:<domain:bus:slot.fn>``, beside the
-``cpu:`` and ``hugepages-`` keys, so a group can never be given to two sandboxes.
+Claims: each passed function is held by one sandbox at most (``vmsandbox.claims.Claim.pci``, a unique
+row in the ledger), so a group can never be given to two sandboxes.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory, PciFunction, parse_pci_address
 from vmsandbox.resources import PodDeclaration, is_extended
 
-PCI_KEY_PREFIX = "pci:"
 VFIO_DIR = "/dev/vfio/"
 VFIO_CONTAINER = "/dev/vfio/vfio"  # the VFIO container node: no device of its own
 
@@ -39,10 +38,6 @@ _IDS = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{4})$")
 _POOL_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$")
 
 SelectorKind = Literal["address", "ids"]
-
-
-def pci_key(address: str) -> str:
-    return f"{PCI_KEY_PREFIX}{address}"
 
 
 def parse_selector(text: str) -> tuple[SelectorKind, str]:
@@ -98,10 +93,6 @@ class DeviceGroup:
     @property
     def addresses(self) -> tuple[str, ...]:
         return tuple(f.address for f in self.functions)
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return tuple(pci_key(f.address) for f in self.functions)
 
     def to_doc(self) -> dict[str, object]:
         """What a sandbox record and the admin's tools show of a passed-through group."""

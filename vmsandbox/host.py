@@ -1,5 +1,5 @@
-"""The host as the placer sees it: CPUs, their cores and NUMA nodes, hugepage pools, PCI functions
-(pure values).
+"""The host as the placer sees it: CPUs, their cores and NUMA nodes, memory and hugepage pools per
+node, PCI functions (pure values).
 
 Read from sysfs by ``sysfs.read_inventory``; built by hand in tests.
 """
@@ -59,6 +59,7 @@ class HostInventory:
     hugepages: tuple[HugepagePool, ...] = ()
     hw_virt: bool = False  # the CPU advertises vmx or svm
     pci: tuple[PciFunction, ...] = ()  # sorted by address
+    memory: tuple[tuple[int, int], ...] = ()  # (node, MemTotal in bytes, hugepage pools included); () unknown
 
     @property
     def nodes(self) -> tuple[int, ...]:

@@ -1,9 +1,9 @@
-"""Choose host CPUs, hugepages and PCI devices for a VM shape (pure).
+"""Choose host CPUs, hugepages, ordinary memory and PCI devices for a VM shape (pure).
 
-Everything a sandbox holds is a *claim key*, a string the ledger stores under a unique constraint:
-``cpu:<id>`` for an exclusively owned CPU, ``hugepages-<kib>kB:node<n>:<i>`` for one page of the
-shim's hugepage budget and ``pci:<domain:bus:slot.fn>`` for one passed-through PCI function.
-Placement reads what is free and returns what to claim; the ledger makes double-booking impossible.
+What a sandbox holds is a ``vmsandbox.claims.Claim``: exclusive CPUs, PCI functions, hugepages
+counted per (node, page size) and ordinary guest memory counted per node. Placement reads what is
+free and returns what to claim; the ResourceManager (``shim.resources``) keeps the free state and
+the ledger records the claims, which makes double-booking impossible.
 
 **Pools.** The shim owns ``cpu_pool``. Of it, ``shared_cpus`` is the shared pool (non-exclusive
 pods float over all of it, whatever else runs there) and ``housekeeping_cpus`` is where emulator
@@ -16,65 +16,73 @@ shared pool configured, shared pods are refused (RESOURCE_EXHAUSTED, saying so):
 only when all its online threads are in the exclusive pool), then lone threads, then, only when
 needed, threads of a core that gets broken; lowest ids first.
 
+**Memory.** A guest backed by hugepages takes pages of its page size; any other guest takes its
+RAM from the node's ordinary memory (``HostPools.memory_capacity``: the node's MemTotal minus its
+hugepage pools minus what the admin reserved), so a guest larger than a node's memory is refused
+like one short of pages. An inventory without memory figures leaves ordinary memory unaccounted.
+
 **NUMA policy** (profile ``numa_policy``, after the kubelet Topology Manager's):
 
-* ``single-numa-node``: CPUs, pages and devices on one node, or refused per node.
+* ``single-numa-node``: CPUs, memory and devices on one node, or refused per node.
 * ``restricted``: one node when one can hold the VM; a VM too big for any one node spans the fewest
   nodes whose *capacity* can hold it, and is refused when those are not free together.
 * ``best-effort``: one node when one fits now, else the fewest nodes that fit now.
-* ``none``: no alignment: CPUs where they fit best, pages preferably on the CPUs' nodes, devices
+* ``none``: no alignment: CPUs where they fit best, memory preferably on the CPUs' nodes, devices
   anywhere.
 
 Pages always come from the nodes of the CPUs under the aligned policies (``<numatune>`` strict;
 spanning VMs get one guest NUMA cell per node, each bound to its node's pages), and so do devices.
 Shared pods float over the whole shared pool under every policy (as the kubelet's shared pool);
-the policy places their pages and devices, on nodes that have shared CPUs. Devices with no NUMA
-node (``numa_node`` -1) fit any node. Among nodes (or node sets) that fit, the best fit wins: the
-smallest sum over the resources the VM asks for of (free left after it / capacity), so CPUs,
-pages and devices all count; ties go to the lowest node ids.
+the policy places their memory and devices, on nodes that have shared CPUs. Devices with no NUMA
+node (``numa_node`` -1) fit any node.
+
+**Packing** (which of the nodes that fit; the shim's ``packing`` setting): ``spread`` (default)
+takes the emptiest node, the largest sum over the resources the VM asks for of (free left after it
+/ capacity); ``best-fit`` the node left fullest (the smallest such sum); ``first-fit`` the lowest
+node id. Device groups count as best fit under both ``spread`` and ``best-fit``: a one-GPU pod goes
+where it leaves the fewest GPUs idle, so a pod that needs two on one node still finds them. Ties go
+to the lowest node ids. ``bench/placement.py`` measures what each leaves unusable
+on a full host: on its hosts ``spread`` left no 2 MiB page unusable where ``best-fit`` and
+``first-fit`` (which fill node after node alike) left up to 2.3 % on small nodes, and it strands
+no more CPUs.
 
 **Cost.** ``HostPools`` (what may be handed out) is built once per host; ``FreeState`` keeps, per
-node, sorted lists of free whole cores and lone threads, free page intervals and free device
-groups, and is either built from the ledger's keys or updated in place by ``take``/``release``.
-``decide`` then costs O(nodes + vCPUs + page intervals touched + devices): no per-page work and no
-scan of what is taken (a VM spanning nodes also weighs the node sets of the smallest size that
-can hold it, at most C(nodes, k)). Page keys are generated from the chosen ranges only when
-``claims`` is read, for the ledger.
+node, sorted lists of free whole cores and lone threads, free page and memory counts and free
+device groups, and is updated in place by ``take``/``release`` (or built from held claims on
+start). ``decide`` then costs O(nodes + vCPUs + devices): no per-page work and no scan of what is
+taken (a VM spanning nodes also weighs the node sets of the smallest size that can hold it, at
+most C(nodes, k)).
 """
 
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from operator import itemgetter
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
-from vmsandbox.devices import NO_DEVICES, NO_POOLS, PCI_KEY_PREFIX, DeviceGroup, DevicePools, DeviceRequest
+from vmsandbox.claims import Claim
+from vmsandbox.devices import NO_DEVICES, NO_POOLS, DeviceGroup, DevicePools, DeviceRequest
 from vmsandbox.errors import CannotFit, InvalidArgument, Shortfall
 from vmsandbox.host import HostInventory, format_cpulist
 from vmsandbox.profile import EmulatorPolicy as EmulatorPolicy
 from vmsandbox.profile import NumaPolicy as NumaPolicy
+from vmsandbox.quantity import format_quantity
 from vmsandbox.resources import hugepage_resource, page_size_label
 from vmsandbox.sizing import VmShape
 
 NO_AFFINITY = -1  # node of devices the platform does not place
-_START = itemgetter(0)
-
-
-def cpu_key(cpu: int) -> str:
-    return f"cpu:{cpu}"
-
-
-def page_key(page_size: int, node: int, index: int) -> str:
-    return f"hugepages-{page_size // 1024}kB:node{node}:{index}"
+Packing = Literal["best-fit", "first-fit", "spread"]
+PACKINGS: tuple[Packing, ...] = ("best-fit", "first-fit", "spread")
+DEFAULT_PACKING: Packing = "spread"
 
 
 @dataclass(frozen=True)
 class HugepageBudget:
-    """How many pages of one size on one node the shim may hand out, and how many the kernel has free."""
+    """How many pages of one size on one node the shim may hand out (``pages``: the pool, within the
+    configured cap, less what others than the shim use), and what the kernel had free when it was made."""
 
     node: int
     page_size: int
@@ -94,24 +102,23 @@ class GuestCell:
 @dataclass(frozen=True)
 class Placement:
     cpus: tuple[int, ...]  # one per vCPU (exclusive) or the pool to float over (shared)
-    nodes: tuple[int, ...]  # NUMA nodes of the CPUs and pages
+    nodes: tuple[int, ...]  # NUMA nodes of the CPUs and memory
     hugepages: tuple[tuple[int, int, int], ...] = ()  # (node, page size, count)
     emulator_cpus: tuple[int, ...] = ()  # where QEMU's own threads run
     devices: tuple[DeviceGroup, ...] = ()  # IOMMU groups passed through, whole
-    page_ranges: tuple[tuple[int, int, int, int], ...] = ()  # (node, page size, first index, end index)
     exclusive: bool = True  # cpus are held (claimed), not floated over
     cells: tuple[GuestCell, ...] = ()  # guest NUMA cells when the pages span nodes
+    memory: tuple[tuple[int, int], ...] = ()  # (node, bytes) of ordinary memory (guests not on hugepages)
 
     @cached_property
-    def claims(self) -> tuple[str, ...]:
-        """The keys to insert into the ledger: CPUs (exclusive only), pages, PCI functions."""
-        keys = [cpu_key(c) for c in self.cpus] if self.exclusive else []
-        for node, size, start, end in self.page_ranges:
-            prefix = f"hugepages-{size // 1024}kB:node{node}:"
-            keys.extend(prefix + str(i) for i in range(start, end))
-        for group in self.devices:
-            keys.extend(group.keys)
-        return tuple(keys)
+    def claim(self) -> Claim:
+        """What the sandbox holds: its CPUs (exclusive only), pages, ordinary memory, PCI functions."""
+        return Claim.of(
+            self.cpus if self.exclusive else (),
+            (a for g in self.devices for a in g.addresses),
+            self.hugepages,
+            self.memory,
+        )
 
     @property
     def hostdevs(self) -> tuple[str, ...]:
@@ -139,6 +146,7 @@ class HostPools:
     housekeeping_by_node: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     page_capacity: Mapping[int, Mapping[int, int]] = field(default_factory=dict)  # page size -> node -> pages
     device_capacity: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # pool -> node -> groups
+    memory_capacity: Mapping[int, int] = field(default_factory=dict)  # node -> ordinary bytes; {}: not counted
 
 
 def host_pools(
@@ -149,9 +157,11 @@ def host_pools(
     housekeeping_cpus: Iterable[int] = (),
     budgets: Mapping[tuple[int, int], HugepageBudget] | None = None,
     devices: DevicePools = NO_POOLS,
+    memory: Mapping[int, int] | None = None,
 ) -> HostPools:
     """Split the owned CPUs into the exclusive, shared and housekeeping pools (InvalidArgument when
-    shared or housekeeping CPUs are not owned)."""
+    shared or housekeeping CPUs are not owned). ``memory``: ordinary memory per node the guests
+    may take (None: not counted)."""
     owned = frozenset(owned_cpus)
     shared = frozenset(shared_cpus)
     housekeeping = frozenset(housekeeping_cpus)
@@ -208,15 +218,14 @@ def host_pools(
         housekeeping_by_node={n: tuple(v) for n, v in hk_by_node.items()},
         page_capacity=page_capacity,
         device_capacity=device_capacity,
+        memory_capacity={n: max(b, 0) for n, b in (memory or {}).items()},
     )
 
 
 # -- what is free (sorted per-node structures) ------------------------------------------------------
 class FreeState:
-    """What is free right now, per node: whole cores, lone threads, page intervals, device groups.
-
-    Built from the ledger's keys (``from_taken``) or kept up to date with ``take``/``release``.
-    """
+    """What is free right now, per node: whole cores, lone threads, page and memory counts, device
+    groups. Kept up to date with ``take``/``release``; ``from_claims`` builds it from held claims."""
 
     def __init__(self, pools: HostPools) -> None:
         self.pools = pools
@@ -234,11 +243,12 @@ class FreeState:
                 self.lone[node].extend(ids)
         for n in pools.nodes:
             self.lone[n].sort()
-        self.pages: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        self.npages: dict[tuple[int, int], int] = {}
-        for key, budget in pools.budgets.items():
-            self.pages[key] = [(0, budget.pages)] if budget.pages > 0 else []
-            self.npages[key] = max(budget.pages, 0)
+        self.npages: dict[tuple[int, int], int] = {k: max(b.pages, 0) for k, b in pools.budgets.items()}
+        # the same counts by page size, then node: what ``decide`` reads (kept in step with npages)
+        self.pages_free: dict[int, dict[int, int]] = {}
+        for (node, size), free in self.npages.items():
+            self.pages_free.setdefault(size, {})[node] = free
+        self.memory: dict[int, int] = dict(pools.memory_capacity)
         # pool -> node (NO_AFFINITY included) -> sorted free group numbers
         self.groups: dict[str, dict[int, list[int]]] = {}
         for pool, groups in pools.devices.pools.items():
@@ -249,46 +259,11 @@ class FreeState:
         self.groups_taken: set[int] = set()
 
     @classmethod
-    def from_taken(cls, pools: HostPools, taken: Iterable[str]) -> FreeState:
-        """The free state given the ledger's held keys (keys outside the pools are ignored)."""
+    def from_claims(cls, pools: HostPools, held: Iterable[Claim]) -> FreeState:
+        """The free state given what is held (``take_claim`` of each, leniently: see there)."""
         state = cls(pools)
-        taken_pages: dict[tuple[int, int], list[int]] = {}
-        by_address = pools.devices.by_address
-        for key in taken:
-            if key.startswith("cpu:"):
-                cpu = key[4:]
-                if cpu.isdigit() and int(cpu) in pools.core_of:
-                    state.take_cpu(int(cpu))
-            elif key.startswith("hugepages-"):
-                head, _, index = key.rpartition(":")
-                size_part, _, node_part = head.partition(":node")
-                if not (index.isdigit() and node_part.isdigit() and size_part.endswith("kB")):
-                    continue
-                kib = size_part[len("hugepages-") : -2]
-                if kib.isdigit():
-                    taken_pages.setdefault((int(node_part), int(kib) * 1024), []).append(int(index))
-            elif key.startswith(PCI_KEY_PREFIX):
-                group = by_address.get(key[len(PCI_KEY_PREFIX) :])
-                if group is not None and group.group not in state.groups_taken:
-                    state.take_group(group)
-        for where, indexes in taken_pages.items():
-            budget = pools.budgets.get(where)
-            if budget is None:
-                continue
-            free: list[tuple[int, int]] = []
-            start = 0
-            held = 0
-            for i in sorted(set(indexes)):
-                if i >= budget.pages:
-                    break
-                if i > start:
-                    free.append((start, i))
-                start = i + 1
-                held += 1
-            if start < budget.pages:
-                free.append((start, budget.pages))
-            state.pages[where] = free
-            state.npages[where] = budget.pages - held
+        for claim in held:
+            state.take_claim(claim, strict=False)
         return state
 
     # -- CPUs ---------------------------------------------------------------------------------------
@@ -358,49 +333,35 @@ class FreeState:
                         return out
         return out
 
-    # -- pages --------------------------------------------------------------------------------------
+    # -- pages and memory ---------------------------------------------------------------------------
     def usable_pages(self, node: int, size: int) -> int:
-        budget = self.pools.budgets.get((node, size))
-        if budget is None:
-            return 0
-        return min(self.npages.get((node, size), 0), budget.host_free)
+        return max(self.npages.get((node, size), 0), 0)
 
-    def pick_pages(self, node: int, size: int, count: int) -> list[tuple[int, int]]:
-        """The ``count`` lowest free page indexes of (node, size), as [start, end) ranges."""
-        out: list[tuple[int, int]] = []
-        left = count
-        for start, end in self.pages.get((node, size), ()):
-            if not left:
-                break
-            n = min(end - start, left)
-            out.append((start, start + n))
-            left -= n
-        return out
+    def take_pages(self, node: int, size: int, count: int, *, strict: bool = True) -> None:
+        free = self.npages.get((node, size))
+        if free is None:
+            if strict:
+                raise ValueError(f"no {page_size_label(size)} hugepage budget on node {node}")
+            return
+        if strict and free < count:
+            raise ValueError(f"{count} {page_size_label(size)} pages on node {node} are not free ({free} are)")
+        self.npages[(node, size)] = self.pages_free[size][node] = free - count
 
-    def take_pages(self, node: int, size: int, start: int, end: int) -> None:
-        free = self.pages[(node, size)]
-        at = bisect_right(free, start, key=_START) - 1
-        if at < 0 or free[at][1] < end:
-            raise ValueError(f"pages {start}-{end - 1} of {page_size_label(size)} on node {node} are not free")
-        s, e = free[at]
-        pieces = [p for p in ((s, start), (end, e)) if p[0] < p[1]]
-        free[at : at + 1] = pieces
-        self.npages[(node, size)] -= end - start
+    def release_pages(self, node: int, size: int, count: int) -> None:
+        if (node, size) in self.npages:
+            self.npages[(node, size)] = self.pages_free[size][node] = self.npages[(node, size)] + count
 
-    def release_pages(self, node: int, size: int, start: int, end: int) -> None:
-        free = self.pages[(node, size)]
-        at = bisect_left(free, start, key=_START)
-        if (at > 0 and free[at - 1][1] > start) or (at < len(free) and free[at][0] < end):
-            raise ValueError(f"pages {start}-{end - 1} of {page_size_label(size)} on node {node} are free already")
-        self.npages[(node, size)] += end - start
-        if at > 0 and free[at - 1][1] == start:
-            at -= 1
-            start = free[at][0]
-            del free[at]
-        if at < len(free) and free[at][0] == end:
-            end = free[at][1]
-            del free[at]
-        free.insert(at, (start, end))
+    def take_memory(self, node: int, amount: int, *, strict: bool = True) -> None:
+        free = self.memory.get(node)
+        if free is None:
+            return  # memory of this node is not counted
+        if strict and free < amount:
+            raise ValueError(f"{amount} bytes of memory on node {node} are not free ({free} are)")
+        self.memory[node] = free - amount
+
+    def release_memory(self, node: int, amount: int) -> None:
+        if node in self.memory:
+            self.memory[node] += amount
 
     # -- devices ------------------------------------------------------------------------------------
     def free_groups(self, pool: str, node: int) -> list[int]:
@@ -420,33 +381,59 @@ class FreeState:
         insort(self.groups[group.pool].setdefault(node, []), group.group)
         self.groups_taken.discard(group.group)
 
-    # -- whole placements ---------------------------------------------------------------------------
-    def take(self, placement: Placement) -> None:
-        if placement.exclusive:
-            for cpu in placement.cpus:
+    # -- whole claims -------------------------------------------------------------------------------
+    def take_claim(self, claim: Claim, *, strict: bool = True) -> None:
+        """Mark everything of ``claim`` taken. ``strict`` (the request path): ValueError when some of it
+        is not free. Lenient (rebuilding from the ledger): what is outside the pools is ignored and a
+        pool held beyond its budget (the configuration shrank) goes below zero, so nothing is handed
+        out until enough is released."""
+        by_address = self.pools.devices.by_address
+        core_of = self.pools.core_of
+        for cpu in claim.cpus:
+            if cpu in core_of or strict:
                 self.take_cpu(cpu)
-        for node, size, start, end in placement.page_ranges:
-            self.take_pages(node, size, start, end)
-        for group in placement.devices:
-            self.take_group(group)
+        for node, size, count in claim.pages:
+            self.take_pages(node, size, count, strict=strict)
+        for node, amount in claim.memory:
+            self.take_memory(node, amount, strict=strict)
+        for address in claim.pci:
+            group = by_address.get(address)
+            if group is None:
+                if strict:
+                    raise ValueError(f"PCI function {address} is in no device pool")
+                continue
+            if group.group not in self.groups_taken:
+                self.take_group(group)
+
+    def release_claim(self, claim: Claim) -> None:
+        by_address = self.pools.devices.by_address
+        core_of = self.pools.core_of
+        for cpu in claim.cpus:
+            if cpu in core_of:
+                self.release_cpu(cpu)
+        for node, size, count in claim.pages:
+            self.release_pages(node, size, count)
+        for node, amount in claim.memory:
+            self.release_memory(node, amount)
+        for address in claim.pci:
+            group = by_address.get(address)
+            if group is not None and group.group in self.groups_taken:
+                self.release_group(group)
+
+    def take(self, placement: Placement) -> None:
+        self.take_claim(placement.claim)
 
     def release(self, placement: Placement) -> None:
-        if placement.exclusive:
-            for cpu in placement.cpus:
-                self.release_cpu(cpu)
-        for node, size, start, end in placement.page_ranges:
-            self.release_pages(node, size, start, end)
-        for group in placement.devices:
-            self.release_group(group)
+        self.release_claim(placement.claim)
 
     def snapshot(self) -> tuple[object, ...]:
-        """A comparable picture of everything free (tests: incremental == rebuilt from keys)."""
+        """A comparable picture of everything free (tests: incremental == rebuilt from claims)."""
         return (
             {n: {w: list(v) for w, v in b.items() if v} for n, b in self.full.items()},
             {n: list(v) for n, v in self.lone.items()},
             dict(self.ncpu),
-            {k: list(v) for k, v in self.pages.items()},
             dict(self.npages),
+            dict(self.memory),
             {p: {n: list(v) for n, v in g.items() if v} for p, g in self.groups.items()},
             frozenset(self.groups_taken),
         )
@@ -454,7 +441,8 @@ class FreeState:
 
 # -- the decision ------------------------------------------------------------------------------------
 class _Resource(NamedTuple):
-    """One thing the VM needs per node set: CPUs, pages of one size or groups of one device pool."""
+    """One thing the VM needs per node set: CPUs, pages of one size, ordinary memory or groups of one
+    device pool."""
 
     label: str
     unit: str
@@ -463,10 +451,13 @@ class _Resource(NamedTuple):
     cap: Mapping[int, int]
     free_anywhere: int = 0  # devices without a NUMA node fit any node set
     cap_anywhere: int = 0
+    pool: str = ""  # what to change when the pool itself is too small
+    in_bytes: bool = False  # amounts are bytes (ordinary memory)
+    packed: bool = False  # always best fit (scarce devices), whatever the packing
 
     def free_on(self, nodes: Sequence[int]) -> int:
-        free = self.free
-        return sum([free.get(n, 0) for n in nodes]) + self.free_anywhere
+        free = self.free  # below zero where more is held than the budget (see FreeState.take_claim)
+        return sum([max(free.get(n, 0), 0) for n in nodes]) + self.free_anywhere
 
     def cap_on(self, nodes: Sequence[int]) -> int:
         cap = self.cap
@@ -474,6 +465,13 @@ class _Resource(NamedTuple):
 
     def capacity(self) -> _Resource:
         return self._replace(free=self.cap, free_anywhere=self.cap_anywhere)
+
+    def amount(self, value: int) -> str:
+        if not self.in_bytes:
+            return str(value)
+        if value % (1 << 30) == 0:
+            return format_quantity(value, "BinarySI")
+        return f"{value >> 20}Mi"  # whole MiB, rounded down
 
 
 def _where(nodes: Sequence[int]) -> str:
@@ -483,18 +481,17 @@ def _where(nodes: Sequence[int]) -> str:
 def _shortfalls(nodes: Sequence[int], resources: Sequence[_Resource], named: Sequence[DeviceGroup]) -> list[Shortfall]:
     out = []
     where = _where(nodes)
+    single = nodes[0] if len(nodes) == 1 else None
     for r in resources:
-        free = r.free_on(nodes)
-        if free < r.need:
-            out.append(
-                Shortfall(
-                    r.label,
-                    where,
-                    f"{r.need}{r.unit}",
-                    str(free),
-                    f"{r.label} on {where}: need {r.need}{r.unit}, free {free} (short by {r.need - free})",
-                )
-            )
+        free = max(r.free.get(single, 0), 0) + r.free_anywhere if single is not None else max(r.free_on(nodes), 0)
+        if free >= r.need:
+            continue
+        need = f"{r.amount(r.need)}{r.unit}"
+        text = f"{r.label} on {where}: need {need}, free {r.amount(free)} (short by {r.amount(r.need - free)})"
+        cap = r.cap.get(single, 0) + r.cap_anywhere if single is not None else r.cap_on(nodes)
+        if cap < r.need:  # waiting for other pods to go will not help: the configuration must change
+            text += f"; its pool there is only {r.amount(cap)}{r.unit} ({r.pool}): waiting will not help"
+        out.append(Shortfall(r.label, where, need, r.amount(free), text))
     for g in named:
         if g.node >= 0 and g.node not in nodes:
             group = f"IOMMU group {g.group} (pool {g.pool})"
@@ -529,9 +526,11 @@ def _search(
     resources: Sequence[_Resource],
     must: frozenset[int],
     sizes: Iterable[int],
+    sign: float = 1.0,
 ) -> tuple[int, ...] | None:
-    """The best-fitting node set of the smallest size in ``sizes`` that holds everything: the smallest
-    sum over the resources of (free left / capacity), lowest node ids on ties."""
+    """The node set of the smallest size in ``sizes`` that holds everything and has the smallest
+    ``sign`` x (sum over the resources of free left / capacity): best fit for 1, spread for -1,
+    first fit for 0, devices always best fit (but for first fit); lowest node ids on ties."""
     best: tuple[float, tuple[int, ...]] | None = None
     bound = 0
     for k in sizes:
@@ -544,7 +543,8 @@ def _search(
                     left = r.free.get(n, 0) + r.free_anywhere - r.need
                     if left < 0:
                         break
-                    score += left / max(r.cap.get(n, 0) + r.cap_anywhere, 1)
+                    weight = 1.0 if r.packed and sign else sign
+                    score += weight * left / max(r.cap.get(n, 0) + r.cap_anywhere, 1)
                 else:
                     if best is None or score < best[0]:
                         best = (score, (n,))
@@ -559,7 +559,10 @@ def _search(
                 if must and not must.issubset(nodes):
                     continue
                 if all(r.free_on(nodes) >= r.need for r in resources):
-                    score = sum((r.free_on(nodes) - r.need) / max(r.cap_on(nodes), 1) for r in resources)
+                    score = sum(
+                        (1.0 if r.packed and sign else sign) * (r.free_on(nodes) - r.need) / max(r.cap_on(nodes), 1)
+                        for r in resources
+                    )
                     if best is None or score < best[0]:
                         best = (score, nodes)
         if best is not None:
@@ -575,9 +578,11 @@ def decide(
     policy: NumaPolicy = "single-numa-node",
     emulator: EmulatorPolicy = "vcpus",
     devices: DeviceRequest = NO_DEVICES,
+    packing: Packing = DEFAULT_PACKING,
 ) -> Placement:
     """Where the VM goes given what is free, or ``CannotFit`` naming each short resource, its node(s)
     and the shortfall. Reads ``state``, never changes it (``state.take(placement)`` does)."""
+    sign = {"best-fit": 1.0, "first-fit": 0.0, "spread": -1.0}[packing]
     exclusive = shape.cpu_policy == "exclusive"
     if not pools.owned:
         raise CannotFit("the shim owns no CPUs (check cpu_pool in its configuration)")
@@ -610,11 +615,36 @@ def decide(
     resources: list[_Resource] = []
     cpu_res = page_res = None
     if exclusive:
-        cpu_res = _Resource("cpu", "", shape.vcpus, state.ncpu, pools.cpu_capacity)
+        cpu_res = _Resource(
+            "cpu",
+            "",
+            shape.vcpus,
+            state.ncpu,
+            pools.cpu_capacity,
+            pool="exclusive CPUs: cpu_pool less shared_cpus and housekeeping_cpus",
+        )
         resources.append(cpu_res)
     if pages:
-        page_free = {n: state.usable_pages(n, size) for n in pools.nodes}
-        page_res = _Resource(hugepage_resource(size), " pages", pages, page_free, pools.page_capacity.get(size, {}))
+        page_free = state.pages_free.get(size, {})  # may be below zero (see take_claim): never fits
+        page_res = _Resource(
+            hugepage_resource(size),
+            " pages",
+            pages,
+            page_free,
+            pools.page_capacity.get(size, {}),
+            pool="what the host reserved, within the hugepages cap",
+        )
+        resources.append(page_res)
+    elif pools.memory_capacity:  # ordinary memory, counted per node like pages
+        page_res = _Resource(
+            "memory",
+            "",
+            shape.memory_bytes,
+            state.memory,
+            pools.memory_capacity,
+            pool="MemTotal less hugepages and memory_reserved",
+            in_bytes=True,
+        )
         resources.append(page_res)
     dev_res: list[_Resource] = []
     for pool, count in devices.counts:
@@ -633,6 +663,8 @@ def decide(
                 cap,
                 free.get(NO_AFFINITY, 0),
                 cap.get(NO_AFFINITY, 0),
+                pool=f"device_pools.{pool}",
+                packed=True,
             )
         )
     resources.extend(dev_res)
@@ -644,15 +676,15 @@ def decide(
     if policy == "none":
         cpu_nodes: tuple[int, ...] = ()
         if cpu_res is not None:
-            found = _search(eligible, [cpu_res], frozenset(), all_sizes)
+            found = _search(eligible, [cpu_res], frozenset(), all_sizes, sign)
             if found is None:
                 raise _refuse(_shortfalls(eligible, [cpu_res], ()))
             cpu_nodes = found
         page_nodes: tuple[int, ...] = ()
         if page_res is not None:
-            found = _search(cpu_nodes or eligible, [page_res], frozenset(), (1,))
+            found = _search(cpu_nodes or eligible, [page_res], frozenset(), (1,), sign)
             if found is None:
-                found = _search(eligible, [page_res], frozenset(), all_sizes)
+                found = _search(eligible, [page_res], frozenset(), all_sizes, sign)
             if found is None:
                 raise _refuse(_shortfalls(eligible, [page_res], ()))
             page_nodes = found
@@ -663,7 +695,7 @@ def decide(
         return _assemble(shape, pools, state, cpu_nodes, page_nodes, device_order, named, devices, emulator)
 
     must = named_nodes if policy != "best-effort" else named_nodes & frozenset(eligible)
-    chosen = _search(eligible, resources, must, (1,)) if resources or named else tuple(eligible)
+    chosen = _search(eligible, resources, must, (1,), sign) if resources or named else tuple(eligible)
     if chosen is None:
         if policy == "single-numa-node" or len(eligible) < 2:
             raise _refuse([s for n in eligible for s in _shortfalls((n,), resources, named)])
@@ -677,7 +709,7 @@ def decide(
                     [s for n in eligible for s in _shortfalls((n,), resources, named)],
                     suffix=" (numa_policy restricted: one NUMA node can hold it, so it is not spread over several)",
                 )
-            chosen = _search(eligible, resources, must, (k,))
+            chosen = _search(eligible, resources, must, (k,), sign)
             if chosen is None:
                 closest = min(
                     itertools.combinations(eligible, k),
@@ -689,11 +721,11 @@ def decide(
                     "have it free together: ",
                 )
         else:  # best-effort
-            chosen = _search(eligible, resources, must, range(2, len(eligible) + 1))
+            chosen = _search(eligible, resources, must, range(2, len(eligible) + 1), sign)
             if chosen is None:
                 raise _refuse(_shortfalls(eligible, resources, named))
     cpu_nodes = tuple(sorted(chosen, key=lambda n: (-state.ncpu.get(n, 0), n))) if exclusive else ()
-    page_nodes = chosen if pages else ()
+    page_nodes = chosen if page_res is not None else ()
     return _assemble(shape, pools, state, cpu_nodes, page_nodes, list(chosen), named, devices, emulator)
 
 
@@ -708,7 +740,8 @@ def _assemble(
     devices: DeviceRequest,
     emulator: EmulatorPolicy,
 ) -> Placement:
-    """Pick the actual CPUs, page ranges and groups on the chosen nodes (enough is known to be free)."""
+    """Pick the actual CPUs, page or memory amounts and groups on the chosen nodes (enough is known to
+    be free)."""
     exclusive = shape.cpu_policy == "exclusive"
     cpus: list[int] = []
     on_node: dict[int, int] = {}
@@ -723,18 +756,24 @@ def _assemble(
             if not left:
                 break
     size = shape.backing_page_size
-    ranges: list[tuple[int, int, int, int]] = []
-    counts: dict[int, int] = {}
+    counts: dict[int, int] = {}  # pages (hugepage-backed) or bytes (ordinary memory) per node
     if page_nodes:
-        left = shape.backing_pages
-        for n in sorted(page_nodes, key=lambda n: (-on_node.get(n, 0), -state.usable_pages(n, size), n)):
-            take = min(state.usable_pages(n, size), left)
+        backed = shape.hugepage_backed
+        left = shape.backing_pages if backed else shape.memory_bytes
+
+        def free_on(n: int) -> int:
+            return state.usable_pages(n, size) if backed else max(state.memory.get(n, 0), 0)
+
+        for n in sorted(page_nodes, key=lambda n: (-on_node.get(n, 0), -free_on(n), n)):
+            take = min(free_on(n), left)
             if take:
-                ranges.extend((n, size, a, b) for a, b in state.pick_pages(n, size, take))
                 counts[n] = take
                 left -= take
             if not left:
                 break
+    memory: dict[int, int] = {}
+    if not shape.hugepage_backed:
+        memory, counts = counts, {}
     chosen: list[DeviceGroup] = list(named)
     if devices.counts:
         skip = set(devices.named)
@@ -753,7 +792,9 @@ def _assemble(
                 if not left:
                     break
     cpu_tuple = tuple(cpus) if exclusive else pools.shared_cpus
-    nodes = tuple(sorted(set(on_node) | set(counts))) if exclusive else tuple(sorted(set(pools.shared_nodes)))
+    nodes = (
+        tuple(sorted(set(on_node) | set(counts) | set(memory))) if exclusive else tuple(sorted(set(pools.shared_nodes)))
+    )
     if emulator == "housekeeping":
         near = [c for n in nodes for c in pools.housekeeping_by_node.get(n, ())]
         emulator_cpus = tuple(sorted(near)) if near else pools.housekeeping_cpus
@@ -774,9 +815,9 @@ def _assemble(
         hugepages=tuple((n, size, counts[n]) for n in sorted(counts)),
         emulator_cpus=emulator_cpus,
         devices=tuple(chosen),
-        page_ranges=tuple(sorted(ranges)),
         exclusive=exclusive,
         cells=cells,
+        memory=tuple(sorted(memory.items())),
     )
 
 
@@ -784,7 +825,7 @@ def place(
     shape: VmShape,
     inventory: HostInventory,
     owned_cpus: Iterable[int],
-    taken: Iterable[str],
+    held: Iterable[Claim],
     budgets: Mapping[tuple[int, int], HugepageBudget],
     *,
     shared_cpus: Iterable[int] = (),
@@ -793,8 +834,10 @@ def place(
     emulator: EmulatorPolicy = "vcpus",
     devices: DeviceRequest = NO_DEVICES,
     device_pools: DevicePools = NO_POOLS,
+    memory: Mapping[int, int] | None = None,
+    packing: Packing = DEFAULT_PACKING,
 ) -> Placement:
-    """One decision from scratch: the pools and the free state built from the ledger's keys."""
+    """One decision from scratch: the pools and the free state built from what is held."""
     pools = host_pools(
         inventory,
         owned_cpus,
@@ -802,7 +845,14 @@ def place(
         housekeeping_cpus=housekeeping_cpus,
         budgets=budgets,
         devices=device_pools,
+        memory=memory,
     )
     return decide(
-        shape, pools, FreeState.from_taken(pools, taken), policy=numa_policy, emulator=emulator, devices=devices
+        shape,
+        pools,
+        FreeState.from_claims(pools, held),
+        policy=numa_policy,
+        emulator=emulator,
+        devices=devices,
+        packing=packing,
     )

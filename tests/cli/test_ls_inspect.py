@@ -16,6 +16,7 @@ import yaml
 from shim.model import CONTAINER_CREATED, ContainerRecord, PodMeta, SandboxRecord
 from tests.cli.conftest import vmsandbox, vmsandbox_json
 from vmsandbox.adapters.ledger import Ledger
+from vmsandbox.claims import Claim
 
 MI = 1 << 20
 READY_ID = "3f2a" + "1" * 60
@@ -97,7 +98,9 @@ def state(tmp_path: Path) -> Iterator[State]:
     )
     for r in (ready, stopped, creating):
         ledger.put_sandbox(r.id, r.state, r.created_ns, r.to_doc())
-    ledger.claim(READY_ID, ["cpu:2", "cpu:3", *(f"hugepages-2048kB:node0:{i}" for i in range(144))])
+    ledger.claim(
+        READY_ID, Claim(cpus=(2, 3), pages=((0, 2 * MI, 144),)), page_limits={(0, 2 * MI): 144}, memory_limits={}
+    )
     for i, name in enumerate(("web", "cache")):
         c = ContainerRecord(
             id=f"c{i}" + "0" * 62,
@@ -140,7 +143,12 @@ def test_ls_json_and_full_ids(state: State) -> None:
     ready = doc[0]
     assert ready["pod"] == "shop/web" and ready["state"] == "SANDBOX_READY"
     assert ready["record"]["cpus"] == [2, 3] and ready["record"]["guest"]["vcpus"] == 2
-    assert len(ready["claims"]) == 146
+    assert ready["claims"] == {
+        "cpus": [2, 3],
+        "pci": [],
+        "hugepages": [{"node": 0, "page_size": 2 * MI, "pages": 144}],
+        "memory": [],
+    }
     assert [c["name"] for c in ready["containers"]] == ["web", "cache"]
     assert 299 <= ready["age_s"] < 400
     full = vmsandbox("ls", "--state-dir", state.dir, "--no-trunc")
@@ -163,7 +171,7 @@ def test_inspect_text(state: State) -> None:
         "devices     none",
         "guest       2 vCPUs, MemTotal 230000 KiB, hugepages 16x2Mi (16 free), kernel 6.1.0-18-amd64",
         "boot        3100 ms",
-        "claims      146 (2 CPUs, 144 hugepages)",
+        "claims      2 CPUs, 144 hugepages",
         "containers:",
     ]
     for line in expected:
@@ -175,7 +183,11 @@ def test_inspect_text(state: State) -> None:
 def test_inspect_json(state: State) -> None:
     code, doc = vmsandbox_json("inspect", STOPPED_ID, "--state-dir", state.dir)
     assert code == 0
-    assert doc["id"] == STOPPED_ID and doc["claims"] == [] and doc["record"]["shape"]["cpu_policy"] == "shared"
+    assert (
+        doc["id"] == STOPPED_ID
+        and doc["claims"] == {"cpus": [], "pci": [], "hugepages": [], "memory": []}
+        and doc["record"]["shape"]["cpu_policy"] == "shared"
+    )
 
 
 @pytest.mark.parametrize(
@@ -200,10 +212,10 @@ def test_reads_beside_a_writer(state: State) -> None:
         started = time.monotonic()
         code, doc = vmsandbox_json("ls", "--state-dir", state.dir)
         assert code == 0 and time.monotonic() - started < 10
-        assert "cpu:9" not in doc[0]["claims"]
+        assert 9 not in doc[0]["claims"]["cpus"]
         writer.execute("COMMIT")
         code, doc = vmsandbox_json("ls", "--state-dir", state.dir)
-        assert "cpu:9" in doc[0]["claims"]
+        assert 9 in doc[0]["claims"]["cpus"]
     finally:
         writer.close()
 

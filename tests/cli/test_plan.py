@@ -31,6 +31,7 @@ from tests.cli.conftest import (
     HERE as CLI,
 )
 from vmsandbox.adapters.ledger import Ledger
+from vmsandbox.claims import Claim
 
 MI = 1 << 20
 GI = 1 << 30
@@ -69,9 +70,10 @@ PLAN_CASES = [
             "shape.vcpus": 2,
             "shape.memory_bytes": 576 * MI,
             "shape.backing_page_size": 2 * MI,
-            "placement.nodes": [0],
-            "placement.cpus": [0, 32],  # one whole core: thread siblings together
-            "placement.hugepages": [{"node": 0, "page_size": 2 * MI, "pages": 288}],
+            # spread (the default packing): node 1 has more free, node 0's kernel shows 24 pages in use
+            "placement.nodes": [1],
+            "placement.cpus": [16, 48],  # one whole core: thread siblings together
+            "placement.hugepages": [{"node": 1, "page_size": 2 * MI, "pages": 288}],
             "host.accel": "kvm",  # the fixture's CPUs have vmx
             "fits": True,
             "refusal": None,
@@ -218,8 +220,8 @@ PLAN_CASES = [
             "profile": "hugepages",
             "shape.vcpus": 24,
             "shape.memory_bytes": 5 * GI,  # 4Gi + 128Mi overhead, rounded up to 1Gi pages
-            # best fit counts pages too: node 1 has fewer 1Gi pages left over afterwards
-            "placement.hugepages": [{"node": 1, "page_size": GI, "pages": 5}],
+            # spread counts pages too: node 0 has more 1Gi pages left over afterwards (8 free, node 1 6)
+            "placement.hugepages": [{"node": 0, "page_size": GI, "pages": 5}],
         },
     ),
     PlanCase(
@@ -345,7 +347,7 @@ def test_plan_text_explains_a_fit() -> None:
     assert (
         "VM         2 vCPUs (pinned, exclusive), 288Mi RAM on 2Mi hugepages (144 pages), guest hugepages 32x2Mi" in out
     )
-    assert "placement  NUMA node 0: vCPU 0 -> CPU 0, vCPU 1 -> CPU 32; 144x2Mi pages from node 0" in out
+    assert "placement  NUMA node 1: vCPU 0 -> CPU 16, vCPU 1 -> CPU 48; 144x2Mi pages from node 1" in out
     assert "verdict    fits" in out
     assert "<cmdline>console=ttyS0 panic=-1 quiet cryptomgr.notests hugepagesz=2M hugepages=32</cmdline>" in out
 
@@ -501,7 +503,7 @@ def test_plan_counts_what_a_running_shim_holds_and_changes_nothing(tmp_path: Pat
     state.mkdir()
     ledger = Ledger(state / "state.db")
     node0 = [*range(16), *range(32, 48)]
-    ledger.claim("a" * 64, [f"cpu:{c}" for c in node0])
+    ledger.claim("a" * 64, Claim(cpus=tuple(node0)), page_limits={}, memory_limits={})
     record = SandboxRecord(
         id="a" * 64,
         meta=PodMeta("x", "y", "z"),

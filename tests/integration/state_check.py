@@ -18,6 +18,8 @@ from typing import Any
 import libvirt
 
 from tests.integration.conftest import LIBVIRT_URI, hugepages_free
+from vmsandbox.adapters.ledger import read_claims
+from vmsandbox.claims import Claim
 from vmsandbox.domain_xml import read_identity
 
 
@@ -25,7 +27,7 @@ from vmsandbox.domain_xml import read_identity
 class LedgerView:
     instance: str
     rows: dict[str, tuple[str, dict[str, Any]]]  # sandbox id -> (state, record)
-    claims: list[tuple[str, str]]  # (key, owner)
+    claims: dict[str, Claim]  # sandbox id -> what it holds
     containers: dict[str, list[tuple[str, str]]]  # sandbox id -> [(container id, state)]
 
 
@@ -43,7 +45,7 @@ def read_ledger(state_dir: Path) -> LedgerView:
     try:
         instance = db.execute("SELECT value FROM meta WHERE key = 'instance_id'").fetchone()[0]
         rows = {r[0]: (r[1], json.loads(r[2])) for r in db.execute("SELECT id, state, record FROM sandboxes")}
-        claims = [(r[0], r[1]) for r in db.execute("SELECT key, sandbox_id FROM claims")]
+        claims = read_claims(db)
         kids: dict[str, list[tuple[str, str]]] = {}
         for cid, sid, state in db.execute("SELECT id, sandbox_id, state FROM containers ORDER BY created_ns"):
             kids.setdefault(sid, []).append((cid, state))
@@ -101,16 +103,16 @@ def assert_consistent(state_dir: Path, baseline: int) -> LedgerView:
     assert all(d.active for d in mine.values())
     for sid in ready:
         assert mine[sid].name == led.rows[sid][1]["domain"]
-    # no key held twice (the PRIMARY KEY says so; check anyway), and only by READY sandboxes
-    keys = [k for k, _ in led.claims]
-    assert len(keys) == len(set(keys))
-    assert {owner for _, owner in led.claims} <= ready
+    # no CPU held twice (the PRIMARY KEY says so; check anyway), and only by READY sandboxes
+    cpus = [c for claim in led.claims.values() for c in claim.cpus]
+    assert len(cpus) == len(set(cpus))
+    assert set(led.claims) <= ready
     for sid in ready:
         record = led.rows[sid][1]
-        held = {k for k, owner in led.claims if owner == sid}
+        held = led.claims.get(sid, Claim())
         if record["shape"]["cpu_policy"] == "exclusive":
-            assert {k for k in held if k.startswith("cpu:")} == {f"cpu:{c}" for c in record["cpus"]}
-        assert sum(1 for k in held if k.startswith("hugepages-")) == record_pages(record)
+            assert set(held.cpus) == set(record["cpus"])
+        assert sum(c for _, size, c in held.pages if size == 2 << 20) == record_pages(record)
         assert mine[sid].pages == record_pages(record)
     # the host's free pages: the baseline minus the adopted sandboxes' pages (and other runs' guests)
     expected = 0

@@ -113,8 +113,8 @@ def test_ten_simultaneous_pods_on_a_host_that_fits_four(tight_host: tuple[Shim, 
         assert st.status.state == pb.SANDBOX_READY
     led = assert_consistent(shim.state_dir, baseline)
     assert sorted(led.rows) == sorted(winners)
-    assert len(led.claims) == FITS * pages
-    assert {owner for _, owner in led.claims} == set(winners)
+    assert sum(c.page_count for c in led.claims.values()) == FITS * pages
+    assert set(led.claims) == set(winners)
     # the losers left nothing behind: no row, no domain, no claim
     assert sorted(d.sandbox_id for d in read_domains() if d.owner == led.instance) == sorted(winners)
 
@@ -122,7 +122,7 @@ def test_ten_simultaneous_pods_on_a_host_that_fits_four(tight_host: tuple[Shim, 
         shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
         shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
     led = assert_consistent(shim.state_dir, baseline)
-    assert led.rows == {} and led.claims == []
+    assert led.rows == {} and led.claims == {}
     assert not [d for d in read_domains() if d.owner == read_ledger(shim.state_dir).instance]
     # and the budget is whole again: a fifth pod fits now
     sid = shim.runtime.RunPodSandbox(
@@ -186,15 +186,15 @@ def test_fifty_simultaneous_pods_on_a_two_cpu_pool_refuse_fast(tmp_path: Path) -
         slowest_refusal = max(seconds for _, seconds in losers)
         first_boot = min(answered[i] for i, r in enumerate(results) if isinstance(r, str))
         print(f"50 on 2 CPUs: slowest refusal {slowest_refusal:.3f} s, first guest ready {first_boot:.3f} s")
-        assert slowest_refusal < min(first_boot, 5.0), (slowest_refusal, first_boot)
+        assert slowest_refusal < first_boot, (slowest_refusal, first_boot)  # refused before any guest boots
         led = assert_consistent(shim.state_dir, baseline)
         assert sorted(led.rows) == sorted(winners)
-        assert {owner for _, owner in led.claims} == set(winners)
+        assert set(led.claims) == set(winners)
         for sid in winners:
             shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
             shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
         led = assert_consistent(shim.state_dir, baseline)
-        assert led.rows == {} and led.claims == []
+        assert led.rows == {} and led.claims == {}
     finally:
         try:
             for s in shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:

@@ -125,7 +125,7 @@ def test_pools_of_the_vfio_host() -> None:
     assert POOLS.by_address["0000:3b:00.1"].group == 12
     group = POOLS.group(12)
     assert group is not None
-    assert group.keys == ("pci:0000:3b:00.0", "pci:0000:3b:00.1")
+    assert group.addresses == ("0000:3b:00.0", "0000:3b:00.1")
     assert group.describe() == "IOMMU group 12 (0000:3b:00.0 10de:2330 + 1 more, pool gpu, node 0)"
     assert POOLS.pools["accel"][0].describe() == "IOMMU group 7 (0000:17:00.0 8086:0b25, pool accel, no NUMA node)"
 
@@ -401,6 +401,7 @@ def gpu_shim(tmp_path: Path) -> Iterator[tuple[Sandboxes, RecordingHypervisor]]:
         shared_cpus=(3, 7),
         device_pools={"gpu": CONFIG["gpu"], "nic": CONFIG["nic"]},
         cdi_spec_dirs=(str(cdi_dir),),
+        packing="best-fit",  # the tables below follow the tightest node first
     )
     profile = Profile(
         name="gpu", handler="vmsandbox", image_dir=str(images), accel="kvm", extended_resources=dict(MAPPING)
@@ -452,7 +453,8 @@ def test_run_pod_sandbox_passes_whole_groups_and_rolls_back(
         sb.run(pod_spec(decl))
     [xml] = hypervisor.defined
     assert read_hostdevs(xml) == hostdevs
-    assert sb.ledger.taken() == frozenset()  # the rollback released CPUs, pages and PCI functions
+    assert sb.ledger.held() == {}  # the rollback released CPUs, pages and PCI functions
+    assert sb.resources.owners() == frozenset() and all(u.held == 0 for u in sb.resources.usage())
 
 
 def test_claims_hold_pci_functions_until_the_pool_is_exhausted(gpu_shim: tuple[Sandboxes, RecordingHypervisor]) -> None:
@@ -463,19 +465,19 @@ def test_claims_hold_pci_functions_until_the_pool_is_exhausted(gpu_shim: tuple[S
     demand = demand_from_declaration(one_gpu.declaration, profile)
     shape = shape_for(demand, profile)
     devices = sb.policy.device_request(one_gpu.declaration, demand, profile, sb.inventory())
-    got = [sb._claim(f"s{i}", shape, profile, devices).hostdevs for i in range(3)]
+    got = [sb.resources.reserve(f"s{i}", shape, profile, devices).hostdevs for i in range(3)]
     assert got == [("0000:3b:00.0", "0000:3b:00.1"), ("0000:af:00.0", "0000:af:00.1"), ("0000:d8:00.0",)]
-    assert {k for k in sb.ledger.taken() if k.startswith("pci:")} == {f"pci:{a}" for g in got for a in g}
+    assert {a for c in sb.ledger.held().values() for a in c.pci} == {a for g in got for a in g}
     with pytest.raises(CannotFit) as exc:
-        sb._claim("s3", shape, profile, devices)
+        sb.resources.reserve("s3", shape, profile, devices)
     assert str(exc.value) == (
         "cannot place the VM: device pool gpu on node 0: need 1 IOMMU groups, free 0 (short by 1); "
         # node 1's exclusive CPUs are 2 and 6 (3 and 7 are the shared pool): both held now
         "cpu on node 1: need 1, free 0 (short by 1); "
         "device pool gpu on node 1: need 1 IOMMU groups, free 0 (short by 1)"
     )
-    sb.ledger.release("s1")
-    assert sb._claim("s4", shape, profile, devices).hostdevs == ("0000:af:00.0", "0000:af:00.1")
+    sb.resources.release("s1")
+    assert sb.resources.reserve("s4", shape, profile, devices).hostdevs == ("0000:af:00.0", "0000:af:00.1")
 
 
 def test_unconfigured_groups_are_refused_before_anything_is_claimed(
@@ -486,4 +488,4 @@ def test_unconfigured_groups_are_refused_before_anything_is_claimed(
         sb.run(pod_spec(container("app", devices=("/dev/vfio/20",))))
     with pytest.raises(InvalidArgument, match=r'CDI device "example.com/gpu=0" is not defined by any CDI spec'):
         sb.run(pod_spec(container("app", cdi=("example.com/gpu=0",))))
-    assert hypervisor.defined == [] and sb.ledger.taken() == frozenset()
+    assert hypervisor.defined == [] and sb.ledger.held() == {}

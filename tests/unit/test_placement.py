@@ -3,17 +3,16 @@ shortfall messages, and (hypothesis) that nothing is ever held twice on any fixt
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
+from vmsandbox.claims import Claim
 from vmsandbox.devices import NO_DEVICES, NO_POOLS, DevicePools, DeviceRequest, resolve_pools
 from vmsandbox.errors import CannotFit, InvalidArgument
 from vmsandbox.host import HostCpu, HostInventory, HugepagePool
@@ -23,11 +22,10 @@ from vmsandbox.placement import (
     HostPools,
     HugepageBudget,
     NumaPolicy,
+    Packing,
     Placement,
-    cpu_key,
     decide,
     host_pools,
-    page_key,
     place,
 )
 from vmsandbox.sizing import PodDemand, VmShape
@@ -75,11 +73,13 @@ VFIO_POOLS = resolve_pools(
 
 
 def budgets(inv: HostInventory, **free: int) -> dict[tuple[int, int], HugepageBudget]:
-    """Every pool fully in the shim's budget; ``node0_2M=10`` overrides the kernel's free count."""
+    """Every pool in the shim's budget as far as the kernel has it free; ``node0_2M=10`` overrides the
+    kernel's free count (the ResourceManager leaves pages others use out of the budget)."""
     out = {}
     for p in inv.hugepages:
         label = f"node{p.node}_{'1G' if p.page_size == P1G else '2M'}"
-        out[(p.node, p.page_size)] = HugepageBudget(p.node, p.page_size, p.total, free.get(label, p.free))
+        host_free = free.get(label, p.free)
+        out[(p.node, p.page_size)] = HugepageBudget(p.node, p.page_size, min(p.total, host_free), host_free)
     return out
 
 
@@ -94,16 +94,17 @@ def shape(vcpus: int, memory: int = 128 * MI, page: int = 4096, policy: str = "e
     )
 
 
-def cpus(*ids: int) -> tuple[str, ...]:
-    return tuple(cpu_key(i) for i in ids)
+def cpus(*ids: int) -> Claim:
+    return Claim.of(cpus=ids)
 
 
-def pages(size: int, node: int, indices: range) -> tuple[str, ...]:
-    return tuple(page_key(size, node, i) for i in indices)
+def pages(size: int, node: int, indices: range) -> Claim:
+    """As many pages as ``indices`` has (pages are counted; the indices only say how many)."""
+    return Claim.of(pages=[(node, size, len(indices))])
 
 
-def pci(*addresses: str) -> tuple[str, ...]:
-    return tuple(f"pci:{a}" for a in addresses)
+def pci(*addresses: str) -> Claim:
+    return Claim.of(pci=addresses)
 
 
 ALL_2 = (0, 1)
@@ -112,18 +113,18 @@ ALL_8 = tuple(range(8))
 
 @dataclass(frozen=True)
 class Want:
-    """What a placement must be: CPUs (in vCPU order), nodes, claim keys, hugepages (node, size, count)."""
+    """What a placement must be: CPUs (in vCPU order), nodes, its claim, hugepages (node, size, count)."""
 
     cpus: tuple[int, ...]
     nodes: tuple[int, ...]
-    claims: tuple[str, ...]
+    claims: Claim
     hugepages: tuple[tuple[int, int, int], ...] = ()
     emulator: tuple[int, ...] | None = None  # default: the vCPUs' CPUs
     cells: tuple[GuestCell, ...] = ()
 
 
 def check(p: Placement, want: Want) -> None:
-    assert (p.cpus, p.nodes, p.claims, p.hugepages, p.cells) == (
+    assert (p.cpus, p.nodes, p.claim, p.hugepages, p.cells) == (
         want.cpus,
         want.nodes,
         want.claims,
@@ -138,7 +139,7 @@ class Case:
     inv: HostInventory
     vm: VmShape
     owned: tuple[int, ...] | range = ALL_8
-    taken: tuple[str, ...] = ()
+    taken: Claim = field(default_factory=Claim)
     budget: Mapping[tuple[int, int], HugepageBudget] = field(default_factory=dict)
     shared: tuple[int, ...] = ()
     housekeeping: tuple[int, ...] = ()
@@ -146,13 +147,14 @@ class Case:
     emulator: str = "vcpus"
     devices: DeviceRequest = NO_DEVICES
     pools: DevicePools = NO_POOLS
+    packing: Packing = "best-fit"  # these tables check best fit; spread and first fit: test_resource_manager
 
     def place(self) -> Placement:
         return place(
             self.vm,
             self.inv,
             self.owned,
-            frozenset(self.taken),
+            [self.taken],
             self.budget,
             shared_cpus=self.shared,
             housekeeping_cpus=self.housekeeping,
@@ -160,6 +162,7 @@ class Case:
             emulator=self.emulator,  # type: ignore[arg-type]
             devices=self.devices,
             device_pools=self.pools,
+            packing=self.packing,
         )
 
 
@@ -216,7 +219,7 @@ PLACEMENTS = [
     # -- pools: shared and housekeeping CPUs are never taken exclusively
     pytest.param(
         Case(TWO_NODES, shape(4, policy="shared"), taken=cpus(0, 4), shared=(3, 7)),
-        Want((3, 7), (1,), ()),
+        Want((3, 7), (1,), Claim()),
         id="shared-floats-over-the-shared-pool",
     ),
     pytest.param(
@@ -261,7 +264,7 @@ PLACEMENTS = [
     ),
     pytest.param(
         Case(TWO_NODES, shape(2, policy="shared"), shared=(3, 7), housekeeping=(3,), emulator="housekeeping"),
-        Want((3, 7), (1,), (), emulator=(3,)),
+        Want((3, 7), (1,), Claim(), emulator=(3,)),
         id="housekeeping-may-overlap-the-shared-pool",
     ),
     # -- 64 threads
@@ -427,7 +430,7 @@ def test_devices(case: Case, want: Want) -> None:
     p = case.place()
     check(p, want)
     assert all(g.group in VFIO_POOLS.by_group for g in p.devices)
-    assert p.hostdevs == tuple(k.removeprefix("pci:") for k in p.claims if k.startswith("pci:"))
+    assert sorted(p.hostdevs) == list(p.claim.pci)
 
 
 def test_partial_and_unselected_groups_are_never_handed_out() -> None:
@@ -436,23 +439,36 @@ def test_partial_and_unselected_groups_are_never_handed_out() -> None:
     with pytest.raises(CannotFit) as exc:
         vfio(shape(1), DeviceRequest(counts=(("nic", 1),)), "none").place()
     assert str(exc.value) == (
-        "cannot place the VM: device pool nic on nodes 0-1: need 1 IOMMU groups, free 0 (short by 1)"
+        "cannot place the VM: device pool nic on nodes 0-1: need 1 IOMMU groups, free 0 (short by 1); its pool "
+        "there is only 0 IOMMU groups (device_pools.nic): waiting will not help"
     )
 
 
 # -- refusals --------------------------------------------------------------------------------------------
 SHORTFALLS = [
     pytest.param(
-        Case(ONE_NODE, shape(3), ALL_2), "cannot place the VM: cpu on node 0: need 3, free 2 (short by 1)", id="cpus"
+        Case(ONE_NODE, shape(3), ALL_2),
+        (
+            "cannot place the VM: cpu on node 0: need 3, free 2 (short by 1); its pool there is only 2 "
+            "(exclusive CPUs: cpu_pool less shared_cpus and housekeeping_cpus): waiting will not help"
+        ),
+        id="cpus",
     ),
     pytest.param(
         Case(ONE_NODE, shape(2), (0,)),
-        "cannot place the VM: cpu on node 0: need 2, free 1 (short by 1)",
+        (
+            "cannot place the VM: cpu on node 0: need 2, free 1 (short by 1); its pool there is only 1 "
+            "(exclusive CPUs: cpu_pool less shared_cpus and housekeeping_cpus): waiting will not help"
+        ),
         id="only-owned-cpus-count",
     ),
     pytest.param(
         Case(ONE_NODE, shape(1, 128 * MI, P2M), ALL_2, budget=budgets(ONE_NODE, node0_2M=10)),
-        "cannot place the VM: hugepages-2Mi on node 0: need 64 pages, free 10 (short by 54)",
+        (
+            "cannot place the VM: hugepages-2Mi on node 0: need 64 pages, free 10 (short by 54); its pool "
+            "there is only 10 pages (what the host reserved, within the hugepages cap): waiting will not "
+            "help"
+        ),
         id="kernel-free-pages",
     ),
     pytest.param(
@@ -462,13 +478,20 @@ SHORTFALLS = [
     ),
     pytest.param(
         Case(ONE_NODE, shape(1, GI, P1G), ALL_2),
-        "cannot place the VM: hugepages-1Gi on node 0: need 1 pages, free 0 (short by 1)",
+        (
+            "cannot place the VM: hugepages-1Gi on node 0: need 1 pages, free 0 (short by 1); its pool "
+            "there is only 0 pages (what the host reserved, within the hugepages cap): waiting will not help"
+        ),
         id="no-budget",
     ),
     pytest.param(
         Case(ONE_NODE, shape(4, 256 * MI, P2M), ALL_2, cpus(0)),
-        "cannot place the VM: cpu on node 0: need 4, free 1 (short by 3); "
-        "hugepages-2Mi on node 0: need 128 pages, free 0 (short by 128)",
+        (
+            "cannot place the VM: cpu on node 0: need 4, free 1 (short by 3); its pool there is only 2 "
+            "(exclusive CPUs: cpu_pool less shared_cpus and housekeeping_cpus): waiting will not help; "
+            "hugepages-2Mi on node 0: need 128 pages, free 0 (short by 128); its pool there is only 0 pages "
+            "(what the host reserved, within the hugepages cap): waiting will not help"
+        ),
         id="cpus-and-pages",
     ),
     pytest.param(
@@ -478,8 +501,12 @@ SHORTFALLS = [
     ),
     pytest.param(
         Case(TWO_NODES, shape(1, 3 * GI, P1G), budget=budgets(TWO_NODES)),
-        "cannot place the VM: hugepages-1Gi on node 0: need 3 pages, free 2 (short by 1); "
-        "hugepages-1Gi on node 1: need 3 pages, free 1 (short by 2)",
+        (
+            "cannot place the VM: hugepages-1Gi on node 0: need 3 pages, free 2 (short by 1); its pool "
+            "there is only 2 pages (what the host reserved, within the hugepages cap): waiting will not "
+            "help; hugepages-1Gi on node 1: need 3 pages, free 1 (short by 2); its pool there is only 1 "
+            "pages (what the host reserved, within the hugepages cap): waiting will not help"
+        ),
         id="1Gi-pages-on-both-nodes",
     ),
     pytest.param(
@@ -509,18 +536,32 @@ SHORTFALLS = [
     ),
     pytest.param(
         Case(TWO_NODES, shape(5), shared=(2, 3, 6, 7)),
-        "cannot place the VM: cpu on node 0: need 5, free 4 (short by 1); cpu on node 1: need 5, free 0 (short by 5)",
+        (
+            "cannot place the VM: cpu on node 0: need 5, free 4 (short by 1); its pool there is only 4 "
+            "(exclusive CPUs: cpu_pool less shared_cpus and housekeeping_cpus): waiting will not help; cpu "
+            "on node 1: need 5, free 0 (short by 5); its pool there is only 0 (exclusive CPUs: cpu_pool "
+            "less shared_cpus and housekeeping_cpus): waiting will not help"
+        ),
         id="shared-pool-is-not-exclusive",
     ),
     pytest.param(
         Case(TWO_NODES, shape(1, 64 * MI, P2M, "shared"), budget=TIGHT, shared=(0, 4)),
-        "cannot place the VM: hugepages-2Mi on node 0: need 32 pages, free 10 (short by 22)",
+        (
+            "cannot place the VM: hugepages-2Mi on node 0: need 32 pages, free 10 (short by 22); its pool "
+            "there is only 10 pages (what the host reserved, within the hugepages cap): waiting will not "
+            "help"
+        ),
         id="shared-pages-only-on-shared-nodes",
     ),
     # -- NUMA policies
     pytest.param(
         Case(TWO_NODES, shape(6)),
-        "cannot place the VM: cpu on node 0: need 6, free 4 (short by 2); cpu on node 1: need 6, free 4 (short by 2)",
+        (
+            "cannot place the VM: cpu on node 0: need 6, free 4 (short by 2); its pool there is only 4 "
+            "(exclusive CPUs: cpu_pool less shared_cpus and housekeeping_cpus): waiting will not help; cpu "
+            "on node 1: need 6, free 4 (short by 2); its pool there is only 4 (exclusive CPUs: cpu_pool "
+            "less shared_cpus and housekeeping_cpus): waiting will not help"
+        ),
         id="single-numa-node-refuses-a-vm-bigger-than-a-node",
     ),
     pytest.param(
@@ -537,24 +578,37 @@ SHORTFALLS = [
     ),
     pytest.param(
         Case(TWO_NODES, shape(9), policy="best-effort"),
-        "cannot place the VM: cpu on nodes 0-1: need 9, free 8 (short by 1)",
+        (
+            "cannot place the VM: cpu on nodes 0-1: need 9, free 8 (short by 1); its pool there is only 8 "
+            "(exclusive CPUs: cpu_pool less shared_cpus and housekeeping_cpus): waiting will not help"
+        ),
         id="best-effort-host-too-small",
     ),
     pytest.param(
         Case(TWO_NODES, shape(9), policy="restricted"),
-        "cannot place the VM: cpu on nodes 0-1: need 9, free 8 (short by 1)",
+        (
+            "cannot place the VM: cpu on nodes 0-1: need 9, free 8 (short by 1); its pool there is only 8 "
+            "(exclusive CPUs: cpu_pool less shared_cpus and housekeeping_cpus): waiting will not help"
+        ),
         id="restricted-host-too-small",
     ),
     pytest.param(
         Case(TWO_NODES, shape(9), policy="none"),
-        "cannot place the VM: cpu on nodes 0-1: need 9, free 8 (short by 1)",
+        (
+            "cannot place the VM: cpu on nodes 0-1: need 9, free 8 (short by 1); its pool there is only 8 "
+            "(exclusive CPUs: cpu_pool less shared_cpus and housekeeping_cpus): waiting will not help"
+        ),
         id="none-host-too-small",
     ),
     # -- devices
     pytest.param(
         vfio(shape(1), gpus(3)),
-        "cannot place the VM: device pool gpu on node 0: need 3 IOMMU groups, free 1 (short by 2); "
-        "device pool gpu on node 1: need 3 IOMMU groups, free 2 (short by 1)",
+        (
+            "cannot place the VM: device pool gpu on node 0: need 3 IOMMU groups, free 1 (short by 2); its "
+            "pool there is only 1 IOMMU groups (device_pools.gpu): waiting will not help; device pool gpu "
+            "on node 1: need 3 IOMMU groups, free 2 (short by 1); its pool there is only 2 IOMMU groups "
+            "(device_pools.gpu): waiting will not help"
+        ),
         id="gpus-on-no-single-node",
     ),
     pytest.param(
@@ -609,30 +663,23 @@ def test_pools_must_be_owned(shared: tuple[int, ...], housekeeping: tuple[int, .
     assert str(exc.value) == message
 
 
-@pytest.mark.parametrize(
-    ("size", "node", "index", "key"),
-    [
-        pytest.param(P2M, 0, 17, "hugepages-2048kB:node0:17", id="2Mi"),
-        pytest.param(P1G, 1, 0, "hugepages-1048576kB:node1:0", id="1Gi"),
-    ],
-)
-def test_page_key(size: int, node: int, index: int, key: str) -> None:
-    assert page_key(size, node, index) == key
-
-
-def test_free_state_ignores_keys_it_does_not_own() -> None:
+def test_free_state_ignores_what_it_does_not_own() -> None:
     pools = host_pools(TWO_NODES, (0, 1, 4, 5), budgets={(0, P2M): HugepageBudget(0, P2M, 4, 4)})
-    foreign = ("cpu:2", "cpu:x", "hugepages-2048kB:node0:9", "hugepages-2048kB:node1:0", "pci:0000:00:00.0", "junk")
-    assert FreeState.from_taken(pools, foreign).snapshot() == FreeState(pools).snapshot()
-    state = FreeState.from_taken(pools, ("cpu:0", "hugepages-2048kB:node0:1", "hugepages-2048kB:node0:2"))
+    foreign = Claim.of(cpus=(2,), pci=("0000:00:00.0",), pages=[(1, P2M, 3), (0, P1G, 1)])
+    assert FreeState.from_claims(pools, [foreign]).snapshot() == FreeState(pools).snapshot()
+    state = FreeState.from_claims(pools, [Claim.of(cpus=(0,), pages=[(0, P2M, 2)])])
     assert state.lone[0] == [4] and state.full[0] == {2: [1]} and state.ncpu[0] == 3
-    assert state.pages[(0, P2M)] == [(0, 1), (3, 4)] and state.npages[(0, P2M)] == 2
+    assert state.npages[(0, P2M)] == 2
+    # held beyond the budget (the configuration shrank): nothing is handed out until enough is released
+    over = FreeState.from_claims(pools, [Claim.of(pages=[(0, P2M, 3)]), Claim.of(pages=[(0, P2M, 3)])])
+    assert over.npages[(0, P2M)] == -2 and over.usable_pages(0, P2M) == 0
 
 
-def test_claims_are_generated_from_ranges() -> None:
-    p = Placement(cpus=(3,), nodes=(1,), page_ranges=((1, P2M, 5, 8),), exclusive=True)
-    assert p.claims == ("cpu:3", *pages(P2M, 1, range(5, 8)))
-    assert replace(p, exclusive=False).claims == pages(P2M, 1, range(5, 8))
+def test_claim_of_a_placement() -> None:
+    p = Placement(cpus=(3, 1), nodes=(1,), hugepages=((1, P2M, 3),), exclusive=True)
+    assert p.claim == Claim(cpus=(1, 3), pages=((1, P2M, 3),))
+    assert replace(p, exclusive=False).claim == Claim(pages=((1, P2M, 3),))
+    assert (cpus(1) + pages(P2M, 0, range(2)) + pages(P2M, 0, range(3))).pages == ((0, P2M, 5),)
 
 
 # -- properties: claim / release on every fixture host ---------------------------------------------------
@@ -663,6 +710,7 @@ def _host(
         housekeeping_cpus=housekeeping,
         budgets=budget,
         devices=devices,
+        memory={n: 512 * MI for n in inv.nodes},
     )
     vms: list[tuple[VmShape, DeviceRequest]] = [
         (shape(1), NO_DEVICES),
@@ -697,14 +745,6 @@ OPS = st.lists(
     ),
     max_size=30,
 )
-_db_names = itertools.count()
-
-
-def _universe(pools: HostPools) -> frozenset[str]:
-    keys = {cpu_key(c) for c in pools.exclusive_cpus}
-    keys |= {page_key(b.page_size, b.node, i) for b in pools.budgets.values() for i in range(b.pages)}
-    keys |= {k for g in pools.devices.by_group.values() for k in g.keys}
-    return frozenset(keys)
 
 
 def _check_placement(host: Host, vm: VmShape, p: Placement) -> None:
@@ -712,21 +752,37 @@ def _check_placement(host: Host, vm: VmShape, p: Placement) -> None:
     if vm.cpu_policy == "exclusive":
         assert len(p.cpus) == vm.vcpus and set(p.cpus) <= pools.exclusive_cpus
     else:
-        assert p.cpus == pools.shared_cpus and not any(k.startswith("cpu:") for k in p.claims)
+        assert p.cpus == pools.shared_cpus and not p.claim.cpus
         assert {n for n, _, _ in p.hugepages} <= set(pools.shared_nodes)  # pages on a node of its CPUs
     assert sum(n for _, _, n in p.hugepages) == vm.backing_pages
+    if not vm.hugepage_backed:
+        assert sum(b for _, b in p.memory) == vm.memory_bytes
     for g in p.devices:  # whole groups
-        assert g.keys == pools.devices.by_group[g.group].keys
+        assert g.addresses == pools.devices.by_group[g.group].addresses
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def _check_held(pools: HostPools, held: list[Claim]) -> None:
+    """Nothing held twice: CPUs and PCI functions by one claim at most, amounts within their pools."""
+    cpu_list = [c for h in held for c in h.cpus]
+    pci_list = [a for h in held for a in h.pci]
+    assert len(cpu_list) == len(set(cpu_list)) and set(cpu_list) <= pools.exclusive_cpus
+    assert len(pci_list) == len(set(pci_list))
+    total = sum(held, Claim())
+    for node, size, count in total.pages:
+        assert count <= pools.budgets[(node, size)].pages
+    for node, amount in total.memory:
+        assert amount <= pools.memory_capacity[node]
+
+
+@settings(max_examples=200, deadline=None)
 @given(host=st.sampled_from(HOSTS), ops=OPS)
-def test_never_hands_out_a_key_twice(tmp_path: Path, host: Host, ops: list[tuple[str, int, str]]) -> None:
+def test_free_state_round_trips(host: Host, ops: list[tuple[str, int, str]]) -> None:
+    """Placing and releasing in any order: the free state kept in place equals the one rebuilt from
+    the held claims, nothing is held twice, and the same decision comes from either."""
     pools = host.pools
-    universe = _universe(pools)
-    ledger = Ledger(tmp_path / f"ledger-{next(_db_names)}.db")
     state = FreeState(pools)
     initial = state.snapshot()
+    live: list[Placement] = []
 
     def attempt(vm: VmShape, req: DeviceRequest, policy: str, s: FreeState) -> Placement | str:
         try:
@@ -735,71 +791,24 @@ def test_never_hands_out_a_key_twice(tmp_path: Path, host: Host, ops: list[tuple
             return str(exc)
 
     first = [attempt(vm, req, "best-effort", FreeState(pools)) for vm, req in host.shapes]
-    try:
-        live: dict[str, Placement] = {}
-        serial = itertools.count()
-        for op, arg, policy in ops:
-            if op == "place":
-                vm, req = host.shapes[arg % len(host.shapes)]
-                taken = ledger.taken()
-                rebuilt = FreeState.from_taken(pools, taken)
-                assert rebuilt.snapshot() == state.snapshot()  # incremental == rebuilt from the ledger's keys
-                p = attempt(vm, req, policy, state)
-                assert p == attempt(vm, req, policy, rebuilt)  # same decision either way
-                if isinstance(p, str):
-                    continue
-                _check_placement(host, vm, p)
-                assert not set(p.claims) & taken
-                assert set(p.claims) <= universe
-                assert len(set(p.claims)) == len(p.claims)
-                sid = f"sb{next(serial)}"
-                ledger.claim(sid, p.claims)
-                state.take(p)
-                live[sid] = p
-            elif live:
-                sid = sorted(live)[arg % len(live)]
-                p = live.pop(sid)
-                assert ledger.release(sid) == len(p.claims)
-                state.release(p)
-            held = [k for sid in live for k in ledger.claims_of(sid)]
-            assert len(held) == len(set(held))
-            assert ledger.taken() == frozenset(held) == frozenset(k for p in live.values() for k in p.claims)
-        for sid, p in list(live.items()):
-            ledger.release(sid)
-            state.release(p)
-        assert ledger.taken() == frozenset()
-        assert state.snapshot() == initial == FreeState.from_taken(pools, ()).snapshot()
-        # everything is free again: every shape lands exactly where it would on a fresh host
-        assert [attempt(vm, req, "best-effort", state) for vm, req in host.shapes] == first
-    finally:
-        ledger.close()
-
-
-@settings(max_examples=200, deadline=None)
-@given(host=st.sampled_from(HOSTS), ops=OPS)
-def test_free_state_round_trips_without_a_ledger(host: Host, ops: list[tuple[str, int, str]]) -> None:
-    """The same property, many more sequences: held keys as a plain multiset, no sqlite."""
-    pools = host.pools
-    state = FreeState(pools)
-    initial = state.snapshot()
-    live: list[Placement] = []
-    held: set[str] = set()
     for op, arg, policy in ops:
         if op == "place":
             vm, req = host.shapes[arg % len(host.shapes)]
-            try:
-                p = decide(vm, pools, state, policy=policy, devices=req)  # type: ignore[arg-type]
-            except CannotFit:
+            rebuilt = FreeState.from_claims(pools, [p.claim for p in live])
+            assert rebuilt.snapshot() == state.snapshot()
+            p = attempt(vm, req, policy, state)
+            assert p == attempt(vm, req, policy, rebuilt)  # same decision either way
+            if isinstance(p, str):
                 continue
-            assert held.isdisjoint(p.claims)
-            held.update(p.claims)
+            _check_placement(host, vm, p)
             state.take(p)
             live.append(p)
+            _check_held(pools, [q.claim for q in live])
         elif live:
-            p = live.pop(arg % len(live))
-            held.difference_update(p.claims)
-            state.release(p)
-        assert FreeState.from_taken(pools, held).snapshot() == state.snapshot()
+            state.release(live.pop(arg % len(live)))
+        assert FreeState.from_claims(pools, [p.claim for p in live]).snapshot() == state.snapshot()
     for p in live:
         state.release(p)
     assert state.snapshot() == initial
+    # everything is free again: every shape lands exactly where it would on a fresh host
+    assert [attempt(vm, req, "best-effort", state) for vm, req in host.shapes] == first

@@ -28,13 +28,15 @@ from shim.sandboxes import STATE_CREATING, Sandboxes
 from vmsandbox.adapters.hypervisor import DomainInfo, Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
+from vmsandbox.claims import Claim
 from vmsandbox.domain import SandboxIdentity, domain_name
 from vmsandbox.domain_xml import read_identity
 from vmsandbox.errors import InfrastructureError
 from vmsandbox.profile import Profile
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "one-node-2cpu"
-PAGE = "hugepages-2048kB:node0:{}"
+P2M = 2 << 20
+LIMITS = {(0, P2M): 64}
 
 
 @dataclass
@@ -106,9 +108,9 @@ def add(
 ) -> str:
     """A sandbox as a crash left it: row in ``state`` (None: no row), domain running/defined/absent."""
     s = sid(n)
-    keys = [f"cpu:{c}" for c in cpus] + [PAGE.format(100 * n + i) for i in range(pages)]
-    if claim and keys:
-        sb.ledger.claim(s, keys)
+    held = Claim.of(cpus, pages=[(0, P2M, pages)])
+    if claim and not held.empty:
+        sb.ledger.claim(s, held, page_limits=LIMITS, memory_limits={})
     if state is not None:
         record = SandboxRecord(
             id=s,
@@ -163,7 +165,14 @@ def test_each_crash_state_is_resolved(
     # libvirt now holds exactly the adopted guest; the ledger holds exactly its claims
     assert list(fake.domains) == [domain_name(ready)]
     assert sb.ledger.claim_owners() == {ready}
-    assert sb.ledger.claims_of(ready) == ("cpu:1", *sorted(PAGE.format(400 + i) for i in range(4)))
+    assert sb.ledger.claims_of(ready) == Claim(cpus=(1,), pages=((0, P2M, 4),))
+    assert sb.resources.owners() == {ready} and sb.resources.held(ready) == Claim(cpus=(1,), pages=((0, P2M, 4),))
+    # the free state is what is left: CPU 0 and 60 - 4 of the fixture's free pages
+    assert [(u.resource, u.capacity, u.held) for u in sb.resources.usage() if u.resource != "memory"] == [
+        ("cpu", 2, 1),
+        ("hugepages-2Mi", 60, 4),
+        ("hugepages-1Gi", 0, 0),
+    ]
     rows = {s: state for s, state, _, _ in sb.ledger.sandboxes()}
     assert rows == {
         ready: SANDBOX_READY,
@@ -203,11 +212,11 @@ def test_inconsistent_ready_sandbox_is_torn_down(env: tuple[Sandboxes, FakeLibvi
     """Running and READY, but its CPU claim is missing: adopting it would let the CPU be handed out twice."""
     sb, fake, _ = env
     s = add(sb, fake, 1, state=SANDBOX_READY, domain=True, cpus=(0,), pages=2, claim=False)
-    sb.ledger.claim(s, [PAGE.format(100), PAGE.format(101)])
+    sb.ledger.claim(s, Claim(pages=((0, P2M, 2),)), page_limits=LIMITS, memory_limits={})
     report = sb.reconcile()
     assert report["adopted"] == [] and report["stopped"] == [s]
     assert fake.domains == {}
-    assert sb.ledger.taken() == frozenset()
+    assert sb.ledger.held() == {} and sb.resources.owners() == frozenset()
 
 
 def test_failed_tear_down_keeps_the_claims(env: tuple[Sandboxes, FakeLibvirt, Path]) -> None:
@@ -216,12 +225,13 @@ def test_failed_tear_down_keeps_the_claims(env: tuple[Sandboxes, FakeLibvirt, Pa
     fake.broken.add(domain_name(s))
     report = sb.reconcile()
     assert report["failed"] == [domain_name(s)]
-    assert sb.ledger.claims_of(s) != ()  # the guest may still hold the pages: nothing handed out twice
+    assert sb.ledger.claims_of(s) != Claim()  # the guest may still hold the pages: nothing handed out twice
+    assert sb.resources.held(s) == Claim(cpus=(0,), pages=((0, P2M, 2),))
     assert sb.ledger.get_sandbox(s) is not None
     fake.broken.clear()
     report = sb.reconcile()  # the next start finishes the job
     assert report["forgotten"] == [s]
-    assert sb.ledger.taken() == frozenset() and fake.domains == {}
+    assert sb.ledger.held() == {} and fake.domains == {} and sb.resources.owners() == frozenset()
 
 
 def test_owner_round_trips_through_domain_xml() -> None:

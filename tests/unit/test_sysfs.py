@@ -27,6 +27,7 @@ ONE_NODE_2CPU = HostInventory(
     cpus=(HostCpu(0, node=0, package=0, core=0), HostCpu(1, node=0, package=0, core=1)),
     hugepages=(HugepagePool(0, GI, 0, 0), HugepagePool(0, 2 * MI, 64, 60)),
     hw_virt=False,
+    memory=((0, 8 * GI),),  # node0/meminfo MemTotal
 )
 TWO_SOCKET_64 = HostInventory(
     # 0-15 socket 0, 16-31 socket 1, 32-63 their SMT siblings (n and n+32 share a core)
@@ -38,11 +39,13 @@ TWO_SOCKET_64 = HostInventory(
         HugepagePool(1, 2 * MI, 1024, 1024),
     ),
     hw_virt=True,
+    memory=((0, 128 * GI), (1, 128 * GI)),
 )
 NO_NUMA_4CPU = HostInventory(
     cpus=tuple(HostCpu(i, node=0, package=0, core=i % 2) for i in range(4)),
     hugepages=(HugepagePool(0, 2 * MI, 16, 16),),
     hw_virt=True,
+    memory=((0, 16 * GI),),  # /proc/meminfo: no node directories
 )
 
 
@@ -61,6 +64,7 @@ VFIO_TWO_NODE = HostInventory(
         HugepagePool(1, 2 * MI, 512, 512),
     ),
     hw_virt=True,
+    memory=((0, 64 * GI), (1, 64 * GI)),
     pci=(
         fn("0000:00:00.0", "8086:2020", "060000", -1, 0, ""),  # host bridge, no driver
         fn("0000:17:00.0", "8086:0b25", "088000", -1, 7, "vfio-pci"),  # no NUMA node
@@ -237,3 +241,31 @@ def test_cpulist_round_trip(cpus: set[int]) -> None:
 )
 def test_choose_accel(requested: str, hw_virt: bool, kvm_device: bool, accel: str) -> None:
     assert choose_accel(requested, hw_virt, kvm_device) == accel
+
+
+@pytest.mark.parametrize(
+    ("files", "memory"),
+    [
+        pytest.param({"node0": "Node 0 MemTotal:  1024 kB\nNode 0 MemFree: 12 kB\n"}, ((0, 1 << 20),), id="one-node"),
+        pytest.param(
+            {"node0": "Node 0 MemTotal: 2048 kB\n", "node1": "Node 1 MemTotal: 4096 kB\n"},
+            ((0, 2 << 20), (1, 4 << 20)),
+            id="two-nodes",
+        ),
+        pytest.param({"node0": "Node 0 MemTotal: 2048 kB\n", "node1": ""}, (), id="a-node-without-figures"),
+        pytest.param({"node0": "Node 0 MemFree: 2048 kB\n"}, (), id="no-memtotal-line"),
+        pytest.param({"node0": None}, (), id="no-meminfo-file"),
+    ],
+)
+def test_memory_per_node(tmp_path: Path, files: dict[str, str | None], memory: tuple[tuple[int, int], ...]) -> None:
+    """MemTotal per node; when any node lacks it, memory is not counted at all (never half a host)."""
+    cpu = tmp_path / "sys/devices/system/cpu"
+    cpu.mkdir(parents=True)
+    (cpu / "online").write_text(f"0-{len(files) - 1}\n")
+    for i, (name, text) in enumerate(files.items()):
+        node = tmp_path / "sys/devices/system/node" / name
+        node.mkdir(parents=True)
+        (node / "cpulist").write_text(f"{i}\n")
+        if text is not None:
+            (node / "meminfo").write_text(text)
+    assert read_inventory(tmp_path / "sys", tmp_path / "proc").memory == memory

@@ -1,6 +1,7 @@
 """Read the host inventory from sysfs and procfs (the IO edge; roots are injectable for tests).
 
-CPUs (online, package, core, NUMA node), hugepage pools per node and page size, and PCI functions
+CPUs (online, package, core, NUMA node), memory per node (``MemTotal`` of ``node<N>/meminfo``, or of
+``/proc/meminfo`` on a kernel without NUMA), hugepage pools per node and page size, and PCI functions
 (vendor/device ids, class, NUMA node, IOMMU group and bound driver, from ``bus/pci/devices``; the
 group and the driver are the names of the ``iommu_group`` and ``driver`` symlinks). Reading never
 changes anything: no device is ever bound, unbound or detached here.
@@ -15,6 +16,7 @@ from pathlib import Path
 from vmsandbox.host import HostCpu, HostInventory, HugepagePool, PciFunction, parse_cpulist, parse_pci_address
 
 _PAGES_DIR = re.compile(r"^hugepages-(\d+)kB$")
+_MEM_TOTAL = re.compile(r"^(?:Node \d+ )?MemTotal:\s+(\d+) kB$", re.MULTILINE)
 
 
 def _read(path: Path, default: str = "") -> str:
@@ -36,6 +38,12 @@ def _pools(base: Path, node: int) -> list[HugepagePool]:
         free = int(_read(entry / "free_hugepages", "0") or 0)
         pools.append(HugepagePool(node=node, page_size=int(m.group(1)) * 1024, total=total, free=free))
     return pools
+
+
+def _mem_total(path: Path) -> int | None:
+    """MemTotal in bytes from a meminfo file (per node or /proc/meminfo), None when absent."""
+    m = _MEM_TOTAL.search(_read(path))
+    return int(m.group(1)) * 1024 if m else None
 
 
 def _link_name(path: Path) -> str:
@@ -106,17 +114,28 @@ def read_inventory(sys_root: str | Path = "/sys", proc_root: str | Path = "/proc
             )
         )
     pools: list[HugepagePool] = []
+    memory: list[tuple[int, int]] = []
     for node in nodes:
         pools.extend(_pools(node_dir / f"node{node}" / "hugepages", node))
+        total = _mem_total(node_dir / f"node{node}" / "meminfo")
+        if total is not None:
+            memory.append((node, total))
     if not nodes:
         pools.extend(_pools(sys_path / "kernel/mm/hugepages", 0))
+        total = _mem_total(Path(proc_root) / "meminfo")
+        if total is not None:
+            memory.append((0, total))
+    if len(memory) != max(len(nodes), 1):
+        memory = []  # a node without figures: ordinary memory is not counted at all
     flags = ""
     for line in _read(Path(proc_root) / "cpuinfo").splitlines():
         if line.startswith("flags"):
             flags = line
             break
     hw_virt = bool(re.search(r"\b(vmx|svm)\b", flags))
-    return HostInventory(cpus=tuple(cpus), hugepages=tuple(pools), hw_virt=hw_virt, pci=read_pci(sys_path))
+    return HostInventory(
+        cpus=tuple(cpus), hugepages=tuple(pools), hw_virt=hw_virt, pci=read_pci(sys_path), memory=tuple(memory)
+    )
 
 
 def hugepages_free(sys_root: str | Path = "/sys") -> dict[tuple[int, int], int]:
