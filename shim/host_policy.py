@@ -16,15 +16,16 @@ from collections.abc import Iterable, Mapping
 from shim.config import ShimConfig
 from vmsandbox.adapters.cdi_specs import load_registry
 from vmsandbox.claims import Claim
-from vmsandbox.devices import NO_DEVICES, DevicePools, DeviceRequest, request_devices, resolve_pools
+from vmsandbox.devices import DevicePools, resolve_pools
 from vmsandbox.domain import Domain, SandboxIdentity, build_domain
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory, format_cpulist
+from vmsandbox.lifecycle import HostFacts, wants_cdi
 from vmsandbox.placement import HostPools, HugepageBudget, Placement, host_pools
 from vmsandbox.profile import Profile
 from vmsandbox.records import shape_doc
-from vmsandbox.resources import PodDeclaration, is_extended
-from vmsandbox.sizing import PodDemand, VmShape
+from vmsandbox.resources import PodDeclaration
+from vmsandbox.sizing import VmShape
 
 log = logging.getLogger(__name__)
 
@@ -112,28 +113,15 @@ class HostPolicy:
         """The admin's device pools resolved on this inventory (whole IOMMU groups only)."""
         return resolve_pools(self.config.device_pools, inventory)
 
-    def device_request(
-        self, declaration: PodDeclaration, demand: PodDemand, profile: Profile, inventory: HostInventory
-    ) -> DeviceRequest:
-        """The IOMMU groups the pod names (devices, CDI devices) and how many each pool must add
-        (extended resources the profile maps to pools); INVALID_ARGUMENT naming the container for
-        anything that is not a configured pool's VFIO group (DESIGN §10)."""
-        containers = declaration.all_containers()
-        wants_cdi = any(c.resources.cdi_devices for c in containers)
-        if not (
-            wants_cdi
-            or any(c.resources.devices for c in containers)
-            or any(
-                is_extended(n) for c in containers for n in (*c.resources.requests.names(), *c.resources.limits.names())
-            )
-        ):
-            return NO_DEVICES
-        registry = load_registry(self.config.cdi_spec_dirs) if wants_cdi else None
+    def facts(self, inventory: HostInventory, declaration: PodDeclaration | None, *, kvm_device: bool) -> HostFacts:
+        """What ``lifecycle.plan_sandbox`` needs of this host; reads the CDI specs only for pods naming CDI devices."""
+        registry = load_registry(self.config.cdi_spec_dirs) if wants_cdi(declaration) else None
         if registry is not None:
             for problem in registry.problems:
                 log.warning("CDI: %s", problem)
-        pools = self.device_pools(inventory)
-        return request_devices(declaration, demand.extended, profile.extended_resources, profile.name, pools, registry)
+        return HostFacts(
+            hw_virt=inventory.hw_virt, kvm_device=kvm_device, device_pools=self.device_pools(inventory), cdi=registry
+        )
 
 
 def domain_for(

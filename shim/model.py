@@ -1,7 +1,8 @@
 """What the shim knows about sandboxes and containers: requests in, records kept (no protobuf).
 
-``SandboxSpec`` and ``ContainerSpec`` are RunPodSandbox/CreateContainer requests after
-translation; ``SandboxRecord`` and ``ContainerRecord`` are what the state database keeps.
+``ContainerSpec`` is a CreateContainer request after translation (``SandboxSpec``, the
+RunPodSandbox request, is the core's own: ``vmsandbox.pod``); ``SandboxRecord`` and
+``ContainerRecord`` are what the state database keeps.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from vmsandbox.resources import ContainerResources, PodDeclaration
+from vmsandbox.pod import PodMeta as PodMeta
+from vmsandbox.pod import SandboxSpec as SandboxSpec
+from vmsandbox.resources import ContainerResources
 from vmsandbox.sizing import LinuxResources
 
 SANDBOX_READY = "SANDBOX_READY"
@@ -18,27 +21,6 @@ CONTAINER_CREATED = "CONTAINER_CREATED"
 CONTAINER_RUNNING = "CONTAINER_RUNNING"
 CONTAINER_EXITED = "CONTAINER_EXITED"
 CONTAINER_UNKNOWN = "CONTAINER_UNKNOWN"
-
-
-@dataclass(frozen=True)
-class PodMeta:
-    name: str
-    namespace: str
-    uid: str
-    attempt: int = 0
-
-
-@dataclass(frozen=True)
-class SandboxSpec:
-    meta: PodMeta
-    runtime_handler: str = ""
-    hostname: str = ""
-    log_directory: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-    declaration: PodDeclaration | None = None
-    linux_resources: LinuxResources = field(default_factory=LinuxResources)
-    linux_overhead: LinuxResources = field(default_factory=LinuxResources)
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,10 @@ from vmsandbox.domain import SandboxIdentity
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import CannotFit, InvalidArgument
 from vmsandbox.host import choose_accel, format_cpulist
+from vmsandbox.lifecycle import plan_sandbox, pod_demand
 from vmsandbox.manifest import PodManifest, describe_all, pod_from_manifest, select_workload, workloads
 from vmsandbox.placement import Placement
+from vmsandbox.pod import PodMeta, SandboxSpec
 from vmsandbox.profile import SIDECARS_ANNOTATION, Profile, select_profile
 from vmsandbox.resources import ContainerResources
 from vmsandbox.sizing import (
@@ -43,7 +45,6 @@ from vmsandbox.sizing import (
     PodDemand,
     VmShape,
     demand_from_declaration,
-    shape_for,
     sidecars_from_annotations,
 )
 
@@ -191,6 +192,23 @@ def _shortfall_rows(exc: CannotFit, shape: VmShape | None) -> list[Shortfall]:
 
 
 # -- the plan ---------------------------------------------------------------------------------------
+def sandbox_request(manifest: PodManifest, handler: str) -> SandboxSpec:
+    """The RunPodSandbox request a KEP-4112 kubelet would send for ``manifest`` (placeholder uid)."""
+    return SandboxSpec(
+        meta=PodMeta(name=manifest.name, namespace=manifest.namespace, uid=PLACEHOLDER_UUID),
+        runtime_handler=handler,
+        labels=dict(manifest.labels),
+        annotations=dict(manifest.annotations),
+        declaration=manifest.declaration,
+        # spec.overhead, as the kubelet sends it (LinuxPodSandboxConfig.overhead)
+        linux_overhead=LinuxResources(
+            cpu_period=100_000 if manifest.overhead_cpu_millis else 0,
+            cpu_quota=manifest.overhead_cpu_millis * 100,
+            memory_limit_bytes=manifest.overhead_memory_bytes,
+        ),
+    )
+
+
 def make_plan(
     manifest: PodManifest,
     profiles: Mapping[str, Profile],
@@ -239,29 +257,30 @@ def make_plan(
             notes=tuple(notes),
         )
 
-    overhead = LinuxResources(
-        cpu_period=100_000 if manifest.overhead_cpu_millis else 0,
-        cpu_quota=manifest.overhead_cpu_millis * 100,
-        memory_limit_bytes=manifest.overhead_memory_bytes,
-    )  # as the kubelet sends spec.overhead (LinuxPodSandboxConfig.overhead)
+    request = sandbox_request(manifest, handler)
     sidecars = frozenset(manifest.sidecars)
-    demand = demand_from_declaration(manifest.declaration, profile, sidecars=sidecars, overhead=overhead)
     try:
-        on_the_wire = sidecars_from_annotations(dict(manifest.annotations), manifest.declaration)
+        on_the_wire = sidecars_from_annotations(request.annotations, manifest.declaration)
     except InvalidArgument as exc:  # the shim refuses it (INVALID_ARGUMENT)
+        demand = pod_demand(request, profile, sidecars=sidecars)[1]
         return result(demand, None, None, None, f"{exc} (the shim refuses RunPodSandbox with INVALID_ARGUMENT)")
     if on_the_wire != sidecars:
-        notes.append(_sidecar_note(manifest, profile, on_the_wire, demand, overhead))
-    try:
-        devices = policy.device_request(manifest.declaration, demand, profile, inv)
+        demand = pod_demand(request, profile, sidecars=sidecars)[1]
+        notes.append(_sidecar_note(manifest, profile, on_the_wire, demand, request.linux_overhead))
+    facts = policy.facts(inv, request.declaration, kvm_device=host.kvm_device)
+    try:  # the function RunPodSandbox runs, with the manifest's sidecars (the kubelet does not send them)
+        planned = plan_sandbox(
+            request, profiles, facts, default_handler=config.default_handler, profile=profile, sidecars=sidecars
+        )
     except InvalidArgument as exc:  # the manifest is valid; the shim would refuse it (INVALID_ARGUMENT)
+        demand = pod_demand(request, profile, sidecars=sidecars)[1]
         return result(demand, None, None, None, f"{exc} (the shim refuses RunPodSandbox with INVALID_ARGUMENT)")
-    try:
-        shape = shape_for(demand, profile)
     except CannotFit as exc:
+        demand = pod_demand(request, profile, sidecars=sidecars)[1]
         return result(demand, None, None, None, str(exc), _shortfall_rows(exc, None))
+    demand, shape = planned.demand, planned.shape
     try:
-        placement = manager.place(shape, profile, devices)
+        placement = manager.place(shape, profile, planned.devices)
     except CannotFit as exc:
         return result(demand, shape, None, None, str(exc), _shortfall_rows(exc, shape))
     console = str(Path(config.console_dir) / f"{PLACEHOLDER_SANDBOX_ID}.log") if config.console_dir else None

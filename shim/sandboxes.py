@@ -41,7 +41,6 @@ from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.claims import Claim
-from vmsandbox.devices import NO_DEVICES
 from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, domain_name
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import (
@@ -52,19 +51,16 @@ from vmsandbox.errors import (
     NotFound,
     VmSandboxError,
 )
-from vmsandbox.host import HostInventory, choose_accel
+from vmsandbox.host import HostInventory
+from vmsandbox.lifecycle import Admitted, ContainerAsk, SandboxPlan, Sibling, admit_container, plan_sandbox
 from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile, select_profile
 from vmsandbox.resources import ContainerResources, PodDeclaration, hugepage_resource
 from vmsandbox.sizing import (
     LinuxResources,
     VmShape,
-    demand_from_declaration,
-    demand_from_linux,
     running_alongside,
-    shape_for,
     sidecar_names,
-    sidecars_from_annotations,
 )
 
 log = logging.getLogger(__name__)
@@ -129,14 +125,19 @@ class Sandboxes:
                 raise InvalidArgument(f"PodSandboxConfig.metadata.{field_name} is empty")
         if meta.attempt < 0:
             raise InvalidArgument(f"PodSandboxConfig.metadata.attempt is negative ({meta.attempt})")
-        profile = self.profile_for(spec.runtime_handler, spec.annotations)
+        plan = self.plan(spec)
         sandbox_id = _new_id()
         self._reserve_name(meta, sandbox_id)
         try:
-            return self._run(spec, profile, sandbox_id, started)
+            return self._run(spec, plan, sandbox_id, started)
         except BaseException:
             self._release_name(meta, sandbox_id)
             raise
+
+    def plan(self, spec: SandboxSpec) -> SandboxPlan:
+        """What the pod gets (profile, shape, devices, accelerator): the same function ``vmsandbox plan`` runs."""
+        facts = self.policy.facts(self.inventory(), spec.declaration, kvm_device=os.path.exists("/dev/kvm"))
+        return plan_sandbox(spec, self.profiles, facts, default_handler=self.config.default_handler)
 
     def _reserve_name(self, meta: PodMeta, sandbox_id: str) -> None:
         with self._names_lock:
@@ -152,19 +153,10 @@ class Sandboxes:
             if self._names.get(meta) == sandbox_id:
                 del self._names[meta]
 
-    def _run(self, spec: SandboxSpec, profile: Profile, sandbox_id: str, started: float) -> str:
+    def _run(self, spec: SandboxSpec, plan: SandboxPlan, sandbox_id: str, started: float) -> str:
         meta = spec.meta
         pod = f"{meta.namespace}/{meta.name}"
-        inv = self.inventory()  # for devices and accel; placement uses the ResourceManager's pools
-        devices = NO_DEVICES
-        if spec.declaration is not None:
-            sidecars = sidecars_from_annotations(spec.annotations, spec.declaration)
-            demand = demand_from_declaration(spec.declaration, profile, sidecars=sidecars, overhead=spec.linux_overhead)
-            devices = self.policy.device_request(spec.declaration, demand, profile, inv)
-        else:
-            demand = demand_from_linux(spec.linux_resources, spec.annotations, profile, overhead=spec.linux_overhead)
-        shape = shape_for(demand, profile)
-        accel = choose_accel(profile.accel, inv.hw_virt, os.path.exists("/dev/kvm"))
+        profile, shape, devices, accel = plan.profile, plan.shape, plan.devices, plan.accel
         logs.bind(sandbox_id=sandbox_id)
         name = domain_name(sandbox_id)
         faults.checkpoint("run:before-claim")
@@ -426,13 +418,9 @@ class Sandboxes:
                 labels=dict(spec.labels),
                 annotations=dict(spec.annotations),
                 log_path=validation.join_log_path(record.log_directory, spec.log_path),
-                resources=records.resources_doc(admitted),
+                resources=records.resources_doc(admitted.resources),
                 # what the container's cgroup holds: as sent, else implied by its kubernetes_resources
-                linux=asdict(
-                    admission.implied_linux(spec.resources)
-                    if spec.linux.empty and spec.resources is not None
-                    else spec.linux
-                ),
+                linux=asdict(admitted.linux),
                 reason="Created",
                 message="admitted; vmsandbox does not run container processes in the guest yet",
             )
@@ -440,45 +428,18 @@ class Sandboxes:
             log.info("container %s (%s) admitted into sandbox %s", spec.name, container.id[:12], sandbox_id[:12])
             return container.id
 
-    def _admit(self, record: SandboxRecord, spec: ContainerSpec, existing: list[ContainerRecord]) -> ContainerResources:
-        attachments = spec.attachments
-        requested = (
-            replace(attachments, requests=spec.resources.requests, limits=spec.resources.limits)
-            if spec.resources is not None
-            else attachments
-        )
-        names = [admission.Existing(c.name, c.attempt) for c in existing]
+    def _admit(self, record: SandboxRecord, spec: ContainerSpec, existing: list[ContainerRecord]) -> Admitted:
+        declaration = None
         if record.declaration is not None:
             declaration = self._declarations.get(record.id)
             if declaration is None:
                 declaration = self._declarations[record.id] = records.declaration_from_doc(record.declaration)
-            if spec.resources is not None:
-                admission.admit_declared(declaration, spec.name, spec.attempt, requested, names)
-            else:
-                admission.check_name(declaration, spec.name, spec.attempt, names)
-                decl = declaration.find(spec.name)
-                assert decl is not None
-                diffs = admission.linux_differences(spec.name, decl.resources, spec.linux)
-                diffs += admission.attachment_differences(spec.name, decl.resources, attachments)
-                if diffs:
-                    raise Diverged("resources diverge from the pod's declaration: " + "; ".join(diffs))
-            return requested
-        if attachments.devices:
-            device = min(attachments.devices, key=lambda d: d.host_path)
-            raise InvalidArgument(
-                f'container "{spec.name}": device {validation.quote(device.host_path)} cannot reach the guest: this '
-                "pod declared no devices at RunPodSandbox (no pod_resources) and a VM's devices are fixed when it "
-                "boots; host device nodes are never passed through, only VFIO groups of the admin's device_pools "
-                "declared in pod_resources"
-            )
-        for c in existing:
-            if c.name == spec.name and c.attempt == spec.attempt:
-                raise AlreadyExists(f'container "{spec.name}" (attempt {spec.attempt}) already exists')
-        shape = records.shape_from_doc(record.shape)
-        usage = self._usage(spec.resources, spec.linux)
-        others = [self._usage(None, LinuxResources(**_linux_args(c.linux))) for c in _live(existing, skip={spec.name})]
-        admission.check_envelope(shape.demand, others, usage, who=f'container "{spec.name}"')
-        return requested
+        ask = ContainerAsk(spec.name, spec.attempt, spec.resources, spec.attachments, spec.linux)
+        siblings = [
+            Sibling(c.name, c.attempt, LinuxResources(**_linux_args(c.linux)), c.state == CONTAINER_EXITED)
+            for c in existing
+        ]
+        return admit_container(declaration, records.shape_from_doc(record.shape), ask, siblings)
 
     @staticmethod
     def _usage(resources: ContainerResources | None, linux: LinuxResources) -> admission.Usage:

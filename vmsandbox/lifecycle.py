@@ -1,4 +1,11 @@
-"""Lifecycle decisions of a sandbox, as pure functions: reconciling the ledger with libvirt.
+"""Lifecycle decisions of a sandbox, as pure functions: what a pod gets, whether a container is
+admitted, and how to reconcile the ledger with libvirt.
+
+``plan_sandbox`` turns a RunPodSandbox request into a ``SandboxPlan`` (profile, demand, VM shape,
+devices, accelerator). RunPodSandbox and ``vmsandbox plan`` both call it, then ask the
+ResourceManager to place the shape, so a dry run and a real run cannot disagree.
+``admit_container`` decides a CreateContainer against what the pod declared (or, for pods sized
+from LinuxPodSandboxConfig, against what fits in the VM).
 
 The shim reconciles at start-up and periodically while it runs. The IO shell gathers what the
 ledger holds (``Row``) and what libvirt has (``Guest``), asks ``reconcile_actions`` what to do, and
@@ -19,9 +26,27 @@ later action for that sandbox is skipped and tried again at the next reconcile.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from enum import Enum
+
+from vmsandbox import admission, validation
+from vmsandbox.cdi import CdiRegistry
+from vmsandbox.devices import NO_DEVICES, DevicePools, DeviceRequest, request_devices
+from vmsandbox.errors import AlreadyExists, Diverged, InvalidArgument
+from vmsandbox.host import choose_accel
+from vmsandbox.pod import SandboxSpec
+from vmsandbox.profile import Profile, select_profile
+from vmsandbox.resources import ContainerResources, PodDeclaration, is_extended
+from vmsandbox.sizing import (
+    LinuxResources,
+    PodDemand,
+    VmShape,
+    demand_from_declaration,
+    demand_from_linux,
+    shape_for,
+    sidecars_from_annotations,
+)
 
 STATE_CREATING = "creating"
 STATE_READY = "SANDBOX_READY"
@@ -122,3 +147,173 @@ def reconcile_actions(
     for owner in sorted(owners - set(by_id) - foreign):
         actions.append(Action(Step.RELEASE_ORPHAN, owner, "", "claims with no sandbox row"))
     return actions
+
+
+# -- what a pod gets --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HostFacts:
+    """What planning needs to know of the host; gathered by the IO shell."""
+
+    hw_virt: bool  # the CPUs have vmx/svm
+    kvm_device: bool  # /dev/kvm exists
+    device_pools: DevicePools  # the admin's pools resolved on this host
+    cdi: CdiRegistry | None = None  # CDI specs, loaded when the pod names CDI devices (``wants_cdi``)
+
+
+@dataclass(frozen=True)
+class SandboxPlan:
+    profile: Profile
+    handler: str
+    sidecars: frozenset[str]
+    demand: PodDemand
+    shape: VmShape
+    devices: DeviceRequest
+    accel: str
+
+
+def wants_cdi(declaration: PodDeclaration | None) -> bool:
+    """Whether planning this pod needs the CDI specs (so the shell reads them only then)."""
+    return declaration is not None and any(c.resources.cdi_devices for c in declaration.all_containers())
+
+
+def _wants_devices(declaration: PodDeclaration) -> bool:
+    for c in declaration.all_containers():
+        res = c.resources
+        if res.cdi_devices or res.devices or any(is_extended(n) for n in (*res.requests.names(), *res.limits.names())):
+            return True
+    return False
+
+
+def pod_demand(
+    request: SandboxSpec, profile: Profile, *, sidecars: frozenset[str] | None = None
+) -> tuple[frozenset[str], PodDemand]:
+    """The pod's sidecars and effective demand under ``profile``: from its declaration (KEP-753
+    sidecars by annotation unless given), else from LinuxPodSandboxConfig; overhead included."""
+    decl = request.declaration
+    if decl is None:
+        return frozenset(), demand_from_linux(
+            request.linux_resources, request.annotations, profile, overhead=request.linux_overhead
+        )
+    chosen = sidecars if sidecars is not None else sidecars_from_annotations(request.annotations, decl)
+    return chosen, demand_from_declaration(decl, profile, sidecars=chosen, overhead=request.linux_overhead)
+
+
+def plan_sandbox(
+    request: SandboxSpec,
+    profiles: Mapping[str, Profile],
+    host: HostFacts,
+    *,
+    default_handler: str,
+    profile: Profile | None = None,
+    sidecars: frozenset[str] | None = None,
+) -> SandboxPlan:
+    """The profile, demand, VM shape, devices and accelerator of a pod; raises InvalidArgument or
+    CannotFit (a pod larger than its profile allows) with the reason.
+
+    The profile is the handler's (or the one the pod chose by annotation); sidecars are read from
+    the pod's annotation, as on the wire. ``profile`` and ``sidecars`` override both for
+    ``vmsandbox plan``, which knows them from a manifest or the command line.
+    """
+    handler = request.runtime_handler or default_handler
+    if profile is None:
+        by_name = {p.name: p for p in profiles.values()}
+        profile = select_profile(profiles, by_name, handler, request.annotations)
+    chosen, demand = pod_demand(request, profile, sidecars=sidecars)
+    devices = NO_DEVICES
+    decl = request.declaration
+    if decl is not None and _wants_devices(decl):
+        devices = request_devices(
+            decl, demand.extended, profile.extended_resources, profile.name, host.device_pools, host.cdi
+        )
+    shape = shape_for(demand, profile)
+    accel = choose_accel(profile.accel, host.hw_virt, host.kvm_device)
+    return SandboxPlan(profile, handler, chosen, demand, shape, devices, accel)
+
+
+# -- whether a container is admitted ----------------------------------------------------------------
+@dataclass(frozen=True)
+class ContainerAsk:
+    """A CreateContainer's resources: ``resources`` is None when the kubelet sent no
+    kubernetes_resources; ``attachments`` are its mounts, devices and CDI devices."""
+
+    name: str
+    attempt: int
+    resources: ContainerResources | None
+    attachments: ContainerResources
+    linux: LinuxResources
+
+
+@dataclass(frozen=True)
+class Sibling:
+    """A container the sandbox already has."""
+
+    name: str
+    attempt: int
+    linux: LinuxResources
+    exited: bool
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The resources recorded for an admitted container and what its cgroup holds."""
+
+    resources: ContainerResources
+    linux: LinuxResources
+
+
+def _live(siblings: Sequence[Sibling], skip: str) -> list[Sibling]:
+    """Per name the latest attempt (a retry supersedes earlier ones), not exited, other than ``skip``."""
+    latest: dict[str, Sibling] = {}
+    for c in siblings:
+        if c.name != skip and (c.name not in latest or c.attempt > latest[c.name].attempt):
+            latest[c.name] = c
+    return [c for c in latest.values() if not c.exited]
+
+
+def admit_container(
+    declaration: PodDeclaration | None, shape: VmShape, ask: ContainerAsk, siblings: Sequence[Sibling]
+) -> Admitted:
+    """Admit a CreateContainer or raise Diverged / AlreadyExists naming every difference.
+
+    A declared pod admits exactly what it declared for the name (kubernetes_resources when sent,
+    else what LinuxContainerResources implies, and the same mounts, devices and CDI devices). A pod
+    sized from LinuxPodSandboxConfig admits a container while all live containers fit the VM.
+    """
+    requested = (
+        replace(ask.attachments, requests=ask.resources.requests, limits=ask.resources.limits)
+        if ask.resources is not None
+        else ask.attachments
+    )
+    linux = admission.implied_linux(ask.resources) if ask.linux.empty and ask.resources is not None else ask.linux
+    names = [admission.Existing(c.name, c.attempt) for c in siblings]
+    if declaration is not None:
+        if ask.resources is not None:
+            admission.admit_declared(declaration, ask.name, ask.attempt, requested, names)
+        else:
+            admission.check_name(declaration, ask.name, ask.attempt, names)
+            decl = declaration.find(ask.name)
+            assert decl is not None  # check_name refused undeclared names
+            diffs = admission.linux_differences(ask.name, decl.resources, ask.linux)
+            diffs += admission.attachment_differences(ask.name, decl.resources, ask.attachments)
+            if diffs:
+                raise Diverged("resources diverge from the pod's declaration: " + "; ".join(diffs))
+        return Admitted(requested, linux)
+    if ask.attachments.devices:
+        device = min(ask.attachments.devices, key=lambda d: d.host_path)
+        raise InvalidArgument(
+            f'container "{ask.name}": device {validation.quote(device.host_path)} cannot reach the guest: this '
+            "pod declared no devices at RunPodSandbox (no pod_resources) and a VM's devices are fixed when it "
+            "boots; host device nodes are never passed through, only VFIO groups of the admin's device_pools "
+            "declared in pod_resources"
+        )
+    for c in siblings:
+        if c.name == ask.name and c.attempt == ask.attempt:
+            raise AlreadyExists(f'container "{ask.name}" (attempt {ask.attempt}) already exists')
+    usage = (
+        admission.Usage.of_resources(ask.resources)
+        if ask.resources is not None
+        else admission.Usage.of_linux(ask.linux)
+    )
+    others = [admission.Usage.of_linux(c.linux) for c in _live(siblings, ask.name)]
+    admission.check_envelope(shape.demand, others, usage, who=f'container "{ask.name}"')
+    return Admitted(requested, linux)

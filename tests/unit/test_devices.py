@@ -39,7 +39,6 @@ from vmsandbox.resources import (
     PodDeclaration,
     ResourceList,
 )
-from vmsandbox.sizing import demand_from_declaration, shape_for
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "sysfs"
 VFIO = read_inventory(FIXTURES / "vfio-two-node" / "sys", FIXTURES / "vfio-two-node" / "proc")
@@ -461,10 +460,8 @@ def test_claims_hold_pci_functions_until_the_pool_is_exhausted(gpu_shim: tuple[S
     sb, _ = gpu_shim
     profile = sb.profiles["vmsandbox"]
     one_gpu = pod_spec(container("app", {"cpu": "1", "memory": "64Mi", "nvidia.com/gpu": "1"}))
-    assert one_gpu.declaration is not None
-    demand = demand_from_declaration(one_gpu.declaration, profile)
-    shape = shape_for(demand, profile)
-    devices = sb.policy.device_request(one_gpu.declaration, demand, profile, sb.inventory())
+    plan = sb.plan(one_gpu)
+    shape, devices = plan.shape, plan.devices
     got = [sb.resources.reserve(f"s{i}", shape, profile, devices).hostdevs for i in range(3)]
     assert got == [("0000:3b:00.0", "0000:3b:00.1"), ("0000:af:00.0", "0000:af:00.1"), ("0000:d8:00.0",)]
     assert {a for c in sb.ledger.held().values() for a in c.pci} == {a for g in got for a in g}
