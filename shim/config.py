@@ -48,6 +48,7 @@ class ShimConfig:
     sys_root: str = "/sys"
     proc_root: str = "/proc"
     workers: int = 16
+    reconcile_interval_s: int = 30  # how often ledger and libvirt are compared while serving; 0 = start-up only
     metrics_address: str = ""  # host:port for Prometheus /metrics (":port" = 127.0.0.1); empty = off
     log_format: str = "text"  # text or json
     shared_cpus: tuple[int, ...] = ()  # of cpu_pool: shared pods float over these (none: shared pods refused)
@@ -84,6 +85,7 @@ _KEYS = {
     "sys_root",
     "proc_root",
     "workers",
+    "reconcile_interval_s",
     "metrics_address",
     "log_format",
     "shared_cpus",
@@ -134,6 +136,11 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
             if not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 1:
                 raise InvalidArgument(f"{source}: {key}: must be a positive integer")
             kwargs[key] = data[key]
+    if "reconcile_interval_s" in data:
+        value = data["reconcile_interval_s"]
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 86400:
+            raise InvalidArgument(f"{source}: reconcile_interval_s: must be a number of seconds from 0 to 86400")
+        kwargs["reconcile_interval_s"] = value
     if "workers" in data:
         if not isinstance(data["workers"], int) or not 1 <= data["workers"] <= 256:
             raise InvalidArgument(f"{source}: workers: must be an integer between 1 and 256")

@@ -36,7 +36,7 @@ from shim.model import (
 from shim.resources import ResourceManager
 from vmsandbox import admission, records, validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
-from vmsandbox.adapters.hypervisor import DomainInfo, Hypervisor
+from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.agent_protocol import GuestReport, report_to_body
@@ -52,7 +52,19 @@ from vmsandbox.errors import (
     VmSandboxError,
 )
 from vmsandbox.host import HostInventory
-from vmsandbox.lifecycle import Admitted, ContainerAsk, SandboxPlan, Sibling, admit_container, plan_sandbox
+from vmsandbox.lifecycle import (
+    Action,
+    Admitted,
+    ContainerAsk,
+    Guest,
+    Row,
+    SandboxPlan,
+    Sibling,
+    Step,
+    admit_container,
+    plan_sandbox,
+    reconcile_actions,
+)
 from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile, select_profile
 from vmsandbox.resources import ContainerResources, PodDeclaration, hugepage_resource
@@ -97,6 +109,7 @@ class Sandboxes:
         self._declarations: dict[str, PodDeclaration] = {}
         # pod metadata -> the sandbox holding it, from RunPodSandbox until RemovePodSandbox (as containerd does)
         self._names_lock = threading.Lock()
+        self._in_flight: set[str] = set()  # sandboxes whose RunPodSandbox is running (periodic reconcile skips them)
         self._names: dict[PodMeta, str] = {
             SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()
         }
@@ -128,11 +141,14 @@ class Sandboxes:
         plan = self.plan(spec)
         sandbox_id = _new_id()
         self._reserve_name(meta, sandbox_id)
+        self._in_flight.add(sandbox_id)
         try:
             return self._run(spec, plan, sandbox_id, started)
         except BaseException:
             self._release_name(meta, sandbox_id)
             raise
+        finally:
+            self._in_flight.discard(sandbox_id)
 
     def plan(self, spec: SandboxSpec) -> SandboxPlan:
         """What the pod gets (profile, shape, devices, accelerator): the same function ``vmsandbox plan`` runs."""
@@ -495,24 +511,12 @@ class Sandboxes:
             self._put_container(updated)
 
     # -- start-up -------------------------------------------------------------------------------
-    def reconcile(self) -> dict[str, list[str]]:
-        """Make the ledger and libvirt agree at start-up, before the first RPC; every decision is logged.
-
-        A domain is ours when its metadata carries this state database's instance id (or, for a
-        domain defined before schema 2, when the ledger knows its sandbox); others are left alone.
-
-        - READY row, guest running, claims as recorded: adopted; its containers' records stay.
-        - ``creating`` row (RunPodSandbox died after claiming, defining or starting): the domain,
-          if any, is torn down, the row and its claims deleted, its console log removed.
-        - READY row whose guest is not running (StopPodSandbox died after destroying it, or it died
-          while the shim was down) or whose claims do not match its record: the domain is torn
-          down, the claims released, the sandbox and its containers marked stopped.
-        - NOTREADY row with a leftover domain or claims: the tear-down is finished.
-        - our domain with no row: torn down; claims whose owner has no row: released; console
-          logs of sandboxes with no row: removed.
-
-        A domain whose tear-down fails keeps its claims (it may still hold the pages) and is tried
-        again at the next start.
+    def reconcile(self, *, periodic: bool = False) -> dict[str, list[str]]:
+        """Make the ledger and libvirt agree (``lifecycle.reconcile_actions`` decides; this carries it
+        out and logs every decision). At start-up it runs before the first RPC; ``periodic`` runs
+        beside RPCs and leaves alone every sandbox an RPC is working on (a RunPodSandbox in flight,
+        or any sandbox whose lock is held), so only what a crash or a lost libvirt call left behind is
+        cleaned up. A domain whose tear-down fails keeps its claims and is tried again next time.
         """
         report: dict[str, list[str]] = {
             "adopted": [],
@@ -523,131 +527,154 @@ class Sandboxes:
             "foreign": [],
             "failed": [],
         }
-        me = self.ledger.instance_id
-        self.resources.resync()
-        rows = {sid: (state, doc) for sid, state, _, doc in self.ledger.sandboxes()}
-        owners = self.resources.owners()
-        domains: dict[str, DomainInfo] = {}
-        foreign: set[str] = set()
-        for dom in self.hypervisor.list_ours():
-            if dom.owner == me or (not dom.owner and (dom.sandbox_id in rows or dom.sandbox_id in owners)):
-                domains[dom.sandbox_id] = dom
-                continue
-            foreign.add(dom.sandbox_id)
-            report["foreign"].append(dom.name)
-            log.info(
-                "reconcile: domain %s (sandbox %s) belongs to another vmsandbox state (owner %s); left alone",
-                dom.name,
-                dom.sandbox_id[:12],
-                dom.owner or "unrecorded",
+        if not periodic:
+            self.resources.resync()
+        busy = set(self._in_flight)
+        docs = {sid: (state, doc) for sid, state, _, doc in self.ledger.sandboxes() if sid not in busy}
+        owners = self.resources.owners() - busy
+        rows = [
+            Row(
+                sid,
+                state,
+                str(doc.get("domain", domain_name(sid))),
+                claims_problem=self._claims_problem(sid, doc) if state == SANDBOX_READY else "",
+                holds_claims=sid in owners,
             )
-        kept: set[str] = set()  # sandboxes whose domain could not be removed: their claims stay held
-        for sid, dom in domains.items():
-            state, doc = rows.get(sid, (None, None))
-            problem = self._adoption_problem(sid, state, doc, dom)
-            if problem is None:
-                assert doc is not None
-                record = SandboxRecord.from_doc(doc)
-                report["adopted"].append(sid)
-                log.info(
-                    "reconcile: adopted sandbox %s (domain %s) of pod %s/%s: guest running, claims (%s) and "
-                    "%d container records kept",
-                    sid[:12],
-                    dom.name,
-                    record.meta.namespace,
-                    record.meta.name,
-                    self.resources.held(sid).describe(),
-                    len(self.ledger.containers(sid)),
-                )
+            for sid, (state, doc) in docs.items()
+        ]
+        guests = [
+            Guest(d.sandbox_id, d.name, d.active, d.owner)
+            for d in self.hypervisor.list_ours()
+            if d.sandbox_id not in busy
+        ]
+        actions = reconcile_actions(rows, guests, owners, self.ledger.instance_id)
+        failed: set[str] = set()
+        skipped: set[str] = set()
+        for action in actions:
+            sid = action.sandbox_id
+            if sid in failed or sid in skipped:
                 continue
-            log.warning("reconcile: tearing down domain %s of sandbox %s: %s", dom.name, sid[:12], problem)
+            if action.step is Step.LEAVE_FOREIGN:
+                report["foreign"].append(action.domain)
+                if not periodic:
+                    log.info(
+                        "reconcile: domain %s (sandbox %s) belongs to another vmsandbox state (%s); left alone",
+                        action.domain,
+                        sid[:12],
+                        action.reason,
+                    )
+                continue
+            lock = self._lock_for(sid)
+            if not lock.acquire(blocking=False):
+                skipped.add(sid)  # an RPC is working on it: next time
+                continue
             try:
-                self.hypervisor.teardown(dom.name)
+                row = self.ledger.get_sandbox(sid)
+                if periodic and (sid in self._in_flight or (row[0] if row else None) != docs.get(sid, (None,))[0]):
+                    skipped.add(sid)  # it changed since we looked
+                    continue
+                if not self._carry_out(action, docs.get(sid, (None, None))[1], report):
+                    failed.add(sid)
+            finally:
+                lock.release()
+        remaining = {sid for sid, *_ in self.ledger.sandboxes()}
+        foreign = {a.sandbox_id for a in actions if a.step is Step.LEAVE_FOREIGN}
+        self._sweep_console_logs(remaining | failed | skipped | busy | foreign)
+        with self._names_lock:
+            if periodic:  # keep the names of RunPodSandbox calls in flight; drop those of forgotten sandboxes
+                self._names = {m: sid for m, sid in self._names.items() if sid in remaining or sid in self._in_flight}
+            else:
+                self._names = {SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()}
+        if periodic and any(report[k] for k in ("removed_domains", "stopped", "forgotten", "released", "failed")):
+            log.warning("periodic reconcile: %s", {k: len(v) for k, v in report.items() if v and k != "foreign"})
+        return report
+
+    def _carry_out(self, action: Action, doc: dict[str, Any] | None, report: dict[str, list[str]]) -> bool:
+        """One reconcile action; False when a tear-down failed (the sandbox's later actions are skipped)."""
+        sid = action.sandbox_id
+        record = SandboxRecord.from_doc(doc) if doc is not None else None
+        pod = f"{record.meta.namespace}/{record.meta.name}" if record else "(unknown pod)"
+        if action.step is Step.ADOPT:
+            assert record is not None
+            report["adopted"].append(sid)
+            log.info(
+                "reconcile: adopted sandbox %s (domain %s) of pod %s: guest running, claims (%s) and "
+                "%d container records kept",
+                sid[:12],
+                action.domain,
+                pod,
+                self.resources.held(sid).describe(),
+                len(self.ledger.containers(sid)),
+            )
+        elif action.step is Step.TEAR_DOWN:
+            log.warning("reconcile: tearing down domain %s of sandbox %s: %s", action.domain, sid[:12], action.reason)
+            try:
+                self.hypervisor.teardown(action.domain)
             except VmSandboxError as exc:
                 log.error(
                     "reconcile: could not tear down domain %s of sandbox %s; its claims stay held until the "
-                    "next start: %s",
-                    dom.name,
+                    "next reconcile: %s",
+                    action.domain,
                     sid[:12],
                     exc,
                 )
-                kept.add(sid)
-                report["failed"].append(dom.name)
-                continue
-            report["removed_domains"].append(dom.name)
-        adopted = set(report["adopted"])
-        for sid, (state, doc) in rows.items():
-            if sid in adopted or sid in kept:
-                continue
-            record = SandboxRecord.from_doc(doc)
-            pod = f"{record.meta.namespace}/{record.meta.name}"
-            if state == STATE_CREATING:
-                held = self.resources.release(sid)
-                self.ledger.delete_sandbox(sid)
-                self._remove_console_log(sid)
-                log.warning(
-                    "reconcile: forgot sandbox %s (domain %s) of pod %s: its RunPodSandbox did not finish; "
-                    "%d claims released",
-                    sid[:12],
-                    record.domain,
-                    pod,
-                    held,
-                )
-                report["forgotten"].append(sid)
-            elif state == SANDBOX_READY:
-                released = self.resources.release(sid)
-                exited = 0
-                for c in self.containers(sid):
-                    if c.state != CONTAINER_EXITED:
-                        self._put_container(replace(c, state=CONTAINER_EXITED, reason="SandboxStopped"))
-                        exited += 1
-                self.ledger.put_sandbox(
-                    sid, SANDBOX_NOTREADY, record.created_ns, record.with_state(SANDBOX_NOTREADY).to_doc()
-                )
-                log.warning(
-                    "reconcile: sandbox %s (domain %s) of pod %s has no running guest: marked NOTREADY, "
-                    "%d claims released, %d containers marked exited",
-                    sid[:12],
-                    record.domain,
-                    pod,
-                    released,
-                    exited,
-                )
-                report["stopped"].append(sid)
-            else:
-                released = self.resources.release(sid)
-                if released:
-                    log.warning(
-                        "reconcile: released %d claims of stopped sandbox %s (domain %s): its StopPodSandbox "
-                        "did not finish",
-                        released,
-                        sid[:12],
-                        record.domain,
-                    )
-                    report["released"].append(sid)
-                else:
-                    log.info(
-                        "reconcile: sandbox %s (domain %s) of pod %s stays %s: no guest, nothing held",
-                        sid[:12],
-                        record.domain,
-                        pod,
-                        state,
-                    )
-        for owner in sorted(self.resources.owners() - set(rows) - kept):
-            released = self.resources.release(owner)
+                report["failed"].append(action.domain)
+                return False
+            report["removed_domains"].append(action.domain)
+        elif action.step is Step.FORGET:
+            held = self.resources.release(sid)
+            self.ledger.delete_sandbox(sid)
+            self._remove_console_log(sid)
+            log.warning(
+                "reconcile: forgot sandbox %s (domain %s) of pod %s: its RunPodSandbox did not finish; "
+                "%d claims released",
+                sid[:12],
+                action.domain,
+                pod,
+                held,
+            )
+            report["forgotten"].append(sid)
+        elif action.step is Step.STOP:
+            assert record is not None
+            released = self.resources.release(sid)
+            exited = 0
+            for c in self.containers(sid):
+                if c.state != CONTAINER_EXITED:
+                    self._put_container(replace(c, state=CONTAINER_EXITED, reason="SandboxStopped"))
+                    exited += 1
+            self.ledger.put_sandbox(
+                sid, SANDBOX_NOTREADY, record.created_ns, record.with_state(SANDBOX_NOTREADY).to_doc()
+            )
+            log.warning(
+                "reconcile: sandbox %s (domain %s) of pod %s has no running guest: marked NOTREADY, "
+                "%d claims released, %d containers marked exited",
+                sid[:12],
+                action.domain,
+                pod,
+                released,
+                exited,
+            )
+            report["stopped"].append(sid)
+        elif action.step is Step.FINISH_STOP:
+            released = self.resources.release(sid)
+            log.warning(
+                "reconcile: released %d claims of stopped sandbox %s (domain %s): its StopPodSandbox did not finish",
+                released,
+                sid[:12],
+                action.domain,
+            )
+            report["released"].append(sid)
+        elif action.step is Step.RELEASE_ORPHAN:
+            released = self.resources.release(sid)
             log.warning(
                 "reconcile: released %d claims of sandbox %s (domain %s), which has no row: its RunPodSandbox "
                 "died right after claiming",
                 released,
-                owner[:12],
-                domain_name(owner),
+                sid[:12],
+                domain_name(sid),
             )
-            report["released"].append(owner)
-        remaining = {sid for sid, *_ in self.ledger.sandboxes()}
-        self._sweep_console_logs(remaining | kept | foreign)
-        with self._names_lock:
-            self._names = {SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()}
-        return report
+            report["released"].append(sid)
+        return True
 
     # -- guests that die ------------------------------------------------------------------------
     def guest_stopped(self, domain: str, why: str) -> bool:
@@ -690,27 +717,16 @@ class Sandboxes:
                 dead.append(sid)
         return dead
 
-    def _adoption_problem(self, sid: str, state: str | None, doc: dict[str, Any] | None, dom: DomainInfo) -> str | None:
-        """Why the domain of ``sid`` cannot be adopted, or None when it is whole and consistent."""
-        if state is None or doc is None:
-            return "the ledger has no row for it"
-        if state == STATE_CREATING:
-            guest = "running" if dom.active else "defined, never started"
-            return f"its RunPodSandbox did not finish (row still creating, guest {guest})"
-        if state != SANDBOX_READY:
-            return f"the sandbox is {state}: its StopPodSandbox did not finish"
-        if not dom.active:
-            return "the sandbox is READY but its guest is not running"
+    def _claims_problem(self, sid: str, doc: dict[str, Any]) -> str:
+        """How a READY sandbox's claims differ from what its record says it holds ("" when they match)."""
         record = SandboxRecord.from_doc(doc)
-        if record.domain != dom.name:
-            return f"the sandbox's row names domain {record.domain}"
         exclusive = record.shape.get("cpu_policy") == "exclusive"
         expected = Claim.of(
             record.cpus if exclusive else (),
             (str(a) for d in record.devices for a in d.get("functions", ())),
             ((int(n), int(size), int(count)) for n, size, count in record.hugepages),
         )
-        return self.resources.holds(sid, expected)
+        return self.resources.holds(sid, expected) or ""
 
     def _remove_console_log(self, sandbox_id: str) -> None:
         if self.config.console_dir and validation.is_id(sandbox_id):

@@ -26,6 +26,7 @@ from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.health import Health
 from shim.image_service import ImageServicer
 from shim.images import ImageStore
+from shim.periodic import Periodic
 from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
 from vmsandbox import validation
@@ -48,11 +49,14 @@ class Running:
     health: Health | None = None
     stop_metrics: Callable[[], None] | None = None
     events: DomainEvents | None = None
+    housekeeping: Periodic | None = None
 
     def stop(self, grace: float = 5.0) -> None:
         if self.health is not None:
             self.health.shutting_down()
         self.server.stop(grace).wait()
+        if self.housekeeping is not None:
+            self.housekeeping.stop()
         if self.events is not None:
             self.events.close()
         if self.stop_metrics is not None:
@@ -136,6 +140,10 @@ def start(config: ShimConfig) -> Running:
     events = DomainEvents(config.libvirt_uri, sandboxes.guest_stopped, sandboxes.check_guests)
     events.start()
     sandboxes.check_guests()  # a guest that died between the reconcile and the subscription
+    housekeeping = Periodic(
+        config.reconcile_interval_s, lambda: sandboxes.reconcile(periodic=True), name="periodic-reconcile"
+    )
+    housekeeping.start()
     images = image_store(config)
     images.collect()  # after reconciliation: images removed while held and not held again are freed
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
@@ -170,6 +178,7 @@ def start(config: ShimConfig) -> Running:
         health=health,
         stop_metrics=stop_metrics,
         events=events,
+        housekeeping=housekeeping,
     )
 
 

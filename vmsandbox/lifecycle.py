@@ -59,7 +59,7 @@ class Row:
     sandbox_id: str
     state: str
     domain: str
-    claims_match: bool = True
+    claims_problem: str = ""  # how its claims differ from its record ("" when they match)
     holds_claims: bool = False
 
 
@@ -103,8 +103,8 @@ def _adoption_problem(row: Row | None, guest: Guest) -> str | None:
         return "the sandbox is READY but its guest is not running"
     if row.domain != guest.name:
         return f"the sandbox's row names domain {row.domain}"
-    if not row.claims_match:
-        return "its claims do not match its record"
+    if row.claims_problem:
+        return row.claims_problem
     return None
 
 

@@ -26,7 +26,7 @@ CASES = [
     ("ready, no guest at all: stopped", [row()], [], [A], [Step.STOP]),
     (
         "ready, claims differ: torn down then stopped",
-        [row(claims_match=False)],
+        [row(claims_problem="its claims do not match its record")],
         [guest()],
         [A],
         [Step.TEAR_DOWN, Step.STOP],
@@ -66,11 +66,12 @@ def test_every_action_names_a_reason() -> None:
 
 
 STATES = st.sampled_from(["creating", "SANDBOX_READY", "SANDBOX_NOTREADY"])
+PROBLEMS = st.sampled_from(["", "claims differ"])
 IDS = st.sampled_from(["a" * 64, "b" * 64, "c" * 64, "d" * 64])
 
 
 @given(
-    rows=st.lists(st.builds(row, IDS, STATES, claims_match=st.booleans(), holds_claims=st.booleans()), max_size=4),
+    rows=st.lists(st.builds(row, IDS, STATES, claims_problem=PROBLEMS, holds_claims=st.booleans()), max_size=4),
     guests=st.lists(st.builds(guest, IDS, st.booleans(), st.sampled_from([ME, "", "other"])), max_size=4),
     owners=st.lists(IDS, max_size=4),
 )

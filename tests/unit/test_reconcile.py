@@ -31,7 +31,7 @@ from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.claims import Claim
 from vmsandbox.domain import SandboxIdentity, domain_name
 from vmsandbox.domain_xml import read_identity
-from vmsandbox.errors import InfrastructureError
+from vmsandbox.errors import AlreadyExists, InfrastructureError
 from vmsandbox.profile import Profile
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "one-node-2cpu"
@@ -259,3 +259,37 @@ def test_owner_round_trips_through_domain_xml() -> None:
     xml = render(domain)
     assert "<vmsandbox:owner>" + "ab" * 16 + "</vmsandbox:owner>" in xml
     assert read_identity(xml) == ident
+
+
+def test_periodic_reconcile_cleans_orphans_and_leaves_busy_sandboxes_alone(
+    env: tuple[Sandboxes, FakeLibvirt, Path],
+) -> None:
+    sb, fake, _console = env
+    sb.reconcile()  # start-up
+    in_flight = add(sb, fake, 1, state=STATE_CREATING, domain=True, pages=2)  # a RunPodSandbox still running
+    sb._in_flight.add(in_flight)
+    locked = add(sb, fake, 2, state=SANDBOX_READY, domain=False, pages=2)  # a StopPodSandbox half-way
+    orphan = add(sb, fake, 3, state=None, domain=False, claim=False)  # a define whose row was lost
+    leftover = add(sb, fake, 4, state=None, domain=None, cpus=(1,))  # claims of a RunPodSandbox that died
+    sb.resources.resync()  # the claims above went straight to the ledger; the manager learns them
+    with sb._lock_for(locked):
+        report = sb.reconcile(periodic=True)
+    assert report["removed_domains"] == [domain_name(orphan)]
+    assert report["released"] == [leftover]
+    assert sorted(fake.domains) == sorted([domain_name(in_flight), domain_name(locked)])
+    assert sb.ledger.claim_owners() == {in_flight, locked}
+    # once nothing works on them any more, the next round finishes the job
+    sb._in_flight.discard(in_flight)
+    report = sb.reconcile(periodic=True)
+    assert report["forgotten"] == [in_flight] and report["stopped"] == [locked]
+    assert fake.domains == {} and sb.ledger.claim_owners() == frozenset()
+
+
+def test_periodic_reconcile_keeps_the_names_of_runs_in_flight(env: tuple[Sandboxes, FakeLibvirt, Path]) -> None:
+    sb, _fake, _console = env
+    meta = PodMeta("web", "default", "uid-1")
+    sb._reserve_name(meta, sid(7))
+    sb._in_flight.add(sid(7))
+    sb.reconcile(periodic=True)
+    with pytest.raises(AlreadyExists, match=sid(7)):
+        sb._reserve_name(meta, sid(8))
