@@ -23,6 +23,7 @@ from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.health import Health
 from shim.runtime_service import ImageServicer, RuntimeServicer
 from shim.sandboxes import Sandboxes
+from vmsandbox.adapters.host_checks import host_warnings
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.profile_loader import default_profiles, load_profiles
@@ -78,6 +79,8 @@ def start(config: ShimConfig) -> Running:
     hypervisor = Hypervisor(config.libvirt_uri, observe=metrics.libvirt_event)
     profiles = load_profiles(config.profile_files) if config.profile_files else default_profiles()
     sandboxes = Sandboxes(config, ledger, hypervisor, profiles)
+    for warning in host_warnings(config.libvirt_uri):
+        log.warning("host set-up: %s", warning)
     report = sandboxes.reconcile()
     log.info("reconciled with libvirt: %s", {k: len(v) for k, v in report.items()})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
