@@ -3,18 +3,20 @@ and time process spawn -> the guest agent's hello on the virtio-serial channel.
 
     python -m bench.qemu_direct --runs 10 --vcpus 2 --mem 256
 
-prints JSON with p50/p95. The QEMU configuration follows what libvirt 9.0 generates for our q35
-domain (vmsandbox/domain_xml.py) where it matters for boot time:
+prints JSON with p50/p95. ``bench/sandbox_start.py`` boots exactly what the shim's live domain
+says (``DirectGuest.from_domain_xml``: kernel, initrd, command line, memory and its hugepage
+backing, vCPUs and their host CPUs, TCG translation-cache size). The QEMU configuration follows
+what libvirt 9.0 generates for our q35 domain (vmsandbox/domain_xml.py) where it matters for boot:
 
-- same: machine type, accel, ``-cpu qemu64`` under TCG (``host`` under KVM), ACPI on, no default
-  devices, the virtio-serial controller and port ``io.vmsandbox.agent.0`` on a unix socket, a serial
-  console on ttyS0 going to a file, no memory balloon, vCPUs/memory, kernel/initrd/cmdline;
-- with ``hugepages_dir``: guest RAM from hugetlbfs, preallocated (libvirt's ``<hugepages>``);
-- on q35 the virtio-serial controller sits behind a ``pcie-root-port``, as libvirt places PCIe
-  devices;
-- different: no ``-S`` + QMP ``cont`` handshake, no QMP monitor, no seccomp sandbox, no vCPU/emulator
-  pinning, no libvirt-managed cgroups or namespaces. Those are the libvirt overhead the sandbox
-  start target (<= 1.10x this baseline) allows for.
+- same: machine type, accel and ``tb-size``, ``-cpu qemu64`` under TCG (``host`` under KVM), ACPI
+  on, no default devices, no USB, the virtio-serial controller behind a ``pcie-root-port`` and
+  port ``io.vmsandbox.agent.0`` on a unix socket, a serial console on ttyS0 going to a file, no
+  memory balloon, vCPUs/memory, kernel/initrd/cmdline; guest RAM from hugetlbfs, preallocated
+  (libvirt's ``<hugepages>``); the process confined to the guest's host CPUs;
+- different: no ``-S`` + QMP ``cont`` handshake, no QMP monitor, no seccomp sandbox, no per-thread
+  vCPU/emulator pinning, no per-domain cgroups (``cgroup_parent`` puts QEMU beside libvirt's
+  guests), no mount namespace or security labels, no virtlogd.
+  Those are the libvirt overhead the sandbox start target (<= 1.10x this baseline) allows for.
 """
 
 from __future__ import annotations
@@ -28,53 +30,109 @@ import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vmsandbox.adapters.guest_channel import wait_for_hello
 from vmsandbox.agent_protocol import CHANNEL_NAME
+from vmsandbox.host import parse_cpulist
 
 DEFAULT_IMAGE_DIR = "/var/lib/vmsandbox/images/default"
 BASE_CMDLINE = "console=ttyS0 panic=-1 quiet cryptomgr.notests"
+_UNIT_KIB = {"KiB": 1, "K": 1, "MiB": 1024, "M": 1024, "GiB": 1024 * 1024, "G": 1024 * 1024}
+
+
+@dataclass(frozen=True)
+class DirectGuest:
+    """What to boot: the parts of a domain that decide boot time and memory."""
+
+    kernel: str
+    initrd: str
+    cmdline: str
+    vcpus: int
+    mem_mib: int
+    accel: str = "tcg"
+    machine: str = "q35"
+    hugepages_dir: str | None = None  # back guest RAM with this hugetlbfs mount, preallocated
+    tb_cache_mib: int | None = None  # TCG translation-block cache (QEMU's -accel tcg,tb-size=)
+    host_cpus: tuple[int, ...] = ()  # confine QEMU to these host CPUs (empty: anywhere)
+    # a cgroup directory (cgroup v1 cpu controller or v2) whose child QEMU runs in: libvirt's
+    # machine partition, so the baseline competes for CPU from where libvirt's guests do
+    cgroup_parent: str | None = None
+
+    @classmethod
+    def from_image(cls, image_dir: str | os.PathLike[str], *, extra_cmdline: str = "", **kw: Any) -> DirectGuest:
+        image = Path(image_dir)
+        cmdline = f"{BASE_CMDLINE} {extra_cmdline}".strip()
+        return cls(kernel=str(image / "vmlinux"), initrd=str(image / "initramfs.img"), cmdline=cmdline, **kw)
+
+    @classmethod
+    def from_domain_xml(
+        cls, xml: str, *, hugepages_dir: str = "/dev/hugepages", cgroup_parent: str | None = None
+    ) -> DirectGuest:
+        """The guest a libvirt domain of ours boots (live XML), to boot it without libvirt."""
+        root = ET.fromstring(xml)
+        pages = root.find("memoryBacking/hugepages")
+        tb_el = root.find("features/tcg/tb-cache")
+        tb = None
+        if tb_el is not None and tb_el.text:  # libvirt's live XML says KiB whatever the input said
+            tb = int(tb_el.text) * _UNIT_KIB[tb_el.get("unit", "KiB")] // 1024
+        cpus: set[int] = set()
+        for pin in [*root.iterfind("cputune/vcpupin"), *root.iterfind("cputune/emulatorpin")]:
+            cpus.update(parse_cpulist(pin.get("cpuset", "")))
+        machine = root.find("os/type")
+        return cls(
+            kernel=root.findtext("os/kernel", ""),
+            initrd=root.findtext("os/initrd", ""),
+            cmdline=root.findtext("os/cmdline", ""),
+            vcpus=int(root.findtext("vcpu", "1")),
+            mem_mib=int(root.findtext("memory", "0")) // 1024,
+            accel="kvm" if root.get("type") == "kvm" else "tcg",
+            machine="pc" if machine is not None and "q35" not in machine.get("machine", "q35") else "q35",
+            hugepages_dir=hugepages_dir if pages is not None else None,
+            tb_cache_mib=tb,
+            host_cpus=tuple(sorted(cpus)),
+            cgroup_parent=cgroup_parent,
+        )
 
 
 def qemu_argv(
-    image_dir: str | os.PathLike[str],
+    guest: DirectGuest,
     socket_path: str,
     *,
-    vcpus: int,
-    mem_mib: int,
-    accel: str = "tcg",
-    machine: str = "q35",
-    cmdline: str = BASE_CMDLINE,
     console_path: str | None = None,
-    hugepages_dir: str | None = None,
 ) -> list[str]:
     """The QEMU command line of one direct boot (see the module docstring)."""
-    image = Path(image_dir)
+    accel = guest.accel
+    if accel == "tcg" and guest.tb_cache_mib:
+        accel += f",tb-size={guest.tb_cache_mib}"
     argv = [
         "qemu-system-x86_64",
         "-name", "vmsandbox-direct",
         "-nodefaults", "-no-user-config", "-display", "none",
-        "-machine", f"{machine},acpi=on",
+        "-machine", f"{guest.machine},acpi=on,usb=off",
         "-accel", accel,
-        "-cpu", "host" if accel == "kvm" else "qemu64",
-        "-smp", str(vcpus),
-        "-m", f"{mem_mib}M",
-        "-kernel", str(image / "vmlinux"),
-        "-initrd", str(image / "initramfs.img"),
-        "-append", cmdline,
+        "-cpu", "host" if guest.accel == "kvm" else "qemu64",
+        "-smp", str(guest.vcpus),
+        "-m", f"{guest.mem_mib}M",
+        "-kernel", guest.kernel,
+        "-initrd", guest.initrd,
+        "-append", guest.cmdline,
         "-rtc", "base=utc",
         "-no-reboot",
         "-serial", f"file:{console_path}" if console_path else "null",
         "-chardev", f"socket,id=agent,path={socket_path},server=on,wait=off",
     ]  # fmt: skip
-    if hugepages_dir:
+    if guest.hugepages_dir:
+        size = f"{guest.mem_mib}M"
         argv += [
-            "-object", f"memory-backend-file,id=pc.ram,mem-path={hugepages_dir},prealloc=on,size={mem_mib}M",
+            "-object", f"memory-backend-file,id=pc.ram,mem-path={guest.hugepages_dir},prealloc=on,size={size}",
             "-machine", "memory-backend=pc.ram",
         ]  # fmt: skip
-    if machine == "q35":
+    if guest.machine == "q35":
         argv += ["-device", "pcie-root-port,id=pci.1,bus=pcie.0,chassis=1,port=16,addr=0x1"]
         argv += ["-device", "virtio-serial-pci,id=virtio-serial0,bus=pci.1,addr=0x0"]
     else:
@@ -83,39 +141,41 @@ def qemu_argv(
     return argv
 
 
-def boot_direct(
-    image_dir: str | os.PathLike[str],
-    vcpus: int,
-    mem_mib: int,
-    accel: str = "tcg",
-    machine: str = "q35",
-    extra_cmdline: str = "",
-    *,
-    hugepages_dir: str | None = None,
-    timeout_s: float = 60.0,
-) -> float:
-    """Seconds from spawning QEMU to the guest's hello; QEMU is killed before returning."""
+@dataclass(frozen=True)
+class DirectBoot:
+    seconds: float  # QEMU spawned -> hello received
+    guest_boot_ms: int  # the guest's uptime at hello (its kernel and init)
+    memory_kib: dict[str, int]  # QEMU's VmRSS, RssAnon, RssFile at hello (hugetlb guest RAM is in none)
+
+
+def boot_direct(guest: DirectGuest, *, timeout_s: float = 60.0) -> DirectBoot:
+    """Boot ``guest`` with bare QEMU until its hello; QEMU is killed before returning."""
     with tempfile.TemporaryDirectory(prefix="vmsandbox-direct-") as tmp:
         sock = os.path.join(tmp, "agent.sock")
         console = os.path.join(tmp, "console.log")
-        cmdline = f"{BASE_CMDLINE} {extra_cmdline}".strip()
-        argv = qemu_argv(
-            image_dir,
-            sock,
-            vcpus=vcpus,
-            mem_mib=mem_mib,
-            accel=accel,
-            machine=machine,
-            cmdline=cmdline,
-            console_path=console,
-            hugepages_dir=hugepages_dir,
-        )
+        argv = qemu_argv(guest, sock, console_path=console)
+        cpus = set(guest.host_cpus)
+        cgroup = None
+        if guest.cgroup_parent:
+            cgroup = Path(guest.cgroup_parent) / f"vmsandbox-direct-{os.getpid()}"
+            cgroup.mkdir(exist_ok=True)
+        procs = cgroup / ("cgroup.procs" if (cgroup / "cgroup.procs").exists() else "tasks") if cgroup else None
+
+        def confine() -> None:  # in the child, before exec
+            if procs is not None:
+                procs.write_text(str(os.getpid()))
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
         with open(os.path.join(tmp, "qemu.stderr"), "w+b") as err:
             start = time.monotonic()
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=confine
+            )
             try:
-                wait_for_hello(sock, timeout_s)
-                return time.monotonic() - start
+                report = wait_for_hello(sock, timeout_s)
+                seconds = time.monotonic() - start
+                return DirectBoot(seconds, report.boot_ms, qemu_memory_kib(proc.pid))
             except Exception as e:
                 err.seek(0)
                 qemu_err = err.read().decode(errors="replace")[-2000:]
@@ -126,6 +186,18 @@ def boot_direct(
             finally:
                 proc.kill()
                 proc.wait()
+                if cgroup is not None:
+                    cgroup.rmdir()
+
+
+def qemu_memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS, RssAnon and RssFile of a process, KiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile"):
+            out[key] = int(value.split()[0])
+    return out
 
 
 def percentile(samples: Sequence[float], q: int) -> float:
@@ -145,30 +217,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--image-dir", default=os.environ.get("VMSANDBOX_IMAGE_DIR", DEFAULT_IMAGE_DIR))
     parser.add_argument("--extra-cmdline", default="")
     parser.add_argument("--hugepages-dir", default=None, help="back guest RAM with this hugetlbfs mount")
+    parser.add_argument("--tb-cache-mib", type=int, default=None, help="TCG translation-block cache size")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if shutil.which("qemu-system-x86_64") is None:
         parser.error("qemu-system-x86_64 not found")
-    samples = [
-        boot_direct(
-            args.image_dir,
-            args.vcpus,
-            args.mem,
-            args.accel,
-            args.machine,
-            args.extra_cmdline,
-            hugepages_dir=args.hugepages_dir,
-        )
-        for _ in range(args.runs)
-    ]
+    guest = DirectGuest.from_image(
+        args.image_dir,
+        extra_cmdline=args.extra_cmdline,
+        vcpus=args.vcpus,
+        mem_mib=args.mem,
+        accel=args.accel,
+        machine=args.machine,
+        hugepages_dir=args.hugepages_dir,
+        tb_cache_mib=args.tb_cache_mib,
+    )
+    samples = [boot_direct(guest).seconds for _ in range(args.runs)]
     result = {
         "bench": "qemu_direct",
         "accel": args.accel,
         "machine": args.machine,
         "vcpus": args.vcpus,
         "mem_mib": args.mem,
-        "cmdline": f"{BASE_CMDLINE} {args.extra_cmdline}".strip(),
+        "cmdline": guest.cmdline,
         "hugepages_dir": args.hugepages_dir,
         "runs": args.runs,
         "p50_s": round(percentile(samples, 50), 3),

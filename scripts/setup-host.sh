@@ -103,10 +103,29 @@ if ! getent passwd libvirt-qemu >/dev/null; then
         --shell /usr/sbin/nologin --comment "Libvirt Qemu" libvirt-qemu
     changed+=("user libvirt-qemu")
 fi
-# /dev/kvm is root:kvm 0660: QEMU runs as libvirt-qemu and needs the group where KVM is used.
-if getent group kvm >/dev/null && ! id -nG libvirt-qemu | tr ' ' '\n' | grep -qx kvm; then
-    usermod -a -G kvm libvirt-qemu
-    changed+=("libvirt-qemu in group kvm")
+# /dev/kvm must be root:kvm 0660 with libvirt-qemu in group kvm, even where guests run TCG. libvirt
+# probes QEMU's capabilities as root (so KVM looks available) but trusts its capabilities cache only
+# while libvirt-qemu itself can open /dev/kvm; when it cannot, every lookup throws the cache away and
+# probes QEMU again (~10 s per domain definition). Hosts without udev leave /dev/kvm root:root 0600
+# and have no kvm group. The group and membership come first, the device last: the ctime change of
+# chgrp/chmod is what makes a running libvirtd check again.
+if [[ -c /dev/kvm ]]; then
+    if ! getent group kvm >/dev/null; then
+        groupadd --system kvm
+        changed+=("group kvm")
+    fi
+    if ! id -nG libvirt-qemu | tr ' ' '\n' | grep -qx kvm; then
+        usermod -a -G kvm libvirt-qemu
+        changed+=("libvirt-qemu in group kvm")
+    fi
+    kvm_mode=$(stat -c %a /dev/kvm)
+    if [[ $(stat -c %G /dev/kvm) != kvm ]] || (((8#$kvm_mode & 8#060) != 8#060)) ||
+        [[ ${changed[*]} == *"in group kvm"* ]]; then
+        # chmod even when the mode is right: a membership change alone leaves the ctime unchanged
+        chgrp kvm /dev/kvm
+        chmod g+rw /dev/kvm
+        changed+=("/dev/kvm $(stat -c '%U:%G %a' /dev/kvm) (was $kvm_mode)")
+    fi
 fi
 for d in /var/log/libvirt/qemu /var/lib/libvirt/qemu /var/lib/libvirt/images /var/lib/libvirt/boot \
     /var/cache/libvirt/qemu /run/libvirt /var/lib/vmsandbox/images; do

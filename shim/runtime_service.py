@@ -21,12 +21,15 @@ from shim.model import SandboxRecord
 from shim.sandboxes import Sandboxes
 from shim.status import rpc
 from vmsandbox import __version__
+from vmsandbox.adapters.host_checks import host_warnings
 from vmsandbox.errors import InvalidArgument, VmSandboxError
 
 log = logging.getLogger(__name__)
 
 RUNTIME_NAME = "vmsandbox"
 API_VERSION = "v1"
+# Status condition for host set-up problems (the kubelet acts only on RuntimeReady and NetworkReady)
+HOST_SETUP_CONDITION = "HostSetupOptimal"
 
 
 def _labels_match(labels: dict[str, str], selector: Any) -> bool:
@@ -62,6 +65,19 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
                 type="RuntimeReady", status=False, reason="HypervisorUnavailable", message=str(exc)
             )
         network = pb.RuntimeCondition(type="NetworkReady", status=True)
+        conditions = [runtime, network]
+        # A set-up flaw that slows every pod but breaks none: a condition of its own, shown by
+        # `crictl info`, only while it holds; RuntimeReady stays what the kubelet acts on.
+        warnings = host_warnings(self.sandboxes.hypervisor.uri)
+        if warnings:
+            conditions.append(
+                pb.RuntimeCondition(
+                    type=HOST_SETUP_CONDITION,
+                    status=False,
+                    reason="KvmDeviceNotAccessible",
+                    message="; ".join(warnings),
+                )
+            )
         info = {}
         if request.verbose:
             import json
@@ -76,7 +92,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
                 sort_keys=True,
             )
         return pb.StatusResponse(
-            status=pb.RuntimeStatus(conditions=[runtime, network]),
+            status=pb.RuntimeStatus(conditions=conditions),
             info=info,
             runtime_handlers=[pb.RuntimeHandler(name=h) for h in sorted(self.sandboxes.profiles)],
         )

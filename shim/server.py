@@ -31,6 +31,7 @@ from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
 from vmsandbox import validation
 from vmsandbox.adapters.domain_events import DomainEvents
+from vmsandbox.adapters.host_checks import host_warnings
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.layers import Limits
 from vmsandbox.adapters.ledger import Ledger
@@ -134,6 +135,8 @@ def start(config: ShimConfig) -> Running:
     ledger = _open_ledger(state)
     hypervisor = Hypervisor(config.libvirt_uri, observe=metrics.libvirt_event)
     sandboxes = Sandboxes(config, ledger, hypervisor, profiles)
+    for warning in host_warnings(config.libvirt_uri):
+        log.warning("host set-up: %s", warning)
     report = sandboxes.reconcile()
     log.info("reconciled with libvirt: %s", {k: len(v) for k, v in report.items()})
     # a guest that dies (QEMU killed, panic) turns its sandbox NOTREADY; after a reconnect every guest is re-checked

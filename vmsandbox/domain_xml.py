@@ -88,6 +88,9 @@ def render(domain: Domain) -> str:
     _sub(root, "on_reboot", "destroy")
     _sub(root, "on_crash", "destroy")
     devices = _sub(root, "devices")
+    # No USB: libvirt would add a qemu-xhci controller (and a PCIe root port for it on q35) that
+    # nothing uses; the guest probes it at boot and QEMU carries its state.
+    _sub(devices, "controller", type="usb", model="none")
     _sub(devices, "controller", type="virtio-serial", index="0")
     channel = _sub(devices, "channel", type="unix")
     source_attrs = {"mode": "bind"}

@@ -94,6 +94,21 @@ def test_virtlogd_running_from_its_pidfile() -> None:
     assert _exe(pid) == "virtlogd"
 
 
+def test_libvirt_qemu_can_open_dev_kvm() -> None:
+    """root:kvm 0660 with libvirt-qemu in kvm: else libvirt re-probes QEMU on every define."""
+    _needs_root()
+    if not os.path.exists("/dev/kvm"):
+        pytest.skip("no /dev/kvm on this host")
+    import grp
+    import pwd
+
+    st = os.stat("/dev/kvm")
+    assert grp.getgrgid(st.st_gid).gr_name == "kvm"
+    assert st.st_mode & 0o060 == 0o060, oct(st.st_mode)
+    qemu = pwd.getpwnam("libvirt-qemu")
+    assert grp.getgrnam("kvm").gr_gid in os.getgrouplist("libvirt-qemu", qemu.pw_gid)
+
+
 def test_second_run_is_a_no_op() -> None:
     _needs_root()
     # converge first (make test has usually done this already), then the rerun must do nothing
