@@ -299,7 +299,9 @@ else
         tail_log "$image_log"
         die "images/build.sh $IMAGE_DIR failed (full log: $image_log)"
     fi
-    if [[ -n $(find "$IMAGE_DIR" \( -newer "$marker" -o -cnewer "$marker" \) -print -quit) ]]; then
+    # build.sh rewrites manifest.json exactly when it builds (libvirt's chown of the image files at each
+    # guest start changes their ctime, so the files themselves cannot tell)
+    if [[ $IMAGE_DIR/manifest.json -nt $marker ]]; then
         step 7 "guest image" "built in $IMAGE_DIR in $(secs_since "$t0") s"
     else
         step 7 "guest image" "already done ($IMAGE_DIR up to date)"
