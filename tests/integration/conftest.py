@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -186,12 +187,35 @@ def stop_shim(shim: Shim, *, kill: bool = False) -> None:
             shim.process.wait()
 
 
-def our_domains() -> list[str]:
+def our_domains(shim: Shim | None = None) -> list[str]:
+    """vmsandbox domains on libvirt; with ``shim``, only those its state database defined (other
+    test runs may share this libvirt)."""
     import libvirt
 
+    from vmsandbox.domain_xml import read_identity
+
+    owner = ""
+    if shim is not None:
+        db = sqlite3.connect(f"{(shim.state_dir / 'state.db').resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+        try:
+            owner = str(db.execute("SELECT value FROM meta WHERE key = 'instance_id'").fetchone()[0])
+        finally:
+            db.close()
     conn = libvirt.open(LIBVIRT_URI)
     try:
-        return [d.name() for d in conn.listAllDomains(0) if d.name().startswith("vmsandbox-")]
+        names = []
+        for d in conn.listAllDomains(0):
+            if not d.name().startswith("vmsandbox-"):
+                continue
+            if owner:
+                try:
+                    ident = read_identity(d.XMLDesc(0))
+                except libvirt.libvirtError:
+                    continue  # gone while we looked
+                if ident is None or ident.owner != owner:
+                    continue
+            names.append(d.name())
+        return names
     finally:
         conn.close()
 

@@ -102,7 +102,7 @@ def test_declared_pod_boots_pinned_hugepage_guest(shim: Shim) -> None:
     finally:
         stop_remove(shim, sid)
     assert hugepages_free() == free_before
-    assert our_domains() == []
+    assert our_domains(shim) == []
     assert claims_in_ledger(shim) == 0
 
 
@@ -116,7 +116,7 @@ def test_guest_that_never_reports_is_rolled_back(shim: Shim) -> None:
     details = str(err.value.details())
     assert "test/silent" in details and "8" in details and "rolled back" in details
     assert elapsed < 8 + 45  # the profile's 8 s boot timeout plus tear-down (generous: CI hosts are shared)
-    assert our_domains() == []
+    assert our_domains(shim) == []
     assert claims_in_ledger(shim) == 0
     assert hugepages_free() == free_before
     assert shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items == []
@@ -151,6 +151,6 @@ def test_two_pods_that_cannot_both_fit(shim: Shim) -> None:
     assert losers[0].code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "cpu on node 0: need 2, free 0 (short by 2)" in str(losers[0].details())
     stop_remove(shim, winners[0])
-    assert our_domains() == []
+    assert our_domains(shim) == []
     assert claims_in_ledger(shim) == 0
     assert hugepages_free() == free_before

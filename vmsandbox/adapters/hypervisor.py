@@ -169,17 +169,16 @@ class Hypervisor:
                     continue
                 try:
                     xml = dom.XMLDesc(0)
+                    active = bool(dom.isActive())
                 except libvirt.libvirtError as exc:
                     if _no_domain(exc):
-                        continue
+                        continue  # removed while we listed (another shim or a tear-down)
                     raise
                 ident = read_identity(xml)
                 if ident is None:
                     continue
                 out.append(
-                    DomainInfo(
-                        name=name, sandbox_id=ident.sandbox_id, active=bool(dom.isActive()), xml=xml, owner=ident.owner
-                    )
+                    DomainInfo(name=name, sandbox_id=ident.sandbox_id, active=active, xml=xml, owner=ident.owner)
                 )
             return out
 
