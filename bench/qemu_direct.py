@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vmsandbox.adapters.guest_channel import wait_for_hello
-from vmsandbox.agent_protocol import CHANNEL_NAME
+from vmsandbox.agent_protocol import CHANNEL_NAME, SHARED_TAG
 
 DEFAULT_IMAGE_DIR = "/var/lib/vmsandbox/images/default"
 BASE_CMDLINE = "console=ttyS0 panic=-1 quiet cryptomgr.notests"
@@ -49,8 +49,11 @@ def qemu_argv(
     cmdline: str = BASE_CMDLINE,
     console_path: str | None = None,
     hugepages_dir: str | None = None,
+    shared_dir: str | None = None,
 ) -> list[str]:
-    """The QEMU command line of one direct boot (see the module docstring)."""
+    """The QEMU command line of one direct boot (see the module docstring); ``shared_dir`` is
+    exported over virtio-9p with the tag the guest agent mounts (as libvirt's ``<filesystem
+    type='mount' accessmode='passthrough'>`` does)."""
     image = Path(image_dir)
     argv = [
         "qemu-system-x86_64",
@@ -80,6 +83,11 @@ def qemu_argv(
     else:
         argv += ["-device", "virtio-serial-pci,id=virtio-serial0"]
     argv += ["-device", f"virtserialport,bus=virtio-serial0.0,nr=1,chardev=agent,name={CHANNEL_NAME}"]
+    if shared_dir:
+        argv += [
+            "-fsdev", f"local,id=fsdev-shared,path={shared_dir},security_model=passthrough,multidevs=remap",
+            "-device", f"virtio-9p-pci,id=fs0,fsdev=fsdev-shared,mount_tag={SHARED_TAG}",
+        ]  # fmt: skip
     return argv
 
 
