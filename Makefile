@@ -30,6 +30,7 @@ bench: setup
 	$(PY) bench/sandbox_start.py
 	$(PY) bench/admission.py
 	$(PY) bench/placement.py
+	$(PY) bench/image_pull.py
 
 stop-host:
 	scripts/stop-host.sh

@@ -27,12 +27,16 @@ LIBVIRTD_START_TIMEOUT=60
 # libvirtd/virtlogd without libvirt-daemon-system (which brings init scripts, polkit and networks
 # we do not use); libvirt-dev, pkg-config, gcc, libc6-dev, python3-dev: libvirt-python builds from
 # source; python3-venv: venvs for Debian's python3; busybox-static, xz-utils, cpio, kmod, golang-go
-# (builds the guest agent): the guest image recipe; tini: child subreaper for libvirtd.
+# (builds the guest agent): the guest image recipe; tini: child subreaper for libvirtd. skopeo: the
+# image store's registry transport; docker-registry: the local registry the image tests and
+# benchmark push to (never left running by the package: see below); apache2-utils: htpasswd for the
+# registry-auth tests.
 APT_PACKAGES=(
     qemu-system-x86 qemu-utils
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config
     gcc libc6-dev python3-dev python3-venv
     busybox-static xz-utils cpio kmod golang-go tini
+    skopeo umoci docker-registry apache2-utils
 )
 
 T_START=$(now_ms)
@@ -68,9 +72,20 @@ else
     export DEBIAN_FRONTEND=noninteractive
     apt_log=$VMSANDBOX_LOG_DIR/apt.log
     t0=$SECONDS
-    if ! { apt-get update -q && apt-get install -y -q --no-install-recommends \
+    # Packages must not start daemons (docker-registry's would listen on :5000): a policy-rc.d that
+    # denies every start, only while we install and only when the host has none of its own.
+    own_policy=0
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        own_policy=1
+    fi
+    apt_ok=1
+    { apt-get update -q && apt-get install -y -q --no-install-recommends \
         -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"; } \
-        </dev/null >"$apt_log" 2>&1; then
+        </dev/null >"$apt_log" 2>&1 || apt_ok=0
+    ((own_policy)) && rm -f /usr/sbin/policy-rc.d
+    if ((!apt_ok)); then
         tail_log "$apt_log"
         die "apt-get failed (full log: $apt_log)"
     fi

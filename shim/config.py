@@ -21,6 +21,7 @@ from vmsandbox.cdi import DEFAULT_SPEC_DIRS
 from vmsandbox.devices import parse_pool_config
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import format_cpulist, parse_cpulist
+from vmsandbox.registries import Registries, parse_registries
 from vmsandbox.resources import HUGEPAGE_SIZES
 
 
@@ -44,6 +45,11 @@ class ShimConfig:
     housekeeping_cpus: tuple[int, ...] = ()  # of cpu_pool: emulator threads of `emulator: housekeeping` profiles
     device_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pool -> PCI addresses / vendor:device
     cdi_spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS
+    registries: Registries = field(default_factory=Registries)
+    registry_auth_file: str = ""
+    image_store_dir: str = ""  # empty: <state_dir>/images
+    image_max_bytes: int = 32 << 30  # uncompressed bytes one image may unpack to
+    image_max_entries: int = 2_000_000  # tar entries one image may have, all layers together
     extra: dict[str, Any] = field(default_factory=dict)
 
     def with_overrides(self, **kwargs: Any) -> ShimConfig:
@@ -69,6 +75,11 @@ _KEYS = {
     "housekeeping_cpus",
     "device_pools",
     "cdi_spec_dirs",
+    "registries",
+    "registry_auth_file",
+    "image_store_dir",
+    "image_max_bytes",
+    "image_max_entries",
 }
 
 
@@ -88,6 +99,8 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         "proc_root",
         "metrics_address",
         "log_format",
+        "registry_auth_file",
+        "image_store_dir",
     ):
         if key in data:
             if not isinstance(data[key], str):
@@ -95,6 +108,15 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
             kwargs[key] = data[key]
     if kwargs.get("log_format", "text") not in ("text", "json"):
         raise InvalidArgument(f"{source}: log_format: must be text or json, got {kwargs['log_format']!r}")
+    for key in ("registry_auth_file", "image_store_dir"):
+        if kwargs.get(key) and not kwargs[key].startswith("/"):
+            raise InvalidArgument(f"{source}: {key}: must be an absolute path")
+    kwargs["registries"] = parse_registries(data.get("registries"), f"{source}: registries")
+    for key in ("image_max_bytes", "image_max_entries"):
+        if key in data:
+            if not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 1:
+                raise InvalidArgument(f"{source}: {key}: must be a positive integer")
+            kwargs[key] = data[key]
     if "workers" in data:
         if not isinstance(data["workers"], int) or not 1 <= data["workers"] <= 256:
             raise InvalidArgument(f"{source}: workers: must be an integer between 1 and 256")

@@ -17,6 +17,8 @@ The points, in the order a sandbox passes them:
 ``remove:after-destroy``  Stop/RemovePodSandbox destroyed the guest; the domain is still defined
                           and the claims are still held
 ``remove:after-release``  the domain is gone and the claims released; the row still says READY
+``pull:after-blobs``      PullImage has the blobs in the store; the tree is not unpacked yet
+``pull:after-tree``       the tree is unpacked and in place; the catalogue does not name the image yet
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ POINTS = (
     "run:after-ready",
     "remove:after-destroy",
     "remove:after-release",
+    "pull:after-blobs",
+    "pull:after-tree",
 )
 
 _ARMED = os.environ.get(ENV, "")

@@ -74,7 +74,7 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, and sandbox_id/pod when bound."""
+    """One JSON object per line: ts, level, logger, msg, sandbox_id/pod when bound, and any ``fields``."""
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, object] = {
@@ -87,6 +87,9 @@ class JsonFormatter(logging.Formatter):
             value = getattr(record, key, "")
             if value:
                 doc[key] = value
+        fields = getattr(record, "fields", None)  # structured values a caller passed as extra={"fields": {...}}
+        if isinstance(fields, dict):
+            doc.update({k: v for k, v in fields.items() if k not in doc})
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False)

@@ -1,8 +1,9 @@
 """Prometheus metrics of the shim, served over HTTP when ``metrics_address`` is configured.
 
 Events are counted where they happen with one-line calls (``observe_start`` in the orchestrator,
-``rejected`` in the RPC wrapper, ``libvirt_event`` from the hypervisor adapter's hook); the host's
-state (guests running, CPUs and hugepages allocated vs free per NUMA node) is read from the ledger
+``rejected`` in the RPC wrapper, ``image_pull`` in the image store, ``libvirt_event`` from the
+hypervisor adapter's hook); the host's state (guests running, CPUs and hugepages allocated vs
+free per NUMA node) is read from the ledger
 and the sysfs inventory at scrape time by ``HostCollector``, so it cannot drift. The core
 (``vmsandbox/``) never imports this module.
 """
@@ -53,6 +54,22 @@ REJECTIONS = Counter(
 LIBVIRT_ERRORS = Counter("vmsandbox_libvirt_errors", "libvirt calls that failed (after any retries)", registry=REGISTRY)
 LIBVIRT_RETRIES = Counter("vmsandbox_libvirt_retries", "Transient libvirt errors that were retried", registry=REGISTRY)
 
+IMAGE_PULLS = Counter(
+    "vmsandbox_image_pulls", "PullImage calls that did the work, by result (ok or error)", ["result"], registry=REGISTRY
+)
+IMAGE_PULLS_SHARED = Counter(
+    "vmsandbox_image_pulls_shared", "PullImage calls that waited for the same pull already running", registry=REGISTRY
+)
+IMAGE_PULL_BYTES = Counter(
+    "vmsandbox_image_pull_bytes", "Compressed bytes of blobs fetched from registries", registry=REGISTRY
+)
+IMAGE_PULL_SECONDS = Histogram(
+    "vmsandbox_image_pull_seconds",
+    "PullImage duration (resolve, download, unpack), in seconds",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
+    registry=REGISTRY,
+)
+
 _PAGE_KEY = re.compile(r"^hugepages-(\d+)kB:node(\d+):\d+$")
 
 
@@ -62,6 +79,16 @@ def observe_start(handler: str, seconds: float) -> None:
 
 def rejected(rpc: str, reason: str) -> None:
     REJECTIONS.labels(rpc=rpc, reason=reason).inc()
+
+
+def image_pull(result: str, fetched_bytes: int, seconds: float) -> None:
+    IMAGE_PULLS.labels(result=result).inc()
+    IMAGE_PULL_BYTES.inc(fetched_bytes)
+    IMAGE_PULL_SECONDS.observe(seconds)
+
+
+def image_pull_shared() -> None:
+    IMAGE_PULLS_SHARED.inc()
 
 
 def libvirt_event(event: str) -> None:

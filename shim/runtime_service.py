@@ -1,4 +1,4 @@
-"""``runtime.v1.RuntimeService`` and ``ImageService``: thin servicers over ``Sandboxes``.
+"""``runtime.v1.RuntimeService``: a thin servicer over ``Sandboxes`` (ImageService: ``shim.image_service``).
 
 Each method translates the request (``shim.translate``), calls the orchestrator, translates the
 answer. RPCs this build does not serve answer UNIMPLEMENTED with a sentence saying so.
@@ -7,7 +7,6 @@ answer. RPCs this build does not serve answer UNIMPLEMENTED with a sentence sayi
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -256,39 +255,3 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     StreamContainerStats = _not_built("StreamContainerStats", "streaming list RPCs are not served yet")
     StreamPodSandboxStats = _not_built("StreamPodSandboxStats", "streaming list RPCs are not served yet")
     StreamPodSandboxMetrics = _not_built("StreamPodSandboxMetrics", "streaming list RPCs are not served yet")
-
-
-class ImageServicer(pb_grpc.ImageServiceServicer):
-    def __init__(self, state_dir: str) -> None:
-        self.state_dir = state_dir
-
-    @rpc
-    def ImageFsInfo(self, request: pb.ImageFsInfoRequest, context: grpc.ServicerContext) -> pb.ImageFsInfoResponse:
-        used, inodes = 0, 0
-        for root, _dirs, files in os.walk(self.state_dir):
-            for name in files:
-                try:
-                    used += os.lstat(os.path.join(root, name)).st_size
-                    inodes += 1
-                except OSError:
-                    continue
-        usage = pb.FilesystemUsage(
-            timestamp=time.time_ns(),
-            fs_id=pb.FilesystemIdentifier(mountpoint=self.state_dir),
-            used_bytes=pb.UInt64Value(value=used),
-            inodes_used=pb.UInt64Value(value=inodes),
-        )
-        return pb.ImageFsInfoResponse(image_filesystems=[usage], container_filesystems=[usage])
-
-    @rpc
-    def ListImages(self, request: pb.ListImagesRequest, context: grpc.ServicerContext) -> pb.ListImagesResponse:
-        return pb.ListImagesResponse(images=[])
-
-    @rpc
-    def ImageStatus(self, request: pb.ImageStatusRequest, context: grpc.ServicerContext) -> pb.ImageStatusResponse:
-        return pb.ImageStatusResponse()  # no image store yet: every image is absent
-
-    # RPCs this build does not serve: UNIMPLEMENTED with the reason
-    PullImage = _not_built("PullImage", "images are not pulled or stored yet")
-    RemoveImage = _not_built("RemoveImage", "images are not pulled or stored yet")
-    StreamImages = _not_built("StreamImages", "streaming list RPCs are not served yet")

@@ -21,10 +21,13 @@ from shim import metrics
 from shim.config import ShimConfig
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.health import Health
-from shim.runtime_service import ImageServicer, RuntimeServicer
+from shim.image_service import ImageServicer
+from shim.images import ImageStore
+from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
 from vmsandbox.adapters.domain_events import DomainEvents
 from vmsandbox.adapters.hypervisor import Hypervisor
+from vmsandbox.adapters.layers import Limits
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.profile_loader import default_profiles, load_profiles
 from vmsandbox.errors import InfrastructureError
@@ -74,6 +77,15 @@ def _secure_socket(path: Path, group: str) -> None:
         os.chown(path, 0, gid)
 
 
+def image_store(config: ShimConfig) -> ImageStore:
+    return ImageStore(
+        Path(config.image_store_dir or Path(config.state_dir) / "images"),
+        registries=config.registries,
+        auth_file=config.registry_auth_file,
+        limits=Limits(max_bytes=config.image_max_bytes, max_entries=config.image_max_entries),
+    )
+
+
 def start(config: ShimConfig) -> Running:
     state = Path(config.state_dir)
     state.mkdir(parents=True, exist_ok=True)
@@ -88,9 +100,11 @@ def start(config: ShimConfig) -> Running:
     events = DomainEvents(config.libvirt_uri, sandboxes.guest_stopped, sandboxes.check_guests)
     events.start()
     sandboxes.check_guests()  # a guest that died between the reconcile and the subscription
+    images = image_store(config)
+    images.collect()  # after reconciliation: images removed while held and not held again are freed
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
     pb_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(sandboxes), server)
-    pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(config.state_dir), server)
+    pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(images, config.state_dir), server)
     health = Health(server)  # grpc.health.v1.Health on the CRI socket
     stop_metrics = metrics.serve(config.metrics_address, sandboxes) if config.metrics_address else None
     sock = Path(config.socket_path)

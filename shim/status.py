@@ -22,6 +22,8 @@ from vmsandbox.errors import (
     InternalError,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
+    Unauthenticated,
     VmSandboxError,
 )
 
@@ -33,6 +35,8 @@ CODES: dict[type[VmSandboxError], grpc.StatusCode] = {
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     Diverged: grpc.StatusCode.FAILED_PRECONDITION,
     CannotFit: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     InfrastructureError: grpc.StatusCode.UNAVAILABLE,
     InternalError: grpc.StatusCode.INTERNAL,
 }

@@ -56,6 +56,14 @@ class CannotFit(VmSandboxError):
         self.shortfalls = tuple(shortfalls)
 
 
+class Unauthenticated(VmSandboxError):
+    """A registry refused us for want of (valid) credentials (UNAUTHENTICATED)."""
+
+
+class PermissionDenied(VmSandboxError):
+    """The credentials were accepted but do not allow this, or configuration forbids it (PERMISSION_DENIED)."""
+
+
 class InfrastructureError(VmSandboxError):
     """The hypervisor, the guest or the host failed underneath us (UNAVAILABLE)."""
 

@@ -132,3 +132,18 @@ def test_second_run_is_a_no_op() -> None:
                 assert "not found" in msg, msg
             else:
                 assert msg.startswith("already done"), f"step {n} did work on a rerun: {msg}"
+
+
+def test_image_tools_are_installed_and_no_packaged_registry_runs() -> None:
+    _needs_root()
+    for tool in ("skopeo", "umoci", "docker-registry", "htpasswd"):
+        assert subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True).returncode == 0, tool
+
+    def cmdline(pid: str) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            return b""  # gone meanwhile
+
+    packaged = [p for p in os.listdir("/proc") if p.isdigit() and b"/etc/docker/registry/config.yml" in cmdline(p)]
+    assert packaged == [], "the docker-registry package's own daemon must not be left running"

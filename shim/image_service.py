@@ -1,0 +1,86 @@
+"""``runtime.v1.ImageService``: a thin servicer over ``ImageStore``.
+
+Each method translates the request (``shim.translate``), calls the store, translates the answer.
+``ImageFsInfo`` reports the image store (blobs and unpacked trees) as the image file system and
+the rest of the state directory (where containers' writable state lives) as the container one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+
+from shim import translate
+from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from shim.images import ImageStore
+from shim.status import rpc
+from vmsandbox.errors import InvalidArgument
+
+
+def _usage_outside(root: Path, skip: Path) -> tuple[int, int]:
+    used = inodes = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        if Path(dirpath) == skip.parent and skip.name in dirnames:
+            dirnames.remove(skip.name)
+        for name in (*dirnames, *filenames):
+            try:
+                used += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+                inodes += 1
+            except OSError:
+                continue
+    return used, inodes
+
+
+class ImageServicer(pb_grpc.ImageServiceServicer):
+    def __init__(self, store: ImageStore, state_dir: str) -> None:
+        self.store = store
+        self.state_dir = Path(state_dir)
+
+    @rpc
+    def PullImage(self, request: pb.PullImageRequest, context: grpc.ServicerContext) -> pb.PullImageResponse:
+        text = translate.image_text(request.image, "PullImageRequest.image")
+        creds = translate.credentials(request.auth) if request.HasField("auth") else None
+        return pb.PullImageResponse(image_ref=self.store.pull(text, creds))
+
+    @rpc
+    def ImageStatus(self, request: pb.ImageStatusRequest, context: grpc.ServicerContext) -> pb.ImageStatusResponse:
+        text = translate.image_text(request.image, "ImageStatusRequest.image")
+        record = self.store.get(text)
+        if record is None:
+            return pb.ImageStatusResponse()  # absent: no image, no error (the kubelet then pulls)
+        return pb.ImageStatusResponse(
+            image=translate.image(record), info=translate.image_info(record) if request.verbose else {}
+        )
+
+    @rpc
+    def ListImages(self, request: pb.ListImagesRequest, context: grpc.ServicerContext) -> pb.ListImagesResponse:
+        query = request.filter.image.image if request.HasField("filter") else ""
+        return pb.ListImagesResponse(images=[translate.image(r) for r in self.store.list(query)])
+
+    @rpc
+    def RemoveImage(self, request: pb.RemoveImageRequest, context: grpc.ServicerContext) -> pb.RemoveImageResponse:
+        if not request.image.image:
+            raise InvalidArgument("RemoveImageRequest.image: image is empty")
+        self.store.remove(request.image.image)
+        return pb.RemoveImageResponse()
+
+    @rpc
+    def ImageFsInfo(self, request: pb.ImageFsInfoRequest, context: grpc.ServicerContext) -> pb.ImageFsInfoResponse:
+        now = time.time_ns()
+        images = self.store.usage()
+        used, inodes = _usage_outside(self.state_dir, self.store.root)
+        return pb.ImageFsInfoResponse(
+            image_filesystems=[translate.filesystem_usage(str(self.store.root), images.bytes, images.inodes, now)],
+            container_filesystems=[translate.filesystem_usage(str(self.state_dir), used, inodes, now)],
+        )
+
+    @rpc
+    def StreamImages(
+        self, request: pb.StreamImagesRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.StreamImagesResponse]:
+        raise NotImplementedError("StreamImages: streaming list RPCs are not served yet")

@@ -1,0 +1,425 @@
+"""``ImageStore``: the one owner of images — pull, look up, list, remove, hold for containers, account.
+
+A pull resolves the reference against the registries configuration (mirrors first), reads the
+manifest (choosing linux/amd64 from an index), and — unless the image is stored already — has
+skopeo bring its blobs into the content-addressed store, unpacks the layers into a fresh tree under
+the store's work directory, moves the tree into place and only then writes the catalogue: a pull
+that dies half-way leaves nothing visible, and its leftovers are deleted (now, or at the next
+start). Concurrent pulls of one reference share one download (single flight); pulls of one image
+by different names share one unpack; different images pull in parallel.
+
+Containers hold the images they run from with ``acquire``/``release``: RemoveImage of a held image
+hides it at once and frees its tree and blobs when the last holder releases it.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from shim import faults, metrics
+from vmsandbox.adapters.image_disk import ImageDisk
+from vmsandbox.adapters.layers import Limits, Tree, tree_usage
+from vmsandbox.adapters.skopeo import Skopeo
+from vmsandbox.errors import CannotFit, InvalidArgument, NotFound, VmSandboxError
+from vmsandbox.image_catalogue import (
+    ImageRecord,
+    Usage,
+    lookup,
+    matches_filter,
+    record_doc,
+    record_from_doc,
+    referenced_blobs,
+    visible,
+    with_pulled,
+    without,
+)
+from vmsandbox.image_catalogue import usage as catalogue_usage
+from vmsandbox.image_ref import ImageReference, bounded, parse_reference
+from vmsandbox.oci import (
+    MAX_DOCUMENT,
+    NODE_PLATFORM,
+    Index,
+    Manifest,
+    image_user,
+    layer_compression,
+    parse_config,
+    parse_document,
+    select_platform,
+    sha256_digest,
+)
+from vmsandbox.registries import Credentials, Endpoint, Registries, endpoints
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the registry said ``ref`` is: where it answered, the pulled digest, the platform manifest."""
+
+    endpoint: Endpoint
+    top_digest: str  # what repo digests name: the index's digest for a multi-arch image
+    manifest_digest: str
+    manifest: Manifest
+
+
+class ImageStore:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        registries: Registries | None = None,
+        auth_file: str = "",
+        limits: Limits | None = None,
+        skopeo: str = "skopeo",
+    ) -> None:
+        self.disk = ImageDisk(root)
+        self.registries = registries or Registries()
+        self.limits = limits or Limits()
+        self._lock = threading.Lock()
+        self._images: dict[str, ImageRecord] = {}
+        for doc in self.disk.load_catalogue():
+            r = record_from_doc(doc)
+            self._images[r.id] = r
+        gone = [i for i in self._images if not self.disk.has_tree(i)]
+        for i in gone:
+            log.warning("image %s has no unpacked tree on disk: forgotten", i)
+            del self._images[i]
+        swept = self.disk.sweep(set(self._images), set(referenced_blobs(self._images)))
+        if gone:
+            self._save()
+        if any(swept.values()):
+            log.info("image store %s: deleted leftovers of unfinished pulls and removals: %s", root, swept)
+        self.skopeo = Skopeo(self.disk.work / "skopeo", binary=skopeo, auth_file=auth_file)
+        self._flights: dict[str, Future[str]] = {}
+        self._image_locks: dict[str, threading.Lock] = {}
+        self._inflight_blobs: Counter[str] = Counter()
+        self._holders: Counter[str] = Counter()
+
+    # -- queries ------------------------------------------------------------------------------------
+    def get(self, query: str) -> ImageRecord | None:
+        with self._lock:
+            return lookup(visible(self._images), query)
+
+    def list(self, query: str = "") -> list[ImageRecord]:
+        with self._lock:
+            images = list(visible(self._images).values())
+        return sorted((r for r in images if not query or matches_filter(r, query)), key=lambda r: r.id)
+
+    def usage(self) -> Usage:
+        sizes = self.disk.blob_sizes()
+        with self._lock:
+            return catalogue_usage(self._images, sizes)
+
+    @property
+    def root(self) -> Path:
+        return self.disk.root
+
+    # -- holders ------------------------------------------------------------------------------------
+    def acquire(self, image_id: str) -> Path:
+        """Hold ``image_id`` for a container; returns its read-only tree. NOT_FOUND if not stored.
+
+        An image removed while held can still be acquired by id until ``collect()``: containers
+        that ran from it re-acquire it when the shim restarts. New containers find images by name
+        (``get``), which never returns a removed one."""
+        with self._lock:
+            record = self._images.get(image_id)
+            if record is None:
+                raise NotFound(f"image {bounded(image_id)} is not stored (pull it first)")
+            self._holders[image_id] += 1
+            return self.disk.tree_path(image_id)
+
+    def release(self, image_id: str) -> None:
+        with self._lock:
+            if self._holders[image_id] <= 0:
+                return
+            self._holders[image_id] -= 1
+            if self._holders[image_id] == 0:
+                del self._holders[image_id]
+                record = self._images.get(image_id)
+                if record is not None and record.removed:
+                    self._images = without(self._images, image_id)
+                    self._save()
+                    self._free(record)
+
+    def holders(self, image_id: str) -> int:
+        with self._lock:
+            return self._holders[image_id]
+
+    def collect(self) -> None:
+        """Free images removed while held whose holders did not come back (call after containers re-acquire)."""
+        with self._lock:
+            doomed = [r for r in self._images.values() if r.removed and self._holders[r.id] == 0]
+            for r in doomed:
+                self._images = without(self._images, r.id)
+            if doomed:
+                self._save()
+            for r in doomed:
+                self._free(r)
+
+    # -- remove -------------------------------------------------------------------------------------
+    def remove(self, query: str) -> str | None:
+        """RemoveImage: the whole image ``query`` names (every tag), as containerd does; absent is fine."""
+        with self._lock:
+            record = lookup(visible(self._images), query)
+            if record is None:
+                return None
+            in_use = self._holders[record.id] > 0
+            self._images = without(self._images, record.id, in_use=in_use)
+            self._save()
+            if in_use:
+                log.info(
+                    "image %s removed while %d container(s) hold it: freed on release",
+                    record.id,
+                    self._holders[record.id],
+                )
+            else:
+                self._free(record)
+            return record.id
+
+    def _free(self, record: ImageRecord) -> None:
+        """Delete ``record``'s tree and the blobs no other image (or pull in flight) uses. Under the lock."""
+        self.disk.remove_tree(record.id)
+        keep = referenced_blobs(self._images) | set(self._inflight_blobs)
+        self.disk.remove_blobs(b for b in record.blobs if b not in keep)
+
+    def _save(self, images: dict[str, ImageRecord] | None = None) -> None:
+        """Persist ``images`` (default: the current ones); a full disk is RESOURCE_EXHAUSTED."""
+        docs = [record_doc(r) for r in sorted((images or self._images).values(), key=lambda r: r.id)]
+        try:
+            self.disk.save_catalogue(docs)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CannotFit(f"no space left on the image store ({self.disk.root}) for its catalogue") from None
+            raise
+
+    # -- pull ---------------------------------------------------------------------------------------
+    def pull(self, text: str, creds: Credentials | None = None) -> str:
+        """Pull ``text`` and return the image id; concurrent pulls of one reference share the work."""
+        ref = parse_reference(text)
+        # one flight per reference and credentials: a pull never rides on someone else's login
+        key = f"{ref}\0{_fingerprint(creds)}"
+        with self._lock:
+            flight = self._flights.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._flights[key] = Future()
+        if not leader:
+            metrics.image_pull_shared()
+            return flight.result()
+        started = time.monotonic()
+        try:
+            image_id, fetched = self._pull(ref, creds)
+        except BaseException as exc:
+            flight.set_exception(exc)
+            metrics.image_pull("error", 0, time.monotonic() - started)
+            raise
+        finally:
+            with self._lock:
+                del self._flights[key]
+        flight.set_result(image_id)
+        metrics.image_pull("ok", fetched, time.monotonic() - started)
+        return image_id
+
+    @contextmanager
+    def _image_lock(self, image_id: str) -> Iterator[None]:
+        with self._lock:
+            lock = self._image_locks.setdefault(image_id, threading.Lock())
+        with lock:
+            yield
+
+    def _pull(self, ref: ImageReference, creds: Credentials | None) -> tuple[str, int]:
+        resolved = self._resolve(ref, creds)
+        image_id = resolved.manifest.config.digest
+        with self._image_lock(image_id):
+            with self._lock:
+                stored = self._images.get(image_id)
+            fetched = 0
+            if stored is None or not self.disk.has_tree(image_id):
+                stored, fetched = self._fetch(ref, resolved, creds)
+            with self._lock:
+                updated = with_pulled(self._images, stored, ref, ref.with_digest(resolved.top_digest))
+                try:
+                    self._save(updated)
+                except BaseException:
+                    if fetched or image_id not in self._images:
+                        self._free(stored)  # nothing names it: give the space back
+                    raise
+                self._images = updated
+        log.info("pulled %s: image %s (%d bytes fetched)", ref, image_id, fetched)
+        return image_id, fetched
+
+    def _resolve(self, ref: ImageReference, creds: Credentials | None) -> Resolved:
+        what = f"pulling {ref}"
+        places = endpoints(ref, self.registries)
+        raw = b""
+        endpoint = places[-1]
+        for i, endpoint in enumerate(places):
+            try:
+                raw = self.skopeo.fetch_manifest(endpoint, ref.fetch_by, _creds_for(ref, endpoint, creds), what)
+                break
+            except VmSandboxError as exc:
+                if i == len(places) - 1:
+                    raise
+                log.info("%s: mirror %s failed (%s); trying the next place", what, endpoint.repository, exc)
+        top = sha256_digest(raw)
+        if ref.digest and top != ref.digest:
+            raise InvalidArgument(f"{what}: the registry served a manifest whose digest is {top}")
+        doc = parse_document(raw, what)
+        if isinstance(doc, Index):
+            entry = select_platform(doc, what, NODE_PLATFORM)
+            raw = self.skopeo.fetch_manifest(endpoint, entry.digest, _creds_for(ref, endpoint, creds), what)
+            if sha256_digest(raw) != entry.digest:
+                raise InvalidArgument(f"{what}: the {NODE_PLATFORM} manifest does not match its digest {entry.digest}")
+            doc = parse_document(raw, what, entry.media_type)
+            if not isinstance(doc, Manifest):
+                raise InvalidArgument(f"{what}: the {NODE_PLATFORM} entry of the index is not an image manifest")
+            return Resolved(endpoint, top, entry.digest, doc)
+        return Resolved(endpoint, top, top, doc)
+
+    def _fetch(self, ref: ImageReference, resolved: Resolved, creds: Credentials | None) -> tuple[ImageRecord, int]:
+        """Download and unpack; on any failure delete what this pull brought and no one else uses."""
+        what = f"pulling {ref}"
+        manifest = resolved.manifest
+        image_id = manifest.config.digest
+        blobs = {manifest.config.digest, *(d.digest for d in manifest.layers)}
+        with self._lock:
+            missing = sum(d.size for d in (manifest.config, *manifest.layers) if not self.disk.has_blob(d.digest))
+            self._inflight_blobs.update(blobs)
+        work = self.disk.new_work_dir("pull")
+        ok = False
+        layout_manifest = ""
+        try:
+            t0 = time.monotonic()
+            layout = work / "layout"
+            self.skopeo.copy(
+                resolved.endpoint,
+                resolved.manifest_digest,
+                _creds_for(ref, resolved.endpoint, creds),
+                layout,
+                self.disk.blob_dir,
+                what,
+            )
+            layout_manifest = _layout_manifest(layout, what)
+            faults.checkpoint("pull:after-blobs")
+            log.info(
+                "%s: %d blobs in place (%d bytes fetched) in %.3f s", what, len(blobs), missing, time.monotonic() - t0
+            )
+            config = parse_config(self.disk.read_blob(image_id, MAX_DOCUMENT, what), what)
+            if (config.os, config.architecture) != (NODE_PLATFORM.os, NODE_PLATFORM.architecture):
+                raise NotFound(f"{what}: the image is {config.os}/{config.architecture}, not {NODE_PLATFORM}")
+            tree_dir = work / "tree"
+            tree_dir.mkdir(mode=0o755)
+            self._unpack(tree_dir, manifest, what)
+            used, inodes = tree_usage(str(tree_dir))
+            self.disk.commit_tree(tree_dir, image_id)
+            faults.checkpoint("pull:after-tree")
+            uid, username = image_user(config.user)
+            record = ImageRecord(
+                id=image_id,
+                repo_tags=(),
+                repo_digests=(),
+                manifest=layout_manifest,
+                config=image_id,
+                layers=tuple(d.digest for d in manifest.layers),
+                size=manifest.config.size + sum(d.size for d in manifest.layers),
+                user=config.user,
+                unpacked_bytes=used,
+                unpacked_inodes=inodes,
+                pulled_ns=time.time_ns(),
+                spec={
+                    "env": list(config.env),
+                    "entrypoint": list(config.entrypoint),
+                    "cmd": list(config.cmd),
+                    "working_dir": config.working_dir,
+                    "stop_signal": config.stop_signal,
+                    "labels": dict(config.labels),
+                    "created": config.created,
+                    "uid": uid,
+                    "username": username,
+                },
+            )
+            ok = True
+            return record, missing
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CannotFit(f"{what}: no space left on the image store ({self.disk.root})") from None
+            raise
+        finally:
+            self.disk.discard(work)
+            with self._lock:
+                self._inflight_blobs.subtract(blobs)
+                self._inflight_blobs += Counter()  # drop zero counts
+                if not ok:
+                    if self.disk.has_tree(image_id) and image_id not in self._images:
+                        self.disk.remove_tree(image_id)
+                    keep = referenced_blobs(self._images) | set(self._inflight_blobs)
+                    mine = blobs | ({layout_manifest} if layout_manifest else set())
+                    self.disk.remove_blobs(b for b in mine if b not in keep)
+
+    def _unpack(self, tree_dir: Path, manifest: Manifest, what: str) -> None:
+        tree = Tree(str(tree_dir), self.limits)
+        try:
+            for n, layer in enumerate(manifest.layers, 1):
+                where = f"{what}: layer {n}/{len(manifest.layers)} {layer.digest}"
+                compression = layer_compression(layer.media_type, where)
+                t0 = time.monotonic()
+                stats = tree.apply(str(self.disk.blob_path(layer.digest)), compression, where)
+                seconds = time.monotonic() - t0
+                log.info(
+                    "%s: unpacked %d bytes (%d compressed, %d entries, %d whiteouts, %d device nodes skipped) "
+                    "in %.3f s",
+                    where,
+                    stats.bytes,
+                    layer.size,
+                    stats.entries,
+                    stats.whiteouts,
+                    stats.devices_skipped,
+                    seconds,
+                    extra={
+                        "fields": {
+                            "event": "layer_unpacked",
+                            "layer": layer.digest,
+                            "compressed_bytes": layer.size,
+                            "bytes": stats.bytes,
+                            "entries": stats.entries,
+                            "seconds": round(seconds, 4),
+                        }
+                    },
+                )
+        finally:
+            tree.close()
+
+
+def _fingerprint(creds: Credentials | None) -> str:
+    if creds is None:
+        return ""
+    return hashlib.sha256(json.dumps(creds.auth_entry(), sort_keys=True).encode()).hexdigest()
+
+
+def _creds_for(ref: ImageReference, endpoint: Endpoint, creds: Credentials | None) -> Credentials | None:
+    """A pull's own credentials go to the image's registry only, never to a mirror or another
+    location (those use the configured auth file): the kubelet chose them for that registry."""
+    return creds if endpoint.host == ref.domain else None
+
+
+def _layout_manifest(layout: Path, what: str) -> str:
+    """The manifest digest skopeo recorded in the OCI layout's index.json."""
+    try:
+        doc = json.loads((layout / "index.json").read_text())
+        digest = doc["manifests"][0]["digest"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        raise InvalidArgument(f"{what}: skopeo left no readable OCI layout") from None
+    if not isinstance(digest, str):
+        raise InvalidArgument(f"{what}: skopeo left no readable OCI layout")
+    return digest

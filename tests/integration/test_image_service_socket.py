@@ -1,0 +1,137 @@
+"""ImageService over the shim's real unix socket, against a real registry: every RPC, the status
+codes a kubelet and crictl see, and a shim killed mid-pull restarting clean."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from shim.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.conftest import Shim, require_host, running_shim, start_shim, stop_shim
+from tests.integration.image_setup import Pushed, pushed  # noqa: F401
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+TOKEN = pb.AuthConfig(registry_token="a-bearer-token")
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shim]:
+    require_host()
+    with running_shim(tmp_path_factory.mktemp("image-shim")) as running:
+        yield running
+
+
+def spec(image: str) -> pb.ImageSpec:
+    return pb.ImageSpec(image=image)
+
+
+def fs_used(shim: Shim) -> tuple[int, int]:
+    info = shim.images.ImageFsInfo(pb.ImageFsInfoRequest(), timeout=10)
+    assert len(info.image_filesystems) == 1 and len(info.container_filesystems) == 1
+    usage = info.image_filesystems[0]
+    assert usage.fs_id.mountpoint.endswith("/images") and usage.timestamp > 0
+    return usage.used_bytes.value, usage.inodes_used.value
+
+
+def test_pull_status_list_remove_fsinfo(shim: Shim, pushed: Pushed) -> None:  # noqa: F811
+    bytes0, inodes0 = fs_used(shim)
+    ref = pushed.ref("uid")
+    answer = shim.images.PullImage(pb.PullImageRequest(image=spec(ref)), timeout=120)
+    assert answer.image_ref == pushed.id("uid")
+    status = shim.images.ImageStatus(pb.ImageStatusRequest(image=spec(ref), verbose=True), timeout=10)
+    image = status.image
+    assert image.id == pushed.id("uid")
+    assert list(image.repo_tags) == [ref]
+    assert list(image.repo_digests) == [f"{ref.rsplit(':', 1)[0]}@{pushed.top('uid')}"]
+    assert image.HasField("uid") and image.uid.value == 1000 and image.username == ""
+    assert image.size > 1_000_000
+    info = json.loads(status.info["info"])
+    assert info["id"] == image.id and info["imageSpec"]["cmd"] == ["/bin/sh"]
+
+    shim.images.PullImage(pb.PullImageRequest(image=spec(pushed.ref("named"))), timeout=120)
+    named = shim.images.ImageStatus(pb.ImageStatusRequest(image=spec(pushed.ref("named"))), timeout=10).image
+    assert not named.HasField("uid") and named.username == "nobody"
+
+    every = shim.images.ListImages(pb.ListImagesRequest(), timeout=10).images
+    assert {i.id for i in every} == {pushed.id("uid"), pushed.id("named")}
+    one = shim.images.ListImages(pb.ListImagesRequest(filter=pb.ImageFilter(image=spec(ref))), timeout=10).images
+    assert [i.id for i in one] == [pushed.id("uid")]
+    bytes1, inodes1 = fs_used(shim)
+    assert bytes1 > bytes0 + 1_000_000 and inodes1 > inodes0
+
+    for name in ("uid", "named"):
+        shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(pushed.id(name))), timeout=30)
+    shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(pushed.id("uid"))), timeout=30)  # absent: OK
+    shim.images.RemoveImage(pb.RemoveImageRequest(image=spec("never/pulled:1")), timeout=30)
+    assert not shim.images.ImageStatus(pb.ImageStatusRequest(image=spec(ref)), timeout=10).HasField("image")
+    assert list(shim.images.ListImages(pb.ListImagesRequest(), timeout=10).images) == []
+    assert fs_used(shim) == (bytes0, inodes0)
+
+
+def test_multi_arch_pull_over_the_socket(shim: Shim, pushed: Pushed) -> None:  # noqa: F811
+    answer = shim.images.PullImage(pb.PullImageRequest(image=spec(pushed.ref("multi"))), timeout=120)
+    assert answer.image_ref == pushed.id("multi")
+    shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(pushed.ref("multi"))), timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("image", "auth", "code", "says"),
+    [
+        ("", None, grpc.StatusCode.INVALID_ARGUMENT, "image is empty"),
+        ("Not/Valid", None, grpc.StatusCode.INVALID_ARGUMENT, "lower case"),
+        ("busybox@sha256:123", None, grpc.StatusCode.INVALID_ARGUMENT, "only sha256"),
+        ("REGISTRY/test/busybox:missing", None, grpc.StatusCode.NOT_FOUND, "REGISTRY/test/busybox:missing"),
+        ("REGISTRY/test/armonly:1", None, grpc.StatusCode.NOT_FOUND, "no linux/amd64 image"),
+        ("REGISTRY/test/hostile:1", None, grpc.StatusCode.INVALID_ARGUMENT, "climbs out of the image root"),
+        ("127.0.0.1:1/x/y:1", None, grpc.StatusCode.UNAVAILABLE, "connection refused"),
+        ("REGISTRY/test/busybox:uid", TOKEN, grpc.StatusCode.INVALID_ARGUMENT, "registry_token"),
+    ],
+)  # fmt: skip
+def test_errors_carry_the_right_code_and_no_traceback(
+    shim: Shim,
+    pushed: Pushed,  # noqa: F811
+    image: str,
+    auth: pb.AuthConfig | None,
+    code: grpc.StatusCode,
+    says: str,
+) -> None:
+    image = image.replace("REGISTRY", pushed.registry.host)
+    request = pb.PullImageRequest(image=spec(image))
+    if auth is not None:
+        request.auth.CopyFrom(auth)
+    with pytest.raises(grpc.RpcError) as exc:
+        shim.images.PullImage(request, timeout=120)
+    err: grpc.Call = exc.value  # type: ignore[assignment]
+    assert err.code() == code
+    details = err.details() or ""
+    assert says.replace("REGISTRY", pushed.registry.host) in details
+    assert "Traceback" not in details and len(details) < 1000
+    assert list(shim.images.ListImages(pb.ListImagesRequest(), timeout=10).images) == []
+
+
+def test_a_shim_killed_mid_pull_restarts_with_no_image(tmp_path: Path, pushed: Pushed) -> None:  # noqa: F811
+    require_host()
+    first = start_shim(tmp_path, env={"VMSANDBOX_FAULT": "pull:after-tree"})
+    try:
+        with pytest.raises(grpc.RpcError) as exc:
+            first.images.PullImage(pb.PullImageRequest(image=spec(pushed.ref("uid"))), timeout=120)
+        assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
+        first.process.wait(timeout=30)
+    finally:
+        stop_shim(first, kill=True)
+    second = start_shim(tmp_path)
+    try:
+        assert list(second.images.ListImages(pb.ListImagesRequest(), timeout=10).images) == []
+        store = second.state_dir / "images"
+        assert [p.name for p in (store / "trees").iterdir()] == []
+        assert [p.name for p in (store / "blobs/sha256").iterdir()] == []
+        answer = second.images.PullImage(pb.PullImageRequest(image=spec(pushed.ref("uid"))), timeout=120)
+        assert answer.image_ref == pushed.id("uid")
+    finally:
+        stop_shim(second)
+        shutil.rmtree(tmp_path, ignore_errors=True)

@@ -1,0 +1,333 @@
+"""ImageStore against a real registry on 127.0.0.1: pulls, names, multi-arch, whiteouts, hostile
+layers, single flight, holders, errors, auth, mirrors, a full disk and crashes mid-pull."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shim import metrics
+from shim.images import ImageStore
+from tests.integration.image_setup import Pushed, pushed, tree_files  # noqa: F401
+from tests.registry_kit import Layout, Registry, busybox_entries, push
+from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, NotFound, Unauthenticated
+from vmsandbox.registries import Credentials, parse_registries
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ImageStore:
+    return ImageStore(tmp_path / "images")
+
+
+def blobs(store: ImageStore) -> set[str]:
+    return set(store.disk.blob_sizes())
+
+
+def leftovers(store: ImageStore) -> list[str]:
+    root = store.root
+    work = [p.name for p in (root / "work").iterdir() if p.name != "skopeo"]
+    return work + [p.name for p in (root / "trees").iterdir()] + [p.name for p in (root / "blobs/sha256").iterdir()]
+
+
+def test_pull_names_status_and_remove(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
+    ref = pushed.ref("uid")
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = (sample("vmsandbox_image_pulls_total", result="ok"), sample("vmsandbox_image_pull_bytes_total"))
+    durations = sample("vmsandbox_image_pull_seconds_count")
+    image_id = store.pull(ref)
+    assert image_id == pushed.id("uid")  # the config digest, as containerd answers
+    assert sample("vmsandbox_image_pulls_total", result="ok") == before[0] + 1
+    assert sample("vmsandbox_image_pull_bytes_total") - before[1] > 1_000_000  # busybox, compressed
+    assert sample("vmsandbox_image_pull_seconds_count") == durations + 1
+    repo = ref.rsplit(":", 1)[0]
+    for query in (ref, image_id, image_id[7:], image_id[7:19], f"{repo}@{pushed.top('uid')}"):
+        found = store.get(query)
+        assert found is not None and found.id == image_id, query
+    record = store.get(ref)
+    assert record is not None
+    assert record.repo_tags == (ref,)
+    assert record.repo_digests == (f"{repo}@{pushed.top('uid')}",)
+    assert record.user == "1000" and record.spec["uid"] == 1000
+    tree = store.disk.tree_path(image_id)
+    assert (tree / "bin/busybox").read_bytes() == Path("/bin/busybox").read_bytes()
+    assert os.readlink(tree / "bin/sh") == "busybox"
+    assert store.usage().bytes >= record.size
+
+    store.pull(pushed.ref("named"))  # shares the busybox layer
+    named = store.get(pushed.ref("named"))
+    assert named is not None and named.spec["username"] == "nobody"
+    shared = set(record.layers) & set(named.layers)
+    assert shared
+
+    assert store.remove(ref) == image_id
+    assert store.get(ref) is None and store.get(image_id) is None
+    assert not tree.exists()
+    assert shared <= blobs(store)  # still used by the other image
+    assert store.remove(ref) is None  # absent: fine
+    store.remove(pushed.ref("named"))
+    assert leftovers(store) == []
+
+
+def test_multi_arch_index_yields_the_amd64_image(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
+    image_id = store.pull(pushed.ref("multi"))
+    assert image_id == pushed.id("multi")
+    assert (store.disk.tree_path(image_id) / "arch").read_text() == "amd64\n"
+    record = store.get(image_id)
+    assert record is not None
+    assert record.repo_digests == (f"{pushed.ref('multi').rsplit(':', 1)[0]}@{pushed.top('multi')}",)
+    by_digest = f"{pushed.ref('multi').rsplit(':', 1)[0]}@{pushed.top('multi')}"
+    assert store.pull(by_digest) == image_id
+
+
+def test_index_without_amd64_is_not_found(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
+    with pytest.raises(NotFound, match=r"no linux/amd64 image in the index \(it has: linux/arm64\)"):
+        store.pull(pushed.ref("arm-only"))
+
+
+def test_whiteouts_and_opaque_directories(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
+    tree = store.disk.tree_path(store.pull(pushed.ref("whiteouts")))
+    files = tree_files(tree)
+    assert "a/stays" in files and "a/gone" not in files
+    assert {f for f in files if f.startswith("o/")} == {"o/new"}
+    assert not any(".wh." in f for f in files)
+
+
+def test_hostile_layer_is_refused_and_leaves_nothing(pushed: Pushed, store: ImageStore, tmp_path: Path) -> None:  # noqa: F811
+    with pytest.raises(InvalidArgument, match="climbs out of the image root"):
+        store.pull(pushed.ref("hostile"))
+    assert store.list() == []
+    assert leftovers(store) == []
+    assert not any(p.name == "escaped-by-image" for p in tmp_path.parent.rglob("escaped-by-image"))
+
+
+def test_ten_concurrent_pulls_download_each_blob_once(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
+    store = ImageStore(tmp_path / "images")
+    ref = pushed.ref("big")
+    before = pushed.registry.blob_gets()
+    shared_before = metrics.REGISTRY.get_sample_value("vmsandbox_image_pulls_shared_total") or 0.0
+    results: list[str] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(10)
+
+    def one() -> None:
+        start.wait()
+        try:
+            results.append(store.pull(ref))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and results == [pushed.id("big")] * 10
+    after = pushed.registry.blob_gets()
+    record = store.get(ref)
+    assert record is not None
+    fetched = {d: after.get(d, 0) - before.get(d, 0) for d in (record.config, *record.layers)}
+    assert fetched == dict.fromkeys(fetched, 1), fetched
+    assert (metrics.REGISTRY.get_sample_value("vmsandbox_image_pulls_shared_total") or 0.0) - shared_before == 9
+
+
+def test_held_images_are_freed_on_last_release(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
+    image_id = store.pull(pushed.ref("uid"))
+    tree = store.acquire(image_id)
+    store.acquire(image_id)
+    assert (tree / "bin/busybox").exists()
+    store.remove(image_id)
+    assert store.get(image_id) is None and store.list() == []
+    assert (tree / "bin/busybox").exists()  # containers still run from it
+    store.release(image_id)
+    assert tree.exists()
+    store.release(image_id)
+    assert not tree.exists() and leftovers(store) == []
+    with pytest.raises(NotFound):
+        store.acquire(image_id)
+
+
+def test_removed_held_image_survives_restart_until_collected(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
+    store = ImageStore(tmp_path / "images")
+    image_id = store.pull(pushed.ref("uid"))
+    store.acquire(image_id)
+    store.remove(image_id)
+    again = ImageStore(tmp_path / "images")  # a restart: containers re-acquire before collect()
+    assert again.disk.has_tree(image_id) and again.get(image_id) is None
+    again.acquire(image_id)
+    again.collect()
+    assert again.disk.has_tree(image_id)
+    again.release(image_id)
+    assert not again.disk.has_tree(image_id)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "kind", "says"),
+    [
+        ("test/busybox:nope", NotFound, "manifest unknown"),
+        ("test/nothing:1", NotFound, "test/nothing:1"),
+    ],
+)
+def test_unknown_images(pushed: Pushed, store: ImageStore, suffix: str, kind: type, says: str) -> None:  # noqa: F811
+    with pytest.raises(kind, match=says) as exc:
+        store.pull(f"{pushed.registry.host}/{suffix}")
+    assert f"{pushed.registry.host}/{suffix}" in str(exc.value)
+
+
+def test_unreachable_registry_and_malformed_reference(store: ImageStore) -> None:
+    with pytest.raises(InfrastructureError, match="connection refused"):
+        store.pull("127.0.0.1:1/x/y:1")
+    with pytest.raises(InvalidArgument, match="not a valid tag"):
+        store.pull("busybox:-bad")
+    assert leftovers(store) == []
+
+
+@pytest.fixture(scope="module")
+def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    tmp = tmp_path_factory.mktemp("auth-registry")
+    registry = Registry(tmp / "registry", users={"alice": "s3cret-pass"}).start()
+    try:
+        layout = Layout(tmp / "layout")
+        layout.tag("v1", layout.image([layout.layer(busybox_entries())]))
+        push(layout, "v1", f"{registry.host}/private/app:v1", creds="alice:s3cret-pass")
+        yield registry
+    finally:
+        registry.stop()
+
+
+def test_auth_is_used_for_that_pull_only_and_never_shown(
+    auth_registry: Registry, store: ImageStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    ref = f"{auth_registry.host}/private/app:v1"
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(Unauthenticated):
+        store.pull(ref)
+    with pytest.raises(Unauthenticated):
+        store.pull(ref, Credentials(username="alice", password="wrong"))
+    assert store.pull(ref, Credentials(username="alice", password="s3cret-pass")).startswith("sha256:")
+    store.remove(ref)
+    import base64
+
+    token = base64.b64encode(b"alice:s3cret-pass").decode()
+    assert store.pull(ref, Credentials(auth=token)).startswith("sha256:")
+    assert "s3cret-pass" not in caplog.text and token not in caplog.text
+    skopeo_dir = store.root / "work" / "skopeo"
+    assert not list(skopeo_dir.glob("auth-*")), "temporary auth files must be deleted"
+
+
+def test_auth_file_from_the_configuration(auth_registry: Registry, tmp_path: Path) -> None:
+    import base64
+    import json
+
+    auth_file = tmp_path / "auth.json"
+    entry = {"auth": base64.b64encode(b"alice:s3cret-pass").decode()}
+    auth_file.write_text(json.dumps({"auths": {auth_registry.host: entry}}))
+    store = ImageStore(tmp_path / "images", auth_file=str(auth_file))
+    assert store.pull(f"{auth_registry.host}/private/app:v1").startswith("sha256:")
+
+
+def test_mirrors_are_tried_first_then_the_registry(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
+    upstream = "upstream.invalid:5000"
+    mirror_ns = f"{pushed.registry.host}/test"
+    registries = parse_registries(
+        [
+            {"prefix": upstream, "mirrors": [{"location": "127.0.0.1:1"}, {"location": mirror_ns}]},
+            {"prefix": "fallback.invalid", "location": mirror_ns, "mirrors": [{"location": "127.0.0.1:1"}]},
+        ]
+    )
+    store = ImageStore(tmp_path / "images", registries=registries)
+    image_id = store.pull(f"{upstream}/busybox:uid")  # first mirror down, second serves it
+    assert image_id == pushed.id("uid")
+    record = store.get(f"{upstream}/busybox:uid")
+    assert record is not None and record.repo_tags == (f"{upstream}/busybox:uid",)
+    assert store.pull("fallback.invalid/busybox:named") == pushed.id("named")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def _used(path: Path) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def test_full_disk_is_resource_exhausted_and_gives_the_space_back(pushed: Pushed, small_disk: Path) -> None:  # noqa: F811
+    store = ImageStore(small_disk / "images")
+    baseline = _used(small_disk)
+    with pytest.raises(CannotFit, match="no space left"):
+        store.pull(pushed.ref("big"))
+    assert store.list() == []
+    assert leftovers(store) == []
+    assert _used(small_disk) <= baseline + (64 << 10)
+    assert store.pull(pushed.ref("uid")) == pushed.id("uid")  # the store still works
+
+
+@pytest.mark.parametrize("point", ["pull:after-blobs", "pull:after-tree"])
+def test_a_crash_mid_pull_leaves_no_image_and_no_garbage(pushed: Pushed, tmp_path: Path, point: str) -> None:  # noqa: F811
+    root = tmp_path / "images"
+    code = (
+        "import sys, pathlib; from shim.images import ImageStore; "
+        "ImageStore(pathlib.Path(sys.argv[1])).pull(sys.argv[2])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(root), pushed.ref("uid")],
+        cwd=REPO,
+        env={**os.environ, "VMSANDBOX_FAULT": point},
+        capture_output=True,
+        check=False,
+    )
+    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    assert any((root / "work").iterdir()) or any((root / "trees").iterdir())  # it died holding something
+    store = ImageStore(root)
+    assert store.list() == [] and store.get(pushed.ref("uid")) is None
+    assert leftovers(store) == []
+    assert store.pull(pushed.ref("uid")) == pushed.id("uid")
+    shutil.rmtree(root)
+
+
+def test_a_pull_never_rides_on_another_callers_login(auth_registry: Registry, tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "images")
+    ref = f"{auth_registry.host}/private/app:v1"
+    outcomes: dict[str, object] = {}
+    barrier = threading.Barrier(2)
+
+    def pull(who: str, creds: Credentials | None) -> None:
+        barrier.wait()
+        try:
+            outcomes[who] = store.pull(ref, creds)
+        except Unauthenticated as exc:
+            outcomes[who] = exc
+
+    threads = [
+        threading.Thread(target=pull, args=("alice", Credentials(username="alice", password="s3cret-pass"))),
+        threading.Thread(target=pull, args=("anonymous", None)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert str(outcomes["alice"]).startswith("sha256:")
+    assert isinstance(outcomes["anonymous"], Unauthenticated)

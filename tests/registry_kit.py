@@ -1,0 +1,278 @@
+"""A real local registry and images built from local files, for tests, the benchmark and scripts.
+
+``Registry`` runs Debian's ``docker-registry`` on 127.0.0.1 with its own configuration, storage
+and free port (optionally behind htpasswd basic auth), and stops it by PID. ``Layout`` writes
+an OCI image layout (blobs, manifests, configs, indexes) from layers built here with ``tarfile``
+— ordinary files from the host (busybox-static), whiteouts, hostile entries — and ``push`` copies
+a tag of it to the registry with skopeo, as a CI pipeline would.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BUSYBOX = Path("/bin/busybox")
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+# -- layers -------------------------------------------------------------------------------------------
+@dataclass
+class Entry:
+    info: tarfile.TarInfo
+    data: bytes = b""
+
+
+def file(
+    name: str, data: bytes, mode: int = 0o644, uid: int = 0, gid: int = 0, pax: dict[str, str] | None = None
+) -> Entry:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.uid, info.gid, info.mtime = len(data), mode, uid, gid, 1_700_000_000
+    info.pax_headers = dict(pax or {})
+    return Entry(info, data)
+
+
+def directory(name: str, mode: int = 0o755, uid: int = 0, gid: int = 0) -> Entry:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.uid, info.gid, info.mtime = tarfile.DIRTYPE, mode, uid, gid, 1_700_000_000
+    return Entry(info)
+
+
+def symlink(name: str, target: str) -> Entry:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+    return Entry(info)
+
+
+def hardlink(name: str, target: str) -> Entry:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = tarfile.LNKTYPE, target, 0o644
+    return Entry(info)
+
+
+def device(name: str, kind: bytes = tarfile.CHRTYPE, major: int = 1, minor: int = 3) -> Entry:
+    info = tarfile.TarInfo(name)
+    info.type, info.devmajor, info.devminor, info.mode = kind, major, minor, 0o666
+    return Entry(info)
+
+
+def fifo(name: str) -> Entry:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode = tarfile.FIFOTYPE, 0o644
+    return Entry(info)
+
+
+def whiteout(path: str) -> Entry:
+    head, _, base = path.rpartition("/")
+    return file(f"{head}/.wh.{base}" if head else f".wh.{base}", b"")
+
+
+def opaque(directory_path: str) -> Entry:
+    return file(f"{directory_path.rstrip('/')}/.wh..wh..opq", b"")
+
+
+def busybox_entries(applets: tuple[str, ...] = ("sh", "ls", "cat", "echo", "sleep", "id", "top")) -> list[Entry]:
+    """A busybox root: /bin/busybox from the host's busybox-static, applet symlinks, /etc/passwd."""
+    passwd = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
+    group = b"root:x:0:\nnogroup:x:65534:\n"
+    out = [
+        directory("bin"),
+        file("bin/busybox", BUSYBOX.read_bytes(), 0o755),
+        directory("etc"),
+        directory("tmp", 0o1777),
+    ]
+    out += [symlink(f"bin/{a}", "busybox") for a in applets]
+    out += [file("etc/passwd", passwd), file("etc/group", group)]
+    return out
+
+
+def tar_bytes(entries: list[Entry]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for e in entries:
+            tar.addfile(e.info, io.BytesIO(e.data) if e.info.isreg() else None)
+    return buf.getvalue()
+
+
+# -- OCI layout ---------------------------------------------------------------------------------------
+@dataclass
+class Layout:
+    """An OCI image layout directory built blob by blob."""
+
+    path: Path
+    refs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        (self.path / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+        (self.path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+        self._write_index()
+
+    def blob(self, data: bytes, media_type: str) -> dict[str, Any]:
+        d = digest_of(data)
+        (self.path / "blobs" / "sha256" / d[7:]).write_bytes(data)
+        return {"mediaType": media_type, "digest": d, "size": len(data)}
+
+    def layer(self, entries: list[Entry], compress: bool = True) -> tuple[dict[str, Any], str]:
+        """(descriptor, diff id) of a layer made of ``entries``."""
+        raw = tar_bytes(entries)
+        data = gzip.compress(raw, compresslevel=1, mtime=0) if compress else raw
+        return self.blob(data, LAYER_GZIP if compress else LAYER_TAR), digest_of(raw)
+
+    def raw_layer(self, data: bytes, diff_id: str, media_type: str = LAYER_GZIP) -> tuple[dict[str, Any], str]:
+        return self.blob(data, media_type), diff_id
+
+    def image(
+        self,
+        layers: list[tuple[dict[str, Any], str]],
+        *,
+        user: str = "",
+        arch: str = "amd64",
+        os_name: str = "linux",
+        cmd: tuple[str, ...] = ("/bin/sh",),
+        env: tuple[str, ...] = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",),
+        labels: dict[str, str] | None = None,
+        salt: str = "",
+    ) -> dict[str, Any]:
+        """The manifest descriptor of an image of ``layers`` (``salt`` makes otherwise equal images differ)."""
+        config: dict[str, Any] = {
+            "architecture": arch,
+            "os": os_name,
+            "created": "2024-01-01T00:00:00Z",
+            "config": {"Env": list(env), "Cmd": list(cmd), "User": user, "Labels": {**(labels or {}), "salt": salt}},
+            "rootfs": {"type": "layers", "diff_ids": [d for _, d in layers]},
+        }
+        cdesc = self.blob(json.dumps(config, sort_keys=True).encode(), OCI_CONFIG)
+        manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": cdesc, "layers": [d for d, _ in layers]}
+        desc = self.blob(json.dumps(manifest, sort_keys=True).encode(), OCI_MANIFEST)
+        desc["platform"] = {"architecture": arch, "os": os_name}
+        return desc
+
+    def index(self, manifests: list[dict[str, Any]]) -> dict[str, Any]:
+        index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests}
+        return self.blob(json.dumps(index, sort_keys=True).encode(), OCI_INDEX)
+
+    def tag(self, name: str, desc: dict[str, Any]) -> None:
+        d = {k: v for k, v in desc.items() if k != "platform"}
+        self.refs[name] = {**d, "annotations": {"org.opencontainers.image.ref.name": name}}
+        self._write_index()
+
+    def _write_index(self) -> None:
+        doc = {"schemaVersion": 2, "manifests": list(self.refs.values())}
+        (self.path / "index.json").write_text(json.dumps(doc))
+
+
+def push(layout: Layout, tag: str, dest: str, *, creds: str = "") -> None:
+    """``skopeo copy`` the tag of ``layout`` to ``dest`` (``host:port/repo:tag``), every platform of an index."""
+    argv = ["skopeo", "copy", "--quiet", "--all", "--dest-tls-verify=false", "--insecure-policy"]
+    if creds:
+        argv += ["--dest-creds", creds]
+    argv += [f"oci:{layout.path}:{tag}", f"docker://{dest}"]
+    subprocess.run(argv, check=True, capture_output=True, stdin=subprocess.DEVNULL)
+
+
+# -- registry -----------------------------------------------------------------------------------------
+@dataclass
+class Registry:
+    """Debian's docker-registry on 127.0.0.1:``port``, storage and config under ``root``."""
+
+    root: Path
+    users: dict[str, str] = field(default_factory=dict)  # username -> password (htpasswd basic auth)
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "registry.log"
+
+    def start(self) -> Registry:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        config: dict[str, Any] = {
+            "version": 0.1,
+            "log": {"level": "info", "accesslog": {"disabled": False}},
+            "storage": {"filesystem": {"rootdirectory": str(self.root / "data")}, "delete": {"enabled": True}},
+            "http": {"addr": self.host},
+        }
+        if self.users:
+            lines = [
+                subprocess.run(
+                    ["htpasswd", "-nbB", user, password], check=True, capture_output=True, text=True
+                ).stdout.strip()
+                for user, password in self.users.items()
+            ]
+            (self.root / "htpasswd").write_text("\n".join(lines) + "\n")
+            config["auth"] = {"htpasswd": {"realm": "vmsandbox-test", "path": str(self.root / "htpasswd")}}
+        (self.root / "config.json").write_text(json.dumps(config))  # YAML is a superset of JSON
+        self.process = subprocess.Popen(
+            ["docker-registry", "serve", str(self.root / "config.json")],
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{self.host}/v2/", timeout=1).close()
+                break
+            except urllib.error.HTTPError:
+                break  # 401 with auth on: it answers
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"docker-registry did not start: {self.log_path.read_text()[-2000:]}") from None
+                time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+
+    def blob_gets(self) -> dict[str, int]:
+        """digest -> how many times a client GET the blob (from the access log)."""
+        counts: dict[str, int] = {}
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if '"GET /v2/' in line and "/blobs/sha256:" in line and '" 200 ' in line:
+                d = line.split("/blobs/", 1)[1].split(" ", 1)[0]
+                counts[d] = counts.get(d, 0) + 1
+        return counts
+
+    def remove_data(self) -> None:
+        shutil.rmtree(self.root / "data", ignore_errors=True)

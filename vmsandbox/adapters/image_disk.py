@@ -1,0 +1,171 @@
+"""The image store on disk: content-addressed blobs, unpacked trees, the catalogue file, work space.
+
+Layout under the store root (0700), known to this module and its owner ``shim.images`` only::
+
+    blobs/sha256/<hex>   blobs by digest (skopeo's shared blob directory; renamed in after the
+                         digest check, so a name is never a half-written blob)
+    trees/<hex>/         the unpacked root file system of image sha256:<hex> (read-only use)
+    catalogue.json       the image records; replaced by rename, so it is always a whole document
+    work/                pulls in progress (OCI layouts, trees being unpacked, auth files);
+                         whatever is here at start belonged to a pull that died, and is deleted
+
+An image exists once ``catalogue.json`` names it; its tree and blobs are in place before that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from vmsandbox.errors import InternalError, InvalidArgument
+
+_DIGEST = re.compile(r"^sha256:([a-f0-9]{64})$")
+
+
+def _hex(digest: str) -> str:
+    m = _DIGEST.match(digest)
+    if not m:
+        raise InternalError(f"not a sha256 digest: {digest[:100]!r}")
+    return m.group(1)
+
+
+class ImageDisk:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.blob_dir = root / "blobs"
+        self._sha = self.blob_dir / "sha256"
+        self._trees = root / "trees"
+        self.work = root / "work"
+        self._catalogue = root / "catalogue.json"
+        for d in (root, self.blob_dir, self._sha, self._trees, self.work):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o700)
+
+    # -- blobs ------------------------------------------------------------------------------------
+    def blob_path(self, digest: str) -> Path:
+        return self._sha / _hex(digest)
+
+    def has_blob(self, digest: str) -> bool:
+        return self.blob_path(digest).is_file()
+
+    def read_blob(self, digest: str, limit: int, what: str) -> bytes:
+        """A small blob (manifest, config), checked against its digest."""
+        path = self.blob_path(digest)
+        try:
+            with path.open("rb") as f:
+                data = f.read(limit + 1)
+        except FileNotFoundError:
+            raise InternalError(f"{what}: blob {digest} is missing from the store") from None
+        if len(data) > limit:
+            raise InvalidArgument(f"{what}: blob {digest} is larger than {limit} bytes")
+        if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+            path.unlink(missing_ok=True)
+            raise InvalidArgument(f"{what}: blob {digest} does not match its digest (deleted)")
+        return data
+
+    def blob_sizes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        with os.scandir(self._sha) as it:
+            for e in it:
+                if len(e.name) == 64:
+                    try:
+                        out[f"sha256:{e.name}"] = e.stat(follow_symlinks=False).st_blocks * 512
+                    except FileNotFoundError:
+                        continue
+        return out
+
+    def remove_blobs(self, digests: Iterable[str]) -> None:
+        for d in digests:
+            self.blob_path(d).unlink(missing_ok=True)
+
+    # -- trees ------------------------------------------------------------------------------------
+    def tree_path(self, image_id: str) -> Path:
+        return self._trees / _hex(image_id)
+
+    def has_tree(self, image_id: str) -> bool:
+        return self.tree_path(image_id).is_dir()
+
+    def new_work_dir(self, label: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{label}-", dir=self.work))
+
+    def commit_tree(self, work_tree: Path, image_id: str) -> None:
+        """Move a finished tree into place (rename: whole or not at all)."""
+        target = self.tree_path(image_id)
+        if target.exists():
+            self.discard(work_tree)
+            return
+        os.rename(work_tree, target)
+
+    def remove_tree(self, image_id: str) -> None:
+        """Rename into work/ first, so a crash half-way through the delete leaves only work/ garbage."""
+        path = self.tree_path(image_id)
+        if not path.exists():
+            return
+        doomed = Path(tempfile.mkdtemp(prefix="removed-", dir=self.work))
+        os.rename(path, doomed / "tree")
+        self.discard(doomed)
+
+    def discard(self, path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    # -- catalogue --------------------------------------------------------------------------------
+    def load_catalogue(self) -> list[dict[str, Any]]:
+        try:
+            doc = json.loads(self._catalogue.read_text())
+        except FileNotFoundError:
+            return []
+        except ValueError as exc:
+            raise InternalError(f"{self._catalogue}: not valid JSON ({exc})") from None
+        images = doc.get("images", []) if isinstance(doc, dict) else None
+        if not isinstance(images, list):
+            raise InternalError(f"{self._catalogue}: no images list")
+        return images
+
+    def save_catalogue(self, images: list[dict[str, Any]]) -> None:
+        fd, tmp = tempfile.mkstemp(prefix="catalogue-", dir=self.work)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"version": 1, "images": images}, f, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, self._catalogue)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dfd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    # -- start-up -----------------------------------------------------------------------------------
+    def sweep(self, keep_trees: set[str], keep_blobs: set[str]) -> dict[str, int]:
+        """Delete what no catalogued image owns: work/ leftovers, stray trees and blobs."""
+        removed = {"work": 0, "trees": 0, "blobs": 0}
+        for entry in list(self.work.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed["work"] += 1
+        keep_tree_hex = {_hex(i) for i in keep_trees}
+        for entry in list(self._trees.iterdir()):
+            if entry.name not in keep_tree_hex:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed["trees"] += 1
+        keep_blob_hex = {_hex(b) for b in keep_blobs}
+        for entry in list(self._sha.iterdir()):
+            if entry.name not in keep_blob_hex:
+                entry.unlink(missing_ok=True)
+                removed["blobs"] += 1
+        return removed
+
+    def usage_of_work(self) -> int:
+        return sum(1 for _ in self.work.iterdir())
