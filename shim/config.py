@@ -50,6 +50,8 @@ class ShimConfig:
     image_store_dir: str = ""  # empty: <state_dir>/images
     image_max_bytes: int = 32 << 30  # uncompressed bytes one image may unpack to
     image_max_entries: int = 2_000_000  # tar entries one image may have, all layers together
+    kubelet_pods_dir: str = "/var/lib/kubelet/pods"  # container mounts from here are shared into guests
+    mount_allowlist: tuple[str, ...] = ()  # other host paths the admin lets containers mount
     extra: dict[str, Any] = field(default_factory=dict)
 
     def with_overrides(self, **kwargs: Any) -> ShimConfig:
@@ -80,6 +82,8 @@ _KEYS = {
     "image_store_dir",
     "image_max_bytes",
     "image_max_entries",
+    "kubelet_pods_dir",
+    "mount_allowlist",
 }
 
 
@@ -101,6 +105,7 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         "log_format",
         "registry_auth_file",
         "image_store_dir",
+        "kubelet_pods_dir",
     ):
         if key in data:
             if not isinstance(data[key], str):
@@ -108,9 +113,14 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
             kwargs[key] = data[key]
     if kwargs.get("log_format", "text") not in ("text", "json"):
         raise InvalidArgument(f"{source}: log_format: must be text or json, got {kwargs['log_format']!r}")
-    for key in ("registry_auth_file", "image_store_dir"):
+    for key in ("registry_auth_file", "image_store_dir", "kubelet_pods_dir"):
         if kwargs.get(key) and not kwargs[key].startswith("/"):
             raise InvalidArgument(f"{source}: {key}: must be an absolute path")
+    if "mount_allowlist" in data:
+        paths = data["mount_allowlist"]
+        if not isinstance(paths, list) or not all(isinstance(p, str) and p.startswith("/") for p in paths):
+            raise InvalidArgument(f"{source}: mount_allowlist: must be a list of absolute paths")
+        kwargs["mount_allowlist"] = tuple(paths)
     kwargs["registries"] = parse_registries(data.get("registries"), f"{source}: registries")
     for key in ("image_max_bytes", "image_max_entries"):
         if key in data:

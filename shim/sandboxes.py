@@ -40,7 +40,7 @@ from vmsandbox.adapters.ledger import ClaimConflict, Ledger
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.devices import NO_DEVICES, DeviceRequest
-from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, domain_name
+from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, SharedDir, domain_name
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import (
     AlreadyExists,
@@ -100,6 +100,8 @@ class Sandboxes:
         self._names: dict[PodMeta, str] = {
             SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()
         }
+        # directories a new guest gets over 9p (set by the owner of containers, shim.containers)
+        self.shared_dirs_for: Callable[[str], tuple[SharedDir, ...]] = lambda _sandbox_id: ()
         first = self.inventory()
         self.policy = HostPolicy(config, first)
         for problem in self.policy.problems(first, profiles.values()):
@@ -248,6 +250,7 @@ class Sandboxes:
             profile=profile,
             accel=accel,
             console_log=console,
+            shared_dirs=self.shared_dirs_for(record.id),
         )
         started = time.monotonic()
         self.hypervisor.define(render(domain))
@@ -390,6 +393,10 @@ class Sandboxes:
             if c.id == container_id:
                 return c
         raise NotFound(f"container {container_id!r} not found")
+
+    def save_container(self, c: ContainerRecord) -> None:
+        """Records a container's new state (shim.containers runs it in the guest)."""
+        self._put_container(c)
 
     def _put_container(self, c: ContainerRecord) -> None:
         self.ledger.put_container(c.id, c.sandbox_id, c.name, c.attempt, c.state, c.created_ns, c.to_doc())

@@ -19,6 +19,7 @@ import grpc
 
 from shim import metrics
 from shim.config import ShimConfig
+from shim.containers import Containers
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.health import Health
 from shim.image_service import ImageServicer
@@ -103,7 +104,8 @@ def start(config: ShimConfig) -> Running:
     images = image_store(config)
     images.collect()  # after reconciliation: images removed while held and not held again are freed
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
-    pb_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(sandboxes), server)
+    containers = Containers(config.state_dir, sandboxes, images, hypervisor)
+    pb_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(sandboxes, containers), server)
     pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(images, config.state_dir), server)
     health = Health(server)  # grpc.health.v1.Health on the CRI socket
     stop_metrics = metrics.serve(config.metrics_address, sandboxes) if config.metrics_address else None

@@ -17,6 +17,7 @@ from shim import logs, metrics
 from vmsandbox.errors import (
     AlreadyExists,
     CannotFit,
+    DeadlineExceeded,
     Diverged,
     InfrastructureError,
     InternalError,
@@ -25,6 +26,7 @@ from vmsandbox.errors import (
     PermissionDenied,
     Unauthenticated,
     VmSandboxError,
+    WrongState,
 )
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,8 @@ CODES: dict[type[VmSandboxError], grpc.StatusCode] = {
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     InfrastructureError: grpc.StatusCode.UNAVAILABLE,
     InternalError: grpc.StatusCode.INTERNAL,
+    WrongState: grpc.StatusCode.FAILED_PRECONDITION,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 

@@ -19,6 +19,8 @@ from shim.model import (
     SandboxRecord,
     SandboxSpec,
 )
+from vmsandbox import oci_spec
+from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.image_catalogue import ImageRecord
 from vmsandbox.oci import image_user
@@ -247,7 +249,8 @@ def container(c: ContainerRecord) -> pb.Container:
         pod_sandbox_id=c.sandbox_id,
         metadata=container_metadata(c),
         image=pb.ImageSpec(image=c.image),
-        image_ref=c.image,
+        image_ref=c.image_ref or c.image,
+        image_id=c.image_id,
         state=container_state(c.state),  # type: ignore[arg-type]
         created_at=c.created_ns,
         labels=c.labels,
@@ -279,18 +282,25 @@ def linux_resources_msg(doc: Mapping[str, Any]) -> pb.LinuxContainerResources:
 
 
 def container_status(c: ContainerRecord) -> pb.ContainerStatus:
+    log_path = c.log_path
+    if log_path and c.log_directory and not log_path.startswith("/"):
+        log_path = f"{c.log_directory.rstrip('/')}/{log_path}"  # the CRI wants it absolute
     return pb.ContainerStatus(
         id=c.id,
         metadata=container_metadata(c),
         state=container_state(c.state),  # type: ignore[arg-type]
         created_at=c.created_ns,
+        started_at=c.started_ns,
+        finished_at=c.finished_ns,
+        exit_code=c.exit_code,
         image=pb.ImageSpec(image=c.image),
-        image_ref=c.image,
+        image_ref=c.image_ref or c.image,
+        image_id=c.image_id,
         reason=c.reason,
         message=c.message,
         labels=c.labels,
         annotations=c.annotations,
-        log_path=c.log_path,
+        log_path=log_path,
         resources=pb.ContainerResources(linux=linux_resources_msg(c.linux)),
     )
 
@@ -358,4 +368,116 @@ def filesystem_usage(mountpoint: str, used: int, inodes: int, timestamp_ns: int)
         fs_id=pb.FilesystemIdentifier(mountpoint=mountpoint),
         used_bytes=pb.UInt64Value(value=used),
         inodes_used=pb.UInt64Value(value=inodes),
+    )
+
+
+# -- what a container runs (vmsandbox.oci_spec) ------------------------------------------------------
+def _profile_text(p: pb.SecurityProfile, legacy: str) -> str:
+    """A SecurityProfile as oci_spec spells it: "runtime/default", "unconfined", "localhost/<ref>"."""
+    if p.profile_type == pb.SecurityProfile.ProfileType.Localhost:
+        return f"localhost/{p.localhost_ref}"
+    if p.profile_type == pb.SecurityProfile.ProfileType.Unconfined:
+        return "unconfined"
+    return "runtime/default" if p.ByteSize() or legacy == "runtime/default" else (legacy or "")
+
+
+def container_request(config: pb.ContainerConfig, hostname: str) -> tuple[oci_spec.ContainerRequest, str, str]:
+    """(what to run, the user spec to resolve against the image, the stop signal name or "")."""
+    sc = config.linux.security_context
+    res = config.linux.resources
+    user = ""
+    if sc.HasField("run_as_user"):
+        user = str(sc.run_as_user.value)
+    elif sc.run_as_username:
+        user = sc.run_as_username
+    if user and sc.HasField("run_as_group"):
+        user += f":{sc.run_as_group.value}"
+    hugepages = {h.page_size: h.limit for h in res.hugepage_limits if h.limit > 0}
+    request = oci_spec.ContainerRequest(
+        command=tuple(config.command),
+        args=tuple(config.args),
+        env=tuple((kv.key, kv.value) for kv in config.envs),
+        working_dir=config.working_dir,
+        hostname=hostname,
+        readonly_rootfs=sc.readonly_rootfs,
+        privileged=sc.privileged,
+        add_capabilities=tuple(sc.capabilities.add_capabilities),
+        drop_capabilities=tuple(sc.capabilities.drop_capabilities),
+        no_new_privileges=sc.no_new_privs,
+        seccomp=_profile_text(sc.seccomp, sc.seccomp_profile_path) if sc.HasField("seccomp") else "",
+        apparmor=_profile_text(sc.apparmor, sc.apparmor_profile) if sc.HasField("apparmor") else "",
+        resources=oci_spec.Resources(
+            cpu_quota_us=res.cpu_quota or None,
+            cpu_period_us=res.cpu_period or None,
+            cpu_shares=res.cpu_shares or None,
+            memory_limit_bytes=res.memory_limit_in_bytes or None,
+            hugepage_limits=hugepages,
+        ),
+        oom_score_adj=int(res.oom_score_adj),
+        supplemental_groups=tuple(int(g) for g in sc.supplemental_groups),
+    )
+    signal = "" if config.stop_signal == 0 else pb.Signal.Name(config.stop_signal)
+    return request, user, signal
+
+
+def mount_requests(config: pb.ContainerConfig) -> list[tuple[str, str, bool]]:
+    """(container path, host path, read-only) of each mount the config asks for."""
+    return [(m.container_path, m.host_path, m.readonly) for m in config.mounts]
+
+
+# -- statistics -------------------------------------------------------------------------------------
+def _u64(v: int) -> pb.UInt64Value:
+    return pb.UInt64Value(value=max(v, 0))
+
+
+def cpu_usage(s: CgroupStats, nano_cores: int | None) -> pb.CpuUsage:
+    cpu = pb.CpuUsage(timestamp=s.timestamp_ns, usage_core_nano_seconds=_u64(s.cpu_usage_ns))
+    if nano_cores is not None:
+        cpu.usage_nano_cores.CopyFrom(_u64(nano_cores))
+    return cpu
+
+
+def memory_usage(s: CgroupStats) -> pb.MemoryUsage:
+    return pb.MemoryUsage(
+        timestamp=s.timestamp_ns,
+        working_set_bytes=_u64(s.memory_working_set_bytes),
+        usage_bytes=_u64(s.memory_usage_bytes),
+        rss_bytes=_u64(s.memory_rss_bytes),
+        page_faults=_u64(s.page_faults),
+        major_page_faults=_u64(s.major_page_faults),
+    )
+
+
+def container_stats(c: ContainerRecord, s: CgroupStats | None, nano_cores: int | None) -> pb.ContainerStats:
+    out = pb.ContainerStats(
+        attributes=pb.ContainerAttributes(
+            id=c.id, metadata=container_metadata(c), labels=c.labels, annotations=c.annotations
+        )
+    )
+    if s is not None:
+        out.cpu.CopyFrom(cpu_usage(s, nano_cores))
+        out.memory.CopyFrom(memory_usage(s))
+        out.writable_layer.CopyFrom(
+            pb.FilesystemUsage(
+                timestamp=s.timestamp_ns,
+                fs_id=pb.FilesystemIdentifier(mountpoint="/run/vmsandbox/containers"),
+                used_bytes=_u64(s.writable_bytes),
+                inodes_used=_u64(s.writable_inodes),
+            )
+        )
+    return out
+
+
+def pod_sandbox_stats(
+    r: SandboxRecord, s: CgroupStats | None, nano_cores: int | None, containers: list[pb.ContainerStats]
+) -> pb.PodSandboxStats:
+    linux = pb.LinuxPodSandboxStats(containers=containers)
+    if s is not None:
+        linux.cpu.CopyFrom(cpu_usage(s, nano_cores))
+        linux.memory.CopyFrom(memory_usage(s))
+    return pb.PodSandboxStats(
+        attributes=pb.PodSandboxAttributes(
+            id=r.id, metadata=pod_metadata(r), labels=r.labels, annotations=r.annotations
+        ),
+        linux=linux,
     )

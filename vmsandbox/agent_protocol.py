@@ -24,7 +24,9 @@ READABLE_VERSIONS = frozenset({1, 2})
 CHANNEL_NAME = "io.vmsandbox.agent.0"
 """Name of the virtio-serial port the guest agent listens on."""
 SHARED_TAG = "vmsandbox.shared"
-"""Mount tag of the sandbox's shared directory (virtio-9p); paths in container ops are relative to it."""
+"""Mount tag of the sandbox's shared directory (virtio-9p, read-write): logs, a container's files."""
+IMAGES_TAG = "vmsandbox.images"
+"""Mount tag of the host's unpacked image trees (virtio-9p, read-only): containers' lower layers."""
 
 
 class ProtocolError(InfrastructureError):

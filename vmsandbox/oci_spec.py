@@ -134,6 +134,8 @@ class ContainerRequest:
     resources: Resources = Resources()
     mounts: tuple[Mount, ...] = ()
     oom_score_adj: int = 0
+    supplemental_groups: tuple[int, ...] = ()
+    """Added to the groups the image gives the user."""
 
 
 def process_args(request: ContainerRequest, image: ImageConfig) -> tuple[str, ...]:
@@ -274,8 +276,9 @@ def build_spec(request: ContainerRequest, image: ImageConfig, user: UserIds) -> 
     if not cwd.startswith("/"):
         raise InvalidArgument(f"working directory {cwd[:128]!r} is not absolute")
     ids: dict[str, object] = {"uid": user.uid, "gid": user.gid}
-    if user.additional_gids:
-        ids["additionalGids"] = list(user.additional_gids)
+    groups = list(user.additional_gids) + [g for g in request.supplemental_groups if g not in user.additional_gids]
+    if groups:
+        ids["additionalGids"] = groups
     process: dict[str, object] = {
         "terminal": False,
         "user": ids,

@@ -25,6 +25,8 @@ import (
 const (
 	sharedTag   = "vmsandbox.shared"
 	sharedMount = "/run/vmsandbox/shared"
+	imagesTag   = "vmsandbox.images"
+	imagesMount = "/run/vmsandbox/images"
 	stateDir    = "/run/vmsandbox/containers"
 	crunRoot    = "/run/crun"
 	cgroupBase  = "/sys/fs/cgroup"
@@ -55,34 +57,66 @@ type container struct {
 var (
 	cmu        sync.Mutex
 	containers = map[string]*container{}
-	sharedOnce sync.Mutex
-	sharedUp   bool
+	mountMu    sync.Mutex
+	mounted    = map[string]bool{}
 )
 
-func ensureShared() error {
-	sharedOnce.Lock()
-	defer sharedOnce.Unlock()
-	if sharedUp {
+// ensureMount mounts the 9p share with tag at dir once (read-only for the image trees).
+func ensureMount(tag, dir string, readonly bool) error {
+	mountMu.Lock()
+	defer mountMu.Unlock()
+	if mounted[tag] {
 		return nil
 	}
-	if err := os.MkdirAll(sharedMount, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	opts := "trans=virtio,version=9p2000.L,msize=262144,cache=none"
-	if err := syscall.Mount(sharedTag, sharedMount, "9p", 0, opts); err != nil {
-		return fmt.Errorf("mount the shared directory (9p tag %s): %v", sharedTag, err)
+	var flags uintptr
+	if readonly {
+		flags = syscall.MS_RDONLY
 	}
-	sharedUp = true
+	opts := "trans=virtio,version=9p2000.L,msize=262144,cache=none"
+	if err := syscall.Mount(tag, dir, "9p", flags, opts); err != nil {
+		return fmt.Errorf("mount the host directory with 9p tag %s: %v", tag, err)
+	}
+	mounted[tag] = true
 	return nil
+}
+
+func ensureShared() error { return ensureMount(sharedTag, sharedMount, false) }
+
+func cleanRel(rel string) (string, error) {
+	clean := filepath.Clean("/" + rel)
+	if rel == "" || clean == "/" || strings.Contains(rel, "..") {
+		return "", fmt.Errorf("bad path %q", rel)
+	}
+	return clean, nil
 }
 
 // sharedPath is rel inside the shared directory; rel comes from the host and must stay inside.
 func sharedPath(rel string) (string, error) {
-	clean := filepath.Clean("/" + rel)
-	if rel == "" || clean == "/" || strings.Contains(rel, "..") {
-		return "", fmt.Errorf("bad shared path %q", rel)
+	clean, err := cleanRel(rel)
+	if err != nil {
+		return "", err
 	}
 	return sharedMount + clean, nil
+}
+
+// lowerPath is a tree named "shared/<rel>" (in the sandbox's shared directory) or "images/<rel>"
+// (in the host's read-only image trees).
+func lowerPath(name string) (string, error) {
+	first, rest, _ := strings.Cut(name, "/")
+	clean, err := cleanRel(rest)
+	if err != nil {
+		return "", err
+	}
+	switch first {
+	case "shared":
+		return sharedMount + clean, ensureShared()
+	case "images":
+		return imagesMount + clean, ensureMount(imagesTag, imagesMount, true)
+	}
+	return "", fmt.Errorf("bad lower tree %q (want shared/... or images/...)", name)
 }
 
 func lookup(id string) (*container, error) {
@@ -144,7 +178,7 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	if err := ensureShared(); err != nil {
 		return nil, err
 	}
-	lower, err := sharedPath(a.Lower)
+	lower, err := lowerPath(a.Lower)
 	if err != nil {
 		return nil, err
 	}

@@ -226,9 +226,18 @@ func opStats(raw json.RawMessage) (interface{}, error) {
 	return s, nil
 }
 
+// memUsedBytes is the guest's memory in use: MemTotal - MemAvailable (/proc/meminfo, in kB).
 func memUsedBytes() int64 {
-	m := readKV("/proc/meminfo")
-	return (m["MemTotal:"] - m["MemAvailable:"]) * 1024
+	b, _ := os.ReadFile("/proc/meminfo")
+	m := map[string]int64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 {
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			m[strings.TrimSuffix(f[0], ":")] = v
+		}
+	}
+	return (m["MemTotal"] - m["MemAvailable"]) * 1024
 }
 
 var cgroupFiles = map[string]bool{

@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 IMAGE_DIR = Path(os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default"))
 BOOT_TIMEOUT_S = 120.0
 MEM_MIB = 256
-LOWER = "images/busybox/rootfs"
+TREE = "images/busybox/rootfs"
+LOWER = f"shared/{TREE}"
 MiB = 1 << 20
 
 
@@ -63,7 +64,7 @@ def guest() -> Iterator[Guest]:
         pytest.skip(f"no guest image in {IMAGE_DIR}: run images/build.sh")
     with tempfile.TemporaryDirectory(prefix="vmsandbox-gc-") as tmp:
         shared = Path(tmp) / "shared"
-        _busybox_tree(shared / LOWER)
+        _busybox_tree(shared / TREE)
         (shared / "containers").mkdir()
         sock = os.path.join(tmp, "agent.sock")
         console = Path(tmp) / "console.log"
@@ -172,7 +173,7 @@ def test_writes_stay_in_the_writable_layer(agent: AgentClient, guest: Guest) -> 
     )
     agent.start("writer")
     assert agent.wait("writer", timeout_s=60).exit_code == 0
-    lower = guest.shared / LOWER / "data"
+    lower = guest.shared / TREE / "data"
     assert (lower / "original").read_text() == "from the image\n"
     assert not (lower / "new").exists()
     agent.delete("writer")
