@@ -213,6 +213,7 @@ func opStats(raw json.RawMessage) (interface{}, error) {
 		s := cgroupStats("")
 		s["memory_usage_bytes"] = memUsedBytes()
 		s["memory_working_set"] = memUsedBytes()
+		s["agent_rss_bytes"] = selfRSSBytes()
 		return s, nil
 	}
 	c, err := lookup(a.ID)
@@ -224,6 +225,18 @@ func opStats(raw json.RawMessage) (interface{}, error) {
 	s["writable_bytes"] = used
 	s["writable_inodes"] = inodes
 	return s, nil
+}
+
+// selfRSSBytes is the agent's own resident memory (VmRSS of /proc/self/status).
+func selfRSSBytes() int64 {
+	b, _ := os.ReadFile("/proc/self/status")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			return v * 1024
+		}
+	}
+	return 0
 }
 
 // memUsedBytes is the guest's memory in use: MemTotal - MemAvailable (/proc/meminfo, in kB).
