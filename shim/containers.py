@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO
 
 from shim.images import ImageStore
 from shim.model import CONTAINER_CREATED, CONTAINER_EXITED, CONTAINER_RUNNING, SANDBOX_READY, ContainerRecord
@@ -75,39 +76,35 @@ def _admitted_limits(asked: oci_spec.Resources, linux: dict[str, object]) -> oci
 
 class _LogPump:
     """Copies what the guest appends to a container's log in the shared directory into the
-    kubelet's log file, reopening the destination on request (log rotation)."""
+    kubelet's log file; ``reopen`` (log rotation) opens a new destination file before returning."""
 
     def __init__(self, src: Path, dst: Path) -> None:
         self.src = src
         self.dst = dst
         self._stop = threading.Event()
-        self._reopen = threading.Event()
+        self._lock = threading.Lock()
         self._offset = 0
+        self.dst.parent.mkdir(parents=True, exist_ok=True)
+        self._out: BinaryIO = self.dst.open("ab")
         self._thread = threading.Thread(target=self._run, name=f"log-{src.parent.name[:12]}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        out = None
         try:
             while True:
                 stopping = self._stop.is_set()
-                if out is None or self._reopen.is_set():
-                    if out is not None:
-                        out.close()
-                    self._reopen.clear()
-                    self.dst.parent.mkdir(parents=True, exist_ok=True)
-                    out = self.dst.open("ab")
-                self._copy(out)
+                with self._lock:
+                    self._copy()
                 if stopping:
                     return
                 self._stop.wait(0.05)
         except OSError as e:
             log.warning("log copy %s -> %s stopped: %s", self.src, self.dst, e)
         finally:
-            if out is not None:
-                out.close()
+            with self._lock:
+                self._out.close()
 
-    def _copy(self, out: object) -> None:
+    def _copy(self) -> None:
         try:
             with self.src.open("rb") as f:
                 f.seek(self._offset)
@@ -117,12 +114,14 @@ class _LogPump:
         # only whole lines: the guest may be in the middle of one
         end = data.rfind(b"\n") + 1
         if end:
-            out.write(data[:end])  # type: ignore[attr-defined]
-            out.flush()  # type: ignore[attr-defined]
+            self._out.write(data[:end])
+            self._out.flush()
             self._offset += end
 
     def reopen(self) -> None:
-        self._reopen.set()
+        with self._lock:
+            self._out.close()
+            self._out = self.dst.open("ab")
 
     def stop(self) -> None:
         self._stop.set()

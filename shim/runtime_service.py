@@ -177,7 +177,8 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
             raise InvalidArgument("CreateContainerRequest.config is missing")
         spec = translate.container_spec(request.config)
         sandbox = self.sandboxes.get(request.pod_sandbox_id)
-        run, user, stop_signal = translate.container_request(request.config, sandbox.hostname)
+        sysctls = request.sandbox_config.linux.sysctls
+        run, user, stop_signal = translate.container_request(request.config, sandbox.hostname, sysctls)
         mounts = translate.mount_requests(request.config)
         self.containers.check_mounts(mounts)
         cid = self.sandboxes.create_container(request.pod_sandbox_id, spec)

@@ -381,8 +381,11 @@ def _profile_text(p: pb.SecurityProfile, legacy: str) -> str:
     return "runtime/default" if p.ByteSize() or legacy == "runtime/default" else (legacy or "")
 
 
-def container_request(config: pb.ContainerConfig, hostname: str) -> tuple[oci_spec.ContainerRequest, str, str]:
-    """(what to run, the user spec to resolve against the image, the stop signal name or "")."""
+def container_request(
+    config: pb.ContainerConfig, hostname: str, sysctls: Mapping[str, str]
+) -> tuple[oci_spec.ContainerRequest, str, str]:
+    """(what to run, the user spec to resolve against the image, the stop signal name or "");
+    ``sysctls`` are the pod's (LinuxPodSandboxConfig.sysctls)."""
     sc = config.linux.security_context
     res = config.linux.resources
     user = ""
@@ -414,6 +417,7 @@ def container_request(config: pb.ContainerConfig, hostname: str) -> tuple[oci_sp
             hugepage_limits=hugepages,
         ),
         oom_score_adj=int(res.oom_score_adj),
+        sysctls=dict(sysctls),
         supplemental_groups=tuple(int(g) for g in sc.supplemental_groups),
     )
     signal = "" if config.stop_signal == 0 else pb.Signal.Name(config.stop_signal)

@@ -221,6 +221,9 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 		a.Spec["linux"] = linux
 	}
 	linux["cgroupsPath"] = c.cgroup
+	if err := applyNetSysctls(linux); err != nil {
+		return fail(err)
+	}
 	if proc, ok := a.Spec["process"].(map[string]interface{}); ok {
 		proc["terminal"] = false
 	}
@@ -296,6 +299,27 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	cmu.Unlock()
 	go c.watch()
 	return c.snapshot(), nil
+}
+
+// applyNetSysctls sets the net.* sysctls of a spec in the guest itself and drops them from the
+// spec: containers share the guest's network namespace, which is the pod's.
+func applyNetSysctls(linux map[string]interface{}) error {
+	sysctls, _ := linux["sysctl"].(map[string]interface{})
+	for key, v := range sysctls {
+		if !strings.HasPrefix(key, "net.") {
+			continue
+		}
+		value, ok := v.(string)
+		if !ok || strings.Contains(key, "..") || strings.ContainsAny(key, "/\x00") {
+			return fmt.Errorf("create: bad sysctl %q", key)
+		}
+		path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+		if err := os.WriteFile(path, []byte(value), 0); err != nil {
+			return fmt.Errorf("create: sysctl %s=%s: %v", key, value, err)
+		}
+		delete(sysctls, key)
+	}
+	return nil
 }
 
 func readonlyRoot(spec map[string]interface{}) bool {
