@@ -372,13 +372,13 @@ def filesystem_usage(mountpoint: str, used: int, inodes: int, timestamp_ns: int)
 
 
 # -- what a container runs (vmsandbox.oci_spec) ------------------------------------------------------
-def _profile_text(p: pb.SecurityProfile, legacy: str) -> str:
-    """A SecurityProfile as oci_spec spells it: "runtime/default", "unconfined", "localhost/<ref>"."""
+def _profile_text(p: pb.SecurityProfile) -> str:
+    """A SecurityProfile (present) as oci_spec spells it: "runtime/default", "unconfined", "localhost/<ref>"."""
     if p.profile_type == pb.SecurityProfile.ProfileType.Localhost:
         return f"localhost/{p.localhost_ref}"
     if p.profile_type == pb.SecurityProfile.ProfileType.Unconfined:
         return "unconfined"
-    return "runtime/default" if p.ByteSize() or legacy == "runtime/default" else (legacy or "")
+    return "runtime/default"
 
 
 def container_request(
@@ -407,8 +407,8 @@ def container_request(
         add_capabilities=tuple(sc.capabilities.add_capabilities),
         drop_capabilities=tuple(sc.capabilities.drop_capabilities),
         no_new_privileges=sc.no_new_privs,
-        seccomp=_profile_text(sc.seccomp, sc.seccomp_profile_path) if sc.HasField("seccomp") else "",
-        apparmor=_profile_text(sc.apparmor, sc.apparmor_profile) if sc.HasField("apparmor") else "",
+        seccomp=_profile_text(sc.seccomp) if sc.HasField("seccomp") else sc.seccomp_profile_path,
+        apparmor=_profile_text(sc.apparmor) if sc.HasField("apparmor") else sc.apparmor_profile,
         resources=oci_spec.Resources(
             cpu_quota_us=res.cpu_quota or None,
             cpu_period_us=res.cpu_period or None,

@@ -210,6 +210,8 @@ def _resources(res: Resources) -> dict[str, object]:
 def _seccomp(profile: str) -> dict[str, object] | None:
     if profile in ("", "unconfined"):
         return None
+    if profile == "docker/default":  # the legacy spelling of the runtime default
+        profile = "runtime/default"
     if profile == "runtime/default":
         # Refuse what no container needs (the kernel-facing calls runtimes' default profiles refuse).
         denied = (
