@@ -418,6 +418,7 @@ def container_request(
         ),
         oom_score_adj=int(res.oom_score_adj),
         sysctls=dict(sysctls),
+        own_pid_namespace=sc.namespace_options.pid == pb.CONTAINER,
         supplemental_groups=tuple(int(g) for g in sc.supplemental_groups),
     )
     signal = "" if config.stop_signal == 0 else pb.Signal.Name(config.stop_signal)

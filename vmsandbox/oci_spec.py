@@ -136,6 +136,8 @@ class ContainerRequest:
     oom_score_adj: int = 0
     supplemental_groups: tuple[int, ...] = ()
     """Added to the groups the image gives the user."""
+    own_pid_namespace: bool = True
+    """False: the container sees the pod's processes (the guest's PID namespace; CRI NamespaceMode POD/NODE)."""
 
 
 def process_args(request: ContainerRequest, image: ImageConfig) -> tuple[str, ...]:
@@ -295,7 +297,10 @@ def build_spec(request: ContainerRequest, image: ImageConfig, user: UserIds) -> 
     if request.apparmor not in ("", "unconfined", "runtime/default"):
         raise InvalidArgument(f"apparmor profile {request.apparmor[:128]!r} is not supported in the guest")
     linux: dict[str, object] = {
-        "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "cgroup")],
+        # network and IPC: the guest's, which are the pod's (a VM per pod)
+        "namespaces": [
+            {"type": t} for t in ("pid", "uts", "mount", "cgroup") if t != "pid" or request.own_pid_namespace
+        ],
         "resources": _resources(request.resources),
         "maskedPaths": list(MASKED_PATHS),
         "readonlyPaths": list(READONLY_PATHS),

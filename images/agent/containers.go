@@ -221,7 +221,7 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 		a.Spec["linux"] = linux
 	}
 	linux["cgroupsPath"] = c.cgroup
-	if err := applyNetSysctls(linux); err != nil {
+	if err := applySysctls(linux); err != nil {
 		return fail(err)
 	}
 	if proc, ok := a.Spec["process"].(map[string]interface{}); ok {
@@ -301,14 +301,11 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	return c.snapshot(), nil
 }
 
-// applyNetSysctls sets the net.* sysctls of a spec in the guest itself and drops them from the
-// spec: containers share the guest's network namespace, which is the pod's.
-func applyNetSysctls(linux map[string]interface{}) error {
+// applySysctls sets the sysctls of a spec in the guest itself and drops them from the spec: the
+// containers share the guest's network and IPC namespaces, which are the pod's.
+func applySysctls(linux map[string]interface{}) error {
 	sysctls, _ := linux["sysctl"].(map[string]interface{})
 	for key, v := range sysctls {
-		if !strings.HasPrefix(key, "net.") {
-			continue
-		}
 		value, ok := v.(string)
 		if !ok || strings.Contains(key, "..") || strings.ContainsAny(key, "/\x00") {
 			return fmt.Errorf("create: bad sysctl %q", key)

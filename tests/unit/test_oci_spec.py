@@ -188,3 +188,11 @@ def test_stop_signal(requested: str, image: str, expected: str) -> None:
 def test_bad_stop_signal() -> None:
     with pytest.raises(InvalidArgument, match="bad stop signal"):
         stop_signal("SIG;rm", ImageConfig())
+
+
+@pytest.mark.parametrize(
+    ("own", "namespaces"), [(True, ["pid", "uts", "mount", "cgroup"]), (False, ["uts", "mount", "cgroup"])]
+)
+def test_namespaces_network_and_ipc_are_the_pods(own: bool, namespaces: list[str]) -> None:
+    spec = build_spec(ContainerRequest(command=("sh",), own_pid_namespace=own), IMAGE, ROOT)
+    assert [n["type"] for n in spec["linux"]["namespaces"]] == namespaces  # type: ignore[index]
