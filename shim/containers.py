@@ -237,6 +237,8 @@ class Containers:
             shutil.rmtree(cdir, ignore_errors=True)
             raise
         ref = image.repo_digests[0] if image.repo_digests else image.id
+        # what the container writes to a writable file mount (the termination log) goes back at exit
+        copy_back = [[i, host] for i, (_, host, ro) in enumerate(mounts) if host and not ro and Path(host).is_file()]
         self.sandboxes.save_container(
             replace(
                 c,
@@ -244,6 +246,7 @@ class Containers:
                 image_ref=ref,
                 log_directory=sandbox.log_directory,
                 stop_signal=signal,
+                copy_back=copy_back,
                 reason="Created",
                 message="",
             )
@@ -334,11 +337,24 @@ class Containers:
             pump = self._pumps.pop(c.id, None)
         if pump is not None:
             pump.stop()
+        self._copy_back(c)
         done = replace(
             c, state=CONTAINER_EXITED, exit_code=code, reason=reason, message=message, finished_ns=at or time.time_ns()
         )
         self.sandboxes.save_container(done)
         return done
+
+    def _copy_back(self, c: ContainerRecord) -> None:
+        """Writable file mounts (the termination log) back to their host path, once the container exited."""
+        mounts = self._shared(c.sandbox_id) / "containers" / c.id / "mounts"
+        for index, host in c.copy_back:
+            src = mounts / str(int(index))
+            try:
+                if src.is_file() and not src.is_symlink() and Path(host).is_file():
+                    with src.open("rb") as f, open(host, "wb") as out:
+                        shutil.copyfileobj(f, out)
+            except OSError as e:
+                log.warning("container %s: copying %s back to %s failed: %s", c.id[:12], src, host, e)
 
     def stop(self, container_id: str, timeout_s: int) -> None:
         try:

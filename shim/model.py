@@ -116,6 +116,8 @@ class ContainerRecord:
     started_ns: int = 0
     finished_ns: int = 0
     exit_code: int = 0
+    # [index of the copy in the shared directory, host path]: writable file mounts copied back at exit
+    copy_back: list[list[Any]] = field(default_factory=list)
 
     def to_doc(self) -> dict[str, Any]:
         return asdict(self)

@@ -55,6 +55,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             for decl in config.pod_resources.containers:
                 if decl.name == "writer":
                     decl.mounts.append(_note_mount(allowed))
+                if decl.name == "long":
+                    decl.mounts.append(_termination_mount(allowed))
             logs = tmp / "logs"
             config.log_directory = str(logs)
             sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
@@ -65,6 +67,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 
 def _note_mount(allowed: Path) -> pb.Mount:
     return pb.Mount(container_path="/mnt/note", host_path=str(allowed / "note"), readonly=True)
+
+
+def _termination_mount(allowed: Path) -> pb.Mount:
+    return pb.Mount(container_path="/dev/termination-log", host_path=str(allowed / "termination-log"))
 
 
 def _config(env: Env, name: str, argv: list[str], res: pb.KubernetesResources = SMALL) -> pb.ContainerConfig:
@@ -141,8 +147,12 @@ def test_oom_killed_by_its_own_limit(env: Env) -> None:
 
 
 def test_long_running_exec_stats_stop(env: Env) -> None:
-    script = "trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0.2; done"
-    cid = _run(env, _config(env, "long", ["sh", "-c", script], LONG))
+    on_term = "echo bye; echo terminated politely > /dev/termination-log; exit 0"
+    script = f"trap '{on_term}' TERM; echo up; while :; do sleep 0.2; done"
+    (env.allowed / "termination-log").write_text("")
+    config = _config(env, "long", ["sh", "-c", script], LONG)
+    config.mounts.append(_termination_mount(env.allowed))
+    cid = _run(env, config)
     rt = env.shim.runtime
     assert _status(env, cid).state == pb.CONTAINER_RUNNING
     res = rt.ExecSync(
@@ -164,6 +174,7 @@ def test_long_running_exec_stats_stop(env: Env) -> None:
     st = _status(env, cid)
     assert (st.state, st.exit_code, st.reason) == (pb.CONTAINER_EXITED, 0, "Completed")
     assert ("stdout", "F", "bye") in _log_lines(Path(st.log_path))
+    assert (env.allowed / "termination-log").read_text() == "terminated politely\n"
     with pytest.raises(grpc.RpcError) as info:
         rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["true"], timeout=5), timeout=60)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
