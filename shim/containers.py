@@ -28,7 +28,7 @@ from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTim
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.agent_protocol import IMAGES_TAG, SHARED_TAG, CgroupStats, ContainerState, ExecResult
 from vmsandbox.domain import AGENT_CHANNEL, SharedDir
-from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, WrongState
+from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, VmSandboxError, WrongState
 
 log = logging.getLogger(__name__)
 
@@ -323,10 +323,13 @@ class Containers:
             return c
         try:
             st = self._call(c.sandbox_id, "status", container_id)
-        except (GuestChannelClosed, GuestChannelTimeout, InfrastructureError) as e:
+        except VmSandboxError as e:
             if self.sandboxes.get(c.sandbox_id).state == SANDBOX_READY:
                 raise
-            return self._exited(c, 255, "Error", f"the pod's guest is gone: {e}")
+            now = self.sandboxes.container(container_id)  # the guest's death may have been recorded meanwhile
+            if now.state == CONTAINER_EXITED:
+                return now
+            return self._exited(now, 255, "SandboxDied", f"the pod's guest is gone: {e}")
         assert isinstance(st, ContainerState)
         if st.state != "exited":
             return c
@@ -391,6 +394,16 @@ class Containers:
         self.sandboxes.remove_container(container_id)
         if c.image_id:
             self.images.release(c.image_id)
+
+    def sandbox_stopped(self, sandbox_id: str) -> None:
+        """The sandbox's guest is gone (StopPodSandbox): stop copying its logs, drop its connection.
+        Image holds stay until its containers (or the sandbox) are removed."""
+        for c in self.sandboxes.containers(sandbox_id):
+            with self._lock:
+                pump = self._pumps.pop(c.id, None)
+            if pump is not None:
+                pump.stop()
+        self._drop_client(sandbox_id)
 
     def sandbox_removed(self, sandbox_id: str) -> None:
         """Forget a removed sandbox's guest: its connection, log copies and shared directory."""

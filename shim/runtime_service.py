@@ -122,6 +122,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         self, request: pb.StopPodSandboxRequest, context: grpc.ServicerContext
     ) -> pb.StopPodSandboxResponse:
         self.sandboxes.stop(request.pod_sandbox_id)
+        self.containers.sandbox_stopped(request.pod_sandbox_id)
         return pb.StopPodSandboxResponse()
 
     @rpc

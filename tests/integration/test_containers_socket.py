@@ -3,6 +3,9 @@ real crun inside them, images pulled from a real registry on 127.0.0.1."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -209,3 +212,23 @@ def test_mount_outside_the_allowed_paths_is_refused(env: Env) -> None:
         )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "'/etc'" in str(info.value.details())
+
+
+def test_guest_death_exits_its_containers(env: Env) -> None:
+    """Last: it kills the pod's QEMU."""
+    config = _config(env, "exit3", ["sleep", "600"])
+    config.metadata.attempt = 1
+    cid = _run(env, config)
+    assert _status(env, cid).state == pb.CONTAINER_RUNNING
+    info = json.loads(
+        env.shim.runtime.PodSandboxStatus(
+            pb.PodSandboxStatusRequest(pod_sandbox_id=env.sandbox, verbose=True), timeout=30
+        ).info["info"]
+    )
+    pid = int(Path(f"/run/libvirt/qemu/{info['domain']}.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    st = _wait_exit(env, cid, timeout_s=60)
+    assert st.reason == "SandboxDied", st
+    with pytest.raises(grpc.RpcError) as err:
+        env.shim.runtime.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["true"], timeout=5), timeout=60)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
