@@ -325,7 +325,9 @@ class Containers:
             st = self._call(c.sandbox_id, "status", container_id)
         except VmSandboxError as e:
             if self.sandboxes.get(c.sandbox_id).state == SANDBOX_READY:
-                raise
+                # the guest does not answer; if it died, libvirt's event marks the sandbox soon
+                log.warning("container %s: no status from its guest: %s", container_id[:12], e)
+                return c
             now = self.sandboxes.container(container_id)  # the guest's death may have been recorded meanwhile
             if now.state == CONTAINER_EXITED:
                 return now

@@ -393,7 +393,9 @@ def container_request(
         user = str(sc.run_as_user.value)
     elif sc.run_as_username:
         user = sc.run_as_username
-    if user and sc.HasField("run_as_group"):
+    if sc.HasField("run_as_group"):
+        if not user:
+            raise InvalidArgument("run_as_group needs run_as_user or run_as_username")
         user += f":{sc.run_as_group.value}"
     hugepages = {h.page_size: h.limit for h in res.hugepage_limits if h.limit > 0}
     request = oci_spec.ContainerRequest(
@@ -419,6 +421,9 @@ def container_request(
         oom_score_adj=int(res.oom_score_adj),
         sysctls=dict(sysctls),
         own_pid_namespace=sc.namespace_options.pid == pb.CONTAINER,
+        # the kubelet sends the paths to mask (its defaults unless the pod's procMount is Unmasked)
+        masked_paths=tuple(sc.masked_paths) if sc.masked_paths else None,
+        readonly_paths=tuple(sc.readonly_paths) if sc.readonly_paths else None,
         supplemental_groups=tuple(int(g) for g in sc.supplemental_groups),
     )
     signal = "" if config.stop_signal == 0 else pb.Signal.Name(config.stop_signal)

@@ -35,6 +35,53 @@ DEFAULT_CAPABILITIES = (
     "CAP_KILL",
     "CAP_AUDIT_WRITE",
 )
+# Every capability of Linux 6.1 (a privileged container gets them all: the VM is its boundary).
+ALL_CAPABILITIES = tuple(
+    "CAP_" + c
+    for c in [
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "DAC_READ_SEARCH",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "SETGID",
+        "SETUID",
+        "SETPCAP",
+        "LINUX_IMMUTABLE",
+        "NET_BIND_SERVICE",
+        "NET_BROADCAST",
+        "NET_ADMIN",
+        "NET_RAW",
+        "IPC_LOCK",
+        "IPC_OWNER",
+        "SYS_MODULE",
+        "SYS_RAWIO",
+        "SYS_CHROOT",
+        "SYS_PTRACE",
+        "SYS_PACCT",
+        "SYS_ADMIN",
+        "SYS_BOOT",
+        "SYS_NICE",
+        "SYS_RESOURCE",
+        "SYS_TIME",
+        "SYS_TTY_CONFIG",
+        "MKNOD",
+        "LEASE",
+        "AUDIT_WRITE",
+        "AUDIT_CONTROL",
+        "SETFCAP",
+        "MAC_OVERRIDE",
+        "MAC_ADMIN",
+        "SYSLOG",
+        "WAKE_ALARM",
+        "BLOCK_SUSPEND",
+        "AUDIT_READ",
+        "PERFMON",
+        "BPF",
+        "CHECKPOINT_RESTORE",
+    ]
+)
 MASKED_PATHS = (
     "/proc/acpi",
     "/proc/asound",
@@ -136,6 +183,10 @@ class ContainerRequest:
     oom_score_adj: int = 0
     supplemental_groups: tuple[int, ...] = ()
     """Added to the groups the image gives the user."""
+    masked_paths: tuple[str, ...] | None = None
+    """None: the runtime's defaults (MASKED_PATHS)."""
+    readonly_paths: tuple[str, ...] | None = None
+    """None: the runtime's defaults (READONLY_PATHS)."""
     own_pid_namespace: bool = True
     """False: the container sees the pod's processes (the guest's PID namespace; CRI NamespaceMode POD/NODE)."""
 
@@ -167,7 +218,7 @@ def merged_env(request: ContainerRequest, image: ImageConfig) -> tuple[str, ...]
 
 def _capabilities(request: ContainerRequest) -> list[str]:
     if request.privileged:
-        raise InvalidArgument("privileged containers are not supported")
+        return list(ALL_CAPABILITIES)
     caps = list(DEFAULT_CAPABILITIES)
 
     def canon(name: str) -> str:
@@ -253,8 +304,8 @@ def _mounts(request: ContainerRequest) -> list[dict[str, object]]:
         kernel_fs("/dev/pts", "devpts", "devpts", "nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"),
         kernel_fs("/dev/shm", "tmpfs", "shm", *nosuid, "mode=1777", "size=65536k"),
         kernel_fs("/dev/mqueue", "mqueue", "mqueue", *nosuid),
-        kernel_fs("/sys", "sysfs", "sysfs", *nosuid, "ro"),
-        kernel_fs("/sys/fs/cgroup", "cgroup", "cgroup", *nosuid, "relatime", "ro"),
+        kernel_fs("/sys", "sysfs", "sysfs", *nosuid, "rw" if request.privileged else "ro"),
+        kernel_fs("/sys/fs/cgroup", "cgroup", "cgroup", *nosuid, "relatime", "rw" if request.privileged else "ro"),
     ]
     for m in request.mounts:
         if not m.destination.startswith("/"):
@@ -262,6 +313,10 @@ def _mounts(request: ContainerRequest) -> list[dict[str, object]]:
         options = ["rbind", "ro" if m.readonly else "rw"]
         mounts.append({"destination": m.destination, "type": "bind", "source": m.source, "options": options})
     return mounts
+
+
+def _or(asked: tuple[str, ...] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    return default if asked is None else asked
 
 
 def build_spec(request: ContainerRequest, image: ImageConfig, user: UserIds) -> dict[str, object]:
@@ -302,15 +357,15 @@ def build_spec(request: ContainerRequest, image: ImageConfig, user: UserIds) -> 
             {"type": t} for t in ("pid", "uts", "mount", "cgroup") if t != "pid" or request.own_pid_namespace
         ],
         "resources": _resources(request.resources),
-        "maskedPaths": list(MASKED_PATHS),
-        "readonlyPaths": list(READONLY_PATHS),
+        "maskedPaths": [] if request.privileged else list(_or(request.masked_paths, MASKED_PATHS)),
+        "readonlyPaths": [] if request.privileged else list(_or(request.readonly_paths, READONLY_PATHS)),
     }
     if request.sysctls:
         for key in request.sysctls:
             if not key.replace(".", "").replace("_", "").replace("-", "").isalnum():
                 raise InvalidArgument(f"bad sysctl name {key[:64]!r}")
         linux["sysctl"] = dict(sorted(request.sysctls.items()))
-    seccomp = _seccomp(request.seccomp)
+    seccomp = None if request.privileged else _seccomp(request.seccomp)
     if seccomp is not None:
         linux["seccomp"] = seccomp
     return {

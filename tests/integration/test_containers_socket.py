@@ -195,11 +195,12 @@ def test_writes_do_not_leak_into_the_image(env: Env) -> None:
     assert st.exit_code == 0
     lines = _log_lines(Path(st.log_path))
     assert ("stdout", "F", "from the host") in lines and ("stdout", "F", "changed") in lines
-    trees = list((env.shim.state_dir / "images" / "trees").iterdir())
-    assert trees
-    for tree in trees:
-        assert (tree / "data" / "original").read_text() == "from the image\n"
-        assert not (tree / "data" / "new").exists()
+    image_id = env.shim.images.ImageStatus(
+        pb.ImageStatusRequest(image=pb.ImageSpec(image=env.image)), timeout=30
+    ).image.id
+    tree = env.shim.state_dir / "images" / "trees" / image_id.removeprefix("sha256:")
+    assert (tree / "data" / "original").read_text() == "from the image\n"
+    assert not (tree / "data" / "new").exists()
 
 
 def test_mount_outside_the_allowed_paths_is_refused(env: Env) -> None:

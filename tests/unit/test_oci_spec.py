@@ -161,7 +161,6 @@ def test_drop_all_then_add() -> None:
 @pytest.mark.parametrize(
     ("request_", "problem"),
     [
-        (ContainerRequest(command=("sh",), privileged=True), "privileged"),
         (ContainerRequest(command=("sh",), seccomp="localhost/prof.json"), "seccomp profile"),
         (ContainerRequest(command=("sh",), apparmor="localhost/p"), "apparmor"),
         (ContainerRequest(command=("sh",), rlimits=(("RLIMIT_BOGUS", 1, 1),)), "unknown rlimit"),
@@ -196,3 +195,17 @@ def test_bad_stop_signal() -> None:
 def test_namespaces_network_and_ipc_are_the_pods(own: bool, namespaces: list[str]) -> None:
     spec = build_spec(ContainerRequest(command=("sh",), own_pid_namespace=own), IMAGE, ROOT)
     assert [n["type"] for n in spec["linux"]["namespaces"]] == namespaces  # type: ignore[index]
+
+
+def test_privileged_gets_every_capability_and_no_masks() -> None:
+    spec = build_spec(ContainerRequest(command=("sh",), privileged=True, seccomp="runtime/default"), IMAGE, ROOT)
+    linux = spec["linux"]
+    assert isinstance(linux, dict)
+    assert "CAP_SYS_ADMIN" in spec["process"]["capabilities"]["bounding"]  # type: ignore[index]
+    assert (linux["maskedPaths"], linux["readonlyPaths"]) == ([], [])
+    assert "seccomp" not in linux
+
+
+def test_masked_paths_as_asked() -> None:
+    spec = build_spec(ContainerRequest(command=("sh",), masked_paths=("/proc/x",), readonly_paths=()), IMAGE, ROOT)
+    assert (spec["linux"]["maskedPaths"], spec["linux"]["readonlyPaths"]) == (["/proc/x"], [])  # type: ignore[index]
