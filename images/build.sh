@@ -180,7 +180,7 @@ else
 fi
 
 # --- the agent: static, Go standard library only (no module downloads) ---------------------------
-(cd "$SRC/agent" && CGO_ENABLED=0 GOFLAGS=-mod=mod GOPROXY=off GOCACHE="$CACHE/go-build" \
+(cd "$SRC/agent" && CGO_ENABLED=0 GOFLAGS=-mod=mod GOPROXY=off GOCACHE="$CACHE/go-build" GOPATH="$CACHE/gopath" \
     go build -trimpath -ldflags='-s -w' -o "$INITRD/sbin/vmsandbox-agent" .) \
     || die "building the agent (images/agent) failed"
 
