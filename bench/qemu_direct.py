@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox.adapters.guest_channel import wait_for_hello
-from vmsandbox.agent_protocol import CHANNEL_NAME
+from vmsandbox.agent_protocol import CHANNEL_NAME, SHARED_TAG
 from vmsandbox.host import parse_cpulist
 
 DEFAULT_IMAGE_DIR = "/var/lib/vmsandbox/images/default"
@@ -104,8 +104,11 @@ def qemu_argv(
     socket_path: str,
     *,
     console_path: str | None = None,
+    shared_dir: str | None = None,
 ) -> list[str]:
-    """The QEMU command line of one direct boot (see the module docstring)."""
+    """The QEMU command line of one direct boot (see the module docstring); ``shared_dir`` is
+    exported over virtio-9p with the tag the guest agent mounts (as libvirt's ``<filesystem
+    type='mount' accessmode='passthrough'>`` does)."""
     accel = guest.accel
     if accel == "tcg" and guest.tb_cache_mib:
         accel += f",tb-size={guest.tb_cache_mib}"
@@ -138,6 +141,11 @@ def qemu_argv(
     else:
         argv += ["-device", "virtio-serial-pci,id=virtio-serial0"]
     argv += ["-device", f"virtserialport,bus=virtio-serial0.0,nr=1,chardev=agent,name={CHANNEL_NAME}"]
+    if shared_dir:
+        argv += [
+            "-fsdev", f"local,id=fsdev-shared,path={shared_dir},security_model=passthrough,multidevs=remap",
+            "-device", f"virtio-9p-pci,id=fs0,fsdev=fsdev-shared,mount_tag={SHARED_TAG}",
+        ]  # fmt: skip
     return argv
 
 

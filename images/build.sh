@@ -7,12 +7,15 @@
 # package), fetched with `apt-get download` into OUTDIR/.cache and unpacked there: nothing is
 # installed on the host. The uncompressed vmlinux (PVH entry, boots much faster under TCG than the
 # bzImage) is cut out of the vmlinuz's XZ payload. The initramfs holds busybox-static, the virtio
-# modules the guest needs (in dependency order, resolved with depmod/modprobe on the unpacked tree)
-# and /init (images/guest/init).
+# modules the guest needs (in dependency order, resolved with depmod/modprobe on the unpacked tree),
+# /init (images/guest/init), the agent (images/agent, Go standard library only, built static with
+# Debian's golang-go) and Debian's crun with its shared libraries (images/guest/packages, fetched
+# the same way as the kernel).
 #
 # Idempotent: when OUTDIR/manifest.json records the same build inputs (kernel package + version,
 # busybox version, hash of the images/ sources, compression) and both outputs still match their
-# recorded sha256, nothing is done.
+# recorded sha256, nothing is done. (The Go toolchain version and the versions of the packages
+# in images/guest/packages are build inputs too.)
 #
 # Environment:
 #   VMSANDBOX_KERNEL_PACKAGE      concrete kernel package (default: what linux-image-amd64 depends on)
@@ -27,7 +30,7 @@ die() { echo "build.sh: $*" >&2; exit 1; }
 log() { echo "build.sh: $*" >&2; }
 
 [ $# -eq 1 ] || die "usage: $0 OUTDIR"
-for tool in apt-cache apt-get dpkg-deb dpkg-query depmod modprobe xz cpio sha256sum busybox; do
+for tool in apt-cache apt-get dpkg-deb dpkg-query depmod modprobe xz cpio sha256sum busybox go; do
     command -v "$tool" >/dev/null || die "missing tool: $tool"
 done
 
@@ -60,10 +63,19 @@ if command -v file >/dev/null && file -L "$BUSYBOX" | grep 'dynamically linked' 
     die "$BUSYBOX is not static"
 fi
 
+mapfile -t GUEST_PKGS < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$SRC/guest/packages")
+PKG_VERSIONS=()
+for pkg in "${GUEST_PKGS[@]}"; do
+    ver=$(candidate "$pkg")
+    [ -n "$ver" ] && [ "$ver" != "(none)" ] || die "apt has no candidate for $pkg (run apt-get update?)"
+    PKG_VERSIONS+=("$pkg=$ver")
+done
+GO_VERSION=$(go env GOVERSION)
+
 SOURCES_HASH=$(cd "$SRC" && find . -type f ! -name '*.md' -print0 | sort -z \
     | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
 INPUTS_HASH=$(printf '%s\n' "$KPKG=$KVER_PKG" "busybox-static=$BUSYBOX_VER" \
-    "sources=$SOURCES_HASH" "compress=$COMPRESS" | sha256sum | cut -d' ' -f1)
+    "sources=$SOURCES_HASH" "compress=$COMPRESS" "go=$GO_VERSION" "${PKG_VERSIONS[@]}" | sha256sum | cut -d' ' -f1)
 
 # --- up to date? ----------------------------------------------------------------------------------
 manifest_field() { sed -n "s/^  \"$1\": \"\([^\"]*\)\".*/\1/p" "$OUT/manifest.json"; }
@@ -80,19 +92,25 @@ START=$(date +%s.%N)
 WORK=$(mktemp -d "$OUT/.build.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
-# --- fetch and unpack the kernel package (never installed) ----------------------------------------
+# --- fetch packages into the cache (never installed) ----------------------------------------------
 mkdir -p "$CACHE"
-DEB=$(find "$CACHE" -maxdepth 1 -name "${KPKG}_*.deb" | while read -r f; do
-    [ "$(dpkg-deb -f "$f" Version)" = "$KVER_PKG" ] && echo "$f"; done | sed -n 1p)
-if [ -z "$DEB" ]; then
-    log "downloading $KPKG=$KVER_PKG"
-    (cd "$CACHE" && apt-get download -q -o APT::Sandbox::User=root "$KPKG=$KVER_PKG" >&2) \
-        || die "apt-get download $KPKG=$KVER_PKG failed (stale apt lists? run apt-get update)"
-    DEB=$(find "$CACHE" -maxdepth 1 -name "${KPKG}_*.deb" | while read -r f; do
-        [ "$(dpkg-deb -f "$f" Version)" = "$KVER_PKG" ] && echo "$f"; done | sed -n 1p)
-    [ -n "$DEB" ] || die "apt-get download left no .deb for $KPKG in $CACHE"
-    find "$CACHE" -maxdepth 1 -name "${KPKG}_*.deb" ! -path "$DEB" -delete
-fi
+# Prints the cached .deb of package $1 at version $2, downloading it when missing.
+fetch_deb() {
+    local pkg=$1 ver=$2 deb
+    deb=$(find "$CACHE" -maxdepth 1 -name "${pkg}_*.deb" | while read -r f; do
+        [ "$(dpkg-deb -f "$f" Version)" = "$ver" ] && echo "$f"; done | sed -n 1p)
+    if [ -z "$deb" ]; then
+        log "downloading $pkg=$ver"
+        (cd "$CACHE" && apt-get download -q -o APT::Sandbox::User=root "$pkg=$ver" >&2) \
+            || die "apt-get download $pkg=$ver failed (stale apt lists? run apt-get update)"
+        deb=$(find "$CACHE" -maxdepth 1 -name "${pkg}_*.deb" | while read -r f; do
+            [ "$(dpkg-deb -f "$f" Version)" = "$ver" ] && echo "$f"; done | sed -n 1p)
+        [ -n "$deb" ] || die "apt-get download left no .deb for $pkg in $CACHE"
+        find "$CACHE" -maxdepth 1 -name "${pkg}_*.deb" ! -path "$deb" -delete
+    fi
+    echo "$deb"
+}
+DEB=$(fetch_deb "$KPKG" "$KVER_PKG")
 KROOT="$WORK/kernel"
 dpkg-deb -x "$DEB" "$KROOT"
 VMLINUZ=$(find "$KROOT/boot" -name 'vmlinuz-*' | sed -n 1p)
@@ -153,7 +171,6 @@ cp "$BUSYBOX" "$INITRD/bin/busybox"
     [ -e "$INITRD/$applet" ] || ln -s /bin/busybox "$INITRD/$applet"
 done
 install -m 0755 "$SRC/guest/init" "$INITRD/init"
-install -m 0644 "$SRC/guest/agent.awk" "$INITRD/etc/vmsandbox/agent.awk"
 # The kernel opens /dev/console for init's stdio before /init runs; /init remounts devtmpfs
 # over /dev and reopens the console, so this node only matters for the first lines.
 if [ "$(id -u)" = 0 ]; then
@@ -161,6 +178,41 @@ if [ "$(id -u)" = 0 ]; then
 else
     log "not root: no /dev/console node in the initramfs (init reopens it from devtmpfs)"
 fi
+
+# --- the agent: static, Go standard library only (no module downloads) ---------------------------
+(cd "$SRC/agent" && CGO_ENABLED=0 GOFLAGS=-mod=mod GOPROXY=off GOCACHE="$CACHE/go-build" GOPATH="$CACHE/gopath" \
+    go build -trimpath -ldflags='-s -w' -o "$INITRD/sbin/vmsandbox-agent" .) \
+    || die "building the agent (images/agent) failed"
+
+# --- crun and the libraries it links, from Debian packages ---------------------------------------
+DEBROOT="$WORK/debroot"
+for pv in "${PKG_VERSIONS[@]}"; do
+    dpkg-deb -x "$(fetch_deb "${pv%%=*}" "${pv#*=}")" "$DEBROOT"
+done
+[ -x "$DEBROOT/usr/bin/crun" ] || die "no /usr/bin/crun in the packages of $SRC/guest/packages"
+cp -a "$DEBROOT/usr/bin/crun" "$INITRD/usr/bin/crun"
+# Only the libraries crun links (resolved by the packages' own loader, inside the unpacked tree).
+LIBPATH="$DEBROOT/lib/x86_64-linux-gnu:$DEBROOT/usr/lib/x86_64-linux-gnu"
+LDSO="$DEBROOT/lib64/ld-linux-x86-64.so.2"
+[ -e "$LDSO" ] || die "no dynamic loader in the packages of $SRC/guest/packages (libc6?)"
+deps=$("$LDSO" --library-path "$LIBPATH" --list "$DEBROOT/usr/bin/crun") \
+    || die "cannot resolve crun's libraries: $deps"
+if grep 'not found' <<<"$deps" >&2; then
+    die "crun needs a library not in $SRC/guest/packages"
+fi
+mkdir -p "$INITRD/lib64" "$INITRD/lib/x86_64-linux-gnu"
+cp -L "$LDSO" "$INITRD/lib64/ld-linux-x86-64.so.2"
+awk '$2 == "=>" && $1 !~ /\// { print $1 " " $3 }' <<<"$deps" | while read -r soname path; do
+    case "$path" in "$DEBROOT"/*) ;; *) die "crun's $soname resolved outside the packages: $path" ;; esac
+    cp -L "$path" "$INITRD/lib/x86_64-linux-gnu/$soname"
+done
+if [ "$(id -u)" = 0 ]; then
+    # (crun itself re-executes through /proc, which a chroot lacks: let its loader resolve it)
+    chroot "$INITRD" /lib64/ld-linux-x86-64.so.2 --list /usr/bin/crun >/dev/null \
+        || die "crun's libraries do not resolve in the guest tree"
+fi
+CRUN_VERSION=$(dpkg-deb -f "$(fetch_deb crun "$(candidate crun)")" Version)
+
 find "$INITRD" -exec touch -h -d @0 {} +
 
 IMG="$WORK/initramfs.img"
@@ -186,6 +238,8 @@ cat >"$WORK/manifest.json" <<EOF
   "kernel_package": "$KPKG",
   "kernel_package_version": "$KVER_PKG",
   "busybox_version": "$BUSYBOX_VER",
+  "crun_version": "$CRUN_VERSION",
+  "go_version": "$GO_VERSION",
   "initramfs_compression": "$COMPRESS",
   "vmlinux_sha256": "$VMLINUX_SHA",
   "initramfs_sha256": "$IMG_SHA",

@@ -7,17 +7,25 @@ PY=${VMSANDBOX_VENV:-$REPO_ROOT/.venv}/bin/python
 WORK=$(mktemp -d /run/vmsandbox-demo.XXXXXX)
 SOCKET=$WORK/vmsandbox.sock
 SHIM_PID=""
+REGISTRY_PID=""
 
 cleanup() {
     if [[ -n $SHIM_PID ]] && kill -0 "$SHIM_PID" 2>/dev/null; then
         kill -TERM "$SHIM_PID"
         wait "$SHIM_PID" 2>/dev/null || true
     fi
+    if [[ -n $REGISTRY_PID ]]; then
+        kill -TERM "$REGISTRY_PID" 2>/dev/null || true
+    fi
     rm -rf "$WORK"
 }
 trap cleanup EXIT
 
 cd "$REPO_ROOT"
+echo "starting a local registry with a busybox image (built from the host's busybox-static)"
+image_json=$("$PY" -m scripts.demo_image "$WORK/registry")
+IMAGE=$("$PY" -c 'import json,sys; print(json.load(sys.stdin)["image"])' <<<"$image_json")
+REGISTRY_PID=$("$PY" -c 'import json,sys; print(json.load(sys.stdin)["registry_pid"])' <<<"$image_json")
 echo "starting the shim on $SOCKET (log: $WORK/shim.log)"
 "$PY" -m shim serve --socket "$SOCKET" --state-dir "$WORK/state" --console-dir "$WORK/console" \
     >"$WORK/shim.log" 2>&1 &
@@ -33,7 +41,7 @@ for _ in $(seq 1 600); do
 done
 [[ -S $SOCKET ]] || { echo "the shim did not listen within 60 s" >&2; cat "$WORK/shim.log" >&2; exit 1; }
 status=0
-"$PY" -m shim.demo --socket "$SOCKET" || status=$?
+"$PY" -m shim.demo --socket "$SOCKET" --image "$IMAGE" || status=$?
 if ((status != 0)); then
     echo "--- shim log ---" >&2
     tail -n 30 "$WORK/shim.log" >&2

@@ -26,15 +26,16 @@ LIBVIRTD_START_TIMEOUT=60
 # Debian 12 package names. qemu-system-x86/qemu-utils: the VMM; libvirt-daemon(+driver-qemu):
 # libvirtd/virtlogd without libvirt-daemon-system (which brings init scripts, polkit and networks
 # we do not use); libvirt-dev, pkg-config, gcc, libc6-dev, python3-dev: libvirt-python builds from
-# source; python3-venv: venvs for Debian's python3; busybox-static, xz-utils, cpio, kmod: the guest
-# image recipe; tini: child subreaper for libvirtd. skopeo: the image store's registry transport;
-# docker-registry: the local registry the image tests and benchmark push to (never left running by
-# the package: see below); apache2-utils: htpasswd for the registry-auth tests.
+# source; python3-venv: venvs for Debian's python3; busybox-static, xz-utils, cpio, kmod, golang-go
+# (builds the guest agent): the guest image recipe; tini: child subreaper for libvirtd. skopeo: the
+# image store's registry transport; docker-registry: the local registry the image tests and
+# benchmark push to (never left running by the package: see below); apache2-utils: htpasswd for the
+# registry-auth tests.
 APT_PACKAGES=(
     qemu-system-x86 qemu-utils
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config
     gcc libc6-dev python3-dev python3-venv
-    busybox-static xz-utils cpio kmod tini
+    busybox-static xz-utils cpio kmod golang-go tini
     skopeo umoci docker-registry apache2-utils
 )
 

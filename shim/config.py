@@ -63,6 +63,8 @@ class ShimConfig:
     # node -> bytes of ordinary memory guests may not take; ANY_NODE: every node not named
     memory_reserved: dict[int, int] = field(default_factory=lambda: {ANY_NODE: DEFAULT_MEMORY_RESERVED})
     packing: Packing = DEFAULT_PACKING  # which NUMA node of those that fit (vmsandbox.placement)
+    kubelet_pods_dir: str = "/var/lib/kubelet/pods"  # container mounts from here are shared into guests
+    mount_allowlist: tuple[str, ...] = ()  # other host paths the admin lets containers mount
     extra: dict[str, Any] = field(default_factory=dict)
 
     def memory_reserved_on(self, node: int) -> int:
@@ -99,6 +101,8 @@ _KEYS = {
     "image_max_entries",
     "memory_reserved",
     "packing",
+    "kubelet_pods_dir",
+    "mount_allowlist",
 }
 
 
@@ -120,6 +124,7 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         "log_format",
         "registry_auth_file",
         "image_store_dir",
+        "kubelet_pods_dir",
     ):
         if key in data:
             if not isinstance(data[key], str):
@@ -127,9 +132,14 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
             kwargs[key] = data[key]
     if kwargs.get("log_format", "text") not in ("text", "json"):
         raise InvalidArgument(f"{source}: log_format: must be text or json, got {kwargs['log_format']!r}")
-    for key in ("registry_auth_file", "image_store_dir"):
+    for key in ("registry_auth_file", "image_store_dir", "kubelet_pods_dir"):
         if kwargs.get(key) and not kwargs[key].startswith("/"):
             raise InvalidArgument(f"{source}: {key}: must be an absolute path")
+    if "mount_allowlist" in data:
+        paths = data["mount_allowlist"]
+        if not isinstance(paths, list) or not all(isinstance(p, str) and p.startswith("/") for p in paths):
+            raise InvalidArgument(f"{source}: mount_allowlist: must be a list of absolute paths")
+        kwargs["mount_allowlist"] = tuple(paths)
     kwargs["registries"] = parse_registries(data.get("registries"), f"{source}: registries")
     for key in ("image_max_bytes", "image_max_entries"):
         if key in data:

@@ -2,8 +2,9 @@
 
 Run against a live shim: ``python -m shim.demo --socket /run/vmsandbox/vmsandbox.sock``.
 It declares an init container and two app containers (one with hugepages-2Mi), boots the pod,
-shows the VM shape, the pinning, the host hugepages and the guest's own report, then tries a
-matching and a divergent CreateContainer, and finally stops and removes the pod.
+shows the VM shape, the pinning, the host hugepages and the guest's own report, pulls ``--image``
+and runs a container from it inside the VM (its log, exit code, an ExecSync), tries a divergent
+CreateContainer, and finally stops and removes the pod.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -39,10 +42,11 @@ CACHE = (
 )
 
 
-def pod_config(name: str) -> pb.PodSandboxConfig:
+def pod_config(name: str, log_directory: str) -> pb.PodSandboxConfig:
     return pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name=name, namespace="default", uid=str(uuid.uuid4()), attempt=0),
         hostname=name,
+        log_directory=log_directory,
         labels={"app": "vmsandbox-demo"},
         pod_resources=pb.PodResourceConfig(
             init_containers=[pb.ContainerResourceConfig(name=INIT[0], kubernetes_resources=INIT[1])],
@@ -54,12 +58,32 @@ def pod_config(name: str) -> pb.PodSandboxConfig:
     )
 
 
-def container_config(name: str, res: pb.KubernetesResources) -> pb.ContainerConfig:
+SCRIPT = (
+    "echo hello from a container in the VM; echo kernel: $(uname -r); echo user: $(id); "
+    "echo hostname: $(hostname); trap 'echo stopping; exit 0' TERM; while :; do sleep 1; done"
+)
+
+
+def container_config(name: str, res: pb.KubernetesResources, image: str) -> pb.ContainerConfig:
     return pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=name, attempt=0),
-        image=pb.ImageSpec(image="registry.k8s.io/pause:3.9"),
+        image=pb.ImageSpec(image=image),
+        command=["sh", "-c", SCRIPT],
+        log_path=f"{name}.log",
         kubernetes_resources=res,
     )
+
+
+def wait_for_line(path: str, text: str, timeout_s: float = 60) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except FileNotFoundError:
+            lines = []
+        if any(text in line for line in lines) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.2)
 
 
 def hugepages_free() -> int:
@@ -70,9 +94,10 @@ def say(step: str, text: str = "") -> None:
     print(f"\n== {step}" + (f"\n{text}" if text else ""), flush=True)
 
 
-def run(socket: str, handler: str) -> int:
+def run(socket: str, handler: str, image: str, log_directory: str) -> int:
     channel = grpc.insecure_channel(f"unix:{socket}")
     rt = pb_grpc.RuntimeServiceStub(channel)
+    images = pb_grpc.ImageServiceStub(channel)
     version = rt.Version(pb.VersionRequest(), timeout=10)
     status = rt.Status(pb.StatusRequest(), timeout=30)
     conditions = ", ".join(f"{c.type}={c.status}" for c in status.status.conditions)
@@ -81,7 +106,10 @@ def run(socket: str, handler: str) -> int:
     )
 
     free_before = hugepages_free()
-    config = pod_config("demo-pod")
+    say("PullImage", image)
+    ref = images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=image)), timeout=300).image_ref
+    print(f"pulled: {ref}")
+    config = pod_config("demo-pod", log_directory)
     say(
         "RunPodSandbox",
         "declared: init setup(cpu 500m, memory 64Mi); app web(cpu 1, memory 128Mi); "
@@ -114,12 +142,29 @@ def run(socket: str, handler: str) -> int:
         f"kernel {guest['kernel']}"
     )
 
-    say("CreateContainer web (as declared)")
+    say("CreateContainer + StartContainer web (as declared; crun runs it inside the VM)")
     created = rt.CreateContainer(
-        pb.CreateContainerRequest(pod_sandbox_id=sid, config=container_config(*WEB), sandbox_config=config),
-        timeout=30,
+        pb.CreateContainerRequest(pod_sandbox_id=sid, config=container_config(*WEB, image), sandbox_config=config),
+        timeout=120,
     )
-    print(f"accepted: container {created.container_id[:12]}")
+    cid = created.container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+    cst = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30).status
+    print(f"container {cid[:12]} is {pb.ContainerState.Name(cst.state)}; its log ({cst.log_path}):")
+    lines = wait_for_line(cst.log_path, "hostname:")
+    for line in lines:
+        print(f"  {line}")
+    ran_ok = any("hello from a container in the VM" in line for line in lines)
+    say("ExecSync web: cat /proc/meminfo | head -1")
+    res = rt.ExecSync(
+        pb.ExecSyncRequest(container_id=cid, cmd=["sh", "-c", "cat /proc/meminfo | head -1"], timeout=10), timeout=60
+    )
+    print(f"exit {res.exit_code}: {res.stdout.decode(errors='replace').strip()}")
+    say("StopContainer web (SIGTERM, then SIGKILL after 10 s)")
+    rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=10), timeout=120)
+    cst = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30).status
+    print(f"{pb.ContainerState.Name(cst.state)}, exit code {cst.exit_code}, reason {cst.reason}")
+    print(f"  {Path(cst.log_path).read_text().splitlines()[-1]}")
 
     say("CreateContainer cache (asks for more memory than declared)")
     bigger = resources(
@@ -130,7 +175,7 @@ def run(socket: str, handler: str) -> int:
     try:
         rt.CreateContainer(
             pb.CreateContainerRequest(
-                pod_sandbox_id=sid, config=container_config("cache", bigger), sandbox_config=config
+                pod_sandbox_id=sid, config=container_config("cache", bigger, image), sandbox_config=config
             ),
             timeout=30,
         )
@@ -145,7 +190,7 @@ def run(socket: str, handler: str) -> int:
     left = rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items
     free_after = hugepages_free()
     print(f"sandboxes left: {len(left)}; host HugePages_Free back to {free_after} (was {free_before})")
-    ok = rejected_ok and free_after == free_before and not [s for s in left if s.id == sid]
+    ok = ran_ok and rejected_ok and free_after == free_before and not [s for s in left if s.id == sid]
     print("\ndemo " + ("completed" if ok else "FAILED"))
     return 0 if ok else 1
 
@@ -154,9 +199,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--socket", default="/run/vmsandbox/vmsandbox.sock")
     parser.add_argument("--handler", default="vmsandbox")
+    parser.add_argument("--image", required=True, help="image reference the demo container runs from")
     args = parser.parse_args()
     try:
-        return run(args.socket, args.handler)
+        with tempfile.TemporaryDirectory(prefix="vmsandbox-demo-logs-") as logs:
+            return run(args.socket, args.handler, args.image, logs)
     except grpc.RpcError as err:
         print(f"demo failed: {err.code().name}: {err.details()}", file=sys.stderr)
         return 1

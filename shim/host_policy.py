@@ -17,7 +17,7 @@ from shim.config import ShimConfig
 from vmsandbox.adapters.cdi_specs import load_registry
 from vmsandbox.claims import Claim
 from vmsandbox.devices import DevicePools, resolve_pools
-from vmsandbox.domain import Domain, SandboxIdentity, build_domain
+from vmsandbox.domain import Domain, SandboxIdentity, SharedDir, build_domain
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory, format_cpulist
 from vmsandbox.lifecycle import HostFacts, wants_cdi
@@ -133,6 +133,7 @@ def domain_for(
     profile: Profile,
     accel: str,
     console_log: str | None,
+    shared_dirs: tuple[SharedDir, ...] = (),
 ) -> Domain:
     """The domain of a placed pod: the profile's guest image and knobs, the placement's pinning."""
     image = profile.image_dir.rstrip("/")
@@ -153,4 +154,5 @@ def domain_for(
         tcg_tb_cache_mib=profile.tcg_tb_cache_mib,
         numa_cells=placement.cells,
         hostdevs=placement.hostdevs,
+        shared_dirs=shared_dirs,
     )

@@ -90,6 +90,16 @@ class ContainerRecord:
     linux: dict[str, Any] = field(default_factory=dict)  # LinuxResources fields, updated on update
     reason: str = ""
     message: str = ""
+    # set by shim.containers once the container exists in the guest
+    image_id: str = ""
+    image_ref: str = ""
+    log_directory: str = ""
+    stop_signal: str = ""
+    started_ns: int = 0
+    finished_ns: int = 0
+    exit_code: int = 0
+    # [index of the copy in the shared directory, host path]: writable file mounts copied back at exit
+    copy_back: list[list[Any]] = field(default_factory=list)
 
     def to_doc(self) -> dict[str, Any]:
         return asdict(self)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,14 +16,16 @@ from typing import Any
 import grpc
 
 from shim import translate
+from shim.containers import Containers
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
-from shim.model import SandboxRecord
+from shim.model import CONTAINER_EXITED, CONTAINER_RUNNING, SANDBOX_READY, ContainerRecord, SandboxRecord
 from shim.sandboxes import Sandboxes
 from shim.status import rpc
 from vmsandbox import __version__
 from vmsandbox.adapters.host_checks import host_warnings
-from vmsandbox.errors import InvalidArgument, VmSandboxError
+from vmsandbox.agent_protocol import CgroupStats
+from vmsandbox.errors import DeadlineExceeded, InvalidArgument, VmSandboxError
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +47,34 @@ def _not_built(name: str, why: str) -> Callable[..., Any]:
     return handler
 
 
+_EXEC_OUTPUT_LIMIT = 16 << 20
+"""Bytes of stdout and of stderr ExecSync returns (the kubelet caps probe output itself)."""
+
+
 class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
-    def __init__(self, sandboxes: Sandboxes) -> None:
+    def __init__(self, sandboxes: Sandboxes, containers: Containers) -> None:
         self.sandboxes = sandboxes
+        self.containers = containers
+        self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (timestamp ns, cpu ns), for nano cores
+        self._samples_lock = threading.Lock()
+
+    def _nano_cores(self, key: str, s: CgroupStats) -> int | None:
+        with self._samples_lock:
+            last = self._cpu_samples.get(key)
+            self._cpu_samples[key] = (s.timestamp_ns, s.cpu_usage_ns)
+        if last is None or s.timestamp_ns <= last[0]:
+            return None
+        return max(s.cpu_usage_ns - last[1], 0) * 1_000_000_000 // (s.timestamp_ns - last[0])
+
+    def _container_stats(self, c: ContainerRecord) -> pb.ContainerStats:
+        s = self.containers.stats(c.id)
+        return translate.container_stats(c, s, self._nano_cores(c.id, s) if s is not None else None)
+
+    def _sandbox_stats(self, r: SandboxRecord) -> pb.PodSandboxStats:
+        s = self.containers.sandbox_stats(r.id) if r.state == SANDBOX_READY else None
+        containers = [self._container_stats(c) for c in self.sandboxes.containers(r.id) if c.state == CONTAINER_RUNNING]
+        nano = self._nano_cores(r.id, s) if s is not None else None
+        return translate.pod_sandbox_stats(r, s, nano, containers)
 
     @rpc
     def Version(self, request: pb.VersionRequest, context: grpc.ServicerContext) -> pb.VersionResponse:
@@ -111,12 +139,15 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         self, request: pb.StopPodSandboxRequest, context: grpc.ServicerContext
     ) -> pb.StopPodSandboxResponse:
         self.sandboxes.stop(request.pod_sandbox_id)
+        self.containers.sandbox_stopped(request.pod_sandbox_id)
         return pb.StopPodSandboxResponse()
 
     @rpc
     def RemovePodSandbox(
         self, request: pb.RemovePodSandboxRequest, context: grpc.ServicerContext
     ) -> pb.RemovePodSandboxResponse:
+        if request.pod_sandbox_id and self.sandboxes.find(request.pod_sandbox_id) is not None:
+            self.containers.sandbox_removed(request.pod_sandbox_id)
         self.sandboxes.remove(request.pod_sandbox_id)
         return pb.RemovePodSandboxResponse()
 
@@ -163,27 +194,42 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         if not request.HasField("config"):
             raise InvalidArgument("CreateContainerRequest.config is missing")
         spec = translate.container_spec(request.config)
-        return pb.CreateContainerResponse(container_id=self.sandboxes.create_container(request.pod_sandbox_id, spec))
+        sandbox = self.sandboxes.get(request.pod_sandbox_id)
+        sysctls = request.sandbox_config.linux.sysctls
+        run, user, stop_signal = translate.container_request(request.config, sandbox.hostname, sysctls)
+        mounts = translate.mount_requests(request.config)
+        self.containers.check_mounts(mounts)
+        cid = self.sandboxes.create_container(request.pod_sandbox_id, spec)
+        try:
+            self.containers.create(cid, run, user, stop_signal, mounts)
+        except BaseException:
+            self.sandboxes.remove_container(cid)
+            raise
+        return pb.CreateContainerResponse(container_id=cid)
 
     @rpc
     def StartContainer(
         self, request: pb.StartContainerRequest, context: grpc.ServicerContext
     ) -> pb.StartContainerResponse:
-        self.sandboxes.start_container(request.container_id)
+        self.containers.start(request.container_id)
         return pb.StartContainerResponse()
 
     @rpc
     def StopContainer(
         self, request: pb.StopContainerRequest, context: grpc.ServicerContext
     ) -> pb.StopContainerResponse:
-        self.sandboxes.stop_container(request.container_id)
+        if request.timeout < 0:
+            raise InvalidArgument(f"StopContainer timeout is negative ({request.timeout})")
+        self.containers.stop(request.container_id, int(request.timeout))
         return pb.StopContainerResponse()
 
     @rpc
     def RemoveContainer(
         self, request: pb.RemoveContainerRequest, context: grpc.ServicerContext
     ) -> pb.RemoveContainerResponse:
-        self.sandboxes.remove_container(request.container_id)
+        if not request.container_id:
+            raise InvalidArgument("container_id is empty")
+        self.containers.remove(request.container_id)
         return pb.RemoveContainerResponse()
 
     @rpc
@@ -200,6 +246,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         for c in self.sandboxes.containers(sandbox_id or None):
             if f.id and not c.id.startswith(f.id):
                 continue
+            c = self._refreshed(c)
             if f.HasField("state") and translate.container_state(c.state) != f.state.state:
                 continue
             if not _labels_match(c.labels, f.label_selector):
@@ -211,7 +258,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     def ContainerStatus(
         self, request: pb.ContainerStatusRequest, context: grpc.ServicerContext
     ) -> pb.ContainerStatusResponse:
-        c = self.sandboxes.container(request.container_id)
+        c = self.containers.refresh(self.sandboxes.container(request.container_id).id)
         return pb.ContainerStatusResponse(
             status=translate.container_status(c),
             info=translate.container_info(c) if request.verbose else {},
@@ -230,19 +277,75 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         )
         linux = translate.linux_resources(request.linux, f"{where}: linux")
         self.sandboxes.update_container(request.container_id, resources, linux)
+        self.containers.update(request.container_id, self.sandboxes.container(request.container_id).linux)
         return pb.UpdateContainerResourcesResponse()
 
     @rpc
     def ListContainerStats(
         self, request: pb.ListContainerStatsRequest, context: grpc.ServicerContext
     ) -> pb.ListContainerStatsResponse:
-        return pb.ListContainerStatsResponse(stats=[])  # no container runs in a guest yet: nothing to measure
+        f = request.filter
+        out = []
+        for c in self.sandboxes.containers(f.pod_sandbox_id or None):
+            if c.state != CONTAINER_RUNNING or (f.id and not c.id.startswith(f.id)):
+                continue
+            if _labels_match(c.labels, f.label_selector):
+                out.append(self._container_stats(c))
+        return pb.ListContainerStatsResponse(stats=out)
+
+    @rpc
+    def ContainerStats(
+        self, request: pb.ContainerStatsRequest, context: grpc.ServicerContext
+    ) -> pb.ContainerStatsResponse:
+        return pb.ContainerStatsResponse(stats=self._container_stats(self.sandboxes.container(request.container_id)))
+
+    @rpc
+    def PodSandboxStats(
+        self, request: pb.PodSandboxStatsRequest, context: grpc.ServicerContext
+    ) -> pb.PodSandboxStatsResponse:
+        return pb.PodSandboxStatsResponse(stats=self._sandbox_stats(self.sandboxes.get(request.pod_sandbox_id)))
+
+    @rpc
+    def ExecSync(self, request: pb.ExecSyncRequest, context: grpc.ServicerContext) -> pb.ExecSyncResponse:
+        if request.timeout < 0:
+            raise InvalidArgument(f"ExecSync timeout is negative ({request.timeout})")
+        res = self.containers.exec_sync(
+            self.sandboxes.container(request.container_id).id,
+            list(request.cmd),
+            int(request.timeout),
+            _EXEC_OUTPUT_LIMIT,
+        )
+        if res.timed_out:
+            raise DeadlineExceeded(f"command timed out after {request.timeout} s")
+        return pb.ExecSyncResponse(stdout=res.stdout, stderr=res.stderr, exit_code=res.exit_code)
+
+    @rpc
+    def ReopenContainerLog(
+        self, request: pb.ReopenContainerLogRequest, context: grpc.ServicerContext
+    ) -> pb.ReopenContainerLogResponse:
+        self.containers.reopen_log(self.sandboxes.container(request.container_id).id)
+        return pb.ReopenContainerLogResponse()
 
     @rpc
     def ListPodSandboxStats(
         self, request: pb.ListPodSandboxStatsRequest, context: grpc.ServicerContext
     ) -> pb.ListPodSandboxStatsResponse:
-        return pb.ListPodSandboxStatsResponse(stats=[])
+        f = request.filter
+        out = []
+        for r in self.sandboxes.list_sandboxes():
+            if (f.id and not r.id.startswith(f.id)) or not _labels_match(r.labels, f.label_selector):
+                continue
+            out.append(self._sandbox_stats(r))
+        return pb.ListPodSandboxStatsResponse(stats=out)
+
+    def _refreshed(self, c: ContainerRecord) -> ContainerRecord:
+        if c.state == CONTAINER_EXITED:
+            return c
+        try:
+            return self.containers.refresh(c.id)
+        except VmSandboxError as e:
+            log.warning("container %s: status from its guest failed: %s", c.id[:12], e)
+            return c
 
     @rpc
     def UpdateRuntimeConfig(
@@ -261,13 +364,9 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=pb.CGROUPFS))
 
     # RPCs this build does not serve: UNIMPLEMENTED with the reason
-    ExecSync = _not_built("ExecSync", "container processes do not run in the guest yet")
     Exec = _not_built("Exec", "container processes do not run in the guest yet")
     Attach = _not_built("Attach", "container processes do not run in the guest yet")
     PortForward = _not_built("PortForward", "guests have no pod network yet")
-    ReopenContainerLog = _not_built("ReopenContainerLog", "containers write no logs yet")
-    ContainerStats = _not_built("ContainerStats", "container processes do not run in the guest yet")
-    PodSandboxStats = _not_built("PodSandboxStats", "per-pod statistics are not collected yet")
     CheckpointContainer = _not_built("CheckpointContainer", "checkpointing is not supported")
     CheckpointPod = _not_built("CheckpointPod", "checkpointing is not supported")
     RestorePod = _not_built("RestorePod", "checkpointing is not supported")

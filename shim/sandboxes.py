@@ -41,7 +41,7 @@ from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.claims import Claim
-from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, domain_name
+from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, SharedDir, domain_name
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import (
     AlreadyExists,
@@ -113,6 +113,8 @@ class Sandboxes:
         self._names: dict[PodMeta, str] = {
             SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()
         }
+        # directories a new guest gets over 9p (set by the owner of containers, shim.containers)
+        self.shared_dirs_for: Callable[[str], tuple[SharedDir, ...]] = lambda _sandbox_id: ()
         first = self.inventory()
         # the one owner of CPUs, pages, memory and devices: its free state is rebuilt from the ledger
         self.resources = resources or ResourceManager.open(config, first, ledger)
@@ -250,6 +252,7 @@ class Sandboxes:
             profile=profile,
             accel=accel,
             console_log=console,
+            shared_dirs=self.shared_dirs_for(record.id),
         )
         started = time.monotonic()
         self.hypervisor.define(render(domain))
@@ -407,6 +410,10 @@ class Sandboxes:
         validation.id_prefix(container_id, "container_id")
         by_id = {c.id: c for c in self.containers()}
         return by_id[validation.resolve_prefix(container_id, by_id, "container")]
+
+    def save_container(self, c: ContainerRecord) -> None:
+        """Records a container's new state (shim.containers runs it in the guest)."""
+        self._put_container(c)
 
     def _put_container(self, c: ContainerRecord) -> None:
         self.ledger.put_container(c.id, c.sandbox_id, c.name, c.attempt, c.state, c.created_ns, c.to_doc())

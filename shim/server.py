@@ -22,6 +22,7 @@ import grpc
 
 from shim import metrics, status
 from shim.config import ShimConfig
+from shim.containers import Containers
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.health import Health
 from shim.image_service import ImageServicer
@@ -150,7 +151,9 @@ def start(config: ShimConfig) -> Running:
     images = image_store(config)
     images.collect()  # after reconciliation: images removed while held and not held again are freed
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
-    status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], RuntimeServicer(sandboxes))
+    containers = Containers(config.state_dir, sandboxes, images, hypervisor)
+    runtime = RuntimeServicer(sandboxes, containers)
+    status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
     status.add_servicer(server, pb.DESCRIPTOR.services_by_name["ImageService"], ImageServicer(images, config.state_dir))
     health = Health(server)  # grpc.health.v1.Health on the CRI socket
     stop_metrics = metrics.serve(config.metrics_address, sandboxes) if config.metrics_address else None

@@ -28,6 +28,7 @@ from vmsandbox import validation
 from vmsandbox.errors import (
     AlreadyExists,
     CannotFit,
+    DeadlineExceeded,
     Diverged,
     InfrastructureError,
     InternalError,
@@ -36,6 +37,7 @@ from vmsandbox.errors import (
     PermissionDenied,
     Unauthenticated,
     VmSandboxError,
+    WrongState,
 )
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,8 @@ CODES: dict[type[VmSandboxError], grpc.StatusCode] = {
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     InfrastructureError: grpc.StatusCode.UNAVAILABLE,
     InternalError: grpc.StatusCode.INTERNAL,
+    WrongState: grpc.StatusCode.FAILED_PRECONDITION,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 

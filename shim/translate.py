@@ -21,7 +21,8 @@ from shim.model import (
     SandboxRecord,
     SandboxSpec,
 )
-from vmsandbox import validation
+from vmsandbox import oci_spec, validation
+from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.image_catalogue import ImageRecord
 from vmsandbox.oci import image_user
@@ -283,7 +284,8 @@ def container(c: ContainerRecord) -> pb.Container:
         pod_sandbox_id=c.sandbox_id,
         metadata=container_metadata(c),
         image=pb.ImageSpec(image=c.image),
-        image_ref=c.image,
+        image_ref=c.image_ref or c.image,
+        image_id=c.image_id,
         state=container_state(c.state),  # type: ignore[arg-type]
         created_at=c.created_ns,
         labels=c.labels,
@@ -315,18 +317,25 @@ def linux_resources_msg(doc: Mapping[str, Any]) -> pb.LinuxContainerResources:
 
 
 def container_status(c: ContainerRecord) -> pb.ContainerStatus:
+    log_path = c.log_path
+    if log_path and c.log_directory and not log_path.startswith("/"):
+        log_path = f"{c.log_directory.rstrip('/')}/{log_path}"  # the CRI wants it absolute
     return pb.ContainerStatus(
         id=c.id,
         metadata=container_metadata(c),
         state=container_state(c.state),  # type: ignore[arg-type]
         created_at=c.created_ns,
+        started_at=c.started_ns,
+        finished_at=c.finished_ns,
+        exit_code=c.exit_code,
         image=pb.ImageSpec(image=c.image),
-        image_ref=c.image,
+        image_ref=c.image_ref or c.image,
+        image_id=c.image_id,
         reason=c.reason,
         message=c.message,
         labels=c.labels,
         annotations=c.annotations,
-        log_path=c.log_path,
+        log_path=log_path,
         resources=pb.ContainerResources(linux=linux_resources_msg(c.linux)),
     )
 
@@ -394,4 +403,129 @@ def filesystem_usage(mountpoint: str, used: int, inodes: int, timestamp_ns: int)
         fs_id=pb.FilesystemIdentifier(mountpoint=mountpoint),
         used_bytes=pb.UInt64Value(value=used),
         inodes_used=pb.UInt64Value(value=inodes),
+    )
+
+
+# -- what a container runs (vmsandbox.oci_spec) ------------------------------------------------------
+def _profile_text(p: pb.SecurityProfile) -> str:
+    """A SecurityProfile (present) as oci_spec spells it: "runtime/default", "unconfined", "localhost/<ref>"."""
+    if p.profile_type == pb.SecurityProfile.ProfileType.Localhost:
+        return f"localhost/{p.localhost_ref}"
+    if p.profile_type == pb.SecurityProfile.ProfileType.Unconfined:
+        return "unconfined"
+    return "runtime/default"
+
+
+def container_request(
+    config: pb.ContainerConfig, hostname: str, sysctls: Mapping[str, str]
+) -> tuple[oci_spec.ContainerRequest, str, str]:
+    """(what to run, the user spec to resolve against the image, the stop signal name or "");
+    ``sysctls`` are the pod's (LinuxPodSandboxConfig.sysctls)."""
+    sc = config.linux.security_context
+    res = config.linux.resources
+    user = ""
+    if sc.HasField("run_as_user"):
+        user = str(sc.run_as_user.value)
+    elif sc.run_as_username:
+        user = sc.run_as_username
+    if sc.HasField("run_as_group"):
+        if not user:
+            raise InvalidArgument("run_as_group needs run_as_user or run_as_username")
+        user += f":{sc.run_as_group.value}"
+    hugepages = {h.page_size: h.limit for h in res.hugepage_limits if h.limit > 0}
+    request = oci_spec.ContainerRequest(
+        command=tuple(config.command),
+        args=tuple(config.args),
+        # bytes on the wire (as upstream); the OCI spec holds UTF-8 strings, so invalid bytes become U+FFFD,
+        # as containerd's JSON encoding of the spec does
+        env=tuple((kv.key, kv.value.decode("utf-8", errors="replace")) for kv in config.envs),
+        working_dir=config.working_dir,
+        hostname=hostname,
+        readonly_rootfs=sc.readonly_rootfs,
+        privileged=sc.privileged,
+        add_capabilities=tuple(sc.capabilities.add_capabilities),
+        drop_capabilities=tuple(sc.capabilities.drop_capabilities),
+        no_new_privileges=sc.no_new_privs,
+        seccomp=_profile_text(sc.seccomp) if sc.HasField("seccomp") else sc.seccomp_profile_path,
+        apparmor=_profile_text(sc.apparmor) if sc.HasField("apparmor") else sc.apparmor_profile,
+        resources=oci_spec.Resources(
+            cpu_quota_us=res.cpu_quota or None,
+            cpu_period_us=res.cpu_period or None,
+            cpu_shares=res.cpu_shares or None,
+            memory_limit_bytes=res.memory_limit_in_bytes or None,
+            hugepage_limits=hugepages,
+        ),
+        oom_score_adj=int(res.oom_score_adj),
+        sysctls=dict(sysctls),
+        own_pid_namespace=sc.namespace_options.pid == pb.CONTAINER,
+        # the kubelet sends the paths to mask (its defaults unless the pod's procMount is Unmasked)
+        masked_paths=tuple(sc.masked_paths) if sc.masked_paths else None,
+        readonly_paths=tuple(sc.readonly_paths) if sc.readonly_paths else None,
+        supplemental_groups=tuple(int(g) for g in sc.supplemental_groups),
+    )
+    # upstream's enum names are SIGNAL_SIGTERM etc.; the signal itself is what follows the prefix
+    signal = "" if config.stop_signal == 0 else pb.Signal.Name(config.stop_signal).removeprefix("SIGNAL_")
+    return request, user, signal
+
+
+def mount_requests(config: pb.ContainerConfig) -> list[tuple[str, str, bool]]:
+    """(container path, host path, read-only) of each mount the config asks for."""
+    return [(m.container_path, m.host_path, m.readonly) for m in config.mounts]
+
+
+# -- statistics -------------------------------------------------------------------------------------
+def _u64(v: int) -> pb.UInt64Value:
+    return pb.UInt64Value(value=max(v, 0))
+
+
+def cpu_usage(s: CgroupStats, nano_cores: int | None) -> pb.CpuUsage:
+    cpu = pb.CpuUsage(timestamp=s.timestamp_ns, usage_core_nano_seconds=_u64(s.cpu_usage_ns))
+    if nano_cores is not None:
+        cpu.usage_nano_cores.CopyFrom(_u64(nano_cores))
+    return cpu
+
+
+def memory_usage(s: CgroupStats) -> pb.MemoryUsage:
+    return pb.MemoryUsage(
+        timestamp=s.timestamp_ns,
+        working_set_bytes=_u64(s.memory_working_set_bytes),
+        usage_bytes=_u64(s.memory_usage_bytes),
+        rss_bytes=_u64(s.memory_rss_bytes),
+        page_faults=_u64(s.page_faults),
+        major_page_faults=_u64(s.major_page_faults),
+    )
+
+
+def container_stats(c: ContainerRecord, s: CgroupStats | None, nano_cores: int | None) -> pb.ContainerStats:
+    out = pb.ContainerStats(
+        attributes=pb.ContainerAttributes(
+            id=c.id, metadata=container_metadata(c), labels=c.labels, annotations=c.annotations
+        )
+    )
+    if s is not None:
+        out.cpu.CopyFrom(cpu_usage(s, nano_cores))
+        out.memory.CopyFrom(memory_usage(s))
+        out.writable_layer.CopyFrom(
+            pb.FilesystemUsage(
+                timestamp=s.timestamp_ns,
+                fs_id=pb.FilesystemIdentifier(mountpoint="/run/vmsandbox/containers"),
+                used_bytes=_u64(s.writable_bytes),
+                inodes_used=_u64(s.writable_inodes),
+            )
+        )
+    return out
+
+
+def pod_sandbox_stats(
+    r: SandboxRecord, s: CgroupStats | None, nano_cores: int | None, containers: list[pb.ContainerStats]
+) -> pb.PodSandboxStats:
+    linux = pb.LinuxPodSandboxStats(containers=containers)
+    if s is not None:
+        linux.cpu.CopyFrom(cpu_usage(s, nano_cores))
+        linux.memory.CopyFrom(memory_usage(s))
+    return pb.PodSandboxStats(
+        attributes=pb.PodSandboxAttributes(
+            id=r.id, metadata=pod_metadata(r), labels=r.labels, annotations=r.annotations
+        ),
+        linux=linux,
     )

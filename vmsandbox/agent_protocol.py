@@ -1,14 +1,17 @@
 """The host <-> guest agent protocol: typed messages and their JSON Lines encoding (no IO).
 
-One UTF-8 JSON object per line, each with ``"v": 1`` and a ``"type"``; the full description
+One UTF-8 JSON object per line, each with a version ``"v"`` and a ``"type"``; the full description
 is in ``images/README.md``. The guest speaks first (``hello``, repeated until the host sends
-``ack``); the host sends ``request`` messages (ops of the image's agent: ``ping``, ``report``,
-``poweroff``), each answered by a ``response`` with the same ``id``. Unknown keys are ignored,
-so later agents can add fields without breaking this host; missing or mistyped fields are errors.
+``ack``); the host sends ``request`` messages (an ``op`` and its ``args``), each answered by a
+``response`` with the same ``id``, in any order. Unknown keys are ignored, so later agents can add
+fields without breaking this host; missing or mistyped fields are errors. This host sends version
+2 and reads 1 and 2 (version 1 has no ``args``).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,9 +19,14 @@ from typing import NamedTuple, TypeAlias
 
 from vmsandbox.errors import InfrastructureError
 
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = frozenset({1, 2})
 CHANNEL_NAME = "io.vmsandbox.agent.0"
 """Name of the virtio-serial port the guest agent listens on."""
+SHARED_TAG = "vmsandbox.shared"
+"""Mount tag of the sandbox's shared directory (virtio-9p, read-write): logs, a container's files."""
+IMAGES_TAG = "vmsandbox.images"
+"""Mount tag of the host's unpacked image trees (virtio-9p, read-only): containers' lower layers."""
 
 
 class ProtocolError(InfrastructureError):
@@ -45,6 +53,8 @@ class GuestReport:
     """Guest uptime when the report was made."""
     errors: tuple[str, ...] = ()
     """Problems the guest met while booting (a module that failed to load, ...)."""
+    protocol: int = 1
+    """Protocol version the agent speaks (reports without the field come from version 1 agents)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,7 @@ class Ack:
 class Request:
     id: str
     op: str
+    args: Mapping[str, object] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,8 @@ def report_to_body(report: GuestReport) -> _JsonObject:
     }
     if report.errors:
         body["errors"] = list(report.errors)
+    if report.protocol != 1:
+        body["protocol"] = report.protocol
     return body
 
 
@@ -107,6 +120,8 @@ def encode(msg: Message) -> bytes:
         if not msg.id or not msg.op:
             raise ProtocolError(f"cannot encode a request with an empty id or op: {msg!r}")
         obj |= {"type": "request", "id": msg.id, "op": msg.op}
+        if msg.args:
+            obj["args"] = dict(msg.args)
     elif isinstance(msg, Response):
         obj |= {"type": "response", "id": msg.id, "ok": msg.ok}
         if msg.ok:
@@ -194,6 +209,7 @@ def report_from_body(body: Mapping[str, object], where: str = "report") -> Guest
         cmdline=_str(body, "cmdline", where),
         boot_ms=_count(body, "boot_ms", where),
         errors=errors,
+        protocol=_count(body, "protocol", where) if "protocol" in body else 1,
     )
 
 
@@ -215,8 +231,9 @@ def decode(line: bytes) -> Message:
     version = obj.get("v")
     if "v" not in obj:
         raise ProtocolError(f"message has no protocol version 'v': {_clip(text)}")
-    if type(version) is not int or version != VERSION:
-        raise ProtocolError(f"unsupported protocol version {version!r} (this host speaks {VERSION})")
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        readable = ", ".join(map(str, sorted(READABLE_VERSIONS)))
+        raise ProtocolError(f"unsupported protocol version {version!r} (this host reads {readable})")
     kind = _str(obj, "type", "message")
     where = f"{kind} message"
     if kind == "hello":
@@ -224,7 +241,8 @@ def decode(line: bytes) -> Message:
     if kind == "ack":
         return Ack()
     if kind == "request":
-        request = Request(id=_str(obj, "id", where), op=_str(obj, "op", where))
+        args = _object(obj, "args", where) if "args" in obj else {}
+        request = Request(id=_str(obj, "id", where), op=_str(obj, "op", where), args=args)
         if not request.id or not request.op:
             raise ProtocolError(f"{where}: 'id' and 'op' must not be empty")
         return request
@@ -241,3 +259,109 @@ def decode(line: bytes) -> Message:
 
 def _clip(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+# ---- container ops (protocol 2) -------------------------------------------------------------------
+
+CONTAINER_STATES = frozenset({"created", "running", "exited"})
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """A container as the guest agent sees it (body of create/start/kill/wait/status, list items)."""
+
+    id: str
+    state: str
+    """created | running | exited"""
+    pid: int
+    exit_code: int
+    signal: int
+    """The signal that ended it (0: it exited on its own)."""
+    oom_killed: bool
+    created_at_ns: int
+    started_at_ns: int
+    finished_at_ns: int
+
+
+def container_state_from_body(body: Mapping[str, object], where: str = "container") -> ContainerState:
+    state = _str(body, "state", where)
+    if state not in CONTAINER_STATES:
+        raise ProtocolError(f"{where}: unknown container state {state!r}")
+    oom = _field(body, "oom_killed", bool, where)
+    assert isinstance(oom, bool)
+    return ContainerState(
+        id=_str(body, "id", where),
+        state=state,
+        pid=_count(body, "pid", where),
+        exit_code=_count(body, "exit_code", where),
+        signal=_count(body, "signal", where),
+        oom_killed=oom,
+        created_at_ns=_count(body, "created_at_ns", where),
+        started_at_ns=_count(body, "started_at_ns", where),
+        finished_at_ns=_count(body, "finished_at_ns", where),
+    )
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    dropped_bytes: int
+    """Output beyond the bound, not kept."""
+
+
+def _b64(body: Mapping[str, object], key: str, where: str) -> bytes:
+    value = body.get(key)
+    if value is None:
+        return b""
+    if not isinstance(value, str):
+        raise ProtocolError(f"{where}: field {key!r} must be base64 text")
+    try:
+        return base64.b64decode(value, validate=True)
+    except binascii.Error as e:
+        raise ProtocolError(f"{where}: field {key!r} is not base64: {e}") from None
+
+
+def exec_result_from_body(body: Mapping[str, object], where: str = "exec") -> ExecResult:
+    timed_out = _field(body, "timed_out", bool, where)
+    assert isinstance(timed_out, bool)
+    return ExecResult(
+        exit_code=_count(body, "exit_code", where),
+        stdout=_b64(body, "stdout", where),
+        stderr=_b64(body, "stderr", where),
+        timed_out=timed_out,
+        dropped_bytes=_count(body, "dropped_bytes", where),
+    )
+
+
+@dataclass(frozen=True)
+class CgroupStats:
+    """Usage of one container's cgroup (or of the whole guest) at ``timestamp_ns``."""
+
+    timestamp_ns: int
+    cpu_usage_ns: int
+    memory_usage_bytes: int
+    memory_working_set_bytes: int
+    memory_rss_bytes: int
+    page_faults: int
+    major_page_faults: int
+    pids: int
+    writable_bytes: int
+    writable_inodes: int
+
+
+def stats_from_body(body: Mapping[str, object], where: str = "stats") -> CgroupStats:
+    return CgroupStats(
+        timestamp_ns=_count(body, "timestamp_ns", where),
+        cpu_usage_ns=_count(body, "cpu_usage_ns", where),
+        memory_usage_bytes=_count(body, "memory_usage_bytes", where),
+        memory_working_set_bytes=_count(body, "memory_working_set", where),
+        memory_rss_bytes=_count(body, "memory_rss_bytes", where),
+        page_faults=_count(body, "memory_page_faults", where),
+        major_page_faults=_count(body, "memory_major_faults", where),
+        pids=_count(body, "pids", where),
+        writable_bytes=_count(body, "writable_bytes", where) if "writable_bytes" in body else 0,
+        writable_inodes=_count(body, "writable_inodes", where) if "writable_inodes" in body else 0,
+    )

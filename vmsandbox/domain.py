@@ -73,6 +73,16 @@ class AgentChannel:
 
 
 @dataclass(frozen=True)
+class SharedDir:
+    """A host directory the guest mounts over virtio-9p by ``tag`` (libvirt ``<filesystem
+    type='mount' accessmode='passthrough'>``; Debian 12's QEMU has no virtiofsd)."""
+
+    source: str
+    tag: str
+    readonly: bool = False
+
+
+@dataclass(frozen=True)
 class ConsoleLog:
     path: str
 
@@ -100,6 +110,8 @@ class Domain:
     numa_cells: tuple[NumaCell, ...] = ()
     # PCI functions passed through with VFIO (<hostdev managed='yes'>), whole IOMMU groups
     hostdevs: tuple[str, ...] = ()
+    # directories shared into the guest (containers' root file systems, logs, mounts)
+    shared_dirs: tuple[SharedDir, ...] = ()
 
 
 def domain_name(sandbox_id: str) -> str:
@@ -137,6 +149,7 @@ def build_domain(
     tcg_tb_cache_mib: int | None = None,
     numa_cells: tuple[GuestCell, ...] = (),
     hostdevs: tuple[str, ...] = (),
+    shared_dirs: tuple[SharedDir, ...] = (),
 ) -> Domain:
     """Assemble the domain. With pinning, vCPU i runs on ``host_cpus[i]``; shared pods float."""
     pins: tuple[tuple[int, tuple[int, ...]], ...]
@@ -179,4 +192,5 @@ def build_domain(
             for c in numa_cells
         ),
         hostdevs=tuple(hostdevs),
+        shared_dirs=tuple(shared_dirs),
     )

@@ -84,6 +84,11 @@ def render(domain: Domain) -> str:
                 attrs["cpus"] = _cpuset(cell.vcpus)
             _sub(numa, "cell", **attrs)
     _sub(root, "clock", offset="utc")
+    if domain.shared_dirs:
+        # 9p passthrough keeps the files' owners and modes as in the image: QEMU must be able to read
+        # every file and set any owner, so this domain's QEMU runs as host root.
+        label = _sub(root, "seclabel", type="static", model="dac", relabel="no")
+        _sub(label, "label", "+0:+0")
     _sub(root, "on_poweroff", "destroy")
     _sub(root, "on_reboot", "destroy")
     _sub(root, "on_crash", "destroy")
@@ -105,6 +110,13 @@ def render(domain: Domain) -> str:
     else:
         serial = _sub(devices, "serial", type="null")
         _sub(serial, "target", port="0")
+    for shared in domain.shared_dirs:
+        # multidevs='remap': the shared tree may span host file systems; keep guest inode numbers unique
+        fs = _sub(devices, "filesystem", type="mount", accessmode="passthrough", multidevs="remap")
+        _sub(fs, "source", dir=shared.source)
+        _sub(fs, "target", dir=shared.tag)
+        if shared.readonly:
+            _sub(fs, "readonly")
     for address in domain.hostdevs:
         hostdev = _sub(devices, "hostdev", mode="subsystem", type="pci", managed="yes")
         pci_domain, bus, slot_fn = address.split(":")

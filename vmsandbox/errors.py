@@ -64,6 +64,14 @@ class PermissionDenied(VmSandboxError):
     """The credentials were accepted but do not allow this, or configuration forbids it (PERMISSION_DENIED)."""
 
 
+class WrongState(VmSandboxError):
+    """The object is not in a state that allows the operation (a stopped container, FAILED_PRECONDITION)."""
+
+
+class DeadlineExceeded(VmSandboxError):
+    """The operation's own time limit ran out (an ExecSync command, DEADLINE_EXCEEDED)."""
+
+
 class InfrastructureError(VmSandboxError):
     """The hypervisor, the guest or the host failed underneath us (UNAVAILABLE)."""
 

@@ -30,6 +30,7 @@ from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 
 IMAGE_DIR = Path(os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default"))
+_BUSYBOX_REGISTRY: list[str] = []  # host:port of the session's registry serving docker.io/library/busybox
 LIBVIRT_URI = os.environ.get("VMSANDBOX_LIBVIRT_URI", "qemu:///system")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -134,8 +135,33 @@ def write_profiles(path: Path) -> None:
     path.write_text(yaml.safe_dump_all(docs))
 
 
+def busybox_registry() -> str | None:
+    """A registry on 127.0.0.1 (one per session) serving a busybox image as
+    ``docker.io/library/busybox:latest``, so containers of the image "busybox" can be created; None
+    without the image tools."""
+    if _BUSYBOX_REGISTRY:
+        return _BUSYBOX_REGISTRY[0]
+    from tests.registry_kit import BUSYBOX, Layout, Registry, busybox_entries, push
+
+    if shutil.which("docker-registry") is None or shutil.which("skopeo") is None or not BUSYBOX.is_file():
+        return None
+    import atexit
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="vmsandbox-busybox-registry-"))
+    registry = Registry(work / "registry").start()
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
+    atexit.register(registry.stop)  # atexit runs last-registered first: stop, then delete
+    layout = Layout(work / "layout")
+    layout.tag("busybox", layout.image([layout.layer(busybox_entries())]))
+    push(layout, "busybox", f"{registry.host}/library/busybox:latest")
+    _BUSYBOX_REGISTRY.append(registry.host)
+    return registry.host
+
+
 def start_shim(tmp: Path, *, extra_config: dict[str, object] | None = None, env: dict[str, str] | None = None) -> Shim:
-    """Start ``python -m shim serve`` on ``tmp``; ``env`` adds environment variables (e.g. VMSANDBOX_FAULT)."""
+    """Start ``python -m shim serve`` on ``tmp``; ``env`` adds environment variables (e.g. VMSANDBOX_FAULT).
+    The image "busybox" is pulled (from the session's registry) when the image tools exist."""
     profiles = tmp / "profiles.yaml"
     write_profiles(profiles)
     config = {
@@ -146,6 +172,9 @@ def start_shim(tmp: Path, *, extra_config: dict[str, object] | None = None, env:
         "profile_files": [str(profiles)],
         **(extra_config or {}),
     }
+    registry = busybox_registry()
+    if registry is not None and "registries" not in config:
+        config["registries"] = [{"prefix": "docker.io", "location": registry}]
     (tmp / "config.yaml").write_text(yaml.safe_dump(config))
     log = tmp / "shim.log"
     sock = tmp / "cri.sock"
@@ -165,6 +194,10 @@ def start_shim(tmp: Path, *, extra_config: dict[str, object] | None = None, env:
         time.sleep(0.05)
     channel = grpc.insecure_channel(f"unix:{sock}")
     grpc.channel_ready_future(channel).result(timeout=30)
+    if registry is not None and "registries" not in (extra_config or {}):
+        pb_grpc.ImageServiceStub(channel).PullImage(
+            pb.PullImageRequest(image=pb.ImageSpec(image="busybox")), timeout=120
+        )
     return Shim(
         process=process,
         socket=sock,

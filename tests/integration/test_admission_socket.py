@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,7 +37,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MI = 1 << 20
 PROFILE_ANNOTATION = "io.vmsandbox/profile"
-DATA_MOUNT = pb.Mount(container_path="/data", host_path="/srv/data", readonly=True)
+DATA_DIR = "/tmp/vmsandbox-admission-data"  # the shim shares only allowlisted host paths that exist
+DATA_MOUNT = pb.Mount(container_path="/data", host_path=DATA_DIR, readonly=True)
 
 
 # -- fixtures ---------------------------------------------------------------------------------------
@@ -61,7 +63,9 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shim]:
     tmp = tmp_path_factory.mktemp("admission")
     profiles = tmp / "admission-profiles.yaml"
     write_profiles(profiles)
-    with running_shim(tmp, extra_config={"profile_files": [str(profiles)]}) as running:
+    os.makedirs(DATA_DIR, exist_ok=True)
+    config: dict[str, object] = {"profile_files": [str(profiles)], "mount_allowlist": [DATA_DIR]}
+    with running_shim(tmp, extra_config=config) as running:
         yield running
         assert claims(running) == 0  # every sandbox gave back its CPUs and pages
 
@@ -273,14 +277,16 @@ def app_config(
         ),
         pytest.param(
             app_config(mounts=[]),
-            ['container "app": mount /srv/data:/data:ro declared, not requested'],
+            ['container "app": mount /tmp/vmsandbox-admission-data:/data:ro declared, not requested'],
             id="mount-missing",
         ),
         pytest.param(
-            app_config(mounts=[pb.Mount(container_path="/data", host_path="/srv/data", readonly=False)]),
+            app_config(
+                mounts=[pb.Mount(container_path="/data", host_path="/tmp/vmsandbox-admission-data", readonly=False)]
+            ),
             [
-                'container "app": mount /srv/data:/data:ro declared, not requested',
-                'container "app": mount /srv/data:/data:rw requested, not declared',
+                'container "app": mount /tmp/vmsandbox-admission-data:/data:ro declared, not requested',
+                'container "app": mount /tmp/vmsandbox-admission-data:/data:rw requested, not declared',
             ],
             id="mount-differs",
         ),
@@ -305,7 +311,7 @@ def app_config(
                 'container "app": requests.cpu declared 500m, requested 1',
                 'container "app": limits.cpu declared 500m, requested 1',
                 'container "app": limits.memory declared 128Mi, requested 1Gi',
-                'container "app": mount /srv/data:/data:ro declared, not requested',
+                'container "app": mount /tmp/vmsandbox-admission-data:/data:ro declared, not requested',
                 'container "app": CDI device vendor.com/gpu=0 requested, not declared',
             ],
             id="every-difference-listed",

@@ -166,9 +166,9 @@ def test_version_status_and_image_fs_info(shim: Shim) -> None:
     ("call", "needle"),
     [
         pytest.param(
-            lambda s: s.runtime.ExecSync(pb.ExecSyncRequest(container_id="x", cmd=["true"]), timeout=10),
-            "ExecSync is not implemented by vmsandbox",
-            id="ExecSync",
+            lambda s: s.runtime.Exec(pb.ExecRequest(container_id="x", cmd=["true"]), timeout=10),
+            "Exec is not implemented by vmsandbox",
+            id="Exec",
         ),
         pytest.param(
             lambda s: s.runtime.PortForward(pb.PortForwardRequest(pod_sandbox_id="x"), timeout=10),
@@ -285,11 +285,13 @@ def test_containers_round_trip_filters_and_idempotent_stop_remove(shim: Shim, po
     ]
     for name, args, want in cases:
         assert containers(shim, **args) == want, name
+    # a container starts once (it runs the image's /bin/sh, which exits at once: no stdin)
+    shim.runtime.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=60)
     rejected(
         shim,
         lambda: shim.runtime.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=30),
-        grpc.StatusCode.UNIMPLEMENTED,
-        "does not run container processes in the guest yet",
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "it can start only once",
     )
     # stop: twice, and on an unknown id
     for _ in range(2):

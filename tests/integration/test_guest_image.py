@@ -115,7 +115,8 @@ def channel(guest: Guest) -> Iterator[GuestChannel]:
 
 def test_hello_describes_the_guest(channel: GuestChannel, manifest: dict[str, object]) -> None:
     report = channel.report
-    assert report.agent == "init/1"
+    assert report.agent.startswith("vmsandbox-agent/")
+    assert report.protocol == 2
     assert report.kernel == manifest["kernel_release"]
     assert report.vcpus == VCPUS
     # 256 MiB minus what the kernel keeps for itself

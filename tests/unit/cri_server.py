@@ -23,6 +23,7 @@ from google.protobuf.message import Message
 
 from shim import status
 from shim.config import ShimConfig
+from shim.containers import Containers
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.image_service import ImageServicer
 from shim.images import ImageStore
@@ -172,7 +173,9 @@ def cri_server() -> Iterator[Server]:
         seed(sb)
         images = ImageStore(root / "images")
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], RuntimeServicer(sb))
+        containers = Containers(config.state_dir, sb, images, hypervisor)
+        runtime = RuntimeServicer(sb, containers)
+        status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
         status.add_servicer(
             server, pb.DESCRIPTOR.services_by_name["ImageService"], ImageServicer(images, str(root / "state"))
         )

@@ -1,14 +1,12 @@
-"""Tests of vmsandbox.agent_protocol: encoding, strict decoding, agreement with the guest's own
-implementation (images/guest/agent.awk, run with busybox awk when it is installed), and the host
-side of the channel (vmsandbox.adapters.guest_channel) against a fake guest on a unix socket."""
+"""Tests of vmsandbox.agent_protocol: encoding, strict decoding, the container ops' bodies, and the
+host side of the channel (vmsandbox.adapters.guest_channel) against a fake guest on a unix socket.
+The guest's own implementation (images/agent) is tested in a real guest
+(tests/integration/test_guest_image.py, test_guest_containers.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +24,7 @@ from vmsandbox.adapters.guest_channel import (
 )
 from vmsandbox.agent_protocol import (
     Ack,
+    ExecResult,
     GuestReport,
     Hello,
     HugePages,
@@ -33,14 +32,14 @@ from vmsandbox.agent_protocol import (
     ProtocolError,
     Request,
     Response,
+    container_state_from_body,
     decode,
     encode,
+    exec_result_from_body,
     report_from_body,
     report_to_body,
 )
 from vmsandbox.errors import InfrastructureError
-
-AGENT_AWK = Path(__file__).resolve().parents[2] / "images" / "guest" / "agent.awk"
 
 REPORT = GuestReport(
     agent="init/1",
@@ -145,7 +144,7 @@ def test_report_is_hashable_and_frozen() -> None:
         pytest.param(b"[1,2]", "not a JSON object", id="array"),
         pytest.param(b'"hello"', "not a JSON object", id="string"),
         pytest.param(b'{"type":"ack"}', "no protocol version", id="no-version"),
-        pytest.param(b'{"v":2,"type":"ack"}', "unsupported protocol version 2", id="version-2"),
+        pytest.param(b'{"v":3,"type":"ack"}', "unsupported protocol version 3", id="version-3"),
         pytest.param(b'{"v":"1","type":"ack"}', "unsupported protocol version '1'", id="version-string"),
         pytest.param(b'{"v":true,"type":"ack"}', "unsupported protocol version True", id="version-bool"),
         pytest.param(b'{"v":1.0,"type":"ack"}', "unsupported protocol version 1.0", id="version-float"),
@@ -215,74 +214,60 @@ def test_report_from_body_names_where() -> None:
         report_from_body(body, "report response body")
 
 
-# ---- the guest's implementation agrees -----------------------------------------------------------
+# ---- protocol 2: arguments and container ops ------------------------------------------------------
 
-BUSYBOX = shutil.which("busybox")
-
-
-def run_agent_awk(mode: str, msg: bytes = b"") -> str:
-    assert BUSYBOX is not None
-    env = dict(os.environ, MSG=msg.decode().rstrip("\n"), HUGEPAGE_DIRS="", BOOT_ERRORS="")
-    out = subprocess.run(
-        [BUSYBOX, "awk", "-v", f"mode={mode}", "-f", str(AGENT_AWK)],
-        env=env,
-        capture_output=True,
-        check=True,
-        timeout=10,
-    ).stdout.decode()
-    assert out.endswith("\n") and out.count("\n") == 1
-    return out
+STATE_BODY = {
+    "id": "c1",
+    "state": "exited",
+    "pid": 120,
+    "exit_code": 137,
+    "signal": 9,
+    "oom_killed": True,
+    "created_at_ns": 1,
+    "started_at_ns": 2,
+    "finished_at_ns": 3,
+}
 
 
-needs_busybox = pytest.mark.skipif(BUSYBOX is None, reason="busybox not installed (apt-get install busybox-static)")
+def test_request_args_round_trip() -> None:
+    msg = Request("9", "create", {"id": "c1", "spec": {"process": {"args": ["sh"]}}})
+    data = encode(msg)
+    assert json.loads(data)["v"] == 2
+    assert decode(data) == msg
+    assert decode(data).args == msg.args  # type: ignore[union-attr]
 
 
-@needs_busybox
-def test_guest_hello_decodes() -> None:
-    msg = decode(run_agent_awk("hello").encode())
-    assert isinstance(msg, Hello)
-    assert msg.report.agent == "init/1"
-    assert msg.report.vcpus >= 1
+def test_hello_of_a_protocol_2_agent() -> None:
+    body = dict(HELLO_BODY, agent="vmsandbox-agent/2", protocol=2)
+    msg = decode(line({"v": 2, "type": "hello", "body": body}))
+    assert isinstance(msg, Hello) and msg.report.protocol == 2
+    assert isinstance(decode(GUEST_HELLO), Hello) and decode(GUEST_HELLO).report.protocol == 1  # type: ignore[union-attr]
 
 
-@needs_busybox
+def test_container_state_decodes() -> None:
+    st = container_state_from_body(STATE_BODY)
+    assert (st.state, st.exit_code, st.signal, st.oom_killed) == ("exited", 137, 9, True)
+
+
 @pytest.mark.parametrize(
-    ("request_line", "action", "expected"),
+    ("changes", "problem"),
     [
-        (encode(Ack()), "ack", None),
-        (encode(Request("1", "ping")), "reply", Response("1", True, {})),
-        (encode(Request('q"\\\u00e9', "ping")), "reply", Response('q"\\\u00e9', True, {})),
-        (encode(Request("2", "poweroff")), "poweroff", Response("2", True, {})),
-        (encode(Request("3", "dance")), "reply", Response("3", False, error="unknown op: dance")),
-        (b"junk", "reply", Response(None, False, error="unparsable message: not a JSON object")),
-        (
-            b'{"v":2,"type":"request","id":"4","op":"ping"}',
-            "reply",
-            Response("4", False, error='unsupported protocol version (want "v":1)'),
-        ),
-        (
-            b'{"v":1,"type":"request","id":"5","op":"ping"} trailing',
-            "reply",
-            Response(None, False, error="unparsable message: trailing data after the object"),
-        ),
+        ({"state": "zombie"}, "unknown container state 'zombie'"),
+        ({"oom_killed": 1}, "'oom_killed' must be a boolean"),
+        ({"exit_code": -1}, "'exit_code' must not be negative"),
+        ({"pid": None}, "'pid' must be an integer, got null"),
     ],
 )
-def test_guest_handles_requests(request_line: bytes, action: str, expected: Response | None) -> None:
-    out = run_agent_awk("handle", request_line)
-    got_action, _, response = out.rstrip("\n").partition(" ")
-    assert got_action == action
-    if expected is None:
-        assert response == ""
-    else:
-        assert decode(response.encode()) == expected
+def test_container_state_rejects(changes: dict[str, object], problem: str) -> None:
+    with pytest.raises(ProtocolError, match=problem):
+        container_state_from_body({**STATE_BODY, **changes})
 
 
-@needs_busybox
-def test_guest_report_response_decodes() -> None:
-    out = run_agent_awk("handle", encode(Request("r", "report")))
-    msg = decode(out.partition(" ")[2].encode())
-    assert isinstance(msg, Response) and msg.ok
-    assert report_from_body(msg.body).agent == "init/1"
+def test_exec_result_decodes_base64_output() -> None:
+    body = {"exit_code": 7, "stdout": "aW4K", "stderr": None, "timed_out": False, "dropped_bytes": 0}
+    assert exec_result_from_body(body) == ExecResult(7, b"in\n", b"", False, 0)
+    with pytest.raises(ProtocolError, match="not base64"):
+        exec_result_from_body({**body, "stdout": "!!"})
 
 
 # ---- the host side (vmsandbox.adapters.guest_channel) against a fake guest on a unix socket ------------------

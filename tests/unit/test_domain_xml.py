@@ -20,6 +20,7 @@ from vmsandbox.domain import (
     AgentChannel,
     Domain,
     SandboxIdentity,
+    SharedDir,
     build_domain,
     domain_name,
     guest_cmdline,
@@ -55,6 +56,7 @@ class Case:
     emulator_cpus: tuple[int, ...] = ()  # default: the vCPUs' CPUs
     numa_cells: tuple[GuestCell, ...] = ()
     hostdevs: tuple[str, ...] = ()
+    shared_dirs: tuple[SharedDir, ...] = ()
 
     def domain(self) -> Domain:
         return build_domain(
@@ -73,6 +75,7 @@ class Case:
             console_log=self.console_log,
             numa_cells=self.numa_cells,
             hostdevs=self.hostdevs,
+            shared_dirs=self.shared_dirs,
         )
 
 
@@ -88,7 +91,7 @@ CASES = {
         extra_cmdline="",
         console_log=None,
     ),
-    # (b) shared CPU pool, ordinary 4 KiB pages
+    # (b) shared CPU pool, ordinary 4 KiB pages; containers' shared directory and image trees over 9p
     "shared-4k-tcg": Case(
         identity=SandboxIdentity("fedcba98" * 8, "batch", "kube-system", "uid-b", 2, "shared"),
         shape=sized(
@@ -100,6 +103,10 @@ CASES = {
         accel="tcg",
         extra_cmdline="",
         console_log="/var/log/vmsandbox/console/fedcba98.log",
+        shared_dirs=(
+            SharedDir("/var/lib/vmsandbox/state/sandboxes/fedcba98/shared", "vmsandbox.shared"),
+            SharedDir("/var/lib/vmsandbox/state/images/trees", "vmsandbox.images", readonly=True),
+        ),
     ),
     # (c) KVM with host-passthrough, 1Gi backing from NUMA node 1
     "kvm-1gi-numatune": Case(

@@ -197,6 +197,11 @@ class GuestChannel:
     def close(self) -> None:
         self._conn.close()
 
+    def take_connection(self) -> _Connection:
+        """Hands the connection over (to a client that reads it from its own thread); this
+        channel must not be used afterwards."""
+        return self._conn
+
     def __enter__(self) -> GuestChannel:
         return self
 

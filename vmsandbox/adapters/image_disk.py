@@ -86,6 +86,11 @@ class ImageDisk:
             self.blob_path(d).unlink(missing_ok=True)
 
     # -- trees ------------------------------------------------------------------------------------
+    @property
+    def trees(self) -> Path:
+        """The directory holding every unpacked tree (shared read-only into guests)."""
+        return self._trees
+
     def tree_path(self, image_id: str) -> Path:
         return self._trees / _hex(image_id)
 

@@ -1,0 +1,192 @@
+"""Containers in a guest: create+start -> first log line, ExecSync round trip, agent memory.
+
+    VMSANDBOX_IMAGE_DIR=/var/lib/vmsandbox/images/default python -m bench.container_start --runs 20
+
+Two paths time the same work, in this process:
+
+- **CRI** (the production path): a shim process on a private socket, a pod from a local registry
+  image; CreateContainer + StartContainer until the first line is in the kubelet's log file;
+  ExecSync ``true``.
+- **agent** (the baseline): the same guest image booted with a bare QEMU (``bench.qemu_direct``)
+  and driven through ``vmsandbox.adapters.agent_client`` directly: create + start until the first
+  line is in the log file the agent writes; exec ``true``.
+
+The ratio is what the CRI layer (gRPC, records, log copy, image lookup) adds over the agent path.
+Agent memory: the agent's VmRSS in the guest, idle and with the containers running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+
+from bench.qemu_direct import DirectGuest, percentile, qemu_argv
+from bench.shim_process import shim_process
+from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from tests.registry_kit import Layout, Registry, busybox_entries, push
+from vmsandbox.adapters.agent_client import AgentClient
+from vmsandbox.oci_spec import ContainerRequest, ImageConfig, UserIds, build_spec
+
+IMAGE_DIR = os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default")
+SCRIPT = ["sh", "-c", "echo ready; sleep 600"]
+
+
+def _stats(samples: list[float], *qs: int) -> dict[str, object]:
+    return {f"p{q}_ms": round(percentile(samples, q) * 1000, 1) for q in qs} | {
+        "samples_ms": [round(s * 1000, 1) for s in samples]
+    }
+
+
+def _wait_line(path: Path, deadline: float) -> None:
+    while True:
+        try:
+            if b"\n" in path.read_bytes():
+                return
+        except FileNotFoundError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no log line in {path}")
+        time.sleep(0.005)
+
+
+def agent_path(tmp: Path, runs: int, exec_runs: int) -> dict[str, object]:
+    shared = tmp / "shared"
+    rootfs = shared / "rootfs"
+    rootfs.mkdir(parents=True)
+    (shared / "logs").mkdir()
+    busybox = Path("/bin/busybox")
+    (rootfs / "bin").mkdir()
+    (rootfs / "bin/busybox").write_bytes(busybox.read_bytes())
+    (rootfs / "bin/busybox").chmod(0o755)
+    for applet in ("sh", "echo", "sleep", "true"):
+        (rootfs / "bin" / applet).symlink_to("busybox")
+    sock = str(tmp / "agent.sock")
+    argv = qemu_argv(DirectGuest.from_image(IMAGE_DIR, vcpus=1, mem_mib=256), sock, shared_dir=str(shared))
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with AgentClient.open(sock, 120) as agent:
+            idle_rss = int(str(agent.request("stats", {"id": ""}, 30).get("agent_rss_bytes", 0)))
+            spec = build_spec(ContainerRequest(command=tuple(SCRIPT)), ImageConfig(), UserIds(0, 0))
+            start_s = []
+            for i in range(runs):
+                cid = f"bench{i}"
+                t0 = time.monotonic()
+                agent.create(cid, lower="shared/rootfs", log=f"logs/{cid}", spec=spec)
+                agent.start(cid)
+                _wait_line(shared / "logs" / cid, t0 + 60)
+                start_s.append(time.monotonic() - t0)
+                if i < runs - 1:
+                    agent.delete(cid)
+            exec_s = []
+            for _ in range(exec_runs):
+                t0 = time.monotonic()
+                agent.exec(f"bench{runs - 1}", ["true"], timeout_s=30)
+                exec_s.append(time.monotonic() - t0)
+            busy_rss = int(str(agent.request("stats", {"id": ""}, 30).get("agent_rss_bytes", 0)))
+    finally:
+        proc.kill()
+        proc.wait()
+    return {"start": start_s, "exec": exec_s, "idle_rss": idle_rss, "busy_rss": busy_rss}
+
+
+def cri_path(tmp: Path, runs: int, exec_runs: int) -> dict[str, list[float]]:
+    registry = Registry(tmp / "registry").start()
+    try:
+        layout = Layout(tmp / "layout")
+        layout.tag("bb", layout.image([layout.layer(busybox_entries(("sh", "echo", "sleep", "true")))]))
+        ref = f"{registry.host}/bench/busybox:1"
+        push(layout, "bb", ref)
+        profile = tmp / "profile.yaml"
+        profile.write_text(json.dumps({"name": "vmsandbox", "handler": "vmsandbox", "guest": {"image_dir": IMAGE_DIR}}))
+        with shim_process(tmp / "shim", "--profile", str(profile)) as rt:
+            with grpc.insecure_channel(f"unix:{tmp / 'shim' / 'cri.sock'}") as channel:
+                pb_grpc.ImageServiceStub(channel).PullImage(
+                    pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=300
+                )
+            logs = tmp / "logs"
+            config = pb.PodSandboxConfig(
+                metadata=pb.PodSandboxMetadata(name="bench", namespace="bench", uid=str(uuid.uuid4())),
+                log_directory=str(logs),
+                linux=pb.LinuxPodSandboxConfig(resources=pb.LinuxContainerResources(memory_limit_in_bytes=192 << 20)),
+            )
+            sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+            start_s, last = [], ""
+            for i in range(runs):
+                ctr = pb.ContainerConfig(
+                    metadata=pb.ContainerMetadata(name=f"c{i}"),
+                    image=pb.ImageSpec(image=ref),
+                    command=SCRIPT,
+                    log_path=f"c{i}.log",
+                )
+                t0 = time.monotonic()
+                cid = rt.CreateContainer(
+                    pb.CreateContainerRequest(pod_sandbox_id=sid, config=ctr, sandbox_config=config), timeout=120
+                ).container_id
+                rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+                _wait_line(logs / f"c{i}.log", t0 + 60)
+                start_s.append(time.monotonic() - t0)
+                if i < runs - 1:
+                    rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=120)
+                last = cid
+            exec_s = []
+            for _ in range(exec_runs):
+                t0 = time.monotonic()
+                rt.ExecSync(pb.ExecSyncRequest(container_id=last, cmd=["true"], timeout=30), timeout=60)
+                exec_s.append(time.monotonic() - t0)
+            rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+            rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+    finally:
+        registry.stop()
+    return {"start": start_s, "exec": exec_s}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--exec-runs", type=int, default=50)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-ctr-") as tmp:
+        (Path(tmp) / "agent").mkdir()
+        (Path(tmp) / "cri").mkdir()
+        (Path(tmp) / "cri" / "shim").mkdir()
+        base = agent_path(Path(tmp) / "agent", args.runs, args.exec_runs)
+        cri = cri_path(Path(tmp) / "cri", args.runs, args.exec_runs)
+    base_start = base["start"]
+    base_exec = base["exec"]
+    assert isinstance(base_start, list) and isinstance(base_exec, list)
+    result = {
+        "benchmark": "container_start",
+        "image_dir": IMAGE_DIR,
+        "runs": args.runs,
+        "exec_runs": args.exec_runs,
+        "create_start_first_log_line": {
+            "cri": _stats(cri["start"], 50, 95),
+            "agent_baseline": _stats(base_start, 50, 95),
+            "ratio_p50": round(percentile(cri["start"], 50) / percentile(base_start, 50), 3),
+        },
+        "exec_sync_round_trip": {
+            "cri": _stats(cri["exec"], 50, 99),
+            "agent_baseline": _stats(base_exec, 50, 99),
+            "ratio_p50": round(percentile(cri["exec"], 50) / percentile(base_exec, 50), 3),
+        },
+        "agent_rss_mib": {
+            "idle": round(int(str(base["idle_rss"])) / (1 << 20), 1),
+            "with_containers": round(int(str(base["busy_rss"])) / (1 << 20), 1),
+        },
+    }
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

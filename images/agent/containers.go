@@ -1,0 +1,550 @@
+package main
+
+// Containers: OCI bundles run with crun, their root file systems an overlay of a read-only lower
+// tree shared in from the host over virtio-9p and a writable layer in guest memory; their output
+// goes to CRI-format log files in the shared directory, where the host picks it up.
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+const (
+	sharedTag   = "vmsandbox.shared"
+	sharedMount = "/run/vmsandbox/shared"
+	imagesTag   = "vmsandbox.images"
+	imagesMount = "/run/vmsandbox/images"
+	stateDir    = "/run/vmsandbox/containers"
+	crunRoot    = "/run/crun"
+	cgroupBase  = "/sys/fs/cgroup"
+	// A log line longer than this is cut into partial (P) lines, as the kubelet's runtimes do.
+	maxLogLine = 16 * 1024
+)
+
+var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,127}$`)
+
+type container struct {
+	ID         string `json:"id"`
+	State      string `json:"state"` // created | running | exited
+	Pid        int    `json:"pid"`
+	ExitCode   int    `json:"exit_code"`
+	Signal     int    `json:"signal"`
+	OOMKilled  bool   `json:"oom_killed"`
+	CreatedAt  int64  `json:"created_at_ns"`
+	StartedAt  int64  `json:"started_at_ns"`
+	FinishedAt int64  `json:"finished_at_ns"`
+	Error      string `json:"error,omitempty"`
+
+	cgroup string
+	spec   map[string]interface{}
+	logs   sync.WaitGroup
+	done   chan struct{}
+}
+
+var (
+	cmu        sync.Mutex
+	containers = map[string]*container{}
+	mountMu    sync.Mutex
+	mounted    = map[string]bool{}
+)
+
+// ensureMount mounts the 9p share with tag at dir once (read-only for the image trees).
+func ensureMount(tag, dir string, readonly bool) error {
+	mountMu.Lock()
+	defer mountMu.Unlock()
+	if mounted[tag] {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var flags uintptr
+	if readonly {
+		flags = syscall.MS_RDONLY
+	}
+	opts := "trans=virtio,version=9p2000.L,msize=262144,cache=none"
+	if err := syscall.Mount(tag, dir, "9p", flags, opts); err != nil {
+		return fmt.Errorf("mount the host directory with 9p tag %s: %v", tag, err)
+	}
+	mounted[tag] = true
+	return nil
+}
+
+func ensureShared() error { return ensureMount(sharedTag, sharedMount, false) }
+
+func cleanRel(rel string) (string, error) {
+	clean := filepath.Clean("/" + rel)
+	if rel == "" || clean == "/" || strings.Contains(rel, "..") {
+		return "", fmt.Errorf("bad path %q", rel)
+	}
+	return clean, nil
+}
+
+// sharedPath is rel inside the shared directory; rel comes from the host and must stay inside.
+func sharedPath(rel string) (string, error) {
+	clean, err := cleanRel(rel)
+	if err != nil {
+		return "", err
+	}
+	return sharedMount + clean, nil
+}
+
+// lowerPath is a tree named "shared/<rel>" (in the sandbox's shared directory) or "images/<rel>"
+// (in the host's read-only image trees).
+func lowerPath(name string) (string, error) {
+	first, rest, _ := strings.Cut(name, "/")
+	clean, err := cleanRel(rest)
+	if err != nil {
+		return "", err
+	}
+	switch first {
+	case "shared":
+		return sharedMount + clean, ensureShared()
+	case "images":
+		return imagesMount + clean, ensureMount(imagesTag, imagesMount, true)
+	}
+	return "", fmt.Errorf("bad lower tree %q (want shared/... or images/...)", name)
+}
+
+func lookup(id string) (*container, error) {
+	cmu.Lock()
+	defer cmu.Unlock()
+	c, ok := containers[id]
+	if !ok {
+		return nil, fmt.Errorf("no container %q", id)
+	}
+	return c, nil
+}
+
+func (c *container) snapshot() container {
+	cmu.Lock()
+	defer cmu.Unlock()
+	return container{ID: c.ID, State: c.State, Pid: c.Pid, ExitCode: c.ExitCode, Signal: c.Signal,
+		OOMKilled: c.OOMKilled, CreatedAt: c.CreatedAt, StartedAt: c.StartedAt, FinishedAt: c.FinishedAt,
+		Error: c.Error}
+}
+
+func crun(args ...string) ([]byte, error) {
+	cmd := exec.Command("/usr/bin/crun", append([]string{"--root", crunRoot}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	err := runTracked(cmd)
+	if err != nil {
+		return out.Bytes(), fmt.Errorf("crun %s: %v: %s", args[0], err, clip(out.String(), 2000))
+	}
+	return out.Bytes(), nil
+}
+
+func clip(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
+type createArgs struct {
+	ID    string                 `json:"id"`
+	Lower string                 `json:"lower"`
+	Log   string                 `json:"log"`
+	Spec  map[string]interface{} `json:"spec"`
+}
+
+func opCreate(raw json.RawMessage) (interface{}, error) {
+	var a createArgs
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return nil, fmt.Errorf("create: %v", err)
+	}
+	if !idPattern.MatchString(a.ID) {
+		return nil, fmt.Errorf("create: bad container id %q", a.ID)
+	}
+	if a.Spec == nil {
+		return nil, errors.New("create: no spec")
+	}
+	if err := ensureShared(); err != nil {
+		return nil, err
+	}
+	lower, err := lowerPath(a.Lower)
+	if err != nil {
+		return nil, err
+	}
+	logPath, err := sharedPath(a.Log)
+	if err != nil {
+		return nil, err
+	}
+	cmu.Lock()
+	if _, dup := containers[a.ID]; dup {
+		cmu.Unlock()
+		return nil, fmt.Errorf("create: container %q exists", a.ID)
+	}
+	c := &container{ID: a.ID, State: "creating", spec: a.Spec, done: make(chan struct{})}
+	containers[a.ID] = c
+	cmu.Unlock()
+	fail := func(err error) (interface{}, error) {
+		cleanup(a.ID)
+		cmu.Lock()
+		delete(containers, a.ID)
+		cmu.Unlock()
+		return nil, err
+	}
+
+	dir := filepath.Join(stateDir, a.ID)
+	rootfs := filepath.Join(dir, "rootfs")
+	for _, d := range []string{"upper", "work", "rootfs"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return fail(err)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, dir, dir)
+	if err := syscall.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
+		return fail(fmt.Errorf("create: overlay over %s: %v", a.Lower, err))
+	}
+	c.cgroup = "/vmsandbox/" + a.ID
+	a.Spec["root"] = map[string]interface{}{"path": rootfs, "readonly": readonlyRoot(a.Spec)}
+	linux, _ := a.Spec["linux"].(map[string]interface{})
+	if linux == nil {
+		linux = map[string]interface{}{}
+		a.Spec["linux"] = linux
+	}
+	linux["cgroupsPath"] = c.cgroup
+	if err := applySysctls(linux); err != nil {
+		return fail(err)
+	}
+	if proc, ok := a.Spec["process"].(map[string]interface{}); ok {
+		proc["terminal"] = false
+	}
+	b, err := json.Marshal(a.Spec)
+	if err != nil {
+		return fail(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+		return fail(err)
+	}
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return fail(fmt.Errorf("create: log file: %v", err))
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		logf.Close()
+		return fail(err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		logf.Close()
+		outR.Close()
+		outW.Close()
+		return fail(err)
+	}
+	pidFile := filepath.Join(dir, "pid")
+	cmd := exec.Command("/usr/bin/crun", "--root", crunRoot, "create", "--no-pivot",
+		"--bundle", dir, "--pid-file", pidFile, a.ID)
+	var diag bytes.Buffer
+	cmd.Stdin = nil
+	cmd.Stdout = outW
+	cmd.Stderr = errW
+	// crun's own messages go to its log, not to the container's stderr
+	cmd.Args = append(cmd.Args[:3], append([]string{"--log", filepath.Join(dir, "crun.log")}, cmd.Args[3:]...)...)
+	reap.Lock()
+	reap.creating++ // the container's pid is tracked once read from the pid file
+	reap.Unlock()
+	defer func() {
+		reap.Lock()
+		reap.creating--
+		reap.Unlock()
+	}()
+	runErr := runTracked(cmd)
+	outW.Close()
+	errW.Close()
+	if runErr != nil {
+		outR.Close()
+		errR.Close()
+		logf.Close()
+		crunLog, _ := os.ReadFile(filepath.Join(dir, "crun.log"))
+		diag.Write(crunLog)
+		return fail(fmt.Errorf("crun create: %v: %s", runErr, clip(diag.String(), 2000)))
+	}
+	pidText, err := os.ReadFile(pidFile)
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		logf.Close()
+		return fail(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(pidText)))
+	track(pid)
+	var lmu sync.Mutex
+	c.logs.Add(2)
+	go pump(outR, "stdout", logf, &lmu, &c.logs)
+	go pump(errR, "stderr", logf, &lmu, &c.logs)
+	go func() { c.logs.Wait(); logf.Close() }()
+	cmu.Lock()
+	c.Pid = pid
+	c.State = "created"
+	c.CreatedAt = time.Now().UnixNano()
+	cmu.Unlock()
+	go c.watch()
+	return c.snapshot(), nil
+}
+
+// applySysctls sets the sysctls of a spec in the guest itself and drops them from the spec: the
+// containers share the guest's network and IPC namespaces, which are the pod's.
+func applySysctls(linux map[string]interface{}) error {
+	sysctls, _ := linux["sysctl"].(map[string]interface{})
+	for key, v := range sysctls {
+		value, ok := v.(string)
+		if !ok || strings.Contains(key, "..") || strings.ContainsAny(key, "/\x00") {
+			return fmt.Errorf("create: bad sysctl %q", key)
+		}
+		path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+		if err := os.WriteFile(path, []byte(value), 0); err != nil {
+			return fmt.Errorf("create: sysctl %s=%s: %v", key, value, err)
+		}
+		delete(sysctls, key)
+	}
+	return nil
+}
+
+func readonlyRoot(spec map[string]interface{}) bool {
+	if r, ok := spec["root"].(map[string]interface{}); ok {
+		if ro, ok := r["readonly"].(bool); ok {
+			return ro
+		}
+	}
+	return false
+}
+
+// pump copies one output stream into the CRI log: "<RFC3339Nano> <stream> F|P <text>\n".
+func pump(r *os.File, stream string, w *os.File, mu *sync.Mutex, wg *sync.WaitGroup) {
+	defer wg.Done()
+	defer r.Close()
+	br := bufio.NewReaderSize(r, maxLogLine)
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			tag := "P"
+			text := line
+			if line[len(line)-1] == '\n' {
+				tag = "F"
+				text = line[:len(line)-1]
+			}
+			out := make([]byte, 0, len(text)+64)
+			out = append(out, time.Now().UTC().Format(time.RFC3339Nano)...)
+			out = append(out, ' ')
+			out = append(out, stream...)
+			out = append(out, ' ')
+			out = append(out, tag...)
+			out = append(out, ' ')
+			out = append(out, text...)
+			out = append(out, '\n')
+			mu.Lock()
+			w.Write(out)
+			mu.Unlock()
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err != nil {
+			if err != io.EOF {
+				logf("log pump %s: %v", stream, err)
+			}
+			return
+		}
+	}
+}
+
+// watch waits for the container's init process (reparented to us, the subreaper) to exit.
+func (c *container) watch() {
+	var ws syscall.WaitStatus
+	for {
+		_, err := syscall.Wait4(c.Pid, &ws, 0, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			logf("wait for container %s (pid %d): %v", c.ID, c.Pid, err)
+		}
+		break
+	}
+	untrack(c.Pid)
+	finished := time.Now().UnixNano()
+	oom := oomKills(c.cgroup) > 0
+	// the output written before the exit reaches the log before the exit is reported
+	logsDone := make(chan struct{})
+	go func() { c.logs.Wait(); close(logsDone) }()
+	select {
+	case <-logsDone:
+	case <-time.After(2 * time.Second):
+	}
+	cmu.Lock()
+	c.State = "exited"
+	c.FinishedAt = finished
+	if ws.Exited() {
+		c.ExitCode = ws.ExitStatus()
+	} else if ws.Signaled() {
+		c.Signal = int(ws.Signal())
+		c.ExitCode = 128 + c.Signal
+	}
+	c.OOMKilled = oom
+	cmu.Unlock()
+	close(c.done)
+}
+
+func oomKills(cgroup string) int {
+	b, err := os.ReadFile(cgroupBase + cgroup + "/memory.events")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == "oom_kill" {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	return 0
+}
+
+type idArgs struct {
+	ID        string `json:"id"`
+	Signal    string `json:"signal"`
+	TimeoutMs int    `json:"timeout_ms"`
+}
+
+func parseID(raw json.RawMessage) (idArgs, *container, error) {
+	var a idArgs
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return a, nil, err
+	}
+	c, err := lookup(a.ID)
+	return a, c, err
+}
+
+func opStart(raw json.RawMessage) (interface{}, error) {
+	_, c, err := parseID(raw)
+	if err != nil {
+		return nil, err
+	}
+	if s := c.snapshot(); s.State != "created" {
+		return nil, fmt.Errorf("start: container %s is %s, not created", c.ID, s.State)
+	}
+	if _, err := crun("start", c.ID); err != nil {
+		return nil, err
+	}
+	cmu.Lock()
+	if c.State == "created" {
+		c.State = "running"
+	}
+	c.StartedAt = time.Now().UnixNano()
+	cmu.Unlock()
+	return c.snapshot(), nil
+}
+
+func opKill(raw json.RawMessage) (interface{}, error) {
+	a, c, err := parseID(raw)
+	if err != nil {
+		return nil, err
+	}
+	sig := a.Signal
+	if sig == "" {
+		sig = "TERM"
+	}
+	if c.snapshot().State == "exited" {
+		return c.snapshot(), nil
+	}
+	if out, err := crun("kill", c.ID, sig); err != nil {
+		if c.snapshot().State == "exited" || strings.Contains(string(out), "not running") {
+			return c.snapshot(), nil
+		}
+		return nil, err
+	}
+	return c.snapshot(), nil
+}
+
+// wait returns once the container exited or timeout_ms passed (status either way).
+func opWait(raw json.RawMessage) (interface{}, error) {
+	a, c, err := parseID(raw)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-c.done:
+	case <-time.After(time.Duration(a.TimeoutMs) * time.Millisecond):
+	}
+	return c.snapshot(), nil
+}
+
+func opStatus(raw json.RawMessage) (interface{}, error) {
+	_, c, err := parseID(raw)
+	if err != nil {
+		return nil, err
+	}
+	return c.snapshot(), nil
+}
+
+func opList(json.RawMessage) (interface{}, error) {
+	cmu.Lock()
+	all := make([]*container, 0, len(containers))
+	for _, c := range containers {
+		all = append(all, c)
+	}
+	cmu.Unlock()
+	out := make([]container, 0, len(all))
+	for _, c := range all {
+		out = append(out, c.snapshot())
+	}
+	return map[string]interface{}{"containers": out}, nil
+}
+
+func cleanup(id string) {
+	dir := filepath.Join(stateDir, id)
+	syscall.Unmount(filepath.Join(dir, "rootfs"), syscall.MNT_DETACH)
+	os.RemoveAll(dir)
+}
+
+func opDelete(raw json.RawMessage) (interface{}, error) {
+	_, c, err := parseID(raw)
+	if err != nil {
+		return nil, err
+	}
+	if c.snapshot().State != "exited" {
+		crun("kill", c.ID, "KILL")
+		select {
+		case <-c.done:
+		case <-time.After(10 * time.Second):
+			return nil, fmt.Errorf("delete: container %s did not die", c.ID)
+		}
+	}
+	if _, err := crun("delete", "--force", c.ID); err != nil {
+		logf("%v", err)
+	}
+	cleanup(c.ID)
+	cmu.Lock()
+	delete(containers, c.ID)
+	cmu.Unlock()
+	return nil, nil
+}
+
+func init() {
+	handlers["create"] = opCreate
+	handlers["start"] = opStart
+	handlers["kill"] = opKill
+	handlers["wait"] = opWait
+	handlers["status"] = opStatus
+	handlers["list"] = opList
+	handlers["delete"] = opDelete
+}

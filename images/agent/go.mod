@@ -1,0 +1,3 @@
+module vmsandbox/agent
+
+go 1.19

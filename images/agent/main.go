@@ -1,0 +1,216 @@
+// vmsandbox-agent: the guest side of the host <-> guest channel (protocol: images/README.md).
+//
+// It opens the virtio-serial port named io.vmsandbox.agent.0 once, greets the host with hello
+// until acked, and answers requests. Container state lives here, not in the connection: a host
+// that goes away and comes back finds its containers as it left them.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+const channelName = "io.vmsandbox.agent.0"
+const maxLine = 1 << 20
+
+// protocolVersion is what this agent sends; it also reads version 1 requests.
+const protocolVersion = 2
+
+type message struct {
+	V    int             `json:"v"`
+	Type string          `json:"type"`
+	ID   json.RawMessage `json:"id,omitempty"`
+	Op   string          `json:"op,omitempty"`
+	Args json.RawMessage `json:"args,omitempty"`
+}
+
+type port struct {
+	f     *os.File
+	wmu   sync.Mutex
+	acked bool
+	amu   sync.Mutex
+}
+
+func (p *port) send(obj map[string]interface{}) {
+	obj["v"] = protocolVersion
+	b, err := json.Marshal(obj)
+	if err != nil {
+		logf("cannot encode a message: %v", err)
+		return
+	}
+	b = append(b, '\n')
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	if _, err := p.f.Write(b); err != nil {
+		logf("write to the channel failed: %v", err)
+	}
+}
+
+func (p *port) setAcked(v bool) {
+	p.amu.Lock()
+	p.acked = v
+	p.amu.Unlock()
+}
+
+func (p *port) isAcked() bool {
+	p.amu.Lock()
+	defer p.amu.Unlock()
+	return p.acked
+}
+
+func logf(format string, a ...interface{}) {
+	fmt.Fprintf(os.Stderr, "vmsandbox-agent: "+format+"\n", a...)
+}
+
+func findPort() string {
+	for waited := 0; ; waited++ {
+		names, _ := filepath.Glob("/sys/class/virtio-ports/vport*/name")
+		for _, nf := range names {
+			b, err := os.ReadFile(nf)
+			if err != nil || strings.TrimSpace(string(b)) != channelName {
+				continue
+			}
+			dev := "/dev/" + filepath.Base(filepath.Dir(nf))
+			if st, err := os.Stat(dev); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+				return dev
+			}
+		}
+		if waited%1000 == 999 {
+			logf("still no virtio-serial port named %s", channelName)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func main() {
+	// Containers are reparented to us when crun exits, so that we can wait for them.
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, 36 /* PR_SET_CHILD_SUBREAPER */, 1, 0); errno != 0 {
+		logf("PR_SET_CHILD_SUBREAPER: %v", errno)
+	}
+	startReaper()
+	dev := findPort()
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		logf("cannot open %s: %v", dev, err)
+		os.Exit(1)
+	}
+	logf("agent on %s", dev)
+	p := &port{f: f}
+	go p.greet()
+	p.serve()
+}
+
+// greet sends hello every second while no host has acked (or sent anything).
+func (p *port) greet() {
+	for {
+		if !p.isAcked() {
+			p.send(map[string]interface{}{"type": "hello", "body": report()})
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func (p *port) serve() {
+	r := bufio.NewReaderSize(p.f, 65536)
+	for {
+		line, err := r.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			// overlong line: skip to its end and refuse it
+			for err == bufio.ErrBufferFull {
+				_, err = r.ReadSlice('\n')
+			}
+			p.fail(nil, "message longer than the agent reads")
+			continue
+		}
+		if err != nil {
+			// EOF: the host went away; greet whoever connects next. A read on a port
+			// without a host returns EOF at once, so do not spin.
+			p.setAcked(false)
+			time.Sleep(100 * time.Millisecond)
+			r.Reset(p.f)
+			continue
+		}
+		text := strings.TrimSpace(string(line))
+		if text == "" {
+			continue
+		}
+		var m message
+		if err := json.Unmarshal([]byte(text), &m); err != nil {
+			p.fail(nil, "unparsable message: "+err.Error())
+			continue
+		}
+		id := m.ID
+		if len(id) == 0 || id[0] != '"' {
+			id = nil
+		}
+		if m.V != 1 && m.V != 2 {
+			p.fail(id, fmt.Sprintf("unsupported protocol version %d (this agent speaks 1 and 2)", m.V))
+			continue
+		}
+		switch m.Type {
+		case "ack":
+			p.setAcked(true)
+			continue
+		case "request":
+		default:
+			p.fail(id, "unexpected message type from the host: "+m.Type)
+			continue
+		}
+		p.setAcked(true)
+		if id == nil {
+			p.fail(nil, "request without a string id")
+			continue
+		}
+		go p.handle(id, m.Op, m.Args)
+	}
+}
+
+func (p *port) fail(id json.RawMessage, msg string) {
+	var rid interface{}
+	if id != nil {
+		rid = id
+	}
+	p.send(map[string]interface{}{"type": "response", "id": rid, "ok": false, "error": msg})
+}
+
+func (p *port) handle(id json.RawMessage, op string, args json.RawMessage) {
+	if len(args) == 0 || string(args) == "null" {
+		args = json.RawMessage("{}")
+	}
+	h, ok := handlers[op]
+	if !ok {
+		p.fail(id, "unknown op: "+op)
+		return
+	}
+	body, err := h(args)
+	if err != nil {
+		p.fail(id, err.Error())
+		return
+	}
+	if body == nil {
+		body = map[string]interface{}{}
+	}
+	p.send(map[string]interface{}{"type": "response", "id": id, "ok": true, "body": body})
+	if op == "poweroff" {
+		time.Sleep(100 * time.Millisecond)
+		syscall.Sync()
+		syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF)
+	}
+}
+
+type handler func(args json.RawMessage) (interface{}, error)
+
+var handlers = map[string]handler{}
+
+func init() {
+	handlers["ping"] = func(json.RawMessage) (interface{}, error) { return nil, nil }
+	handlers["report"] = func(json.RawMessage) (interface{}, error) { return report(), nil }
+	handlers["poweroff"] = func(json.RawMessage) (interface{}, error) { return nil, nil }
+}

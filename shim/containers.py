@@ -1,0 +1,486 @@
+"""``Containers``: runs admitted containers in their pod's guest and owns what that takes on the
+host — the per-sandbox shared directory (``<state>/sandboxes/<id>/shared``, virtio-9p), the hold on
+each container's image, the agent connection of each guest, and the copy of each container's log
+from the shared directory to the kubelet's ``log_directory/log_path``.
+
+Container records (admission, names, state) are kept by ``shim.sandboxes``; this owner moves them
+through their life: created in the guest, running, exited (exit code, reason, times), removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import BinaryIO
+
+from shim.images import ImageStore
+from shim.model import CONTAINER_CREATED, CONTAINER_EXITED, CONTAINER_RUNNING, SANDBOX_READY, ContainerRecord
+from shim.sandboxes import Sandboxes
+from vmsandbox import oci_spec
+from vmsandbox.adapters.agent_client import AgentClient
+from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
+from vmsandbox.adapters.hypervisor import Hypervisor
+from vmsandbox.agent_protocol import IMAGES_TAG, SHARED_TAG, CgroupStats, ContainerState, ExecResult
+from vmsandbox.domain import AGENT_CHANNEL, SharedDir
+from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, VmSandboxError, WrongState
+
+log = logging.getLogger(__name__)
+
+GUEST_SHARED_MOUNT = "/run/vmsandbox/shared"
+"""Where the guest agent mounts the shared directory (images/agent)."""
+_CONNECT_TIMEOUT_S = 30.0
+_MAX_PASSWD_BYTES = 1 << 20
+
+
+def _exit_reason(st: ContainerState) -> str:
+    if st.oom_killed:
+        return "OOMKilled"
+    return "Completed" if st.exit_code == 0 else "Error"
+
+
+def _image_file_lines(tree: Path, name: str) -> list[str]:
+    """Lines of ``etc/<name>`` in an image tree; a symlink leading out of the tree reads as empty."""
+    path = tree / "etc" / name
+    try:
+        real = path.resolve(strict=True)
+    except OSError:
+        return []
+    if not real.is_relative_to(tree.resolve()) or not real.is_file():
+        return []
+    with real.open("rb") as f:
+        return f.read(_MAX_PASSWD_BYTES).decode(errors="replace").splitlines()
+
+
+def _admitted_limits(asked: oci_spec.Resources, linux: dict[str, object]) -> oci_spec.Resources:
+    """The cgroup limits of a container: what admission recorded (its LinuxContainerResources, or
+    what its kubernetes_resources imply), the rest as asked."""
+
+    def num(key: str) -> int | None:
+        value = int(str(linux.get(key, 0) or 0))
+        return value if value > 0 else None
+
+    return replace(
+        asked,
+        memory_limit_bytes=num("memory_limit_bytes") or asked.memory_limit_bytes,
+        cpu_quota_us=num("cpu_quota") or asked.cpu_quota_us,
+        cpu_period_us=num("cpu_period") or asked.cpu_period_us,
+        cpu_shares=num("cpu_shares") or asked.cpu_shares,
+    )
+
+
+class _LogPump:
+    """Copies what the guest appends to a container's log in the shared directory into the
+    kubelet's log file; ``reopen`` (log rotation) opens a new destination file before returning."""
+
+    def __init__(self, src: Path, dst: Path) -> None:
+        self.src = src
+        self.dst = dst
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._offset = 0
+        self.dst.parent.mkdir(parents=True, exist_ok=True)
+        self._out: BinaryIO = self.dst.open("ab")
+        self._thread = threading.Thread(target=self._run, name=f"log-{src.parent.name[:12]}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                stopping = self._stop.is_set()
+                with self._lock:
+                    self._copy()
+                if stopping:
+                    return
+                self._stop.wait(0.05)
+        except OSError as e:
+            log.warning("log copy %s -> %s stopped: %s", self.src, self.dst, e)
+        finally:
+            with self._lock:
+                self._out.close()
+
+    def _copy(self) -> None:
+        try:
+            with self.src.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        # only whole lines: the guest may be in the middle of one
+        end = data.rfind(b"\n") + 1
+        if end:
+            self._out.write(data[:end])
+            self._out.flush()
+            self._offset += end
+
+    def reopen(self) -> None:
+        with self._lock:
+            self._out.close()
+            self._out = self.dst.open("ab")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class Containers:
+    def __init__(self, state_dir: str, sandboxes: Sandboxes, images: ImageStore, hypervisor: Hypervisor) -> None:
+        self.root = Path(state_dir) / "sandboxes"
+        self.sandboxes = sandboxes
+        self.images = images
+        self.hypervisor = hypervisor
+        self._lock = threading.Lock()
+        self._clients: dict[str, AgentClient] = {}
+        self._pumps: dict[str, _LogPump] = {}
+        self._container_locks: dict[str, threading.Lock] = {}
+        sandboxes.shared_dirs_for = self.shared_dirs_for
+
+    # -- layout ---------------------------------------------------------------------------------
+    def _shared(self, sandbox_id: str) -> Path:
+        return self.root / sandbox_id / "shared"
+
+    def shared_dirs_for(self, sandbox_id: str) -> tuple[SharedDir, ...]:
+        shared = self._shared(sandbox_id)
+        (shared / "containers").mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root / sandbox_id, 0o700)
+        return (
+            SharedDir(str(shared), SHARED_TAG),
+            SharedDir(str(self.images.trees_root), IMAGES_TAG, readonly=True),
+        )
+
+    def _lock_for(self, container_id: str) -> threading.Lock:
+        with self._lock:
+            return self._container_locks.setdefault(container_id, threading.Lock())
+
+    # -- the guest ------------------------------------------------------------------------------
+    def _client(self, sandbox_id: str) -> AgentClient:
+        with self._lock:
+            client = self._clients.get(sandbox_id)
+        if client is not None:
+            return client
+        record = self.sandboxes.get(sandbox_id)
+        path = self.hypervisor.channel_path(record.domain, AGENT_CHANNEL)
+        client = AgentClient.open(path, _CONNECT_TIMEOUT_S)
+        with self._lock:
+            old = self._clients.get(sandbox_id)
+            if old is not None:
+                client.close()
+                return old
+            self._clients[sandbox_id] = client
+        return client
+
+    def _drop_client(self, sandbox_id: str) -> None:
+        with self._lock:
+            client = self._clients.pop(sandbox_id, None)
+        if client is not None:
+            client.close()
+
+    def _call(self, sandbox_id: str, fn: str, *args: object, **kw: object) -> object:
+        """An agent op, reconnecting once when the channel closed under us (a guest keeps its
+        containers across host connections)."""
+        for attempt in (0, 1):
+            client = self._client(sandbox_id)
+            try:
+                return getattr(client, fn)(*args, **kw)
+            except GuestChannelClosed:
+                self._drop_client(sandbox_id)
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def create(
+        self,
+        container_id: str,
+        request: oci_spec.ContainerRequest,
+        user_spec: str,
+        stop_signal: str,
+        mounts: list[tuple[str, str, bool]],
+    ) -> None:
+        """Creates an admitted container in its guest (its record exists, state CREATED)."""
+        c = self.sandboxes.container(container_id)
+        sandbox = self.sandboxes.get(c.sandbox_id)
+        image = self.images.get(c.image)
+        if image is None:
+            raise NotFound(f"image {c.image[:256]!r} is not pulled (PullImage it first)")
+        tree = self.images.acquire(image.id)
+        cdir = self._shared(c.sandbox_id) / "containers" / container_id
+        try:
+            spec_img = image.spec
+            image_cfg = oci_spec.ImageConfig(
+                entrypoint=tuple(spec_img.get("entrypoint", ())),
+                cmd=tuple(spec_img.get("cmd", ())),
+                env=tuple(spec_img.get("env", ())),
+                working_dir=str(spec_img.get("working_dir", "")),
+                user=image.user,
+                stop_signal=str(spec_img.get("stop_signal", "")),
+            )
+            user = oci_spec.parse_user(
+                user_spec or image.user, _image_file_lines(tree, "passwd"), _image_file_lines(tree, "group")
+            )
+            signal = oci_spec.stop_signal(stop_signal, image_cfg)
+            cdir.mkdir(parents=True)
+            guest_mounts = self._share_mounts(cdir, container_id, mounts)
+            run = replace(request, mounts=guest_mounts, resources=_admitted_limits(request.resources, c.linux))
+            spec = oci_spec.build_spec(run, image_cfg, user)
+            lower = f"images/{tree.relative_to(self.images.trees_root)}"
+            self._call(
+                c.sandbox_id, "create", container_id, lower=lower, log=f"containers/{container_id}/log", spec=spec
+            )
+        except BaseException:
+            self.images.release(image.id)
+            shutil.rmtree(cdir, ignore_errors=True)
+            raise
+        ref = image.repo_digests[0] if image.repo_digests else image.id
+        # what the container writes to a writable file mount (the termination log) goes back at exit
+        copy_back = [[i, host] for i, (_, host, ro) in enumerate(mounts) if host and not ro and Path(host).is_file()]
+        self.sandboxes.save_container(
+            replace(
+                c,
+                image_id=image.id,
+                image_ref=ref,
+                log_directory=sandbox.log_directory,
+                stop_signal=signal,
+                copy_back=copy_back,
+                reason="Created",
+                message="",
+            )
+        )
+
+    def check_mounts(self, mounts: list[tuple[str, str, bool]]) -> None:
+        """INVALID_ARGUMENT naming the first host path outside the kubelet's pod directory and the
+        admin's allowlist (symlinks resolved)."""
+        allowed = [Path(p) for p in self.sandboxes.config.mount_allowlist] + [
+            Path(self.sandboxes.config.kubelet_pods_dir)
+        ]
+        for _, host_path, _ in mounts:
+            if host_path and not any(Path(os.path.realpath(host_path)).is_relative_to(a) for a in allowed):
+                raise InvalidArgument(
+                    f"mount of host path {host_path[:256]!r} is not allowed: only paths under "
+                    f"{', '.join(str(a) for a in allowed)} are shared into pods"
+                )
+
+    def _share_mounts(
+        self, cdir: Path, container_id: str, mounts: list[tuple[str, str, bool]]
+    ) -> tuple[oci_spec.Mount, ...]:
+        """Copies each allowed host path into the container's shared directory; the spec mounts
+        the copy (a snapshot taken at CreateContainer)."""
+        self.check_mounts(mounts)
+        out = []
+        for i, (container_path, host_path, readonly) in enumerate(mounts):
+            if not host_path:
+                continue
+            real = Path(os.path.realpath(host_path))
+            if not real.exists():
+                raise InvalidArgument(f"mount of host path {host_path[:256]!r}: it does not exist")
+            dest = cdir / "mounts" / str(i)
+            dest.parent.mkdir(exist_ok=True)
+            if real.is_dir():
+                shutil.copytree(real, dest, symlinks=True)
+            else:
+                shutil.copy2(real, dest)
+            out.append(
+                oci_spec.Mount(
+                    destination=container_path,
+                    source=f"{GUEST_SHARED_MOUNT}/containers/{container_id}/mounts/{i}",
+                    readonly=readonly,
+                )
+            )
+        return tuple(out)
+
+    def start(self, container_id: str) -> None:
+        with self._lock_for(container_id):
+            c = self.sandboxes.container(container_id)
+            if c.state != CONTAINER_CREATED:
+                raise WrongState(f"container {container_id[:12]} is {c.state}, not created: it can start only once")
+            if not c.image_id:
+                raise InfrastructureError(f"container {container_id[:12]} was not created in its guest")
+            self._start_pump(c)
+            st = self._call(c.sandbox_id, "start", container_id)
+            assert isinstance(st, ContainerState)
+            self.sandboxes.save_container(
+                replace(c, state=CONTAINER_RUNNING, started_ns=st.started_at_ns or time.time_ns(), reason="")
+            )
+
+    def _start_pump(self, c: ContainerRecord) -> None:
+        if not c.log_path:
+            return
+        dst = Path(c.log_path) if c.log_path.startswith("/") else Path(c.log_directory or "/") / c.log_path
+        src = self._shared(c.sandbox_id) / "containers" / c.id / "log"
+        with self._lock:
+            if c.id not in self._pumps:
+                self._pumps[c.id] = _LogPump(src, dst)
+
+    def refresh(self, container_id: str) -> ContainerRecord:
+        """The record, brought up to date with the guest (exit code, reason, finish time)."""
+        c = self.sandboxes.container(container_id)
+        if c.state == CONTAINER_EXITED or not c.image_id:
+            return c
+        try:
+            st = self._call(c.sandbox_id, "status", container_id)
+        except VmSandboxError as e:
+            if self.sandboxes.get(c.sandbox_id).state == SANDBOX_READY:
+                # the guest does not answer; if it died, libvirt's event marks the sandbox soon
+                log.warning("container %s: no status from its guest: %s", container_id[:12], e)
+                return c
+            now = self.sandboxes.container(container_id)  # the guest's death may have been recorded meanwhile
+            if now.state == CONTAINER_EXITED:
+                return now
+            return self._exited(now, 255, "SandboxDied", f"the pod's guest is gone: {e}")
+        assert isinstance(st, ContainerState)
+        if st.state != "exited":
+            return c
+        return self._exited(c, st.exit_code, _exit_reason(st), "", st.finished_at_ns)
+
+    def _exited(self, c: ContainerRecord, code: int, reason: str, message: str, at: int = 0) -> ContainerRecord:
+        with self._lock:
+            pump = self._pumps.pop(c.id, None)
+        if pump is not None:
+            pump.stop()
+        self._copy_back(c)
+        done = replace(
+            c, state=CONTAINER_EXITED, exit_code=code, reason=reason, message=message, finished_ns=at or time.time_ns()
+        )
+        self.sandboxes.save_container(done)
+        return done
+
+    def _copy_back(self, c: ContainerRecord) -> None:
+        """Writable file mounts (the termination log) back to their host path, once the container exited."""
+        mounts = self._shared(c.sandbox_id) / "containers" / c.id / "mounts"
+        for index, host in c.copy_back:
+            src = mounts / str(int(index))
+            try:
+                if src.is_file() and not src.is_symlink() and Path(host).is_file():
+                    with src.open("rb") as f, open(host, "wb") as out:
+                        shutil.copyfileobj(f, out)
+            except OSError as e:
+                log.warning("container %s: copying %s back to %s failed: %s", c.id[:12], src, host, e)
+
+    def stop(self, container_id: str, timeout_s: int) -> None:
+        try:
+            c = self.refresh(container_id)
+        except NotFound:
+            return
+        if c.state == CONTAINER_EXITED:
+            return
+        if not c.image_id or c.state == CONTAINER_CREATED:
+            self._exited(c, 0, "Completed" if c.state == CONTAINER_CREATED else "Error", "stopped before it started")
+            return
+        with contextlib.suppress(GuestRequestFailed):
+            self._call(c.sandbox_id, "kill", container_id, c.stop_signal or "TERM")
+            st = self._call(c.sandbox_id, "wait", container_id, timeout_s=max(timeout_s, 0))
+            assert isinstance(st, ContainerState)
+            if st.state != "exited":
+                self._call(c.sandbox_id, "kill", container_id, "KILL")
+                self._call(c.sandbox_id, "wait", container_id, timeout_s=30)
+        self.refresh(container_id)
+
+    def remove(self, container_id: str) -> None:
+        try:
+            c = self.sandboxes.container(container_id)
+        except NotFound:
+            return
+        if c.image_id:
+            with contextlib.suppress(GuestRequestFailed, GuestChannelClosed, GuestChannelTimeout, InfrastructureError):
+                self._call(c.sandbox_id, "delete", container_id)
+        with self._lock:
+            pump = self._pumps.pop(container_id, None)
+        if pump is not None:
+            pump.stop()
+        shutil.rmtree(self._shared(c.sandbox_id) / "containers" / container_id, ignore_errors=True)
+        self.sandboxes.remove_container(container_id)
+        if c.image_id:
+            self.images.release(c.image_id)
+
+    def sandbox_stopped(self, sandbox_id: str) -> None:
+        """The sandbox's guest is gone (StopPodSandbox): stop copying its logs, drop its connection.
+        Image holds stay until its containers (or the sandbox) are removed."""
+        for c in self.sandboxes.containers(sandbox_id):
+            with self._lock:
+                pump = self._pumps.pop(c.id, None)
+            if pump is not None:
+                pump.stop()
+        self._drop_client(sandbox_id)
+
+    def sandbox_removed(self, sandbox_id: str) -> None:
+        """Forget a removed sandbox's guest: its connection, log copies and shared directory."""
+        for c in self.sandboxes.containers(sandbox_id):
+            with self._lock:
+                pump = self._pumps.pop(c.id, None)
+            if pump is not None:
+                pump.stop()
+            if c.image_id:
+                self.images.release(c.image_id)
+        self._drop_client(sandbox_id)
+        shutil.rmtree(self.root / sandbox_id, ignore_errors=True)
+
+    def reopen_log(self, container_id: str) -> None:
+        c = self.sandboxes.container(container_id)
+        if c.state != CONTAINER_RUNNING:
+            raise WrongState(f"container {container_id[:12]} is not running: its log is not being written")
+        with self._lock:
+            pump = self._pumps.get(container_id)
+        if pump is not None:
+            pump.reopen()
+
+    def exec_sync(self, container_id: str, argv: list[str], timeout_s: int, max_bytes: int) -> ExecResult:
+        c = self.refresh(container_id)
+        if c.state != CONTAINER_RUNNING:
+            raise WrongState(f"container {container_id[:12]} is not running: nothing to exec into")
+        if not argv:
+            raise InvalidArgument("ExecSync: cmd is empty")
+        res = self._call(c.sandbox_id, "exec", container_id, argv, timeout_s=timeout_s, max_bytes=max_bytes)
+        assert isinstance(res, ExecResult)
+        return res
+
+    def stats(self, container_id: str) -> CgroupStats | None:
+        c = self.sandboxes.container(container_id)
+        if c.state != CONTAINER_RUNNING:
+            return None
+        try:
+            res = self._call(c.sandbox_id, "stats", container_id)
+        except GuestRequestFailed:
+            return None
+        assert isinstance(res, CgroupStats)
+        return res
+
+    def sandbox_stats(self, sandbox_id: str) -> CgroupStats:
+        res = self._call(sandbox_id, "stats", "")
+        assert isinstance(res, CgroupStats)
+        return res
+
+    def update(self, container_id: str, linux: dict[str, object]) -> None:
+        """Applies a container's (admitted) cgroup limits in the guest."""
+        c = self.sandboxes.container(container_id)
+        if c.state not in (CONTAINER_RUNNING, CONTAINER_CREATED) or not c.image_id:
+            return
+        files: dict[str, str] = {}
+        mem = int(str(linux.get("memory_limit_bytes", 0) or 0))
+        if mem:
+            files["memory.max"] = str(mem)
+        quota = int(str(linux.get("cpu_quota", 0) or 0))
+        period = int(str(linux.get("cpu_period", 0) or 0)) or 100_000
+        if quota > 0:
+            files["cpu.max"] = f"{quota} {period}"
+        shares = int(str(linux.get("cpu_shares", 0) or 0))
+        if shares:
+            # the cgroup v1 -> v2 conversion crun and runc use
+            files["cpu.weight"] = str(1 + ((shares - 2) * 9999) // 262142)
+        if files:
+            self._call(c.sandbox_id, "update", container_id, files)
+
+    def close(self) -> None:
+        with self._lock:
+            pumps = list(self._pumps.values())
+            self._pumps.clear()
+            clients = list(self._clients.values())
+            self._clients.clear()
+        for p in pumps:
+            p.stop()
+        for cl in clients:
+            cl.close()

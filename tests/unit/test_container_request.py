@@ -1,0 +1,83 @@
+"""What a CRI ContainerConfig asks the guest to run (shim.translate.container_request) and the
+statistics it reports back (shim.translate.container_stats)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shim import translate
+from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.model import ContainerRecord
+from vmsandbox.agent_protocol import CgroupStats
+
+
+def _config(**security: object) -> pb.ContainerConfig:
+    config = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name="app"),
+        command=["sh"],
+        args=["-c", "true"],
+        envs=[pb.KeyValue(key="A", value=b"1")],
+        working_dir="/srv",
+        stop_signal=pb.SIGNAL_SIGQUIT,
+    )
+    config.linux.security_context.CopyFrom(pb.LinuxContainerSecurityContext(**security))  # type: ignore[arg-type]
+    config.linux.resources.CopyFrom(
+        pb.LinuxContainerResources(cpu_quota=50_000, cpu_period=100_000, memory_limit_in_bytes=1 << 26)
+    )
+    return config
+
+
+def test_command_env_resources_signal() -> None:
+    request, user, signal = translate.container_request(_config(), "web-0", {"kernel.shm_rmid_forced": "1"})
+    assert (request.command, request.args, request.env, request.working_dir) == (
+        ("sh",),
+        ("-c", "true"),
+        (("A", "1"),),
+        "/srv",
+    )
+    assert (request.hostname, user, signal) == ("web-0", "", "SIGQUIT")
+    assert request.resources.memory_limit_bytes == 1 << 26 and request.resources.cpu_quota_us == 50_000
+    assert request.sysctls == {"kernel.shm_rmid_forced": "1"}
+
+
+@pytest.mark.parametrize(
+    ("security", "user"),
+    [
+        ({"run_as_user": pb.Int64Value(value=1000)}, "1000"),
+        ({"run_as_user": pb.Int64Value(value=0), "run_as_group": pb.Int64Value(value=5)}, "0:5"),
+        ({"run_as_username": "www"}, "www"),
+        ({}, ""),
+    ],
+)
+def test_user_spec(security: dict[str, object], user: str) -> None:
+    assert translate.container_request(_config(**security), "", {})[1] == user
+
+
+@pytest.mark.parametrize(
+    ("profile", "expected"),
+    [
+        (pb.SecurityProfile(profile_type=pb.SecurityProfile.ProfileType.RuntimeDefault), "runtime/default"),
+        (pb.SecurityProfile(profile_type=pb.SecurityProfile.ProfileType.Unconfined), "unconfined"),
+        (
+            pb.SecurityProfile(profile_type=pb.SecurityProfile.ProfileType.Localhost, localhost_ref="p.json"),
+            "localhost/p.json",
+        ),
+    ],
+)
+def test_seccomp_profiles(profile: pb.SecurityProfile, expected: str) -> None:
+    request, _, _ = translate.container_request(_config(seccomp=profile), "", {})
+    assert request.seccomp == expected
+
+
+def test_stats_carry_cpu_memory_and_writable_layer() -> None:
+    c = ContainerRecord(
+        id="c" * 64, sandbox_id="s" * 64, name="app", attempt=0, state="CONTAINER_RUNNING", created_ns=1
+    )
+    s = CgroupStats(5, 2_000_000, 300, 200, 100, 7, 1, 2, 4096, 3)
+    out = translate.container_stats(c, s, 1500)
+    assert out.attributes.id == c.id and out.attributes.metadata.name == "app"
+    assert (out.cpu.usage_core_nano_seconds.value, out.cpu.usage_nano_cores.value) == (2_000_000, 1500)
+    assert (out.memory.working_set_bytes.value, out.memory.usage_bytes.value) == (200, 300)
+    assert (out.writable_layer.used_bytes.value, out.writable_layer.inodes_used.value) == (4096, 3)
+    empty = translate.container_stats(c, None, None)
+    assert not empty.HasField("cpu") and not empty.HasField("memory")

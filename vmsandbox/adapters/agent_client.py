@@ -1,0 +1,181 @@
+"""Host side of the container ops of the guest agent (protocol 2, ``vmsandbox.agent_protocol``).
+
+One ``AgentClient`` per sandbox holds the channel connection; a reader thread hands each response
+to the request waiting for its id, so requests run concurrently (a ``wait`` for a container's exit
+does not hold up an ``exec``). Container state lives in the guest: a client that closes (a shim
+that restarts) and a new client that opens find the containers running as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+from vmsandbox.adapters.guest_channel import (
+    GuestChannel,
+    GuestChannelClosed,
+    GuestChannelTimeout,
+    GuestRequestFailed,
+)
+from vmsandbox.agent_protocol import (
+    CgroupStats,
+    ContainerState,
+    ExecResult,
+    GuestReport,
+    Hello,
+    ProtocolError,
+    Request,
+    Response,
+    container_state_from_body,
+    exec_result_from_body,
+    stats_from_body,
+)
+from vmsandbox.errors import InfrastructureError
+
+_SLACK_S = 10.0
+"""Extra time a blocking op (wait, exec) gets over its own timeout for the round trip."""
+
+
+_READ_WAIT_S = 3600.0
+"""The reader thread waits this long per message (and again); the socket closing ends it."""
+
+
+class _Pending:
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.response: Response | None = None
+
+
+class AgentClient:
+    """Concurrent requests to one guest agent over its virtio-serial channel."""
+
+    def __init__(self, channel: GuestChannel) -> None:
+        self.report: GuestReport = channel.report
+        self._conn = channel.take_connection()
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._pending: dict[str, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._closed: str | None = None
+        if self.report.protocol < 2:
+            self._conn.close()
+            raise InfrastructureError(
+                f"the guest agent on {self._conn.path} speaks protocol {self.report.protocol}; containers need 2"
+            )
+        self._reader = threading.Thread(target=self._read_loop, name="agent-reader", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def open(cls, socket_path: str | os.PathLike[str], timeout_s: float) -> AgentClient:
+        return cls(GuestChannel.open(socket_path, timeout_s))
+
+    def _read_loop(self) -> None:
+        reason = "closed"
+        try:
+            while True:
+                msg = self._conn.read(time.monotonic() + _READ_WAIT_S, "a response")
+                if isinstance(msg, Hello):
+                    continue
+                if not isinstance(msg, Response) or msg.id is None:
+                    continue
+                with self._lock:
+                    pending = self._pending.pop(msg.id, None)
+                if pending is not None:
+                    pending.response = msg
+                    pending.event.set()
+        except (GuestChannelClosed, GuestChannelTimeout, ProtocolError, OSError) as e:
+            reason = str(e)
+        finally:
+            with self._lock:
+                self._closed = reason
+                waiting = list(self._pending.values())
+                self._pending.clear()
+            for p in waiting:
+                p.event.set()
+
+    def request(self, op: str, args: Mapping[str, object], timeout_s: float) -> Mapping[str, object]:
+        """The body of the response to ``op``; GuestRequestFailed when the agent refuses,
+        GuestChannelTimeout / GuestChannelClosed when it does not answer."""
+        pending = _Pending()
+        with self._lock:
+            if self._closed is not None:
+                raise GuestChannelClosed(f"guest channel {self._conn.path}: {self._closed}")
+            rid = str(next(self._ids))
+            self._pending[rid] = pending
+        with self._send_lock:
+            self._conn.send(Request(id=rid, op=op, args=args))
+        if not pending.event.wait(timeout_s):
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise GuestChannelTimeout(f"no response to {op!r} within {timeout_s:g} s on {self._conn.path}")
+        response = pending.response
+        if response is None:
+            raise GuestChannelClosed(f"guest channel {self._conn.path} closed during {op!r}: {self._closed}")
+        if not response.ok:
+            raise GuestRequestFailed(f"guest refused {op!r}: {response.error}")
+        return response.body
+
+    # ---- typed ops ----------------------------------------------------------------------------
+
+    def create(
+        self, cid: str, *, lower: str, log: str, spec: Mapping[str, object], timeout_s: float = 60
+    ) -> ContainerState:
+        """Creates container ``cid``: overlay of ``lower`` (path inside the shared directory)
+        and a writable layer; its output goes to ``log`` (inside the shared directory)."""
+        body = self.request("create", {"id": cid, "lower": lower, "log": log, "spec": dict(spec)}, timeout_s)
+        return container_state_from_body(body, "create response")
+
+    def start(self, cid: str, timeout_s: float = 60) -> ContainerState:
+        return container_state_from_body(self.request("start", {"id": cid}, timeout_s), "start response")
+
+    def kill(self, cid: str, signal: str, timeout_s: float = 30) -> ContainerState:
+        return container_state_from_body(
+            self.request("kill", {"id": cid, "signal": signal}, timeout_s), "kill response"
+        )
+
+    def wait(self, cid: str, timeout_s: float) -> ContainerState:
+        """The state once the container exited, or when ``timeout_s`` passed (state not exited)."""
+        body = self.request("wait", {"id": cid, "timeout_ms": int(timeout_s * 1000)}, timeout_s + _SLACK_S)
+        return container_state_from_body(body, "wait response")
+
+    def status(self, cid: str, timeout_s: float = 30) -> ContainerState:
+        return container_state_from_body(self.request("status", {"id": cid}, timeout_s), "status response")
+
+    def list(self, timeout_s: float = 30) -> list[ContainerState]:
+        body = self.request("list", {}, timeout_s)
+        items = body.get("containers")
+        if not isinstance(items, list):
+            raise ProtocolError("list response: 'containers' must be an array")
+        return [container_state_from_body(i, "list item") for i in items if isinstance(i, dict)]
+
+    def delete(self, cid: str, timeout_s: float = 60) -> None:
+        self.request("delete", {"id": cid}, timeout_s)
+
+    def exec(self, cid: str, argv: Sequence[str], *, timeout_s: float, max_bytes: int = 16 << 20) -> ExecResult:
+        """Runs ``argv`` in the container; timeout_s 0: no timeout."""
+        args = {"id": cid, "argv": list(argv), "timeout_ms": int(timeout_s * 1000), "max_bytes": max_bytes}
+        wait = (timeout_s or 24 * 3600) + _SLACK_S
+        return exec_result_from_body(self.request("exec", args, wait), "exec response")
+
+    def stats(self, cid: str = "", timeout_s: float = 30) -> CgroupStats:
+        """Usage of container ``cid``; of the whole guest when ``cid`` is empty."""
+        return stats_from_body(self.request("stats", {"id": cid}, timeout_s), "stats response")
+
+    def update(self, cid: str, files: Mapping[str, str], timeout_s: float = 30) -> None:
+        """Writes cgroup limit files ("memory.max", "cpu.max", ...) of a container."""
+        self.request("update", {"id": cid, "files": dict(files)}, timeout_s)
+
+    def close(self) -> None:
+        self._conn.close()
+        self._reader.join(timeout=5)
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
