@@ -159,9 +159,16 @@ def busybox_registry() -> str | None:
     return registry.host
 
 
-def start_shim(tmp: Path, *, extra_config: dict[str, object] | None = None, env: dict[str, str] | None = None) -> Shim:
+def start_shim(
+    tmp: Path,
+    *,
+    extra_config: dict[str, object] | None = None,
+    env: dict[str, str] | None = None,
+    pull_busybox: bool = True,
+) -> Shim:
     """Start ``python -m shim serve`` on ``tmp``; ``env`` adds environment variables (e.g. VMSANDBOX_FAULT).
-    The image "busybox" is pulled (from the session's registry) when the image tools exist."""
+    The image "busybox" is pulled (from the session's registry) when the image tools exist, unless
+    ``pull_busybox`` is False (tests of the image store that start from an empty one)."""
     profiles = tmp / "profiles.yaml"
     write_profiles(profiles)
     config = {
@@ -194,7 +201,7 @@ def start_shim(tmp: Path, *, extra_config: dict[str, object] | None = None, env:
         time.sleep(0.05)
     channel = grpc.insecure_channel(f"unix:{sock}")
     grpc.channel_ready_future(channel).result(timeout=30)
-    if registry is not None and "registries" not in (extra_config or {}):
+    if pull_busybox and registry is not None and "registries" not in (extra_config or {}):
         pb_grpc.ImageServiceStub(channel).PullImage(
             pb.PullImageRequest(image=pb.ImageSpec(image="busybox")), timeout=120
         )
@@ -260,9 +267,11 @@ def remove_all(shim: Shim) -> None:
 
 
 @contextmanager
-def running_shim(tmp: Path, *, extra_config: dict[str, object] | None = None) -> Iterator[Shim]:
+def running_shim(
+    tmp: Path, *, extra_config: dict[str, object] | None = None, pull_busybox: bool = True
+) -> Iterator[Shim]:
     """A shim for the block: on the way out it removes every sandbox it holds, stops, and cleans ``tmp``."""
-    running = start_shim(tmp, extra_config=extra_config)
+    running = start_shim(tmp, extra_config=extra_config, pull_busybox=pull_busybox)
     try:
         yield running
     finally:

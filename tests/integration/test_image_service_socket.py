@@ -22,7 +22,7 @@ TOKEN = pb.AuthConfig(registry_token="a-bearer-token")
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shim]:
     require_host()
-    with running_shim(tmp_path_factory.mktemp("image-shim")) as running:
+    with running_shim(tmp_path_factory.mktemp("image-shim"), pull_busybox=False) as running:
         yield running
 
 
@@ -116,7 +116,7 @@ def test_errors_carry_the_right_code_and_no_traceback(
 
 def test_a_shim_killed_mid_pull_restarts_with_no_image(tmp_path: Path, pushed: Pushed) -> None:  # noqa: F811
     require_host()
-    first = start_shim(tmp_path, env={"VMSANDBOX_FAULT": "pull:after-tree"})
+    first = start_shim(tmp_path, env={"VMSANDBOX_FAULT": "pull:after-tree"}, pull_busybox=False)
     try:
         with pytest.raises(grpc.RpcError) as exc:
             first.images.PullImage(pb.PullImageRequest(image=spec(pushed.ref("uid"))), timeout=120)
@@ -124,7 +124,7 @@ def test_a_shim_killed_mid_pull_restarts_with_no_image(tmp_path: Path, pushed: P
         first.process.wait(timeout=30)
     finally:
         stop_shim(first, kill=True)
-    second = start_shim(tmp_path)
+    second = start_shim(tmp_path, pull_busybox=False)
     try:
         assert list(second.images.ListImages(pb.ListImagesRequest(), timeout=10).images) == []
         store = second.state_dir / "images"
