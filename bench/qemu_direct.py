@@ -62,6 +62,7 @@ class DirectGuest:
     # a cgroup directory (cgroup v1 cpu controller or v2) whose child QEMU runs in: libvirt's
     # machine partition, so the baseline competes for CPU from where libvirt's guests do
     cgroup_parent: str | None = None
+    shares: tuple[tuple[str, str, bool], ...] = ()  # virtio-9p exports: (host directory, tag, read-only)
 
     @classmethod
     def from_image(cls, image_dir: str | os.PathLike[str], *, extra_cmdline: str = "", **kw: Any) -> DirectGuest:
@@ -96,6 +97,10 @@ class DirectGuest:
             tb_cache_mib=tb,
             host_cpus=tuple(sorted(cpus)),
             cgroup_parent=cgroup_parent,
+            shares=tuple(
+                (fs.find("source").get("dir", ""), fs.find("target").get("dir", ""), fs.find("readonly") is not None)  # type: ignore[union-attr]
+                for fs in root.iterfind("devices/filesystem")
+            ),
         )
 
 
@@ -141,10 +146,12 @@ def qemu_argv(
     else:
         argv += ["-device", "virtio-serial-pci,id=virtio-serial0"]
     argv += ["-device", f"virtserialport,bus=virtio-serial0.0,nr=1,chardev=agent,name={CHANNEL_NAME}"]
-    if shared_dir:
+    shares = [*guest.shares, *([(shared_dir, SHARED_TAG, False)] if shared_dir else [])]
+    for i, (path, tag, readonly) in enumerate(shares):  # as libvirt's <filesystem accessmode='passthrough'>
+        ro = ",readonly=on" if readonly else ""
         argv += [
-            "-fsdev", f"local,id=fsdev-shared,path={shared_dir},security_model=passthrough,multidevs=remap",
-            "-device", f"virtio-9p-pci,id=fs0,fsdev=fsdev-shared,mount_tag={SHARED_TAG}",
+            "-fsdev", f"local,id=fsdev{i},path={path},security_model=passthrough,multidevs=remap{ro}",
+            "-device", f"virtio-9p-pci,id=fs{i},fsdev=fsdev{i},mount_tag={tag}",
         ]  # fmt: skip
     return argv
 
