@@ -22,7 +22,7 @@ from typing import BinaryIO
 from shim.images import ImageStore
 from shim.model import CONTAINER_CREATED, CONTAINER_EXITED, CONTAINER_RUNNING, SANDBOX_READY, ContainerRecord
 from shim.sandboxes import Sandboxes
-from vmsandbox import oci_spec
+from vmsandbox import oci_spec, validation
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -362,6 +362,8 @@ class Containers:
                 log.warning("container %s: copying %s back to %s failed: %s", c.id[:12], src, host, e)
 
     def stop(self, container_id: str, timeout_s: int) -> None:
+        if not validation.teardown_id(container_id, "container_id"):
+            return  # not an id of ours: nothing to stop, as containerd answers
         try:
             c = self.refresh(container_id)
         except NotFound:
@@ -381,6 +383,8 @@ class Containers:
         self.refresh(container_id)
 
     def remove(self, container_id: str) -> None:
+        if not validation.teardown_id(container_id, "container_id"):
+            return  # not an id of ours: nothing to remove, as containerd answers
         try:
             c = self.sandboxes.container(container_id)
         except NotFound:

@@ -138,17 +138,20 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     def StopPodSandbox(
         self, request: pb.StopPodSandboxRequest, context: grpc.ServicerContext
     ) -> pb.StopPodSandboxResponse:
-        self.sandboxes.stop(request.pod_sandbox_id)
-        self.containers.sandbox_stopped(request.pod_sandbox_id)
+        record = self.sandboxes.find_for_teardown(request.pod_sandbox_id)
+        if record is not None:
+            self.sandboxes.stop(record.id)
+            self.containers.sandbox_stopped(record.id)
         return pb.StopPodSandboxResponse()
 
     @rpc
     def RemovePodSandbox(
         self, request: pb.RemovePodSandboxRequest, context: grpc.ServicerContext
     ) -> pb.RemovePodSandboxResponse:
-        if request.pod_sandbox_id and self.sandboxes.find(request.pod_sandbox_id) is not None:
-            self.containers.sandbox_removed(request.pod_sandbox_id)
-        self.sandboxes.remove(request.pod_sandbox_id)
+        record = self.sandboxes.find_for_teardown(request.pod_sandbox_id)
+        if record is not None:
+            self.containers.sandbox_removed(record.id)
+            self.sandboxes.remove(record.id)
         return pb.RemovePodSandboxResponse()
 
     @rpc

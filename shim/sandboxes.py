@@ -337,6 +337,13 @@ class Sandboxes:
         logs.bind(sandbox_id=record.id, pod=f"{record.meta.namespace}/{record.meta.name}")
         return record
 
+    def find_for_teardown(self, sandbox_id: str) -> SandboxRecord | None:
+        """Stop/RemovePodSandbox's lookup: None for any id that names nothing here, including other
+        runtimes' kinds of ids, since stopping or removing an unknown sandbox succeeds."""
+        if not sandbox_id:
+            raise InvalidArgument("pod_sandbox_id is empty")
+        return self.find(sandbox_id) if validation.teardown_id(sandbox_id, "pod_sandbox_id") else None
+
     def find(self, sandbox_id: str) -> SandboxRecord | None:
         try:
             return self.get(sandbox_id)
@@ -348,9 +355,7 @@ class Sandboxes:
 
     def stop(self, sandbox_id: str) -> None:
         """Destroy the guest and release its resources; unknown ids and repeats succeed."""
-        if not sandbox_id:
-            raise InvalidArgument("pod_sandbox_id is empty")
-        found = self.find(sandbox_id)
+        found = self.find_for_teardown(sandbox_id)
         if found is None:
             return
         sandbox_id = found.id
@@ -372,9 +377,8 @@ class Sandboxes:
                 log.info("sandbox %s stopped: domain %s removed, resources released", sandbox_id[:12], record.domain)
 
     def remove(self, sandbox_id: str) -> None:
-        if not sandbox_id:
-            raise InvalidArgument("pod_sandbox_id is empty")
-        found = self.find(sandbox_id)  # paths below are built from the id of a row we wrote, never the client's
+        # paths below are built from the id of a row we wrote, never the client's
+        found = self.find_for_teardown(sandbox_id)
         if found is None:
             return
         sandbox_id = found.id
@@ -476,6 +480,8 @@ class Sandboxes:
         )
 
     def stop_container(self, container_id: str) -> None:
+        if not validation.teardown_id(container_id, "container_id"):
+            return  # not an id of ours: nothing to stop, as containerd answers
         try:
             c = self.container(container_id)
         except NotFound:
@@ -484,6 +490,8 @@ class Sandboxes:
             self._put_container(replace(c, state=CONTAINER_EXITED, reason="Stopped"))
 
     def remove_container(self, container_id: str) -> None:
+        if not validation.teardown_id(container_id, "container_id"):
+            return  # not an id of ours: nothing to remove, as containerd answers
         try:
             container_id = self.container(container_id).id
         except NotFound:

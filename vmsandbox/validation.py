@@ -274,6 +274,21 @@ def id_prefix(value: str, field: str) -> str:
     return value
 
 
+_FOREIGN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def teardown_id(value: str, field: str) -> str | None:
+    """For Stop/Remove, where an unknown id succeeds (as containerd answers): ``value`` when it may be
+    one of our ids or a prefix of one; None when it is some other runtime's kind of id (a UUID, say),
+    which names nothing here; INVALID_ARGUMENT for anything no runtime would call an id (control
+    characters, path separators, more than 128 characters)."""
+    if value and len(value) <= ID_LENGTH and _ID_PREFIX.fullmatch(value) is not None:
+        return value
+    if _FOREIGN_ID.fullmatch(value) is not None:
+        return None
+    return id_prefix(value, field)  # raises, naming the field
+
+
 def is_id(value: str) -> bool:
     return len(value) == ID_LENGTH and _ID_PREFIX.fullmatch(value) is not None
 

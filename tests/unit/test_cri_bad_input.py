@@ -159,7 +159,9 @@ def test_a_valid_run_still_gets_through(server: Server, request_: pb.RunPodSandb
         pytest.param("a" * (1 << 20), INVALID, id="1MB"),
         pytest.param("../victim", INVALID, id="dot-dot"),
         pytest.param("/tmp/victim", INVALID, id="absolute"),
-        pytest.param("AB" * 32, INVALID, id="uppercase"),
+        pytest.param("AB" * 32, OK, id="uppercase-names-nothing"),
+        pytest.param("4451902d-de8f-4af8-b0e6-bb69b88ad8b9", OK, id="uuid-names-nothing"),  # critest's idempotence
+        pytest.param("x" * 129, INVALID, id="129-chars"),
         pytest.param("ab", INVALID, id="ambiguous-prefix"),
         pytest.param("f" * 64, OK, id="unknown-id"),
         pytest.param("ff", OK, id="unknown-prefix"),
@@ -321,3 +323,21 @@ def test_update_with_zero_hugepage_size(server: Server) -> None:
 def test_undecodable_request_is_invalid_argument(server: Server, body: bytes) -> None:
     code, details, _ = server.rpc("RunPodSandbox", body)
     assert code == INVALID and "runtime.v1.RunPodSandboxRequest" in details
+
+
+@pytest.mark.parametrize("rpc", ["StopContainer", "RemoveContainer"])
+@pytest.mark.parametrize(
+    ("given", "code"),
+    [
+        pytest.param("4451902d-de8f-4af8-b0e6-bb69b88ad8b9", OK, id="uuid-names-nothing"),
+        pytest.param("f" * 64, OK, id="unknown-id"),
+        pytest.param("ab\x00cd", INVALID, id="nul"),
+        pytest.param("../victim", INVALID, id="dot-dot"),
+    ],
+)
+def test_stop_and_remove_container_of_an_unknown_id_succeed(
+    server: Server, rpc: str, given: str, code: grpc.StatusCode
+) -> None:
+    request = pb.StopContainerRequest(container_id=given) if rpc == "StopContainer" else None
+    got, details, _ = server.rpc(rpc, request or pb.RemoveContainerRequest(container_id=given))
+    assert got == code, details
