@@ -303,8 +303,12 @@ class Containers:
             self._start_pump(c)
             st = self._call(c.sandbox_id, "start", container_id)
             assert isinstance(st, ContainerState)
+            # the guest's clock is its own (set from the RTC at boot, then free-running under TCG): times
+            # reported to the kubelet are the host's, so that created <= started <= finished holds
+            started = time.time_ns()
+            offset = started - st.started_at_ns if st.started_at_ns else 0
             self.sandboxes.save_container(
-                replace(c, state=CONTAINER_RUNNING, started_ns=st.started_at_ns or time.time_ns(), reason="")
+                replace(c, state=CONTAINER_RUNNING, started_ns=started, guest_clock_offset_ns=offset, reason="")
             )
 
     def _start_pump(self, c: ContainerRecord) -> None:
@@ -335,7 +339,8 @@ class Containers:
         assert isinstance(st, ContainerState)
         if st.state != "exited":
             return c
-        return self._exited(c, st.exit_code, _exit_reason(st), "", st.finished_at_ns)
+        finished = st.finished_at_ns + c.guest_clock_offset_ns if st.finished_at_ns and c.guest_clock_offset_ns else 0
+        return self._exited(c, st.exit_code, _exit_reason(st), "", max(finished, c.started_ns) if finished else 0)
 
     def _exited(self, c: ContainerRecord, code: int, reason: str, message: str, at: int = 0) -> ContainerRecord:
         with self._lock:

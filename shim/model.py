@@ -95,8 +95,10 @@ class ContainerRecord:
     image_ref: str = ""
     log_directory: str = ""
     stop_signal: str = ""
-    started_ns: int = 0
-    finished_ns: int = 0
+    started_ns: int = 0  # host clock
+    finished_ns: int = 0  # host clock
+    # host clock minus guest clock, measured at start: the guest's own times (exit) are mapped with it
+    guest_clock_offset_ns: int = 0
     exit_code: int = 0
     # [index of the copy in the shared directory, host path]: writable file mounts copied back at exit
     copy_back: list[list[Any]] = field(default_factory=list)
