@@ -32,7 +32,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +168,13 @@ def boot_direct(guest: DirectGuest, *, timeout_s: float = 60.0) -> DirectBoot:
     with tempfile.TemporaryDirectory(prefix="vmsandbox-direct-") as tmp:
         sock = os.path.join(tmp, "agent.sock")
         console = os.path.join(tmp, "console.log")
-        argv = qemu_argv(guest, sock, console_path=console)
+        shares = []
+        for i, (path, tag, readonly) in enumerate(guest.shares):
+            if not os.path.isdir(path):  # a removed sandbox's own directory: an empty one of ours instead
+                path = os.path.join(tmp, f"share{i}")
+                os.makedirs(os.path.join(path, "containers"))
+            shares.append((path, tag, readonly))
+        argv = qemu_argv(replace(guest, shares=tuple(shares)), sock, console_path=console)
         cpus = set(guest.host_cpus)
         cgroup = None
         if guest.cgroup_parent:
