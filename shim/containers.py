@@ -294,6 +294,7 @@ class Containers:
         return tuple(out)
 
     def start(self, container_id: str) -> None:
+        container_id = self.sandboxes.container(container_id).id  # a client's prefix names one lock, one path
         with self._lock_for(container_id):
             c = self.sandboxes.container(container_id)
             if c.state != CONTAINER_CREATED:
@@ -323,6 +324,7 @@ class Containers:
     def refresh(self, container_id: str) -> ContainerRecord:
         """The record, brought up to date with the guest (exit code, reason, finish time)."""
         c = self.sandboxes.container(container_id)
+        container_id = c.id  # the full id, never the client's prefix, goes to the guest
         if c.state == CONTAINER_EXITED or not c.image_id:
             return c
         try:
@@ -373,6 +375,7 @@ class Containers:
             c = self.refresh(container_id)
         except NotFound:
             return
+        container_id = c.id  # the full id, never the client's prefix, goes to the guest
         if c.state == CONTAINER_EXITED:
             return
         if not c.image_id or c.state == CONTAINER_CREATED:
@@ -394,6 +397,7 @@ class Containers:
             c = self.sandboxes.container(container_id)
         except NotFound:
             return
+        container_id = c.id  # the full id, never the client's prefix, names the guest's container and our paths
         if c.image_id:
             with contextlib.suppress(GuestRequestFailed, GuestChannelClosed, GuestChannelTimeout, InfrastructureError):
                 self._call(c.sandbox_id, "delete", container_id)
@@ -431,9 +435,9 @@ class Containers:
     def reopen_log(self, container_id: str) -> None:
         c = self.sandboxes.container(container_id)
         if c.state != CONTAINER_RUNNING:
-            raise WrongState(f"container {container_id[:12]} is not running: its log is not being written")
+            raise WrongState(f"container {c.id[:12]} is not running: its log is not being written")
         with self._lock:
-            pump = self._pumps.get(container_id)
+            pump = self._pumps.get(c.id)
         if pump is not None:
             pump.reopen()
 
@@ -443,7 +447,7 @@ class Containers:
             raise WrongState(f"container {container_id[:12]} is not running: nothing to exec into")
         if not argv:
             raise InvalidArgument("ExecSync: cmd is empty")
-        res = self._call(c.sandbox_id, "exec", container_id, argv, timeout_s=timeout_s, max_bytes=max_bytes)
+        res = self._call(c.sandbox_id, "exec", c.id, argv, timeout_s=timeout_s, max_bytes=max_bytes)
         assert isinstance(res, ExecResult)
         return res
 
@@ -452,7 +456,7 @@ class Containers:
         if c.state != CONTAINER_RUNNING:
             return None
         try:
-            res = self._call(c.sandbox_id, "stats", container_id)
+            res = self._call(c.sandbox_id, "stats", c.id)
         except GuestRequestFailed:
             return None
         assert isinstance(res, CgroupStats)
@@ -481,7 +485,7 @@ class Containers:
             # the cgroup v1 -> v2 conversion crun and runc use
             files["cpu.weight"] = str(1 + ((shares - 2) * 9999) // 262142)
         if files:
-            self._call(c.sandbox_id, "update", container_id, files)
+            self._call(c.sandbox_id, "update", c.id, files)
 
     def close(self) -> None:
         with self._lock:

@@ -215,6 +215,23 @@ def test_mount_outside_the_allowed_paths_is_refused(env: Env) -> None:
     assert "'/etc'" in str(info.value.details())
 
 
+def test_a_unique_id_prefix_names_the_container_in_the_guest_and_on_disk(env: Env) -> None:
+    config = _config(env, "setup", ["sleep", "300"])
+    config.metadata.attempt = 7  # a retry of a declared container
+    cid = _run(env, config)
+    prefix = cid[:13]
+    rt = env.shim.runtime
+    res = rt.ExecSync(pb.ExecSyncRequest(container_id=prefix, cmd=["echo", "hi"], timeout=30), timeout=60)
+    assert (res.exit_code, res.stdout) == (0, b"hi\n")
+    own_dir = env.shim.state_dir / "sandboxes" / env.sandbox / "shared" / "containers" / cid
+    assert own_dir.is_dir()
+    rt.StopContainer(pb.StopContainerRequest(container_id=prefix, timeout=2), timeout=120)
+    assert _status(env, cid).state == pb.CONTAINER_EXITED
+    rt.RemoveContainer(pb.RemoveContainerRequest(container_id=prefix), timeout=60)
+    assert not own_dir.exists(), "the container's directory outlived RemoveContainer by a prefix"
+    assert cid not in {c.id for c in rt.ListContainers(pb.ListContainersRequest(), timeout=60).containers}
+
+
 def test_guest_death_exits_its_containers(env: Env) -> None:
     """Last: it kills the pod's QEMU."""
     config = _config(env, "exit3", ["sleep", "600"])
