@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from vmsandbox.network import DnsConfig, NamespaceOptions, PodNetwork, PortMapping
 from vmsandbox.pod import PodMeta as PodMeta
 from vmsandbox.pod import SandboxSpec as SandboxSpec
 from vmsandbox.resources import ContainerResources
@@ -62,6 +63,12 @@ class SandboxRecord:
     linux_overhead: dict[str, Any] = field(default_factory=dict)  # LinuxPodSandboxConfig.overhead, recorded
     # the pod-level resources of the last accepted UpdatePodSandboxResources (LinuxResources fields)
     updated_resources: dict[str, Any] = field(default_factory=dict)
+    # what the pod asked of its network (NamespaceOptions, PortMapping, DnsConfig fields) and what it
+    # got (PodNetwork.to_doc(); empty until the network is set up)
+    namespaces: dict[str, Any] = field(default_factory=dict)
+    port_mappings: list[dict[str, Any]] = field(default_factory=list)
+    dns: dict[str, Any] = field(default_factory=dict)
+    network: dict[str, Any] = field(default_factory=dict)
 
     def to_doc(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +79,19 @@ class SandboxRecord:
 
     def with_state(self, state: str) -> SandboxRecord:
         return replace(self, state=state)
+
+    def namespace_options(self) -> NamespaceOptions:
+        return NamespaceOptions(**self.namespaces)
+
+    def port_mapping_list(self) -> tuple[PortMapping, ...]:
+        return tuple(PortMapping(**m) for m in self.port_mappings)
+
+    def dns_config(self) -> DnsConfig:
+        return DnsConfig(**{k: tuple(v) for k, v in self.dns.items()})
+
+    def pod_network(self) -> PodNetwork | None:
+        """What the pod's network set-up gave it; None before it ran (or for records older than it)."""
+        return PodNetwork.from_doc(self.network) if self.network else None
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,9 @@ class Sandboxes:
             devices=[g.to_doc() for g in placement.devices],
             accel=accel,
             linux_overhead=asdict(spec.linux_overhead) if not spec.linux_overhead.empty else {},
+            namespaces=asdict(spec.namespaces),
+            port_mappings=[asdict(m) for m in spec.port_mappings],
+            dns=asdict(spec.dns),
         )
         log.info(
             "sandbox %s for pod %s: %d vCPUs on %s, %d MiB, %s, claimed %s",

@@ -8,6 +8,7 @@ Outbound, it renders records as CRI messages.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -25,6 +26,7 @@ from vmsandbox import oci_spec, validation
 from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.image_catalogue import ImageRecord
+from vmsandbox.network import NAMESPACE_MODES, DnsConfig, NamespaceMode, NamespaceOptions, PortMapping, Protocol
 from vmsandbox.oci import image_user
 from vmsandbox.registries import Credentials
 from vmsandbox.resources import (
@@ -159,6 +161,63 @@ def declaration(msg: pb.PodResourceConfig) -> PodDeclaration:
     )
 
 
+_PROTOCOLS: dict[int, Protocol] = {pb.TCP: "tcp", pb.UDP: "udp", pb.SCTP: "sctp"}
+_MAX_DNS_ITEMS = 64
+
+
+def _namespace_mode(value: int, where: str) -> NamespaceMode:
+    if value not in pb.NamespaceMode.values():
+        raise InvalidArgument(f"{where} is {value}, not a NamespaceMode (POD, CONTAINER, NODE or TARGET)")
+    return NAMESPACE_MODES[value]
+
+
+def namespace_options(msg: pb.NamespaceOption, where: str) -> NamespaceOptions:
+    options = NamespaceOptions(
+        network=_namespace_mode(msg.network, f"{where}.network"),
+        pid=_namespace_mode(msg.pid, f"{where}.pid"),
+        ipc=_namespace_mode(msg.ipc, f"{where}.ipc"),
+        target_id=msg.target_id,
+    )
+    if msg.target_id:
+        validation.id_prefix(msg.target_id, f"{where}.target_id")
+    return options
+
+
+def _ip(value: str, where: str) -> None:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise InvalidArgument(f"{where} {validation.quote(value)} is not an IP address") from None
+
+
+def port_mappings(items: Iterable[pb.PortMapping], where: str) -> tuple[PortMapping, ...]:
+    out = []
+    for i, m in enumerate(items):
+        at = f"{where}[{i}]"
+        if m.protocol not in _PROTOCOLS:
+            raise InvalidArgument(f"{at}.protocol is {m.protocol}, not TCP, UDP or SCTP")
+        for name, port in (("container_port", m.container_port), ("host_port", m.host_port)):
+            if not 0 <= port <= 65535:
+                raise InvalidArgument(f"{at}.{name} is {port}, outside 0-65535")
+        if m.host_ip:
+            _ip(m.host_ip, f"{at}.host_ip")
+        out.append(PortMapping(_PROTOCOLS[m.protocol], m.container_port, m.host_port, m.host_ip))
+    return tuple(out)
+
+
+def dns_config(msg: pb.DNSConfig, where: str) -> DnsConfig:
+    for name, items in (("servers", msg.servers), ("searches", msg.searches), ("options", msg.options)):
+        if len(items) > _MAX_DNS_ITEMS:
+            raise InvalidArgument(f"{where}.{name} has {len(items)} entries, more than {_MAX_DNS_ITEMS}")
+        for i, item in enumerate(items):
+            validation.text(item, f"{where}.{name}[{i}]", 253)
+            if not item or any(c.isspace() for c in item):
+                raise InvalidArgument(f"{where}.{name}[{i}] {validation.quote(item)} is empty or holds white space")
+    for i, server in enumerate(msg.servers):
+        _ip(server, f"{where}.servers[{i}]")
+    return DnsConfig(servers=tuple(msg.servers), searches=tuple(msg.searches), options=tuple(msg.options))
+
+
 def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSpec:
     md = config.metadata
     linux = config.linux
@@ -181,6 +240,11 @@ def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSp
         declaration=declaration(config.pod_resources) if config.HasField("pod_resources") else None,
         linux_resources=linux_resources(linux.resources, "linux.resources"),
         linux_overhead=linux_resources(linux.overhead, "linux.overhead"),
+        namespaces=namespace_options(
+            linux.security_context.namespace_options, "PodSandboxConfig.linux.security_context.namespace_options"
+        ),
+        port_mappings=port_mappings(config.port_mappings, "PodSandboxConfig.port_mappings"),
+        dns=dns_config(config.dns_config, "PodSandboxConfig.dns_config"),
     )
 
 
@@ -247,8 +311,23 @@ def pod_sandbox_status(r: SandboxRecord) -> pb.PodSandboxStatus:
         labels=r.labels,
         annotations=r.annotations,
         runtime_handler=r.runtime_handler,
-        network=pb.PodSandboxNetworkStatus(ip=""),
-        linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=pb.NamespaceOption())),
+        network=_network_status(r),
+        linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=_namespace_option_msg(r.namespace_options()))),
+    )
+
+
+def _network_status(r: SandboxRecord) -> pb.PodSandboxNetworkStatus:
+    network = r.pod_network()
+    ips = network.ips if network is not None else ()
+    return pb.PodSandboxNetworkStatus(ip=ips[0] if ips else "", additional_ips=[pb.PodIP(ip=ip) for ip in ips[1:]])
+
+
+def _namespace_option_msg(o: NamespaceOptions) -> pb.NamespaceOption:
+    return pb.NamespaceOption(
+        network=NAMESPACE_MODES.index(o.network),  # type: ignore[arg-type]
+        pid=NAMESPACE_MODES.index(o.pid),  # type: ignore[arg-type]
+        ipc=NAMESPACE_MODES.index(o.ipc),  # type: ignore[arg-type]
+        target_id=o.target_id,
     )
 
 

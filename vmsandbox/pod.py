@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vmsandbox.network import DnsConfig, NamespaceOptions, PortMapping
 from vmsandbox.resources import PodDeclaration
 from vmsandbox.sizing import LinuxResources
 
@@ -31,3 +32,6 @@ class SandboxSpec:
     declaration: PodDeclaration | None = None  # KEP-4112 pod_resources; None from today's kubelets
     linux_resources: LinuxResources = field(default_factory=LinuxResources)
     linux_overhead: LinuxResources = field(default_factory=LinuxResources)  # RuntimeClass overhead
+    namespaces: NamespaceOptions = field(default_factory=NamespaceOptions)
+    port_mappings: tuple[PortMapping, ...] = ()
+    dns: DnsConfig = field(default_factory=DnsConfig)
