@@ -17,10 +17,11 @@ from shim.config import ShimConfig
 from vmsandbox.adapters.cdi_specs import load_registry
 from vmsandbox.claims import Claim
 from vmsandbox.devices import DevicePools, resolve_pools
-from vmsandbox.domain import Domain, SandboxIdentity, SharedDir, build_domain
+from vmsandbox.domain import Domain, NetworkInterface, SandboxIdentity, SharedDir, build_domain
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory, format_cpulist
 from vmsandbox.lifecycle import HostFacts, wants_cdi
+from vmsandbox.network import GuestNic
 from vmsandbox.placement import HostPools, HugepageBudget, Placement, host_pools
 from vmsandbox.profile import Profile
 from vmsandbox.records import shape_doc
@@ -134,6 +135,9 @@ def domain_for(
     accel: str,
     console_log: str | None,
     shared_dirs: tuple[SharedDir, ...] = (),
+    interfaces: tuple[NetworkInterface, ...] = (),
+    guest_nic: GuestNic | None = None,
+    hostname: str = "",
 ) -> Domain:
     """The domain of a placed pod: the profile's guest image and knobs, the placement's pinning."""
     image = profile.image_dir.rstrip("/")
@@ -155,4 +159,7 @@ def domain_for(
         numa_cells=placement.cells,
         hostdevs=placement.hostdevs,
         shared_dirs=shared_dirs,
+        interfaces=interfaces,
+        guest_nic=guest_nic,
+        hostname=hostname,
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vmsandbox.errors import InternalError
+from vmsandbox.network import GuestNic
 from vmsandbox.placement import GuestCell
 from vmsandbox.sizing import VmShape
 
@@ -83,6 +84,16 @@ class SharedDir:
 
 
 @dataclass(frozen=True)
+class NetworkInterface:
+    """A guest NIC. ``ethernet``: an existing host device handed to libvirt unmanaged (the pod's
+    macvtap on its CNI ``eth0``, ``target_dev``); ``user``: QEMU's user-mode network."""
+
+    kind: Literal["ethernet", "user"]
+    mac: str
+    target_dev: str = ""
+
+
+@dataclass(frozen=True)
 class ConsoleLog:
     path: str
 
@@ -112,6 +123,8 @@ class Domain:
     hostdevs: tuple[str, ...] = ()
     # directories shared into the guest (containers' root file systems, logs, mounts)
     shared_dirs: tuple[SharedDir, ...] = ()
+    # the pod's NIC (none: no network device at all)
+    interfaces: tuple[NetworkInterface, ...] = ()
 
 
 def domain_name(sandbox_id: str) -> str:
@@ -150,6 +163,9 @@ def build_domain(
     numa_cells: tuple[GuestCell, ...] = (),
     hostdevs: tuple[str, ...] = (),
     shared_dirs: tuple[SharedDir, ...] = (),
+    interfaces: tuple[NetworkInterface, ...] = (),
+    guest_nic: GuestNic | None = None,
+    hostname: str = "",
 ) -> Domain:
     """Assemble the domain. With pinning, vCPU i runs on ``host_cpus[i]``; shared pods float."""
     pins: tuple[tuple[int, tuple[int, ...]], ...]
@@ -193,4 +209,5 @@ def build_domain(
         ),
         hostdevs=tuple(hostdevs),
         shared_dirs=tuple(shared_dirs),
+        interfaces=tuple(interfaces),
     )
