@@ -26,7 +26,16 @@ from vmsandbox import oci_spec, validation
 from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.image_catalogue import ImageRecord
-from vmsandbox.network import NAMESPACE_MODES, DnsConfig, NamespaceMode, NamespaceOptions, PortMapping, Protocol
+from vmsandbox.network import (
+    HOSTNAME_MAX,
+    NAMESPACE_MODES,
+    DnsConfig,
+    NamespaceMode,
+    NamespaceOptions,
+    PortMapping,
+    Protocol,
+    valid_hostname,
+)
 from vmsandbox.oci import image_user
 from vmsandbox.registries import Credentials
 from vmsandbox.resources import (
@@ -226,7 +235,11 @@ def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSp
     validation.uid(md.uid, "PodSandboxConfig.metadata.uid")
     if runtime_handler:
         validation.dns1123_label(runtime_handler, "RunPodSandboxRequest.runtime_handler")
-    validation.text(config.hostname, "PodSandboxConfig.hostname", 253)
+    if config.hostname and not valid_hostname(config.hostname):
+        raise InvalidArgument(
+            f"PodSandboxConfig.hostname {validation.quote(config.hostname)} is not a host name: at most "
+            f"{HOSTNAME_MAX} letters, digits, '.', '_' and '-', starting and ending with a letter or digit"
+        )
     validation.absolute_path(config.log_directory, "PodSandboxConfig.log_directory")
     validation.label_map(config.labels, "PodSandboxConfig.labels")
     validation.annotation_map(config.annotations, "PodSandboxConfig.annotations")

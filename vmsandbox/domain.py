@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vmsandbox.errors import InternalError
-from vmsandbox.network import GuestNic
+from vmsandbox.network import GuestNic, guest_network_args
 from vmsandbox.placement import GuestCell
 from vmsandbox.sizing import VmShape
 
@@ -132,13 +132,15 @@ def domain_name(sandbox_id: str) -> str:
     return f"{DOMAIN_PREFIX}{sandbox_id[:32]}"
 
 
-def guest_cmdline(shape: VmShape, extra: str) -> str:
-    """Kernel command line: serial console, the containers' hugepages, then the profile's extra."""
+def guest_cmdline(shape: VmShape, extra: str, network: tuple[str, ...] = ()) -> str:
+    """Kernel command line: serial console, the containers' hugepages, the pod's network and
+    hostname (``vmsandbox.network.guest_network_args``), then the profile's extra."""
     # cryptomgr.notests: skip the crypto self-tests, a third of a TCG boot (measured: 1.8 s vs 2.1 s)
     parts = ["console=ttyS0", "panic=-1", "quiet", "cryptomgr.notests"]
     for size, count in shape.guest_hugepages:
         parts.append(f"hugepagesz={size // (1024 * 1024)}M" if size < 1 << 30 else f"hugepagesz={size >> 30}G")
         parts.append(f"hugepages={count}")
+    parts.extend(network)
     if extra.strip():
         parts.append(extra.strip())
     return " ".join(parts)
@@ -195,7 +197,12 @@ def build_domain(
         vcpus=shape.vcpus,
         cputune=cputune,
         memory_backing=backing,
-        boot=KernelBoot(kernel=kernel, initrd=initrd, cmdline=guest_cmdline(shape, extra_cmdline), machine=machine),
+        boot=KernelBoot(
+            kernel=kernel,
+            initrd=initrd,
+            cmdline=guest_cmdline(shape, extra_cmdline, guest_network_args(guest_nic, hostname)),
+            machine=machine,
+        ),
         cpu_mode="host-passthrough" if accel == "kvm" else "qemu64",
         identity=identity,
         shape_json=shape_json,

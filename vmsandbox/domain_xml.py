@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from vmsandbox.domain import METADATA_NS, METADATA_PREFIX, Domain, SandboxIdentity
+from vmsandbox.domain import METADATA_NS, METADATA_PREFIX, Domain, NetworkInterface, SandboxIdentity
 from vmsandbox.host import format_cpulist
 
 ET.register_namespace(METADATA_PREFIX, METADATA_NS)
@@ -34,6 +34,16 @@ def _metadata(parent: ET.Element, domain: Domain) -> None:
     if ident.owner:
         _sub(sandbox, f"{{{METADATA_NS}}}owner", ident.owner)
     _sub(sandbox, f"{{{METADATA_NS}}}shape", domain.shape_json)
+
+
+def _interface(devices: ET.Element, nic: NetworkInterface) -> None:
+    """``ethernet``: libvirt opens the existing macvtap (``/dev/tap<ifindex>``) and leaves it alone
+    (``managed='no'``), as its owner (the pod network) made it; ``user``: QEMU's user-mode network."""
+    el = _sub(devices, "interface", type=nic.kind)
+    _sub(el, "mac", address=nic.mac)
+    if nic.kind == "ethernet":
+        _sub(el, "target", dev=nic.target_dev, managed="no")
+    _sub(el, "model", type="virtio")
 
 
 def render(domain: Domain) -> str:
@@ -123,6 +133,8 @@ def render(domain: Domain) -> str:
         slot, function = slot_fn.split(".")
         source = _sub(hostdev, "source")
         _sub(source, "address", domain=f"0x{pci_domain}", bus=f"0x{bus}", slot=f"0x{slot}", function=f"0x{function}")
+    for nic in domain.interfaces:
+        _interface(devices, nic)
     _sub(devices, "memballoon", model="none")
     ET.indent(root, space="  ")
     return ET.tostring(root, encoding="unicode") + "\n"

@@ -2,15 +2,19 @@
 
 Asked for (from ``PodSandboxConfig``): the namespace modes (``NamespaceOptions``), port mappings
 and DNS settings. Given (by CNI, through ``shim.network``): the guest NIC's MAC, addresses and
-routes (``GuestNic``) and the pod's IPs. ``resolv_conf`` renders the pod's DNS settings the way a
+routes (``GuestNic``) and the pod's IPs. ``guest_network_args`` turns the NIC and hostname into the
+guest's kernel command-line parameters; ``resolv_conf`` renders the pod's DNS settings the way a
 container's ``/etc/resolv.conf`` holds them.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from vmsandbox.errors import InfrastructureError, InvalidArgument
 
 NamespaceMode = Literal["POD", "CONTAINER", "NODE", "TARGET"]
 """The CRI's ``NamespaceMode`` names."""
@@ -112,6 +116,51 @@ class PodNetwork:
                 mtu=int(nic.get("mtu", 0)),
             ),
         )
+
+
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
+HOSTNAME_MAX = 64  # the kernel's HOST_NAME_MAX
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def valid_hostname(name: str) -> bool:
+    """What the guest can take as its hostname: letters, digits, '.', '_' and '-', at most 64."""
+    return len(name) <= HOSTNAME_MAX and _HOSTNAME.fullmatch(name) is not None
+
+
+def guest_network_args(nic: GuestNic | None, hostname: str) -> tuple[str, ...]:
+    """The kernel command-line parameters the guest's /init configures its network and hostname
+    from (``images/guest/init``). Every value is checked here, so none can split or extend the
+    command line: InvalidArgument for a bad hostname, InfrastructureError for a bad NIC (it comes
+    from the CNI plugins' result)."""
+    args: list[str] = []
+    if hostname:
+        if not valid_hostname(hostname):
+            raise InvalidArgument(
+                f"hostname {hostname[:80]!r} is not a host name (at most {HOSTNAME_MAX} letters, digits, '.', '_', '-')"
+            )
+        args.append(f"vmsandbox.hostname={hostname}")
+    if nic is None:
+        return tuple(args)
+    mac = nic.mac.lower()
+    if not _MAC.fullmatch(mac):
+        raise InfrastructureError(f"the pod network gave the MAC address {nic.mac[:40]!r}, which is not one")
+    args.append(f"vmsandbox.nic={mac}")
+    try:
+        for address in nic.addresses:
+            args.append(f"vmsandbox.addr={ipaddress.ip_interface(address).with_prefixlen}")
+        for route in nic.routes:
+            dst = ipaddress.ip_network(route.dst, strict=False).with_prefixlen
+            args.append(
+                f"vmsandbox.route={dst},{ipaddress.ip_address(route.gw)}" if route.gw else f"vmsandbox.route={dst}"
+            )
+    except ValueError as exc:
+        raise InfrastructureError(f"the pod network gave an address the guest cannot take: {exc}") from None
+    if nic.mtu:
+        if not 68 <= nic.mtu <= 65535:
+            raise InfrastructureError(f"the pod network gave MTU {nic.mtu}, outside 68-65535")
+        args.append(f"vmsandbox.mtu={nic.mtu}")
+    return tuple(args)
 
 
 def resolv_conf(dns: DnsConfig) -> str:

@@ -19,6 +19,7 @@ from vmsandbox.domain import (
     METADATA_NS,
     AgentChannel,
     Domain,
+    NetworkInterface,
     SandboxIdentity,
     SharedDir,
     build_domain,
@@ -26,7 +27,8 @@ from vmsandbox.domain import (
     guest_cmdline,
 )
 from vmsandbox.domain_xml import read_channel_path, read_hostdevs, read_identity, read_vcpu_pins, render
-from vmsandbox.errors import InternalError
+from vmsandbox.errors import InfrastructureError, InternalError, InvalidArgument
+from vmsandbox.network import GuestNic, Route, guest_network_args
 from vmsandbox.placement import GuestCell
 from vmsandbox.profile import Profile
 from vmsandbox.records import shape_doc
@@ -57,6 +59,9 @@ class Case:
     numa_cells: tuple[GuestCell, ...] = ()
     hostdevs: tuple[str, ...] = ()
     shared_dirs: tuple[SharedDir, ...] = ()
+    interfaces: tuple[NetworkInterface, ...] = ()
+    guest_nic: GuestNic | None = None
+    hostname: str = ""
 
     def domain(self) -> Domain:
         return build_domain(
@@ -76,6 +81,9 @@ class Case:
             numa_cells=self.numa_cells,
             hostdevs=self.hostdevs,
             shared_dirs=self.shared_dirs,
+            interfaces=self.interfaces,
+            guest_nic=self.guest_nic,
+            hostname=self.hostname,
         )
 
 
@@ -140,6 +148,38 @@ CASES = {
         extra_cmdline="",
         console_log=None,
         numa_cells=(GuestCell(0, (0, 1, 2, 3), 256), GuestCell(1, (4, 5), 128)),
+    ),
+    # (f) a pod on a CNI network: the macvtap on its eth0 handed over unmanaged; addresses and hostname
+    # on the command line
+    "pod-network-macvtap": Case(
+        identity=SandboxIdentity("d4" * 32, "web", "default", "uid-f", 0, "vmsandbox"),
+        shape=sized({"cpu": "1", "memory": "128Mi"}, Profile(name="p", handler="p")),
+        host_cpus=(3,),
+        hugepage_nodes=(0,),
+        accel="tcg",
+        extra_cmdline="",
+        console_log=None,
+        interfaces=(NetworkInterface("ethernet", "0a:58:0a:58:00:05", "vmsd4d4d4d4d4d4"),),
+        guest_nic=GuestNic(
+            "0a:58:0a:58:00:05",
+            ("10.88.0.5/16", "fd00:88::5/64"),
+            (Route("0.0.0.0/0", "10.88.0.1"), Route("10.96.0.0/12")),
+            mtu=1450,
+        ),
+        hostname="web-0",
+    ),
+    # (g) a host-network pod: QEMU's user-mode network
+    "host-network-user": Case(
+        identity=SandboxIdentity("e5" * 32, "agent", "kube-system", "uid-g", 0, "vmsandbox"),
+        shape=sized({"cpu": "1", "memory": "128Mi"}, Profile(name="p", handler="p")),
+        host_cpus=(1,),
+        hugepage_nodes=(0,),
+        accel="tcg",
+        extra_cmdline="",
+        console_log=None,
+        interfaces=(NetworkInterface("user", "52:54:00:12:34:56"),),
+        guest_nic=GuestNic("52:54:00:12:34:56", ("10.0.2.15/24",), (Route("0.0.0.0/0", "10.0.2.2"),)),
+        hostname="node-1.example",
     ),
 }
 
@@ -310,3 +350,50 @@ def test_libvirt_accepts_the_xml(name: str) -> None:
             dom.undefine()
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize(
+    ("nic", "hostname", "args"),
+    [
+        (None, "", ()),
+        (None, "Pod-1.x", ("vmsandbox.hostname=Pod-1.x",)),
+        (
+            GuestNic("0A:58:0A:58:00:05", ("10.88.0.5/16",), (Route("0.0.0.0/0", "10.88.0.1"),)),
+            "",
+            ("vmsandbox.nic=0a:58:0a:58:00:05", "vmsandbox.addr=10.88.0.5/16", "vmsandbox.route=0.0.0.0/0,10.88.0.1"),
+        ),
+        (
+            GuestNic("02:00:00:00:00:01", ("fd00::5/64",), (Route("fd00:1::7/48"),), mtu=9000),
+            "h",
+            (
+                "vmsandbox.hostname=h",
+                "vmsandbox.nic=02:00:00:00:00:01",
+                "vmsandbox.addr=fd00::5/64",
+                "vmsandbox.route=fd00:1::/48",
+                "vmsandbox.mtu=9000",
+            ),
+        ),
+    ],
+)
+def test_guest_network_args(nic: GuestNic | None, hostname: str, args: tuple[str, ...]) -> None:
+    assert guest_network_args(nic, hostname) == args
+
+
+@pytest.mark.parametrize(
+    ("nic", "hostname", "error"),
+    [
+        (None, "a b", InvalidArgument),
+        (None, "x" * 65, InvalidArgument),
+        (None, "-lead", InvalidArgument),
+        (None, "a\nvmsandbox.nic=x", InvalidArgument),
+        (GuestNic("0a:58:0a:58:00:05 init=/bin/sh", ()), "", InfrastructureError),
+        (GuestNic("0a:58:0a:58:00:05", ("10.88.0.5/16 init=/x",)), "", InfrastructureError),
+        (GuestNic("0a:58:0a:58:00:05", (), (Route("0.0.0.0/0", "gw"),)), "", InfrastructureError),
+        (GuestNic("0a:58:0a:58:00:05", (), mtu=20), "", InfrastructureError),
+    ],
+)
+def test_guest_network_args_refuse_what_could_break_the_command_line(
+    nic: GuestNic | None, hostname: str, error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        guest_network_args(nic, hostname)
