@@ -1,7 +1,8 @@
 """``Containers``: runs admitted containers in their pod's guest and owns what that takes on the
 host — the per-sandbox shared directory (``<state>/sandboxes/<id>/shared``, virtio-9p), the hold on
-each container's image, the agent connection of each guest, and the copy of each container's log
-from the shared directory to the kubelet's ``log_directory/log_path``.
+each container's image, the agent connection of each guest, the copy of each container's log
+from the shared directory to the kubelet's ``log_directory/log_path``, and the pod's
+``resolv.conf`` and ``hostname`` files its containers share.
 
 Container records (admission, names, state) are kept by ``shim.sandboxes``; this owner moves them
 through their life: created in the guest, running, exited (exit code, reason, times), removed.
@@ -20,7 +21,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 from shim.images import ImageStore
-from shim.model import CONTAINER_CREATED, CONTAINER_EXITED, CONTAINER_RUNNING, SANDBOX_READY, ContainerRecord
+from shim.model import (
+    CONTAINER_CREATED,
+    CONTAINER_EXITED,
+    CONTAINER_RUNNING,
+    SANDBOX_READY,
+    ContainerRecord,
+    SandboxRecord,
+)
 from shim.sandboxes import Sandboxes
 from vmsandbox import oci_spec, validation
 from vmsandbox.adapters.agent_client import AgentClient
@@ -29,10 +37,12 @@ from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.agent_protocol import IMAGES_TAG, SHARED_TAG, CgroupStats, ContainerState, ExecResult
 from vmsandbox.domain import AGENT_CHANNEL, SharedDir
 from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, VmSandboxError, WrongState
+from vmsandbox.network import POD_FILES, pod_files
 
 log = logging.getLogger(__name__)
 
 GUEST_SHARED_MOUNT = "/run/vmsandbox/shared"
+_RESOLV_CONF_MAX = 64 * 1024
 """Where the guest agent mounts the shared directory (images/agent)."""
 _CONNECT_TIMEOUT_S = 30.0
 _MAX_PASSWD_BYTES = 1 << 20
@@ -226,6 +236,7 @@ class Containers:
             signal = oci_spec.stop_signal(stop_signal, image_cfg)
             cdir.mkdir(parents=True)
             guest_mounts = self._share_mounts(cdir, container_id, mounts)
+            guest_mounts += self._pod_file_mounts(sandbox, {m.destination for m in guest_mounts})
             run = replace(request, mounts=guest_mounts, resources=_admitted_limits(request.resources, c.linux))
             spec = oci_spec.build_spec(run, image_cfg, user)
             lower = f"images/{tree.relative_to(self.images.trees_root)}"
@@ -291,6 +302,31 @@ class Containers:
                     readonly=readonly,
                 )
             )
+        return tuple(out)
+
+    def _pod_file_mounts(self, sandbox: SandboxRecord, covered: set[str]) -> tuple[oci_spec.Mount, ...]:
+        """The pod's resolv.conf and hostname, written once per sandbox into its shared directory and
+        mounted read-only into each container whose own mounts leave those paths free (containerd's
+        rule: the kubelet's mounts win)."""
+        pod_dir = self._shared(sandbox.id) / "pod"
+        pod_dir.mkdir(exist_ok=True)
+        try:
+            with open("/etc/resolv.conf", "rb") as f:
+                host_resolv = f.read(_RESOLV_CONF_MAX).decode(errors="replace")
+        except OSError:
+            host_resolv = ""
+        out = []
+        for path, text in pod_files(sandbox.dns_config(), sandbox.hostname, host_resolv).items():
+            if path in covered:
+                continue
+            name = POD_FILES[path]
+            target = pod_dir / name
+            if not target.exists():  # written once: a later rewrite would not reach running containers
+                tmp = pod_dir / f".{name}.tmp"
+                tmp.write_text(text)
+                tmp.chmod(0o644)
+                os.replace(tmp, target)
+            out.append(oci_spec.Mount(destination=path, source=f"{GUEST_SHARED_MOUNT}/pod/{name}", readonly=True))
         return tuple(out)
 
     def start(self, container_id: str) -> None:

@@ -39,6 +39,16 @@ class HugePages(NamedTuple):
 
 
 @dataclass(frozen=True)
+class NicReport:
+    """A guest network interface as the agent sees it (loopback left out)."""
+
+    name: str
+    mac: str
+    addresses: tuple[str, ...] = ()  # CIDRs
+    up: bool = False
+
+
+@dataclass(frozen=True)
 class GuestReport:
     """What the guest says about itself (body of ``hello`` and of the ``report`` response)."""
 
@@ -55,6 +65,9 @@ class GuestReport:
     """Problems the guest met while booting (a module that failed to load, ...)."""
     protocol: int = 1
     """Protocol version the agent speaks (reports without the field come from version 1 agents)."""
+    hostname: str = ""
+    nics: tuple[NicReport, ...] = ()
+    """The guest's network interfaces (older agents do not send them)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,10 @@ def report_to_body(report: GuestReport) -> _JsonObject:
         body["errors"] = list(report.errors)
     if report.protocol != 1:
         body["protocol"] = report.protocol
+    if report.hostname:
+        body["hostname"] = report.hostname
+    if report.nics:
+        body["nics"] = [{"name": n.name, "mac": n.mac, "addresses": list(n.addresses), "up": n.up} for n in report.nics]
     return body
 
 
@@ -210,7 +227,29 @@ def report_from_body(body: Mapping[str, object], where: str = "report") -> Guest
         boot_ms=_count(body, "boot_ms", where),
         errors=errors,
         protocol=_count(body, "protocol", where) if "protocol" in body else 1,
+        hostname=_str(body, "hostname", where) if "hostname" in body else "",
+        nics=_nics(body, where),
     )
+
+
+def _nics(body: Mapping[str, object], where: str) -> tuple[NicReport, ...]:
+    if "nics" not in body:
+        return ()
+    raw = _field(body, "nics", list, where)
+    assert isinstance(raw, list)
+    out = []
+    for i, item in enumerate(raw):
+        at = f"{where}: nics[{i}]"
+        if not isinstance(item, dict):
+            raise ProtocolError(f"{at} must be an object")
+        addresses = item.get("addresses", [])
+        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+            raise ProtocolError(f"{at}: field 'addresses' must be an array of strings")
+        up = item.get("up", False)
+        if not isinstance(up, bool):
+            raise ProtocolError(f"{at}: field 'up' must be a boolean")
+        out.append(NicReport(_str(item, "name", at), _str(item, "mac", at), tuple(addresses), up))
+    return tuple(out)
 
 
 def decode(line: bytes) -> Message:

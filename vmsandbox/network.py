@@ -171,3 +171,17 @@ def resolv_conf(dns: DnsConfig) -> str:
     if dns.options:
         lines.append("options " + " ".join(dns.options))
     return "".join(line + "\n" for line in lines)
+
+
+POD_FILES = {"/etc/resolv.conf": "resolv.conf", "/etc/hostname": "hostname"}
+"""Files every container of a pod shares (container path -> file name in the pod's directory)."""
+
+
+def pod_files(dns: DnsConfig, hostname: str, host_resolv_conf: str) -> dict[str, str]:
+    """The pod's shared files by container path, as containerd writes them: ``resolv.conf`` from the
+    pod's DNS settings, else the host's (the kubelet resolved the pod's DNS policy already);
+    ``hostname`` when the pod has one."""
+    files = {"/etc/resolv.conf": resolv_conf(dns) if not dns.empty else host_resolv_conf}
+    if hostname:
+        files["/etc/hostname"] = hostname + "\n"
+    return files

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -59,6 +60,31 @@ func memTotalKiB() int64 {
 	return 0
 }
 
+// nics lists the guest's network interfaces other than loopback, with their addresses as CIDRs:
+// the host checks them against what it asked /init to configure.
+func nics() []map[string]interface{} {
+	out := []map[string]interface{}{}
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return out
+	}
+	for _, ifc := range ifaces {
+		if ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs := []string{}
+		if list, err := ifc.Addrs(); err == nil {
+			for _, a := range list {
+				addrs = append(addrs, a.String())
+			}
+		}
+		out = append(out, map[string]interface{}{
+			"name": ifc.Name, "mac": ifc.HardwareAddr.String(), "addresses": addrs, "up": ifc.Flags&net.FlagUp != 0,
+		})
+	}
+	return out
+}
+
 // report is the guest's description of itself (the body of hello and of the report op).
 func report() map[string]interface{} {
 	hp := map[string]interface{}{}
@@ -82,6 +108,10 @@ func report() map[string]interface{} {
 		"cmdline":       firstLine("/proc/cmdline"),
 		"boot_ms":       uptimeMs(),
 	}
+	if name, err := os.Hostname(); err == nil {
+		body["hostname"] = name
+	}
+	body["nics"] = nics()
 	if errs := os.Getenv("BOOT_ERRORS"); errs != "" {
 		body["errors"] = strings.Split(errs, "; ")
 	}

@@ -29,6 +29,7 @@ from vmsandbox.agent_protocol import (
     Hello,
     HugePages,
     Message,
+    NicReport,
     ProtocolError,
     Request,
     Response,
@@ -79,6 +80,19 @@ def hello_with(**changes: object) -> bytes:
     [
         Hello(REPORT),
         Hello(GuestReport("a", "k", 1, 0, {}, "", 0, errors=("insmod x failed", "é"))),
+        Hello(
+            GuestReport(
+                "a",
+                "k",
+                1,
+                0,
+                {},
+                "",
+                0,
+                hostname="web-0",
+                nics=(NicReport("eth0", "0a:58:0a:58:00:05", ("10.88.0.5/16", "fe80::1/64"), up=True),),
+            )
+        ),
         Ack(),
         Request(id="1", op="ping"),
         Request(id='we"ird\n id', op="future-op"),

@@ -12,7 +12,17 @@ from shim import translate
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.model import PodMeta, SandboxRecord
 from vmsandbox.errors import InvalidArgument
-from vmsandbox.network import DnsConfig, GuestNic, NamespaceOptions, PodNetwork, PortMapping, Route, resolv_conf
+from vmsandbox.network import (
+    POD_FILES,
+    DnsConfig,
+    GuestNic,
+    NamespaceOptions,
+    PodNetwork,
+    PortMapping,
+    Route,
+    pod_files,
+    resolv_conf,
+)
 
 
 def config(**kw: object) -> pb.PodSandboxConfig:
@@ -148,3 +158,19 @@ def test_status_echoes_the_namespace_modes_and_reports_the_ips(
     )
     assert status.network.ip == ip
     assert [p.ip for p in status.network.additional_ips] == more
+
+
+@pytest.mark.parametrize(
+    ("dns", "hostname", "files"),
+    [
+        (DnsConfig(), "", {"/etc/resolv.conf": "nameserver 192.0.2.53\n"}),
+        (
+            DnsConfig(servers=("10.96.0.10",)),
+            "web-0",
+            {"/etc/resolv.conf": "nameserver 10.96.0.10\n", "/etc/hostname": "web-0\n"},
+        ),
+    ],
+)
+def test_pod_files(dns: DnsConfig, hostname: str, files: dict[str, str]) -> None:
+    assert pod_files(dns, hostname, "nameserver 192.0.2.53\n") == files
+    assert set(files) <= set(POD_FILES)
