@@ -23,7 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def shim_process(tmp: str | Path, *serve_args: str, log_level: str = "INFO") -> Iterator[pb_grpc.RuntimeServiceStub]:
+def shim_process(
+    tmp: str | Path, *serve_args: str, log_level: str = "INFO", pod_network: str | None = "none"
+) -> Iterator[pb_grpc.RuntimeServiceStub]:
+    """``pod_network``: the shim's --pod-network (None: what its --config says)."""
     tmp = Path(tmp)
     sock = tmp / "cri.sock"
     log_path = tmp / "shim.log"
@@ -40,6 +43,7 @@ def shim_process(tmp: str | Path, *serve_args: str, log_level: str = "INFO") -> 
         str(tmp / "state"),
         "--console-dir",
         str(tmp / "console"),
+        *(("--pod-network", pod_network) if pod_network else ()),
         *serve_args,
     ]
     with open(log_path, "wb") as log:

@@ -94,6 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
         profile_files=tuple(args.profile) if args.profile else None,
         console_dir=args.console_dir,
         metrics_address=args.metrics_address,
+        pod_network=args.pod_network,
         log_format=args.log_format,
     )
     if args.log_format is None and config.log_format != "text":
@@ -312,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cpu-pool", help="host CPUs the shim owns, cpulist syntax (default: all online)")
     serve.add_argument("--profile", action="append", help="profile YAML file (repeatable)")
     serve.add_argument("--metrics-address", help="serve Prometheus metrics on HOST:PORT (default: off)")
+    serve.add_argument(
+        "--pod-network", choices=["cni", "none"], help="cni: pods get a CNI network (default); none: pods get no NIC"
+    )
 
     plan = _sub(
         sub,

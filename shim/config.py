@@ -11,6 +11,8 @@ nodes not named keep the default 1Gi): the host's own processes and the kubelet'
 ``packing`` chooses among the NUMA nodes a pod fits (``spread``, ``best-fit``, ``first-fit``).
 ``device_pools`` names the PCI functions that may be passed through (nothing
 else ever is); ``cdi_spec_dirs`` are where CDI specs are read, later directories winning.
+``pod_network`` is ``cni`` (pods get a network from the CNI configuration in ``cni_conf_dir`` and
+the plugins in ``cni_bin_dirs``; namespaces live in ``netns_dir``) or ``none`` (no NIC at all).
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ class ShimConfig:
     packing: Packing = DEFAULT_PACKING  # which NUMA node of those that fit (vmsandbox.placement)
     kubelet_pods_dir: str = "/var/lib/kubelet/pods"  # container mounts from here are shared into guests
     mount_allowlist: tuple[str, ...] = ()  # other host paths the admin lets containers mount
+    pod_network: str = "cni"  # cni: pods get a network through CNI; none: pods boot without a NIC
+    cni_conf_dir: str = "/etc/cni/net.d"  # the first valid .conf/.conflist/.json here, in lexical order
+    cni_bin_dirs: tuple[str, ...] = ("/opt/cni/bin",)  # where CNI plugins are looked up, in order
+    netns_dir: str = "/run/netns"  # where the pods' network namespaces are bind-mounted (``ip netns`` sees them)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def memory_reserved_on(self, node: int) -> int:
@@ -103,6 +109,10 @@ _KEYS = {
     "packing",
     "kubelet_pods_dir",
     "mount_allowlist",
+    "pod_network",
+    "cni_conf_dir",
+    "cni_bin_dirs",
+    "netns_dir",
 }
 
 
@@ -125,6 +135,9 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         "registry_auth_file",
         "image_store_dir",
         "kubelet_pods_dir",
+        "pod_network",
+        "cni_conf_dir",
+        "netns_dir",
     ):
         if key in data:
             if not isinstance(data[key], str):
@@ -132,9 +145,19 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
             kwargs[key] = data[key]
     if kwargs.get("log_format", "text") not in ("text", "json"):
         raise InvalidArgument(f"{source}: log_format: must be text or json, got {kwargs['log_format']!r}")
-    for key in ("registry_auth_file", "image_store_dir", "kubelet_pods_dir"):
+    for key in ("registry_auth_file", "image_store_dir", "kubelet_pods_dir", "cni_conf_dir", "netns_dir"):
         if kwargs.get(key) and not kwargs[key].startswith("/"):
             raise InvalidArgument(f"{source}: {key}: must be an absolute path")
+    if kwargs.get("pod_network", "cni") not in ("cni", "none"):
+        raise InvalidArgument(f"{source}: pod_network: must be cni or none, got {kwargs['pod_network']!r}")
+    for key in ("cni_conf_dir", "netns_dir"):
+        if key in kwargs and not kwargs[key]:
+            raise InvalidArgument(f"{source}: {key}: must be an absolute path")
+    if "cni_bin_dirs" in data:
+        dirs = data["cni_bin_dirs"]
+        if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) and d.startswith("/") for d in dirs):
+            raise InvalidArgument(f"{source}: cni_bin_dirs: must be a non-empty list of absolute directory paths")
+        kwargs["cni_bin_dirs"] = tuple(dirs)
     if "mount_allowlist" in data:
         paths = data["mount_allowlist"]
         if not isinstance(paths, list) or not all(isinstance(p, str) and p.startswith("/") for p in paths):

@@ -11,6 +11,8 @@ The points, in the order a sandbox passes them:
 
 ``run:before-claim``   RunPodSandbox sized the pod, nothing is claimed yet
 ``run:after-claim``    the claims are committed, the sandbox row is not written yet
+``network:after-add``  the row says ``creating``; CNI ADD is done, the macvtap not made yet
+``run:after-network``  the row says ``creating``; the pod network is whole, no domain yet
 ``run:after-define``   the row says ``creating``; the domain is defined, not started
 ``run:after-start``    the guest is running, the row still says ``creating``
 ``run:after-ready``    the row says READY; the RPC has not answered yet
@@ -33,6 +35,8 @@ ENV = "VMSANDBOX_FAULT"
 POINTS = (
     "run:before-claim",
     "run:after-claim",
+    "network:after-add",
+    "run:after-network",
     "run:after-define",
     "run:after-start",
     "run:after-ready",

@@ -92,7 +92,8 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
             runtime = pb.RuntimeCondition(
                 type="RuntimeReady", status=False, reason="HypervisorUnavailable", message=str(exc)
             )
-        network = pb.RuntimeCondition(type="NetworkReady", status=True)
+        ready, reason, message = self.sandboxes.network.ready()
+        network = pb.RuntimeCondition(type="NetworkReady", status=ready, reason=reason, message=message)
         conditions = [runtime, network]
         # A set-up flaw that slows every pod but breaks none: a condition of its own, shown by
         # `crictl info`, only while it holds; RuntimeReady stays what the kubelet acts on.

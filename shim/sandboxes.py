@@ -33,6 +33,7 @@ from shim.model import (
     SandboxRecord,
     SandboxSpec,
 )
+from shim.network import Attachment, PodNetworks
 from shim.resources import ResourceManager
 from vmsandbox import admission, records, validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
@@ -95,12 +96,14 @@ class Sandboxes:
         inventory: Callable[[], HostInventory] | None = None,
         clock: Callable[[], int] = time.time_ns,
         resources: ResourceManager | None = None,
+        network: PodNetworks | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
         self.hypervisor = hypervisor
         self.profiles = profiles
         self.profiles_by_name = {p.name: p for p in profiles.values()}
+        self.network = network or PodNetworks(config)  # the one owner of pods' namespaces and CNI attachments
         self.inventory = inventory or (lambda: read_inventory(config.sys_root, config.proc_root))
         self._clock = clock
         self._sandbox_locks: dict[str, threading.Lock] = {}
@@ -216,7 +219,12 @@ class Sandboxes:
         )
         try:
             self.ledger.put_sandbox(sandbox_id, STATE_CREATING, record.created_ns, record.to_doc())
-            record = self._boot(record, profile, shape, placement, accel)
+            attachment = self.network.attach(
+                sandbox_id, meta, spec.namespaces, spec.port_mappings, dict(spec.annotations)
+            )
+            faults.checkpoint("run:after-network")
+            record = replace(record, network=attachment.network.to_doc())
+            record = self._boot(record, profile, shape, placement, accel, attachment)
         except BaseException as exc:
             outcome = self._rollback(sandbox_id, name)
             if isinstance(exc, VmSandboxError):
@@ -228,7 +236,13 @@ class Sandboxes:
         return sandbox_id
 
     def _boot(
-        self, record: SandboxRecord, profile: Profile, shape: VmShape, placement: Placement, accel: str
+        self,
+        record: SandboxRecord,
+        profile: Profile,
+        shape: VmShape,
+        placement: Placement,
+        accel: str,
+        attachment: Attachment,
     ) -> SandboxRecord:
         image = Path(profile.image_dir)
         kernel, initrd = image / "vmlinux", image / "initramfs.img"
@@ -256,6 +270,9 @@ class Sandboxes:
             accel=accel,
             console_log=console,
             shared_dirs=self.shared_dirs_for(record.id),
+            interfaces=(attachment.interface,) if attachment.interface else (),
+            guest_nic=attachment.network.nic,
+            hostname=record.hostname,
         )
         started = time.monotonic()
         self.hypervisor.define(render(domain))
@@ -277,6 +294,9 @@ class Sandboxes:
             (running - defined) * 1000,
             (time.monotonic() - running) * 1000,
         )
+        problems = [e for e in report.errors if e.startswith("network:")]
+        if problems:
+            raise InfrastructureError(f"the guest could not configure its network: {'; '.join(problems)[:512]}")
         if report.vcpus != shape.vcpus:
             raise InfrastructureError(f"guest reports {report.vcpus} vCPUs, the domain has {shape.vcpus}")
         for size, count in shape.guest_hugepages:
@@ -318,9 +338,16 @@ class Sandboxes:
                 f"rollback incomplete: domain {name} could not be removed, so its resources stay held until "
                 "the shim's reconciliation removes it"
             )
+        try:
+            self.network.remove(sandbox_id)
+        except VmSandboxError as exc:  # the record stays: reconcile deletes it once the sandbox is gone
+            log.error("rollback of %s: pod network not removed yet: %s", sandbox_id[:12], exc)
+            self.resources.release(sandbox_id)
+            self.ledger.delete_sandbox(sandbox_id)
+            return f"rolled back: domain removed, resources released; pod network left for reconciliation ({exc})"
         self.resources.release(sandbox_id)
         self.ledger.delete_sandbox(sandbox_id)
-        return "rolled back: domain removed, resources released"
+        return "rolled back: domain removed, network removed, resources released"
 
     def _sandbox_id(self, given: str) -> str:
         """The full id that a client's id or unique id prefix names (containerd's rule): INVALID_ARGUMENT
@@ -378,6 +405,7 @@ class Sandboxes:
                 stopped = record.with_state(SANDBOX_NOTREADY)
                 self.ledger.put_sandbox(sandbox_id, SANDBOX_NOTREADY, record.created_ns, stopped.to_doc())
                 log.info("sandbox %s stopped: domain %s removed, resources released", sandbox_id[:12], record.domain)
+            self.network.detach(sandbox_id)  # raises while CNI DEL fails; the next Stop tries again
 
     def remove(self, sandbox_id: str) -> None:
         # paths below are built from the id of a row we wrote, never the client's
@@ -387,6 +415,7 @@ class Sandboxes:
         sandbox_id = found.id
         self.stop(sandbox_id)
         with self._lock_for(sandbox_id):
+            self.network.remove(sandbox_id)
             record = self.find(sandbox_id)
             if record is not None:
                 self._release_name(record.meta, record.id)
@@ -544,6 +573,7 @@ class Sandboxes:
             "released": [],
             "foreign": [],
             "failed": [],
+            "network": [],
         }
         if not periodic:
             self.resources.resync()
@@ -596,6 +626,7 @@ class Sandboxes:
             finally:
                 lock.release()
         remaining = {sid for sid, *_ in self.ledger.sandboxes()}
+        report["network"] = self.network.reconcile(remaining | busy | set(self._in_flight))
         foreign = {a.sandbox_id for a in actions if a.step is Step.LEAVE_FOREIGN}
         self._sweep_console_logs(remaining | failed | skipped | busy | foreign)
         with self._names_lock:

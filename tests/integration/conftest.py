@@ -177,6 +177,8 @@ def start_shim(
         "console_dir": str(tmp / "console"),
         "libvirt_uri": LIBVIRT_URI,
         "profile_files": [str(profiles)],
+        # pods without a NIC, unless a test brings a CNI configuration (tests/integration/cni_kit.py)
+        "pod_network": "none",
         **(extra_config or {}),
     }
     registry = busybox_registry()

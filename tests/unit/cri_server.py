@@ -149,7 +149,10 @@ def cri_server() -> Iterator[Server]:
         for f in ("vmlinux", "initramfs.img"):
             (image / f).write_bytes(b"")  # present, so a valid request reaches define and start
         config = ShimConfig(
-            state_dir=str(root / "state"), console_dir=str(root / "console"), libvirt_uri="test:///default"
+            state_dir=str(root / "state"),
+            console_dir=str(root / "console"),
+            libvirt_uri="test:///default",
+            pod_network="none",
         )
         (root / "state").mkdir()
         ledger = Ledger(root / "state" / "state.db")

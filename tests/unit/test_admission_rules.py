@@ -450,7 +450,7 @@ def sandboxes(tmp_path: Path) -> Iterator[Sandboxes]:
     ledger = Ledger(tmp_path / "state.db")
     root = FIXTURES / "one-node-2cpu"
     sb = Sandboxes(
-        ShimConfig(state_dir=str(tmp_path), console_dir=""),
+        ShimConfig(state_dir=str(tmp_path), console_dir="", pod_network="none"),
         ledger,
         cast(Hypervisor, FakeHypervisor()),
         {"vmsandbox": PROFILE},

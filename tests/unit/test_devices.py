@@ -401,6 +401,7 @@ def gpu_shim(tmp_path: Path) -> Iterator[tuple[Sandboxes, RecordingHypervisor]]:
         device_pools={"gpu": CONFIG["gpu"], "nic": CONFIG["nic"]},
         cdi_spec_dirs=(str(cdi_dir),),
         packing="best-fit",  # the tables below follow the tightest node first
+        pod_network="none",
     )
     profile = Profile(
         name="gpu", handler="vmsandbox", image_dir=str(images), accel="kvm", extended_resources=dict(MAPPING)

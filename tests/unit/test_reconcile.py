@@ -76,7 +76,7 @@ def env(tmp_path: Path) -> Iterator[tuple[Sandboxes, FakeLibvirt, Path]]:
     console = tmp_path / "console"
     console.mkdir()
     sb = Sandboxes(
-        ShimConfig(state_dir=str(tmp_path), console_dir=str(console)),
+        ShimConfig(state_dir=str(tmp_path), console_dir=str(console), pod_network="none"),
         ledger,
         cast(Hypervisor, fake),
         {"vmsandbox": Profile(name="vmsandbox", handler="vmsandbox")},

@@ -50,7 +50,7 @@ def env(tmp_path: Path) -> Iterator[tuple[Sandboxes, FailingHypervisor, Ledger]]
     ledger = Ledger(tmp_path / "state.db")
     hv = FailingHypervisor()
     sb = Sandboxes(
-        ShimConfig(state_dir=str(tmp_path), console_dir=""),
+        ShimConfig(state_dir=str(tmp_path), console_dir="", pod_network="none"),
         ledger,
         cast(Hypervisor, hv),
         {
@@ -77,7 +77,7 @@ SPEC = SandboxSpec(meta=PodMeta("web", "default", "uid-1"))
 
 def test_rollback_that_worked_says_so_and_leaves_nothing(env: tuple[Sandboxes, FailingHypervisor, Ledger]) -> None:
     sb, _hv, ledger = env
-    with pytest.raises(InfrastructureError, match=r"rolled back: domain removed, resources released"):
+    with pytest.raises(InfrastructureError, match=r"rolled back: domain removed, network removed, resources released"):
         sb.run(SPEC)
     assert ledger.claim_owners() == set()
     assert ledger.sandboxes() == []
