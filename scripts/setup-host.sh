@@ -30,13 +30,16 @@ LIBVIRTD_START_TIMEOUT=60
 # (builds the guest agent): the guest image recipe; tini: child subreaper for libvirtd. skopeo: the
 # image store's registry transport; docker-registry: the local registry the image tests and
 # benchmark push to (never left running by the package: see below); apache2-utils: htpasswd for the
-# registry-auth tests.
+# registry-auth tests. containernetworking-plugins (in /usr/lib/cni: bridge, host-local, portmap,
+# ...), iproute2, iptables (portmap's rules) and util-linux (unshare/nsenter): the pod network and
+# its tests.
 APT_PACKAGES=(
     qemu-system-x86 qemu-utils
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config
     gcc libc6-dev python3-dev python3-venv
     busybox-static xz-utils cpio kmod golang-go tini
     skopeo umoci docker-registry apache2-utils
+    containernetworking-plugins iproute2 iptables util-linux
 )
 
 T_START=$(now_ms)

@@ -263,28 +263,21 @@ class PodNetworks:
         self._record_path(sandbox_id).unlink(missing_ok=True)
 
     def reconcile(self, live: set[str]) -> list[str]:
-        """Removes the networks of sandboxes that no longer exist (a shim that died mid-way), and our
-        namespaces and macvtaps that no record names; returns what it removed."""
-        removed = []
-        recorded = set()
-        if self.records.is_dir():
-            for p in sorted(self.records.glob("*.json")):
-                sid = p.stem
-                recorded.add(sid)
-                if sid in live:
-                    continue
-                try:
-                    self.remove(sid)
-                    removed.append(f"network of {sid[:12]}")
-                except VmSandboxError as exc:
-                    log.error("reconcile: pod network of %s not removed yet: %s", sid[:12], exc)
-        for path in netns.listing(self.netns_dir, NETNS_PREFIX):
-            sid = path.name.removeprefix(NETNS_PREFIX)
-            if sid not in recorded and sid not in live:
-                netns.delete(path)
-                removed.append(f"namespace {path.name}")
-        for name in netns.links(MACVTAP_PREFIX):
-            if not any(sid.startswith(name.removeprefix(MACVTAP_PREFIX)) for sid in recorded | live):
-                netns.delete_link(name)
-                removed.append(f"macvtap {name}")
+        """Removes the networks of sandboxes that no longer exist (a shim that died half-way through
+        RunPodSandbox, a rollback whose DEL failed); returns what it removed. Only recorded networks
+        are touched: every namespace and macvtap is recorded before it is made, and other shims may
+        share the namespace directory."""
+        removed: list[str] = []
+        if not self.records.is_dir():
+            return removed
+        for p in sorted(self.records.glob("*.json")):
+            sid = p.stem
+            if sid in live:
+                continue
+            try:
+                self.remove(sid)
+                removed.append(sid)
+                log.warning("reconcile: removed the pod network of sandbox %s, which no longer exists", sid[:12])
+            except VmSandboxError as exc:
+                log.error("reconcile: pod network of %s not removed yet: %s", sid[:12], exc)
         return removed

@@ -98,18 +98,6 @@ def delete_link(name: str) -> None:
             raise NetnsError(f"deleting link {name}: {done.stderr.strip()[:512]}")
 
 
-def listing(directory: Path, prefix: str) -> list[Path]:
-    try:
-        return sorted(p for p in directory.iterdir() if p.name.startswith(prefix))
-    except FileNotFoundError:
-        return []
-
-
 def exists(path: Path) -> bool:
     """Whether ``path`` holds a namespace (is mounted), not just a left-over file."""
     return _mounted_on(path)
-
-
-def links(prefix: str) -> list[str]:
-    """Links of this namespace whose names start with ``prefix``."""
-    return sorted(p.name for p in Path("/sys/class/net").iterdir() if p.name.startswith(prefix))
