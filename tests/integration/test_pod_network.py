@@ -65,6 +65,19 @@ def _run_pod(env: Env, name: str, **kw: object) -> tuple[str, pb.PodSandboxConfi
     return sid, config
 
 
+def kubelet_keeps(status: pb.PodSandboxStatus, host_network: bool) -> bool:
+    """The kubelet's podSandboxChanged (pkg/kubelet/kuberuntime/kuberuntime_manager.go), negated:
+    it starts a new sandbox when the one it has is not READY, when its network namespace mode is not
+    the pod's (NODE for host-network pods, else POD), or when a pod that is not host-network has
+    no IP."""
+    mode = pb.NODE if host_network else pb.POD
+    return (
+        status.state == pb.SANDBOX_READY
+        and status.linux.namespaces.options.network == mode
+        and (host_network or status.network.ip != "")
+    )
+
+
 def _status(env: Env, sid: str) -> tuple[pb.PodSandboxStatus, dict[str, object]]:
     r = env.shim.runtime.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True), timeout=30)
     return r.status, json.loads(r.info["info"])
@@ -127,7 +140,7 @@ def test_two_pods_get_their_own_addresses_and_talk_over_tcp(env: Env) -> None:
     b, b_config = _run_pod(env, "net-b")
     try:
         (a_status, a_info), (b_status, _) = _status(env, a), _status(env, b)
-        assert a_status.linux.namespaces.options.network == pb.POD
+        assert kubelet_keeps(a_status, host_network=False) and kubelet_keeps(b_status, host_network=False)
         ips = {a_status.network.ip, b_status.network.ip}
         assert len(ips) == 2 and all(ip.startswith("10.231.0.") for ip in ips)
         nics = a_info["guest"]["nics"]  # type: ignore[index]
@@ -167,7 +180,7 @@ def test_a_host_network_pod_reports_node_and_no_ip(env: Env) -> None:
     sid, _ = _run_pod(env, "net-host", host_network=True)
     try:
         status, info = _status(env, sid)
-        assert status.linux.namespaces.options.network == pb.NODE
+        assert kubelet_keeps(status, host_network=True)
         assert status.network.ip == ""
         nics = info["guest"]["nics"]  # type: ignore[index]
         assert [n["addresses"][:1] for n in nics] == [["10.0.2.15/24"]]
