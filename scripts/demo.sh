@@ -8,6 +8,9 @@ WORK=$(mktemp -d /run/vmsandbox-demo.XXXXXX)
 SOCKET=$WORK/vmsandbox.sock
 SHIM_PID=""
 REGISTRY_PID=""
+# the demo pod's network: a CNI bridge network of its own (Debian's plugins), put away afterwards
+DEMO_BRIDGE=vmsbr-demo0
+IP_FORWARD=$(cat /proc/sys/net/ipv4/ip_forward)
 
 cleanup() {
     if [[ -n $SHIM_PID ]] && kill -0 "$SHIM_PID" 2>/dev/null; then
@@ -17,6 +20,8 @@ cleanup() {
     if [[ -n $REGISTRY_PID ]]; then
         kill -TERM "$REGISTRY_PID" 2>/dev/null || true
     fi
+    ip link del dev "$DEMO_BRIDGE" 2>/dev/null || true
+    echo "$IP_FORWARD" >/proc/sys/net/ipv4/ip_forward
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -27,7 +32,22 @@ image_json=$("$PY" -m scripts.demo_image "$WORK/registry")
 IMAGE=$("$PY" -c 'import json,sys; print(json.load(sys.stdin)["image"])' <<<"$image_json")
 REGISTRY_PID=$("$PY" -c 'import json,sys; print(json.load(sys.stdin)["registry_pid"])' <<<"$image_json")
 echo "starting the shim on $SOCKET (log: $WORK/shim.log)"
-"$PY" -m shim serve --socket "$SOCKET" --state-dir "$WORK/state" --console-dir "$WORK/console" \
+mkdir -p "$WORK/net.d"
+cat >"$WORK/net.d/10-demo.conflist" <<EOF
+{"cniVersion": "1.0.0", "name": "vmsandbox-demo", "plugins": [
+  {"type": "bridge", "bridge": "$DEMO_BRIDGE", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "dataDir": "$WORK/ipam",
+            "ranges": [[{"subnet": "10.232.0.0/24", "gateway": "10.232.0.1"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+EOF
+cat >"$WORK/config.yaml" <<EOF
+pod_network: cni
+cni_conf_dir: $WORK/net.d
+cni_bin_dirs: [/usr/lib/cni]
+netns_dir: $WORK/netns
+EOF
+"$PY" -m shim serve --config "$WORK/config.yaml" --socket "$SOCKET" --state-dir "$WORK/state" \
+    --console-dir "$WORK/console" \
     >"$WORK/shim.log" 2>&1 &
 SHIM_PID=$!
 for _ in $(seq 1 600); do

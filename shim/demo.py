@@ -136,6 +136,10 @@ def run(socket: str, handler: str, image: str, log_directory: str) -> int:
             f"host hugepages held: {h['pages']} x {h['page_size'] >> 10} KiB on node {h['node']} "
             f"(host HugePages_Free {free_before} -> {free_running})"
         )
+    pod_ip = st.status.network.ip
+    nics = ", ".join(f"{n['name']} {n['mac']} {' '.join(n['addresses'])}" for n in guest.get("nics", []))
+    print(f"pod IP {pod_ip or '(none)'} from CNI; the guest's NIC: {nics or '(none)'}")
+    networked = bool(pod_ip) and any(a.split("/")[0] == pod_ip for n in guest.get("nics", []) for a in n["addresses"])
     pages = ", ".join(f"{int(k)} KiB: {v['total']} total" for k, v in guest["hugepages"].items())
     print(
         f"the guest reports: {guest['vcpus']} vCPUs, MemTotal {guest['mem_total_kib']} KiB, hugepages [{pages}], "
@@ -190,7 +194,7 @@ def run(socket: str, handler: str, image: str, log_directory: str) -> int:
     left = rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items
     free_after = hugepages_free()
     print(f"sandboxes left: {len(left)}; host HugePages_Free back to {free_after} (was {free_before})")
-    ok = ran_ok and rejected_ok and free_after == free_before and not [s for s in left if s.id == sid]
+    ok = networked and ran_ok and rejected_ok and free_after == free_before and not [s for s in left if s.id == sid]
     print("\ndemo " + ("completed" if ok else "FAILED"))
     return 0 if ok else 1
 
