@@ -177,7 +177,7 @@ def test_a_port_mapping_reaches_the_pod_from_the_host(env: Env) -> None:
 
 
 def test_a_host_network_pod_reports_node_and_no_ip(env: Env) -> None:
-    sid, _ = _run_pod(env, "net-host", host_network=True)
+    sid, config = _run_pod(env, "net-host", host_network=True)
     try:
         status, info = _status(env, sid)
         assert kubelet_keeps(status, host_network=True)
@@ -185,6 +185,19 @@ def test_a_host_network_pod_reports_node_and_no_ip(env: Env) -> None:
         nics = info["guest"]["nics"]  # type: ignore[index]
         assert [n["addresses"][:1] for n in nics] == [["10.0.2.15/24"]]
         assert env.cni.leftovers()["namespaces"] == []
+        # the user-mode network's gateway is the host: a server on the host's loopback is reachable
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            port = server.getsockname()[1]
+            script = (
+                f"for i in $(seq 1 40); do echo from-host-net | /bin/busybox nc -w 2 10.0.2.2 {port} && exit 0; "
+                "sleep 0.5; done"
+            )
+            _start(env, sid, config, ["/bin/busybox", "sh", "-c", script])
+            server.settimeout(90)
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(30)
+                assert conn.recv(64).startswith(b"from-host-net")
     finally:
         _remove(env, sid)
 
