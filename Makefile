@@ -31,6 +31,7 @@ bench: setup
 	$(PY) bench/admission.py
 	$(PY) bench/placement.py
 	$(PY) bench/image_pull.py
+	$(PY) bench/pod_network.py
 
 stop-host:
 	scripts/stop-host.sh
