@@ -67,6 +67,7 @@ class ShimConfig:
     packing: Packing = DEFAULT_PACKING  # which NUMA node of those that fit (vmsandbox.placement)
     kubelet_pods_dir: str = "/var/lib/kubelet/pods"  # container mounts from here are shared into guests
     mount_allowlist: tuple[str, ...] = ()  # other host paths the admin lets containers mount
+    seccomp_profile_root: str = "/var/lib/kubelet/seccomp"  # Localhost seccomp profiles are read from here only
     pod_network: str = "cni"  # cni: pods get a network through CNI; none: pods boot without a NIC
     cni_conf_dir: str = "/etc/cni/net.d"  # the first valid .conf/.conflist/.json here, in lexical order
     cni_bin_dirs: tuple[str, ...] = ("/opt/cni/bin",)  # where CNI plugins are looked up, in order
@@ -109,6 +110,7 @@ _KEYS = {
     "packing",
     "kubelet_pods_dir",
     "mount_allowlist",
+    "seccomp_profile_root",
     "pod_network",
     "cni_conf_dir",
     "cni_bin_dirs",
@@ -135,6 +137,7 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         "registry_auth_file",
         "image_store_dir",
         "kubelet_pods_dir",
+        "seccomp_profile_root",
         "pod_network",
         "cni_conf_dir",
         "netns_dir",
@@ -145,7 +148,14 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
             kwargs[key] = data[key]
     if kwargs.get("log_format", "text") not in ("text", "json"):
         raise InvalidArgument(f"{source}: log_format: must be text or json, got {kwargs['log_format']!r}")
-    for key in ("registry_auth_file", "image_store_dir", "kubelet_pods_dir", "cni_conf_dir", "netns_dir"):
+    for key in (
+        "registry_auth_file",
+        "image_store_dir",
+        "kubelet_pods_dir",
+        "seccomp_profile_root",
+        "cni_conf_dir",
+        "netns_dir",
+    ):
         if kwargs.get(key) and not kwargs[key].startswith("/"):
             raise InvalidArgument(f"{source}: {key}: must be an absolute path")
     if kwargs.get("pod_network", "cni") not in ("cni", "none"):

@@ -11,6 +11,7 @@ through their life: created in the guest, running, exited (exit code, reason, ti
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -30,7 +31,7 @@ from shim.model import (
     SandboxRecord,
 )
 from shim.sandboxes import Sandboxes
-from vmsandbox import oci_spec, validation
+from vmsandbox import hugetlbfs, oci_spec, validation
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 GUEST_SHARED_MOUNT = "/run/vmsandbox/shared"
 _RESOLV_CONF_MAX = 64 * 1024
+_SECCOMP_MAX = 1 << 20
 """Where the guest agent mounts the shared directory (images/agent)."""
 _CONNECT_TIMEOUT_S = 30.0
 _MAX_PASSWD_BYTES = 1 << 20
@@ -67,6 +69,20 @@ def _image_file_lines(tree: Path, name: str) -> list[str]:
         return f.read(_MAX_PASSWD_BYTES).decode(errors="replace").splitlines()
 
 
+def _hugepage_mounts(linux: dict[str, object], mounts: tuple[oci_spec.Mount, ...]) -> tuple[oci_spec.Mount, ...]:
+    """hugetlbfs mounts for the page sizes a container declared and its own mounts do not place."""
+    limits = linux.get("hugepage_limits") or ()
+    assert isinstance(limits, list | tuple)
+    sizes = [int(size) for size, limit in limits if int(limit) > 0]
+    placed = {m.hugepage_size for m in mounts if m.hugepage_size}
+    taken = {m.destination for m in mounts}
+    return tuple(
+        oci_spec.Mount(dest, "nodev", hugepage_size=hugetlbfs.pagesize_option(size))
+        for size, dest in hugetlbfs.default_mountpoint(sizes).items()
+        if hugetlbfs.pagesize_option(size) not in placed and dest not in taken
+    )
+
+
 def _admitted_limits(asked: oci_spec.Resources, linux: dict[str, object]) -> oci_spec.Resources:
     """The cgroup limits of a container: what admission recorded (its LinuxContainerResources, or
     what its kubernetes_resources imply), the rest as asked."""
@@ -86,14 +102,18 @@ def _admitted_limits(asked: oci_spec.Resources, linux: dict[str, object]) -> oci
 
 class _LogPump:
     """Copies what the guest appends to a container's log in the shared directory into the
-    kubelet's log file; ``reopen`` (log rotation) opens a new destination file before returning."""
+    kubelet's log file; ``reopen`` (log rotation) opens a new destination file before returning.
+    How far it has copied is kept beside the source (``log.copied``), so a shim that restarts
+    carries on where the last one stopped: no line is lost (a shim killed between writing a batch
+    and recording it copies that batch again)."""
 
     def __init__(self, src: Path, dst: Path) -> None:
         self.src = src
         self.dst = dst
+        self._mark = src.with_name("log.copied")
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._offset = 0
+        self._offset = _read_offset(self._mark)
         self.dst.parent.mkdir(parents=True, exist_ok=True)
         self._out: BinaryIO = self.dst.open("ab")
         self._thread = threading.Thread(target=self._run, name=f"log-{src.parent.name[:12]}", daemon=True)
@@ -127,6 +147,9 @@ class _LogPump:
             self._out.write(data[:end])
             self._out.flush()
             self._offset += end
+            tmp = self._mark.with_name("log.copied.tmp")
+            tmp.write_text(str(self._offset))
+            os.replace(tmp, self._mark)
 
     def reopen(self) -> None:
         with self._lock:
@@ -136,6 +159,13 @@ class _LogPump:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+def _read_offset(mark: Path) -> int:
+    try:
+        return max(0, int(mark.read_text()))
+    except (FileNotFoundError, ValueError):
+        return 0
 
 
 class Containers:
@@ -237,7 +267,13 @@ class Containers:
             cdir.mkdir(parents=True)
             guest_mounts = self._share_mounts(cdir, container_id, mounts)
             guest_mounts += self._pod_file_mounts(sandbox, {m.destination for m in guest_mounts})
-            run = replace(request, mounts=guest_mounts, resources=_admitted_limits(request.resources, c.linux))
+            guest_mounts += _hugepage_mounts(c.linux, guest_mounts)
+            run = replace(
+                request,
+                mounts=guest_mounts,
+                resources=_admitted_limits(request.resources, c.linux),
+                seccomp_profile=self._seccomp_document(request.seccomp),
+            )
             spec = oci_spec.build_spec(run, image_cfg, user)
             lower = f"images/{tree.relative_to(self.images.trees_root)}"
             self._call(
@@ -263,6 +299,29 @@ class Containers:
             )
         )
 
+    def _seccomp_document(self, profile: str) -> object:
+        """The parsed file of a ``localhost/<path>`` seccomp profile: only under the configured
+        profile root (symlinks resolved), at most 1 MiB, JSON; None for other profiles."""
+        if not profile.startswith("localhost/"):
+            return None
+        ref = profile.removeprefix("localhost/")
+        root = Path(self.sandboxes.config.seccomp_profile_root)
+        path = Path(os.path.realpath(root / ref))  # an absolute ref stays itself; a relative one is under root
+        shown = validation.quote(ref)
+        if not path.is_relative_to(os.path.realpath(root)):
+            raise InvalidArgument(f"seccomp profile {shown} is outside {root}, where Localhost profiles are read from")
+        try:
+            with open(path, "rb") as f:
+                data = f.read(_SECCOMP_MAX + 1)
+        except OSError as exc:
+            raise InvalidArgument(f"seccomp profile {shown} cannot be read: {exc.strerror}") from None
+        if len(data) > _SECCOMP_MAX:
+            raise InvalidArgument(f"seccomp profile {shown} is larger than {_SECCOMP_MAX} bytes")
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise InvalidArgument(f"seccomp profile {shown} is not JSON: {str(exc)[:200]}") from None
+
     def check_mounts(self, mounts: list[tuple[str, str, bool]]) -> None:
         """INVALID_ARGUMENT naming the first host path outside the kubelet's pod directory and the
         admin's allowlist (symlinks resolved)."""
@@ -283,12 +342,17 @@ class Containers:
         the copy (a snapshot taken at CreateContainer)."""
         self.check_mounts(mounts)
         out = []
+        mountinfo = Path("/proc/self/mountinfo").read_text()
         for i, (container_path, host_path, readonly) in enumerate(mounts):
             if not host_path:
                 continue
             real = Path(os.path.realpath(host_path))
             if not real.exists():
                 raise InvalidArgument(f"mount of host path {host_path[:256]!r}: it does not exist")
+            pagesize = hugetlbfs.mount_pagesize(mountinfo, str(real))
+            if pagesize is not None:  # a HugePages emptyDir: the guest's own pages of that size
+                out.append(oci_spec.Mount(container_path, "nodev", readonly, hugepage_size=pagesize))
+                continue
             dest = cdir / "mounts" / str(i)
             dest.parent.mkdir(exist_ok=True)
             if real.is_dir():
@@ -356,6 +420,17 @@ class Containers:
         with self._lock:
             if c.id not in self._pumps:
                 self._pumps[c.id] = _LogPump(src, dst)
+
+    def resume_logs(self) -> int:
+        """At start-up: copying of every running container's log carries on from where the shim
+        that ran before stopped (the guest kept the containers and their output); returns how many."""
+        ready = {s.id for s in self.sandboxes.list_sandboxes() if s.state == SANDBOX_READY}
+        resumed = 0
+        for c in self.sandboxes.containers():
+            if c.state == CONTAINER_RUNNING and c.sandbox_id in ready:
+                self._start_pump(c)
+                resumed += 1
+        return resumed
 
     def refresh(self, container_id: str) -> ContainerRecord:
         """The record, brought up to date with the guest (exit code, reason, finish time)."""
@@ -497,6 +572,24 @@ class Containers:
             return None
         assert isinstance(res, CgroupStats)
         return res
+
+    def writable_usage(self) -> tuple[int, int]:
+        """(bytes, inodes) of every container's writable layer (in its guest's memory), created,
+        running or exited, until it is removed; guests that do not answer are left out."""
+        used = inodes = 0
+        ready = {s.id for s in self.sandboxes.list_sandboxes() if s.state == SANDBOX_READY}
+        for c in self.sandboxes.containers():
+            if not c.image_id or c.sandbox_id not in ready:
+                continue  # not created in a guest, or its guest is gone
+            try:
+                s = self._call(c.sandbox_id, "stats", c.id)
+            except (GuestRequestFailed, InfrastructureError, NotFound) as exc:
+                log.debug("container %s: no writable-layer usage: %s", c.id[:12], exc)
+                continue
+            assert isinstance(s, CgroupStats)
+            used += s.writable_bytes
+            inodes += s.writable_inodes
+        return used, inodes
 
     def sandbox_stats(self, sandbox_id: str) -> CgroupStats:
         res = self._call(sandbox_id, "stats", "")

@@ -1,15 +1,16 @@
 """``runtime.v1.ImageService``: a thin servicer over ``ImageStore``.
 
 Each method translates the request (``shim.translate``), calls the store, translates the answer.
-``ImageFsInfo`` reports the image store (blobs and unpacked trees) as the image file system and
-the rest of the state directory (where containers' writable state lives) as the container one.
+``ImageFsInfo`` reports the image store (blobs and unpacked trees) as the image file system, and
+as the container one the rest of the state directory plus the containers' writable layers (kept in
+their guests' memory; ``Containers.writable_usage`` asks the guests).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -37,9 +38,13 @@ def _usage_outside(root: Path, skip: Path) -> tuple[int, int]:
 
 
 class ImageServicer(pb_grpc.ImageServiceServicer):
-    def __init__(self, store: ImageStore, state_dir: str) -> None:
+    def __init__(
+        self, store: ImageStore, state_dir: str, writable_layers: Callable[[], tuple[int, int]] = lambda: (0, 0)
+    ) -> None:
         self.store = store
         self.state_dir = Path(state_dir)
+        # (bytes, inodes) of the containers' writable layers, which live in their guests' memory
+        self.writable_layers = writable_layers
 
     @rpc
     def PullImage(self, request: pb.PullImageRequest, context: grpc.ServicerContext) -> pb.PullImageResponse:
@@ -74,6 +79,8 @@ class ImageServicer(pb_grpc.ImageServiceServicer):
         now = time.time_ns()
         images = self.store.usage()
         used, inodes = _usage_outside(self.state_dir, self.store.root)
+        layers, layer_inodes = self.writable_layers()
+        used, inodes = used + layers, inodes + layer_inodes
         return pb.ImageFsInfoResponse(
             image_filesystems=[translate.filesystem_usage(str(self.store.root), images.bytes, images.inodes, now)],
             container_filesystems=[translate.filesystem_usage(str(self.state_dir), used, inodes, now)],

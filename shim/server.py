@@ -152,9 +152,16 @@ def start(config: ShimConfig) -> Running:
     images.collect()  # after reconciliation: images removed while held and not held again are freed
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
     containers = Containers(config.state_dir, sandboxes, images, hypervisor)
+    resumed = containers.resume_logs()
+    if resumed:
+        log.info("log copying resumed for %d running containers", resumed)
     runtime = RuntimeServicer(sandboxes, containers)
     status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
-    status.add_servicer(server, pb.DESCRIPTOR.services_by_name["ImageService"], ImageServicer(images, config.state_dir))
+    status.add_servicer(
+        server,
+        pb.DESCRIPTOR.services_by_name["ImageService"],
+        ImageServicer(images, config.state_dir, containers.writable_usage),
+    )
     health = Health(server)  # grpc.health.v1.Health on the CRI socket
     stop_metrics = metrics.serve(config.metrics_address, sandboxes) if config.metrics_address else None
     sock = Path(config.socket_path)

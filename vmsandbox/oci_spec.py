@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vmsandbox.errors import InvalidArgument
+from vmsandbox.seccomp import oci_seccomp
 
 OCI_VERSION = "1.0.2"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -156,6 +157,7 @@ class Mount:
     destination: str
     source: str
     readonly: bool = False
+    hugepage_size: str = ""  # set: a hugetlbfs mount of this page size ("2M", "1G"), not a bind of source
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,8 @@ class ContainerRequest:
     """(type "RLIMIT_NOFILE", hard, soft)."""
     seccomp: str = ""
     """"" or "unconfined": none; "runtime/default": the runtime's default; "localhost/<path>"."""
+    seccomp_profile: object = field(default=None, hash=False)
+    """The parsed file a "localhost/<path>" profile names (read by the caller, checked here)."""
     apparmor: str = ""
     resources: Resources = Resources()
     mounts: tuple[Mount, ...] = ()
@@ -260,9 +264,13 @@ def _resources(res: Resources) -> dict[str, object]:
     return out
 
 
-def _seccomp(profile: str) -> dict[str, object] | None:
+def _seccomp(profile: str, document: object, caps: list[str]) -> dict[str, object] | None:
     if profile in ("", "unconfined"):
         return None
+    if profile.startswith("localhost/"):
+        if document is None:
+            raise InvalidArgument(f"seccomp profile {profile[:128]!r}: the profile file was not read")
+        return oci_seccomp(document, caps, profile.removeprefix("localhost/")[:256])
     if profile == "docker/default":  # the legacy spelling of the runtime default
         profile = "runtime/default"
     if profile == "runtime/default":
@@ -290,7 +298,9 @@ def _seccomp(profile: str) -> dict[str, object] | None:
             "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
             "syscalls": [{"names": list(denied), "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
         }
-    raise InvalidArgument(f"seccomp profile {profile[:128]!r} is not supported (use runtime/default or unconfined)")
+    raise InvalidArgument(
+        f"seccomp profile {profile[:128]!r} is not supported (use runtime/default, unconfined or localhost/<path>)"
+    )
 
 
 def _mounts(request: ContainerRequest) -> list[dict[str, object]]:
@@ -310,6 +320,10 @@ def _mounts(request: ContainerRequest) -> list[dict[str, object]]:
     for m in request.mounts:
         if not m.destination.startswith("/"):
             raise InvalidArgument(f"mount destination {m.destination[:128]!r} is not absolute")
+        if m.hugepage_size:
+            options = ["nosuid", "nodev", f"pagesize={m.hugepage_size}", "ro" if m.readonly else "rw"]
+            mounts.append({"destination": m.destination, "type": "hugetlbfs", "source": "nodev", "options": options})
+            continue
         options = ["rbind", "ro" if m.readonly else "rw"]
         mounts.append({"destination": m.destination, "type": "bind", "source": m.source, "options": options})
     return mounts
@@ -365,7 +379,7 @@ def build_spec(request: ContainerRequest, image: ImageConfig, user: UserIds) -> 
             if not key.replace(".", "").replace("_", "").replace("-", "").isalnum():
                 raise InvalidArgument(f"bad sysctl name {key[:64]!r}")
         linux["sysctl"] = dict(sorted(request.sysctls.items()))
-    seccomp = None if request.privileged else _seccomp(request.seccomp)
+    seccomp = None if request.privileged else _seccomp(request.seccomp, request.seccomp_profile, caps)
     if seccomp is not None:
         linux["seccomp"] = seccomp
     return {

@@ -203,6 +203,30 @@ def test_writes_do_not_leak_into_the_image(env: Env) -> None:
     assert not (tree / "data" / "new").exists()
 
 
+def test_writable_layers_count_in_image_fs_info(env: Env) -> None:
+    def container_fs() -> tuple[int, int]:
+        fs = env.shim.images.ImageFsInfo(pb.ImageFsInfoRequest(), timeout=60).container_filesystems[0]
+        return fs.used_bytes.value, fs.inodes_used.value
+
+    before = container_fs()
+    config = _config(env, "writer", ["sh", "-c", "dd if=/dev/zero of=/data/blob bs=1024 count=4096; sleep 600"])
+    config.metadata.attempt = 1
+    config.mounts.append(_note_mount(env.allowed))  # as the pod declared it
+    cid = _run(env, config)
+    try:
+        deadline = time.monotonic() + 60
+        while (after := container_fs())[0] < before[0] + (4 << 20):
+            assert time.monotonic() < deadline, f"container file system {before} -> {after}"
+            time.sleep(0.5)
+        assert after[1] > before[1]
+        stats = env.shim.runtime.ContainerStats(pb.ContainerStatsRequest(container_id=cid), timeout=60).stats
+        assert stats.writable_layer.used_bytes.value >= 4 << 20
+    finally:
+        env.shim.runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0), timeout=60)
+        env.shim.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=60)
+    assert container_fs()[0] < before[0] + (4 << 20)
+
+
 def test_mount_outside_the_allowed_paths_is_refused(env: Env) -> None:
     config = _config(env, "exit3", ["true"])
     config.metadata.attempt = 7

@@ -1,0 +1,96 @@
+"""Localhost seccomp profiles through the CRI socket with real guests: a profile under the
+configured root is enforced by crun in the guest; one outside it, or not a profile, is refused
+with INVALID_ARGUMENT naming it, and nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from shim.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.conftest import Shim, container, pod, q, require_host, running_shim
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+RES = q({"cpu": "250m", "memory": "32Mi"})
+NO_MKDIR = {
+    "defaultAction": "SCMP_ACT_ALLOW",
+    "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
+}
+
+
+@dataclass
+class Env:
+    shim: Shim
+    sandbox: str
+    config: pb.PodSandboxConfig
+    root: Path
+    outside: Path
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    require_host()
+    tmp = tmp_path_factory.mktemp("seccomp")
+    root = tmp / "seccomp"
+    (root / "profiles").mkdir(parents=True)
+    (root / "profiles" / "no-mkdir.json").write_text(json.dumps(NO_MKDIR))
+    (root / "profiles" / "broken.json").write_text(json.dumps({"defaultAction": "SCMP_ACT_PERHAPS"}))
+    outside = tmp / "elsewhere.json"
+    outside.write_text(json.dumps(NO_MKDIR))
+    (tmp / "shim").mkdir()
+    with running_shim(tmp / "shim", extra_config={"seccomp_profile_root": str(root)}) as shim:
+        config = pod("sc", containers=[("app", RES)])
+        config.log_directory = str(tmp / "logs")
+        sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+        yield Env(shim, sid, config, root, outside)
+
+
+def _create(env: Env, ref: str, attempt: int) -> str:
+    c = container("app", RES, attempt=attempt)
+    c.command[:] = ["sh", "-c", "/bin/busybox mkdir /tmp/made && echo made || echo refused"]
+    c.log_path = f"app-{attempt}.log"
+    c.linux.security_context.seccomp.CopyFrom(
+        pb.SecurityProfile(profile_type=pb.SecurityProfile.ProfileType.Localhost, localhost_ref=ref)
+    )
+    return env.shim.runtime.CreateContainer(
+        pb.CreateContainerRequest(pod_sandbox_id=env.sandbox, config=c, sandbox_config=env.config), timeout=120
+    ).container_id
+
+
+def test_a_localhost_profile_is_enforced_in_the_guest(env: Env) -> None:
+    cid = _create(env, str(env.root / "profiles" / "no-mkdir.json"), 0)
+    rt = env.shim.runtime
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+    deadline = time.monotonic() + 90
+    while (
+        rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=60).status.state != pb.CONTAINER_EXITED
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    lines = (Path(env.config.log_directory) / "app-0.log").read_text().splitlines()
+    assert [line.split(" ", 3)[3] for line in lines if line.split(" ", 3)[1] == "stdout"] == ["refused"]
+
+
+@pytest.mark.parametrize(
+    ("which", "words"),
+    [("outside", "is outside"), ("broken", "SCMP_ACT_PERHAPS"), ("missing", "cannot be read")],
+)
+def test_bad_localhost_profiles_are_refused(env: Env, which: str, words: str) -> None:
+    ref = {
+        "outside": str(env.outside),
+        "broken": str(env.root / "profiles" / "broken.json"),
+        "missing": str(env.root / "profiles" / "nope.json"),
+    }[which]
+    before = env.shim.runtime.ListContainers(pb.ListContainersRequest(), timeout=30).containers
+    with pytest.raises(grpc.RpcError) as err:
+        _create(env, ref, 1)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in str(err.value.details())
+    assert env.shim.runtime.ListContainers(pb.ListContainersRequest(), timeout=30).containers == before
