@@ -289,3 +289,26 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shim]:
     require_host()
     with running_shim(tmp_path_factory.mktemp("shim")) as running:
         yield running
+
+
+def run_to_exit(
+    shim: Shim, sandbox_id: str, sandbox_config: pb.PodSandboxConfig, config: pb.ContainerConfig, timeout_s: float = 90
+) -> list[tuple[str, str]]:
+    """Create and start ``config`` in the sandbox, wait until it exits, and return its CRI log as
+    (stream, text) lines (the log is ``sandbox_config.log_directory``/``config.log_path``)."""
+    rt = shim.runtime
+    cid = rt.CreateContainer(
+        pb.CreateContainerRequest(pod_sandbox_id=sandbox_id, config=config, sandbox_config=sandbox_config), timeout=120
+    ).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+    deadline = time.monotonic() + timeout_s
+    while (
+        rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=60).status.state != pb.CONTAINER_EXITED
+    ):
+        assert time.monotonic() < deadline, f"container {config.metadata.name} did not exit\n{shim.log_text()[-3000:]}"
+        time.sleep(0.2)
+    out = []
+    for line in (Path(sandbox_config.log_directory) / config.log_path).read_text().splitlines():
+        _, stream, _, text = line.split(" ", 3)
+        out.append((stream, text))
+    return out

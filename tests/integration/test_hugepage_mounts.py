@@ -6,7 +6,6 @@ mount in the guest; a container that declared none gets no such mount."""
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, container, pod, q, require_host, running_shim
+from tests.integration.conftest import Shim, container, pod, q, require_host, run_to_exit, running_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -60,19 +59,7 @@ def _mounts_seen(env: Env, name: str, res: pb.KubernetesResources, mounts: list[
     c.mounts.extend(mounts)
     if "hugepages-2Mi" in res.limits:
         c.linux.resources.hugepage_limits.append(pb.HugepageLimit(page_size="2MB", limit=4 << 20))
-    rt = env.shim.runtime
-    cid = rt.CreateContainer(
-        pb.CreateContainerRequest(pod_sandbox_id=env.sandbox, config=c, sandbox_config=env.config), timeout=120
-    ).container_id
-    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
-    deadline = time.monotonic() + 90
-    while (
-        rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=60).status.state != pb.CONTAINER_EXITED
-    ):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    lines = (Path(env.config.log_directory) / f"{name}.log").read_text().splitlines()
-    return [line.split(" ", 3)[3] for line in lines if " hugetlbfs " in line]
+    return [text for _, text in run_to_exit(env.shim, env.sandbox, env.config, c) if " hugetlbfs " in text]
 
 
 def test_declared_hugepages_are_mounted_at_dev_hugepages(env: Env) -> None:

@@ -4,7 +4,6 @@ kubelet mounts its own file there."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, pod, q, require_host, running_shim
+from tests.integration.conftest import Shim, pod, q, require_host, run_to_exit, running_shim
 from tests.integration.image_setup import require_image_tools
 from tests.registry_kit import Layout, Registry, busybox_entries, file, push
 
@@ -68,7 +67,6 @@ def _own_resolv_conf(allowed: Path) -> pb.Mount:
 
 
 def _output(env: Env, name: str, mounts: list[pb.Mount]) -> list[str]:
-    rt = env.shim.runtime
     config = pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=name),
         image=pb.ImageSpec(image=env.image),
@@ -77,17 +75,7 @@ def _output(env: Env, name: str, mounts: list[pb.Mount]) -> list[str]:
         mounts=mounts,
     )
     config.kubernetes_resources.CopyFrom(SMALL)
-    cid = rt.CreateContainer(
-        pb.CreateContainerRequest(pod_sandbox_id=env.sandbox, config=config, sandbox_config=env.config), timeout=120
-    ).container_id
-    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
-    deadline = time.monotonic() + 90
-    while (
-        rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=60).status.state != pb.CONTAINER_EXITED
-    ):
-        assert time.monotonic() < deadline, env.shim.log_text()[-3000:]
-        time.sleep(0.2)
-    return [line.split(" ", 3)[3] for line in (env.logs / f"{name}.log").read_text().splitlines()]
+    return [text for _, text in run_to_exit(env.shim, env.sandbox, env.config, config)]
 
 
 def test_containers_see_the_pods_dns_settings_and_hostname(env: Env) -> None:

@@ -5,7 +5,6 @@ with INVALID_ARGUMENT naming it, and nothing is left behind."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ import grpc
 import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, container, pod, q, require_host, running_shim
+from tests.integration.conftest import Shim, container, pod, q, require_host, run_to_exit, running_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -52,30 +51,19 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         yield Env(shim, sid, config, root, outside)
 
 
-def _create(env: Env, ref: str, attempt: int) -> str:
+def _config(env: Env, ref: str, attempt: int) -> pb.ContainerConfig:
     c = container("app", RES, attempt=attempt)
     c.command[:] = ["sh", "-c", "/bin/busybox mkdir /tmp/made && echo made || echo refused"]
     c.log_path = f"app-{attempt}.log"
     c.linux.security_context.seccomp.CopyFrom(
         pb.SecurityProfile(profile_type=pb.SecurityProfile.ProfileType.Localhost, localhost_ref=ref)
     )
-    return env.shim.runtime.CreateContainer(
-        pb.CreateContainerRequest(pod_sandbox_id=env.sandbox, config=c, sandbox_config=env.config), timeout=120
-    ).container_id
+    return c
 
 
 def test_a_localhost_profile_is_enforced_in_the_guest(env: Env) -> None:
-    cid = _create(env, str(env.root / "profiles" / "no-mkdir.json"), 0)
-    rt = env.shim.runtime
-    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
-    deadline = time.monotonic() + 90
-    while (
-        rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=60).status.state != pb.CONTAINER_EXITED
-    ):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    lines = (Path(env.config.log_directory) / "app-0.log").read_text().splitlines()
-    assert [line.split(" ", 3)[3] for line in lines if line.split(" ", 3)[1] == "stdout"] == ["refused"]
+    config = _config(env, str(env.root / "profiles" / "no-mkdir.json"), 0)
+    assert run_to_exit(env.shim, env.sandbox, env.config, config) == [("stdout", "refused")]
 
 
 @pytest.mark.parametrize(
@@ -90,7 +78,12 @@ def test_bad_localhost_profiles_are_refused(env: Env, which: str, words: str) ->
     }[which]
     before = env.shim.runtime.ListContainers(pb.ListContainersRequest(), timeout=30).containers
     with pytest.raises(grpc.RpcError) as err:
-        _create(env, ref, 1)
+        env.shim.runtime.CreateContainer(
+            pb.CreateContainerRequest(
+                pod_sandbox_id=env.sandbox, config=_config(env, ref, 1), sandbox_config=env.config
+            ),
+            timeout=120,
+        )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert words in str(err.value.details())
     assert env.shim.runtime.ListContainers(pb.ListContainersRequest(), timeout=30).containers == before
