@@ -200,11 +200,17 @@ def parse_result(stdout: bytes, plugin: str) -> dict[str, Any]:
     return doc
 
 
+def _list(result: Mapping[str, Any], key: str) -> Any:
+    """A list field of a result, absent or null meaning empty (other types are the caller's error)."""
+    value = result.get(key)
+    return [] if value is None else value
+
+
 def pod_network(result: Mapping[str, Any], mac: str, mtu: int = 0) -> PodNetwork:
     """The guest NIC and pod IPs from the final ADD result: the IPs on the pod's ``eth0`` (or on no
     named interface), IPv4 first as the primary; ``mac`` and ``mtu`` are ``eth0``'s, read from the
     namespace."""
-    interfaces = result.get("interfaces") or []
+    interfaces = _list(result, "interfaces")
     if not isinstance(interfaces, list):
         raise CniError("CNI result: interfaces is not a list")
     eth0 = {
@@ -213,7 +219,7 @@ def pod_network(result: Mapping[str, Any], mac: str, mtu: int = 0) -> PodNetwork
         if isinstance(itf, dict) and itf.get("name") == IFNAME and itf.get("sandbox")
     }
     addresses: list[str] = []
-    ips = result.get("ips") or []
+    ips = _list(result, "ips")
     if not isinstance(ips, list):
         raise CniError("CNI result: ips is not a list")
     routes: list[Route] = []
@@ -227,7 +233,10 @@ def pod_network(result: Mapping[str, Any], mac: str, mtu: int = 0) -> PodNetwork
             addresses.append(ipaddress.ip_interface(str(entry.get("address"))).with_prefixlen)
         except ValueError:
             raise CniError(f"CNI result: address {str(entry.get('address'))[:64]!r} is not a CIDR") from None
-    for entry in result.get("routes") or []:
+    route_list = _list(result, "routes")
+    if not isinstance(route_list, list):
+        raise CniError("CNI result: routes is not a list")
+    for entry in route_list:
         if not isinstance(entry, dict):
             raise CniError("CNI result: a routes entry is not an object")
         try:
