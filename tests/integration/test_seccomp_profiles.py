@@ -63,7 +63,8 @@ def _config(env: Env, ref: str, attempt: int) -> pb.ContainerConfig:
 
 def test_a_localhost_profile_is_enforced_in_the_guest(env: Env) -> None:
     config = _config(env, str(env.root / "profiles" / "no-mkdir.json"), 0)
-    assert run_to_exit(env.shim, env.sandbox, env.config, config) == [("stdout", "refused")]
+    lines = run_to_exit(env.shim, env.sandbox, env.config, config)
+    assert [text for stream, text in lines if stream == "stdout"] == ["refused"]
 
 
 @pytest.mark.parametrize(
