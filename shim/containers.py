@@ -69,6 +69,15 @@ def _image_file_lines(tree: Path, name: str) -> list[str]:
         return f.read(_MAX_PASSWD_BYTES).decode(errors="replace").splitlines()
 
 
+def _host_resolv_conf() -> str:
+    """The host's /etc/resolv.conf (bounded), for pods that sent no DNS settings."""
+    try:
+        with open("/etc/resolv.conf", "rb") as f:
+            return f.read(_RESOLV_CONF_MAX).decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _hugepage_mounts(linux: dict[str, object], mounts: tuple[oci_spec.Mount, ...]) -> tuple[oci_spec.Mount, ...]:
     """hugetlbfs mounts for the page sizes a container declared and its own mounts do not place."""
     limits = linux.get("hugepage_limits") or ()
@@ -374,13 +383,9 @@ class Containers:
         rule: the kubelet's mounts win)."""
         pod_dir = self._shared(sandbox.id) / "pod"
         pod_dir.mkdir(exist_ok=True)
-        try:
-            with open("/etc/resolv.conf", "rb") as f:
-                host_resolv = f.read(_RESOLV_CONF_MAX).decode(errors="replace")
-        except OSError:
-            host_resolv = ""
+        dns = sandbox.dns_config()
         out = []
-        for path, text in pod_files(sandbox.dns_config(), sandbox.hostname, host_resolv).items():
+        for path, text in pod_files(dns, sandbox.hostname, _host_resolv_conf() if dns.empty else "").items():
             if path in covered:
                 continue
             name = POD_FILES[path]
