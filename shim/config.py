@@ -70,7 +70,8 @@ class ShimConfig:
     seccomp_profile_root: str = "/var/lib/kubelet/seccomp"  # Localhost seccomp profiles are read from here only
     pod_network: str = "cni"  # cni: pods get a network through CNI; none: pods boot without a NIC
     cni_conf_dir: str = "/etc/cni/net.d"  # the first valid .conf/.conflist/.json here, in lexical order
-    cni_bin_dirs: tuple[str, ...] = ("/opt/cni/bin",)  # where CNI plugins are looked up, in order
+    # where CNI plugins are looked up, in order: the usual place, then where Debian's package puts them
+    cni_bin_dirs: tuple[str, ...] = ("/opt/cni/bin", "/usr/lib/cni")
     netns_dir: str = "/run/netns"  # where the pods' network namespaces are bind-mounted (``ip netns`` sees them)
     extra: dict[str, Any] = field(default_factory=dict)
 
