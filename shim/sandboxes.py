@@ -621,7 +621,7 @@ class Sandboxes:
                 if periodic and (sid in self._in_flight or (row[0] if row else None) != docs.get(sid, (None,))[0]):
                     skipped.add(sid)  # it changed since we looked
                     continue
-                if not self._carry_out(action, docs.get(sid, (None, None))[1], report):
+                if not self._carry_out(action, docs.get(sid, (None, None))[1], report, periodic):
                     failed.add(sid)
             finally:
                 lock.release()
@@ -638,15 +638,19 @@ class Sandboxes:
             log.warning("periodic reconcile: %s", {k: len(v) for k, v in report.items() if v and k != "foreign"})
         return report
 
-    def _carry_out(self, action: Action, doc: dict[str, Any] | None, report: dict[str, list[str]]) -> bool:
-        """One reconcile action; False when a tear-down failed (the sandbox's later actions are skipped)."""
+    def _carry_out(
+        self, action: Action, doc: dict[str, Any] | None, report: dict[str, list[str]], periodic: bool
+    ) -> bool:
+        """One reconcile action; False when a tear-down failed (the sandbox's later actions are skipped).
+        A periodic reconcile finds the sandboxes this process runs as ADOPT: those are not news."""
         sid = action.sandbox_id
         record = SandboxRecord.from_doc(doc) if doc is not None else None
         pod = f"{record.meta.namespace}/{record.meta.name}" if record else "(unknown pod)"
         if action.step is Step.ADOPT:
             assert record is not None
             report["adopted"].append(sid)
-            log.info(
+            log.log(
+                logging.DEBUG if periodic else logging.INFO,
                 "reconcile: adopted sandbox %s (domain %s) of pod %s: guest running, claims (%s) and "
                 "%d container records kept",
                 sid[:12],
