@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 from dataclasses import replace
@@ -32,6 +31,7 @@ from shim.model import (
 )
 from shim.sandboxes import Sandboxes
 from vmsandbox import hugetlbfs, oci_spec, validation
+from vmsandbox.adapters import binds
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -188,6 +188,8 @@ class Containers:
         self._pumps: dict[str, _LogPump] = {}
         self._container_locks: dict[str, threading.Lock] = {}
         sandboxes.shared_dirs_for = self.shared_dirs_for
+        sandboxes.drop_shared_dirs = self.drop_shared_dirs
+        sandboxes.sweep_shared_dirs = self.sweep_shared_dirs
 
     # -- layout ---------------------------------------------------------------------------------
     def _shared(self, sandbox_id: str) -> Path:
@@ -197,10 +199,28 @@ class Containers:
         shared = self._shared(sandbox_id)
         (shared / "containers").mkdir(parents=True, exist_ok=True)
         os.chmod(self.root / sandbox_id, 0o700)
+        binds.make_shared(shared)  # container mounts bound below it later reach the running guest
         return (
             SharedDir(str(shared), SHARED_TAG),
             SharedDir(str(self.images.trees_root), IMAGES_TAG, readonly=True),
         )
+
+    def drop_shared_dirs(self, sandbox_id: str) -> None:
+        """Remove a sandbox's directory (its mounts detached first, binds.remove_tree)."""
+        binds.remove_tree(self.root / sandbox_id)
+
+    def sweep_shared_dirs(self, keep: set[str]) -> None:
+        """Remove the directories of sandboxes nobody remembers (a crash between tear-down and removal)."""
+        try:
+            dirs = sorted(p for p in self.root.iterdir() if p.is_dir())
+        except OSError:
+            return
+        for d in dirs:
+            sid = d.name
+            if sid in keep or len(sid) != 64 or any(ch not in "0123456789abcdef" for ch in sid):
+                continue
+            binds.remove_tree(d)
+            log.info("reconcile: removed the shared directory of forgotten sandbox %s", sid[:12])
 
     def _lock_for(self, container_id: str) -> threading.Lock:
         with self._lock:
@@ -290,11 +310,9 @@ class Containers:
             )
         except BaseException:
             self.images.release(image.id)
-            shutil.rmtree(cdir, ignore_errors=True)
+            binds.remove_tree(cdir)
             raise
         ref = image.repo_digests[0] if image.repo_digests else image.id
-        # what the container writes to a writable file mount (the termination log) goes back at exit
-        copy_back = [[i, host] for i, (_, host, ro) in enumerate(mounts) if host and not ro and Path(host).is_file()]
         self.sandboxes.save_container(
             replace(
                 c,
@@ -302,7 +320,6 @@ class Containers:
                 image_ref=ref,
                 log_directory=sandbox.log_directory,
                 stop_signal=signal,
-                copy_back=copy_back,
                 reason="Created",
                 message="",
             )
@@ -347,8 +364,8 @@ class Containers:
     def _share_mounts(
         self, cdir: Path, container_id: str, mounts: list[tuple[str, str, bool]]
     ) -> tuple[oci_spec.Mount, ...]:
-        """Copies each allowed host path into the container's shared directory; the spec mounts
-        the copy (a snapshot taken at CreateContainer)."""
+        """Binds each allowed host path below the container's shared directory, where the guest
+        sees it live over 9p (binds.py); the spec mounts it there, read-only when asked."""
         self.check_mounts(mounts)
         out = []
         mountinfo = Path("/proc/self/mountinfo").read_text()
@@ -365,9 +382,10 @@ class Containers:
             dest = cdir / "mounts" / str(i)
             dest.parent.mkdir(exist_ok=True)
             if real.is_dir():
-                shutil.copytree(real, dest, symlinks=True)
+                dest.mkdir()
             else:
-                shutil.copy2(real, dest)
+                dest.touch()
+            binds.bind(real, dest, readonly)
             out.append(
                 oci_spec.Mount(
                     destination=container_path,
@@ -465,24 +483,11 @@ class Containers:
             pump = self._pumps.pop(c.id, None)
         if pump is not None:
             pump.stop()
-        self._copy_back(c)
         done = replace(
             c, state=CONTAINER_EXITED, exit_code=code, reason=reason, message=message, finished_ns=at or time.time_ns()
         )
         self.sandboxes.save_container(done)
         return done
-
-    def _copy_back(self, c: ContainerRecord) -> None:
-        """Writable file mounts (the termination log) back to their host path, once the container exited."""
-        mounts = self._shared(c.sandbox_id) / "containers" / c.id / "mounts"
-        for index, host in c.copy_back:
-            src = mounts / str(int(index))
-            try:
-                if src.is_file() and not src.is_symlink() and Path(host).is_file():
-                    with src.open("rb") as f, open(host, "wb") as out:
-                        shutil.copyfileobj(f, out)
-            except OSError as e:
-                log.warning("container %s: copying %s back to %s failed: %s", c.id[:12], src, host, e)
 
     def stop(self, container_id: str, timeout_s: int) -> None:
         if not validation.teardown_id(container_id, "container_id"):
@@ -521,7 +526,7 @@ class Containers:
             pump = self._pumps.pop(container_id, None)
         if pump is not None:
             pump.stop()
-        shutil.rmtree(self._shared(c.sandbox_id) / "containers" / container_id, ignore_errors=True)
+        binds.remove_tree(self._shared(c.sandbox_id) / "containers" / container_id)
         self.sandboxes.remove_container(container_id)
         if c.image_id:
             self.images.release(c.image_id)
@@ -546,7 +551,7 @@ class Containers:
             if c.image_id:
                 self.images.release(c.image_id)
         self._drop_client(sandbox_id)
-        shutil.rmtree(self.root / sandbox_id, ignore_errors=True)
+        self.drop_shared_dirs(sandbox_id)
 
     def reopen_log(self, container_id: str) -> None:
         c = self.sandboxes.container(container_id)

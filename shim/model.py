@@ -120,12 +120,11 @@ class ContainerRecord:
     # host clock minus guest clock, measured at start: the guest's own times (exit) are mapped with it
     guest_clock_offset_ns: int = 0
     exit_code: int = 0
-    # [index of the copy in the shared directory, host path]: writable file mounts copied back at exit
-    copy_back: list[list[Any]] = field(default_factory=list)
 
     def to_doc(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_doc(doc: dict[str, Any]) -> ContainerRecord:
-        return ContainerRecord(**doc)
+        # records written while file mounts were copies carry the copies' write-back list
+        return ContainerRecord(**{k: v for k, v in doc.items() if k != "copy_back"})

@@ -117,7 +117,12 @@ class Sandboxes:
             SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()
         }
         # directories a new guest gets over 9p (set by the owner of containers, shim.containers)
+        # the guest-shared directories belong to the container side (shim/containers.py): it makes
+        # them for a boot, drops them when a boot is rolled back, and sweeps those of sandboxes that
+        # no longer exist (given the ids to keep)
         self.shared_dirs_for: Callable[[str], tuple[SharedDir, ...]] = lambda _sandbox_id: ()
+        self.drop_shared_dirs: Callable[[str], None] = lambda _sandbox_id: None
+        self.sweep_shared_dirs: Callable[[set[str]], None] = lambda _keep: None
         first = self.inventory()
         # the one owner of CPUs, pages, memory and devices: its free state is rebuilt from the ledger
         self.resources = resources or ResourceManager.open(config, first, ledger)
@@ -338,6 +343,10 @@ class Sandboxes:
                 f"rollback incomplete: domain {name} could not be removed, so its resources stay held until "
                 "the shim's reconciliation removes it"
             )
+        try:
+            self.drop_shared_dirs(sandbox_id)
+        except VmSandboxError as exc:  # the sweep of the next reconcile tries again
+            log.error("rollback of %s: shared directory not removed yet: %s", sandbox_id[:12], exc)
         try:
             self.network.remove(sandbox_id)
         except VmSandboxError as exc:  # the record stays: reconcile deletes it once the sandbox is gone
@@ -629,6 +638,10 @@ class Sandboxes:
         report["network"] = self.network.reconcile(remaining | busy | set(self._in_flight))
         foreign = {a.sandbox_id for a in actions if a.step is Step.LEAVE_FOREIGN}
         self._sweep_console_logs(remaining | failed | skipped | busy | foreign)
+        try:
+            self.sweep_shared_dirs(remaining | failed | skipped | busy | foreign | set(self._in_flight))
+        except VmSandboxError as exc:
+            log.error("reconcile: %s", exc)
         with self._names_lock:
             if periodic:  # keep the names of RunPodSandbox calls in flight; drop those of forgotten sandboxes
                 self._names = {m: sid for m, sid in self._names.items() if sid in remaining or sid in self._in_flight}

@@ -1,0 +1,85 @@
+"""The bind mounts that share container volumes live (vmsandbox/adapters/binds.py): real mounts in
+the host's namespace. What matters most is that deleting a sandbox's tree never deletes the host
+files a bind made reachable in it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vmsandbox.adapters import binds
+from vmsandbox.errors import InfrastructureError
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts need root"),
+]
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    binds.unmount_all(tmp_path)
+
+
+def test_a_bind_shows_the_host_files_both_ways_and_removal_spares_them(tree: Path) -> None:
+    volume = tree / "volume"
+    volume.mkdir()
+    (volume / "data").write_text("from the host\n")
+    shared = tree / "sandbox" / "shared"
+    (shared / "containers" / "c1").mkdir(parents=True)
+    binds.make_shared(shared)
+    binds.make_shared(shared)  # idempotent
+    target = shared / "containers" / "c1" / "0"
+    target.mkdir()
+    binds.bind(volume, target, readonly=False)
+    assert (target / "data").read_text() == "from the host\n"
+    (target / "written").write_text("from the sandbox\n")
+    assert (volume / "written").read_text() == "from the sandbox\n"
+    assert binds.mounts_under(tree / "sandbox") == [str(target), str(shared)]
+
+    binds.remove_tree(tree / "sandbox")
+    assert not (tree / "sandbox").exists()
+    assert sorted(p.name for p in volume.iterdir()) == ["data", "written"]
+    assert binds.mounts_under(tree) == []
+
+
+def test_read_only_binds_refuse_writes_and_file_binds_work(tree: Path) -> None:
+    log = tree / "termination-log"
+    log.write_text("")
+    config = tree / "config"
+    config.mkdir()
+    (config / "key").write_text("value\n")
+    shared = tree / "shared"
+    shared.mkdir()
+    binds.make_shared(shared)
+    (shared / "log").touch()
+    (shared / "config").mkdir()
+    binds.bind(log, shared / "log", readonly=False)
+    binds.bind(config, shared / "config", readonly=True)
+    (shared / "log").write_text("done\n")
+    assert log.read_text() == "done\n"
+    with pytest.raises(OSError):
+        (shared / "config" / "key").write_text("changed\n")
+    assert (config / "key").read_text() == "value\n"
+    binds.remove_tree(shared)
+    assert log.read_text() == "done\n" and (config / "key").exists()
+
+
+def test_bind_errors_name_the_paths(tree: Path) -> None:
+    with pytest.raises(InfrastructureError, match=r"bind .*missing onto"):
+        binds.bind(tree / "missing", tree, readonly=False)
+
+
+def test_mountinfo_paths_are_unescaped() -> None:
+    info = (
+        "36 35 98:0 / /run/a\\040b rw,noatime master:1 - ext3 /dev/root rw\n"
+        "37 35 98:0 / /run/a\\040b/c rw - ext3 /dev/root rw\n"
+        "38 35 98:0 / /run/ab rw - ext3 /dev/root rw\n"
+    )
+    assert binds.mounts_under("/run/a b", info) == ["/run/a b/c", "/run/a b"]
+    assert binds.is_mount_point("/run/ab", info)
+    assert not binds.is_mount_point("/run/a", info)
