@@ -5,7 +5,8 @@ critest (cri-tools) asks for ``gcr.io/k8s-staging-cri-tools/test-image-*``,
 ``k8s.gcr.io/pause:3.9``; with ``--registry-prefix HOST:PORT`` it pulls ``HOST:PORT/<path>``
 instead. This builds images with the properties its specs check — distinct images for
 ``test-image-1..3``, one image under three ``test-image-tags`` tags, ``User`` set to a uid, a
-username, ``uid:group`` and ``name:group`` — from the host's busybox-static, and pushes each under
+username, ``uid:group`` and ``name:group``; every busybox applet; web servers (nginx, httpd) and a
+setuid-root ``nnp`` from ``tests/lookalike`` (built with the host's Go) — and pushes each under
 its path, its tag and ``latest`` (critest versions that take a prefix keep only the repository
 path). The printed ``registries`` entry points those upstream registries at the local one in the
 shim's configuration, which keeps the names critest checks in ImageStatus: the way to run its image
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.registry_kit import Layout, Registry, busybox_entries, file, push
+from tests.registry_kit import BUSYBOX, Entry, Layout, Registry, busybox_entries, directory, file, push, symlink
 
 STAGING = "k8s-staging-cri-tools"
 E2E = "e2e-test-images"
@@ -50,10 +53,48 @@ IMAGES: dict[str, tuple[tuple[str, ...], str, str]] = {
     f"{STAGING}/test-image-predefined-group": (("latest",), "1000", "predefined-group"),
     f"{E2E}/busybox": (("1.29-2", "1.29-4", "latest"), "", "e2e-busybox"),
     f"{E2E}/nginx": (("1.14-2", "latest"), "", "e2e-nginx"),
+    f"{E2E}/httpd": (("2.4.39-4", "latest"), "", "e2e-httpd"),
+    f"{E2E}/nonewprivs": (("1.3", "latest"), "", "e2e-nonewprivs"),
     f"{STAGING}/hostnet-nginx-amd64": (("latest",), "", "hostnet-nginx"),
     "pause": (("3.9", "3.10", "latest"), "", "pause"),
 }
 UPSTREAM = ("gcr.io", "registry.k8s.io", "k8s.gcr.io")
+LOOKALIKE = Path(__file__).with_name("lookalike") / "main.go"
+# the process title real nginx gives its master process, which critest's PID namespace specs grep for
+NGINX_CMD = ("/bin/sh", "-c", "exec -a 'nginx: master process nginx -g daemon off;' /usr/sbin/nginx")
+# repository -> (where its program is installed, the file's mode, the image's command)
+PROGRAMS: dict[str, tuple[str, int, tuple[str, ...]]] = {
+    f"{E2E}/nginx": ("usr/sbin/nginx", 0o755, NGINX_CMD),
+    f"{STAGING}/hostnet-nginx-amd64": ("usr/sbin/nginx", 0o755, NGINX_CMD),
+    f"{E2E}/httpd": ("usr/local/apache2/bin/httpd", 0o755, ("/usr/local/apache2/bin/httpd",)),
+    f"{E2E}/nonewprivs": ("usr/local/bin/nnp", 0o4755, ("/usr/local/bin/nnp",)),
+}
+
+
+def applets() -> tuple[str, ...]:
+    """Every applet of the host's busybox (critest's specs run grep, ipcs, pidof, mount, wget, ...)."""
+    out = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True).stdout
+    return tuple(a for a in out.split() if a and "/" not in a)
+
+
+def build_lookalike(work: Path) -> bytes:
+    """The static ``tests/lookalike`` program, built with the host's Go toolchain."""
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / "lookalike"
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "", "GO111MODULE": "off"}
+    subprocess.run(["go", "build", "-o", str(out), str(LOOKALIKE)], env=env, check=True, capture_output=True)
+    return out.read_bytes()
+
+
+# busybox-static has neither pgrep nor ipcs; the look-alike program stands in for both
+TOOLS = ("bin/pgrep", "bin/ipcs")
+
+
+def program_entries(path: str, mode: int, binary: bytes) -> list[Entry]:
+    """``binary`` at ``path`` (root-owned), with its parent directories and /var/run."""
+    parts = path.split("/")[:-1]
+    dirs = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return [directory("var"), directory("var/run"), *(directory(d) for d in dirs), file(path, binary, mode)]
 
 
 def registries_config(host: str) -> list[dict[str, object]]:
@@ -64,12 +105,18 @@ def registries_config(host: str) -> list[dict[str, object]]:
 def push_all(registry: str, work: Path) -> list[str]:
     """Build and push every look-alike to ``registry`` (host:port); returns the references pushed."""
     layout = Layout(work / "layout")
-    base = layout.layer(busybox_entries(("sh", "ls", "cat", "echo", "sleep", "id", "top", "pgrep", "hostname")))
+    binary = build_lookalike(work)
+    tools = [file("bin/lookalike", binary, 0o755), *(symlink(t, "lookalike") for t in TOOLS)]
+    base = layout.layer(busybox_entries(applets()) + tools)
     users = layout.layer([file("etc/passwd", PASSWD), file("etc/group", GROUP)])
     pushed = []
     for repo, (tags, user, salt) in IMAGES.items():
-        marker = layout.layer([file("etc/image-name", f"{repo}\n".encode())])
-        desc = layout.image([base, users, marker], user=user, cmd=("/bin/sh",), salt=salt)
+        layers = [base, users, layout.layer([file("etc/image-name", f"{repo}\n".encode())])]
+        cmd: tuple[str, ...] = ("/bin/sh",)
+        if repo in PROGRAMS:
+            path, mode, cmd = PROGRAMS[repo]
+            layers.append(layout.layer(program_entries(path, mode, binary)))
+        desc = layout.image(layers, user=user, cmd=cmd, salt=salt)
         for tag in dict.fromkeys((*tags, "latest")):
             name = f"{salt}-{tag}"
             layout.tag(name, desc)

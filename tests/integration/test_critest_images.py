@@ -18,6 +18,7 @@ def test_look_alikes(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
     host = pushed.registry.host
     refs = push_all(host, tmp_path / "work")
     assert f"{host}/{E2E}/busybox:1.29-2" in refs
+    assert {f"{host}/{E2E}/httpd:2.4.39-4", f"{host}/{E2E}/nonewprivs:1.3", f"{host}/{E2E}/nginx:1.14-2"} <= set(refs)
     store = ImageStore(tmp_path / "images")
     users = {}
     for name in ("uid", "username", "uid-group", "username-group"):
