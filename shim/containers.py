@@ -27,6 +27,7 @@ from shim.model import (
     CONTAINER_RUNNING,
     SANDBOX_READY,
     ContainerRecord,
+    MountRequest,
     SandboxRecord,
 )
 from shim.sandboxes import Sandboxes
@@ -269,7 +270,7 @@ class Containers:
         request: oci_spec.ContainerRequest,
         user_spec: str,
         stop_signal: str,
-        mounts: list[tuple[str, str, bool]],
+        mounts: list[MountRequest],
     ) -> None:
         """Creates an admitted container in its guest (its record exists, state CREATED)."""
         c = self.sandboxes.container(container_id)
@@ -348,28 +349,33 @@ class Containers:
         except ValueError as exc:
             raise InvalidArgument(f"seccomp profile {shown} is not JSON: {str(exc)[:200]}") from None
 
-    def check_mounts(self, mounts: list[tuple[str, str, bool]]) -> None:
+    def check_mounts(self, mounts: list[MountRequest]) -> None:
         """INVALID_ARGUMENT naming the first host path outside the kubelet's pod directory and the
         admin's allowlist (symlinks resolved)."""
         allowed = [Path(p) for p in self.sandboxes.config.mount_allowlist] + [
             Path(self.sandboxes.config.kubelet_pods_dir)
         ]
-        for _, host_path, _ in mounts:
+        for m in mounts:
+            host_path = m.host_path
             if host_path and not any(Path(os.path.realpath(host_path)).is_relative_to(a) for a in allowed):
                 raise InvalidArgument(
                     f"mount of host path {host_path[:256]!r} is not allowed: only paths under "
                     f"{', '.join(str(a) for a in allowed)} are shared into pods"
                 )
 
-    def _share_mounts(
-        self, cdir: Path, container_id: str, mounts: list[tuple[str, str, bool]]
-    ) -> tuple[oci_spec.Mount, ...]:
+    def _share_mounts(self, cdir: Path, container_id: str, mounts: list[MountRequest]) -> tuple[oci_spec.Mount, ...]:
         """Binds each allowed host path below the container's shared directory, where the guest
-        sees it live over 9p (binds.py); the spec mounts it there, read-only when asked."""
+        sees it live over 9p (binds.py); the spec mounts it there.
+
+        Read-only is the host's bind: in the guest a volume and the host mounts below it are one 9p
+        file system, so a read-only mount there would also cover those (the CRI's non-recursive
+        read-only leaves them writable). A recursive one is read-only on both sides."""
         self.check_mounts(mounts)
         out = []
         mountinfo = Path("/proc/self/mountinfo").read_text()
-        for i, (container_path, host_path, readonly) in enumerate(mounts):
+        for i, (container_path, host_path, readonly, recursive) in enumerate(
+            (m.container_path, m.host_path, m.readonly, m.recursive) for m in mounts
+        ):
             if not host_path:
                 continue
             real = Path(os.path.realpath(host_path))
@@ -385,12 +391,12 @@ class Containers:
                 dest.mkdir()
             else:
                 dest.touch()
-            binds.bind(real, dest, readonly)
+            binds.bind(real, dest, readonly, recursive)
             out.append(
                 oci_spec.Mount(
                     destination=container_path,
                     source=f"{GUEST_SHARED_MOUNT}/containers/{container_id}/mounts/{i}",
-                    readonly=readonly,
+                    readonly=readonly and recursive,
                 )
             )
         return tuple(out)

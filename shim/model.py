@@ -25,6 +25,16 @@ CONTAINER_UNKNOWN = "CONTAINER_UNKNOWN"
 
 
 @dataclass(frozen=True)
+class MountRequest:
+    """A host path a CreateContainer mounts, as validated by the translation layer."""
+
+    container_path: str
+    host_path: str
+    readonly: bool = False
+    recursive: bool = False  # read-only for the mounts below host_path too (recursive_read_only)
+
+
+@dataclass(frozen=True)
 class ContainerSpec:
     name: str
     attempt: int = 0

@@ -123,7 +123,11 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         return pb.StatusResponse(
             status=pb.RuntimeStatus(conditions=conditions),
             info=info,
-            runtime_handlers=[pb.RuntimeHandler(name=h) for h in sorted(self.sandboxes.profiles)],
+            # recursive read-only mounts: enforced by the host's bind (vmsandbox/adapters/binds.py)
+            runtime_handlers=[
+                pb.RuntimeHandler(name=h, features=pb.RuntimeHandlerFeatures(recursive_read_only_mounts=True))
+                for h in sorted(self.sandboxes.profiles)
+            ],
         )
 
     @rpc

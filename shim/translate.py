@@ -18,6 +18,7 @@ from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.model import (
     ContainerRecord,
     ContainerSpec,
+    MountRequest,
     PodMeta,
     SandboxRecord,
     SandboxSpec,
@@ -111,6 +112,7 @@ def _mounts(items: Iterable[pb.Mount], where: str) -> frozenset[Mount]:
             container_path=m.container_path,
             host_path=m.host_path,
             readonly=m.readonly,
+            recursive_read_only=m.recursive_read_only,
             selinux_relabel=m.selinux_relabel,
             propagation=int(m.propagation),
         )
@@ -429,6 +431,17 @@ def container_status(c: ContainerRecord) -> pb.ContainerStatus:
         annotations=c.annotations,
         log_path=log_path,
         resources=pb.ContainerResources(linux=linux_resources_msg(c.linux)),
+        mounts=[
+            pb.Mount(
+                container_path=str(m.get("container_path", "")),
+                host_path=str(m.get("host_path", "")),
+                readonly=bool(m.get("readonly")),
+                recursive_read_only=bool(m.get("recursive_read_only")),
+                selinux_relabel=bool(m.get("selinux_relabel")),
+                propagation=int(m.get("propagation", 0)),  # type: ignore[arg-type]
+            )
+            for m in c.resources.get("mounts", ())
+        ],
     )
 
 
@@ -560,9 +573,20 @@ def container_request(
     return request, user, signal
 
 
-def mount_requests(config: pb.ContainerConfig) -> list[tuple[str, str, bool]]:
-    """(container path, host path, read-only) of each mount the config asks for."""
-    return [(m.container_path, m.host_path, m.readonly) for m in config.mounts]
+def mount_requests(config: pb.ContainerConfig) -> list[MountRequest]:
+    """The mounts the config asks for. A recursive read-only mount must be read-only and private
+    (as the CRI defines recursive_read_only), else INVALID_ARGUMENT."""
+    out = []
+    for m in config.mounts:
+        shown = validation.quote(m.container_path)
+        if m.recursive_read_only and not m.readonly:
+            raise InvalidArgument(f"mount {shown}: recursive_read_only needs readonly")
+        if m.recursive_read_only and m.propagation != pb.PROPAGATION_PRIVATE:
+            known = m.propagation in pb.MountPropagation.values()
+            mode = pb.MountPropagation.Name(m.propagation) if known else str(m.propagation)
+            raise InvalidArgument(f"mount {shown}: recursive_read_only needs private propagation, not {mode}")
+        out.append(MountRequest(m.container_path, m.host_path, m.readonly, m.recursive_read_only))
+    return out
 
 
 # -- statistics -------------------------------------------------------------------------------------

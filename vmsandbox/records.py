@@ -29,6 +29,7 @@ def resources_doc(res: ContainerResources) -> dict[str, Any]:
                 "container_path": m.container_path,
                 "host_path": m.host_path,
                 "readonly": m.readonly,
+                "recursive_read_only": m.recursive_read_only,
                 "selinux_relabel": m.selinux_relabel,
                 "propagation": m.propagation,
             }

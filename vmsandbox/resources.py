@@ -131,6 +131,7 @@ class Mount:
     container_path: str
     host_path: str = ""
     readonly: bool = False
+    recursive_read_only: bool = False
     selinux_relabel: bool = False
     propagation: int = 0
 

@@ -5,6 +5,7 @@ files a bind made reachable in it."""
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,8 +70,39 @@ def test_read_only_binds_refuse_writes_and_file_binds_work(tree: Path) -> None:
     assert log.read_text() == "done\n" and (config / "key").exists()
 
 
+@pytest.mark.parametrize("recursive", [False, True])
+def test_read_only_holds_in_a_namespace_made_before_the_bind(tree: Path, recursive: bool) -> None:
+    """QEMU's mount namespace is a slave copy made when the guest started; a bind made later must
+    reach it read-only, and (recursive or not) the mounts below the source must follow suit."""
+    source = tree / "source"
+    (source / "tmpfs").mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(source / "tmpfs")], check=True)
+    shared = tree / "shared"
+    shared.mkdir()
+    binds.make_shared(shared)
+    namespace = subprocess.Popen(["unshare", "--mount", "--propagation", "slave", "sleep", "60"])
+    try:
+        target = shared / "volume"
+        target.mkdir()
+        binds.bind(source, target, readonly=True, recursive=recursive)
+
+        def writes(path: Path) -> bool:
+            script = f"echo x > {path}"
+            argv = ["nsenter", "-t", str(namespace.pid), "-m", "sh", "-c", script]
+            return subprocess.run(argv, capture_output=True).returncode == 0
+
+        assert not writes(target / "top")
+        assert writes(target / "tmpfs" / "below") is not recursive
+        assert not (target / "top").exists()
+    finally:
+        namespace.kill()
+        namespace.wait()
+        binds.remove_tree(shared)
+        binds.unmount_all(source)
+
+
 def test_bind_errors_name_the_paths(tree: Path) -> None:
-    with pytest.raises(InfrastructureError, match=r"bind .*missing onto"):
+    with pytest.raises(InfrastructureError, match=r"bind .*missing onto .*No such file"):
         binds.bind(tree / "missing", tree, readonly=False)
 
 

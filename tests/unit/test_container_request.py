@@ -7,8 +7,9 @@ import pytest
 
 from shim import translate
 from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.model import ContainerRecord
+from shim.model import CONTAINER_CREATED, ContainerRecord, MountRequest
 from vmsandbox.agent_protocol import CgroupStats
+from vmsandbox.errors import InvalidArgument
 
 
 def _config(**security: object) -> pb.ContainerConfig:
@@ -81,3 +82,55 @@ def test_stats_carry_cpu_memory_and_writable_layer() -> None:
     assert (out.writable_layer.used_bytes.value, out.writable_layer.inodes_used.value) == (4096, 3)
     empty = translate.container_stats(c, None, None)
     assert not empty.HasField("cpu") and not empty.HasField("memory")
+
+
+@pytest.mark.parametrize(
+    ("mount", "error"),
+    [
+        (pb.Mount(container_path="/a", host_path="/h", readonly=True, recursive_read_only=True), None),
+        (pb.Mount(container_path="/a", host_path="/h"), None),
+        (pb.Mount(container_path="/a", host_path="/h", recursive_read_only=True), "needs readonly"),
+        (
+            pb.Mount(
+                container_path="/a",
+                host_path="/h",
+                readonly=True,
+                recursive_read_only=True,
+                propagation=pb.PROPAGATION_HOST_TO_CONTAINER,
+            ),
+            "needs private propagation, not PROPAGATION_HOST_TO_CONTAINER",
+        ),
+        (
+            pb.Mount(container_path="/a", readonly=True, recursive_read_only=True, propagation=77),  # type: ignore[arg-type]
+            "not 77",
+        ),
+    ],
+)
+def test_mount_requests(mount: pb.Mount, error: str | None) -> None:
+    config = pb.ContainerConfig(mounts=[mount])
+    if error is None:
+        (got,) = translate.mount_requests(config)
+        assert got == MountRequest("/a", "/h", mount.readonly, mount.recursive_read_only)
+    else:
+        with pytest.raises(InvalidArgument, match=error):
+            translate.mount_requests(config)
+
+
+def test_container_status_reports_the_mounts() -> None:
+    record = ContainerRecord(
+        id="c" * 64,
+        sandbox_id="s" * 64,
+        name="app",
+        attempt=0,
+        state=CONTAINER_CREATED,
+        created_ns=1,
+        resources={"mounts": [{"container_path": "/m", "host_path": "/h", "readonly": True, "propagation": 2}]},
+    )
+    (m,) = translate.container_status(record).mounts
+    assert (m.container_path, m.host_path, m.readonly, m.recursive_read_only, m.propagation) == (
+        "/m",
+        "/h",
+        True,
+        False,
+        pb.PROPAGATION_BIDIRECTIONAL,
+    )

@@ -6,6 +6,12 @@ is a slave of the host's, so a host path bind-mounted below that directory later
 volume) appears in QEMU's namespace too, and the guest sees the host's files themselves: writes go
 both ways, and unmounting on the host removes it from QEMU's view as well.
 
+A read-only bind is made read-only before it is attached below the shared directory (a detached
+clone of the source, ``open_tree`` + ``mount_setattr`` + ``move_mount``, Linux 5.12+): a remount
+after attaching would not reach the copy already propagated into QEMU's namespace. Read-only is
+then enforced by the host for the guest; recursively (every mount below the source too) when the
+container asked for a recursive read-only mount.
+
 Because a bind mount makes host files reachable from inside a directory tree, such a tree must
 never be deleted with its mounts still in place: ``remove_tree`` detaches every mount at or below
 a path first and refuses to delete anything while one remains.
@@ -21,16 +27,38 @@ from pathlib import Path
 
 from vmsandbox.errors import InfrastructureError
 
-MS_RDONLY = 0x1
-MS_REMOUNT = 0x20
 MS_BIND = 0x1000
-MS_REC = 0x4000
 MS_SHARED = 1 << 20
 MNT_DETACH = 0x2
+# the new mount API (x86-64 system call numbers, linux/mount.h and linux/fcntl.h flags)
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
+OPEN_TREE_CLONE = 0x1
+O_CLOEXEC = 0o2000000
+AT_FDCWD = -100
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.syscall.restype = ctypes.c_long
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _check(rc: int, what: str) -> int:
+    if rc < 0:
+        raise InfrastructureError(f"{what}: {os.strerror(ctypes.get_errno())}")
+    return rc
 
 
 def _mount(source: str | None, target: str, flags: int, what: str) -> None:
@@ -81,17 +109,26 @@ def make_shared(path: str | os.PathLike[str]) -> None:
     _mount(None, target, MS_SHARED, f"make {target} a shared mount")
 
 
-def bind(source: str | os.PathLike[str], target: str | os.PathLike[str], readonly: bool) -> None:
+def bind(
+    source: str | os.PathLike[str], target: str | os.PathLike[str], readonly: bool, recursive: bool = False
+) -> None:
     """Bind host path ``source`` (and the mounts below it) onto ``target``, an existing directory
-    or file of the same kind; read-only at the top when asked."""
+    or file of the same kind: read-only when asked (``recursive``: the mounts below it too), made
+    so before it is attached, so every copy propagation makes is read-only as well."""
     src, dst = os.fspath(source), os.fspath(target)
-    _mount(src, dst, MS_BIND | MS_REC, f"bind {src} onto {dst}")
-    if readonly:
-        try:
-            _mount(None, dst, MS_REMOUNT | MS_BIND | MS_RDONLY, f"make the bind of {src} read-only")
-        except InfrastructureError:
-            unmount_all(dst)
-            raise
+    what = f"bind {src} onto {dst}"
+    flags = OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE
+    tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, src.encode(), flags), what)
+    try:
+        if readonly:
+            attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY)
+            at = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
+            setattr_rc = _libc.syscall(SYS_MOUNT_SETATTR, tree, b"", at, ctypes.byref(attr), ctypes.sizeof(attr))
+            _check(setattr_rc, f"{what}: make it read-only")
+        moved = _libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, dst.encode(), MOVE_MOUNT_F_EMPTY_PATH)
+        _check(moved, what)
+    finally:
+        os.close(tree)
 
 
 def unmount_all(path: str | os.PathLike[str]) -> None:
