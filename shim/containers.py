@@ -373,9 +373,8 @@ class Containers:
         self.check_mounts(mounts)
         out = []
         mountinfo = Path("/proc/self/mountinfo").read_text()
-        for i, (container_path, host_path, readonly, recursive) in enumerate(
-            (m.container_path, m.host_path, m.readonly, m.recursive) for m in mounts
-        ):
+        for i, m in enumerate(mounts):
+            container_path, host_path, readonly = m.container_path, m.host_path, m.readonly
             if not host_path:
                 continue
             real = Path(os.path.realpath(host_path))
@@ -391,12 +390,12 @@ class Containers:
                 dest.mkdir()
             else:
                 dest.touch()
-            binds.bind(real, dest, readonly, recursive)
+            binds.bind(real, dest, readonly, m.recursive, m.propagation)
             out.append(
                 oci_spec.Mount(
                     destination=container_path,
                     source=f"{GUEST_SHARED_MOUNT}/containers/{container_id}/mounts/{i}",
-                    readonly=readonly and recursive,
+                    readonly=readonly and m.recursive,
                 )
             )
         return tuple(out)

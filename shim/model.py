@@ -32,6 +32,7 @@ class MountRequest:
     host_path: str
     readonly: bool = False
     recursive: bool = False  # read-only for the mounts below host_path too (recursive_read_only)
+    propagation: str = "private"  # a key of vmsandbox.adapters.binds.PROPAGATION
 
 
 @dataclass(frozen=True)

@@ -573,19 +573,29 @@ def container_request(
     return request, user, signal
 
 
+_PROPAGATION = {
+    pb.PROPAGATION_PRIVATE: "private",
+    pb.PROPAGATION_HOST_TO_CONTAINER: "host-to-container",
+    pb.PROPAGATION_BIDIRECTIONAL: "bidirectional",
+}
+
+
 def mount_requests(config: pb.ContainerConfig) -> list[MountRequest]:
     """The mounts the config asks for. A recursive read-only mount must be read-only and private
     (as the CRI defines recursive_read_only), else INVALID_ARGUMENT."""
     out = []
     for m in config.mounts:
         shown = validation.quote(m.container_path)
+        if m.propagation not in _PROPAGATION:
+            raise InvalidArgument(f"mount {shown}: propagation {m.propagation} is not a MountPropagation")
         if m.recursive_read_only and not m.readonly:
             raise InvalidArgument(f"mount {shown}: recursive_read_only needs readonly")
         if m.recursive_read_only and m.propagation != pb.PROPAGATION_PRIVATE:
-            known = m.propagation in pb.MountPropagation.values()
-            mode = pb.MountPropagation.Name(m.propagation) if known else str(m.propagation)
+            mode = pb.MountPropagation.Name(m.propagation)
             raise InvalidArgument(f"mount {shown}: recursive_read_only needs private propagation, not {mode}")
-        out.append(MountRequest(m.container_path, m.host_path, m.readonly, m.recursive_read_only))
+        out.append(
+            MountRequest(m.container_path, m.host_path, m.readonly, m.recursive_read_only, _PROPAGATION[m.propagation])
+        )
     return out
 
 

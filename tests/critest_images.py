@@ -25,7 +25,18 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.registry_kit import BUSYBOX, Entry, Layout, Registry, busybox_entries, directory, file, push, symlink
+from tests.registry_kit import (
+    BUSYBOX,
+    Entry,
+    Layout,
+    Registry,
+    busybox_entries,
+    directory,
+    file,
+    hardlink,
+    push,
+    symlink,
+)
 
 STAGING = "k8s-staging-cri-tools"
 E2E = "e2e-test-images"
@@ -107,7 +118,10 @@ def push_all(registry: str, work: Path) -> list[str]:
     layout = Layout(work / "layout")
     binary = build_lookalike(work)
     tools = [file("bin/lookalike", binary, 0o755), *(symlink(t, "lookalike") for t in TOOLS)]
-    base = layout.layer(busybox_entries(applets()) + tools)
+    # applets as hard links, as in the upstream busybox image: a masked path (MaskedPaths: /bin/ls)
+    # must hide that applet only, not the busybox binary a symlink would resolve to
+    applet_links = [hardlink(f"bin/{a}", "bin/busybox") for a in applets() if a != "busybox"]
+    base = layout.layer(busybox_entries(()) + applet_links + tools)
     users = layout.layer([file("etc/passwd", PASSWD), file("etc/group", GROUP)])
     pushed = []
     for repo, (tags, user, salt) in IMAGES.items():

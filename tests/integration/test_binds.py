@@ -101,6 +101,33 @@ def test_read_only_holds_in_a_namespace_made_before_the_bind(tree: Path, recursi
         binds.unmount_all(source)
 
 
+@pytest.mark.parametrize(
+    ("propagation", "seen"), [("private", False), ("host-to-container", True), ("bidirectional", True)]
+)
+def test_host_mounts_made_later_reach_the_guest_as_propagation_says(tree: Path, propagation: str, seen: bool) -> None:
+    source = tree / "source"
+    (source / "later").mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(source), str(source)], check=True)
+    subprocess.run(["mount", "--make-rshared", str(source)], check=True)
+    shared = tree / "shared"
+    shared.mkdir()
+    binds.make_shared(shared)
+    namespace = subprocess.Popen(["unshare", "--mount", "--propagation", "slave", "sleep", "60"])
+    try:
+        target = shared / "volume"
+        target.mkdir()
+        binds.bind(source, target, readonly=False, propagation=propagation)
+        subprocess.run(["mount", "-t", "tmpfs", "none", str(source / "later")], check=True)
+        (source / "later" / "flag").write_text("mounted after the bind\n")
+        probe = ["nsenter", "-t", str(namespace.pid), "-m", "cat", str(target / "later" / "flag")]
+        assert (subprocess.run(probe, capture_output=True).returncode == 0) is seen
+    finally:
+        namespace.kill()
+        namespace.wait()
+        binds.remove_tree(shared)
+        binds.unmount_all(source)
+
+
 def test_bind_errors_name_the_paths(tree: Path) -> None:
     with pytest.raises(InfrastructureError, match=r"bind .*missing onto .*No such file"):
         binds.bind(tree / "missing", tree, readonly=False)

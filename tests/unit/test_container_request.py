@@ -102,7 +102,7 @@ def test_stats_carry_cpu_memory_and_writable_layer() -> None:
         ),
         (
             pb.Mount(container_path="/a", readonly=True, recursive_read_only=True, propagation=77),  # type: ignore[arg-type]
-            "not 77",
+            "propagation 77 is not a MountPropagation",
         ),
     ],
 )
@@ -134,3 +134,16 @@ def test_container_status_reports_the_mounts() -> None:
         False,
         pb.PROPAGATION_BIDIRECTIONAL,
     )
+
+
+@pytest.mark.parametrize(
+    ("propagation", "mode"),
+    [
+        (pb.PROPAGATION_PRIVATE, "private"),
+        (pb.PROPAGATION_HOST_TO_CONTAINER, "host-to-container"),
+        (pb.PROPAGATION_BIDIRECTIONAL, "bidirectional"),
+    ],
+)
+def test_mount_propagation(propagation: int, mode: str) -> None:
+    config = pb.ContainerConfig(mounts=[pb.Mount(container_path="/a", host_path="/h", propagation=propagation)])  # type: ignore[arg-type]
+    assert translate.mount_requests(config) == [MountRequest("/a", "/h", propagation=mode)]

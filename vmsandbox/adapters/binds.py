@@ -28,7 +28,11 @@ from pathlib import Path
 from vmsandbox.errors import InfrastructureError
 
 MS_BIND = 0x1000
+MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
 MS_SHARED = 1 << 20
+# CRI mount propagation -> how a bind follows mounts made on the host below its source afterwards
+PROPAGATION = {"private": MS_PRIVATE, "host-to-container": MS_SLAVE, "bidirectional": MS_SHARED}
 MNT_DETACH = 0x2
 # the new mount API (x86-64 system call numbers, linux/mount.h and linux/fcntl.h flags)
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
@@ -109,22 +113,32 @@ def make_shared(path: str | os.PathLike[str]) -> None:
     _mount(None, target, MS_SHARED, f"make {target} a shared mount")
 
 
+def _setattr(tree: int, attr: _MountAttr, recursive: bool, what: str) -> None:
+    at = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
+    _check(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", at, ctypes.byref(attr), ctypes.sizeof(attr)), what)
+
+
 def bind(
-    source: str | os.PathLike[str], target: str | os.PathLike[str], readonly: bool, recursive: bool = False
+    source: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    readonly: bool,
+    recursive: bool = False,
+    propagation: str = "private",
 ) -> None:
     """Bind host path ``source`` (and the mounts below it) onto ``target``, an existing directory
     or file of the same kind: read-only when asked (``recursive``: the mounts below it too), made
-    so before it is attached, so every copy propagation makes is read-only as well."""
+    so before it is attached, so every copy propagation makes is read-only as well.
+    ``propagation`` (a key of PROPAGATION) decides whether mounts made later on the host below
+    ``source`` reach the bind: never (private), or as a slave or a peer of the source."""
     src, dst = os.fspath(source), os.fspath(target)
     what = f"bind {src} onto {dst}"
     flags = OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE
     tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, src.encode(), flags), what)
     try:
+        if PROPAGATION[propagation] != MS_SHARED:  # a clone is a peer of a shared source already
+            _setattr(tree, _MountAttr(propagation=PROPAGATION[propagation]), True, f"{what}: {propagation}")
         if readonly:
-            attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY)
-            at = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
-            setattr_rc = _libc.syscall(SYS_MOUNT_SETATTR, tree, b"", at, ctypes.byref(attr), ctypes.sizeof(attr))
-            _check(setattr_rc, f"{what}: make it read-only")
+            _setattr(tree, _MountAttr(attr_set=MOUNT_ATTR_RDONLY), recursive, f"{what}: make it read-only")
         moved = _libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, dst.encode(), MOVE_MOUNT_F_EMPTY_PATH)
         _check(moved, what)
     finally:
