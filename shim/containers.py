@@ -206,6 +206,13 @@ class Containers:
             SharedDir(str(self.images.trees_root), IMAGES_TAG, readonly=True),
         )
 
+    def volume_mounts(self) -> set[str]:
+        """The host paths bound into containers, where they are mounted below the sandboxes' directories."""
+        if not self.root.is_dir():
+            return set()
+        exports = {os.path.realpath(self._shared(d.name)) for d in self.root.iterdir()}
+        return {p for p in binds.mounts_under(self.root) if p not in exports}
+
     def drop_shared_dirs(self, sandbox_id: str) -> None:
         """Remove a sandbox's directory (its mounts detached first, binds.remove_tree)."""
         binds.remove_tree(self.root / sandbox_id)

@@ -138,6 +138,19 @@ def test_volumes_are_shared_live_between_host_and_containers(env: Env) -> None:
     assert not (env.volume / "nope").exists()
 
 
+def test_volumes_do_not_count_as_the_runtimes_disk_use(env: Env) -> None:
+    def used() -> int:
+        fs = env.shim.images.ImageFsInfo(pb.ImageFsInfoRequest(), timeout=60).container_filesystems[0]
+        return fs.used_bytes.value
+
+    before = used()
+    (env.volume / "big").write_bytes(b"\1" * (16 << 20))
+    try:
+        assert used() - before < 1 << 20
+    finally:
+        (env.volume / "big").unlink()
+
+
 def test_removing_the_pod_keeps_the_volume(env: Env) -> None:
     rt = env.shim.runtime
     rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=env.sandbox), timeout=120)
