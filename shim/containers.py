@@ -200,21 +200,27 @@ class Containers:
         shared = self._shared(sandbox_id)
         (shared / "containers").mkdir(parents=True, exist_ok=True)
         os.chmod(self.root / sandbox_id, 0o700)
-        binds.make_shared(shared)  # container mounts bound below it later reach the running guest
         return (
             SharedDir(str(shared), SHARED_TAG),
             SharedDir(str(self.images.trees_root), IMAGES_TAG, readonly=True),
         )
 
-    def volume_mounts(self) -> set[str]:
-        """The host paths bound into containers, where they are mounted below the sandboxes' directories."""
-        if not self.root.is_dir():
-            return set()
-        exports = {os.path.realpath(self._shared(d.name)) for d in self.root.iterdir()}
-        return {p for p in binds.mounts_under(self.root) if p not in exports}
+    def _qemu_pid(self, sandbox_id: str) -> int | None:
+        return self.hypervisor.emulator_pid(self.sandboxes.get(sandbox_id).domain)
+
+    def _unbind(self, sandbox_id: str, path: Path) -> None:
+        """Detach the container mounts at or below ``path`` in the guest's QEMU (if it runs)."""
+        pid = self._qemu_pid(sandbox_id)
+        if pid is not None:
+            binds.unbind_all(pid, path)
+
+    def _drop_container_dir(self, sandbox_id: str, container_id: str) -> None:
+        cdir = self._shared(sandbox_id) / "containers" / container_id
+        self._unbind(sandbox_id, cdir)
+        binds.remove_tree(cdir)
 
     def drop_shared_dirs(self, sandbox_id: str) -> None:
-        """Remove a sandbox's directory (its mounts detached first, binds.remove_tree)."""
+        """Remove a sandbox's directory (its guest is gone, and the mounts in its QEMU with it)."""
         binds.remove_tree(self.root / sandbox_id)
 
     def sweep_shared_dirs(self, keep: set[str]) -> None:
@@ -318,7 +324,7 @@ class Containers:
             )
         except BaseException:
             self.images.release(image.id)
-            binds.remove_tree(cdir)
+            self._drop_container_dir(c.sandbox_id, container_id)
             raise
         ref = image.repo_digests[0] if image.repo_digests else image.id
         self.sandboxes.save_container(
@@ -371,8 +377,8 @@ class Containers:
                 )
 
     def _share_mounts(self, cdir: Path, container_id: str, mounts: list[MountRequest]) -> tuple[oci_spec.Mount, ...]:
-        """Binds each allowed host path below the container's shared directory, where the guest
-        sees it live over 9p (binds.py); the spec mounts it there.
+        """Binds each allowed host path below the container's shared directory in the guest's QEMU,
+        where the guest sees it live over 9p (binds.py); the spec mounts it there.
 
         Read-only is the host's bind: in the guest a volume and the host mounts below it are one 9p
         file system, so a read-only mount there would also cover those (the CRI's non-recursive
@@ -380,6 +386,8 @@ class Containers:
         self.check_mounts(mounts)
         out = []
         mountinfo = Path("/proc/self/mountinfo").read_text()
+        sandbox_id = self.sandboxes.container(container_id).sandbox_id
+        qemu = self._qemu_pid(sandbox_id) if any(m.host_path for m in mounts) else None
         for i, m in enumerate(mounts):
             container_path, host_path, readonly = m.container_path, m.host_path, m.readonly
             if not host_path:
@@ -397,7 +405,9 @@ class Containers:
                 dest.mkdir()
             else:
                 dest.touch()
-            binds.bind(real, dest, readonly, m.recursive, m.propagation)
+            if qemu is None:
+                raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
+            binds.bind(qemu, real, dest, readonly, m.recursive, m.propagation)
             out.append(
                 oci_spec.Mount(
                     destination=container_path,
@@ -495,6 +505,10 @@ class Containers:
             pump = self._pumps.pop(c.id, None)
         if pump is not None:
             pump.stop()
+        try:  # nothing runs with its volumes any more: let go of the host's files now
+            self._unbind(c.sandbox_id, self._shared(c.sandbox_id) / "containers" / c.id / "mounts")
+        except VmSandboxError as exc:
+            log.warning("container %s exited; its volumes stay bound until it is removed: %s", c.id[:12], exc)
         done = replace(
             c, state=CONTAINER_EXITED, exit_code=code, reason=reason, message=message, finished_ns=at or time.time_ns()
         )
@@ -538,7 +552,7 @@ class Containers:
             pump = self._pumps.pop(container_id, None)
         if pump is not None:
             pump.stop()
-        binds.remove_tree(self._shared(c.sandbox_id) / "containers" / container_id)
+        self._drop_container_dir(c.sandbox_id, container_id)
         self.sandboxes.remove_container(container_id)
         if c.image_id:
             self.images.release(c.image_id)

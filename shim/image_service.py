@@ -23,16 +23,11 @@ from shim.status import rpc
 from vmsandbox.errors import InvalidArgument
 
 
-def _usage_outside(root: Path, skip: Path, volumes: set[str]) -> tuple[int, int]:
-    """Bytes and inodes under ``root`` but not under ``skip`` nor in ``volumes`` (the host paths
-    mounted into containers, which are not the runtime's to count)."""
+def _usage_outside(root: Path, skip: Path) -> tuple[int, int]:
     used = inodes = 0
-    root, skip = Path(os.path.realpath(root)), Path(os.path.realpath(skip))  # as mount points are named
     for dirpath, dirnames, filenames in os.walk(root):
         if Path(dirpath) == skip.parent and skip.name in dirnames:
             dirnames.remove(skip.name)
-        dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) not in volumes]
-        filenames = [f for f in filenames if os.path.join(dirpath, f) not in volumes]
         for name in (*dirnames, *filenames):
             try:
                 used += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
@@ -44,18 +39,12 @@ def _usage_outside(root: Path, skip: Path, volumes: set[str]) -> tuple[int, int]
 
 class ImageServicer(pb_grpc.ImageServiceServicer):
     def __init__(
-        self,
-        store: ImageStore,
-        state_dir: str,
-        writable_layers: Callable[[], tuple[int, int]] = lambda: (0, 0),
-        volumes: Callable[[], set[str]] = set,
+        self, store: ImageStore, state_dir: str, writable_layers: Callable[[], tuple[int, int]] = lambda: (0, 0)
     ) -> None:
         self.store = store
         self.state_dir = Path(state_dir)
         # (bytes, inodes) of the containers' writable layers, which live in their guests' memory
         self.writable_layers = writable_layers
-        # where host paths are mounted into containers under the state directory (not counted)
-        self.volumes = volumes
 
     @rpc
     def PullImage(self, request: pb.PullImageRequest, context: grpc.ServicerContext) -> pb.PullImageResponse:
@@ -89,7 +78,7 @@ class ImageServicer(pb_grpc.ImageServiceServicer):
     def ImageFsInfo(self, request: pb.ImageFsInfoRequest, context: grpc.ServicerContext) -> pb.ImageFsInfoResponse:
         now = time.time_ns()
         images = self.store.usage()
-        used, inodes = _usage_outside(self.state_dir, self.store.root, self.volumes())
+        used, inodes = _usage_outside(self.state_dir, self.store.root)
         layers, layer_inodes = self.writable_layers()
         used, inodes = used + layers, inodes + layer_inodes
         return pb.ImageFsInfoResponse(

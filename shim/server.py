@@ -160,7 +160,7 @@ def start(config: ShimConfig) -> Running:
     status.add_servicer(
         server,
         pb.DESCRIPTOR.services_by_name["ImageService"],
-        ImageServicer(images, config.state_dir, containers.writable_usage, containers.volume_mounts),
+        ImageServicer(images, config.state_dir, containers.writable_usage),
     )
     health = Health(server)  # grpc.health.v1.Health on the CRI socket
     stop_metrics = metrics.serve(config.metrics_address, sandboxes) if config.metrics_address else None

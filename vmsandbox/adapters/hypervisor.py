@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import libvirt
@@ -61,6 +62,9 @@ def is_transient(exc: BaseException) -> bool:
 
 def _no_domain(exc: libvirt.libvirtError) -> bool:
     return bool(exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN)
+
+
+QEMU_RUN_DIR = "/run/libvirt/qemu"  # where qemu:///system keeps each running domain's pid file
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,16 @@ class Hypervisor:
                 raise
 
         return self._call(f"state of {name}", get)
+
+    def emulator_pid(self, name: str) -> int | None:
+        """The pid of the running QEMU of ``name`` (libvirt's pid file for the domain), None when
+        the domain is not running. Only the system instance's run directory is known."""
+        if not self.is_active(name):
+            return None
+        try:
+            return int(Path(QEMU_RUN_DIR, f"{name}.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
 
     def channel_path(self, name: str, channel: str) -> str:
         path = read_channel_path(self.live_xml(name), channel)
