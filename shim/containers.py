@@ -231,7 +231,7 @@ class Containers:
             return
         for d in dirs:
             sid = d.name
-            if sid in keep or len(sid) != 64 or any(ch not in "0123456789abcdef" for ch in sid):
+            if sid in keep or not validation.is_full_id(sid):
                 continue
             binds.remove_tree(d)
             log.info("reconcile: removed the shared directory of forgotten sandbox %s", sid[:12])

@@ -808,7 +808,7 @@ class Sandboxes:
             return
         for f in files:
             sid = f.stem
-            if sid in keep or len(sid) != 64 or any(ch not in "0123456789abcdef" for ch in sid):
+            if sid in keep or not validation.is_full_id(sid):
                 continue
             f.unlink(missing_ok=True)
             log.info(

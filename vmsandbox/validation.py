@@ -261,6 +261,12 @@ def join_log_path(directory: str, log_path: str) -> str:
 
 
 # -- our ids ------------------------------------------------------------------------------------------
+def is_full_id(name: str) -> bool:
+    """Whether ``name`` has the form of an id this runtime makes (64 lowercase hex digits), as a
+    file named after a sandbox must before a sweep may remove it."""
+    return len(name) == 64 and _ID_PREFIX.fullmatch(name) is not None
+
+
 def id_prefix(value: str, field: str) -> str:
     """``value`` when it is an id or a prefix of one (1 to 64 lowercase hex characters)."""
     if not value:

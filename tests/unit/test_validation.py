@@ -277,3 +277,18 @@ def test_the_unsafe_class_is_the_unsafe_predicate(ch: str) -> None:
     except InvalidArgument:
         refused = True
     assert refused == v.unsafe(ch)
+
+
+@pytest.mark.parametrize(
+    ("name", "full"),
+    [
+        ("ab" * 32, True),
+        ("AB" * 32, False),
+        ("ab" * 31, False),
+        ("ab" * 32 + "0", False),
+        ("g" * 64, False),
+        ("", False),
+    ],
+)
+def test_is_full_id(name: str, full: bool) -> None:
+    assert v.is_full_id(name) is full
