@@ -6,6 +6,7 @@ pushed with skopeo. Missing tools skip locally and fail under CI, like the other
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 
 from tests.registry_kit import (
     BUSYBOX,
+    Entry,
     Layout,
     Registry,
     busybox_entries,
@@ -25,6 +27,24 @@ from tests.registry_kit import (
     push,
     whiteout,
 )
+
+
+@contextlib.contextmanager
+def one_image_registry(
+    tmp: Path, entries: list[Entry], repo: str, cmd: tuple[str, ...] = ("/bin/sh",)
+) -> Iterator[str]:
+    """A registry in ``tmp`` serving one single-layer image of ``entries`` as ``repo``; yields its
+    reference (host:port/repo) and stops the registry on the way out."""
+    require_image_tools()
+    registry = Registry(tmp / "registry").start()
+    try:
+        layout = Layout(tmp / "layout")
+        layout.tag("image", layout.image([layout.layer(entries)], cmd=cmd))
+        ref = f"{registry.host}/{repo}"
+        push(layout, "image", ref)
+        yield ref
+    finally:
+        registry.stop()
 
 
 def require_image_tools() -> None:

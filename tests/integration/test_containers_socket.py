@@ -16,8 +16,8 @@ import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.conftest import Shim, pod, q, require_host, running_shim
-from tests.integration.image_setup import require_image_tools
-from tests.registry_kit import Layout, Registry, busybox_entries, file, push
+from tests.integration.image_setup import one_image_registry
+from tests.registry_kit import busybox_entries, file
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -39,15 +39,10 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     require_host()
-    require_image_tools()
     tmp = tmp_path_factory.mktemp("containers")
-    registry = Registry(tmp / "registry").start()
-    try:
-        layout = Layout(tmp / "layout")
-        entries = [*busybox_entries(APPLETS), file("data/original", b"from the image\n")]
-        layout.tag("bb", layout.image([layout.layer(entries)], cmd=("sh", "-c", "echo image default")))
-        ref = f"{registry.host}/test/busybox:1"
-        push(layout, "bb", ref)
+    entries = [*busybox_entries(APPLETS), file("data/original", b"from the image\n")]
+    default = ("sh", "-c", "echo image default")
+    with one_image_registry(tmp, entries, "test/busybox:1", cmd=default) as ref:
         allowed = tmp / "allowed"
         allowed.mkdir()
         (tmp / "shim").mkdir()
@@ -64,8 +59,6 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             config.log_directory = str(logs)
             sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
             yield Env(shim, ref, sid, config, logs, allowed)
-    finally:
-        registry.stop()
 
 
 def _note_mount(allowed: Path) -> pb.Mount:

@@ -14,8 +14,8 @@ import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.conftest import Shim, pod, q, require_host, running_shim
-from tests.integration.image_setup import require_image_tools
-from tests.registry_kit import Layout, Registry, busybox_entries, push
+from tests.integration.image_setup import one_image_registry
+from tests.registry_kit import busybox_entries
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -46,14 +46,8 @@ def _mounts(volume: Path, termination: Path, name: str) -> list[pb.Mount]:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     require_host()
-    require_image_tools()
     tmp = tmp_path_factory.mktemp("volumes")
-    registry = Registry(tmp / "registry").start()
-    try:
-        layout = Layout(tmp / "layout")
-        layout.tag("bb", layout.image([layout.layer(busybox_entries(APPLETS))]))
-        ref = f"{registry.host}/test/volumes:1"
-        push(layout, "bb", ref)
+    with one_image_registry(tmp, busybox_entries(APPLETS), "test/volumes:1") as ref:
         allowed = tmp / "allowed"
         volume, termination = allowed / "volume", allowed / "termination-log"
         volume.mkdir(parents=True)
@@ -67,8 +61,6 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             config.log_directory = str(tmp / "logs")
             sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
             yield Env(shim, ref, sid, config, tmp / "logs", volume, termination)
-    finally:
-        registry.stop()
 
 
 def _start(env: Env, name: str, script: str) -> str:

@@ -12,8 +12,8 @@ import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.conftest import Shim, pod, q, require_host, run_to_exit, running_shim
-from tests.integration.image_setup import require_image_tools
-from tests.registry_kit import Layout, Registry, busybox_entries, file, push
+from tests.integration.image_setup import one_image_registry
+from tests.registry_kit import busybox_entries, file
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -34,15 +34,9 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     require_host()
-    require_image_tools()
     tmp = tmp_path_factory.mktemp("podfiles")
-    registry = Registry(tmp / "registry").start()
-    try:
-        layout = Layout(tmp / "layout")
-        entries = [*busybox_entries(("sh", "cat", "hostname")), file("etc/resolv.conf", b"nameserver 192.0.2.1\n")]
-        layout.tag("bb", layout.image([layout.layer(entries)]))
-        ref = f"{registry.host}/test/files:1"
-        push(layout, "bb", ref)
+    entries = [*busybox_entries(("sh", "cat", "hostname")), file("etc/resolv.conf", b"nameserver 192.0.2.1\n")]
+    with one_image_registry(tmp, entries, "test/files:1") as ref:
         allowed = tmp / "allowed"
         allowed.mkdir()
         (tmp / "shim").mkdir()
@@ -58,8 +52,6 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             config.log_directory = str(tmp / "logs")
             sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
             yield Env(shim, ref, sid, config, tmp / "logs", allowed)
-    finally:
-        registry.stop()
 
 
 def _own_resolv_conf(allowed: Path) -> pb.Mount:
