@@ -194,3 +194,15 @@ def test_containers_survive_a_reconnect(guest: Guest) -> None:
         st = second.wait("survivor", timeout_s=30)
         assert (st.state, st.signal) == ("exited", 9)
         second.delete("survivor")
+
+
+def test_masked_and_read_only_paths(agent: AgentClient, guest: Guest) -> None:
+    script = "cat /etc/group; echo --; echo x > /data/new 2>&1 || echo refused; echo y > /tmp/ok && echo written"
+    log = _create(agent, guest, "masks", ("sh", "-c", script), masked_paths=("/etc/group",), readonly_paths=("/data",))
+    agent.start("masks")
+    st = agent.wait("masks", timeout_s=60)
+    assert (st.state, st.exit_code) == ("exited", 0)
+    lines = [text for _, _, text in _log_lines(log)]
+    assert lines[0] == "--", lines  # the masked file reads as empty
+    assert "refused" in lines and lines[-1] == "written", lines
+    agent.delete("masks")
