@@ -60,7 +60,14 @@ def test_init_containers_and_sidecars_in_order() -> None:
     assert (m.pod, m.kind) == ("net/dpdk", "Pod")
     mounts = declaration_doc(m.declaration)["containers"][0]["mounts"]
     assert mounts == [
-        {"container_path": "/hugepages", "host_path": "", "readonly": False, "selinux_relabel": False, "propagation": 0}
+        {
+            "container_path": "/hugepages",
+            "host_path": "",
+            "readonly": False,
+            "recursive_read_only": False,
+            "selinux_relabel": False,
+            "propagation": 0,
+        }
     ]
     assert any("host paths" in n for n in m.notes)
 

@@ -5,11 +5,13 @@ termination log) is written in place; removing the pod leaves the volume's files
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
@@ -35,6 +37,11 @@ class Env:
 
 
 def _mounts(volume: Path, termination: Path, name: str) -> list[pb.Mount]:
+    if name == "broken":  # the second host path does not exist: CreateContainer fails after the first bind
+        return [
+            pb.Mount(container_path="/data", host_path=str(volume)),
+            pb.Mount(container_path="/gone", host_path=str(volume.parent / "missing")),
+        ]
     if name == "writer":
         return [
             pb.Mount(container_path="/data", host_path=str(volume)),
@@ -55,7 +62,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         (tmp / "shim").mkdir()
         with running_shim(tmp / "shim", extra_config={"mount_allowlist": [str(allowed)]}, pull_busybox=False) as shim:
             shim.images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=300)
-            config = pod("volumes", containers=[("writer", SMALL), ("reader", SMALL)])
+            config = pod("volumes", containers=[("writer", SMALL), ("reader", SMALL), ("broken", SMALL)])
             for decl in config.pod_resources.containers:
                 decl.mounts.extend(_mounts(volume, termination, decl.name))
             config.log_directory = str(tmp / "logs")
@@ -63,7 +70,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             yield Env(shim, ref, sid, config, tmp / "logs", volume, termination)
 
 
-def _start(env: Env, name: str, script: str) -> str:
+def _config(env: Env, name: str, script: str) -> pb.ContainerConfig:
     config = pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=name),
         image=pb.ImageSpec(image=env.image),
@@ -72,7 +79,12 @@ def _start(env: Env, name: str, script: str) -> str:
         mounts=_mounts(env.volume, env.termination, name),
     )
     config.kubernetes_resources.CopyFrom(SMALL)
+    return config
+
+
+def _start(env: Env, name: str, script: str) -> str:
     rt = env.shim.runtime
+    config = _config(env, name, script)
     cid = rt.CreateContainer(
         pb.CreateContainerRequest(pod_sandbox_id=env.sandbox, config=config, sandbox_config=env.config), timeout=120
     ).container_id
@@ -128,6 +140,35 @@ def test_volumes_are_shared_live_between_host_and_containers(env: Env) -> None:
     lines = _stdout(env, "reader")
     assert lines[0] == "from the writer" and lines[-1] == "refused", lines
     assert not (env.volume / "nope").exists()
+
+
+def _qemu_mounts(env: Env) -> list[str]:
+    """Mount points below the sandbox's directory in its QEMU's mount namespace."""
+    status = env.shim.runtime.PodSandboxStatus(
+        pb.PodSandboxStatusRequest(pod_sandbox_id=env.sandbox, verbose=True), timeout=30
+    )
+    domain = json.loads(status.info["info"])["domain"]
+    pid = Path(f"/run/libvirt/qemu/{domain}.pid").read_text().strip()
+    mountinfo = Path(f"/proc/{pid}/mountinfo").read_text()
+    return [line.split()[4] for line in mountinfo.splitlines() if env.sandbox in line.split()[4]]
+
+
+def test_exited_containers_let_go_and_a_failed_create_leaves_no_bind(env: Env) -> None:
+    assert _qemu_mounts(env) == []  # writer and reader have exited: their binds are detached
+    with pytest.raises(grpc.RpcError) as info:
+        env.shim.runtime.CreateContainer(
+            pb.CreateContainerRequest(
+                pod_sandbox_id=env.sandbox, config=_config(env, "broken", "true"), sandbox_config=env.config
+            ),
+            timeout=120,
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "does not exist" in str(info.value.details())
+    assert _qemu_mounts(env) == []
+    containers = env.shim.state_dir / "sandboxes" / env.sandbox / "shared" / "containers"
+    assert sorted(p.name for p in containers.iterdir()) == sorted(
+        c.id for c in env.shim.runtime.ListContainers(pb.ListContainersRequest(), timeout=30).containers
+    )
 
 
 def test_volumes_do_not_count_as_the_runtimes_disk_use(env: Env) -> None:
