@@ -520,16 +520,6 @@ class Sandboxes:
             "and recorded (state CONTAINER_CREATED)"
         )
 
-    def stop_container(self, container_id: str) -> None:
-        if not validation.teardown_id(container_id, "container_id"):
-            return  # not an id of ours: nothing to stop, as containerd answers
-        try:
-            c = self.container(container_id)
-        except NotFound:
-            return
-        if c.state != CONTAINER_EXITED:
-            self._put_container(replace(c, state=CONTAINER_EXITED, reason="Stopped"))
-
     def remove_container(self, container_id: str) -> None:
         if not validation.teardown_id(container_id, "container_id"):
             return  # not an id of ours: nothing to remove, as containerd answers

@@ -524,8 +524,7 @@ def test_retries_supersede_earlier_attempts_in_the_envelope(sandboxes: Sandboxes
 def test_exited_containers_hold_nothing(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a1" * 32, None, demand_cpu="1")
     a = sandboxes.create_container("a1" * 32, spec("a", linux=lin(1000, 256)))
-    sandboxes.stop_container(a)
-    assert sandboxes.container(a).state == CONTAINER_EXITED
+    sandboxes.save_container(replace(sandboxes.container(a), state=CONTAINER_EXITED, reason="Completed"))
     sandboxes.create_container("a1" * 32, spec("b", linux=lin(1000, 256)))
 
 
@@ -639,8 +638,7 @@ def test_remove_takes_the_containers_and_forgets_the_declaration(sandboxes: Sand
     sandboxes.remove("a6" * 32)  # idempotent
     assert sandboxes.containers("a6" * 32) == []
     assert "a6" * 32 not in sandboxes._declarations
-    sandboxes.stop_container(cid)  # unknown now: still fine
-    sandboxes.remove_container(cid)
+    sandboxes.remove_container(cid)  # unknown now: still fine
 
 
 # -- "accept iff identical", and the fast paths it relies on -----------------------------------------
