@@ -8,6 +8,8 @@ page size from its guest's own pool (reserved at boot for the sizes the pod decl
 
 from __future__ import annotations
 
+from vmsandbox.mountinfo import unescape
+
 
 def mount_pagesize(mountinfo: str, path: str) -> str | None:
     """The ``pagesize=`` value of the hugetlbfs mount holding ``path`` (an absolute, resolved path),
@@ -18,7 +20,7 @@ def mount_pagesize(mountinfo: str, path: str) -> str | None:
         fields = left.split()
         if not sep or len(fields) < 5:
             continue
-        point = _unescape(fields[4])
+        point = unescape(fields[4])
         if not (path == point or path.startswith(point.rstrip("/") + "/")):
             continue
         if len(point) < best[0]:
@@ -39,13 +41,6 @@ def _normal(text: str) -> str:
     if text[-1:].upper() in units and text[:-1].isdigit():
         return pagesize_option(int(text[:-1]) * units[text[-1].upper()])
     return text
-
-
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal."""
-    for code, ch in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, ch)
-    return field
 
 
 def pagesize_option(size_bytes: int) -> str:

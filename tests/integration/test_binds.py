@@ -128,13 +128,3 @@ def test_bind_errors_name_the_paths(tmp_path: Path, qemu: int) -> None:
         binds.bind(qemu, tmp_path / "missing", tmp_path, readonly=False)
     with pytest.raises(InfrastructureError, match=r"QEMU .* is gone"):
         binds.bind(2**22 + 1, tmp_path, tmp_path, readonly=False)
-
-
-def test_mountinfo_paths_are_unescaped() -> None:
-    info = (
-        "36 35 98:0 / /run/a\\040b rw,noatime master:1 - ext3 /dev/root rw\n"
-        "37 35 98:0 / /run/a\\040b/c rw - ext3 /dev/root rw\n"
-        "38 35 98:0 / /run/ab rw - ext3 /dev/root rw\n"
-    )
-    assert binds.mounts_under("/run/a b", info) == ["/run/a b/c", "/run/a b"]
-    assert binds.mounts_under("/run/a", info) == []

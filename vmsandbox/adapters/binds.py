@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vmsandbox.errors import InfrastructureError
+from vmsandbox.mountinfo import points_under
 
 MS_PRIVATE = 1 << 18
 MS_SLAVE = 1 << 19
@@ -68,33 +69,11 @@ def _setattr(tree: int, attr: _MountAttr, recursive: bool, what: str) -> None:
     _check(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", at, ctypes.byref(attr), ctypes.sizeof(attr)), what)
 
 
-def _unescape(field: str) -> str:
-    """A path from a mountinfo file, where space, tab, newline and backslash are octal escapes."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
 def mounts_under(path: str | os.PathLike[str], mountinfo: str | None = None) -> list[str]:
     """Mount points at or below ``path`` in ``mountinfo`` (default: this thread's), deepest first."""
-    root = os.path.realpath(path)
     if mountinfo is None:
         mountinfo = Path("/proc/thread-self/mountinfo").read_text()
-    found = []
-    for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        if len(fields) < 5:
-            continue
-        point = _unescape(fields[4])
-        if point == root or point.startswith(root.rstrip("/") + "/"):
-            found.append(point)
-    return sorted(found, key=lambda p: (p.count("/"), p), reverse=True)
+    return points_under(mountinfo, os.path.realpath(path))
 
 
 def _in_namespace(pid: int, what: str, work: Callable[[], None]) -> None:
