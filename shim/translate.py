@@ -23,7 +23,7 @@ from shim.model import (
     SandboxRecord,
     SandboxSpec,
 )
-from vmsandbox import oci_spec, validation
+from vmsandbox import oci_spec, records, validation
 from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.image_catalogue import ImageRecord
@@ -433,14 +433,14 @@ def container_status(c: ContainerRecord) -> pb.ContainerStatus:
         resources=pb.ContainerResources(linux=linux_resources_msg(c.linux)),
         mounts=[
             pb.Mount(
-                container_path=str(m.get("container_path", "")),
-                host_path=str(m.get("host_path", "")),
-                readonly=bool(m.get("readonly")),
-                recursive_read_only=bool(m.get("recursive_read_only")),
-                selinux_relabel=bool(m.get("selinux_relabel")),
-                propagation=int(m.get("propagation", 0)),  # type: ignore[arg-type]
+                container_path=m.container_path,
+                host_path=m.host_path,
+                readonly=m.readonly,
+                recursive_read_only=m.recursive_read_only,
+                selinux_relabel=m.selinux_relabel,
+                propagation=m.propagation,  # type: ignore[arg-type]
             )
-            for m in c.resources.get("mounts", ())
+            for m in records.mounts_from_doc(c.resources)
         ],
     )
 

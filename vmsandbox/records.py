@@ -43,11 +43,16 @@ def resources_doc(res: ContainerResources) -> dict[str, Any]:
     }
 
 
+def mounts_from_doc(doc: dict[str, Any]) -> tuple[Mount, ...]:
+    """The mounts of a ``resources_doc``, in its order."""
+    return tuple(Mount(**m) for m in doc.get("mounts", []))
+
+
 def resources_from_doc(doc: dict[str, Any], where: str) -> ContainerResources:
     return ContainerResources(
         requests=ResourceList.parse(doc.get("requests", {}), where=f"{where}: requests"),
         limits=ResourceList.parse(doc.get("limits", {}), where=f"{where}: limits"),
-        mounts=frozenset(Mount(**m) for m in doc.get("mounts", [])),
+        mounts=frozenset(mounts_from_doc(doc)),
         devices=frozenset(Device(**d) for d in doc.get("devices", [])),
         cdi_devices=frozenset(CdiDevice(name) for name in doc.get("cdi_devices", [])),
     )
