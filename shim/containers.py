@@ -308,7 +308,7 @@ class Containers:
             )
             signal = oci_spec.stop_signal(stop_signal, image_cfg)
             cdir.mkdir(parents=True)
-            guest_mounts = self._share_mounts(cdir, container_id, mounts)
+            guest_mounts = self._share_mounts(cdir, c.sandbox_id, container_id, mounts)
             guest_mounts += self._pod_file_mounts(sandbox, {m.destination for m in guest_mounts})
             guest_mounts += _hugepage_mounts(c.linux, guest_mounts)
             run = replace(
@@ -376,7 +376,9 @@ class Containers:
                     f"{', '.join(str(a) for a in allowed)} are shared into pods"
                 )
 
-    def _share_mounts(self, cdir: Path, container_id: str, mounts: list[MountRequest]) -> tuple[oci_spec.Mount, ...]:
+    def _share_mounts(
+        self, cdir: Path, sandbox_id: str, container_id: str, mounts: list[MountRequest]
+    ) -> tuple[oci_spec.Mount, ...]:
         """Binds each allowed host path below the container's shared directory in the guest's QEMU,
         where the guest sees it live over 9p (binds.py); the spec mounts it there.
 
@@ -386,7 +388,6 @@ class Containers:
         self.check_mounts(mounts)
         out = []
         mountinfo = Path("/proc/self/mountinfo").read_text()
-        sandbox_id = self.sandboxes.container(container_id).sandbox_id
         qemu = self._qemu_pid(sandbox_id) if any(m.host_path for m in mounts) else None
         for i, m in enumerate(mounts):
             container_path, host_path, readonly = m.container_path, m.host_path, m.readonly

@@ -116,10 +116,9 @@ class Sandboxes:
         self._names: dict[PodMeta, str] = {
             SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()
         }
-        # directories a new guest gets over 9p (set by the owner of containers, shim.containers)
-        # the guest-shared directories belong to the container side (shim/containers.py): it makes
-        # them for a boot, drops them when a boot is rolled back, and sweeps those of sandboxes that
-        # no longer exist (given the ids to keep)
+        # the directories a guest gets over 9p belong to the owner of containers (shim.containers),
+        # which sets these: it makes them for a boot, drops them when a boot is rolled back, and
+        # sweeps those of sandboxes that no longer exist (given the ids to keep)
         self.shared_dirs_for: Callable[[str], tuple[SharedDir, ...]] = lambda _sandbox_id: ()
         self.drop_shared_dirs: Callable[[str], None] = lambda _sandbox_id: None
         self.sweep_shared_dirs: Callable[[set[str]], None] = lambda _keep: None
