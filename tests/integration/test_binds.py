@@ -128,3 +128,24 @@ def test_bind_errors_name_the_paths(tmp_path: Path, qemu: int) -> None:
         binds.bind(qemu, tmp_path / "missing", tmp_path, readonly=False)
     with pytest.raises(InfrastructureError, match=r"QEMU .* is gone"):
         binds.bind(2**22 + 1, tmp_path, tmp_path, readonly=False)
+
+
+@pytest.mark.parametrize("where", ["target", "parent"])
+def test_a_bind_never_attaches_through_a_symlink(tmp_path: Path, qemu: int, where: str) -> None:
+    # the target lies in the guest's shared directory: a symlink there (the last component or one
+    # above it) must not carry the volume onto a host path of the guest's choosing
+    volume, elsewhere = tmp_path / "volume", tmp_path / "elsewhere"
+    volume.mkdir()
+    (volume / "data").write_text("volume\n")
+    (elsewhere / "0").mkdir(parents=True)
+    mounts = tmp_path / "shared" / "c1" / "mounts"
+    if where == "target":
+        mounts.mkdir(parents=True)
+        (mounts / "0").symlink_to(elsewhere / "0")
+    else:
+        mounts.parent.mkdir(parents=True)
+        mounts.symlink_to(elsewhere)
+    with pytest.raises(InfrastructureError, match="symlink"):
+        binds.bind(qemu, volume, mounts / "0", readonly=False)
+    assert inside(qemu, f"cat {elsewhere}/0/data").returncode != 0
+    assert binds.mounts_under(tmp_path) == []

@@ -43,6 +43,7 @@ AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -128,8 +129,18 @@ def bind(
             _setattr(tree, _MountAttr(attr_set=MOUNT_ATTR_RDONLY), recursive, f"{what}: make it read-only")
 
         def attach() -> None:
-            moved = _libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, dst.encode(), MOVE_MOUNT_F_EMPTY_PATH)
-            _check(moved, what)
+            # the target lies in a tree the guest writes: never attach through a symlink
+            if os.path.realpath(dst) != os.path.normpath(dst):
+                raise InfrastructureError(f"{what}: the target's path leads through a symlink")
+            try:
+                target = os.open(dst, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as exc:
+                raise InfrastructureError(f"{what}: {exc.strerror}") from None
+            try:
+                flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH
+                _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", target, b"", flags), what)
+            finally:
+                os.close(target)
 
         _in_namespace(qemu_pid, what, attach)
     finally:
