@@ -201,7 +201,9 @@ class Containers:
         (shared / "containers").mkdir(parents=True, exist_ok=True)
         os.chmod(self.root / sandbox_id, 0o700)
         return (
-            SharedDir(str(shared), SHARED_TAG),
+            # mapped: nothing the guest writes here (volumes included) is a setuid file, a file
+            # capability, a symlink or a device node on the host, nor owned by anyone but QEMU's user
+            SharedDir(str(shared), SHARED_TAG, accessmode="mapped"),
             SharedDir(str(self.images.trees_root), IMAGES_TAG, readonly=True),
         )
 
