@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from dataclasses import replace
@@ -426,6 +427,8 @@ class Containers:
         rule: the kubelet's mounts win)."""
         pod_dir = self._shared(sandbox.id) / "pod"
         pod_dir.mkdir(exist_ok=True)
+        if not stat.S_ISDIR(os.lstat(pod_dir).st_mode):  # the guest writes this tree: never write through a link
+            raise InfrastructureError(f"sandbox {sandbox.id[:12]}: its guest replaced the shared pod directory")
         dns = sandbox.dns_config()
         out = []
         for path, text in pod_files(dns, sandbox.hostname, _host_resolv_conf() if dns.empty else "").items():
@@ -433,10 +436,12 @@ class Containers:
                 continue
             name = POD_FILES[path]
             target = pod_dir / name
-            if not target.exists():  # written once: a later rewrite would not reach running containers
-                tmp = pod_dir / f".{name}.tmp"
-                tmp.write_text(text)
-                tmp.chmod(0o644)
+            if not os.path.lexists(target):  # written once: a later rewrite would not reach running containers
+                tmp = pod_dir / f".{name}.{os.urandom(8).hex()}.tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+                with os.fdopen(fd, "w") as f:
+                    os.fchmod(fd, 0o644)  # whatever the umask: every user in the guest reads it
+                    f.write(text)
                 os.replace(tmp, target)
             out.append(oci_spec.Mount(destination=path, source=f"{GUEST_SHARED_MOUNT}/pod/{name}", readonly=True))
         return tuple(out)
