@@ -1,7 +1,7 @@
 """What guest root writes through the 9p share never becomes a host privilege, through the CRI
 socket with a real guest: a privileged container, and guest init (reached with ``nsenter`` from a
 container in the guest's PID namespace; init owns the 9p mounts), make setuid-root and setgid
-copies of a shell, device nodes, a fifo and symlinks on a writable volume and in the sandbox's
+copies of a shell, a file capability, device nodes, a fifo and symlinks on a writable volume and in the sandbox's
 shared directory. On the host every one of them is a plain regular file or directory owned by
 QEMU's user, without setuid/setgid bits or a file capability, while the guest still sees the owners,
 modes and file types it set (libvirt's ``mapped`` 9p model, ``shim.containers``)."""
@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
+from tests.critest_images import build_lookalike
 from tests.integration.conftest import Shim, pod, q, require_host, running_shim
 from tests.integration.image_setup import one_image_registry
-from tests.registry_kit import busybox_entries
+from tests.registry_kit import busybox_entries, file
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -39,6 +40,7 @@ mknod "$d/disk" b 8 0
 mkfifo "$d/fifo"
 ln -s /etc/shadow "$d/link"
 echo x > "$d/owned"; chown 65534:65534 "$d/owned"
+cp /bin/busybox "$d/cap"; ${SETCAP:-setcap} "$d/cap"
 stat -c '%n %a %u:%g %F' "$d/suid" "$d/sgid" "$d/null" "$d/fifo" "$d/link" "$d/owned"
 """
 
@@ -57,7 +59,9 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     require_host()
     tmp = tmp_path_factory.mktemp("guest-writes")
-    with one_image_registry(tmp, busybox_entries(APPLETS), "test/guest-writes:1") as ref:
+    # setcap: the look-alike program sets a file capability (busybox has no setcap)
+    entries = [*busybox_entries(APPLETS), file("bin/setcap", build_lookalike(tmp / "lookalike"), 0o755)]
+    with one_image_registry(tmp, entries, "test/guest-writes:1") as ref:
         allowed = tmp / "allowed"
         volume = allowed / "volume"
         volume.mkdir(parents=True)
@@ -131,7 +135,7 @@ def _assert_harmless(path: Path, qemu_uid: int) -> None:
             _assert_harmless(child, qemu_uid)
 
 
-MADE = ["dir", "disk", "fifo", "link", "null", "owned", "sgid", "suid"]
+MADE = ["cap", "dir", "disk", "fifo", "link", "null", "owned", "sgid", "suid"]
 
 
 def test_a_privileged_container_makes_no_host_privilege_on_a_volume(env: Env) -> None:
@@ -144,7 +148,7 @@ def test_a_privileged_container_makes_no_host_privilege_on_a_volume(env: Env) ->
     assert sorted(p.name for p in target.iterdir()) == MADE
     # the guest keeps its own view: owners, modes and file types as it set them
     assert code == 0
-    assert seen == [
+    assert [line for line in seen if not line.startswith("setcap")] == [
         "/data/from-container/suid 4755 0:0 regular file",
         "/data/from-container/sgid 2755 0:0 regular file",
         "/data/from-container/null 644 0:0 character special file",
@@ -156,8 +160,11 @@ def test_a_privileged_container_makes_no_host_privilege_on_a_volume(env: Env) ->
 
 def test_guest_init_makes_no_host_privilege_in_the_shared_directory(env: Env) -> None:
     # init's view of the share: the sandbox's whole shared directory, not just one volume
-    code, seen = _run(env, "init-attacker", 'nsenter -t 1 -m sh -c "$1" attack "$2"', ATTACK, "/run/vmsandbox/shared")
+    # setcap is the container's: init's mount namespace reaches it through this shell's /proc root
+    # (the shell must outlive nsenter: "; exit" keeps it from exec'ing nsenter in its place)
+    enter = 'nsenter -t 1 -m env SETCAP=/proc/$$/root/bin/setcap sh -c "$1" attack "$2"; exit $?'
+    code, seen = _run(env, "init-attacker", enter, ATTACK, "/run/vmsandbox/shared")
     shared = env.shim.state_dir / "sandboxes" / env.sandbox / "shared"
     for name in MADE:
         _assert_harmless(shared / name, _qemu_uid(env))
-    assert code == 0 and seen[0] == "/run/vmsandbox/shared/suid 4755 0:0 regular file"
+    assert code == 0 and "/run/vmsandbox/shared/suid 4755 0:0 regular file" in seen
