@@ -78,6 +78,8 @@ from vmsandbox.sizing import (
 
 log = logging.getLogger(__name__)
 
+_CONSOLE_TAIL_BYTES = 8192
+
 STATE_CREATING = "creating"
 
 
@@ -324,12 +326,16 @@ class Sandboxes:
 
     @staticmethod
     def _console_tail(console: str | None) -> str:
+        """The guest's last console lines (its own output: only the file's last 8 KiB are read)."""
         if not console:
             return ""
         try:
-            lines = Path(console).read_text(errors="replace").strip().splitlines()[-5:]
+            with open(console, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - _CONSOLE_TAIL_BYTES))
+                tail = f.read(_CONSOLE_TAIL_BYTES)
         except OSError:
             return ""
+        lines = [validation.bound(line, 200) for line in tail.decode(errors="replace").strip().splitlines()[-5:]]
         return "; last console lines: " + " | ".join(lines) if lines else "; the guest console is empty"
 
     def _rollback(self, sandbox_id: str, name: str) -> str:
