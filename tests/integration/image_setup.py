@@ -187,7 +187,12 @@ def push_docker_images(tmp: Path, registry: Registry) -> dict[str, DockerImage]:
     busybox = BUSYBOX.read_bytes()
     passwd = b"root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/:/bin/sh\n"
     base = {"bin/busybox": busybox, "bin/sh": busybox, "etc/passwd": passwd}
-    buildah.image("docker-amd64", [base, {"etc/arch": b"amd64\n"}], cmd="/bin/sh -c 'echo from-docker'", user="1000")
+    buildah.image(
+        "docker-amd64",
+        [base, {"etc/arch": b"amd64\n"}],
+        cmd='["/bin/sh", "-c", "echo from-docker; id -u"]',
+        user="1000",
+    )
     buildah.image("docker-arm64", [base, {"etc/arch": b"arm64\n"}], arch="arm64")
     out = {
         "docker": DockerImage(registry.host, "docker/app", "1"),
