@@ -74,6 +74,8 @@ from vmsandbox.registries import Credentials, Endpoint, Registries, endpoints
 
 log = logging.getLogger(__name__)
 
+_Held = tuple[set[str], str]  # a pull's blobs and tree key, in flight until the catalogue names them
+
 
 @dataclass(frozen=True)
 class Resolved:
@@ -272,10 +274,13 @@ class ImageStore:
             with self._lock:
                 stored = self._images.get(image_id)
             fetched = 0
+            held: _Held | None = None
             # a stored image's tree was verified against its config (its id), whatever manifest names it now
             if stored is None or not self.disk.has_tree(stored.tree):
-                stored, fetched = self._fetch(ref, resolved, creds)
+                stored, fetched, held = self._fetch(ref, resolved, creds)
             with self._lock:
+                if held is not None:  # given up in the same critical section as the catalogue is written
+                    self._unhold(held)
                 updated = with_pulled(self._images, stored, ref, ref.with_digest(resolved.top_digest))
                 try:
                     self._save(updated)
@@ -317,8 +322,22 @@ class ImageStore:
         check_media_types(doc, what)
         return Resolved(endpoint, top, top, doc)
 
-    def _fetch(self, ref: ImageReference, resolved: Resolved, creds: Credentials | None) -> tuple[ImageRecord, int]:
-        """Download, verify and unpack; on any failure delete what this pull brought and no one else uses."""
+    def _unhold(self, held: _Held) -> None:
+        """The blobs and tree of a pull are no longer in flight. Under the lock."""
+        blobs, tree_key = held
+        self._inflight_blobs.subtract(blobs)
+        self._inflight_blobs += Counter()  # drop zero counts
+        if tree_key:
+            self._inflight_trees[tree_key] -= 1
+            self._inflight_trees += Counter()
+
+    def _fetch(
+        self, ref: ImageReference, resolved: Resolved, creds: Credentials | None
+    ) -> tuple[ImageRecord, int, _Held]:
+        """Download, verify and unpack; on any failure delete what this pull brought and no one else uses.
+
+        On success the blobs and the tree stay held as in flight (no removal frees them) until the
+        caller gives them up with ``_unhold`` while it writes the catalogue."""
         what = f"pulling {ref}"
         manifest = resolved.manifest
         image_id = manifest.config.digest
@@ -340,27 +359,24 @@ class ImageStore:
             config = parse_config(self.disk.read_blob(image_id, MAX_DOCUMENT, what), what)
             if (config.os, config.architecture) != (NODE_PLATFORM.os, NODE_PLATFORM.architecture):
                 raise NotFound(f"{what}: the image is {config.os}/{config.architecture}, not {NODE_PLATFORM}")
-            tree_key = chain_id(config.diff_ids)
+            key = chain_id(config.diff_ids)
             with self._lock:
-                self._inflight_trees[tree_key] += 1
+                self._inflight_trees[key] += 1
+                tree_key = key  # held from here on: released by _unhold
             used, inodes = self._tree(work, manifest, config, tree_key, what)
             faults.checkpoint("pull:after-tree")
             record = _record(image_id, resolved.manifest_digest, manifest, config, tree_key, used, inodes)
             ok = True
-            return record, missing
+            return record, missing, (blobs, tree_key)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise CannotFit(f"{what}: no space left on the image store ({self.disk.root})") from None
             raise
         finally:
             self.disk.discard(work)
-            with self._lock:
-                self._inflight_blobs.subtract(blobs)
-                self._inflight_blobs += Counter()  # drop zero counts
-                if tree_key:
-                    self._inflight_trees[tree_key] -= 1
-                    self._inflight_trees += Counter()
-                if not ok:
+            if not ok:
+                with self._lock:
+                    self._unhold((blobs, tree_key))
                     if (
                         tree_key
                         and tree_key not in referenced_trees(self._images)

@@ -12,6 +12,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -271,6 +272,29 @@ def test_ten_concurrent_pulls_download_each_blob_once(pushed: Pushed, tmp_path: 
     fetched = {d: after.get(d, 0) - before.get(d, 0) for d in (record.config, *record.layers)}
     assert fetched == dict.fromkeys(fetched, 1), fetched
     assert (metrics.REGISTRY.get_sample_value("vmsandbox_image_pulls_shared_total") or 0.0) - shared_before == 9
+
+
+def test_a_removal_between_unpack_and_catalogue_keeps_what_the_pull_uses(
+    pushed: Pushed,  # noqa: F811
+    store: ImageStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``named`` has the layers of ``uid``: removing ``uid`` while ``named``'s pull has its tree and
+    blobs but no catalogue entry yet must not free them under it."""
+    first = store.pull(pushed.ref("uid"))
+    tree = tree_of(store, first)
+    fetch = store._fetch
+
+    def fetch_then_remove(*args: Any) -> Any:
+        out = fetch(*args)
+        store.remove(first)
+        return out
+
+    monkeypatch.setattr(store, "_fetch", fetch_then_remove)
+    second = store.pull(pushed.ref("named"))
+    assert tree_of(store, second) == tree and (tree / "bin/busybox").is_file()
+    record = store.get(second)
+    assert record is not None and set(record.blobs) <= blobs(store)
 
 
 def test_held_images_are_freed_on_last_release(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
