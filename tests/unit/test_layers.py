@@ -380,3 +380,31 @@ def test_zstd_bomb_stops_at_the_byte_limit(place: tuple[Path, Path]) -> None:
             tree.apply(str(blob), "zstd", "bomb")
     finally:
         tree.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    tail=st.binary(max_size=2048),
+    claim_tail=st.binary(max_size=2048),
+    compression=st.sampled_from(["tar", "gzip", "zstd"]),
+)
+def test_a_layer_is_accepted_exactly_when_its_diff_id_is_its_content(
+    tail: bytes, claim_tail: bytes, compression: str
+) -> None:
+    """Whatever follows the tar's end (padding, garbage) is part of what the diff id names."""
+    raw = tar_bytes([file("f", b"data")])
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "tree"
+        root.mkdir()
+        blob = Path(tmp) / "layer"
+        blob.write_bytes(_compressed(raw + tail, compression))
+        tree = Tree(str(root), Limits())
+        try:
+            claimed = _digest(raw + claim_tail)
+            if claim_tail == tail:
+                tree.apply(str(blob), compression, "l", diff_id=claimed)
+            else:
+                with pytest.raises(InvalidArgument, match=r"rootfs\.diff_ids says"):
+                    tree.apply(str(blob), compression, "l", diff_id=claimed)
+        finally:
+            tree.close()
