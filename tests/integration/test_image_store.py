@@ -454,9 +454,10 @@ def test_a_crash_mid_pull_leaves_no_image_and_no_garbage(pushed: Pushed, tmp_pat
     )
     assert done.returncode == -9, done.stderr.decode()[-2000:]
     assert any((root / "work").iterdir()) or any((root / "trees").iterdir())  # it died holding something
+    (root / "blobs" / "oci-put-blob123").write_bytes(b"half a blob")  # what a killed skopeo leaves
     store = ImageStore(root)
     assert store.list() == [] and store.get(pushed.ref("uid")) is None
-    assert leftovers(store) == []
+    assert leftovers(store) == [] and [p.name for p in (root / "blobs").iterdir()] == ["sha256"]
     assert store.pull(pushed.ref("uid")) == pushed.id("uid")
     shutil.rmtree(root)
 

@@ -195,6 +195,10 @@ class ImageDisk:
             if entry.name not in keep_tree_hex:
                 shutil.rmtree(entry, ignore_errors=True)
                 removed["trees"] += 1
+        for entry in list(self.blob_dir.iterdir()):  # skopeo's temporary files of a copy that died
+            if entry.name != "sha256" and not entry.is_dir():
+                entry.unlink(missing_ok=True)
+                removed["blobs"] += 1
         keep_blob_hex = {_hex(b) for b in keep_blobs}
         for entry in list(self._sha.iterdir()):
             if entry.name not in keep_blob_hex:
