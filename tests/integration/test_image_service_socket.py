@@ -13,7 +13,17 @@ import grpc
 import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, pod, q, require_host, running_shim, start_shim, stop_shim
+from tests.integration.conftest import (
+    Shim,
+    container,
+    pod,
+    q,
+    remove_all,
+    require_host,
+    running_shim,
+    start_shim,
+    stop_shim,
+)
 from tests.integration.image_setup import DockerImage, Pushed, docker_images, pushed  # noqa: F401
 from tests.registry_kit import digest_of, served_manifest
 
@@ -225,4 +235,42 @@ def test_a_shim_killed_mid_pull_restarts_with_no_image(tmp_path: Path, pushed: P
         assert answer.image_ref == pushed.id("uid")
     finally:
         stop_shim(second)
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_containers_hold_their_image_across_a_shim_restart(tmp_path: Path) -> None:
+    """After a restart a running container's image is still held: RemoveImage hides it, its tree
+    stays (the guest reads it) until the container is removed."""
+    require_host()
+    (tmp_path / "shim").mkdir()
+    res = q({"cpu": "250m", "memory": "32Mi"})
+    shim = start_shim(tmp_path / "shim")
+    try:
+        config = pod("holds", containers=[("sleeper", res)])
+        sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+        c = container("sleeper", res)
+        c.command[:] = ["sleep", "600"]
+        cid = shim.runtime.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=sid, config=c, sandbox_config=config), timeout=120
+        ).container_id
+        shim.runtime.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+    except BaseException:
+        remove_all(shim)
+        stop_shim(shim)
+        raise
+    stop_shim(shim)
+    shim = start_shim(tmp_path / "shim", pull_busybox=False)
+    try:
+        trees = shim.state_dir / "images" / "trees"
+        shim.images.RemoveImage(pb.RemoveImageRequest(image=spec("busybox")), timeout=30)
+        assert not shim.images.ImageStatus(pb.ImageStatusRequest(image=spec("busybox")), timeout=10).HasField("image")
+        assert [p for p in trees.iterdir() if (p / "bin").is_dir()], "the running container's tree was freed"
+        done = shim.runtime.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["ls", "/bin"], timeout=60), timeout=90)
+        assert done.exit_code == 0 and b"busybox" in done.stdout, done.stderr
+        shim.runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1), timeout=60)
+        shim.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=60)
+        assert list(trees.iterdir()) == []  # the last holder gone: freed
+    finally:
+        remove_all(shim)
+        stop_shim(shim)
         shutil.rmtree(tmp_path, ignore_errors=True)
