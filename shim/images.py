@@ -12,7 +12,9 @@ the same layers share one tree; different images pull in parallel.
 
 A store written before trees were verified (catalogue version 1: trees named by image id) is
 verified at start: each image is unpacked again from its stored blobs with every check, under its
-ChainID; an image that cannot be verified is dropped (logged), never served.
+ChainID; an image that cannot be verified is dropped (logged), never served. The old tree is kept
+only while containers started from it before the upgrade hold the image (``collect`` and
+``release`` delete it), since their guests read it by its old name; no new container gets it.
 
 Containers hold the images they run from with ``acquire``/``release``: RemoveImage of a held image
 hides it at once and frees its tree and blobs when the last holder releases it.
@@ -27,7 +29,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -179,6 +181,8 @@ class ImageStore:
                     self._images = without(self._images, image_id)
                     self._save()
                     self._free(record)
+                elif record is not None and record.legacy_tree:
+                    self._drop_legacy_trees([record])
 
     def holders(self, image_id: str) -> int:
         with self._lock:
@@ -194,6 +198,22 @@ class ImageStore:
                 self._save()
             for r in doomed:
                 self._free(r)
+            self._drop_legacy_trees([r for r in self._images.values() if r.legacy_tree and self._holders[r.id] == 0])
+
+    def _drop_legacy_trees(self, records: Sequence[ImageRecord]) -> None:
+        """Delete the earlier version's trees of ``records``, which no container holds. Under the lock."""
+        if not records:
+            return
+        updated = {**self._images, **{r.id: replace(r, legacy_tree="") for r in records}}
+        try:
+            self._save(updated)
+        except CannotFit as exc:  # housekeeping: tried again at the next release or start
+            log.warning("earlier version's trees kept for now: %s", exc)
+            return
+        self._images = updated
+        for r in records:
+            self.disk.remove_tree(r.legacy_tree)
+            log.info("image %s: the unverified tree of an earlier version is deleted", r.id)
 
     # -- remove -------------------------------------------------------------------------------------
     def remove(self, query: str) -> str | None:
@@ -219,6 +239,8 @@ class ImageStore:
         """Delete ``record``'s tree and the blobs no other image (or pull in flight) uses. Under the lock."""
         if record.tree not in referenced_trees(self._images) and record.tree not in self._inflight_trees:
             self.disk.remove_tree(record.tree)
+        if record.legacy_tree:
+            self.disk.remove_tree(record.legacy_tree)
         keep = referenced_blobs(self._images) | set(self._inflight_blobs)
         self.disk.remove_blobs(b for b in record.blobs if b not in keep)
 
@@ -487,8 +509,14 @@ class ImageStore:
         finally:
             self.disk.discard(work)
         log.info("image %s, stored by an earlier version, verified in %.3f s", record.id, time.monotonic() - t0)
+        legacy = record.id if self.disk.has_tree(record.id) else ""  # kept for containers started from it
         return replace(
-            record, tree=key, layers=tuple(d.digest for d in doc.layers), unpacked_bytes=used, unpacked_inodes=inodes
+            record,
+            tree=key,
+            legacy_tree=legacy,
+            layers=tuple(d.digest for d in doc.layers),
+            unpacked_bytes=used,
+            unpacked_inodes=inodes,
         )
 
 

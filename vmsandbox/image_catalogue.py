@@ -37,6 +37,9 @@ class ImageRecord:
     spec: Mapping[str, Any] = field(default_factory=dict)  # env, entrypoint, cmd, working_dir, labels, ...
     removed: bool = False  # RemoveImage'd while containers still hold it: invisible, kept until released
     tree: str = ""  # ChainID of the verified layers: the tree's key ("" in a record not verified yet)
+    # the unverified tree of an earlier version (named by the image id), kept only for containers
+    # started from it before the upgrade; never given to a new one; "" once they are gone
+    legacy_tree: str = ""
 
     @property
     def blobs(self) -> tuple[str, ...]:
@@ -140,7 +143,8 @@ def referenced_blobs(images: Catalogue) -> frozenset[str]:
 
 
 def referenced_trees(images: Catalogue) -> frozenset[str]:
-    return frozenset(r.tree for r in images.values() if r.tree)
+    """The keys of the trees the images use (earlier versions' trees kept for old containers too)."""
+    return frozenset(t for r in images.values() for t in (r.tree, r.legacy_tree) if t)
 
 
 def repo_names(record: ImageRecord) -> frozenset[str]:
@@ -181,6 +185,7 @@ def record_doc(r: ImageRecord) -> dict[str, Any]:
         "spec": dict(r.spec),
         "removed": r.removed,
         "tree": r.tree,
+        "legacy_tree": r.legacy_tree,
     }
 
 
@@ -200,4 +205,5 @@ def record_from_doc(doc: Mapping[str, Any]) -> ImageRecord:
         spec=dict(doc.get("spec", {})),
         removed=bool(doc.get("removed", False)),
         tree=str(doc.get("tree", "")),
+        legacy_tree=str(doc.get("legacy_tree", "")),
     )

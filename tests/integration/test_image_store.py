@@ -216,9 +216,15 @@ def test_zstd_layers(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
     assert (tree_of(store, image_id) / "zstd").read_text() == "zstd\n"
 
 
-def test_a_store_of_the_previous_version_is_verified_at_start(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize("held", [True, False], ids=["old-container-holds-it", "nothing-holds-it"])
+def test_a_store_of_the_previous_version_is_verified_at_start(
+    pushed: Pushed,  # noqa: F811
+    tmp_path: Path,
+    held: bool,
+) -> None:
     """Trees named by image id and never verified: each is unpacked again with every check under its
-    ChainID (a tampered old tree is not served) or, when its blobs cannot prove it, dropped."""
+    ChainID (a tampered old tree is not given to a new container; it is kept only while a container
+    started from it before holds the image) or, when its blobs cannot prove it, dropped."""
     root = tmp_path / "images"
     store = ImageStore(root)
     good, broken = store.pull(pushed.ref("whiteouts")), store.pull(pushed.ref("zstd"))
@@ -236,12 +242,24 @@ def test_a_store_of_the_previous_version_is_verified_at_start(pushed: Pushed, tm
 
     again = ImageStore(root)
     assert [r.id for r in again.list()] == [good]
-    tree = tree_of(again, good)
-    assert tree == verified_tree and "planted" not in tree_files(tree) and "o/new" in tree_files(tree)
-    assert {p.name for p in (root / "trees").iterdir()} == {tree.name}
     assert json.loads((root / "catalogue.json").read_text())["version"] == 2
     assert store.disk.blob_path(broken_layer).exists() is False
-    assert ImageStore(root).list()[0].id == good  # a second start finds nothing to do
+    # the old tree stays only for containers started from it before the upgrade, which hold the image
+    old = root / "trees" / good[7:]
+    assert {p.name for p in (root / "trees").iterdir()} == {verified_tree.name, old.name}
+    if held:
+        tree = again.acquire(good)  # such a container, holding it again at start-up
+        again.collect()
+        assert (old / "planted").exists()
+        again.release(good)  # the last of them gone
+    else:
+        again.collect()
+        tree = again.acquire(good)
+    assert tree == verified_tree and "planted" not in tree_files(tree) and "o/new" in tree_files(tree)
+    assert {p.name for p in (root / "trees").iterdir()} == {tree.name}
+    third = ImageStore(root)  # a second start finds nothing to do
+    third.collect()
+    assert [r.id for r in third.list()] == [good] and tree_of(third, good) == tree
 
 
 def test_ten_concurrent_pulls_download_each_blob_once(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
