@@ -485,6 +485,20 @@ class Containers:
                 resumed += 1
         return resumed
 
+    def hold_images(self) -> int:
+        """At start-up: every container the ledger keeps holds its image again, as it did in the shim
+        that ran before (RemoveContainer, or its sandbox's removal, releases it); returns how many."""
+        held = 0
+        for c in self.sandboxes.containers():
+            if not c.image_id:
+                continue
+            try:
+                self.images.acquire(c.image_id)
+                held += 1
+            except NotFound:
+                log.warning("container %s: its image %s is not stored any more", c.id[:12], c.image_id)
+        return held
+
     def refresh(self, container_id: str) -> ContainerRecord:
         """The record, brought up to date with the guest (exit code, reason, finish time)."""
         c = self.sandboxes.container(container_id)

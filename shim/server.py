@@ -149,9 +149,10 @@ def start(config: ShimConfig) -> Running:
     )
     housekeeping.start()
     images = image_store(config)
-    images.collect()  # after reconciliation: images removed while held and not held again are freed
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
     containers = Containers(config.state_dir, sandboxes, images, hypervisor)
+    log.info("image holds of %d containers restored", containers.hold_images())
+    images.collect()  # after the containers hold theirs again: images removed while held and not held now are freed
     resumed = containers.resume_logs()
     if resumed:
         log.info("log copying resumed for %d running containers", resumed)
