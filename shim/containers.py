@@ -197,16 +197,35 @@ class Containers:
     def _shared(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id / "shared"
 
+    def _images(self, sandbox_id: str) -> Path:
+        return self.root / sandbox_id / "images"
+
     def shared_dirs_for(self, sandbox_id: str) -> tuple[SharedDir, ...]:
         shared = self._shared(sandbox_id)
         (shared / "containers").mkdir(parents=True, exist_ok=True)
+        self._images(sandbox_id).mkdir(exist_ok=True)
         os.chmod(self.root / sandbox_id, 0o700)
         return (
             # mapped: nothing the guest writes here (volumes included) is a setuid file, a file
             # capability, a symlink or a device node on the host, nor owned by anyone but QEMU's user
             SharedDir(str(shared), SHARED_TAG, accessmode="mapped"),
-            SharedDir(str(self.images.trees_root), IMAGES_TAG, readonly=True),
+            # empty at boot: the trees of this pod's containers are bound in as they are created
+            SharedDir(str(self._images(sandbox_id)), IMAGES_TAG, readonly=True),
         )
+
+    def _share_image(self, sandbox_id: str, tree: Path) -> str:
+        """Binds an image's tree (read-only) into the sandbox's image export inside its QEMU's mount
+        namespace, once per pod, so a guest sees the images of its own containers and no other
+        tenant's; returns the tree's name as the agent's ``lower``."""
+        target = self._images(sandbox_id) / tree.name
+        with self._lock:  # two containers of one image in one pod: one bind
+            pid = self._qemu_pid(sandbox_id)
+            if pid is None:
+                raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
+            target.mkdir(exist_ok=True)
+            if not binds.mounts_under(target, Path(f"/proc/{pid}/mountinfo").read_text()):
+                binds.bind(pid, tree, target, readonly=True, recursive=True)
+        return f"images/{tree.name}"
 
     def _qemu_pid(self, sandbox_id: str) -> int | None:
         return self.hypervisor.emulator_pid(self.sandboxes.get(sandbox_id).domain)
@@ -321,7 +340,7 @@ class Containers:
                 seccomp_profile=self._seccomp_document(request.seccomp),
             )
             spec = oci_spec.build_spec(run, image_cfg, user)
-            lower = f"images/{tree.relative_to(self.images.trees_root)}"
+            lower = self._share_image(c.sandbox_id, tree)
             self._call(
                 c.sandbox_id, "create", container_id, lower=lower, log=f"containers/{container_id}/log", spec=spec
             )

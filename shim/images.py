@@ -150,11 +150,6 @@ class ImageStore:
     def root(self) -> Path:
         return self.disk.root
 
-    @property
-    def trees_root(self) -> Path:
-        """The directory of all unpacked trees; ``acquire`` returns a path inside it."""
-        return self.disk.trees
-
     # -- holders ------------------------------------------------------------------------------------
     def acquire(self, image_id: str) -> Path:
         """Hold ``image_id`` for a container; returns its read-only tree. NOT_FOUND if not stored.
