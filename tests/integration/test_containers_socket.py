@@ -166,6 +166,11 @@ def test_long_running_exec_stats_stop(env: Env) -> None:
     pod_stats = rt.PodSandboxStats(pb.PodSandboxStatsRequest(pod_sandbox_id=env.sandbox), timeout=60).stats
     assert pod_stats.linux.memory.working_set_bytes.value > 0
     assert cid in {c.attributes.id for c in pod_stats.linux.containers}
+    # the kubelet stats every mountpoint it is given on the host (cadvisor's device of a directory)
+    fs_info = env.shim.images.ImageFsInfo(pb.ImageFsInfoRequest(), timeout=60)
+    mountpoints = {s.writable_layer.fs_id.mountpoint for s in [stats, *listed, *pod_stats.linux.containers]}
+    mountpoints |= {f.fs_id.mountpoint for f in [*fs_info.image_filesystems, *fs_info.container_filesystems]}
+    assert all(Path(m).is_dir() for m in mountpoints), mountpoints
     rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=20), timeout=120)
     st = _status(env, cid)
     assert (st.state, st.exit_code, st.reason) == (pb.CONTAINER_EXITED, 0, "Completed")
