@@ -45,9 +45,9 @@ from vmsandbox.network import POD_FILES, pod_files
 log = logging.getLogger(__name__)
 
 GUEST_SHARED_MOUNT = "/run/vmsandbox/shared"
+"""Where the guest agent mounts the shared directory (images/agent)."""
 _RESOLV_CONF_MAX = 64 * 1024
 _SECCOMP_MAX = 1 << 20
-"""Where the guest agent mounts the shared directory (images/agent)."""
 _CONNECT_TIMEOUT_S = 30.0
 _MAX_PASSWD_BYTES = 1 << 20
 
