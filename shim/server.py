@@ -136,6 +136,9 @@ def start(config: ShimConfig) -> Running:
     ledger = _open_ledger(state)
     hypervisor = Hypervisor(config.libvirt_uri, observe=metrics.libvirt_event)
     sandboxes = Sandboxes(config, ledger, hypervisor, profiles)
+    images = image_store(config)
+    # before the first reconcile, whose sweep of forgotten sandboxes' directories is the containers' work
+    containers = Containers(config.state_dir, sandboxes, images, hypervisor)
     for warning in host_warnings(config.libvirt_uri):
         log.warning("host set-up: %s", warning)
     report = sandboxes.reconcile()
@@ -148,9 +151,7 @@ def start(config: ShimConfig) -> Running:
         config.reconcile_interval_s, lambda: sandboxes.reconcile(periodic=True), name="periodic-reconcile"
     )
     housekeeping.start()
-    images = image_store(config)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
-    containers = Containers(config.state_dir, sandboxes, images, hypervisor)
     log.info("image holds of %d containers restored", containers.hold_images())
     images.collect()  # after the containers hold theirs again: images removed while held and not held now are freed
     resumed = containers.resume_logs()
