@@ -1,8 +1,8 @@
 """``Containers``: runs admitted containers in their pod's guest and owns what that takes on the
 host — the per-sandbox shared directory (``<state>/sandboxes/<id>/shared``, virtio-9p), the hold on
 each container's image, the agent connection of each guest, the copy of each container's log
-from the shared directory to the kubelet's ``log_directory/log_path``, and the pod's
-``resolv.conf`` and ``hostname`` files its containers share.
+from its guest agent to the kubelet's ``log_directory/log_path`` (through ``shim.log_copy``), and
+the pod's ``resolv.conf`` and ``hostname`` files its containers share.
 
 Container records (admission, names, state) are kept by ``shim.sandboxes``; this owner moves them
 through their life: created in the guest, running, exited (exit code, reason, times), removed.
@@ -18,9 +18,9 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO
 
 from shim.images import ImageStore
+from shim.log_copy import LogCopies
 from shim.model import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
@@ -36,7 +36,7 @@ from vmsandbox.adapters import binds
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
-from vmsandbox.agent_protocol import IMAGES_TAG, SHARED_TAG, CgroupStats, ContainerState, ExecResult
+from vmsandbox.agent_protocol import IMAGES_TAG, SHARED_TAG, CgroupStats, ContainerState, ExecResult, LogChunk
 from vmsandbox.domain import AGENT_CHANNEL, SharedDir
 from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, VmSandboxError, WrongState
 from vmsandbox.network import POD_FILES, pod_files
@@ -48,6 +48,8 @@ _RESOLV_CONF_MAX = 64 * 1024
 _SECCOMP_MAX = 1 << 20
 """Where the guest agent mounts the shared directory (images/agent)."""
 _CONNECT_TIMEOUT_S = 30.0
+_LOG_DRAIN_S = 5.0
+"""How long an exit waits for the rest of the container's log to reach the kubelet's file."""
 _MAX_PASSWD_BYTES = 1 << 20
 
 
@@ -110,74 +112,6 @@ def _admitted_limits(asked: oci_spec.Resources, linux: dict[str, object]) -> oci
     )
 
 
-class _LogPump:
-    """Copies what the guest appends to a container's log in the shared directory into the
-    kubelet's log file; ``reopen`` (log rotation) opens a new destination file before returning.
-    How far it has copied is kept beside the source (``log.copied``), so a shim that restarts
-    carries on where the last one stopped: no line is lost (a shim killed between writing a batch
-    and recording it copies that batch again)."""
-
-    def __init__(self, src: Path, dst: Path) -> None:
-        self.src = src
-        self.dst = dst
-        self._mark = src.with_name("log.copied")
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._offset = _read_offset(self._mark)
-        self.dst.parent.mkdir(parents=True, exist_ok=True)
-        self._out: BinaryIO = self.dst.open("ab")
-        self._thread = threading.Thread(target=self._run, name=f"log-{src.parent.name[:12]}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while True:
-                stopping = self._stop.is_set()
-                with self._lock:
-                    self._copy()
-                if stopping:
-                    return
-                self._stop.wait(0.05)
-        except OSError as e:
-            log.warning("log copy %s -> %s stopped: %s", self.src, self.dst, e)
-        finally:
-            with self._lock:
-                self._out.close()
-
-    def _copy(self) -> None:
-        try:
-            with self.src.open("rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        # only whole lines: the guest may be in the middle of one
-        end = data.rfind(b"\n") + 1
-        if end:
-            self._out.write(data[:end])
-            self._out.flush()
-            self._offset += end
-            tmp = self._mark.with_name("log.copied.tmp")
-            tmp.write_text(str(self._offset))
-            os.replace(tmp, self._mark)
-
-    def reopen(self) -> None:
-        with self._lock:
-            self._out.close()
-            self._out = self.dst.open("ab")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-def _read_offset(mark: Path) -> int:
-    try:
-        return max(0, int(mark.read_text()))
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
 class Containers:
     def __init__(self, state_dir: str, sandboxes: Sandboxes, images: ImageStore, hypervisor: Hypervisor) -> None:
         self.root = Path(state_dir) / "sandboxes"
@@ -186,7 +120,7 @@ class Containers:
         self.hypervisor = hypervisor
         self._lock = threading.Lock()
         self._clients: dict[str, AgentClient] = {}
-        self._pumps: dict[str, _LogPump] = {}
+        self.logs = LogCopies(state_dir, sandboxes.config.log_rate_bytes, sandboxes.config.log_burst_bytes)
         self._container_locks: dict[str, threading.Lock] = {}
         sandboxes.shared_dirs_for = self.shared_dirs_for
         sandboxes.drop_shared_dirs = self.drop_shared_dirs
@@ -319,9 +253,7 @@ class Containers:
             )
             spec = oci_spec.build_spec(run, image_cfg, user)
             lower = f"images/{tree.relative_to(self.images.trees_root)}"
-            self._call(
-                c.sandbox_id, "create", container_id, lower=lower, log=f"containers/{container_id}/log", spec=spec
-            )
+            self._call(c.sandbox_id, "create", container_id, lower=lower, spec=spec)
         except BaseException:
             self.images.release(image.id)
             self._drop_container_dir(c.sandbox_id, container_id)
@@ -462,16 +394,21 @@ class Containers:
         if not c.log_path:
             return
         dst = Path(c.log_path) if c.log_path.startswith("/") else Path(c.log_directory or "/") / c.log_path
-        src = self._shared(c.sandbox_id) / "containers" / c.id / "log"
-        with self._lock:
-            if c.id not in self._pumps:
-                self._pumps[c.id] = _LogPump(src, dst)
+        sandbox_id, cid = c.sandbox_id, c.id
+
+        def read(offset: int, max_bytes: int, wait_s: float) -> LogChunk:
+            chunk = self._call(sandbox_id, "log_read", cid, offset, max_bytes, wait_s)
+            assert isinstance(chunk, LogChunk)
+            return chunk
+
+        self.logs.start(cid, dst, read)
 
     def resume_logs(self) -> int:
         """At start-up: copying of every running container's log carries on from where the shim
         that ran before stopped (the guest kept the containers and their output); returns how many."""
         ready = {s.id for s in self.sandboxes.list_sandboxes() if s.state == SANDBOX_READY}
         resumed = 0
+        self.logs.sweep({c.id for c in self.sandboxes.containers()})
         for c in self.sandboxes.containers():
             if c.state == CONTAINER_RUNNING and c.sandbox_id in ready:
                 self._start_pump(c)
@@ -502,10 +439,10 @@ class Containers:
         return self._exited(c, st.exit_code, _exit_reason(st), "", max(finished, c.started_ns) if finished else 0)
 
     def _exited(self, c: ContainerRecord, code: int, reason: str, message: str, at: int = 0) -> ContainerRecord:
-        with self._lock:
-            pump = self._pumps.pop(c.id, None)
-        if pump is not None:
-            pump.stop()
+        if reason == "SandboxDied":
+            self.logs.stop(c.id)
+        else:  # what it wrote last reaches the kubelet's file before its exit is reported
+            self.logs.finish(c.id, _LOG_DRAIN_S)
         try:  # nothing runs with its volumes any more: let go of the host's files now
             self._unbind(c.sandbox_id, self._shared(c.sandbox_id) / "containers" / c.id / "mounts")
         except VmSandboxError as exc:
@@ -549,10 +486,7 @@ class Containers:
         if c.image_id:
             with contextlib.suppress(GuestRequestFailed, GuestChannelClosed, GuestChannelTimeout, InfrastructureError):
                 self._call(c.sandbox_id, "delete", container_id)
-        with self._lock:
-            pump = self._pumps.pop(container_id, None)
-        if pump is not None:
-            pump.stop()
+        self.logs.forget(container_id)
         self._drop_container_dir(c.sandbox_id, container_id)
         self.sandboxes.remove_container(container_id)
         if c.image_id:
@@ -562,19 +496,13 @@ class Containers:
         """The sandbox's guest is gone (StopPodSandbox): stop copying its logs, drop its connection.
         Image holds stay until its containers (or the sandbox) are removed."""
         for c in self.sandboxes.containers(sandbox_id):
-            with self._lock:
-                pump = self._pumps.pop(c.id, None)
-            if pump is not None:
-                pump.stop()
+            self.logs.stop(c.id)
         self._drop_client(sandbox_id)
 
     def sandbox_removed(self, sandbox_id: str) -> None:
         """Forget a removed sandbox's guest: its connection, log copies and shared directory."""
         for c in self.sandboxes.containers(sandbox_id):
-            with self._lock:
-                pump = self._pumps.pop(c.id, None)
-            if pump is not None:
-                pump.stop()
+            self.logs.forget(c.id)
             if c.image_id:
                 self.images.release(c.image_id)
         self._drop_client(sandbox_id)
@@ -584,10 +512,7 @@ class Containers:
         c = self.sandboxes.container(container_id)
         if c.state != CONTAINER_RUNNING:
             raise WrongState(f"container {c.id[:12]} is not running: its log is not being written")
-        with self._lock:
-            pump = self._pumps.get(c.id)
-        if pump is not None:
-            pump.reopen()
+        self.logs.reopen(c.id)
 
     def exec_sync(self, container_id: str, argv: list[str], timeout_s: int, max_bytes: int) -> ExecResult:
         c = self.refresh(container_id)
@@ -654,12 +579,9 @@ class Containers:
             self._call(c.sandbox_id, "update", c.id, files)
 
     def close(self) -> None:
+        self.logs.close()
         with self._lock:
-            pumps = list(self._pumps.values())
-            self._pumps.clear()
             clients = list(self._clients.values())
             self._clients.clear()
-        for p in pumps:
-            p.stop()
         for cl in clients:
             cl.close()
