@@ -32,7 +32,7 @@ from shim.model import (
 )
 from shim.sandboxes import Sandboxes
 from vmsandbox import hugetlbfs, oci_spec, validation
-from vmsandbox.adapters import binds
+from vmsandbox.adapters import binds, shared_tree
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -114,7 +114,8 @@ def _admitted_limits(asked: oci_spec.Resources, linux: dict[str, object]) -> oci
 
 class Containers:
     def __init__(self, state_dir: str, sandboxes: Sandboxes, images: ImageStore, hypervisor: Hypervisor) -> None:
-        self.root = Path(state_dir) / "sandboxes"
+        # resolved once: below it, paths are taken as written (a guest may have made symlinks there)
+        self.root = Path(os.path.realpath(state_dir)) / "sandboxes"
         self.sandboxes = sandboxes
         self.images = images
         self.hypervisor = hypervisor
@@ -132,7 +133,8 @@ class Containers:
 
     def shared_dirs_for(self, sandbox_id: str) -> tuple[SharedDir, ...]:
         shared = self._shared(sandbox_id)
-        (shared / "containers").mkdir(parents=True, exist_ok=True)
+        shared.mkdir(parents=True, exist_ok=True)
+        shared_tree.make_dirs(shared, "containers")
         os.chmod(self.root / sandbox_id, 0o700)
         return (
             SharedDir(str(shared), SHARED_TAG),
@@ -151,11 +153,11 @@ class Containers:
     def _drop_container_dir(self, sandbox_id: str, container_id: str) -> None:
         cdir = self._shared(sandbox_id) / "containers" / container_id
         self._unbind(sandbox_id, cdir)
-        binds.remove_tree(cdir)
+        binds.remove_tree(self._shared(sandbox_id), f"containers/{container_id}")
 
     def drop_shared_dirs(self, sandbox_id: str) -> None:
         """Remove a sandbox's directory (its guest is gone, and the mounts in its QEMU with it)."""
-        binds.remove_tree(self.root / sandbox_id)
+        binds.remove_tree(self.root, sandbox_id)
 
     def sweep_shared_dirs(self, keep: set[str]) -> None:
         """Remove the directories of sandboxes nobody remembers (a crash between tear-down and removal)."""
@@ -167,7 +169,7 @@ class Containers:
             sid = d.name
             if sid in keep or not validation.is_full_id(sid):
                 continue
-            binds.remove_tree(d)
+            binds.remove_tree(self.root, sid)
             log.info("reconcile: removed the shared directory of forgotten sandbox %s", sid[:12])
 
     def _lock_for(self, container_id: str) -> threading.Lock:
@@ -226,7 +228,6 @@ class Containers:
         if image is None:
             raise NotFound(f"image {c.image[:256]!r} is not pulled (PullImage it first)")
         tree = self.images.acquire(image.id)
-        cdir = self._shared(c.sandbox_id) / "containers" / container_id
         try:
             spec_img = image.spec
             image_cfg = oci_spec.ImageConfig(
@@ -241,8 +242,8 @@ class Containers:
                 user_spec or image.user, _image_file_lines(tree, "passwd"), _image_file_lines(tree, "group")
             )
             signal = oci_spec.stop_signal(stop_signal, image_cfg)
-            cdir.mkdir(parents=True)
-            guest_mounts = self._share_mounts(cdir, c.sandbox_id, container_id, mounts)
+            shared_tree.make_dirs(self._shared(c.sandbox_id), f"containers/{container_id}")
+            guest_mounts = self._share_mounts(c.sandbox_id, container_id, mounts)
             guest_mounts += self._pod_file_mounts(sandbox, {m.destination for m in guest_mounts})
             guest_mounts += _hugepage_mounts(c.linux, guest_mounts)
             run = replace(
@@ -309,7 +310,7 @@ class Containers:
                 )
 
     def _share_mounts(
-        self, cdir: Path, sandbox_id: str, container_id: str, mounts: list[MountRequest]
+        self, sandbox_id: str, container_id: str, mounts: list[MountRequest]
     ) -> tuple[oci_spec.Mount, ...]:
         """Binds each allowed host path below the container's shared directory in the guest's QEMU,
         where the guest sees it live over 9p (binds.py); the spec mounts it there.
@@ -332,15 +333,13 @@ class Containers:
             if pagesize is not None:  # a HugePages emptyDir: the guest's own pages of that size
                 out.append(oci_spec.Mount(container_path, "nodev", readonly, hugepage_size=pagesize))
                 continue
-            dest = cdir / "mounts" / str(i)
-            dest.parent.mkdir(exist_ok=True)
-            if real.is_dir():
-                dest.mkdir()
-            else:
-                dest.touch()
+            shared = self._shared(sandbox_id)
+            rel = f"containers/{container_id}/mounts/{i}"
+            shared_tree.make_dirs(shared, f"containers/{container_id}/mounts")
+            shared_tree.make_empty(shared, rel, is_dir=real.is_dir())
             if qemu is None:
                 raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
-            binds.bind(qemu, real, dest, readonly, m.recursive, m.propagation)
+            binds.bind(qemu, real, shared / rel, readonly, m.recursive, m.propagation, beneath=shared)
             out.append(
                 oci_spec.Mount(
                     destination=container_path,
@@ -354,20 +353,16 @@ class Containers:
         """The pod's resolv.conf and hostname, written once per sandbox into its shared directory and
         mounted read-only into each container whose own mounts leave those paths free (containerd's
         rule: the kubelet's mounts win)."""
-        pod_dir = self._shared(sandbox.id) / "pod"
-        pod_dir.mkdir(exist_ok=True)
+        shared = self._shared(sandbox.id)
+        shared_tree.make_dirs(shared, "pod")
         dns = sandbox.dns_config()
         out = []
         for path, text in pod_files(dns, sandbox.hostname, _host_resolv_conf() if dns.empty else "").items():
             if path in covered:
                 continue
             name = POD_FILES[path]
-            target = pod_dir / name
-            if not target.exists():  # written once: a later rewrite would not reach running containers
-                tmp = pod_dir / f".{name}.tmp"
-                tmp.write_text(text)
-                tmp.chmod(0o644)
-                os.replace(tmp, target)
+            # written once: a later rewrite would not reach running containers
+            shared_tree.write_once(shared, f"pod/{name}", text.encode(), 0o644)
             out.append(oci_spec.Mount(destination=path, source=f"{GUEST_SHARED_MOUNT}/pod/{name}", readonly=True))
         return tuple(out)
 
