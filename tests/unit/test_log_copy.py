@@ -63,6 +63,18 @@ def test_token_bucket_holds_the_rate(spends: list[tuple[int, float]], rate: int,
         now += idle
 
 
+@pytest.mark.parametrize("key", ["log_rate_bytes", "log_burst_bytes"])
+def test_rate_settings_are_checked(key: str) -> None:
+    from shim.config import ShimConfig, config_from_mapping
+    from vmsandbox.errors import InvalidArgument
+
+    assert getattr(config_from_mapping({key: 1000}, "config.yaml"), key) == 1000
+    assert ShimConfig().log_rate_bytes == 4 * MiB and ShimConfig().log_burst_bytes == 16 * MiB
+    for bad in (0, -1, True, "4Mi"):
+        with pytest.raises(InvalidArgument, match=f"{key}: must be a positive integer"):
+            config_from_mapping({key: bad}, "config.yaml")
+
+
 def test_token_bucket_refuses_nonsense() -> None:
     with pytest.raises(ValueError):
         TokenBucket.full(0, 10, 0)
