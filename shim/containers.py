@@ -490,8 +490,7 @@ class Containers:
     def sandbox_stopped(self, sandbox_id: str) -> None:
         """The sandbox's guest is gone (StopPodSandbox): stop copying its logs, drop its connection.
         Image holds stay until its containers (or the sandbox) are removed."""
-        for c in self.sandboxes.containers(sandbox_id):
-            self.logs.stop(c.id)
+        self.logs.stop(*(c.id for c in self.sandboxes.containers(sandbox_id)))
         self._drop_client(sandbox_id)
 
     def sandbox_removed(self, sandbox_id: str) -> None:

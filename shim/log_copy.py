@@ -202,11 +202,14 @@ class LogCopies:
         if copy is not None:
             copy.finish(wait_s)
 
-    def stop(self, cid: str) -> None:
+    def stop(self, *cids: str) -> None:
+        """Stop the copies of ``cids`` (all told first, then each awaited)."""
         with self._lock:
-            copy = self._copies.pop(cid, None)
-        if copy is not None:
-            copy.stop()
+            copies = [c for c in (self._copies.pop(cid, None) for cid in cids) if c is not None]
+        for c in copies:
+            c._stop.set()
+        for c in copies:
+            c.stop()
 
     def reopen(self, cid: str) -> None:
         with self._lock:
@@ -216,9 +219,5 @@ class LogCopies:
 
     def close(self) -> None:
         with self._lock:
-            copies = list(self._copies.values())
-            self._copies.clear()
-        for c in copies:
-            c._stop.set()
-        for c in copies:
-            c.stop()
+            cids = list(self._copies)
+        self.stop(*cids)
