@@ -45,6 +45,29 @@ def test_whole_lines(data: bytes, eof: bool, max_line: int, expected: LineCut) -
 
 
 @given(
+    st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=30),
+    st.booleans(),
+    st.lists(st.integers(1, 64), min_size=1, max_size=20),
+)
+def test_whole_lines_rebuilds_any_stream_however_it_is_cut(lines: list[bytes], ended: bool, cuts: list[int]) -> None:
+    """The copy loop over an honest stream, answered in pieces of any size up to the asked 64
+    bytes: the kubelet's file gets the stream itself, line for line (a last line without a line end
+    gets one), lines no longer than a chunk never cut."""
+    stream = b"\n".join(lines) + (b"\n" if ended and lines else b"")
+    out, offset, i = b"", 0, 0
+    while offset < len(stream):
+        data = stream[offset : offset + cuts[i % len(cuts)]]
+        i += 1
+        cut = whole_lines(data, offset + len(data) == len(stream), 64)
+        out += cut.text
+        offset += cut.consumed
+        if not cut.consumed:
+            cuts = [64]  # a partial line is asked for again; the honest agent then sends all it has
+    expected = stream if not stream or stream.endswith(b"\n") else stream + b"\n"
+    assert out == expected
+
+
+@given(
     st.lists(st.tuples(st.integers(0, 10 * MiB), st.floats(0, 2)), max_size=50),
     st.integers(1, 8 * MiB),
     st.integers(1, 16 * MiB),
