@@ -386,9 +386,9 @@ class Containers:
             )
 
     def _start_pump(self, c: ContainerRecord) -> None:
-        if not c.log_path:
-            return
-        dst = Path(c.log_path) if c.log_path.startswith("/") else Path(c.log_directory or "/") / c.log_path
+        dst = None
+        if c.log_path:
+            dst = Path(c.log_path) if c.log_path.startswith("/") else Path(c.log_directory or "/") / c.log_path
         sandbox_id, cid = c.sandbox_id, c.id
 
         def read(offset: int, max_bytes: int, wait_s: float) -> LogChunk:

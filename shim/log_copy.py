@@ -50,7 +50,7 @@ Reader = Callable[[int, int, float], LogChunk]
 
 
 class _Copy:
-    def __init__(self, cid: str, dst: Path, read: Reader, progress: LogCopies) -> None:
+    def __init__(self, cid: str, dst: Path | None, read: Reader, progress: LogCopies) -> None:
         self.cid = cid
         self.dst = dst
         self._read = read
@@ -59,8 +59,10 @@ class _Copy:
         self._finish_by: float | None = None
         self._lock = threading.Lock()
         self._offset = progress.offset(cid)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        self._out: BinaryIO = dst.open("ab")
+        self._out: BinaryIO | None = None
+        if dst is not None:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            self._out = dst.open("ab")
         now = time.monotonic()
         self._bucket = TokenBucket.full(progress.rate, progress.burst, now)
         self.ended = threading.Event()
@@ -76,7 +78,8 @@ class _Copy:
             log.exception("container %s: log copy stopped", self.cid[:12])
         finally:
             with self._lock:
-                self._out.close()
+                if self._out is not None:
+                    self._out.close()
             self.ended.set()
 
     def _loop(self) -> None:
@@ -106,7 +109,7 @@ class _Copy:
                 )
                 self._offset = chunk.offset
             cut = whole_lines(chunk.data, chunk.eof, CHUNK_BYTES)
-            if cut.text:
+            if cut.text and self._out is not None:
                 with self._lock:
                     self._out.write(cut.text)
                     self._out.flush()
@@ -125,7 +128,7 @@ class _Copy:
 
     def reopen(self) -> None:
         with self._lock:
-            if not self._out.closed:
+            if self._out is not None and self.dst is not None and not self._out.closed:
                 self._out.close()
                 self._out = self.dst.open("ab")
 
@@ -189,7 +192,9 @@ class LogCopies:
                     (self.root / name).unlink()
 
     # -- copies ---------------------------------------------------------------------------------
-    def start(self, cid: str, dst: Path, read: Reader) -> None:
+    def start(self, cid: str, dst: Path | None, read: Reader) -> None:
+        """Copies ``cid``'s log to ``dst``; with None (a container without a log path), reads and
+        drops it, so that the container's writes do not block on a log nobody takes."""
         with self._lock:
             if cid in self._copies and not self._copies[cid].ended.is_set():
                 return

@@ -301,3 +301,13 @@ def test_a_lying_agent_stops_the_copy_not_the_shim(tmp_path: Path, caplog: pytes
         agent.close()
         proc.kill()
         proc.wait()
+
+
+def test_a_container_without_a_log_path_is_drained(tmp_path: Path) -> None:
+    """Nobody reads it, but the agent must be able to drop it (else the container blocks)."""
+    stream = Stream(b"a\n" * 1000, eof=True)
+    logs = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
+    logs.start(CID, None, stream.read)
+    assert logs._copies[CID].ended.wait(5)
+    assert logs.offset(CID) == 2000
+    logs.close()
