@@ -21,6 +21,8 @@ const (
 	logReadMax = 512 * 1024
 	// logWaitMax bounds how long one log_read waits for output.
 	logWaitMax = 60 * time.Second
+	// logKeep is the buffer an emptied log shrinks back to.
+	logKeep = 64 * 1024
 )
 
 type logBuffer struct {
@@ -33,7 +35,7 @@ type logBuffer struct {
 }
 
 func newLogBuffer(writers int) *logBuffer {
-	b := &logBuffer{writers: writers, data: make([]byte, 0, 64*1024)}
+	b := &logBuffer{writers: writers, data: make([]byte, 0, logKeep)}
 	b.cond = sync.NewCond(&b.mu)
 	return b
 }
@@ -88,6 +90,9 @@ func (b *logBuffer) read(offset int64, max int, wait time.Duration) (logChunk, e
 	if offset > b.base {
 		n := copy(b.data, b.data[offset-b.base:])
 		b.data = b.data[:n]
+		if n == 0 && cap(b.data) > logKeep {
+			b.data = make([]byte, 0, logKeep) // an idle container keeps little
+		}
 		b.base = offset
 		b.cond.Broadcast() // writers waiting for room
 	}
