@@ -79,8 +79,8 @@ from vmsandbox.sizing import (
 )
 
 log = logging.getLogger(__name__)
-
-_CONSOLE_TAIL_BYTES = 8192
+_CONSOLE_TAIL_BYTES = 16 * 1024
+_CONSOLE_LINE_CHARS = 300
 
 STATE_CREATING = "creating"
 
@@ -328,16 +328,17 @@ class Sandboxes:
 
     @staticmethod
     def _console_tail(console: str | None) -> str:
-        """The guest's last console lines (its own output: only the file's last 8 KiB are read)."""
+        """The guest console's last lines for an error message: the guest writes the console, so
+        only its last ``_CONSOLE_TAIL_BYTES`` are read and each line is cut short."""
         if not console:
             return ""
         try:
             with open(console, "rb") as f:
                 f.seek(max(0, os.fstat(f.fileno()).st_size - _CONSOLE_TAIL_BYTES))
-                tail = f.read(_CONSOLE_TAIL_BYTES)
+                text = f.read(_CONSOLE_TAIL_BYTES).decode(errors="replace")
         except OSError:
             return ""
-        lines = [validation.bound(line, 200) for line in tail.decode(errors="replace").strip().splitlines()[-5:]]
+        lines = [validation.bound(line, _CONSOLE_LINE_CHARS) for line in text.strip().splitlines()[-5:]]
         return "; last console lines: " + " | ".join(lines) if lines else "; the guest console is empty"
 
     def _rollback(self, sandbox_id: str, name: str) -> str:

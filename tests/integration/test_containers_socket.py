@@ -253,6 +253,16 @@ def test_a_unique_id_prefix_names_the_container_in_the_guest_and_on_disk(env: En
     assert cid not in {c.id for c in rt.ListContainers(pb.ListContainersRequest(), timeout=60).containers}
 
 
+def test_a_container_without_a_log_path_is_not_held_back_by_its_output(env: Env) -> None:
+    """The agent holds 1 MiB of a container's output until the host takes it; with no log path
+    the host still takes (and drops) it, so a container writing more runs to its end."""
+    config = _config(env, "setup", ["dd", "if=/dev/zero", "bs=65536", "count=64"])  # 4 MiB to stdout
+    config.metadata.attempt = 3
+    config.log_path = ""
+    st = _wait_exit(env, _run(env, config))
+    assert (st.exit_code, st.log_path) == (0, "")
+
+
 def test_guest_death_exits_its_containers(env: Env) -> None:
     """Last: it kills the pod's QEMU."""
     config = _config(env, "exit3", ["sleep", "600"])

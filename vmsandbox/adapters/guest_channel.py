@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 
 from vmsandbox.agent_protocol import (
+    VERSION,
     Ack,
     GuestReport,
     Hello,
@@ -56,10 +57,16 @@ class _Connection:
         self.sock = sock
         self.path = path
         self._buf = b""
+        self.version = 1
+        """Protocol version of what we send: 1 (every agent reads it) until the guest has said
+        which it speaks, then the highest both sides speak."""
+
+    def speak(self, report: GuestReport) -> None:
+        self.version = max(1, min(VERSION, report.protocol))
 
     def send(self, msg: Ack | Request) -> None:
         try:
-            self.sock.sendall(encode(msg))
+            self.sock.sendall(encode(msg, self.version))
         except OSError as e:
             raise GuestChannelClosed(f"guest channel {self.path} closed while sending: {e}") from e
 
@@ -154,13 +161,16 @@ class GuestChannel:
                 while True:
                     msg = conn.read(deadline, awaited)
                     if isinstance(msg, Hello):
+                        conn.speak(msg.report)
                         conn.send(Ack())
                         _drain_greeting(conn, min(deadline, time.monotonic() + _GREETING_DRAIN_S))
                         return cls(conn, msg.report)
                     if isinstance(msg, Response) and msg.id in (_GREETING_ID, None):
                         if not msg.ok:
                             raise GuestRequestFailed(f"guest on {path} refused a report: {msg.error}")
-                        return cls(conn, report_from_body(msg.body, f"report response on {path}"))
+                        report = report_from_body(msg.body, f"report response on {path}")
+                        conn.speak(report)
+                        return cls(conn, report)
             except GuestChannelClosed as e:
                 # QEMU exited or dropped us; a QEMU may (again) listen on the path before the deadline.
                 conn.close()
