@@ -143,14 +143,15 @@ def test_volumes_are_shared_live_between_host_and_containers(env: Env) -> None:
 
 
 def _qemu_mounts(env: Env) -> list[str]:
-    """Mount points below the sandbox's directory in its QEMU's mount namespace."""
+    """Volume mount points (below the sandbox's shared directory) in its QEMU's mount namespace;
+    the pod's image trees, bound beside it for the pod's life, are not volumes."""
     status = env.shim.runtime.PodSandboxStatus(
         pb.PodSandboxStatusRequest(pod_sandbox_id=env.sandbox, verbose=True), timeout=30
     )
     domain = json.loads(status.info["info"])["domain"]
     pid = Path(f"/run/libvirt/qemu/{domain}.pid").read_text().strip()
     mountinfo = Path(f"/proc/{pid}/mountinfo").read_text()
-    return [line.split()[4] for line in mountinfo.splitlines() if env.sandbox in line.split()[4]]
+    return [line.split()[4] for line in mountinfo.splitlines() if f"{env.sandbox}/shared" in line.split()[4]]
 
 
 def test_exited_containers_let_go_and_a_failed_create_leaves_no_bind(env: Env) -> None:
