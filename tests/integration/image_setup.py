@@ -35,6 +35,7 @@ from tests.registry_kit import (
     push,
     put_blob,
     put_manifest,
+    served_manifest,
     tar_bytes,
     whiteout,
 )
@@ -176,6 +177,15 @@ class DockerImage:
     @property
     def ref(self) -> str:
         return f"{self.host}/{self.repo}:{self.tag}"
+
+    def served(self) -> tuple[bytes, bytes]:
+        """What the registry serves for the tag, and its linux/amd64 manifest (the same unless a list)."""
+        top = served_manifest(self.host, self.repo, self.tag)
+        doc = json.loads(top)
+        if "manifests" not in doc:
+            return top, top
+        amd = next(m for m in doc["manifests"] if m["platform"]["architecture"] == "amd64")
+        return top, served_manifest(self.host, self.repo, amd["digest"])
 
 
 def push_docker_images(tmp: Path, registry: Registry) -> dict[str, DockerImage]:

@@ -91,16 +91,6 @@ def test_multi_arch_pull_over_the_socket(shim: Shim, pushed: Pushed) -> None:  #
     shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(pushed.ref("multi"))), timeout=30)
 
 
-def _served(image: DockerImage) -> tuple[bytes, bytes]:
-    """What the registry serves for the tag, and its linux/amd64 manifest (the same unless a list)."""
-    top = served_manifest(image.host, image.repo, image.tag)
-    doc = json.loads(top)
-    if "manifests" not in doc:
-        return top, top
-    amd = next(m for m in doc["manifests"] if m["platform"]["architecture"] == "amd64")
-    return top, served_manifest(image.host, image.repo, amd["digest"])
-
-
 @pytest.mark.parametrize("name", ["docker", "docker-list", "docker-raw"])
 def test_docker_format_images_over_the_socket(
     shim: Shim,
@@ -110,7 +100,7 @@ def test_docker_format_images_over_the_socket(
     """Ids and repo digests are the registry's own: the served config's digest, the served manifest's
     (the list's for a multi-arch image), fetched here with the Accept header a client sends."""
     image = docker_images[name]
-    top, manifest = _served(image)
+    top, manifest = image.served()
     config_digest = json.loads(manifest)["config"]["digest"]
     answer = shim.images.PullImage(pb.PullImageRequest(image=spec(image.ref)), timeout=120)
     assert answer.image_ref == config_digest

@@ -19,7 +19,7 @@ import pytest
 from shim import metrics
 from shim.images import ImageStore
 from tests.integration.image_setup import DockerImage, Pushed, docker_images, pushed, tree_files  # noqa: F401
-from tests.registry_kit import Layout, Registry, busybox_entries, digest_of, push, served_manifest
+from tests.registry_kit import Layout, Registry, busybox_entries, digest_of, push
 from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, NotFound, Unauthenticated
 from vmsandbox.registries import Credentials, parse_registries
 
@@ -126,16 +126,6 @@ def test_hostile_layer_is_refused_and_leaves_nothing(pushed: Pushed, store: Imag
     assert not any(p.name == "escaped-by-image" for p in tmp_path.parent.rglob("escaped-by-image"))
 
 
-def _served(image: DockerImage) -> tuple[bytes, bytes]:
-    """(what the registry serves for the tag, the linux/amd64 manifest: the same unless it is a list)."""
-    top = served_manifest(image.host, image.repo, image.tag)
-    doc = json.loads(top)
-    if "manifests" not in doc:
-        return top, top
-    amd = next(m for m in doc["manifests"] if m["platform"]["architecture"] == "amd64")
-    return top, served_manifest(image.host, image.repo, amd["digest"])
-
-
 @pytest.mark.parametrize("name", ["docker", "docker-list", "docker-raw"])
 def test_docker_images_are_stored_as_the_registry_serves_them(
     docker_images: dict[str, DockerImage],  # noqa: F811
@@ -143,7 +133,7 @@ def test_docker_images_are_stored_as_the_registry_serves_them(
     name: str,
 ) -> None:
     image = docker_images[name]
-    top, manifest = _served(image)
+    top, manifest = image.served()
     config_digest = json.loads(manifest)["config"]["digest"]
     assert store.pull(image.ref) == config_digest  # the id the kubelet and critest compare
     record = store.get(image.ref)

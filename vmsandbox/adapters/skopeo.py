@@ -152,37 +152,18 @@ class Skopeo:
         self, endpoint: Endpoint, digest: str, creds: Credentials | None, layout: Path, blob_dir: Path, what: str
     ) -> None:
         """Copy ``repository@digest`` into the OCI layout ``layout``, blobs into ``blob_dir``."""
-        tls = ["--src-tls-verify=false"] if endpoint.insecure else []
-        with self._auth_args(endpoint, creds, "--src-authfile", "--src-no-creds") as auth:
-            self._run(
-                [
-                    "copy",
-                    "--quiet",
-                    "--preserve-digests",
-                    *tls,
-                    *auth,
-                    "--dest-shared-blob-dir",
-                    str(blob_dir),
-                    f"docker://{endpoint.repository}@{digest}",
-                    f"oci:{layout}:image",
-                ],
-                what,
-            )
+        self._copy(endpoint, digest, creds, ["--dest-shared-blob-dir", str(blob_dir)], f"oci:{layout}:image", what)
 
     def copy_dir(self, endpoint: Endpoint, digest: str, creds: Credentials | None, directory: Path, what: str) -> None:
         """Copy ``repository@digest`` into ``directory`` (the ``dir:`` transport: one file per blob,
         named by its hex digest), non-distributable layers included."""
+        self._copy(endpoint, digest, creds, [], f"dir:{directory}", what)
+
+    def _copy(
+        self, endpoint: Endpoint, digest: str, creds: Credentials | None, dest_args: list[str], dest: str, what: str
+    ) -> None:
+        """``skopeo copy --preserve-digests`` of ``repository@digest`` to ``dest``: no conversion."""
         tls = ["--src-tls-verify=false"] if endpoint.insecure else []
         with self._auth_args(endpoint, creds, "--src-authfile", "--src-no-creds") as auth:
-            self._run(
-                [
-                    "copy",
-                    "--quiet",
-                    "--preserve-digests",
-                    *tls,
-                    *auth,
-                    f"docker://{endpoint.repository}@{digest}",
-                    f"dir:{directory}",
-                ],
-                what,
-            )
+            argv = ["copy", "--quiet", "--preserve-digests", *tls, *auth, *dest_args]
+            self._run([*argv, f"docker://{endpoint.repository}@{digest}", dest], what)
