@@ -117,6 +117,18 @@ def test_garbage_from_the_agent_is_unavailable_and_the_next_call_reconnects(
     assert g.connections == 2
 
 
+def test_deep_nesting_as_the_greeting_answer_is_unavailable_not_internal(
+    server: Server, guest: Callable[[Callable[[int, fg.Peer], None]], fg.FakeGuest]
+) -> None:
+    nested = b'{"v":2,"type":"response","id":"0","ok":true,"body":' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    guest(lambda n, peer: peer.serve(lambda msg: nested))
+    code, details, _ = _status(server)
+    assert code == grpc.StatusCode.UNAVAILABLE, details
+    assert details.startswith("sandbox abababababab: the guest agent sent a bad message: ")
+    assert len(details) <= 2100
+    assert _sandbox_state(server) == pb.SANDBOX_READY
+
+
 def test_an_agent_that_does_not_know_its_container_is_lost(
     server: Server, guest: Callable[[Callable[[int, fg.Peer], None]], fg.FakeGuest]
 ) -> None:
