@@ -199,6 +199,7 @@ class Containers:
         self.hypervisor = hypervisor
         self._lock = threading.Lock()
         self._clients: dict[str, AgentClient] = {}
+        self._opening: dict[str, threading.Lock] = {}  # per sandbox, held while its agent is connected to
         self._pumps: dict[str, _LogPump] = {}
         self._container_locks: dict[str, threading.Lock] = {}
         sandboxes.shared_dirs_for = self.shared_dirs_for
@@ -257,8 +258,19 @@ class Containers:
     def _client(self, sandbox_id: str, timeout_s: float = _CONNECT_TIMEOUT_S) -> AgentClient:
         with self._lock:
             client = self._clients.get(sandbox_id)
+            opening = self._opening.setdefault(sandbox_id, threading.Lock())
         if client is not None and not client.closed:
             return client
+        # one connection attempt per guest at a time: QEMU's channel takes one host connection, so a
+        # second one (an RPC beside the start-up watch) would wait unanswered until the first closes
+        with opening:
+            with self._lock:
+                client = self._clients.get(sandbox_id)
+            if client is not None and not client.closed:
+                return client
+            return self._open_client(sandbox_id, timeout_s)
+
+    def _open_client(self, sandbox_id: str, timeout_s: float) -> AgentClient:
         record = self.sandboxes.get(sandbox_id)
         path = self.hypervisor.channel_path(record.domain, AGENT_CHANNEL)
         client = AgentClient.open(
@@ -649,6 +661,8 @@ class Containers:
 
     def sandbox_removed(self, sandbox_id: str) -> None:
         """Forget a removed sandbox's guest: its connection, log copies and shared directory."""
+        with self._lock:
+            self._opening.pop(sandbox_id, None)
         for c in self.sandboxes.containers(sandbox_id):
             with self._lock:
                 pump = self._pumps.pop(c.id, None)
