@@ -329,10 +329,14 @@ _OPENERS = frozenset(b"[{")
 
 def nesting_depth(data: bytes, limit: int = MAX_DEPTH) -> int:
     """How deep arrays and objects nest in the JSON text ``data``, brackets inside strings not
-    counted; the scan stops as soon as the depth passes ``limit`` (and returns it). Linear: strings
-    and everything but brackets are dropped by the regex and translate machinery, then the brackets
-    are counted (ProtocolError when there are more than ``MAX_BRACKETS``, which no legitimate line has)."""
-    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    counted; the scan stops as soon as the depth passes ``limit`` (and returns it). Linear, and in C
+    for the bulk: strings are dropped (a split on quotes when nothing is escaped, else a regex), then
+    everything but brackets (``bytes.translate``); the brackets left are counted in Python
+    (ProtocolError when there are more than ``MAX_BRACKETS``, which no legitimate line has)."""
+    # without escapes (base64 output, most reports) strings are what lies between alternate quotes
+    escaped = b"\\" in data
+    outside = _JSON_STRING.sub(b"", data) if escaped else b"".join(data.split(b'"')[0::2])
+    brackets = outside.translate(None, _NOT_BRACKETS)
     if len(brackets) > MAX_BRACKETS:
         raise ProtocolError(f"message holds more than {MAX_BRACKETS} arrays and objects")
     depth = deepest = 0
