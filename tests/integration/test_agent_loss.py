@@ -3,7 +3,8 @@ that shares the guest's PID namespace kills the agent (``kill -9``); /init start
 which has none of the pod's containers. The shim must not keep reporting them: within a bounded
 time the sandbox is NOTREADY and the container EXITED as containerd reports a lost task (255,
 ``Unknown``), and Stop/Remove leave nothing behind (pages, claims, domain, shared directory). A
-shim restart that reconnects to the same agent (adoption) is not a lost agent."""
+shim restart that reconnects to the same agent (adoption) is not a lost agent, and an ExecSync
+answer of several MiB (one line of the protocol) arrives whole."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tests.integration.conftest import (
     stop_shim,
 )
 from tests.integration.state_check import assert_consistent, vmsandbox_free_baseline
+from tests.registry_kit import BUSYBOX
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -44,10 +46,12 @@ def _container_status(shim: Shim, cid: str) -> pb.ContainerStatus:
     return shim.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=60).status
 
 
-def _run(shim: Shim, name: str, command: str, *, privileged: bool = False) -> tuple[str, str]:
-    config = pod(name, containers=[("app", RES)])
+def _run(
+    shim: Shim, name: str, command: str, *, privileged: bool = False, res: pb.KubernetesResources = RES
+) -> tuple[str, str]:
+    config = pod(name, containers=[("app", res)])
     sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
-    c = container("app", RES)
+    c = container("app", res)
     c.command[:] = ["sh", "-c", command]
     if privileged:
         c.linux.security_context.privileged = True
@@ -97,7 +101,9 @@ def test_a_restarted_shim_adopts_the_same_agent(tmp_path: Path) -> None:
     (tmp_path / "shim").mkdir()
     shim = start_shim(tmp_path / "shim")
     try:
-        sid, cid = _run(shim, "adopted", "sleep 3600")
+        # room for the agent's copies of a large exec answer (a 128 MiB guest's agent is OOM-killed
+        # building one of 4 MB: the lost agent this module is about)
+        sid, cid = _run(shim, "adopted", "sleep 3600", res=q({"cpu": "250m", "memory": "160Mi"}))
         stop_shim(shim)
         shim = start_shim(tmp_path / "shim")
         time.sleep(5)  # the start-up pass connects to the adopted guest's agent meanwhile
@@ -107,6 +113,12 @@ def test_a_restarted_shim_adopts_the_same_agent(tmp_path: Path) -> None:
             pb.ExecSyncRequest(container_id=cid, cmd=["echo", "still here"], timeout=60), timeout=120
         )
         assert res.stdout == b"still here\n"
+        # an answer over a mebibyte (the line limit was 1 MiB): the image's busybox, about 2 MB
+        res = shim.runtime.ExecSync(
+            pb.ExecSyncRequest(container_id=cid, cmd=["cat", "/bin/busybox"], timeout=120), timeout=300
+        )
+        assert res.exit_code == 0 and res.stdout == BUSYBOX.read_bytes()
+        assert _sandbox_state(shim, sid) == pb.SANDBOX_READY
         assert "agent was lost" not in shim.log_text()
     finally:
         remove_all(shim)
