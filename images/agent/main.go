@@ -84,6 +84,28 @@ func (p *port) sendIf(cond func() bool, obj map[string]interface{}) {
 	}
 }
 
+// sendExec writes the response to an exec as it encodes it (execBody), under the write lock.
+func (p *port) sendExec(id json.RawMessage, body *execBody) {
+	head, err := json.Marshal(map[string]interface{}{"v": protocolVersion, "type": "response", "id": id, "ok": true})
+	if err != nil {
+		logf("cannot encode a message: %v", err)
+		return
+	}
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	w := bufio.NewWriterSize(p.f, 64<<10)
+	w.Write(head[:len(head)-1]) // without its closing brace
+	w.WriteString(`,"body":`)
+	err = body.writeTo(w)
+	if err == nil {
+		w.WriteString("}\n")
+		err = w.Flush()
+	}
+	if err != nil {
+		logf("write to the channel failed: %v", err)
+	}
+}
+
 func (p *port) setAcked(v bool) {
 	p.amu.Lock()
 	p.acked = v
@@ -236,6 +258,10 @@ func (p *port) handle(id json.RawMessage, op string, args json.RawMessage) {
 		} else {
 			p.fail(id, err.Error())
 		}
+		return
+	}
+	if eb, ok := body.(*execBody); ok {
+		p.sendExec(id, eb)
 		return
 	}
 	if body == nil {
