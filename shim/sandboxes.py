@@ -763,6 +763,8 @@ class Sandboxes:
         the sandbox turns NOTREADY and its containers EXITED as containerd reports a container whose
         task it lost (exit code 255, reason ``Unknown``), with the cause. As for a guest that died, the
         kubelet then stops the pod and starts a new one. True when a sandbox changed."""
+        if self.find(sandbox_id) is None:
+            return False  # removed meanwhile: no lock to make for it
         with self._lock_for(sandbox_id):
             record = self.find(sandbox_id)
             if record is None or record.state != SANDBOX_READY:
