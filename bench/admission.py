@@ -1,4 +1,4 @@
-"""Admission throughput and the CreateContainer round trip (DESIGN §9: >= 100k decisions/s for a
+"""Admission throughput and the CreateContainer round trip (target: >= 100k decisions/s for a
 10-container pod; CRI round trip p99 <= 2 ms).
 
     .venv/bin/python bench/admission.py                 # both parts

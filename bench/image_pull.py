@@ -1,14 +1,18 @@
 """Image pull + unpack through the production ImageStore vs ``skopeo copy`` + ``umoci unpack``.
 
 A local docker-registry on 127.0.0.1 serves a ~50 MB image of 5 layers (incompressible file
-data, so the transfer is the size), built here from random bytes and the host's busybox-static.
-Each round pulls it into a fresh store through ``ImageStore.pull`` (resolve, download with digest
-checks, unpack in-root, catalogue) and, in the same process, runs the reference tools on the same
-image: ``skopeo copy docker://… oci:DIR`` then ``umoci unpack``. Rounds alternate; medians are
-compared. Then ten threads pull the same image into a fresh store at once, and the registry's
-access log says how many times each blob was downloaded.
+data, so the transfer is the size), built here from random bytes and the host's busybox-static,
+twice: in OCI format and in Docker schema 2 format (the same layers, copied with
+``skopeo copy --format v2s2``). Each round pulls each of them into a fresh store through
+``ImageStore.pull`` (resolve, download with digest checks, unpack in-root with every layer checked
+against the config's diff ids, catalogue) and, in the same process, runs the reference tools on
+the same image: ``skopeo copy docker://… oci:DIR`` then ``umoci unpack``. Rounds interleave the
+four; medians are compared per format. Then ten threads pull the same image into a fresh store at
+once, and the registry's access log says how many times each blob was downloaded.
 
-Usage: ``.venv/bin/python bench/image_pull.py [--rounds 5] [--layer-mb 10]`` (prints JSON).
+Usage: ``.venv/bin/python bench/image_pull.py [--rounds 5] [--layer-mb 12]`` (prints JSON).
+``--smoke`` runs one small round and checks the JSON's shape and the single-download property
+(not the ratio, which a small image on a shared machine cannot measure): exit status 1 if not.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -101,56 +106,109 @@ def concurrent(ref: str, registry: Registry, root: Path, n: int) -> dict[str, ob
     }
 
 
+def push_docker(layout: Layout, dest: str) -> None:
+    """The layout's image in Docker schema 2 format (Docker media types and config) at ``dest``."""
+    subprocess.run(
+        [
+            *("skopeo", "copy", "--quiet", "--insecure-policy", "--dest-tls-verify=false", "--format", "v2s2"),
+            *(f"oci:{layout.path}:bench", f"docker://{dest}"),
+        ],
+        check=True,
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def measure(refs: dict[str, str], tmp: Path, rounds: int) -> dict[str, dict[str, object]]:
+    """Per format: our pull and the reference tools, interleaved round by round."""
+    times: dict[str, dict[str, list[float]]] = {f: {"ours": [], "ref": []} for f in refs}
+    for r in range(rounds + 1):  # round 0 warms the registry's and the page cache
+        for fmt, ref in refs.items():
+            a = ours(ref, tmp / f"ours-{fmt}{r}")
+            b = reference_tools(ref, tmp / f"ref-{fmt}{r}")
+            if r:
+                times[fmt]["ours"].append(a)
+                times[fmt]["ref"].append(b)
+            shutil.rmtree(tmp / f"ours-{fmt}{r}", ignore_errors=True)
+            shutil.rmtree(tmp / f"ref-{fmt}{r}", ignore_errors=True)
+    out: dict[str, dict[str, object]] = {}
+    for fmt, t in times.items():
+        ratio = statistics.median(t["ours"]) / statistics.median(t["ref"])
+        out[fmt] = {
+            "ours_median_s": round(statistics.median(t["ours"]), 3),
+            "ours_s": [round(x, 3) for x in t["ours"]],
+            "skopeo_umoci_median_s": round(statistics.median(t["ref"]), 3),
+            "skopeo_umoci_s": [round(x, 3) for x in t["ref"]],
+            "ratio": round(ratio, 3),
+            "meets_target": ratio <= TARGET_RATIO,
+        }
+    return out
+
+
+def smoke_problems(doc: dict[str, Any]) -> list[str]:
+    """What is wrong with the benchmark's JSON (shape, the single-download property); [] if nothing."""
+    problems = []
+    for fmt in ("oci", "docker"):
+        entry = doc.get("formats", {}).get(fmt)
+        if not isinstance(entry, dict):
+            problems.append(f"no {fmt} figures")
+            continue
+        for key in ("ours_median_s", "skopeo_umoci_median_s", "ratio"):
+            if not isinstance(entry.get(key), float | int) or entry[key] <= 0:
+                problems.append(f"{fmt}.{key} is {entry.get(key)!r}")
+        if not isinstance(entry.get("meets_target"), bool):
+            problems.append(f"{fmt}.meets_target is not a boolean")
+    together = doc.get("concurrent_same_image", {})
+    if together.get("each_blob_once") is not True:
+        problems.append(f"concurrent pulls downloaded a blob more than once: {together}")
+    image = doc.get("image", {})
+    if not image.get("unpacked_bytes", 0) > 0 or image.get("layers") != doc.get("layers"):
+        problems.append(f"image figures are off: {image}")
+    return problems
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--layers", type=int, default=5)
     parser.add_argument("--layer-mb", type=int, default=12)
     parser.add_argument("--concurrent", type=int, default=10)
+    parser.add_argument("--smoke", action="store_true", help="one small round; check the JSON, exit 1 if wrong")
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.layers, args.layer_mb, args.concurrent = 1, 2, 1, 3
     tmp = Path(tempfile.mkdtemp(prefix="vmsandbox-bench-image-"))
     registry = Registry(tmp / "registry").start()
     try:
         layout = Layout(tmp / "layout")
         build(layout, args.layers, args.layer_mb)
-        ref = f"{registry.host}/bench/image:1"
-        push(layout, "bench", ref)
-        ours_s: list[float] = []
-        ref_s: list[float] = []
-        for r in range(args.rounds + 1):  # round 0 warms the registry's and the page cache
-            a = ours(ref, tmp / f"ours{r}")
-            b = reference_tools(ref, tmp / f"ref{r}")
-            if r:
-                ours_s.append(a)
-                ref_s.append(b)
-            shutil.rmtree(tmp / f"ours{r}", ignore_errors=True)
-            shutil.rmtree(tmp / f"ref{r}", ignore_errors=True)
+        refs = {"oci": f"{registry.host}/bench/image:1", "docker": f"{registry.host}/bench/docker:1"}
+        push(layout, "bench", refs["oci"])
+        push_docker(layout, refs["docker"])
+        formats = measure(refs, tmp, args.rounds)
         store = ImageStore(tmp / "size")
-        store.pull(ref)
-        record = store.get(ref)
+        store.pull(refs["oci"])
+        record = store.get(refs["oci"])
         assert record is not None
         image = {"compressed_bytes": record.size, "layers": len(record.layers), "unpacked_bytes": record.unpacked_bytes}
         shutil.rmtree(tmp / "size", ignore_errors=True)
-        together = concurrent(ref, registry, tmp / "concurrent", args.concurrent)
-        ratio = statistics.median(ours_s) / statistics.median(ref_s)
-        print(
-            json.dumps(
-                {
-                    "benchmark": "image_pull",
-                    "image": image,
-                    "rounds": args.rounds,
-                    "ours_median_s": round(statistics.median(ours_s), 3),
-                    "ours_s": [round(x, 3) for x in ours_s],
-                    "skopeo_umoci_median_s": round(statistics.median(ref_s), 3),
-                    "skopeo_umoci_s": [round(x, 3) for x in ref_s],
-                    "ratio": round(ratio, 3),
-                    "target_ratio": TARGET_RATIO,
-                    "meets_target": ratio <= TARGET_RATIO,
-                    "concurrent_same_image": together,
-                },
-                indent=2,
-            )
-        )
+        together = concurrent(refs["docker"], registry, tmp / "concurrent", args.concurrent)
+        doc = {
+            "benchmark": "image_pull",
+            "image": image,
+            "layers": args.layers,
+            "rounds": args.rounds,
+            "formats": formats,
+            "target_ratio": TARGET_RATIO,
+            "meets_target": all(f["meets_target"] for f in formats.values()),
+            "concurrent_same_image": together,
+        }
+        print(json.dumps(doc, indent=2))
+        if args.smoke:
+            problems = smoke_problems(json.loads(json.dumps(doc)))
+            if problems:
+                print("smoke check failed: " + "; ".join(problems), file=sys.stderr)
+                sys.exit(1)
     finally:
         registry.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Placement on the production path: ``ResourceManager.reserve`` (decide + claim in the ledger + update
 the free state) and ``release``, with a real sqlite ledger in a temporary directory, on synthetic
-hosts filled until full (DESIGN §9: >= 10k decisions/s on a 1024-CPU, 8-node host, cost per decision
+hosts filled until full (target: >= 10k decisions/s on a 1024-CPU, 8-node host, cost per decision
 near-constant as hosts grow; rebuild from a full ledger <= 200 ms; <= 0.2 % of hugepages unusable).
 
     .venv/bin/python bench/placement.py            # 64, 256 and 1024 CPUs, each with 2 and 8 NUMA nodes

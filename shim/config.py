@@ -62,6 +62,8 @@ class ShimConfig:
     image_store_dir: str = ""  # empty: <state_dir>/images
     image_max_bytes: int = 32 << 30  # uncompressed bytes one image may unpack to
     image_max_entries: int = 2_000_000  # tar entries one image may have, all layers together
+    log_rate_bytes: int = 4 << 20  # bytes per second copied from each container's log to the kubelet's file
+    log_burst_bytes: int = 16 << 20  # what one container's log may copy at once beyond that rate
     # node -> bytes of ordinary memory guests may not take; ANY_NODE: every node not named
     memory_reserved: dict[int, int] = field(default_factory=lambda: {ANY_NODE: DEFAULT_MEMORY_RESERVED})
     packing: Packing = DEFAULT_PACKING  # which NUMA node of those that fit (vmsandbox.placement)
@@ -107,6 +109,8 @@ _KEYS = {
     "image_store_dir",
     "image_max_bytes",
     "image_max_entries",
+    "log_rate_bytes",
+    "log_burst_bytes",
     "memory_reserved",
     "packing",
     "kubelet_pods_dir",
@@ -175,7 +179,7 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
             raise InvalidArgument(f"{source}: mount_allowlist: must be a list of absolute paths")
         kwargs["mount_allowlist"] = tuple(paths)
     kwargs["registries"] = parse_registries(data.get("registries"), f"{source}: registries")
-    for key in ("image_max_bytes", "image_max_entries"):
+    for key in ("image_max_bytes", "image_max_entries", "log_rate_bytes", "log_burst_bytes"):
         if key in data:
             if not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 1:
                 raise InvalidArgument(f"{source}: {key}: must be a positive integer")

@@ -1,8 +1,8 @@
 """``Containers``: runs admitted containers in their pod's guest and owns what that takes on the
 host — the per-sandbox shared directory (``<state>/sandboxes/<id>/shared``, virtio-9p), the hold on
 each container's image, the agent connection of each guest, the copy of each container's log
-from the shared directory to the kubelet's ``log_directory/log_path``, and the pod's
-``resolv.conf`` and ``hostname`` files its containers share.
+from its guest agent to the kubelet's ``log_directory/log_path`` (through ``shim.log_copy``), and
+the pod's ``resolv.conf`` and ``hostname`` files its containers share.
 
 Container records (admission, names, state) are kept by ``shim.sandboxes``; this owner moves them
 through their life: created in the guest, running, exited (exit code, reason, times), removed.
@@ -23,9 +23,9 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO
 
 from shim.images import ImageStore
+from shim.log_copy import LogCopies
 from shim.model import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
@@ -37,7 +37,7 @@ from shim.model import (
 )
 from shim.sandboxes import Sandboxes
 from vmsandbox import hugetlbfs, oci_spec, validation
-from vmsandbox.adapters import binds
+from vmsandbox.adapters import binds, shared_tree
 from vmsandbox.adapters.agent_client import AgentClient, AgentLost
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -48,6 +48,7 @@ from vmsandbox.agent_protocol import (
     CgroupStats,
     ContainerState,
     ExecResult,
+    LogChunk,
     ProtocolError,
 )
 from vmsandbox.domain import AGENT_CHANNEL, SharedDir
@@ -57,10 +58,12 @@ from vmsandbox.network import POD_FILES, pod_files
 log = logging.getLogger(__name__)
 
 GUEST_SHARED_MOUNT = "/run/vmsandbox/shared"
+"""Where the guest agent mounts the shared directory (images/agent)."""
 _RESOLV_CONF_MAX = 64 * 1024
 _SECCOMP_MAX = 1 << 20
-"""Where the guest agent mounts the shared directory (images/agent)."""
 _CONNECT_TIMEOUT_S = 30.0
+_LOG_DRAIN_S = 5.0
+"""How long an exit waits for the rest of the container's log to reach the kubelet's file."""
 _MAX_PASSWD_BYTES = 1 << 20
 
 
@@ -123,84 +126,17 @@ def _admitted_limits(asked: oci_spec.Resources, linux: dict[str, object]) -> oci
     )
 
 
-class _LogPump:
-    """Copies what the guest appends to a container's log in the shared directory into the
-    kubelet's log file; ``reopen`` (log rotation) opens a new destination file before returning.
-    How far it has copied is kept beside the source (``log.copied``), so a shim that restarts
-    carries on where the last one stopped: no line is lost (a shim killed between writing a batch
-    and recording it copies that batch again)."""
-
-    def __init__(self, src: Path, dst: Path) -> None:
-        self.src = src
-        self.dst = dst
-        self._mark = src.with_name("log.copied")
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._offset = _read_offset(self._mark)
-        self.dst.parent.mkdir(parents=True, exist_ok=True)
-        self._out: BinaryIO = self.dst.open("ab")
-        self._thread = threading.Thread(target=self._run, name=f"log-{src.parent.name[:12]}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while True:
-                stopping = self._stop.is_set()
-                with self._lock:
-                    self._copy()
-                if stopping:
-                    return
-                self._stop.wait(0.05)
-        except OSError as e:
-            log.warning("log copy %s -> %s stopped: %s", self.src, self.dst, e)
-        finally:
-            with self._lock:
-                self._out.close()
-
-    def _copy(self) -> None:
-        try:
-            with self.src.open("rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        # only whole lines: the guest may be in the middle of one
-        end = data.rfind(b"\n") + 1
-        if end:
-            self._out.write(data[:end])
-            self._out.flush()
-            self._offset += end
-            tmp = self._mark.with_name("log.copied.tmp")
-            tmp.write_text(str(self._offset))
-            os.replace(tmp, self._mark)
-
-    def reopen(self) -> None:
-        with self._lock:
-            self._out.close()
-            self._out = self.dst.open("ab")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-def _read_offset(mark: Path) -> int:
-    try:
-        return max(0, int(mark.read_text()))
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
 class Containers:
     def __init__(self, state_dir: str, sandboxes: Sandboxes, images: ImageStore, hypervisor: Hypervisor) -> None:
-        self.root = Path(state_dir) / "sandboxes"
+        # resolved once: below it, paths are taken as written (a guest may have made symlinks there)
+        self.root = Path(os.path.realpath(state_dir)) / "sandboxes"
         self.sandboxes = sandboxes
         self.images = images
         self.hypervisor = hypervisor
         self._lock = threading.Lock()
         self._clients: dict[str, AgentClient] = {}
         self._opening: dict[str, threading.Lock] = {}  # per sandbox, held while its agent is connected to
-        self._pumps: dict[str, _LogPump] = {}
+        self.logs = LogCopies(state_dir, sandboxes.config.log_rate_bytes, sandboxes.config.log_burst_bytes)
         self._container_locks: dict[str, threading.Lock] = {}
         sandboxes.shared_dirs_for = self.shared_dirs_for
         sandboxes.drop_shared_dirs = self.drop_shared_dirs
@@ -210,14 +146,36 @@ class Containers:
     def _shared(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id / "shared"
 
+    def _images(self, sandbox_id: str) -> Path:
+        return self.root / sandbox_id / "images"
+
     def shared_dirs_for(self, sandbox_id: str) -> tuple[SharedDir, ...]:
         shared = self._shared(sandbox_id)
-        (shared / "containers").mkdir(parents=True, exist_ok=True)
+        shared.mkdir(parents=True, exist_ok=True)
+        shared_tree.make_dirs(shared, "containers")
+        self._images(sandbox_id).mkdir(exist_ok=True)
         os.chmod(self.root / sandbox_id, 0o700)
         return (
-            SharedDir(str(shared), SHARED_TAG),
-            SharedDir(str(self.images.trees_root), IMAGES_TAG, readonly=True),
+            # mapped: nothing the guest writes here (volumes included) is a setuid file, a file
+            # capability, a symlink or a device node on the host, nor owned by anyone but QEMU's user
+            SharedDir(str(shared), SHARED_TAG, accessmode="mapped"),
+            # empty at boot: the trees of this pod's containers are bound in as they are created
+            SharedDir(str(self._images(sandbox_id)), IMAGES_TAG, readonly=True),
         )
+
+    def _share_image(self, sandbox_id: str, tree: Path) -> str:
+        """Binds an image's tree (read-only) into the sandbox's image export inside its QEMU's mount
+        namespace, once per pod, so a guest sees the images of its own containers and no other
+        tenant's; returns the tree's name as the agent's ``lower``."""
+        target = self._images(sandbox_id) / tree.name
+        with self._lock:  # two containers of one image in one pod: one bind
+            pid = self._qemu_pid(sandbox_id)
+            if pid is None:
+                raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
+            target.mkdir(exist_ok=True)
+            if not binds.mounts_under(target, Path(f"/proc/{pid}/mountinfo").read_text()):
+                binds.bind(pid, tree, target, readonly=True, recursive=True, beneath=self._images(sandbox_id))
+        return f"images/{tree.name}"
 
     def _qemu_pid(self, sandbox_id: str) -> int | None:
         return self.hypervisor.emulator_pid(self.sandboxes.get(sandbox_id).domain)
@@ -231,11 +189,11 @@ class Containers:
     def _drop_container_dir(self, sandbox_id: str, container_id: str) -> None:
         cdir = self._shared(sandbox_id) / "containers" / container_id
         self._unbind(sandbox_id, cdir)
-        binds.remove_tree(cdir)
+        binds.remove_tree(self._shared(sandbox_id), f"containers/{container_id}")
 
     def drop_shared_dirs(self, sandbox_id: str) -> None:
         """Remove a sandbox's directory (its guest is gone, and the mounts in its QEMU with it)."""
-        binds.remove_tree(self.root / sandbox_id)
+        binds.remove_tree(self.root, sandbox_id)
 
     def sweep_shared_dirs(self, keep: set[str]) -> None:
         """Remove the directories of sandboxes nobody remembers (a crash between tear-down and removal)."""
@@ -247,7 +205,7 @@ class Containers:
             sid = d.name
             if sid in keep or not validation.is_full_id(sid):
                 continue
-            binds.remove_tree(d)
+            binds.remove_tree(self.root, sid)
             log.info("reconcile: removed the shared directory of forgotten sandbox %s", sid[:12])
 
     def _lock_for(self, container_id: str) -> threading.Lock:
@@ -381,7 +339,6 @@ class Containers:
         if image is None:
             raise NotFound(f"image {c.image[:256]!r} is not pulled (PullImage it first)")
         tree = self.images.acquire(image.id)
-        cdir = self._shared(c.sandbox_id) / "containers" / container_id
         try:
             spec_img = image.spec
             image_cfg = oci_spec.ImageConfig(
@@ -396,8 +353,8 @@ class Containers:
                 user_spec or image.user, _image_file_lines(tree, "passwd"), _image_file_lines(tree, "group")
             )
             signal = oci_spec.stop_signal(stop_signal, image_cfg)
-            cdir.mkdir(parents=True)
-            guest_mounts = self._share_mounts(cdir, c.sandbox_id, container_id, mounts)
+            shared_tree.make_dirs(self._shared(c.sandbox_id), f"containers/{container_id}")
+            guest_mounts = self._share_mounts(c.sandbox_id, container_id, mounts)
             guest_mounts += self._pod_file_mounts(sandbox, {m.destination for m in guest_mounts})
             guest_mounts += _hugepage_mounts(c.linux, guest_mounts)
             run = replace(
@@ -407,10 +364,8 @@ class Containers:
                 seccomp_profile=self._seccomp_document(request.seccomp),
             )
             spec = oci_spec.build_spec(run, image_cfg, user)
-            lower = f"images/{tree.relative_to(self.images.trees_root)}"
-            self._call(
-                c.sandbox_id, "create", container_id, lower=lower, log=f"containers/{container_id}/log", spec=spec
-            )
+            lower = self._share_image(c.sandbox_id, tree)
+            self._call(c.sandbox_id, "create", container_id, lower=lower, spec=spec)
         except BaseException:
             self.images.release(image.id)
             self._drop_container_dir(c.sandbox_id, container_id)
@@ -466,7 +421,7 @@ class Containers:
                 )
 
     def _share_mounts(
-        self, cdir: Path, sandbox_id: str, container_id: str, mounts: list[MountRequest]
+        self, sandbox_id: str, container_id: str, mounts: list[MountRequest]
     ) -> tuple[oci_spec.Mount, ...]:
         """Binds each allowed host path below the container's shared directory in the guest's QEMU,
         where the guest sees it live over 9p (binds.py); the spec mounts it there.
@@ -489,15 +444,13 @@ class Containers:
             if pagesize is not None:  # a HugePages emptyDir: the guest's own pages of that size
                 out.append(oci_spec.Mount(container_path, "nodev", readonly, hugepage_size=pagesize))
                 continue
-            dest = cdir / "mounts" / str(i)
-            dest.parent.mkdir(exist_ok=True)
-            if real.is_dir():
-                dest.mkdir()
-            else:
-                dest.touch()
+            shared = self._shared(sandbox_id)
+            rel = f"containers/{container_id}/mounts/{i}"
+            shared_tree.make_dirs(shared, f"containers/{container_id}/mounts")
+            shared_tree.make_empty(shared, rel, is_dir=real.is_dir())
             if qemu is None:
                 raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
-            binds.bind(qemu, real, dest, readonly, m.recursive, m.propagation)
+            binds.bind(qemu, real, shared / rel, readonly, m.recursive, m.propagation, beneath=shared)
             out.append(
                 oci_spec.Mount(
                     destination=container_path,
@@ -511,20 +464,16 @@ class Containers:
         """The pod's resolv.conf and hostname, written once per sandbox into its shared directory and
         mounted read-only into each container whose own mounts leave those paths free (containerd's
         rule: the kubelet's mounts win)."""
-        pod_dir = self._shared(sandbox.id) / "pod"
-        pod_dir.mkdir(exist_ok=True)
+        shared = self._shared(sandbox.id)
+        shared_tree.make_dirs(shared, "pod")
         dns = sandbox.dns_config()
         out = []
         for path, text in pod_files(dns, sandbox.hostname, _host_resolv_conf() if dns.empty else "").items():
             if path in covered:
                 continue
             name = POD_FILES[path]
-            target = pod_dir / name
-            if not target.exists():  # written once: a later rewrite would not reach running containers
-                tmp = pod_dir / f".{name}.tmp"
-                tmp.write_text(text)
-                tmp.chmod(0o644)
-                os.replace(tmp, target)
+            # written once: a later rewrite would not reach running containers
+            shared_tree.write_once(shared, f"pod/{name}", text.encode(), 0o644)
             out.append(oci_spec.Mount(destination=path, source=f"{GUEST_SHARED_MOUNT}/pod/{name}", readonly=True))
         return tuple(out)
 
@@ -548,24 +497,43 @@ class Containers:
             )
 
     def _start_pump(self, c: ContainerRecord) -> None:
-        if not c.log_path:
-            return
-        dst = Path(c.log_path) if c.log_path.startswith("/") else Path(c.log_directory or "/") / c.log_path
-        src = self._shared(c.sandbox_id) / "containers" / c.id / "log"
-        with self._lock:
-            if c.id not in self._pumps:
-                self._pumps[c.id] = _LogPump(src, dst)
+        dst = None
+        if c.log_path:
+            dst = Path(c.log_path) if c.log_path.startswith("/") else Path(c.log_directory or "/") / c.log_path
+        sandbox_id, cid = c.sandbox_id, c.id
+
+        def read(offset: int, max_bytes: int, wait_s: float) -> LogChunk:
+            chunk = self._call(sandbox_id, "log_read", cid, offset, max_bytes, wait_s)
+            assert isinstance(chunk, LogChunk)
+            return chunk
+
+        self.logs.start(cid, dst, read)
 
     def resume_logs(self) -> int:
         """At start-up: copying of every running container's log carries on from where the shim
         that ran before stopped (the guest kept the containers and their output); returns how many."""
         ready = {s.id for s in self.sandboxes.list_sandboxes() if s.state == SANDBOX_READY}
         resumed = 0
+        self.logs.sweep({c.id for c in self.sandboxes.containers()})
         for c in self.sandboxes.containers():
             if c.state == CONTAINER_RUNNING and c.sandbox_id in ready:
                 self._start_pump(c)
                 resumed += 1
         return resumed
+
+    def hold_images(self) -> int:
+        """At start-up: every container the ledger keeps holds its image again, as it did in the shim
+        that ran before (RemoveContainer, or its sandbox's removal, releases it); returns how many."""
+        held = 0
+        for c in self.sandboxes.containers():
+            if not c.image_id:
+                continue
+            try:
+                self.images.acquire(c.image_id)
+                held += 1
+            except NotFound:
+                log.warning("container %s: its image %s is not stored any more", c.id[:12], c.image_id)
+        return held
 
     def refresh(self, container_id: str) -> ContainerRecord:
         """The record, brought up to date with the guest (exit code, reason, finish time)."""
@@ -593,10 +561,10 @@ class Containers:
         return self._exited(c, st.exit_code, _exit_reason(st), "", max(finished, c.started_ns) if finished else 0)
 
     def _exited(self, c: ContainerRecord, code: int, reason: str, message: str, at: int = 0) -> ContainerRecord:
-        with self._lock:
-            pump = self._pumps.pop(c.id, None)
-        if pump is not None:
-            pump.stop()
+        if reason == "SandboxDied":
+            self.logs.stop(c.id)
+        else:  # what it wrote last reaches the kubelet's file before its exit is reported
+            self.logs.finish(c.id, _LOG_DRAIN_S)
         try:  # nothing runs with its volumes any more: let go of the host's files now
             self._unbind(c.sandbox_id, self._shared(c.sandbox_id) / "containers" / c.id / "mounts")
         except VmSandboxError as exc:
@@ -640,10 +608,7 @@ class Containers:
         if c.image_id:
             with contextlib.suppress(GuestRequestFailed, GuestChannelClosed, GuestChannelTimeout, InfrastructureError):
                 self._call(c.sandbox_id, "delete", container_id)
-        with self._lock:
-            pump = self._pumps.pop(container_id, None)
-        if pump is not None:
-            pump.stop()
+        self.logs.forget(container_id)
         self._drop_container_dir(c.sandbox_id, container_id)
         self.sandboxes.remove_container(container_id)
         if c.image_id:
@@ -652,11 +617,7 @@ class Containers:
     def sandbox_stopped(self, sandbox_id: str) -> None:
         """The sandbox's guest is gone (StopPodSandbox): stop copying its logs, drop its connection.
         Image holds stay until its containers (or the sandbox) are removed."""
-        for c in self.sandboxes.containers(sandbox_id):
-            with self._lock:
-                pump = self._pumps.pop(c.id, None)
-            if pump is not None:
-                pump.stop()
+        self.logs.stop(*(c.id for c in self.sandboxes.containers(sandbox_id)))
         self._drop_client(sandbox_id)
 
     def sandbox_removed(self, sandbox_id: str) -> None:
@@ -664,10 +625,7 @@ class Containers:
         with self._lock:
             self._opening.pop(sandbox_id, None)
         for c in self.sandboxes.containers(sandbox_id):
-            with self._lock:
-                pump = self._pumps.pop(c.id, None)
-            if pump is not None:
-                pump.stop()
+            self.logs.forget(c.id)
             if c.image_id:
                 self.images.release(c.image_id)
         self._drop_client(sandbox_id)
@@ -677,10 +635,7 @@ class Containers:
         c = self.sandboxes.container(container_id)
         if c.state != CONTAINER_RUNNING:
             raise WrongState(f"container {c.id[:12]} is not running: its log is not being written")
-        with self._lock:
-            pump = self._pumps.get(c.id)
-        if pump is not None:
-            pump.reopen()
+        self.logs.reopen(c.id)
 
     def exec_sync(self, container_id: str, argv: list[str], timeout_s: int, max_bytes: int) -> ExecResult:
         c = self.refresh(container_id)
@@ -747,12 +702,9 @@ class Containers:
             self._call(c.sandbox_id, "update", c.id, files)
 
     def close(self) -> None:
+        self.logs.close()
         with self._lock:
-            pumps = list(self._pumps.values())
-            self._pumps.clear()
             clients = list(self._clients.values())
             self._clients.clear()
-        for p in pumps:
-            p.stop()
         for cl in clients:
             cl.close()

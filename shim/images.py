@@ -2,11 +2,19 @@
 
 A pull resolves the reference against the registries configuration (mirrors first), reads the
 manifest (choosing linux/amd64 from an index), and — unless the image is stored already — has
-skopeo bring its blobs into the content-addressed store, unpacks the layers into a fresh tree under
-the store's work directory, moves the tree into place and only then writes the catalogue: a pull
-that dies half-way leaves nothing visible, and its leftovers are deleted (now, or at the next
-start). Concurrent pulls of one reference share one download (single flight); pulls of one image
-by different names share one unpack; different images pull in parallel.
+skopeo bring its blobs, as the registry served them, into the content-addressed store, unpacks the
+layers into a fresh tree under the store's work directory while checking each against its digest
+and the config's ``rootfs.diff_ids``, moves the tree into place under the ChainID of those layers
+and only then writes the catalogue: a pull that dies or is refused half-way leaves nothing visible,
+and its leftovers are deleted (now, or at the next start). Concurrent pulls of one reference share
+one download (single flight); pulls of one image by different names share one unpack; images with
+the same layers share one tree; different images pull in parallel.
+
+A store written before trees were verified (catalogue version 1: trees named by image id) is
+verified at start: each image is unpacked again from its stored blobs with every check, under its
+ChainID; an image that cannot be verified is dropped (logged), never served. The old tree is kept
+only while containers started from it before the upgrade hold the image (``collect`` and
+``release`` delete it), since their guests read it by its old name; no new container gets it.
 
 Containers hold the images they run from with ``acquire``/``release``: RemoveImage of a held image
 hides it at once and frees its tree and blobs when the last holder releases it.
@@ -21,17 +29,17 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shim import faults, metrics
 from vmsandbox.adapters.image_disk import ImageDisk
 from vmsandbox.adapters.layers import Limits, Tree, tree_usage
 from vmsandbox.adapters.skopeo import Skopeo
-from vmsandbox.errors import CannotFit, InvalidArgument, NotFound, VmSandboxError
+from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, NotFound, VmSandboxError
 from vmsandbox.image_catalogue import (
     ImageRecord,
     Usage,
@@ -40,6 +48,7 @@ from vmsandbox.image_catalogue import (
     record_doc,
     record_from_doc,
     referenced_blobs,
+    referenced_trees,
     visible,
     with_pulled,
     without,
@@ -49,8 +58,13 @@ from vmsandbox.image_ref import ImageReference, bounded, parse_reference
 from vmsandbox.oci import (
     MAX_DOCUMENT,
     NODE_PLATFORM,
+    Descriptor,
+    ImageConfig,
     Index,
     Manifest,
+    chain_id,
+    check_layers,
+    check_media_types,
     image_user,
     layer_compression,
     parse_config,
@@ -61,6 +75,8 @@ from vmsandbox.oci import (
 from vmsandbox.registries import Credentials, Endpoint, Registries, endpoints
 
 log = logging.getLogger(__name__)
+
+_Held = tuple[set[str], str]  # a pull's blobs and tree key, in flight until the catalogue names them
 
 
 @dataclass(frozen=True)
@@ -88,15 +104,23 @@ class ImageStore:
         self.limits = limits or Limits()
         self._lock = threading.Lock()
         self._images: dict[str, ImageRecord] = {}
-        for doc in self.disk.load_catalogue():
+        version, docs = self.disk.load_catalogue()
+        changed = False
+        for doc in docs:
             r = record_from_doc(doc)
+            if not r.tree:  # written before trees were verified: verify it now, or drop it
+                verified = self._verify_unverified(r)
+                changed = True
+                if verified is None:
+                    continue
+                r = verified
             self._images[r.id] = r
-        gone = [i for i in self._images if not self.disk.has_tree(i)]
+        gone = [i for i, r in self._images.items() if not self.disk.has_tree(r.tree)]
         for i in gone:
             log.warning("image %s has no unpacked tree on disk: forgotten", i)
             del self._images[i]
-        swept = self.disk.sweep(set(self._images), set(referenced_blobs(self._images)))
-        if gone:
+        swept = self.disk.sweep(set(referenced_trees(self._images)), set(referenced_blobs(self._images)))
+        if gone or changed or version != 2:
             self._save()
         if any(swept.values()):
             log.info("image store %s: deleted leftovers of unfinished pulls and removals: %s", root, swept)
@@ -104,6 +128,7 @@ class ImageStore:
         self._flights: dict[str, Future[str]] = {}
         self._image_locks: dict[str, threading.Lock] = {}
         self._inflight_blobs: Counter[str] = Counter()
+        self._inflight_trees: Counter[str] = Counter()
         self._holders: Counter[str] = Counter()
 
     # -- queries ------------------------------------------------------------------------------------
@@ -125,11 +150,6 @@ class ImageStore:
     def root(self) -> Path:
         return self.disk.root
 
-    @property
-    def trees_root(self) -> Path:
-        """The directory of all unpacked trees; ``acquire`` returns a path inside it."""
-        return self.disk.trees
-
     # -- holders ------------------------------------------------------------------------------------
     def acquire(self, image_id: str) -> Path:
         """Hold ``image_id`` for a container; returns its read-only tree. NOT_FOUND if not stored.
@@ -142,7 +162,7 @@ class ImageStore:
             if record is None:
                 raise NotFound(f"image {bounded(image_id)} is not stored (pull it first)")
             self._holders[image_id] += 1
-            return self.disk.tree_path(image_id)
+            return self.disk.tree_path(record.tree)
 
     def release(self, image_id: str) -> None:
         with self._lock:
@@ -156,6 +176,8 @@ class ImageStore:
                     self._images = without(self._images, image_id)
                     self._save()
                     self._free(record)
+                elif record is not None and record.legacy_tree:
+                    self._drop_legacy_trees([record])
 
     def holders(self, image_id: str) -> int:
         with self._lock:
@@ -171,6 +193,22 @@ class ImageStore:
                 self._save()
             for r in doomed:
                 self._free(r)
+            self._drop_legacy_trees([r for r in self._images.values() if r.legacy_tree and self._holders[r.id] == 0])
+
+    def _drop_legacy_trees(self, records: Sequence[ImageRecord]) -> None:
+        """Delete the earlier version's trees of ``records``, which no container holds. Under the lock."""
+        if not records:
+            return
+        updated = {**self._images, **{r.id: replace(r, legacy_tree="") for r in records}}
+        try:
+            self._save(updated)
+        except CannotFit as exc:  # housekeeping: tried again at the next release or start
+            log.warning("earlier version's trees kept for now: %s", exc)
+            return
+        self._images = updated
+        for r in records:
+            self.disk.remove_tree(r.legacy_tree)
+            log.info("image %s: the unverified tree of an earlier version is deleted", r.id)
 
     # -- remove -------------------------------------------------------------------------------------
     def remove(self, query: str) -> str | None:
@@ -194,7 +232,10 @@ class ImageStore:
 
     def _free(self, record: ImageRecord) -> None:
         """Delete ``record``'s tree and the blobs no other image (or pull in flight) uses. Under the lock."""
-        self.disk.remove_tree(record.id)
+        if record.tree not in referenced_trees(self._images) and record.tree not in self._inflight_trees:
+            self.disk.remove_tree(record.tree)
+        if record.legacy_tree:
+            self.disk.remove_tree(record.legacy_tree)
         keep = referenced_blobs(self._images) | set(self._inflight_blobs)
         self.disk.remove_blobs(b for b in record.blobs if b not in keep)
 
@@ -250,9 +291,13 @@ class ImageStore:
             with self._lock:
                 stored = self._images.get(image_id)
             fetched = 0
-            if stored is None or not self.disk.has_tree(image_id):
-                stored, fetched = self._fetch(ref, resolved, creds)
+            held: _Held | None = None
+            # a stored image's tree was verified against its config (its id), whatever manifest names it now
+            if stored is None or not self.disk.has_tree(stored.tree):
+                stored, fetched, held = self._fetch(ref, resolved, creds)
             with self._lock:
+                if held is not None:  # given up in the same critical section as the catalogue is written
+                    self._unhold(held)
                 updated = with_pulled(self._images, stored, ref, ref.with_digest(resolved.top_digest))
                 try:
                     self._save(updated)
@@ -289,101 +334,131 @@ class ImageStore:
             doc = parse_document(raw, what, entry.media_type)
             if not isinstance(doc, Manifest):
                 raise InvalidArgument(f"{what}: the {NODE_PLATFORM} entry of the index is not an image manifest")
+            check_media_types(doc, what)
             return Resolved(endpoint, top, entry.digest, doc)
+        check_media_types(doc, what)
         return Resolved(endpoint, top, top, doc)
 
-    def _fetch(self, ref: ImageReference, resolved: Resolved, creds: Credentials | None) -> tuple[ImageRecord, int]:
-        """Download and unpack; on any failure delete what this pull brought and no one else uses."""
+    def _unhold(self, held: _Held) -> None:
+        """The blobs and tree of a pull are no longer in flight. Under the lock."""
+        blobs, tree_key = held
+        self._inflight_blobs.subtract(blobs)
+        self._inflight_blobs += Counter()  # drop zero counts
+        if tree_key:
+            self._inflight_trees[tree_key] -= 1
+            self._inflight_trees += Counter()
+
+    def _fetch(
+        self, ref: ImageReference, resolved: Resolved, creds: Credentials | None
+    ) -> tuple[ImageRecord, int, _Held]:
+        """Download, verify and unpack; on any failure delete what this pull brought and no one else uses.
+
+        On success the blobs and the tree stay held as in flight (no removal frees them) until the
+        caller gives them up with ``_unhold`` while it writes the catalogue."""
         what = f"pulling {ref}"
         manifest = resolved.manifest
         image_id = manifest.config.digest
-        blobs = {manifest.config.digest, *(d.digest for d in manifest.layers)}
+        blobs = {resolved.manifest_digest, image_id, *(d.digest for d in manifest.layers)}
         with self._lock:
             missing = sum(d.size for d in (manifest.config, *manifest.layers) if not self.disk.has_blob(d.digest))
             self._inflight_blobs.update(blobs)
         work = self.disk.new_work_dir("pull")
         ok = False
-        layout_manifest = ""
+        tree_key = ""
         try:
             t0 = time.monotonic()
-            layout = work / "layout"
-            self.skopeo.copy(
-                resolved.endpoint,
-                resolved.manifest_digest,
-                _creds_for(ref, resolved.endpoint, creds),
-                layout,
-                self.disk.blob_dir,
-                what,
-            )
-            layout_manifest = _layout_manifest(layout, what)
+            self._download(ref, resolved, creds, work, what)
             faults.checkpoint("pull:after-blobs")
             log.info(
                 "%s: %d blobs in place (%d bytes fetched) in %.3f s", what, len(blobs), missing, time.monotonic() - t0
             )
+            self.disk.read_blob(resolved.manifest_digest, MAX_DOCUMENT, what)  # the served bytes, checked
             config = parse_config(self.disk.read_blob(image_id, MAX_DOCUMENT, what), what)
             if (config.os, config.architecture) != (NODE_PLATFORM.os, NODE_PLATFORM.architecture):
                 raise NotFound(f"{what}: the image is {config.os}/{config.architecture}, not {NODE_PLATFORM}")
-            tree_dir = work / "tree"
-            tree_dir.mkdir(mode=0o755)
-            self._unpack(tree_dir, manifest, what)
-            used, inodes = tree_usage(str(tree_dir))
-            self.disk.commit_tree(tree_dir, image_id)
+            key = chain_id(config.diff_ids)
+            with self._lock:
+                self._inflight_trees[key] += 1
+                tree_key = key  # held from here on: released by _unhold
+            used, inodes = self._tree(work, manifest, config, tree_key, what)
             faults.checkpoint("pull:after-tree")
-            uid, username = image_user(config.user)
-            record = ImageRecord(
-                id=image_id,
-                repo_tags=(),
-                repo_digests=(),
-                manifest=layout_manifest,
-                config=image_id,
-                layers=tuple(d.digest for d in manifest.layers),
-                size=manifest.config.size + sum(d.size for d in manifest.layers),
-                user=config.user,
-                unpacked_bytes=used,
-                unpacked_inodes=inodes,
-                pulled_ns=time.time_ns(),
-                spec={
-                    "env": list(config.env),
-                    "entrypoint": list(config.entrypoint),
-                    "cmd": list(config.cmd),
-                    "working_dir": config.working_dir,
-                    "stop_signal": config.stop_signal,
-                    "labels": dict(config.labels),
-                    "created": config.created,
-                    "uid": uid,
-                    "username": username,
-                },
-            )
+            record = _record(image_id, resolved.manifest_digest, manifest, config, tree_key, used, inodes)
             ok = True
-            return record, missing
+            return record, missing, (blobs, tree_key)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise CannotFit(f"{what}: no space left on the image store ({self.disk.root})") from None
             raise
         finally:
             self.disk.discard(work)
-            with self._lock:
-                self._inflight_blobs.subtract(blobs)
-                self._inflight_blobs += Counter()  # drop zero counts
-                if not ok:
-                    if self.disk.has_tree(image_id) and image_id not in self._images:
-                        self.disk.remove_tree(image_id)
+            if not ok:
+                with self._lock:
+                    self._unhold((blobs, tree_key))
+                    if (
+                        tree_key
+                        and tree_key not in referenced_trees(self._images)
+                        and tree_key not in self._inflight_trees
+                    ):
+                        self.disk.remove_tree(tree_key)
                     keep = referenced_blobs(self._images) | set(self._inflight_blobs)
-                    mine = blobs | ({layout_manifest} if layout_manifest else set())
-                    self.disk.remove_blobs(b for b in mine if b not in keep)
+                    self.disk.remove_blobs(b for b in blobs if b not in keep)
 
-    def _unpack(self, tree_dir: Path, manifest: Manifest, what: str) -> None:
+    def _download(
+        self, ref: ImageReference, resolved: Resolved, creds: Credentials | None, work: Path, what: str
+    ) -> None:
+        """Bring the manifest, config and layers into the blob directory, as the registry served them."""
+        endpoint, digest = resolved.endpoint, resolved.manifest_digest
+        layout = work / "layout"
+        self.skopeo.copy(endpoint, digest, _creds_for(ref, endpoint, creds), layout, self.disk.blob_dir, what)
+        stored = _layout_manifest(layout, what)
+        if stored != digest:
+            raise InfrastructureError(f"{what}: skopeo stored manifest {stored}, the registry served {digest}")
+        absent = [d for d in resolved.manifest.layers if not self.disk.has_blob(d.digest)]
+        if absent:  # non-distributable layers naming URLs: the OCI layout holds them by reference only
+            log.info("%s: %d non-distributable layer(s) fetched apart", what, len(absent))
+            directory = work / "dir"
+            self.skopeo.copy_dir(endpoint, digest, _creds_for(ref, endpoint, creds), directory, what)
+            for d in absent:
+                try:
+                    self.disk.adopt_blob(directory / d.digest.removeprefix("sha256:"), d.digest)
+                except FileNotFoundError:
+                    raise InfrastructureError(f"{what}: layer {d.digest} did not arrive") from None
+
+    def _tree(self, work: Path, manifest: Manifest, config: ImageConfig, key: str, what: str) -> tuple[int, int]:
+        """Make sure the tree ``key`` of this image's layers is in place; (bytes, inodes) it takes.
+
+        The layers are unpacked and verified unless a verified tree of the same layers is stored
+        already; then only this pull's blobs are checked against their digests."""
+        pairs = check_layers(manifest, config, what)
+        if self.disk.has_tree(key):
+            for layer, _ in pairs:
+                self.disk.verify_blob(layer.digest, what)
+            with self._lock:
+                same = next((r for r in self._images.values() if r.tree == key), None)
+            if same is not None:
+                return same.unpacked_bytes, same.unpacked_inodes
+            return tree_usage(str(self.disk.tree_path(key)))
+        tree_dir = work / "tree"
+        tree_dir.mkdir(mode=0o755)
+        self._unpack(tree_dir, pairs, what)
+        used, inodes = tree_usage(str(tree_dir))
+        self.disk.commit_tree(tree_dir, key)
+        return used, inodes
+
+    def _unpack(self, tree_dir: Path, layers: tuple[tuple[Descriptor, str], ...], what: str) -> None:
         tree = Tree(str(tree_dir), self.limits)
         try:
-            for n, layer in enumerate(manifest.layers, 1):
-                where = f"{what}: layer {n}/{len(manifest.layers)} {layer.digest}"
+            for n, (layer, diff_id) in enumerate(layers, 1):
+                where = f"{what}: layer {n}/{len(layers)} {layer.digest}"
                 compression = layer_compression(layer.media_type, where)
                 t0 = time.monotonic()
-                stats = tree.apply(str(self.disk.blob_path(layer.digest)), compression, where)
+                stats = tree.apply(
+                    str(self.disk.blob_path(layer.digest)), compression, where, digest=layer.digest, diff_id=diff_id
+                )
                 seconds = time.monotonic() - t0
                 log.info(
-                    "%s: unpacked %d bytes (%d compressed, %d entries, %d whiteouts, %d device nodes skipped) "
-                    "in %.3f s",
+                    "%s: unpacked and verified %d bytes (%d compressed, %d entries, %d whiteouts, "
+                    "%d device nodes skipped) in %.3f s",
                     where,
                     stats.bytes,
                     layer.size,
@@ -404,6 +479,77 @@ class ImageStore:
                 )
         finally:
             tree.close()
+
+    def _verify_unverified(self, record: ImageRecord) -> ImageRecord | None:
+        """A record of an earlier version (its tree named by image id, never checked): unpack it again
+        from its stored blobs with every check, under its ChainID; None (logged) when that fails."""
+        what = f"verifying stored image {record.id}"
+        t0 = time.monotonic()
+        work = self.disk.new_work_dir("verify")
+        try:
+            doc = parse_document(self.disk.read_blob(record.manifest, MAX_DOCUMENT, what), what)
+            if not isinstance(doc, Manifest) or doc.config.digest != record.id:
+                raise InvalidArgument(f"{what}: its stored manifest {record.manifest} is not the image's")
+            config = parse_config(self.disk.read_blob(record.id, MAX_DOCUMENT, what), what)
+            key = chain_id(config.diff_ids)
+            used, inodes = self._tree(work, doc, config, key, what)
+        except (VmSandboxError, OSError) as exc:
+            log.warning(
+                "image %s (%s), stored by an earlier version, could not be verified and is dropped: %s",
+                record.id,
+                ", ".join(record.repo_tags or record.repo_digests) or "no names",
+                exc,
+            )
+            return None
+        finally:
+            self.disk.discard(work)
+        log.info("image %s, stored by an earlier version, verified in %.3f s", record.id, time.monotonic() - t0)
+        legacy = record.id if self.disk.has_tree(record.id) else ""  # kept for containers started from it
+        return replace(
+            record,
+            tree=key,
+            legacy_tree=legacy,
+            layers=tuple(d.digest for d in doc.layers),
+            unpacked_bytes=used,
+            unpacked_inodes=inodes,
+        )
+
+
+def _record(
+    image_id: str,
+    manifest_digest: str,
+    manifest: Manifest,
+    config: ImageConfig,
+    tree_key: str,
+    used: int,
+    inodes: int,
+) -> ImageRecord:
+    uid, username = image_user(config.user)
+    return ImageRecord(
+        id=image_id,
+        repo_tags=(),
+        repo_digests=(),
+        manifest=manifest_digest,
+        config=image_id,
+        layers=tuple(d.digest for d in manifest.layers),
+        size=manifest.config.size + sum(d.size for d in manifest.layers),
+        user=config.user,
+        unpacked_bytes=used,
+        unpacked_inodes=inodes,
+        pulled_ns=time.time_ns(),
+        spec={
+            "env": list(config.env),
+            "entrypoint": list(config.entrypoint),
+            "cmd": list(config.cmd),
+            "working_dir": config.working_dir,
+            "stop_signal": config.stop_signal,
+            "labels": dict(config.labels),
+            "created": config.created,
+            "uid": uid,
+            "username": username,
+        },
+        tree=tree_key,
+    )
 
 
 def _fingerprint(creds: Credentials | None) -> str:

@@ -68,7 +68,8 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
 
     def _container_stats(self, c: ContainerRecord) -> pb.ContainerStats:
         s = self.containers.stats(c.id)
-        return translate.container_stats(c, s, self._nano_cores(c.id, s) if s is not None else None)
+        nano = self._nano_cores(c.id, s) if s is not None else None
+        return translate.container_stats(c, s, nano, self.sandboxes.config.state_dir)
 
     def _sandbox_stats(self, r: SandboxRecord) -> pb.PodSandboxStats:
         s = self.containers.sandbox_stats(r.id) if r.state == SANDBOX_READY else None

@@ -1,7 +1,9 @@
 """Sandbox orchestration: size, place, claim, boot, admit, tear down, reconcile.
 
-The only stateful piece of the shim. It speaks core types (``shim.model``) and drives the IO
-adapters (ledger, hypervisor, sysfs, guest channel). RunPodSandbox is transactional: any
+It owns the sandbox records and admits containers into them (their records are kept here and
+moved through their life by ``shim.containers``); host resources belong to ``shim.resources``,
+images to ``shim.images``, pod networks to ``shim.network``. It speaks core types (``shim.model``)
+and drives the IO adapters (ledger, hypervisor, sysfs, guest channel). RunPodSandbox is transactional: any
 failure after the claim tears the domain down and releases every claim before the error
 leaves this module.
 """
@@ -77,6 +79,8 @@ from vmsandbox.sizing import (
 )
 
 log = logging.getLogger(__name__)
+_CONSOLE_TAIL_BYTES = 16 * 1024
+_CONSOLE_LINE_CHARS = 300
 
 STATE_CREATING = "creating"
 LOST_EXIT_CODE = 255
@@ -327,12 +331,17 @@ class Sandboxes:
 
     @staticmethod
     def _console_tail(console: str | None) -> str:
+        """The guest console's last lines for an error message: the guest writes the console, so
+        only its last ``_CONSOLE_TAIL_BYTES`` are read and each line is cut short."""
         if not console:
             return ""
         try:
-            lines = Path(console).read_text(errors="replace").strip().splitlines()[-5:]
+            with open(console, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - _CONSOLE_TAIL_BYTES))
+                text = f.read(_CONSOLE_TAIL_BYTES).decode(errors="replace")
         except OSError:
             return ""
+        lines = [validation.bound(line, _CONSOLE_LINE_CHARS) for line in text.strip().splitlines()[-5:]]
         return "; last console lines: " + " | ".join(lines) if lines else "; the guest console is empty"
 
     def _rollback(self, sandbox_id: str, name: str) -> str:
@@ -492,7 +501,7 @@ class Sandboxes:
                 # what the container's cgroup holds: as sent, else implied by its kubernetes_resources
                 linux=asdict(admitted.linux),
                 reason="Created",
-                message="admitted; vmsandbox does not run container processes in the guest yet",
+                message="admitted; not yet created in its guest",
             )
             self._put_container(container)
             log.info("container %s (%s) admitted into sandbox %s", spec.name, container.id[:12], sandbox_id[:12])
@@ -514,13 +523,6 @@ class Sandboxes:
     @staticmethod
     def _usage(resources: ContainerResources | None, linux: LinuxResources) -> admission.Usage:
         return admission.Usage.of_resources(resources) if resources is not None else admission.Usage.of_linux(linux)
-
-    def start_container(self, container_id: str) -> None:
-        self.container(container_id)
-        raise NotImplementedError(
-            "vmsandbox does not run container processes in the guest yet; the container was admitted "
-            "and recorded (state CONTAINER_CREATED)"
-        )
 
     def remove_container(self, container_id: str) -> None:
         if not validation.teardown_id(container_id, "container_id"):

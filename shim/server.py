@@ -136,6 +136,9 @@ def start(config: ShimConfig) -> Running:
     ledger = _open_ledger(state)
     hypervisor = Hypervisor(config.libvirt_uri, observe=metrics.libvirt_event)
     sandboxes = Sandboxes(config, ledger, hypervisor, profiles)
+    images = image_store(config)
+    # before the first reconcile, whose sweep of forgotten sandboxes' directories is the containers' work
+    containers = Containers(config.state_dir, sandboxes, images, hypervisor)
     for warning in host_warnings(config.libvirt_uri):
         log.warning("host set-up: %s", warning)
     report = sandboxes.reconcile()
@@ -144,10 +147,9 @@ def start(config: ShimConfig) -> Running:
     events = DomainEvents(config.libvirt_uri, sandboxes.guest_stopped, sandboxes.check_guests)
     events.start()
     sandboxes.check_guests()  # a guest that died between the reconcile and the subscription
-    images = image_store(config)
-    images.collect()  # after reconciliation: images removed while held and not held again are freed
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
-    containers = Containers(config.state_dir, sandboxes, images, hypervisor)
+    log.info("image holds of %d containers restored", containers.hold_images())
+    images.collect()  # after the containers hold theirs again: images removed while held and not held now are freed
     resumed = containers.resume_logs()
     if resumed:
         log.info("log copying resumed for %d running containers", resumed)

@@ -622,7 +622,11 @@ def memory_usage(s: CgroupStats) -> pb.MemoryUsage:
     )
 
 
-def container_stats(c: ContainerRecord, s: CgroupStats | None, nano_cores: int | None) -> pb.ContainerStats:
+def container_stats(
+    c: ContainerRecord, s: CgroupStats | None, nano_cores: int | None, layer_mountpoint: str
+) -> pb.ContainerStats:
+    """A container's stats; its writable layer (in guest memory) is reported on ``layer_mountpoint``,
+    the host directory ImageFsInfo names as the container file system, which the kubelet can stat."""
     out = pb.ContainerStats(
         attributes=pb.ContainerAttributes(
             id=c.id, metadata=container_metadata(c), labels=c.labels, annotations=c.annotations
@@ -634,7 +638,7 @@ def container_stats(c: ContainerRecord, s: CgroupStats | None, nano_cores: int |
         out.writable_layer.CopyFrom(
             pb.FilesystemUsage(
                 timestamp=s.timestamp_ns,
-                fs_id=pb.FilesystemIdentifier(mountpoint="/run/vmsandbox/containers"),
+                fs_id=pb.FilesystemIdentifier(mountpoint=layer_mountpoint),
                 used_bytes=_u64(s.writable_bytes),
                 inodes_used=_u64(s.writable_inodes),
             )

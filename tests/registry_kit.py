@@ -4,7 +4,11 @@
 and free port (optionally behind htpasswd basic auth), and stops it by PID. ``Layout`` writes
 an OCI image layout (blobs, manifests, configs, indexes) from layers built here with ``tarfile``
 — ordinary files from the host (busybox-static), whiteouts, hostile entries — and ``push`` copies
-a tag of it to the registry with skopeo, as a CI pipeline would.
+a tag of it to the registry with skopeo, as a CI pipeline would. ``Buildah`` builds Docker-format
+images (and Docker manifest lists) with Debian's ``buildah``, an independent builder that writes
+Docker-only config fields; ``put_blob``/``put_manifest`` push raw documents over the registry API
+(what no builder here makes: Docker zstd layers, foreign layers), and ``served_manifest`` reads
+back what the registry serves, for tests to compare with.
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
+ACCEPT_ALL = ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_LIST))
 
 
 def free_port() -> int:
@@ -149,6 +158,22 @@ class Layout:
     def raw_layer(self, data: bytes, diff_id: str, media_type: str = LAYER_GZIP) -> tuple[dict[str, Any], str]:
         return self.blob(data, media_type), diff_id
 
+    def zstd_layer(self, entries: list[Entry]) -> tuple[dict[str, Any], str]:
+        import zstandard
+
+        raw = tar_bytes(entries)
+        return self.blob(zstandard.ZstdCompressor().compress(raw), LAYER_ZSTD), digest_of(raw)
+
+    def manifest(self, config: dict[str, Any], layers: list[dict[str, Any]]) -> dict[str, Any]:
+        """The descriptor of a manifest of ``config`` (a descriptor) and ``layers``, whatever the config says."""
+        doc = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config, "layers": layers}
+        return self.blob(json.dumps(doc, sort_keys=True).encode(), OCI_MANIFEST)
+
+    def config_of(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """The config descriptor of the manifest ``manifest`` describes."""
+        doc = json.loads((self.path / "blobs" / "sha256" / str(manifest["digest"])[7:]).read_bytes())
+        return dict(doc["config"])
+
     def image(
         self,
         layers: list[tuple[dict[str, Any], str]],
@@ -198,6 +223,107 @@ def push(layout: Layout, tag: str, dest: str, *, creds: str = "") -> None:
     subprocess.run(argv, check=True, capture_output=True, stdin=subprocess.DEVNULL)
 
 
+# -- raw registry API (distribution spec) ---------------------------------------------------------------
+def put_blob(host: str, repo: str, data: bytes) -> str:
+    """Upload ``data`` as a blob of ``repo`` (monolithic upload); returns its digest."""
+    start = urllib.request.Request(f"http://{host}/v2/{repo}/blobs/uploads/", method="POST")
+    with urllib.request.urlopen(start, timeout=30) as r:
+        location = r.headers["Location"]
+    if location.startswith("/"):
+        location = f"http://{host}{location}"
+    digest = digest_of(data)
+    sep = "&" if "?" in location else "?"
+    put = urllib.request.Request(
+        f"{location}{sep}digest={digest}", data=data, method="PUT", headers={"Content-Type": "application/octet-stream"}
+    )
+    urllib.request.urlopen(put, timeout=30).close()
+    return digest
+
+
+def put_manifest(host: str, repo: str, reference: str, doc: dict[str, Any]) -> tuple[bytes, str]:
+    """Push ``doc`` (its ``mediaType`` is the content type) as ``repo:reference``; (bytes, digest)."""
+    data = json.dumps(doc).encode()
+    req = urllib.request.Request(
+        f"http://{host}/v2/{repo}/manifests/{reference}",
+        data=data,
+        method="PUT",
+        headers={"Content-Type": str(doc["mediaType"])},
+    )
+    urllib.request.urlopen(req, timeout=30).close()
+    return data, digest_of(data)
+
+
+def served_manifest(host: str, repo: str, reference: str, accept: str = ACCEPT_ALL) -> bytes:
+    """The manifest or index bytes the registry serves for ``repo:reference`` (or ``@digest``)."""
+    req = urllib.request.Request(f"http://{host}/v2/{repo}/manifests/{reference}", headers={"Accept": accept})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return bytes(r.read())
+
+
+# -- buildah ------------------------------------------------------------------------------------------
+@dataclass
+class Buildah:
+    """Debian's ``buildah`` with storage of its own under ``root`` (vfs: plain directories, nothing
+    mounted), building images from scratch and pushing them in Docker format (v2s2)."""
+
+    root: Path
+
+    def run(self, *args: str) -> str:
+        argv = ["buildah", "--root", str(self.root / "storage"), "--runroot", str(self.root / "run")]
+        argv += ["--storage-driver", "vfs", *args]
+        done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"buildah {' '.join(args[:2])} failed: {done.stderr[-2000:]}")
+        return done.stdout.strip()
+
+    def image(
+        self,
+        name: str,
+        layers: list[dict[str, bytes]],
+        *,
+        arch: str = "amd64",
+        cmd: str = "",
+        user: str = "",
+        env: tuple[str, ...] = (),
+    ) -> None:
+        """Commit ``name`` (Docker format) with one layer per mapping of path -> file contents."""
+        work = self.root / "ctx"
+        parent = "scratch"
+        for n, files in enumerate(layers):
+            container = self.run("from", "--arch", arch, parent)
+            shutil.rmtree(work, ignore_errors=True)
+            for path, data in files.items():
+                target = work / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+                target.chmod(0o755)
+            self.run("copy", container, str(work), "/")
+            if n == len(layers) - 1:
+                args = ["--arch", arch, "--os", "linux"]
+                if cmd:
+                    args += ["--cmd", cmd]
+                if user:
+                    args += ["--user", user]
+                for e in env:
+                    args += ["--env", e]
+                self.run("config", *args, container)
+            parent = f"{name}-layer{n}" if n < len(layers) - 1 else name
+            self.run("commit", "--quiet", "--format", "docker", container, parent)
+            self.run("rm", container)
+
+    def push(self, name: str, dest: str) -> None:
+        self.run("push", "--quiet", "--tls-verify=false", "--format", "v2s2", name, f"docker://{dest}")
+
+    def push_list(self, name: str, images: list[str], dest: str) -> None:
+        """A Docker manifest list of ``images`` (each with its own platform), pushed with all of them."""
+        self.run("manifest", "create", name)
+        for image in images:
+            self.run("manifest", "add", name, f"containers-storage:localhost/{image}")
+        self.run(
+            "manifest", "push", "--quiet", "--all", "--tls-verify=false", "--format", "v2s2", name, f"docker://{dest}"
+        )
+
+
 # -- registry -----------------------------------------------------------------------------------------
 @dataclass
 class Registry:
@@ -224,6 +350,8 @@ class Registry:
             "log": {"level": "info", "accesslog": {"disabled": False}},
             "storage": {"filesystem": {"rootdirectory": str(self.root / "data")}, "delete": {"enabled": True}},
             "http": {"addr": self.host},
+            # accept manifests whose non-distributable layers name URLs (the default refuses any URL)
+            "validation": {"manifests": {"urls": {"allow": ["^https?://"]}}},
         }
         if self.users:
             lines = [

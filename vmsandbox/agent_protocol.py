@@ -4,8 +4,9 @@ One UTF-8 JSON object per line, each with a version ``"v"`` and a ``"type"``; th
 is in ``images/README.md``. The guest speaks first (``hello``, repeated until the host sends
 ``ack``); the host sends ``request`` messages (an ``op`` and its ``args``), each answered by a
 ``response`` with the same ``id``, in any order. Unknown keys are ignored, so later agents can add
-fields without breaking this host; missing or mistyped fields are errors. This host sends version
-2 and reads 1 and 2 (version 1 has no ``args``).
+fields without breaking this host; missing or mistyped fields are errors. This host reads versions
+1 to 3 (version 1 has no ``args``, version 3 adds ``log_read``) and sends the highest version both
+sides speak.
 
 Everything here reads what an untrusted guest wrote, so it is bounded before it is parsed: a line
 is at most ``MAX_FRAME_BYTES``, its arrays and objects nest at most ``MAX_DEPTH`` deep (checked by a
@@ -27,8 +28,8 @@ from typing import NamedTuple, TypeAlias
 from vmsandbox import validation
 from vmsandbox.errors import InfrastructureError
 
-VERSION = 2
-READABLE_VERSIONS = frozenset({1, 2})
+VERSION = 3
+READABLE_VERSIONS = frozenset({1, 2, 3})
 CHANNEL_NAME = "io.vmsandbox.agent.0"
 """Name of the virtio-serial port the guest agent listens on."""
 SHARED_TAG = "vmsandbox.shared"
@@ -166,9 +167,9 @@ def report_to_body(report: GuestReport) -> _JsonObject:
     return body
 
 
-def encode(msg: Message) -> bytes:
-    """One line (ending in ``\\n``) carrying ``msg``."""
-    obj: _JsonObject = {"v": VERSION}
+def encode(msg: Message, version: int = VERSION) -> bytes:
+    """One line (ending in ``\\n``) carrying ``msg`` as protocol ``version``."""
+    obj: _JsonObject = {"v": version}
     if isinstance(msg, Hello):
         obj |= {"type": "hello", "body": report_to_body(msg.report)}
     elif isinstance(msg, Ack):
@@ -546,3 +547,35 @@ def stats_from_body(body: Mapping[str, object], where: str = "stats") -> CgroupS
         writable_bytes=_count(body, "writable_bytes", where) if "writable_bytes" in body else 0,
         writable_inodes=_count(body, "writable_inodes", where) if "writable_inodes" in body else 0,
     )
+
+
+# ---- container logs (protocol 3) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Body of a ``log_read`` response: ``data`` is the container's CRI log from stream offset
+    ``offset``; ``eof``: the container's output streams are closed and nothing follows."""
+
+    offset: int
+    data: bytes
+    eof: bool
+
+
+def log_chunk_from_body(body: Mapping[str, object], asked: int, max_bytes: int, where: str = "log_read") -> LogChunk:
+    """The chunk answering ``log_read`` from ``asked`` for at most ``max_bytes``. An answer that
+    goes back before ``asked`` or carries more than was asked is a ProtocolError (an answer from
+    a later offset says the guest no longer holds what lay between)."""
+    offset = _count(body, "offset", where)
+    if offset < asked:
+        raise ProtocolError(f"{where}: answered from offset {offset}, before the {asked} asked for")
+    value = _field(body, "data", str, where)
+    assert isinstance(value, str)
+    if len(value) > 4 * ((max_bytes + 2) // 3):  # checked before decoding: never decode more than asked
+        raise ProtocolError(f"{where}: {len(value)} base64 characters for at most {max_bytes} bytes")
+    data = _b64(body, "data", where)
+    if len(data) > max_bytes:
+        raise ProtocolError(f"{where}: {len(data)} bytes for at most {max_bytes}")
+    eof = _field(body, "eof", bool, where)
+    assert isinstance(eof, bool)
+    return LogChunk(offset=offset, data=data, eof=eof)

@@ -2,7 +2,7 @@
 
 The admin configures pools (``device_pools`` in the shim's configuration): a pool name maps to PCI
 addresses (``0000:3b:00.0``, or ``3b:00.0``) and/or vendor:device ids (``10de:2330``). Only
-functions of configured pools are ever passed through (DESIGN §10): a pod names pools indirectly
+functions of configured pools are ever passed through: a pod names pools indirectly
 (an extended resource its profile maps to a pool), or names an IOMMU group that must belong to a
 pool (``/dev/vfio/<group>`` as a device, or a CDI device whose spec injects that node).
 

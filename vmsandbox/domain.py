@@ -76,11 +76,21 @@ class AgentChannel:
 @dataclass(frozen=True)
 class SharedDir:
     """A host directory the guest mounts over virtio-9p by ``tag`` (libvirt ``<filesystem
-    type='mount' accessmode='passthrough'>``; Debian 12's QEMU has no virtiofsd)."""
+    type='mount'>``; Debian 12's QEMU has no virtiofsd).
+
+    ``accessmode`` is libvirt's 9p security model. ``passthrough``: the guest's owners, modes and
+    file types are the host's own (what the guest creates is created so on the host). ``mapped``:
+    QEMU keeps what the guest sets (owner, mode, symlink, device node) in ``user.virtfs.*``
+    extended attributes and creates every file on the host as a plain regular file or directory,
+    mode ``fmode``/``dmode`` and owned by QEMU's own user, so nothing a guest writes becomes a
+    setuid/setgid file, a file capability, a symlink or a device node on the host."""
 
     source: str
     tag: str
     readonly: bool = False
+    accessmode: Literal["passthrough", "mapped"] = "passthrough"
+    fmode: int = 0o600
+    dmode: int = 0o700
 
 
 @dataclass(frozen=True)

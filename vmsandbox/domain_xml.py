@@ -97,7 +97,7 @@ def render(domain: Domain) -> str:
                 attrs["cpus"] = _cpuset(cell.vcpus)
             _sub(numa, "cell", **attrs)
     _sub(root, "clock", offset="utc")
-    if domain.shared_dirs:
+    if any(shared.accessmode == "passthrough" for shared in domain.shared_dirs):
         # 9p passthrough keeps the files' owners and modes as in the image: QEMU must be able to read
         # every file and set any owner, so this domain's QEMU runs as host root.
         label = _sub(root, "seclabel", type="static", model="dac", relabel="no")
@@ -125,7 +125,10 @@ def render(domain: Domain) -> str:
         _sub(serial, "target", port="0")
     for shared in domain.shared_dirs:
         # multidevs='remap': the shared tree may span host file systems; keep guest inode numbers unique
-        fs = _sub(devices, "filesystem", type="mount", accessmode="passthrough", multidevs="remap")
+        attrs = {"type": "mount", "accessmode": shared.accessmode, "multidevs": "remap"}
+        if shared.accessmode == "mapped":  # what the guest creates is, on the host, QEMU's and no more
+            attrs.update(fmode=f"{shared.fmode:04o}", dmode=f"{shared.dmode:04o}")
+        fs = _sub(devices, "filesystem", **attrs)
         _sub(fs, "source", dir=shared.source)
         _sub(fs, "target", dir=shared.tag)
         if shared.readonly:

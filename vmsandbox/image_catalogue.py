@@ -2,9 +2,10 @@
 
 An image is known by its id (``sha256:`` of its config, as containerd reports it), its repo tags
 (``docker.io/library/busybox:latest``) and repo digests (``name@sha256:<manifest or index
-digest>``). A tag names one image at a time: pulling it again onto another image moves it. The
-functions here take and return immutable mappings id -> ``ImageRecord``; the image store applies
-them under its lock and persists the result.
+digest>``). Its unpacked tree is named by what it contains (the ChainID of its verified layers),
+so images with the same layers share one tree. A tag names one image at a time: pulling it again
+onto another image moves it. The functions here take and return immutable mappings id ->
+``ImageRecord``; the image store applies them under its lock and persists the result.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ class ImageRecord:
     pulled_ns: int = 0
     spec: Mapping[str, Any] = field(default_factory=dict)  # env, entrypoint, cmd, working_dir, labels, ...
     removed: bool = False  # RemoveImage'd while containers still hold it: invisible, kept until released
+    tree: str = ""  # ChainID of the verified layers: the tree's key ("" in a record not verified yet)
+    # the unverified tree of an earlier version (named by the image id), kept only for containers
+    # started from it before the upgrade; never given to a new one; "" once they are gone
+    legacy_tree: str = ""
 
     @property
     def blobs(self) -> tuple[str, ...]:
@@ -137,6 +142,11 @@ def referenced_blobs(images: Catalogue) -> frozenset[str]:
     return frozenset(b for r in images.values() for b in r.blobs)
 
 
+def referenced_trees(images: Catalogue) -> frozenset[str]:
+    """The keys of the trees the images use (earlier versions' trees kept for old containers too)."""
+    return frozenset(t for r in images.values() for t in (r.tree, r.legacy_tree) if t)
+
+
 def repo_names(record: ImageRecord) -> frozenset[str]:
     return frozenset(_repo_name(n) for n in (*record.repo_tags, *record.repo_digests))
 
@@ -149,11 +159,13 @@ class Usage:
 
 def usage(images: Catalogue, blob_sizes: Mapping[str, int]) -> Usage:
     """Bytes and inodes the images take: each blob they reference once (shared layers are stored
-    once), plus every unpacked tree. ``blob_sizes`` maps digest -> size of the blobs on disk."""
+    once), plus each unpacked tree once (images with the same layers share one). ``blob_sizes``
+    maps digest -> size of the blobs on disk."""
     blobs = referenced_blobs(images) & blob_sizes.keys()
+    trees = {r.tree or r.id: r for r in images.values()}
     return Usage(
-        bytes=sum(blob_sizes[b] for b in blobs) + sum(r.unpacked_bytes for r in images.values()),
-        inodes=len(blobs) + sum(r.unpacked_inodes for r in images.values()),
+        bytes=sum(blob_sizes[b] for b in blobs) + sum(r.unpacked_bytes for r in trees.values()),
+        inodes=len(blobs) + sum(r.unpacked_inodes for r in trees.values()),
     )
 
 
@@ -172,6 +184,8 @@ def record_doc(r: ImageRecord) -> dict[str, Any]:
         "pulled_ns": r.pulled_ns,
         "spec": dict(r.spec),
         "removed": r.removed,
+        "tree": r.tree,
+        "legacy_tree": r.legacy_tree,
     }
 
 
@@ -190,4 +204,6 @@ def record_from_doc(doc: Mapping[str, Any]) -> ImageRecord:
         pulled_ns=int(doc.get("pulled_ns", 0)),
         spec=dict(doc.get("spec", {})),
         removed=bool(doc.get("removed", False)),
+        tree=str(doc.get("tree", "")),
+        legacy_tree=str(doc.get("legacy_tree", "")),
     )

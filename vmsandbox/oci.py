@@ -5,7 +5,9 @@
 picks the entry for the node (linux/amd64 here) as containerd's default platform matcher does
 (os and architecture must match; a variant only narrows when the entry has one).
 ``parse_config`` keeps what the CRI reports (user, size inputs) and what a container needs
-later (env, entrypoint, cmd, working dir). ``image_user`` splits ``User`` into uid or username.
+later (env, entrypoint, cmd, working dir), and the layers' ``rootfs.diff_ids``; ``check_layers``
+pairs each manifest layer with its diff id and ``chain_id`` names the tree those layers make
+(the OCI image spec's ChainID). ``image_user`` splits ``User`` into uid or username.
 """
 
 from __future__ import annotations
@@ -37,11 +39,16 @@ _LAYER_TYPES = {
     "application/vnd.oci.image.layer.v1.tar": LAYER_TAR,
     "application/vnd.oci.image.layer.v1.tar+gzip": LAYER_GZIP,
     "application/vnd.oci.image.layer.v1.tar+zstd": LAYER_ZSTD,
+    # non-distributable (foreign) layers are pulled and unpacked like the others (see README, Images)
     "application/vnd.oci.image.layer.nondistributable.v1.tar": LAYER_TAR,
     "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip": LAYER_GZIP,
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd": LAYER_ZSTD,
+    "application/vnd.docker.image.rootfs.diff.tar": LAYER_TAR,
     "application/vnd.docker.image.rootfs.diff.tar.gzip": LAYER_GZIP,
+    "application/vnd.docker.image.rootfs.foreign.diff.tar": LAYER_TAR,
     "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip": LAYER_GZIP,
-}
+}  # no Docker zstd type: Docker's schema 2 defines none and skopeo 1.9 refuses containerd's
+
 _DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
 MAX_DOCUMENT = 4 << 20  # the distribution spec lets registries refuse manifests over 4 MiB; so do we
 
@@ -199,6 +206,12 @@ def parse_config(data: bytes, where: str) -> ImageConfig:
     if not isinstance(cfg, dict):
         raise _bad(where, "config is not an object")
     rootfs = doc.get("rootfs") or {}
+    if not isinstance(rootfs, dict):
+        raise _bad(where, "rootfs is not an object")
+    diff_ids = _strings(rootfs.get("diff_ids"), where, "rootfs.diff_ids")
+    for i, d in enumerate(diff_ids):
+        if not _DIGEST.match(d):
+            raise _bad(where, f"rootfs.diff_ids[{i}] {d[:80]!r} is not a sha256 digest")
     labels = cfg.get("Labels") or {}
     if not isinstance(labels, dict):
         raise _bad(where, "config.Labels must be an object")
@@ -215,9 +228,40 @@ def parse_config(data: bytes, where: str) -> ImageConfig:
         working_dir=str(cfg.get("WorkingDir") or ""),
         stop_signal=str(cfg.get("StopSignal") or ""),
         labels={str(k): str(v) for k, v in labels.items()},
-        diff_ids=_strings(rootfs.get("diff_ids") if isinstance(rootfs, dict) else None, where, "rootfs.diff_ids"),
+        diff_ids=diff_ids,
         created=str(doc.get("created") or ""),
     )
+
+
+def check_media_types(manifest: Manifest, where: str) -> None:
+    """Refuse a manifest with a layer this runtime cannot unpack, before anything is downloaded."""
+    for n, layer in enumerate(manifest.layers, 1):
+        layer_compression(layer.media_type, f"{where}: layer {n}/{len(manifest.layers)} {layer.digest}")
+
+
+def check_layers(manifest: Manifest, config: ImageConfig, where: str) -> tuple[tuple[Descriptor, str], ...]:
+    """Each layer of ``manifest`` with the diff id (digest of its uncompressed tar) the config gives
+    it, bottom first; a manifest whose layer count is not the config's diff id count is refused."""
+    if len(manifest.layers) != len(config.diff_ids):
+        raise _bad(
+            where,
+            f"the manifest has {len(manifest.layers)} layers but the config's rootfs.diff_ids has "
+            f"{len(config.diff_ids)} entries",
+        )
+    return tuple(zip(manifest.layers, config.diff_ids, strict=True))
+
+
+def chain_id(diff_ids: tuple[str, ...]) -> str:
+    """The OCI ChainID of layers with ``diff_ids`` (bottom first): what the unpacked tree contains.
+
+    ChainID(L0) = DiffID(L0); ChainID(L0..Ln) = sha256(ChainID(L0..Ln-1) + " " + DiffID(Ln)).
+    An image without layers (an empty tree) gets the digest of the empty string."""
+    if not diff_ids:
+        return sha256_digest(b"")
+    chain = diff_ids[0]
+    for d in diff_ids[1:]:
+        chain = sha256_digest(f"{chain} {d}".encode())
+    return chain
 
 
 def image_user(user: str) -> tuple[int | None, str]:

@@ -2,7 +2,7 @@ package main
 
 // Containers: OCI bundles run with crun, their root file systems an overlay of a read-only lower
 // tree shared in from the host over virtio-9p and a writable layer in guest memory; their output
-// goes to CRI-format log files in the shared directory, where the host picks it up.
+// is kept in the guest in the CRI log format until the host reads it over the channel (logbuf.go).
 
 import (
 	"bufio"
@@ -50,6 +50,7 @@ type container struct {
 
 	cgroup string
 	spec   map[string]interface{}
+	log    *logBuffer
 	logs   sync.WaitGroup
 	done   chan struct{}
 }
@@ -91,15 +92,6 @@ func cleanRel(rel string) (string, error) {
 		return "", fmt.Errorf("bad path %q", rel)
 	}
 	return clean, nil
-}
-
-// sharedPath is rel inside the shared directory; rel comes from the host and must stay inside.
-func sharedPath(rel string) (string, error) {
-	clean, err := cleanRel(rel)
-	if err != nil {
-		return "", err
-	}
-	return sharedMount + clean, nil
 }
 
 // lowerPath is a tree named "shared/<rel>" (in the sandbox's shared directory) or "images/<rel>"
@@ -160,7 +152,6 @@ func clip(s string, n int) string {
 type createArgs struct {
 	ID    string                 `json:"id"`
 	Lower string                 `json:"lower"`
-	Log   string                 `json:"log"`
 	Spec  map[string]interface{} `json:"spec"`
 }
 
@@ -182,16 +173,12 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	if err != nil {
 		return nil, err
 	}
-	logPath, err := sharedPath(a.Log)
-	if err != nil {
-		return nil, err
-	}
 	cmu.Lock()
 	if _, dup := containers[a.ID]; dup {
 		cmu.Unlock()
 		return nil, fmt.Errorf("create: container %q exists", a.ID)
 	}
-	c := &container{ID: a.ID, State: "creating", spec: a.Spec, done: make(chan struct{})}
+	c := &container{ID: a.ID, State: "creating", spec: a.Spec, log: newLogBuffer(2), done: make(chan struct{})}
 	containers[a.ID] = c
 	cmu.Unlock()
 	fail := func(err error) (interface{}, error) {
@@ -234,18 +221,12 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
 		return fail(err)
 	}
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		return fail(fmt.Errorf("create: log file: %v", err))
-	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		logf.Close()
 		return fail(err)
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
-		logf.Close()
 		outR.Close()
 		outW.Close()
 		return fail(err)
@@ -273,7 +254,6 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	if runErr != nil {
 		outR.Close()
 		errR.Close()
-		logf.Close()
 		crunLog, _ := os.ReadFile(filepath.Join(dir, "crun.log"))
 		diag.Write(crunLog)
 		return fail(fmt.Errorf("crun create: %v: %s", runErr, clip(diag.String(), 2000)))
@@ -282,16 +262,13 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	if err != nil {
 		outR.Close()
 		errR.Close()
-		logf.Close()
 		return fail(err)
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(pidText)))
 	track(pid)
-	var lmu sync.Mutex
 	c.logs.Add(2)
-	go pump(outR, "stdout", logf, &lmu, &c.logs)
-	go pump(errR, "stderr", logf, &lmu, &c.logs)
-	go func() { c.logs.Wait(); logf.Close() }()
+	go pump(outR, "stdout", c.log, &c.logs)
+	go pump(errR, "stderr", c.log, &c.logs)
 	cmu.Lock()
 	c.Pid = pid
 	c.State = "created"
@@ -328,9 +305,11 @@ func readonlyRoot(spec map[string]interface{}) bool {
 	return false
 }
 
-// pump copies one output stream into the CRI log: "<RFC3339Nano> <stream> F|P <text>\n".
-func pump(r *os.File, stream string, w *os.File, mu *sync.Mutex, wg *sync.WaitGroup) {
+// pump copies one output stream into the CRI log: "<RFC3339Nano> <stream> F|P <text>\n". It
+// blocks while the log buffer is full, and the container's writes then block on the full pipe.
+func pump(r *os.File, stream string, w *logBuffer, wg *sync.WaitGroup) {
 	defer wg.Done()
+	defer w.writerDone()
 	defer r.Close()
 	br := bufio.NewReaderSize(r, maxLogLine)
 	for {
@@ -351,9 +330,7 @@ func pump(r *os.File, stream string, w *os.File, mu *sync.Mutex, wg *sync.WaitGr
 			out = append(out, ' ')
 			out = append(out, text...)
 			out = append(out, '\n')
-			mu.Lock()
-			w.Write(out)
-			mu.Unlock()
+			w.write(out)
 		}
 		if err == bufio.ErrBufferFull {
 			continue
@@ -533,6 +510,7 @@ func opDelete(raw json.RawMessage) (interface{}, error) {
 		logf("%v", err)
 	}
 	cleanup(c.ID)
+	c.log.close()
 	cmu.Lock()
 	delete(containers, c.ID)
 	cmu.Unlock()

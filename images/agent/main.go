@@ -23,8 +23,8 @@ import (
 const channelName = "io.vmsandbox.agent.0"
 const maxLine = 1 << 20
 
-// protocolVersion is what this agent sends; it also reads version 1 requests.
-const protocolVersion = 2
+// protocolVersion is what this agent sends; it also reads requests of versions 1 and 2.
+const protocolVersion = 3
 
 // instance names this agent process: random, made at start and reported in hello and report, so
 // that the host tells an agent that restarted (and lost its containers) from one it reconnects to.
@@ -203,8 +203,8 @@ func (p *port) serve() {
 		if len(id) == 0 || id[0] != '"' {
 			id = nil
 		}
-		if m.V != 1 && m.V != 2 {
-			p.fail(id, fmt.Sprintf("unsupported protocol version %d (this agent speaks 1 and 2)", m.V))
+		if m.V < 1 || m.V > protocolVersion {
+			p.fail(id, fmt.Sprintf("unsupported protocol version %d (this agent speaks 1 to %d)", m.V, protocolVersion))
 			continue
 		}
 		switch m.Type {

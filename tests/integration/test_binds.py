@@ -46,7 +46,7 @@ def test_a_bind_shares_the_host_files_both_ways_in_qemus_namespace_only(tmp_path
     (volume / "data").write_text("from the host\n")
     target = tmp_path / "sandbox" / "shared" / "containers" / "c1" / "mounts" / "0"
     target.mkdir(parents=True)
-    binds.bind(qemu, volume, target, readonly=False)
+    binds.bind(qemu, volume, target, readonly=False, beneath=tmp_path)
     assert inside(qemu, f"cat {target}/data").stdout == "from the host\n"
     assert inside(qemu, f"echo from the guest > {target}/written").returncode == 0
     assert (volume / "written").read_text() == "from the guest\n"
@@ -55,7 +55,7 @@ def test_a_bind_shares_the_host_files_both_ways_in_qemus_namespace_only(tmp_path
 
     binds.unbind_all(qemu, tmp_path / "sandbox")
     assert inside(qemu, f"cat {target}/data").returncode != 0
-    binds.remove_tree(tmp_path / "sandbox")
+    binds.remove_tree(tmp_path, "sandbox")
     assert not (tmp_path / "sandbox").exists()
     assert sorted(p.name for p in volume.iterdir()) == ["data", "written"]
 
@@ -68,7 +68,7 @@ def test_read_only_covers_the_mounts_below_only_when_recursive(tmp_path: Path, q
     try:
         target = tmp_path / "target"
         target.mkdir()
-        binds.bind(qemu, source, target, readonly=True, recursive=recursive)
+        binds.bind(qemu, source, target, readonly=True, recursive=recursive, beneath=tmp_path)
         assert inside(qemu, f"echo x > {target}/top").returncode != 0
         assert (inside(qemu, f"echo x > {target}/tmpfs/below").returncode == 0) is not recursive
         assert not (source / "top").exists()
@@ -92,7 +92,7 @@ def test_host_mounts_made_later_reach_the_guest_as_propagation_says(
     try:
         target = tmp_path / "target"
         target.mkdir()
-        binds.bind(qemu, source, target, readonly=False, propagation=propagation)
+        binds.bind(qemu, source, target, readonly=False, propagation=propagation, beneath=tmp_path)
         subprocess.run(["mount", "-t", "tmpfs", "none", str(source / "later")], check=True)
         (source / "later" / "flag").write_text("mounted after the bind\n")
         assert (inside(qemu, f"cat {target}/later/flag").returncode == 0) is seen
@@ -105,7 +105,7 @@ def test_file_binds_and_a_gone_qemu(tmp_path: Path, qemu: int) -> None:
     log.write_text("")
     target = tmp_path / "log"
     target.touch()
-    binds.bind(qemu, log, target, readonly=False)
+    binds.bind(qemu, log, target, readonly=False, beneath=tmp_path)
     assert inside(qemu, f"echo finished > {target}").returncode == 0
     assert log.read_text() == "finished\n"
     binds.unbind_all(2**22 + 1, tmp_path)  # no such process: nothing to do
@@ -117,7 +117,7 @@ def test_remove_tree_refuses_to_delete_through_a_host_mount(tmp_path: Path) -> N
     try:
         (tmp_path / "tree" / "m" / "precious").write_text("x")
         with pytest.raises(InfrastructureError, match="is mounted in it"):
-            binds.remove_tree(tmp_path / "tree")
+            binds.remove_tree(tmp_path, "tree")
         assert (tmp_path / "tree" / "m" / "precious").exists()
     finally:
         subprocess.run(["umount", str(tmp_path / "tree" / "m")], check=True)
@@ -125,6 +125,37 @@ def test_remove_tree_refuses_to_delete_through_a_host_mount(tmp_path: Path) -> N
 
 def test_bind_errors_name_the_paths(tmp_path: Path, qemu: int) -> None:
     with pytest.raises(InfrastructureError, match=r"bind .*missing onto .*No such file"):
-        binds.bind(qemu, tmp_path / "missing", tmp_path, readonly=False)
+        binds.bind(qemu, tmp_path / "missing", tmp_path / "t", readonly=False, beneath=tmp_path)
     with pytest.raises(InfrastructureError, match=r"QEMU .* is gone"):
-        binds.bind(2**22 + 1, tmp_path, tmp_path, readonly=False)
+        binds.bind(2**22 + 1, tmp_path, tmp_path / "t", readonly=False, beneath=tmp_path)
+    with pytest.raises(InfrastructureError, match="not below"):
+        binds.bind(qemu, tmp_path, "/etc", readonly=False, beneath=tmp_path / "share")
+
+
+@pytest.mark.parametrize("kind", ["symlink", "symlinked-parent", "fifo"])
+def test_bind_never_mounts_onto_what_a_guest_put_in_place_of_the_target(tmp_path: Path, qemu: int, kind: str) -> None:
+    """The guest sees the target's directory and can swap the target (or a directory above it)
+    for a symlink to a host path, or for a FIFO, before the bind is attached: nothing is mounted."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "secret").write_text("volume\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    share = tmp_path / "share"
+    mounts = share / "containers" / "c1" / "mounts"
+    mounts.mkdir(parents=True)
+    target = mounts / "0"
+    if kind == "symlink":
+        target.symlink_to(elsewhere)
+    elif kind == "symlinked-parent":
+        (share / "containers" / "c1").rename(share / "moved")
+        (share / "containers" / "c1").symlink_to(tmp_path)
+        (tmp_path / "mounts").mkdir()
+        (tmp_path / "mounts" / "0").mkdir()
+    else:
+        os.mkfifo(target)
+    with pytest.raises(InfrastructureError, match=r"guest may have changed|neither"):
+        binds.bind(qemu, volume, target, readonly=False, beneath=share)
+    for place in (elsewhere, tmp_path / "mounts" / "0"):
+        assert inside(qemu, f"cat {place}/secret").returncode != 0
+    assert binds.mounts_under(tmp_path, inside(qemu, "cat /proc/self/mountinfo").stdout) == []

@@ -97,24 +97,43 @@ def _spec(argv: tuple[str, ...], **kw: object) -> dict[str, object]:
     return build_spec(request, ImageConfig(), UserIds(0, 0))
 
 
-def _create(agent: AgentClient, guest: Guest, cid: str, argv: tuple[str, ...], **kw: object) -> Path:
+class _Log:
+    """A container's CRI log, read from its agent (``log_read``) as it grows."""
+
+    def __init__(self, agent: AgentClient, cid: str) -> None:
+        self.agent, self.cid = agent, cid
+        self.offset = 0
+        self.text = b""
+
+    def read(self, wait_s: float = 0) -> bytes:
+        while True:
+            chunk = self.agent.log_read(self.cid, self.offset, 1 << 16, wait_s)
+            assert chunk.offset == self.offset
+            self.offset += len(chunk.data)
+            self.text += chunk.data
+            if not chunk.data or chunk.eof:
+                return self.text
+            wait_s = 0
+
+
+def _create(agent: AgentClient, guest: Guest, cid: str, argv: tuple[str, ...], **kw: object) -> _Log:
     (guest.shared / "containers" / cid).mkdir()
-    agent.create(cid, lower=LOWER, log=f"containers/{cid}/log", spec=_spec(argv, **kw))
-    return guest.shared / "containers" / cid / "log"
+    agent.create(cid, lower=LOWER, spec=_spec(argv, **kw))
+    return _Log(agent, cid)
 
 
-def _log_lines(path: Path) -> list[tuple[str, str, str]]:
+def _log_lines(log: _Log) -> list[tuple[str, str, str]]:
     """(stream, tag, text) of each CRI log line."""
     out = []
-    for line in path.read_text().splitlines():
+    for line in log.read().decode().splitlines():
         stamp, stream, tag, text = line.split(" ", 3)
         assert stamp.endswith("Z") and "T" in stamp, line
         out.append((stream, tag, text))
     return out
 
 
-def test_agent_speaks_protocol_2(agent: AgentClient) -> None:
-    assert agent.report.protocol == 2
+def test_agent_speaks_protocol_3(agent: AgentClient) -> None:
+    assert agent.report.protocol == 3
     assert agent.report.agent.startswith("vmsandbox-agent/")
     assert agent.report.errors == ()
 
@@ -130,7 +149,11 @@ def test_exit_code_and_logs(agent: AgentClient, guest: Guest) -> None:
     assert ("stdout", "F", "hello") in lines
     assert ("stderr", "F", "oops") in lines
     assert ("stdout", "P", "partial") in lines
+    assert not (guest.shared / "containers" / "exit3" / "log").exists()  # nothing is written to the share
+    assert agent.log_read("exit3", log.offset, 100, 0).eof
     agent.delete("exit3")
+    with pytest.raises(GuestRequestFailed, match="no container"):
+        agent.log_read("exit3", log.offset, 100, 0)
     with pytest.raises(GuestRequestFailed, match="no container"):
         agent.status("exit3")
 
@@ -206,3 +229,24 @@ def test_masked_and_read_only_paths(agent: AgentClient, guest: Guest) -> None:
     assert lines[0] == "--", lines  # the masked file reads as empty
     assert "refused" in lines and lines[-1] == "written", lines
     agent.delete("masks")
+
+
+def test_log_back_pressure_blocks_the_writer_not_the_guest(agent: AgentClient, guest: Guest) -> None:
+    """A container writing far more than the agent holds waits for the host to take it: the
+    agent's memory stays small, and once read, every line is there."""
+    script = "i=0; while [ $i -lt 4000 ]; do printf '%04d %02000d\\n' $i 0; i=$((i+1)); done; echo done"
+    log = _create(agent, guest, "flood", ("sh", "-c", script))
+    agent.start("flood")
+    time.sleep(8)
+    assert agent.status("flood").state == "running"  # blocked on its full pipe
+    rss = int(str(agent.request("stats", {"id": ""}, 30).get("agent_rss_bytes", 0)))
+    assert 0 < rss < 16 * MiB, rss
+    held = agent.log_read("flood", 0, 4 * MiB, 0)
+    assert len(held.data) <= 512 * 1024  # one answer is bounded by the agent
+    deadline = time.monotonic() + 120
+    while not (text := log.read(1.0)).endswith(b"stdout F done\n"):
+        assert time.monotonic() < deadline, len(text)
+    lines = text.decode().splitlines()
+    assert [int(line.split(" ", 4)[3]) for line in lines[:-1]] == list(range(4000))
+    assert agent.wait("flood", timeout_s=30).exit_code == 0
+    agent.delete("flood")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +13,19 @@ import grpc
 import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, require_host, running_shim, start_shim, stop_shim
-from tests.integration.image_setup import Pushed, pushed  # noqa: F401
+from tests.integration.conftest import (
+    Shim,
+    container,
+    pod,
+    q,
+    remove_all,
+    require_host,
+    running_shim,
+    start_shim,
+    stop_shim,
+)
+from tests.integration.image_setup import DockerImage, Pushed, docker_images, pushed  # noqa: F401
+from tests.registry_kit import digest_of, served_manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = pb.AuthConfig(registry_token="a-bearer-token")
@@ -79,6 +91,91 @@ def test_multi_arch_pull_over_the_socket(shim: Shim, pushed: Pushed) -> None:  #
     shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(pushed.ref("multi"))), timeout=30)
 
 
+def _served(image: DockerImage) -> tuple[bytes, bytes]:
+    """What the registry serves for the tag, and its linux/amd64 manifest (the same unless a list)."""
+    top = served_manifest(image.host, image.repo, image.tag)
+    doc = json.loads(top)
+    if "manifests" not in doc:
+        return top, top
+    amd = next(m for m in doc["manifests"] if m["platform"]["architecture"] == "amd64")
+    return top, served_manifest(image.host, image.repo, amd["digest"])
+
+
+@pytest.mark.parametrize("name", ["docker", "docker-list", "docker-raw"])
+def test_docker_format_images_over_the_socket(
+    shim: Shim,
+    docker_images: dict[str, DockerImage],  # noqa: F811
+    name: str,
+) -> None:
+    """Ids and repo digests are the registry's own: the served config's digest, the served manifest's
+    (the list's for a multi-arch image), fetched here with the Accept header a client sends."""
+    image = docker_images[name]
+    top, manifest = _served(image)
+    config_digest = json.loads(manifest)["config"]["digest"]
+    answer = shim.images.PullImage(pb.PullImageRequest(image=spec(image.ref)), timeout=120)
+    assert answer.image_ref == config_digest
+    status = shim.images.ImageStatus(pb.ImageStatusRequest(image=spec(image.ref)), timeout=10).image
+    assert status.id == config_digest
+    assert list(status.repo_tags) == [image.ref]
+    assert list(status.repo_digests) == [f"{image.host}/{image.repo}@{digest_of(top)}"]
+    by_digest = shim.images.ImageStatus(
+        pb.ImageStatusRequest(image=spec(f"{image.host}/{image.repo}@{digest_of(top)}")), timeout=10
+    ).image
+    assert by_digest.id == config_digest
+    shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(image.ref)), timeout=30)
+
+
+def test_a_copied_config_cannot_poison_the_cache_over_the_socket(shim: Shim, pushed: Pushed) -> None:  # noqa: F811
+    with pytest.raises(grpc.RpcError) as exc:
+        shim.images.PullImage(pb.PullImageRequest(image=spec(pushed.ref("attacker"))), timeout=120)
+    err: grpc.Call = exc.value  # type: ignore[assignment]
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "layer 2/2" in (err.details() or "")
+    assert list(shim.images.ListImages(pb.ListImagesRequest(), timeout=10).images) == []
+    answer = shim.images.PullImage(pb.PullImageRequest(image=spec(pushed.ref("public"))), timeout=120)
+    assert answer.image_ref == pushed.id("public")
+    status = shim.images.ImageStatus(pb.ImageStatusRequest(image=spec(pushed.ref("public"))), timeout=10).image
+    assert list(status.repo_tags) == [pushed.ref("public")]
+    shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(pushed.ref("public"))), timeout=30)
+
+
+def test_a_container_runs_from_a_docker_format_image(
+    shim: Shim,
+    docker_images: dict[str, DockerImage],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """buildah's Docker-format image (its Cmd and User from the served config) in a real guest."""
+    ref = docker_images["docker"].ref
+    shim.images.PullImage(pb.PullImageRequest(image=spec(ref)), timeout=120)
+    res = q({"cpu": "250m", "memory": "32Mi"})
+    config = pod("docker-format", containers=[("app", res)])
+    config.log_directory = str(tmp_path)
+    rt = shim.runtime
+    sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+    try:
+        c = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"), image=spec(ref), log_path="app.log")
+        c.kubernetes_resources.CopyFrom(res)
+        cid = rt.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=sid, config=c, sandbox_config=config), timeout=120
+        ).container_id
+        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+        deadline = time.monotonic() + 90
+        while (st := rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=60).status).state != (
+            pb.CONTAINER_EXITED
+        ):
+            assert time.monotonic() < deadline, shim.log_text()[-3000:]
+            time.sleep(0.2)
+        assert (st.exit_code, st.reason) == (0, "Completed")
+        texts = [line.split(" ", 3)[3] for line in (tmp_path / "app.log").read_text().splitlines()]
+        assert texts == ["from-docker", "1000"]
+        assert st.image_ref == f"{docker_images['docker'].host}/{docker_images['docker'].repo}@" + digest_of(
+            served_manifest(docker_images["docker"].host, docker_images["docker"].repo, "1")
+        )
+    finally:
+        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+    shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(ref)), timeout=30)
+
+
 @pytest.mark.parametrize(
     ("image", "auth", "code", "says"),
     [
@@ -88,6 +185,9 @@ def test_multi_arch_pull_over_the_socket(shim: Shim, pushed: Pushed) -> None:  #
         ("REGISTRY/test/busybox:missing", None, grpc.StatusCode.NOT_FOUND, "REGISTRY/test/busybox:missing"),
         ("REGISTRY/test/armonly:1", None, grpc.StatusCode.NOT_FOUND, "no linux/amd64 image"),
         ("REGISTRY/test/hostile:1", None, grpc.StatusCode.INVALID_ARGUMENT, "climbs out of the image root"),
+        ("REGISTRY/test/lying:1", None, grpc.StatusCode.INVALID_ARGUMENT, "rootfs.diff_ids says sha256:"),
+        ("REGISTRY/test/miscount:1", None, grpc.StatusCode.INVALID_ARGUMENT, "has 2 layers but the config's"),
+        ("REGISTRY/docker/zstd:1", None, grpc.StatusCode.INVALID_ARGUMENT, "unsupported layer media type"),
         ("127.0.0.1:1/x/y:1", None, grpc.StatusCode.UNAVAILABLE, "connection refused"),
         ("REGISTRY/test/busybox:uid", TOKEN, grpc.StatusCode.INVALID_ARGUMENT, "registry_token"),
     ],
@@ -95,6 +195,7 @@ def test_multi_arch_pull_over_the_socket(shim: Shim, pushed: Pushed) -> None:  #
 def test_errors_carry_the_right_code_and_no_traceback(
     shim: Shim,
     pushed: Pushed,  # noqa: F811
+    docker_images: dict[str, DockerImage],  # noqa: F811 (pushed to the same registry)
     image: str,
     auth: pb.AuthConfig | None,
     code: grpc.StatusCode,
@@ -134,4 +235,42 @@ def test_a_shim_killed_mid_pull_restarts_with_no_image(tmp_path: Path, pushed: P
         assert answer.image_ref == pushed.id("uid")
     finally:
         stop_shim(second)
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_containers_hold_their_image_across_a_shim_restart(tmp_path: Path) -> None:
+    """After a restart a running container's image is still held: RemoveImage hides it, its tree
+    stays (the guest reads it) until the container is removed."""
+    require_host()
+    (tmp_path / "shim").mkdir()
+    res = q({"cpu": "250m", "memory": "32Mi"})
+    shim = start_shim(tmp_path / "shim")
+    try:
+        config = pod("holds", containers=[("sleeper", res)])
+        sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+        c = container("sleeper", res)
+        c.command[:] = ["sleep", "600"]
+        cid = shim.runtime.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=sid, config=c, sandbox_config=config), timeout=120
+        ).container_id
+        shim.runtime.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+    except BaseException:
+        remove_all(shim)
+        stop_shim(shim)
+        raise
+    stop_shim(shim)
+    shim = start_shim(tmp_path / "shim", pull_busybox=False)
+    try:
+        trees = shim.state_dir / "images" / "trees"
+        shim.images.RemoveImage(pb.RemoveImageRequest(image=spec("busybox")), timeout=30)
+        assert not shim.images.ImageStatus(pb.ImageStatusRequest(image=spec("busybox")), timeout=10).HasField("image")
+        assert [p for p in trees.iterdir() if (p / "bin").is_dir()], "the running container's tree was freed"
+        done = shim.runtime.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["ls", "/bin"], timeout=60), timeout=90)
+        assert done.exit_code == 0 and b"busybox" in done.stdout, done.stderr
+        shim.runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1), timeout=60)
+        shim.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=60)
+        assert list(trees.iterdir()) == []  # the last holder gone: freed
+    finally:
+        remove_all(shim)
+        stop_shim(shim)
         shutil.rmtree(tmp_path, ignore_errors=True)

@@ -3,6 +3,7 @@ layers, single flight, holders, errors, auth, mirrors, a full disk and crashes m
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -11,13 +12,14 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shim import metrics
 from shim.images import ImageStore
-from tests.integration.image_setup import Pushed, pushed, tree_files  # noqa: F401
-from tests.registry_kit import Layout, Registry, busybox_entries, push
+from tests.integration.image_setup import DockerImage, Pushed, docker_images, pushed, tree_files  # noqa: F401
+from tests.registry_kit import Layout, Registry, busybox_entries, digest_of, push, served_manifest
 from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, NotFound, Unauthenticated
 from vmsandbox.registries import Credentials, parse_registries
 
@@ -32,6 +34,13 @@ def store(tmp_path: Path) -> ImageStore:
 
 def blobs(store: ImageStore) -> set[str]:
     return set(store.disk.blob_sizes())
+
+
+def tree_of(store: ImageStore, image_id: str) -> Path:
+    """Where the unpacked tree of ``image_id`` is (as a container holding it would get it)."""
+    tree = store.acquire(image_id)
+    store.release(image_id)
+    return tree
 
 
 def leftovers(store: ImageStore) -> list[str]:
@@ -62,7 +71,7 @@ def test_pull_names_status_and_remove(pushed: Pushed, store: ImageStore) -> None
     assert record.repo_tags == (ref,)
     assert record.repo_digests == (f"{repo}@{pushed.top('uid')}",)
     assert record.user == "1000" and record.spec["uid"] == 1000
-    tree = store.disk.tree_path(image_id)
+    tree = tree_of(store, image_id)
     assert (tree / "bin/busybox").read_bytes() == Path("/bin/busybox").read_bytes()
     assert os.readlink(tree / "bin/sh") == "busybox"
     assert store.usage().bytes >= record.size
@@ -73,19 +82,22 @@ def test_pull_names_status_and_remove(pushed: Pushed, store: ImageStore) -> None
     shared = set(record.layers) & set(named.layers)
     assert shared
 
+    assert tree_of(store, named.id) == tree  # the same layers: one tree
+
     assert store.remove(ref) == image_id
     assert store.get(ref) is None and store.get(image_id) is None
-    assert not tree.exists()
+    assert (tree / "bin/busybox").exists()  # still the other image's
     assert shared <= blobs(store)  # still used by the other image
     assert store.remove(ref) is None  # absent: fine
     store.remove(pushed.ref("named"))
+    assert not tree.exists()
     assert leftovers(store) == []
 
 
 def test_multi_arch_index_yields_the_amd64_image(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
     image_id = store.pull(pushed.ref("multi"))
     assert image_id == pushed.id("multi")
-    assert (store.disk.tree_path(image_id) / "arch").read_text() == "amd64\n"
+    assert (tree_of(store, image_id) / "arch").read_text() == "amd64\n"
     record = store.get(image_id)
     assert record is not None
     assert record.repo_digests == (f"{pushed.ref('multi').rsplit(':', 1)[0]}@{pushed.top('multi')}",)
@@ -99,7 +111,7 @@ def test_index_without_amd64_is_not_found(pushed: Pushed, store: ImageStore) -> 
 
 
 def test_whiteouts_and_opaque_directories(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
-    tree = store.disk.tree_path(store.pull(pushed.ref("whiteouts")))
+    tree = tree_of(store, store.pull(pushed.ref("whiteouts")))
     files = tree_files(tree)
     assert "a/stays" in files and "a/gone" not in files
     assert {f for f in files if f.startswith("o/")} == {"o/new"}
@@ -112,6 +124,142 @@ def test_hostile_layer_is_refused_and_leaves_nothing(pushed: Pushed, store: Imag
     assert store.list() == []
     assert leftovers(store) == []
     assert not any(p.name == "escaped-by-image" for p in tmp_path.parent.rglob("escaped-by-image"))
+
+
+def _served(image: DockerImage) -> tuple[bytes, bytes]:
+    """(what the registry serves for the tag, the linux/amd64 manifest: the same unless it is a list)."""
+    top = served_manifest(image.host, image.repo, image.tag)
+    doc = json.loads(top)
+    if "manifests" not in doc:
+        return top, top
+    amd = next(m for m in doc["manifests"] if m["platform"]["architecture"] == "amd64")
+    return top, served_manifest(image.host, image.repo, amd["digest"])
+
+
+@pytest.mark.parametrize("name", ["docker", "docker-list", "docker-raw"])
+def test_docker_images_are_stored_as_the_registry_serves_them(
+    docker_images: dict[str, DockerImage],  # noqa: F811
+    store: ImageStore,
+    name: str,
+) -> None:
+    image = docker_images[name]
+    top, manifest = _served(image)
+    config_digest = json.loads(manifest)["config"]["digest"]
+    assert store.pull(image.ref) == config_digest  # the id the kubelet and critest compare
+    record = store.get(image.ref)
+    assert record is not None and record.id == config_digest
+    assert record.repo_tags == (image.ref,)
+    assert record.repo_digests == (f"{image.host}/{image.repo}@{digest_of(top)}",)
+    assert record.manifest == digest_of(manifest)
+    assert store.disk.blob_path(record.manifest).read_bytes() == manifest
+    assert digest_of(store.disk.blob_path(config_digest).read_bytes()) == config_digest
+    config = json.loads(store.disk.blob_path(config_digest).read_bytes())
+    assert "container_config" in config  # Docker-only fields kept: the config as served
+    tree = tree_of(store, record.id)
+    files = tree_files(tree)
+    assert "bin/busybox" in files
+    if name == "docker-raw":
+        assert {(tree / f).read_text() for f in ("plain", "foreign")} == {"plain\n", "foreign\n"}
+    else:
+        assert (tree / "etc/arch").read_text() == "amd64\n"
+        assert record.user == "1000"
+    assert store.pull(f"{image.host}/{image.repo}@{digest_of(top)}") == config_digest  # by digest too
+    store.remove(record.id)
+    assert leftovers(store) == []
+
+
+def test_docker_zstd_layers_are_refused_before_any_download(
+    docker_images: dict[str, DockerImage],  # noqa: F811
+    store: ImageStore,
+) -> None:
+    with pytest.raises(InvalidArgument, match=r"unsupported layer media type .*diff\.tar\.zstd"):
+        store.pull(docker_images["docker-zstd"].ref)
+    assert leftovers(store) == []
+
+
+def test_an_image_copying_a_public_config_cannot_poison_the_cache(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
+    """The attacker's config is byte-identical to the public image's (same image id), its layers are
+    not: pulled first it is refused; the public image pulled next has its own contents."""
+    assert pushed.id("attacker") == pushed.id("public")
+    with pytest.raises(InvalidArgument, match=r"layer 2/2 sha256:[0-9a-f]{64}: its uncompressed content") as err:
+        store.pull(pushed.ref("attacker"))
+    assert "rootfs.diff_ids says sha256:" in str(err.value) and len(str(err.value)) < 600
+    assert store.list() == [] and store.get(pushed.id("public")) is None
+    assert leftovers(store) == []
+    assert store.pull(pushed.ref("public")) == pushed.id("public")
+    assert (tree_of(store, pushed.id("public")) / "whoami").read_text() == "public\n"
+    # pulled now, the attacker's name gets what its config (the public one) declares, nothing else
+    assert store.pull(pushed.ref("attacker")) == pushed.id("public")
+    assert (tree_of(store, pushed.id("public")) / "whoami").read_text() == "public\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("lying", r"layer 2/2 .*rootfs.diff_ids says"),
+        ("miscount", r"the manifest has 2 layers but the config's rootfs.diff_ids has 1 entries"),
+    ],
+)
+def test_layers_that_do_not_match_the_config_are_refused(
+    pushed: Pushed,  # noqa: F811
+    store: ImageStore,
+    name: str,
+    says: str,
+) -> None:
+    with pytest.raises(InvalidArgument, match=says):
+        store.pull(pushed.ref(name))
+    assert store.list() == [] and leftovers(store) == []
+
+
+def test_zstd_layers(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
+    image_id = store.pull(pushed.ref("zstd"))
+    assert (tree_of(store, image_id) / "zstd").read_text() == "zstd\n"
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["old-container-holds-it", "nothing-holds-it"])
+def test_a_store_of_the_previous_version_is_verified_at_start(
+    pushed: Pushed,  # noqa: F811
+    tmp_path: Path,
+    held: bool,
+) -> None:
+    """Trees named by image id and never verified: each is unpacked again with every check under its
+    ChainID (a tampered old tree is not given to a new container; it is kept only while a container
+    started from it before holds the image) or, when its blobs cannot prove it, dropped."""
+    root = tmp_path / "images"
+    store = ImageStore(root)
+    good, broken = store.pull(pushed.ref("whiteouts")), store.pull(pushed.ref("zstd"))
+    verified_tree = tree_of(store, good)
+    broken_layer = store.get(broken).layers[-1]  # type: ignore[union-attr]
+    doc = json.loads((root / "catalogue.json").read_text())
+    for record in doc["images"]:
+        old = root / "trees" / record["id"][7:]
+        shutil.copytree(root / "trees" / record.pop("tree")[7:], old, symlinks=True)
+        (old / "planted").write_text("not from any layer")  # what the old version could have served
+    doc["version"] = 1
+    (root / "catalogue.json").write_text(json.dumps(doc))
+    shutil.rmtree(verified_tree)
+    store.disk.blob_path(broken_layer).unlink()
+
+    again = ImageStore(root)
+    assert [r.id for r in again.list()] == [good]
+    assert json.loads((root / "catalogue.json").read_text())["version"] == 2
+    assert store.disk.blob_path(broken_layer).exists() is False
+    # the old tree stays only for containers started from it before the upgrade, which hold the image
+    old = root / "trees" / good[7:]
+    assert {p.name for p in (root / "trees").iterdir()} == {verified_tree.name, old.name}
+    if held:
+        tree = again.acquire(good)  # such a container, holding it again at start-up
+        again.collect()
+        assert (old / "planted").exists()
+        again.release(good)  # the last of them gone
+    else:
+        again.collect()
+        tree = again.acquire(good)
+    assert tree == verified_tree and "planted" not in tree_files(tree) and "o/new" in tree_files(tree)
+    assert {p.name for p in (root / "trees").iterdir()} == {tree.name}
+    third = ImageStore(root)  # a second start finds nothing to do
+    third.collect()
+    assert [r.id for r in third.list()] == [good] and tree_of(third, good) == tree
 
 
 def test_ten_concurrent_pulls_download_each_blob_once(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
@@ -144,6 +292,29 @@ def test_ten_concurrent_pulls_download_each_blob_once(pushed: Pushed, tmp_path: 
     assert (metrics.REGISTRY.get_sample_value("vmsandbox_image_pulls_shared_total") or 0.0) - shared_before == 9
 
 
+def test_a_removal_between_unpack_and_catalogue_keeps_what_the_pull_uses(
+    pushed: Pushed,  # noqa: F811
+    store: ImageStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``named`` has the layers of ``uid``: removing ``uid`` while ``named``'s pull has its tree and
+    blobs but no catalogue entry yet must not free them under it."""
+    first = store.pull(pushed.ref("uid"))
+    tree = tree_of(store, first)
+    fetch = store._fetch
+
+    def fetch_then_remove(*args: Any) -> Any:
+        out = fetch(*args)
+        store.remove(first)
+        return out
+
+    monkeypatch.setattr(store, "_fetch", fetch_then_remove)
+    second = store.pull(pushed.ref("named"))
+    assert tree_of(store, second) == tree and (tree / "bin/busybox").is_file()
+    record = store.get(second)
+    assert record is not None and set(record.blobs) <= blobs(store)
+
+
 def test_held_images_are_freed_on_last_release(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
     image_id = store.pull(pushed.ref("uid"))
     tree = store.acquire(image_id)
@@ -163,15 +334,15 @@ def test_held_images_are_freed_on_last_release(pushed: Pushed, store: ImageStore
 def test_removed_held_image_survives_restart_until_collected(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
     store = ImageStore(tmp_path / "images")
     image_id = store.pull(pushed.ref("uid"))
-    store.acquire(image_id)
+    tree = store.acquire(image_id)
     store.remove(image_id)
     again = ImageStore(tmp_path / "images")  # a restart: containers re-acquire before collect()
-    assert again.disk.has_tree(image_id) and again.get(image_id) is None
-    again.acquire(image_id)
+    assert tree.is_dir() and again.get(image_id) is None
+    assert again.acquire(image_id) == tree
     again.collect()
-    assert again.disk.has_tree(image_id)
+    assert tree.is_dir()
     again.release(image_id)
-    assert not again.disk.has_tree(image_id)
+    assert not tree.exists()
 
 
 @pytest.mark.parametrize(
@@ -301,9 +472,10 @@ def test_a_crash_mid_pull_leaves_no_image_and_no_garbage(pushed: Pushed, tmp_pat
     )
     assert done.returncode == -9, done.stderr.decode()[-2000:]
     assert any((root / "work").iterdir()) or any((root / "trees").iterdir())  # it died holding something
+    (root / "blobs" / "oci-put-blob123").write_bytes(b"half a blob")  # what a killed skopeo leaves
     store = ImageStore(root)
     assert store.list() == [] and store.get(pushed.ref("uid")) is None
-    assert leftovers(store) == []
+    assert leftovers(store) == [] and [p.name for p in (root / "blobs").iterdir()] == ["sha256"]
     assert store.pull(pushed.ref("uid")) == pushed.id("uid")
     shutil.rmtree(root)
 

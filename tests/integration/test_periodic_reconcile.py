@@ -41,3 +41,14 @@ def test_an_orphaned_domain_is_removed_while_the_shim_serves(tmp_path: Path) -> 
         assert status.state == pb.SANDBOX_READY
         assert any(sid[:32] in name for name in our_domains())
         assert "the ledger has no row for it" in shim.log_text()
+
+
+def test_the_start_up_reconcile_removes_a_leftover_shared_directory(tmp_path: Path) -> None:
+    # what a shim killed during RunPodSandbox leaves: a sandbox directory no row knows; with no
+    # periodic reconcile, only the start-up one can remove it
+    require_host()
+    leftover = tmp_path / "state" / "sandboxes" / secrets.token_hex(32)
+    (leftover / "shared" / "containers").mkdir(parents=True)
+    (leftover / "images").mkdir()
+    with running_shim(tmp_path, extra_config={"reconcile_interval_s": 0}, pull_busybox=False):
+        assert not leftover.exists()

@@ -9,7 +9,9 @@
 //	       container's no_new_privs held);
 //	pgrep: prints the pids of processes whose name matches its argument (busybox-static has no
 //	       pgrep applet), exit status 1 when none does;
-//	ipcs:  with -m, lists System V shared memory segments from /proc/sysvipc/shm (nor ipcs).
+//	ipcs:  with -m, lists System V shared memory segments from /proc/sysvipc/shm (nor ipcs);
+//	setcap: gives each file named a file capability (CAP_SETUID, effective), as libcap's
+//	       `setcap cap_setuid+ep FILE` does, and says whether it held.
 package main
 
 import (
@@ -22,9 +24,10 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
-var known = map[string]bool{"nginx": true, "httpd": true, "nnp": true, "pgrep": true, "ipcs": true}
+var known = map[string]bool{"nginx": true, "httpd": true, "nnp": true, "pgrep": true, "ipcs": true, "setcap": true}
 
 func main() {
 	name := filepath.Base(os.Args[0])
@@ -52,8 +55,10 @@ func main() {
 		os.Exit(pgrep(os.Args[1:]))
 	case "ipcs":
 		os.Exit(ipcs(os.Args[1:]))
+	case "setcap":
+		os.Exit(setcap(os.Args[1:]))
 	default:
-		fmt.Fprintf(os.Stderr, "lookalike: run as nginx, httpd, nnp, pgrep or ipcs, not %q\n", name)
+		fmt.Fprintf(os.Stderr, "lookalike: run as nginx, httpd, nnp, pgrep, ipcs or setcap, not %q\n", name)
 		os.Exit(2)
 	}
 }
@@ -119,4 +124,28 @@ func ipcs(args []string) int {
 		fmt.Printf("0x%08x %-10s %-10s %-10o %-10s %-10s\n", uint32(key), f[1], f[7], perms&0o777, f[3], f[6])
 	}
 	return 0
+}
+
+// setcap writes a version 2 security.capability attribute (linux/capability.h: magic with the
+// effective flag, then permitted and inheritable words, little-endian) granting CAP_SETUID.
+func setcap(files []string) int {
+	const capSetuid = 7
+	value := make([]byte, 20)
+	put := func(at int, v uint32) {
+		for i := 0; i < 4; i++ {
+			value[at+i] = byte(v >> (8 * i))
+		}
+	}
+	put(0, 0x02000000|0x1)
+	put(4, 1<<capSetuid)
+	status := 0
+	for _, f := range files {
+		if err := syscall.Setxattr(f, "security.capability", value, 0); err != nil {
+			fmt.Printf("setcap %s: %v\n", f, err)
+			status = 1
+			continue
+		}
+		fmt.Printf("setcap %s: done\n", f)
+	}
+	return status
 }

@@ -1,4 +1,4 @@
-"""Tests of vmsandbox.admission: what "diverge" means (DESIGN §5)."""
+"""Tests of vmsandbox.admission: what "diverge" means (the README's "Admission")."""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ from vmsandbox.agent_protocol import (
     GuestReport,
     Hello,
     HugePages,
+    LogChunk,
     Message,
     NicReport,
     ProtocolError,
@@ -37,6 +38,7 @@ from vmsandbox.agent_protocol import (
     decode,
     encode,
     exec_result_from_body,
+    log_chunk_from_body,
     report_from_body,
     report_to_body,
 )
@@ -158,7 +160,7 @@ def test_report_is_hashable_and_frozen() -> None:
         pytest.param(b"[1,2]", "not a JSON object", id="array"),
         pytest.param(b'"hello"', "not a JSON object", id="string"),
         pytest.param(b'{"type":"ack"}', "no protocol version", id="no-version"),
-        pytest.param(b'{"v":3,"type":"ack"}', "unsupported protocol version 3", id="version-3"),
+        pytest.param(b'{"v":4,"type":"ack"}', "unsupported protocol version 4", id="version-4"),
         pytest.param(b'{"v":"1","type":"ack"}', "unsupported protocol version '1'", id="version-string"),
         pytest.param(b'{"v":true,"type":"ack"}', "unsupported protocol version True", id="version-bool"),
         pytest.param(b'{"v":1.0,"type":"ack"}', "unsupported protocol version 1.0", id="version-float"),
@@ -246,7 +248,8 @@ STATE_BODY = {
 def test_request_args_round_trip() -> None:
     msg = Request("9", "create", {"id": "c1", "spec": {"process": {"args": ["sh"]}}})
     data = encode(msg)
-    assert json.loads(data)["v"] == 2
+    assert json.loads(data)["v"] == 3
+    assert json.loads(encode(msg, 2))["v"] == 2
     assert decode(data) == msg
     assert decode(data).args == msg.args  # type: ignore[union-attr]
 
@@ -282,6 +285,41 @@ def test_exec_result_decodes_base64_output() -> None:
     assert exec_result_from_body(body) == ExecResult(7, b"in\n", b"", False, 0)
     with pytest.raises(ProtocolError, match="not base64"):
         exec_result_from_body({**body, "stdout": "!!"})
+
+
+LOG_OK = {"offset": 100, "data": "aGVsbG8K", "eof": False}  # "hello\n"
+
+
+def test_log_chunk_decodes() -> None:
+    assert log_chunk_from_body(LOG_OK, 100, 6) == LogChunk(100, b"hello\n", False)
+    assert log_chunk_from_body({**LOG_OK, "offset": 150, "eof": True}, 100, 6) == LogChunk(150, b"hello\n", True)
+    assert log_chunk_from_body({**LOG_OK, "data": ""}, 100, 1) == LogChunk(100, b"", False)
+
+
+@pytest.mark.parametrize(
+    ("changes", "asked", "max_bytes", "problem"),
+    [
+        ({"offset": 99}, 100, 6, "before the 100 asked for"),
+        ({}, 100, 5, "6 bytes for at most 5"),
+        ({"data": "A" * 12}, 100, 6, "12 base64 characters for at most 6"),
+        ({"data": "!!!!"}, 100, 6, "not base64"),
+        ({"data": "aGVsbG8"}, 100, 6, "not base64"),
+        ({"data": None}, 100, 6, "'data' must be a string"),
+        ({"offset": -1}, 0, 6, "must not be negative"),
+        ({"offset": "100"}, 100, 6, "'offset' must be an integer"),
+        ({"eof": 1}, 100, 6, "'eof' must be a boolean"),
+        ({"eof": None}, 100, 6, "'eof' must be a boolean"),
+    ],
+)
+def test_log_chunk_rejects_lies(changes: dict[str, object], asked: int, max_bytes: int, problem: str) -> None:
+    with pytest.raises(ProtocolError, match=problem):
+        log_chunk_from_body({**LOG_OK, **changes}, asked, max_bytes)
+
+
+def test_log_chunk_never_decodes_more_than_asked() -> None:
+    """Checked on the base64 text before it is decoded (a guest sends ~1 MiB lines at most)."""
+    with pytest.raises(ProtocolError, match="base64 characters"):
+        log_chunk_from_body({**LOG_OK, "data": "QUFB" * 200_000}, 100, 1024)
 
 
 # ---- the host side (vmsandbox.adapters.guest_channel) against a fake guest on a unix socket ------------------
@@ -438,3 +476,37 @@ def test_guest_leaving_mid_request_is_reported(tmp_path: Path) -> None:
     ):
         channel.request("ping", 5)
     guest.join()
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 9])
+def test_host_speaks_the_version_the_guest_reads(tmp_path: Path, protocol: int) -> None:
+    """The greeting goes out as version 1 (every agent reads it); after the guest said which it
+    speaks, the host sends the highest version both sides know."""
+    seen: list[int] = []
+    path = tmp_path / "agent.sock"
+    report = {**report_to_body(REPORT), "protocol": protocol}
+
+    def serve() -> None:
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(str(path))
+            server.listen()
+            server.settimeout(10)
+            conn, _ = server.accept()
+            with conn, conn.makefile("rwb") as f:
+                f.write(json.dumps({"v": 2, "type": "hello", "body": report}).encode() + b"\n")
+                f.flush()
+                for line in f:
+                    obj = json.loads(line)
+                    seen.append(obj["v"])
+                    if obj["type"] == "request":
+                        answer = {"v": 2, "type": "response", "id": obj["id"], "ok": True, "body": {}}
+                        f.write(json.dumps(answer).encode() + b"\n")
+                        f.flush()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with GuestChannel.open(path, 10) as channel:
+        channel.request("ping", 10)
+    thread.join(timeout=10)
+    assert seen[0] == 1  # the greeting report request
+    assert set(seen[1:]) == {min(protocol, 3)}, seen

@@ -75,12 +75,13 @@ def test_stats_carry_cpu_memory_and_writable_layer() -> None:
         id="c" * 64, sandbox_id="s" * 64, name="app", attempt=0, state="CONTAINER_RUNNING", created_ns=1
     )
     s = CgroupStats(5, 2_000_000, 300, 200, 100, 7, 1, 2, 4096, 3)
-    out = translate.container_stats(c, s, 1500)
+    out = translate.container_stats(c, s, 1500, "/var/lib/vmsandbox/state")
     assert out.attributes.id == c.id and out.attributes.metadata.name == "app"
     assert (out.cpu.usage_core_nano_seconds.value, out.cpu.usage_nano_cores.value) == (2_000_000, 1500)
     assert (out.memory.working_set_bytes.value, out.memory.usage_bytes.value) == (200, 300)
     assert (out.writable_layer.used_bytes.value, out.writable_layer.inodes_used.value) == (4096, 3)
-    empty = translate.container_stats(c, None, None)
+    assert out.writable_layer.fs_id.mountpoint == "/var/lib/vmsandbox/state"
+    empty = translate.container_stats(c, None, None, "/var/lib/vmsandbox/state")
     assert not empty.HasField("cpu") and not empty.HasField("memory")
 
 

@@ -112,7 +112,7 @@ CASES = {
         extra_cmdline="",
         console_log="/var/log/vmsandbox/console/fedcba98.log",
         shared_dirs=(
-            SharedDir("/var/lib/vmsandbox/state/sandboxes/fedcba98/shared", "vmsandbox.shared"),
+            SharedDir("/var/lib/vmsandbox/state/sandboxes/fedcba98/shared", "vmsandbox.shared", accessmode="mapped"),
             SharedDir("/var/lib/vmsandbox/state/images/trees", "vmsandbox.images", readonly=True),
         ),
     ),

@@ -13,6 +13,7 @@ from vmsandbox.image_catalogue import (
     record_doc,
     record_from_doc,
     referenced_blobs,
+    referenced_trees,
     usage,
     visible,
     with_pulled,
@@ -121,6 +122,19 @@ def test_shared_blobs_are_counted_once(two: dict[str, ImageRecord]) -> None:
     blobs = {two[A].manifest, two[B].manifest, A, B, h(1), h(2), h(3)}
     assert u.bytes == 1000 * len(blobs)
     assert u.inodes == len(blobs)
+
+
+def test_shared_trees_are_counted_once() -> None:
+    """Images with the same layers share one tree: its bytes count once."""
+    images = {
+        A: rec(A, (h(1),), tree=h(9), unpacked_bytes=500, unpacked_inodes=5),
+        B: rec(B, (h(1),), tree=h(9), unpacked_bytes=500, unpacked_inodes=5),
+    }
+    sizes = dict.fromkeys(referenced_blobs(images), 1000)
+    u = usage(images, sizes)
+    assert (u.bytes, u.inodes) == (1000 * len(sizes) + 500, len(sizes) + 5)
+    assert referenced_trees(images) == {h(9)}
+    assert record_from_doc(record_doc(images[A])).tree == h(9)
 
 
 def test_filter(two: dict[str, ImageRecord]) -> None:

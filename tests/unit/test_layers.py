@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import os
 import stat
 import struct
@@ -12,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -303,3 +305,106 @@ def test_no_layer_reaches_outside_the_tree(data: st.DataObject) -> None:
         outside = {p.name for p in Path(tmp).iterdir()} - {"tree", "host"}
         assert all(n.startswith("layer") for n in outside), outside
         assert not any(stat.S_ISCHR(p.lstat().st_mode) or stat.S_ISBLK(p.lstat().st_mode) for p in root.rglob("*"))
+
+
+# -- verification: the blob's digest and the uncompressed digest (diff id), in the unpacking pass ----
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _compressed(raw: bytes, compression: str) -> bytes:
+    if compression == "gzip":
+        return gzip.compress(raw, mtime=0)
+    if compression == "zstd":
+        return zstandard.ZstdCompressor().compress(raw)
+    return raw
+
+
+@pytest.mark.parametrize("compression", ["tar", "gzip", "zstd"])
+def test_layers_verified_against_digest_and_diff_id(place: tuple[Path, Path], compression: str) -> None:
+    root, _ = place
+    raw = tar_bytes([directory("etc"), file("etc/hello", b"hello\n")])
+    blob = root.parent / "layer"
+    blob.write_bytes(_compressed(raw, compression))
+    tree = Tree(str(root), Limits())
+    try:
+        stats = tree.apply(str(blob), compression, "layer 1/1", digest=_digest(blob.read_bytes()), diff_id=_digest(raw))
+    finally:
+        tree.close()
+    assert (stats.digest, stats.diff_id) == (_digest(blob.read_bytes()), _digest(raw))
+    assert (root / "etc/hello").read_text() == "hello\n"
+
+
+def _lie(raw: bytes) -> bytes:
+    return raw + b"\0" * 512  # one more zero block: the same entries, another uncompressed digest
+
+
+@pytest.mark.parametrize(
+    ("compression", "what", "message"),
+    [
+        ("gzip", "diff_id", "config's rootfs.diff_ids says"),
+        ("zstd", "diff_id", "config's rootfs.diff_ids says"),
+        ("tar", "diff_id", "config's rootfs.diff_ids says"),
+        ("gzip", "digest", "the blob's content has digest"),
+    ],
+)
+def test_a_layer_whose_digests_lie_is_refused(
+    place: tuple[Path, Path], compression: str, what: str, message: str
+) -> None:
+    """A diff id that names other content (trailing zero blocks included: the whole stream counts)."""
+    root, _ = place
+    raw = tar_bytes([file("x", b"x")])
+    blob = root.parent / "layer"
+    blob.write_bytes(_compressed(_lie(raw), compression))
+    digest, diff_id = _digest(blob.read_bytes()), _digest(_lie(raw))
+    if what == "diff_id":
+        diff_id = _digest(raw)
+    else:
+        digest = _digest(b"another blob")
+    tree = Tree(str(root), Limits())
+    try:
+        with pytest.raises(InvalidArgument, match=message) as err:
+            tree.apply(str(blob), compression, "layer 2/3 sha256:abc", digest=digest, diff_id=diff_id)
+    finally:
+        tree.close()
+    assert "layer 2/3" in str(err.value) and len(str(err.value)) < 400
+
+
+def test_zstd_bomb_stops_at_the_byte_limit(place: tuple[Path, Path]) -> None:
+    root, _ = place
+    blob = root.parent / "bomb.zst"
+    blob.write_bytes(zstandard.ZstdCompressor().compress(tar_bytes([file("big", b"\0" * (4 << 20))])))
+    tree = Tree(str(root), Limits(max_bytes=1 << 20))
+    try:
+        with pytest.raises(CannotFit):
+            tree.apply(str(blob), "zstd", "bomb")
+    finally:
+        tree.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    tail=st.binary(max_size=2048),
+    claim_tail=st.binary(max_size=2048),
+    compression=st.sampled_from(["tar", "gzip", "zstd"]),
+)
+def test_a_layer_is_accepted_exactly_when_its_diff_id_is_its_content(
+    tail: bytes, claim_tail: bytes, compression: str
+) -> None:
+    """Whatever follows the tar's end (padding, garbage) is part of what the diff id names."""
+    raw = tar_bytes([file("f", b"data")])
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "tree"
+        root.mkdir()
+        blob = Path(tmp) / "layer"
+        blob.write_bytes(_compressed(raw + tail, compression))
+        tree = Tree(str(root), Limits())
+        try:
+            claimed = _digest(raw + claim_tail)
+            if claim_tail == tail:
+                tree.apply(str(blob), compression, "l", diff_id=claimed)
+            else:
+                with pytest.raises(InvalidArgument, match=r"rootfs\.diff_ids says"):
+                    tree.apply(str(blob), compression, "l", diff_id=claimed)
+        finally:
+            tree.close()

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vmsandbox.errors import InvalidArgument, NotFound
 from vmsandbox.oci import (
     DOCKER_LIST,
     DOCKER_MANIFEST,
+    OCI_CONFIG,
     OCI_INDEX,
     OCI_MANIFEST,
+    Descriptor,
     Index,
     Manifest,
     Platform,
+    chain_id,
+    check_layers,
+    check_media_types,
     image_user,
     layer_compression,
     parse_config,
@@ -22,6 +30,8 @@ from vmsandbox.oci import (
     select_platform,
     sha256_digest,
 )
+
+LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 
 
 def d(n: int) -> str:
@@ -191,3 +201,67 @@ def test_unknown_layer_type_is_refused() -> None:
 
 def test_digest() -> None:
     assert sha256_digest(b"") == "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+# -- layers against the config: diff ids, their count, the ChainID ------------------------------------
+def _config(diff_ids: list[object]) -> bytes:
+    return doc({"os": "linux", "architecture": "amd64", "rootfs": {"type": "layers", "diff_ids": diff_ids}})
+
+
+def test_chain_id_follows_the_image_spec() -> None:
+    a, b, c = d(1), d(2), d(3)
+    ab = sha256_digest(f"{a} {b}".encode())
+    assert chain_id((a,)) == a
+    assert chain_id((a, b)) == ab
+    assert chain_id((a, b, c)) == sha256_digest(f"{ab} {c}".encode())
+    assert chain_id(()) == sha256_digest(b"")
+
+
+@given(st.lists(st.integers(0, 50), max_size=6), st.lists(st.integers(0, 50), max_size=6))
+def test_chain_ids_differ_exactly_when_the_layer_lists_do(xs: list[int], ys: list[int]) -> None:
+    one, two = tuple(d(x) for x in xs), tuple(d(y) for y in ys)
+    assert (chain_id(one) == chain_id(two)) == (one == two)
+
+
+@pytest.mark.parametrize(
+    ("layers", "diff_ids", "says"),
+    [
+        (2, [d(7), d(8)], ""),
+        (2, [d(7)], "the manifest has 2 layers but the config's rootfs.diff_ids has 1 entries"),
+        (0, [d(7)], "the manifest has 0 layers but the config's rootfs.diff_ids has 1 entries"),
+        (1, ["sha256:short"], "rootfs.diff_ids[0] 'sha256:short' is not a sha256 digest"),
+        (1, [7], "rootfs.diff_ids must be a list of strings"),
+    ],
+)
+def test_layers_pair_with_diff_ids(layers: int, diff_ids: list[object], says: str) -> None:
+    manifest = Manifest(
+        OCI_MANIFEST, Descriptor(OCI_CONFIG, d(1), 1), tuple(Descriptor(LAYER, d(10 + i), 1) for i in range(layers))
+    )
+    if says:
+        with pytest.raises(InvalidArgument, match=re.escape(says)):
+            check_layers(manifest, parse_config(_config(diff_ids), "cfg"), "cfg")
+        return
+    pairs = check_layers(manifest, parse_config(_config(diff_ids), "cfg"), "cfg")
+    assert [(layer.digest, diff) for layer, diff in pairs] == [(d(10), d(7)), (d(11), d(8))]
+
+
+@pytest.mark.parametrize(
+    ("media_type", "ok"),
+    [
+        ("application/vnd.docker.image.rootfs.diff.tar.gzip", True),
+        ("application/vnd.docker.image.rootfs.diff.tar", True),
+        ("application/vnd.docker.image.rootfs.foreign.diff.tar.gzip", True),
+        ("application/vnd.oci.image.layer.nondistributable.v1.tar+zstd", True),
+        ("application/vnd.docker.image.rootfs.diff.tar.zstd", False),
+        ("application/vnd.oci.image.layer.v1.tar+lz4", False),
+    ],
+)
+def test_media_types_are_checked_before_download(media_type: str, ok: bool) -> None:
+    manifest = Manifest(
+        OCI_MANIFEST, Descriptor(OCI_CONFIG, d(1), 1), (Descriptor(LAYER, d(2), 1), Descriptor(media_type, d(3), 1))
+    )
+    if ok:
+        check_media_types(manifest, "m")
+    else:
+        with pytest.raises(InvalidArgument, match=r"m: layer 2/2 sha256:0+3: unsupported layer media type"):
+            check_media_types(manifest, "m")

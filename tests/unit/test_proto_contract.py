@@ -1,7 +1,7 @@
 """The CRI wire contract: field numbers, services, unknown fields, generated code.
 
 The numbers below are the ones k8s.io/cri-api (runtime.v1) uses, plus the KEP-4112
-extension described in DESIGN.md section 2. A kubelet, crictl or critest only
+extension described in the README and proto/. A kubelet, crictl or critest only
 interoperates with us if these match, so a change here is a change of the wire format.
 """
 
@@ -368,7 +368,7 @@ def test_method_types(method: str, request_type: str, response_type: str) -> Non
 
 UPSTREAM_TABLE = REPO_ROOT / "tests" / "fixtures" / "cri-api" / "runtime-v1.tsv"
 
-# What we add to upstream's runtime.v1: the KEP-4112 extension (DESIGN.md section 2), nothing else.
+# What we add to upstream's runtime.v1: the KEP-4112 extension, nothing else.
 KEP4112_LINES = {
     "field\tPodSandboxConfig\tpod_resources\t10\truntime.v1.PodResourceConfig\toptional",
     "field\tContainerConfig\tkubernetes_resources\t19\truntime.v1.KubernetesResources\toptional",

@@ -1,4 +1,5 @@
-"""Tests of vmsandbox.sizing: effective pod demand (declared and legacy) and the VM shape (DESIGN §3)."""
+"""Tests of vmsandbox.sizing: effective pod demand (declared and legacy) and the VM shape
+(the README's "How a pod is sized")."""
 
 from __future__ import annotations
 

@@ -36,12 +36,14 @@ from vmsandbox.agent_protocol import (
     ExecResult,
     GuestReport,
     Hello,
+    LogChunk,
     ProtocolError,
     Request,
     Response,
     UnsolicitedBudget,
     container_state_from_body,
     exec_result_from_body,
+    log_chunk_from_body,
     stats_from_body,
 )
 from vmsandbox.errors import InfrastructureError
@@ -192,13 +194,19 @@ class AgentClient:
 
     # ---- typed ops ----------------------------------------------------------------------------
 
-    def create(
-        self, cid: str, *, lower: str, log: str, spec: Mapping[str, object], timeout_s: float = 60
-    ) -> ContainerState:
-        """Creates container ``cid``: overlay of ``lower`` (path inside the shared directory)
-        and a writable layer; its output goes to ``log`` (inside the shared directory)."""
-        body = self.request("create", {"id": cid, "lower": lower, "log": log, "spec": dict(spec)}, timeout_s)
+    def create(self, cid: str, *, lower: str, spec: Mapping[str, object], timeout_s: float = 60) -> ContainerState:
+        """Creates container ``cid``: overlay of ``lower`` (a tree the guest sees shared from the
+        host) and a writable layer; the agent keeps its output for ``log_read``."""
+        body = self.request("create", {"id": cid, "lower": lower, "spec": dict(spec)}, timeout_s)
         return container_state_from_body(body, f"{self.label}: create response")
+
+    def log_read(self, cid: str, offset: int, max_bytes: int, wait_s: float) -> LogChunk:
+        """Container ``cid``'s CRI log from stream ``offset`` (the guest may drop what lies
+        before it), at most ``max_bytes``, waiting up to ``wait_s`` for output to arrive.
+        ProtocolError when the answer lies (see ``log_chunk_from_body``)."""
+        args = {"id": cid, "offset": offset, "max_bytes": max_bytes, "wait_ms": int(wait_s * 1000)}
+        body = self.request("log_read", args, wait_s + _SLACK_S)
+        return log_chunk_from_body(body, offset, max_bytes, "log_read response")
 
     def start(self, cid: str, timeout_s: float = 60) -> ContainerState:
         return container_state_from_body(self.request("start", {"id": cid}, timeout_s), f"{self.label}: start response")

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from vmsandbox.adapters import shared_tree
 from vmsandbox.errors import InfrastructureError
 from vmsandbox.mountinfo import points_under
 
@@ -32,6 +33,7 @@ MS_SHARED = 1 << 20
 # CRI mount propagation -> how a bind follows mounts the host makes below its source afterwards
 PROPAGATION = {"private": MS_PRIVATE, "host-to-container": MS_SLAVE, "bidirectional": MS_SHARED}
 MNT_DETACH = 0x2
+UMOUNT_NOFOLLOW = 0x8
 CLONE_FS = 0x200
 CLONE_NEWNS = 0x20000
 # the new mount API (x86-64 system call numbers, linux/mount.h and linux/fcntl.h flags)
@@ -43,6 +45,8 @@ AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
+O_PATH = getattr(os, "O_PATH", 0o10000000)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -70,10 +74,11 @@ def _setattr(tree: int, attr: _MountAttr, recursive: bool, what: str) -> None:
 
 
 def mounts_under(path: str | os.PathLike[str], mountinfo: str | None = None) -> list[str]:
-    """Mount points at or below ``path`` in ``mountinfo`` (default: this thread's), deepest first."""
+    """Mount points at or below ``path`` (taken as written: no symlink in it is resolved, since
+    a guest may have made them) in ``mountinfo`` (default: this thread's), deepest first."""
     if mountinfo is None:
         mountinfo = Path("/proc/thread-self/mountinfo").read_text()
-    return points_under(mountinfo, os.path.realpath(path))
+    return points_under(mountinfo, os.path.abspath(path))
 
 
 def _in_namespace(pid: int, what: str, work: Callable[[], None]) -> None:
@@ -111,13 +116,20 @@ def bind(
     readonly: bool,
     recursive: bool = False,
     propagation: str = "private",
+    *,
+    beneath: str | os.PathLike[str],
 ) -> None:
     """Bind host path ``source`` (and the mounts below it) onto ``target`` in QEMU's mount
-    namespace; ``target`` is an existing directory or file of the same kind, below the 9p export.
-    Read-only when asked (``recursive``: the mounts below it too). ``propagation`` (a key of
-    PROPAGATION): whether mounts the host makes below ``source`` later reach the bind: never
-    (private), or as a slave or a peer of the source."""
+    namespace; ``target`` is an existing directory or regular file of the same kind below
+    ``beneath`` (the 9p export, which the guest can change: it is resolved from ``beneath``
+    without following a symlink, and nothing else is mounted onto). Read-only when asked
+    (``recursive``: the mounts below it too). ``propagation`` (a key of PROPAGATION): whether
+    mounts the host makes below ``source`` later reach the bind: never (private), or as a slave
+    or a peer of the source."""
     src, dst = os.fspath(source), os.fspath(target)
+    rel = os.path.relpath(os.path.abspath(dst), os.path.abspath(beneath))
+    if rel.startswith("..") or os.path.isabs(rel):
+        raise InfrastructureError(f"bind {src} onto {dst}: the target is not below {os.fspath(beneath)}")
     what = f"bind {src} onto {dst}"
     flags = OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE
     tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, src.encode(), flags), what)
@@ -128,8 +140,22 @@ def bind(
             _setattr(tree, _MountAttr(attr_set=MOUNT_ATTR_RDONLY), recursive, f"{what}: make it read-only")
 
         def attach() -> None:
-            moved = _libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, dst.encode(), MOVE_MOUNT_F_EMPTY_PATH)
-            _check(moved, what)
+            try:
+                root = os.open(beneath, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    fd = shared_tree.open_beneath(root, rel, O_PATH | os.O_NOFOLLOW)
+                finally:
+                    os.close(root)
+            except OSError as exc:
+                raise InfrastructureError(f"{what}: {exc.strerror} (the guest may have changed the target)") from None
+            try:
+                mode = os.fstat(fd).st_mode
+                if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                    raise InfrastructureError(f"{what}: the target is neither a directory nor a regular file")
+                flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH
+                _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", fd, b"", flags), what)
+            finally:
+                os.close(fd)
 
         _in_namespace(qemu_pid, what, attach)
     finally:
@@ -143,7 +169,7 @@ def unbind_all(qemu_pid: int, path: str | os.PathLike[str]) -> None:
 
     def detach() -> None:
         for point in mounts_under(where):
-            _libc.umount2(point.encode(), MNT_DETACH)
+            _libc.umount2(point.encode(), MNT_DETACH | UMOUNT_NOFOLLOW)
         left = mounts_under(where)
         if left:
             raise InfrastructureError(f"{len(left)} mounts stay under {where} in QEMU's namespace, e.g. {left[0]}")
@@ -153,12 +179,13 @@ def unbind_all(qemu_pid: int, path: str | os.PathLike[str]) -> None:
     _in_namespace(qemu_pid, f"unmount {where}", detach)
 
 
-def remove_tree(path: str | os.PathLike[str]) -> None:
-    """Delete directory tree ``path``; refuses (InfrastructureError, the tree left alone) if
-    anything is mounted in it in the shim's namespace, so that no delete reaches through a mount."""
-    if not os.path.lexists(path):
-        return
+def remove_tree(root: str | os.PathLike[str], rel: str | os.PathLike[str]) -> None:
+    """Delete ``root/rel`` and what is below it, where a guest may have put anything below
+    ``root`` (``vmsandbox.adapters.shared_tree``: no symlink followed, nothing but directories
+    opened); refuses (InfrastructureError, the tree left alone) if anything is mounted in it in
+    the shim's namespace, so that no delete reaches through a mount."""
+    path = os.path.join(root, rel)
     left = mounts_under(path)
     if left:
-        raise InfrastructureError(f"not deleting {os.fspath(path)}: {left[0]} is mounted in it")
-    shutil.rmtree(path, ignore_errors=True)
+        raise InfrastructureError(f"not deleting {path}: {left[0]} is mounted in it")
+    shared_tree.remove_tree(root, rel)

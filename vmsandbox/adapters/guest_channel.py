@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 from vmsandbox.agent_protocol import (
     MAX_FRAME_BYTES,
+    VERSION,
     Ack,
     FrameTooLong,
     GuestReport,
@@ -70,15 +71,21 @@ class _Connection:
         self.label = label or f"guest channel {path}"
         self._buf = bytearray()
         self._scanned = 0  # bytes of _buf known to hold no line end
+        self.version = 1
+        """Protocol version of what we send: 1 (every agent reads it) until the guest has said
+        which it speaks, then the highest both sides speak."""
 
     @property
     def buffered(self) -> int:
         """Bytes read and not yet handed out as a message (at most MAX_FRAME_BYTES)."""
         return len(self._buf)
 
+    def speak(self, report: GuestReport) -> None:
+        self.version = max(1, min(VERSION, report.protocol))
+
     def send(self, msg: Ack | Request) -> None:
         try:
-            self.sock.sendall(encode(msg))
+            self.sock.sendall(encode(msg, self.version))
         except OSError as e:
             raise GuestChannelClosed(f"{self.label}: the guest channel closed while sending: {e}") from e
 
@@ -181,13 +188,16 @@ class GuestChannel:
                 while True:
                     msg = conn.read(deadline, awaited)
                     if isinstance(msg, Hello):
+                        conn.speak(msg.report)
                         conn.send(Ack())
                         _drain_greeting(conn, min(deadline, time.monotonic() + _GREETING_DRAIN_S))
                         return cls(conn, msg.report)
                     if isinstance(msg, Response) and msg.id in (_GREETING_ID, None):
                         if not msg.ok:
                             raise GuestRequestFailed(f"guest on {label} refused a report: {msg.error}", msg.code)
-                        return cls(conn, report_from_body(msg.body, f"{label}: report response"))
+                        report = report_from_body(msg.body, f"{label}: report response")
+                        conn.speak(report)
+                        return cls(conn, report)
             except GuestChannelClosed as e:
                 # QEMU exited or dropped us; a QEMU may (again) listen on the path before the deadline.
                 conn.close()

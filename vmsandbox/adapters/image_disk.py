@@ -2,14 +2,18 @@
 
 Layout under the store root (0700), known to this module and its owner ``shim.images`` only::
 
-    blobs/sha256/<hex>   blobs by digest (skopeo's shared blob directory; renamed in after the
-                         digest check, so a name is never a half-written blob)
-    trees/<hex>/         the unpacked root file system of image sha256:<hex> (read-only use)
+    blobs/sha256/<hex>   blobs by digest, as the registry served them (skopeo's shared blob
+                         directory; renamed in after the digest check, so a name is never a
+                         half-written blob)
+    trees/<hex>/         an unpacked root file system whose layers' ChainID is sha256:<hex>
+                         (read-only use; images with the same layers share it)
     catalogue.json       the image records; replaced by rename, so it is always a whole document
     work/                pulls in progress (OCI layouts, trees being unpacked, auth files);
                          whatever is here at start belonged to a pull that died, and is deleted
 
 An image exists once ``catalogue.json`` names it; its tree and blobs are in place before that.
+Catalogue version 2 records the tree of each image; version 1 (trees named by image id, their
+layers never checked against the config's diff ids) is read so that its owner can verify it.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from vmsandbox.errors import InternalError, InvalidArgument
+from vmsandbox.errors import InfrastructureError, InternalError, InvalidArgument
 
+CATALOGUE_VERSION = 2
 _DIGEST = re.compile(r"^sha256:([a-f0-9]{64})$")
 
 
@@ -62,13 +67,32 @@ class ImageDisk:
             with path.open("rb") as f:
                 data = f.read(limit + 1)
         except FileNotFoundError:
-            raise InternalError(f"{what}: blob {digest} is missing from the store") from None
+            raise InfrastructureError(f"{what}: blob {digest} did not arrive in the store") from None
         if len(data) > limit:
             raise InvalidArgument(f"{what}: blob {digest} is larger than {limit} bytes")
         if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
             path.unlink(missing_ok=True)
             raise InvalidArgument(f"{what}: blob {digest} does not match its digest (deleted)")
         return data
+
+    def verify_blob(self, digest: str, what: str) -> None:
+        """Hash a stored blob of any size; one that does not match its digest is deleted and refused."""
+        h = hashlib.sha256()
+        path = self.blob_path(digest)
+        try:
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+        except FileNotFoundError:
+            raise InfrastructureError(f"{what}: blob {digest} did not arrive in the store") from None
+        if "sha256:" + h.hexdigest() != digest:
+            path.unlink(missing_ok=True)
+            raise InvalidArgument(f"{what}: blob {digest} does not match its digest (deleted)")
+
+    def adopt_blob(self, path: Path, digest: str) -> None:
+        """Move a downloaded file into the blob directory under ``digest`` (rename; checked by the caller
+        before anything reads it as that blob)."""
+        os.rename(path, self.blob_path(digest))
 
     def blob_sizes(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -91,26 +115,27 @@ class ImageDisk:
         """The directory holding every unpacked tree (shared read-only into guests)."""
         return self._trees
 
-    def tree_path(self, image_id: str) -> Path:
-        return self._trees / _hex(image_id)
+    def tree_path(self, key: str) -> Path:
+        """The tree of layers with ChainID ``key``."""
+        return self._trees / _hex(key)
 
-    def has_tree(self, image_id: str) -> bool:
-        return self.tree_path(image_id).is_dir()
+    def has_tree(self, key: str) -> bool:
+        return self.tree_path(key).is_dir()
 
     def new_work_dir(self, label: str) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"{label}-", dir=self.work))
 
-    def commit_tree(self, work_tree: Path, image_id: str) -> None:
-        """Move a finished tree into place (rename: whole or not at all)."""
-        target = self.tree_path(image_id)
+    def commit_tree(self, work_tree: Path, key: str) -> None:
+        """Move a finished, verified tree into place under its ChainID (rename: whole or not at all)."""
+        target = self.tree_path(key)
         if target.exists():
             self.discard(work_tree)
             return
         os.rename(work_tree, target)
 
-    def remove_tree(self, image_id: str) -> None:
+    def remove_tree(self, key: str) -> None:
         """Rename into work/ first, so a crash half-way through the delete leaves only work/ garbage."""
-        path = self.tree_path(image_id)
+        path = self.tree_path(key)
         if not path.exists():
             return
         doomed = Path(tempfile.mkdtemp(prefix="removed-", dir=self.work))
@@ -121,23 +146,27 @@ class ImageDisk:
         shutil.rmtree(path, ignore_errors=True)
 
     # -- catalogue --------------------------------------------------------------------------------
-    def load_catalogue(self) -> list[dict[str, Any]]:
+    def load_catalogue(self) -> tuple[int, list[dict[str, Any]]]:
+        """(version, image records) of the catalogue on disk; an absent one is empty and current."""
         try:
             doc = json.loads(self._catalogue.read_text())
         except FileNotFoundError:
-            return []
+            return CATALOGUE_VERSION, []
         except ValueError as exc:
             raise InternalError(f"{self._catalogue}: not valid JSON ({exc})") from None
         images = doc.get("images", []) if isinstance(doc, dict) else None
         if not isinstance(images, list):
             raise InternalError(f"{self._catalogue}: no images list")
-        return images
+        version = doc.get("version", 1)
+        if version not in (1, CATALOGUE_VERSION):
+            raise InternalError(f"{self._catalogue}: version {str(version)[:20]} is newer than this shim knows")
+        return int(version), images
 
     def save_catalogue(self, images: list[dict[str, Any]]) -> None:
         fd, tmp = tempfile.mkstemp(prefix="catalogue-", dir=self.work)
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump({"version": 1, "images": images}, f, sort_keys=True)
+                json.dump({"version": CATALOGUE_VERSION, "images": images}, f, sort_keys=True)
                 f.flush()
                 os.fsync(f.fileno())
             os.rename(tmp, self._catalogue)
@@ -152,7 +181,8 @@ class ImageDisk:
 
     # -- start-up -----------------------------------------------------------------------------------
     def sweep(self, keep_trees: set[str], keep_blobs: set[str]) -> dict[str, int]:
-        """Delete what no catalogued image owns: work/ leftovers, stray trees and blobs."""
+        """Delete what no catalogued image owns: work/ leftovers, stray trees (``keep_trees``: ChainIDs)
+        and blobs."""
         removed = {"work": 0, "trees": 0, "blobs": 0}
         for entry in list(self.work.iterdir()):
             if entry.is_dir() and not entry.is_symlink():
@@ -165,6 +195,10 @@ class ImageDisk:
             if entry.name not in keep_tree_hex:
                 shutil.rmtree(entry, ignore_errors=True)
                 removed["trees"] += 1
+        for entry in list(self.blob_dir.iterdir()):  # skopeo's temporary files of a copy that died
+            if entry.name != "sha256" and not entry.is_dir():
+                entry.unlink(missing_ok=True)
+                removed["blobs"] += 1
         keep_blob_hex = {_hex(b) for b in keep_blobs}
         for entry in list(self._sha.iterdir()):
             if entry.name not in keep_blob_hex:

@@ -1,4 +1,5 @@
-"""Unpack image layers (tar, gzip'd tar) into one tree, so that no entry reaches outside it.
+"""Unpack image layers (tar, gzip'd or zstd'd tar) into one tree, so that no entry reaches outside
+it, verifying each layer's blob digest and uncompressed digest (diff id) as it is read.
 
 Every path is resolved by the kernel with ``openat2(RESOLVE_IN_ROOT)`` relative to the tree's
 root: ``..`` stops at the root and symlinks (absolute or relative) resolve as if the tree were
@@ -16,6 +17,12 @@ What the OCI image spec leaves to the runtime, decided here:
   image says, as containerd does: images need them (``ping``, ``su``), and the tree lives in a
   0700 directory no unprivileged host user can enter. Other xattrs except ``user.*`` are dropped;
 - limits: uncompressed bytes and entries per image (a gzip bomb stops at the byte limit).
+
+Verification is in the same pass as unpacking: the compressed bytes and the decompressed stream
+are hashed as the tar reader consumes them, the rest of each (end-of-archive padding) is read to
+the end, and a layer whose blob or uncompressed digest differs from what it should be refuses the
+layer. The tree is being built in a work directory its owner discards on any error, so what a
+lying layer wrote before the check is never used.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import gzip
+import hashlib
 import logging
 import os
 import shutil
@@ -30,7 +38,9 @@ import stat
 import tarfile
 import zlib
 from dataclasses import dataclass
-from typing import IO
+from typing import Protocol
+
+import zstandard
 
 from vmsandbox.errors import CannotFit, InternalError, InvalidArgument
 
@@ -80,23 +90,51 @@ class LayerStats:
     whiteouts: int = 0
     devices_skipped: int = 0
     other_skipped: int = 0
+    digest: str = ""  # sha256 of the blob as read
+    diff_id: str = ""  # sha256 of the uncompressed tar stream
 
 
-class _Counting:
-    """A read-only file object over ``inner`` that refuses to read past ``budget`` bytes."""
+class _Readable(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
 
-    def __init__(self, inner: IO[bytes], budget: int, where: str) -> None:
+
+class _Hashing:
+    """A read-only file object over ``inner`` that hashes (sha256) and counts what it reads and
+    refuses to read past ``budget`` bytes."""
+
+    def __init__(self, inner: _Readable, budget: int, where: str) -> None:
         self.inner = inner
         self.budget = budget
         self.read_bytes = 0
         self.where = where
+        self._hash = hashlib.sha256()
 
     def read(self, size: int = -1) -> bytes:
         data = self.inner.read(size if size >= 0 else _CHUNK)
         self.read_bytes += len(data)
         if self.read_bytes > self.budget:
             raise CannotFit(f"{self.where}: the image unpacks to more than the limit of bytes per image")
+        self._hash.update(data)
         return data
+
+    def drain(self) -> None:
+        """Read (and hash) what is left, up to the budget."""
+        while self.read(_CHUNK):
+            pass
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + self._hash.hexdigest()
+
+
+def _decompressed(raw: _Hashing, compression: str, where: str) -> _Readable:
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[call-overload, no-any-return]
+    if compression == "zstd":
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[arg-type]
+    if compression == "tar":
+        return raw
+    raise InvalidArgument(f"{where}: {compression[:50]!r} layers are not supported (tar, gzip or zstd)")
 
 
 def _clamped(parts: tuple[str, ...]) -> tuple[str, ...]:
@@ -207,26 +245,36 @@ class Tree:
             os.unlink(name, dir_fd=parent)
 
     # -- one layer ------------------------------------------------------------------------------
-    def apply(self, path: str, compression: str, where: str) -> LayerStats:
+    def apply(self, path: str, compression: str, where: str, *, digest: str = "", diff_id: str = "") -> LayerStats:
+        """Apply the layer blob at ``path``; when given, its ``digest`` (of the blob) and ``diff_id``
+        (of the uncompressed tar) are checked in the same pass, and a mismatch refuses the layer."""
         stats = LayerStats()
         created: set[tuple[str, ...]] = set()
         dir_meta: list[tuple[tuple[str, ...], tarfile.TarInfo]] = []
-        with open(path, "rb") as raw:
-            stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if compression == "gzip" else raw  # type: ignore[assignment]
-            if compression not in ("gzip", "tar"):
-                raise InvalidArgument(f"{where}: {compression} layers are not supported (gzip or plain tar only)")
-            counted = _Counting(stream, self.limits.max_bytes - self.bytes, where)
+        with open(path, "rb") as f:
+            raw = _Hashing(f, 1 << 62, where)
+            counted = _Hashing(_decompressed(raw, compression, where), self.limits.max_bytes - self.bytes, where)
             try:
                 with tarfile.open(fileobj=counted, mode="r|") as tar:  # type: ignore[call-overload]
                     for member in tar:
                         self._entry(tar, member, where, stats, created, dir_meta)
-            except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
-                raise InvalidArgument(f"{where}: not a valid layer: {exc}") from None
+                counted.drain()  # the end-of-archive padding is part of the diff id
+                raw.drain()
+            except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError) as exc:
+                raise InvalidArgument(f"{where}: not a valid layer: {str(exc)[:200]}") from None
             except OSError as exc:
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise CannotFit(f"{where}: no space left on the image store while unpacking") from None
                 raise InvalidArgument(f"{where}: cannot unpack: {exc.strerror or exc}") from None
             stats.bytes = counted.read_bytes
+            stats.digest, stats.diff_id = raw.digest, counted.digest
+        if digest and stats.digest != digest:
+            raise InvalidArgument(f"{where}: the blob's content has digest {stats.digest}, not {digest}")
+        if diff_id and stats.diff_id != diff_id:
+            raise InvalidArgument(
+                f"{where}: its uncompressed content has digest {stats.diff_id}, "
+                f"but the config's rootfs.diff_ids says {diff_id}"
+            )
         self.bytes += stats.bytes
         for parts, member in reversed(dir_meta):  # deepest last-seen first; mtimes after the contents
             self._set_dir_meta(parts, member)

@@ -4,10 +4,16 @@
 ``copy`` brings one platform manifest with its config and layers into an OCI layout whose blobs
 land in the store's shared blob directory (``--dest-shared-blob-dir``): containers/image verifies
 every blob's digest while it downloads, writes it to a temporary name and renames it into place,
-and skips blobs the directory already holds. Credentials for one pull go into a temporary auth
-file (0600, in the store's private work directory, deleted afterwards): never on a command line,
-never in a log. skopeo's own ``registries.conf`` and signature policy are replaced by empty ones we
-own, so only the shim's configuration decides mirrors and insecure registries.
+and skips blobs the directory already holds. ``--preserve-digests`` keeps the manifest and config
+as the registry served them (skopeo 1.9's OCI layout stores Docker schema 2 media types as they
+are; without the flag it converts them to OCI, re-serialising the config under another digest).
+An OCI layout takes non-distributable layers that name URLs by reference, without their blob;
+``copy_dir`` (the ``dir:`` transport, which downloads them) brings those.
+
+Credentials for one pull go into a temporary auth file (0600, in the store's private work
+directory, deleted afterwards): never on a command line, never in a log. skopeo's own
+``registries.conf`` and signature policy are replaced by empty ones we own, so only the shim's
+configuration decides mirrors and insecure registries.
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], type[VmSandboxError]], ...] = (
      Unauthenticated),
     (re.compile(r"\bdenied\b|forbidden|status 403", re.I), PermissionDenied),
     (re.compile(r"manifest unknown|name unknown|blob unknown|not found|status 404", re.I), NotFound),
-    (re.compile(r"digest did not match|does not match digest|Digest did not match", re.I), InvalidArgument),
+    (re.compile(r"digest did not match|does not match digest|Digest did not match|unsupported .*media ?type|"
+                r"unsupported docker v2s2|invalid manifest|manifest schema", re.I), InvalidArgument),
     (re.compile(r"connection refused|no such host|i/o timeout|timeout|network is unreachable|"
                 r"connection reset|TLS|x509|server gave HTTP response|EOF|dial tcp|pinging container registry",
                 re.I), InfrastructureError),
@@ -151,12 +158,31 @@ class Skopeo:
                 [
                     "copy",
                     "--quiet",
+                    "--preserve-digests",
                     *tls,
                     *auth,
                     "--dest-shared-blob-dir",
                     str(blob_dir),
                     f"docker://{endpoint.repository}@{digest}",
                     f"oci:{layout}:image",
+                ],
+                what,
+            )
+
+    def copy_dir(self, endpoint: Endpoint, digest: str, creds: Credentials | None, directory: Path, what: str) -> None:
+        """Copy ``repository@digest`` into ``directory`` (the ``dir:`` transport: one file per blob,
+        named by its hex digest), non-distributable layers included."""
+        tls = ["--src-tls-verify=false"] if endpoint.insecure else []
+        with self._auth_args(endpoint, creds, "--src-authfile", "--src-no-creds") as auth:
+            self._run(
+                [
+                    "copy",
+                    "--quiet",
+                    "--preserve-digests",
+                    *tls,
+                    *auth,
+                    f"docker://{endpoint.repository}@{digest}",
+                    f"dir:{directory}",
                 ],
                 what,
             )

@@ -1,0 +1,232 @@
+"""``LogCopies``: copies each running container's CRI log from its guest agent (``log_read``
+over the agent channel) into the kubelet's ``log_directory/log_path``, and owns how far each copy
+got: one small file per container under ``<state_dir>/logs/`` (host-only, never shared with a
+guest), so that a shim that restarts carries on where the last one stopped.
+
+Nothing here opens a path a guest can write. What the guest sends is bounded: one chunk of at
+most ``CHUNK_BYTES`` in hand per container, whole lines only written (``vmsandbox.log_copy``), at
+``log_rate_bytes`` per second on average per container. An answer that lies (an offset going
+back, more than asked, bad base64) stops that container's copy with a warning; nothing a guest
+sends raises out of a copy thread.
+
+At least once: a chunk is appended to the kubelet's file, then its end recorded, then asked past
+(which lets the guest drop it); a shim killed in between copies that chunk again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from vmsandbox import validation
+from vmsandbox.adapters.agent_client import AgentLost
+from vmsandbox.adapters.guest_channel import GuestRequestFailed
+from vmsandbox.agent_protocol import LogChunk, ProtocolError
+from vmsandbox.errors import VmSandboxError
+from vmsandbox.log_copy import TokenBucket, whole_lines
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 256 * 1024
+"""At most this much is asked of the guest at once (and so held by the shim per container)."""
+_WAIT_S = 2.0
+"""How long one request waits in the guest for output (long poll)."""
+_PARTIAL_WAIT_S = 0.2
+"""Pause before asking again for a line the guest has not finished (a well-behaved agent sends
+whole lines only)."""
+_RETRY_S = 1.0
+"""Pause after the channel failed (the guest reboots, the shim reconnects)."""
+_DRAIN_S = 60.0
+"""After its container exited, a copy goes on until the guest says the log ends, at most this long."""
+_OFFSET_MAX_BYTES = 32
+
+Reader = Callable[[int, int, float], LogChunk]
+"""``read(offset, max_bytes, wait_s)``: the container's log from ``offset`` (agent ``log_read``)."""
+
+
+class _Copy:
+    def __init__(self, cid: str, dst: Path | None, read: Reader, progress: LogCopies) -> None:
+        self.cid = cid
+        self.dst = dst
+        self._read = read
+        self._progress = progress
+        self._stop = threading.Event()
+        self._finish_by: float | None = None
+        self._lock = threading.Lock()
+        self._offset = progress.offset(cid)
+        self._out: BinaryIO | None = None
+        if dst is not None:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            self._out = dst.open("ab")
+        now = time.monotonic()
+        self._bucket = TokenBucket.full(progress.rate, progress.burst, now)
+        self.ended = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"log-{cid[:12]}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except OSError as exc:  # the kubelet's file or our state directory
+            log.warning("container %s: log copy to %s stopped: %s", self.cid[:12], self.dst, exc)
+        except Exception:  # never let a copy thread die silently
+            log.exception("container %s: log copy stopped", self.cid[:12])
+        finally:
+            with self._lock:
+                if self._out is not None:
+                    self._out.close()
+            self.ended.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            finishing = self._finish_by is not None
+            if finishing and time.monotonic() > (self._finish_by or 0):
+                log.warning("container %s: its log did not end within %g s of its exit", self.cid[:12], _DRAIN_S)
+                return
+            try:
+                chunk = self._read(self._offset, CHUNK_BYTES, 0.2 if finishing else _WAIT_S)
+            except ProtocolError as exc:
+                log.warning("container %s: log copy stopped, the guest answered wrongly: %s", self.cid[:12], exc)
+                return
+            except GuestRequestFailed as exc:
+                log.info("container %s: log copy ends: %s", self.cid[:12], validation.quote(str(exc)[:300]))
+                return
+            except AgentLost as exc:  # its sandbox is NOTREADY now: no agent to ask any more
+                log.info("container %s: log copy ends, the guest agent was lost: %s", self.cid[:12], exc)
+                return
+            except VmSandboxError as exc:
+                log.debug("container %s: log read failed, retrying: %s", self.cid[:12], exc)
+                self._stop.wait(_RETRY_S)
+                continue
+            if chunk.offset > self._offset:
+                log.warning(
+                    "container %s: the guest no longer holds log bytes %d to %d",
+                    self.cid[:12],
+                    self._offset,
+                    chunk.offset,
+                )
+                self._offset = chunk.offset
+            cut = whole_lines(chunk.data, chunk.eof, CHUNK_BYTES)
+            if cut.text and self._out is not None:
+                with self._lock:
+                    self._out.write(cut.text)
+                    self._out.flush()
+            if cut.consumed:
+                self._offset += cut.consumed
+                self._progress.record(self.cid, self._offset)
+            if chunk.eof and cut.consumed == len(chunk.data):
+                return
+            delay = 0.0
+            if cut.text:
+                self._bucket, delay = self._bucket.take(len(cut.text), time.monotonic())
+            elif chunk.data:
+                delay = _PARTIAL_WAIT_S
+            if delay:
+                self._stop.wait(delay)
+
+    def reopen(self) -> None:
+        with self._lock:
+            if self._out is not None and self.dst is not None and not self._out.closed:
+                self._out.close()
+                self._out = self.dst.open("ab")
+
+    def finish(self, wait_s: float) -> None:
+        """The container exited: copy what is left until the log ends (waiting ``wait_s`` here)."""
+        if self._finish_by is None:
+            self._finish_by = time.monotonic() + _DRAIN_S
+        self._thread.join(timeout=wait_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=_WAIT_S + 5)
+
+
+class LogCopies:
+    """The log copies of running containers, one thread each, and their recorded progress."""
+
+    def __init__(self, state_dir: str | os.PathLike[str], rate: int, burst: int) -> None:
+        self.root = Path(state_dir) / "logs"
+        self.rate = float(rate)
+        self.burst = float(max(burst, CHUNK_BYTES))
+        self._lock = threading.Lock()
+        self._copies: dict[str, _Copy] = {}
+
+    # -- progress (host-only state) ---------------------------------------------------------------
+    def _mark(self, cid: str) -> Path:
+        if not validation.is_full_id(cid):
+            raise ValueError(f"not a container id: {cid[:80]!r}")
+        return self.root / cid
+
+    def offset(self, cid: str) -> int:
+        """Where the copy of ``cid`` stands (0 when it never started)."""
+        try:
+            with self._mark(cid).open("rb") as f:
+                return max(0, int(f.read(_OFFSET_MAX_BYTES)))
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def record(self, cid: str, offset: int) -> None:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mark = self._mark(cid)
+        tmp = mark.with_name(f".{cid}.tmp")
+        tmp.write_text(str(offset))
+        os.replace(tmp, mark)
+
+    def forget(self, cid: str) -> None:
+        """The container is removed: its copy stops and its progress goes."""
+        self.stop(cid)
+        with contextlib.suppress(FileNotFoundError):
+            self._mark(cid).unlink()
+
+    def sweep(self, keep: set[str]) -> None:
+        """Drop the progress of containers nobody remembers (a crash between removal and forget)."""
+        try:
+            names = [p.name for p in self.root.iterdir()]
+        except OSError:
+            return
+        for name in names:
+            if name not in keep:
+                with contextlib.suppress(OSError):
+                    (self.root / name).unlink()
+
+    # -- copies ---------------------------------------------------------------------------------
+    def start(self, cid: str, dst: Path | None, read: Reader) -> None:
+        """Copies ``cid``'s log to ``dst``; with None (a container without a log path), reads and
+        drops it, so that the container's writes do not block on a log nobody takes."""
+        with self._lock:
+            if cid in self._copies and not self._copies[cid].ended.is_set():
+                return
+            self._copies[cid] = _Copy(cid, dst, read, self)
+
+    def finish(self, cid: str, wait_s: float = 5.0) -> None:
+        """``cid`` exited: its copy runs on until its log ends; returns after at most ``wait_s``."""
+        with self._lock:
+            copy = self._copies.get(cid)
+        if copy is not None:
+            copy.finish(wait_s)
+
+    def stop(self, *cids: str) -> None:
+        """Stop the copies of ``cids`` (all told first, then each awaited)."""
+        with self._lock:
+            copies = [c for c in (self._copies.pop(cid, None) for cid in cids) if c is not None]
+        for c in copies:
+            c._stop.set()
+        for c in copies:
+            c.stop()
+
+    def reopen(self, cid: str) -> None:
+        with self._lock:
+            copy = self._copies.get(cid)
+        if copy is not None:
+            copy.reopen()
+
+    def close(self) -> None:
+        with self._lock:
+            cids = list(self._copies)
+        self.stop(*cids)
