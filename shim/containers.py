@@ -6,6 +6,11 @@ the pod's ``resolv.conf`` and ``hostname`` files its containers share.
 
 Container records (admission, names, state) are kept by ``shim.sandboxes``; this owner moves them
 through their life: created in the guest, running, exited (exit code, reason, times), removed.
+
+It also holds the guest's word against the records: a connection to an agent instance other than
+the one that reported at RunPodSandbox, a hello from a new instance on a live connection, or an
+agent that does not know a container recorded as created or running means the agent lost its
+containers, and ``Sandboxes.agent_lost`` turns the sandbox NOTREADY.
 """
 
 from __future__ import annotations
@@ -33,10 +38,19 @@ from shim.model import (
 from shim.sandboxes import Sandboxes
 from vmsandbox import hugetlbfs, oci_spec, validation
 from vmsandbox.adapters import binds, shared_tree
-from vmsandbox.adapters.agent_client import AgentClient
+from vmsandbox.adapters.agent_client import AgentClient, AgentLost
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
-from vmsandbox.agent_protocol import IMAGES_TAG, SHARED_TAG, CgroupStats, ContainerState, ExecResult, LogChunk
+from vmsandbox.agent_protocol import (
+    IMAGES_TAG,
+    SHARED_TAG,
+    UNKNOWN_CONTAINER,
+    CgroupStats,
+    ContainerState,
+    ExecResult,
+    LogChunk,
+    ProtocolError,
+)
 from vmsandbox.domain import AGENT_CHANNEL, SharedDir
 from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, VmSandboxError, WrongState
 from vmsandbox.network import POD_FILES, pod_files
@@ -121,6 +135,7 @@ class Containers:
         self.hypervisor = hypervisor
         self._lock = threading.Lock()
         self._clients: dict[str, AgentClient] = {}
+        self._opening: dict[str, threading.Lock] = {}  # per sandbox, held while its agent is connected to
         self.logs = LogCopies(state_dir, sandboxes.config.log_rate_bytes, sandboxes.config.log_burst_bytes)
         self._container_locks: dict[str, threading.Lock] = {}
         sandboxes.shared_dirs_for = self.shared_dirs_for
@@ -198,17 +213,39 @@ class Containers:
             return self._container_locks.setdefault(container_id, threading.Lock())
 
     # -- the guest ------------------------------------------------------------------------------
-    def _client(self, sandbox_id: str) -> AgentClient:
+    def _client(self, sandbox_id: str, timeout_s: float = _CONNECT_TIMEOUT_S) -> AgentClient:
         with self._lock:
             client = self._clients.get(sandbox_id)
-        if client is not None:
+            opening = self._opening.setdefault(sandbox_id, threading.Lock())
+        if client is not None and not client.closed:
             return client
+        # one connection attempt per guest at a time: QEMU's channel takes one host connection, so a
+        # second one (an RPC beside the start-up watch) would wait unanswered until the first closes
+        with opening:
+            with self._lock:
+                client = self._clients.get(sandbox_id)
+            if client is not None and not client.closed:
+                return client
+            return self._open_client(sandbox_id, timeout_s)
+
+    def _open_client(self, sandbox_id: str, timeout_s: float) -> AgentClient:
         record = self.sandboxes.get(sandbox_id)
         path = self.hypervisor.channel_path(record.domain, AGENT_CHANNEL)
-        client = AgentClient.open(path, _CONNECT_TIMEOUT_S)
+        client = AgentClient.open(
+            path, timeout_s, label=f"sandbox {sandbox_id[:12]}", on_lost=lambda why: self._agent_lost(sandbox_id, why)
+        )
+        expected = record.agent_instance
+        if expected and client.instance != expected:
+            client.close()
+            why = (
+                f"the guest agent answering is instance {client.instance or 'unknown'}, not {expected}, which "
+                "reported when the sandbox started: it started over and the containers it ran are lost"
+            )
+            self._agent_lost(sandbox_id, why)
+            raise AgentLost(f"sandbox {sandbox_id[:12]}: {why}")
         with self._lock:
             old = self._clients.get(sandbox_id)
-            if old is not None:
+            if old is not None and not old.closed:
                 client.close()
                 return old
             self._clients[sandbox_id] = client
@@ -220,9 +257,21 @@ class Containers:
         if client is not None:
             client.close()
 
+    def _agent_lost(self, sandbox_id: str, why: str) -> None:
+        """The sandbox's agent is lost (``why``): forget its connection, and have the sandbox turn NOTREADY."""
+        with self._lock:
+            client = self._clients.get(sandbox_id)
+            if client is not None and client.closed:
+                del self._clients[sandbox_id]
+        try:
+            self.sandboxes.agent_lost(sandbox_id, why)
+        except VmSandboxError as exc:  # a sandbox removed meanwhile
+            log.warning("sandbox %s: guest agent lost (%s), not recorded: %s", sandbox_id[:12], why, exc)
+
     def _call(self, sandbox_id: str, fn: str, *args: object, **kw: object) -> object:
         """An agent op, reconnecting once when the channel closed under us (a guest keeps its
-        containers across host connections)."""
+        containers across host connections). An agent that answered garbage or is lost is not
+        asked again on this connection; one that does not know a container we ran is lost."""
         for attempt in (0, 1):
             client = self._client(sandbox_id)
             try:
@@ -231,7 +280,48 @@ class Containers:
                 self._drop_client(sandbox_id)
                 if attempt:
                     raise
+            except (ProtocolError, AgentLost):
+                self._drop_client(sandbox_id)
+                raise
+            except GuestRequestFailed as exc:
+                if exc.code == UNKNOWN_CONTAINER and fn != "create" and args:
+                    self._check_unknown(sandbox_id, str(args[0]), exc)
+                raise
         raise AssertionError("unreachable")
+
+    def _check_unknown(self, sandbox_id: str, container_id: str, exc: GuestRequestFailed) -> None:
+        """The agent says it has no container ``container_id``: if we have it as created in the guest
+        (or running), the agent lost it (AgentLost); else the answer is just true."""
+        if not container_id:
+            return  # an op on the whole guest
+        try:
+            c = self.sandboxes.container(container_id)
+        except VmSandboxError:
+            return
+        if c.image_id and c.state in (CONTAINER_CREATED, CONTAINER_RUNNING):
+            why = (
+                f"the guest agent does not know container {c.id[:12]}, which it created ({c.state}): "
+                "it lost its containers"
+            )
+            self._agent_lost(sandbox_id, why)
+            raise AgentLost(f"sandbox {sandbox_id[:12]}: {why}") from exc
+
+    def watch_guests(self, timeout_s: float = 5.0) -> int:
+        """Connect to the agent of every READY sandbox whose containers run (at start-up, and again
+        when a connection went away), so that an agent that started over is noticed without waiting
+        for an RPC; the same agent instance reconnecting is adoption, another one is a lost agent.
+        Returns how many agents were connected."""
+        live = {c.sandbox_id for c in self.sandboxes.containers() if c.image_id and c.state != CONTAINER_EXITED}
+        connected = 0
+        for s in self.sandboxes.list_sandboxes():
+            if s.state != SANDBOX_READY or s.id not in live:
+                continue
+            try:
+                self._client(s.id, timeout_s)
+                connected += 1
+            except VmSandboxError as exc:
+                log.warning("sandbox %s: no connection to its guest agent: %s", s.id[:12], exc)
+        return connected
 
     # -- lifecycle ------------------------------------------------------------------------------
     def create(
@@ -454,13 +544,15 @@ class Containers:
         try:
             st = self._call(c.sandbox_id, "status", container_id)
         except VmSandboxError as e:
+            now = self.sandboxes.container(container_id)  # its guest's death or a lost agent may be recorded
+            if now.state == CONTAINER_EXITED:
+                return now
             if self.sandboxes.get(c.sandbox_id).state == SANDBOX_READY:
+                if isinstance(e, ProtocolError):
+                    raise  # the guest answered, with garbage: say so (UNAVAILABLE), do not guess
                 # the guest does not answer; if it died, libvirt's event marks the sandbox soon
                 log.warning("container %s: no status from its guest: %s", container_id[:12], e)
                 return c
-            now = self.sandboxes.container(container_id)  # the guest's death may have been recorded meanwhile
-            if now.state == CONTAINER_EXITED:
-                return now
             return self._exited(now, 255, "SandboxDied", f"the pod's guest is gone: {e}")
         assert isinstance(st, ContainerState)
         if st.state != "exited":
@@ -530,6 +622,8 @@ class Containers:
 
     def sandbox_removed(self, sandbox_id: str) -> None:
         """Forget a removed sandbox's guest: its connection, log copies and shared directory."""
+        with self._lock:
+            self._opening.pop(sandbox_id, None)
         for c in self.sandboxes.containers(sandbox_id):
             self.logs.forget(c.id)
             if c.image_id:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from vmsandbox import validation
+from vmsandbox.adapters.agent_client import AgentLost
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
 from vmsandbox.agent_protocol import LogChunk, ProtocolError
 from vmsandbox.errors import VmSandboxError
@@ -95,6 +96,9 @@ class _Copy:
                 return
             except GuestRequestFailed as exc:
                 log.info("container %s: log copy ends: %s", self.cid[:12], validation.quote(str(exc)[:300]))
+                return
+            except AgentLost as exc:  # its sandbox is NOTREADY now: no agent to ask any more
+                log.info("container %s: log copy ends, the guest agent was lost: %s", self.cid[:12], exc)
                 return
             except VmSandboxError as exc:
                 log.debug("container %s: log read failed, retrying: %s", self.cid[:12], exc)

@@ -91,6 +91,11 @@ class SandboxRecord:
     def with_state(self, state: str) -> SandboxRecord:
         return replace(self, state=state)
 
+    @property
+    def agent_instance(self) -> str:
+        """The guest agent instance that reported at RunPodSandbox ("" for agents without one)."""
+        return str(self.guest.get("instance", ""))
+
     def namespace_options(self) -> NamespaceOptions:
         return NamespaceOptions(**self.namespaces)
 

@@ -83,6 +83,9 @@ _CONSOLE_TAIL_BYTES = 16 * 1024
 _CONSOLE_LINE_CHARS = 300
 
 STATE_CREATING = "creating"
+LOST_EXIT_CODE = 255
+LOST_REASON = "Unknown"
+"""Exit code and reason of the containers of a lost agent (containerd's for a task it lost)."""
 
 
 def _new_id() -> str:
@@ -291,7 +294,7 @@ class Sandboxes:
         path = self.hypervisor.channel_path(domain.name, AGENT_CHANNEL)
         running = time.monotonic()
         try:
-            report = wait_for_hello(path, profile.boot_timeout_s)
+            report = wait_for_hello(path, profile.boot_timeout_s, f"sandbox {record.id[:12]}")
         except InfrastructureError as exc:
             raise InfrastructureError(f"{exc}{self._console_tail(console)}") from exc
         boot_ms = int((time.monotonic() - started) * 1000)
@@ -733,7 +736,7 @@ class Sandboxes:
             report["released"].append(sid)
         return True
 
-    # -- guests that die ------------------------------------------------------------------------
+    # -- guests that die, agents that are lost -------------------------------------------------
     def guest_stopped(self, domain: str, why: str) -> bool:
         """libvirt says ``domain`` stopped: a READY sandbox whose guest is gone becomes NOTREADY and its
         containers EXITED, with the cause. Its claims stay until StopPodSandbox/RemovePodSandbox (the
@@ -745,14 +748,7 @@ class Sandboxes:
                 record = self.find(sid)
                 if record is None or record.state != SANDBOX_READY or self.hypervisor.is_active(domain):
                     return False  # stopped by us, or started again meanwhile
-                now = self._clock()
-                for c in self.containers(sid):
-                    if c.state != CONTAINER_EXITED:
-                        self._put_container(replace(c, state=CONTAINER_EXITED, reason="SandboxDied", message=f"{why}"))
-                dead = replace(
-                    record, state=SANDBOX_NOTREADY, guest={**record.guest, "stopped": why, "stopped_ns": now}
-                )
-                self.ledger.put_sandbox(sid, SANDBOX_NOTREADY, record.created_ns, dead.to_doc())
+                self._turn_notready(record, "stopped", why, reason="SandboxDied", message=why)
             log.warning(
                 "sandbox %s of pod %s/%s is NOTREADY: %s (its resources stay held until StopPodSandbox)",
                 sid[:12],
@@ -762,6 +758,45 @@ class Sandboxes:
             )
             return True
         return False
+
+    def agent_lost(self, sandbox_id: str, why: str) -> bool:
+        """The guest's agent is not the one that ran this sandbox's containers (it restarted, forgot a
+        container, or broke the protocol's bounds): the guest's word now contradicts our records, so
+        the sandbox turns NOTREADY and its containers EXITED as containerd reports a container whose
+        task it lost (exit code 255, reason ``Unknown``), with the cause. As for a guest that died, the
+        kubelet then stops the pod and starts a new one. True when a sandbox changed."""
+        if self.find(sandbox_id) is None:
+            return False  # removed meanwhile: no lock to make for it
+        with self._lock_for(sandbox_id):
+            record = self.find(sandbox_id)
+            if record is None or record.state != SANDBOX_READY:
+                return False
+            message = f"the pod's guest agent was lost ({why}); the container's state is unknown"
+            self._turn_notready(record, "lost", why, reason=LOST_REASON, message=message, exit_code=LOST_EXIT_CODE)
+        log.warning(
+            "sandbox %s of pod %s/%s is NOTREADY: its guest agent was lost: %s (its resources stay held until "
+            "StopPodSandbox)",
+            sandbox_id[:12],
+            record.meta.namespace,
+            record.meta.name,
+            why,
+        )
+        return True
+
+    def _turn_notready(
+        self, record: SandboxRecord, key: str, why: str, *, reason: str, message: str, exit_code: int | None = None
+    ) -> None:
+        """Record a READY sandbox as NOTREADY (``guest[key]`` says why) and its containers as EXITED
+        with ``reason`` (and ``exit_code`` when given); the caller holds the sandbox's lock."""
+        now = self._clock()
+        for c in self.containers(record.id):
+            if c.state != CONTAINER_EXITED:
+                done = replace(c, state=CONTAINER_EXITED, reason=reason, message=message)
+                if exit_code is not None:
+                    done = replace(done, exit_code=exit_code, finished_ns=now)
+                self._put_container(done)
+        dead = replace(record, state=SANDBOX_NOTREADY, guest={**record.guest, key: why, f"{key}_ns": now})
+        self.ledger.put_sandbox(record.id, SANDBOX_NOTREADY, record.created_ns, dead.to_doc())
 
     def check_guests(self) -> list[str]:
         """Re-check every READY sandbox's guest (after libvirt events may have been missed); the ids of

@@ -147,16 +147,21 @@ def start(config: ShimConfig) -> Running:
     events = DomainEvents(config.libvirt_uri, sandboxes.guest_stopped, sandboxes.check_guests)
     events.start()
     sandboxes.check_guests()  # a guest that died between the reconcile and the subscription
-    housekeeping = Periodic(
-        config.reconcile_interval_s, lambda: sandboxes.reconcile(periodic=True), name="periodic-reconcile"
-    )
-    housekeeping.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
     log.info("image holds of %d containers restored", containers.hold_images())
     images.collect()  # after the containers hold theirs again: images removed while held and not held now are freed
     resumed = containers.resume_logs()
     if resumed:
         log.info("log copying resumed for %d running containers", resumed)
+    # the agents of adopted guests: the same instance carries on, one that started over is a lost agent
+    threading.Thread(target=containers.watch_guests, name="agent-watch", daemon=True).start()
+
+    def housekeep() -> None:
+        sandboxes.reconcile(periodic=True)
+        containers.watch_guests()
+
+    housekeeping = Periodic(config.reconcile_interval_s, housekeep, name="periodic-reconcile")
+    housekeeping.start()
     runtime = RuntimeServicer(sandboxes, containers)
     status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
     status.add_servicer(

@@ -7,6 +7,12 @@ is in ``images/README.md``. The guest speaks first (``hello``, repeated until th
 fields without breaking this host; missing or mistyped fields are errors. This host reads versions
 1 to 3 (version 1 has no ``args``, version 3 adds ``log_read``) and sends the highest version both
 sides speak.
+
+Everything here reads what an untrusted guest wrote, so it is bounded before it is parsed: a line
+is at most ``MAX_FRAME_BYTES``, its arrays and objects nest at most ``MAX_DEPTH`` deep (checked by a
+linear scan before ``json.loads`` recurses), numbers fit the fields they fill, and what the host
+keeps of a body (a report in the sandbox's record, an error in a message) has bounded size.
+``UnsolicitedBudget`` bounds the rate of messages nobody asked for.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, TypeAlias
 
+from vmsandbox import validation
 from vmsandbox.errors import InfrastructureError
 
 VERSION = 3
@@ -30,8 +38,33 @@ IMAGES_TAG = "vmsandbox.images"
 """Mount tag of the host's unpacked image trees (virtio-9p, read-only): containers' lower layers."""
 
 
+EXEC_OUTPUT_MAX = 16 << 20
+"""Bytes of each output stream an ``exec`` response may carry (ExecSync's bound)."""
+MAX_FRAME_BYTES = 2 * 4 * -(-EXEC_OUTPUT_MAX // 3) + (64 << 10)
+"""The longest line a guest may send: an ``exec`` response with both streams full, base64-encoded,
+plus room for its other fields (about 42.7 MiB)."""
+MAX_DEPTH = 32
+"""How deep arrays and objects may nest in a guest's line (the deepest legitimate one is 5)."""
+MAX_BRACKETS = 1 << 16
+"""How many arrays and objects one line may hold (a ``list`` of thousands of containers fits)."""
+MAX_ERROR_CHARS = 2048
+"""Characters of a guest's error text the host keeps (the rest is cut, saying how much)."""
+INT64_MAX = (1 << 63) - 1
+INT32_MAX = (1 << 31) - 1
+UNKNOWN_CONTAINER = "unknown_container"
+"""``code`` of a failed response: the agent has no container with the id asked about."""
+_INSTANCE = re.compile(r"[0-9a-f]{16,64}")
+_REPORT_TEXT_MAX = 256
+_CMDLINE_MAX = 4096
+_REPORT_ITEMS_MAX = 64
+
+
 class ProtocolError(InfrastructureError):
     """A line from the other side is not a valid protocol message."""
+
+
+class FrameTooLong(ProtocolError):
+    """A line from the guest passed ``MAX_FRAME_BYTES`` before its end: the connection is dropped."""
 
 
 class HugePages(NamedTuple):
@@ -69,6 +102,9 @@ class GuestReport:
     hostname: str = ""
     nics: tuple[NicReport, ...] = ()
     """The guest's network interfaces (older agents do not send them)."""
+    instance: str = ""
+    """The agent process's identity, random, made when it started: another one later means the agent
+    restarted and lost its containers (older agents do not send it)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +131,8 @@ class Response:
     ok: bool
     body: Mapping[str, object] = field(default_factory=dict, hash=False)
     error: str = ""
+    code: str = ""
+    """Why a failure happened, for the host to act on (``UNKNOWN_CONTAINER``); "" when unsaid."""
 
 
 Message: TypeAlias = Hello | Ack | Request | Response
@@ -124,6 +162,8 @@ def report_to_body(report: GuestReport) -> _JsonObject:
         body["hostname"] = report.hostname
     if report.nics:
         body["nics"] = [{"name": n.name, "mac": n.mac, "addresses": list(n.addresses), "up": n.up} for n in report.nics]
+    if report.instance:
+        body["instance"] = report.instance
     return body
 
 
@@ -146,6 +186,8 @@ def encode(msg: Message, version: int = VERSION) -> bytes:
             obj["body"] = dict(msg.body)
         else:
             obj["error"] = msg.error
+            if msg.code:
+                obj["code"] = msg.code
     else:  # pragma: no cover - exhaustiveness for callers outside mypy
         raise ProtocolError(f"not a protocol message: {msg!r}")
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
@@ -184,12 +226,36 @@ def _str(obj: Mapping[str, object], key: str, where: str) -> str:
     return value
 
 
-def _count(obj: Mapping[str, object], key: str, where: str) -> int:
+def _count(obj: Mapping[str, object], key: str, where: str, maximum: int = INT64_MAX) -> int:
     value = _field(obj, key, int, where)
     assert isinstance(value, int)
     if value < 0:
         raise ProtocolError(f"{where}: field {key!r} must not be negative, got {value}")
+    if value > maximum:
+        raise ProtocolError(f"{where}: field {key!r} must be at most {maximum}, got a {value.bit_length()}-bit number")
     return value
+
+
+def _text(obj: Mapping[str, object], key: str, where: str, limit: int = _REPORT_TEXT_MAX) -> str:
+    value = _str(obj, key, where)
+    if len(value) > limit:
+        raise ProtocolError(f"{where}: field {key!r} is longer than {limit} characters ({len(value)})")
+    return value
+
+
+def _texts(obj: Mapping[str, object], key: str, where: str, limit: int) -> tuple[str, ...]:
+    """An optional array of strings, each at most ``limit`` characters, at most ``_REPORT_ITEMS_MAX`` of them."""
+    if key not in obj:
+        return ()
+    raw = _field(obj, key, list, where)
+    assert isinstance(raw, list)
+    if not all(isinstance(e, str) for e in raw):
+        raise ProtocolError(f"{where}: field {key!r} must be an array of strings")
+    if len(raw) > _REPORT_ITEMS_MAX or any(len(e) > limit for e in raw):
+        raise ProtocolError(
+            f"{where}: field {key!r} may hold {_REPORT_ITEMS_MAX} strings of at most {limit} characters"
+        )
+    return tuple(raw)
 
 
 def _object(obj: Mapping[str, object], key: str, where: str) -> _JsonObject:
@@ -199,37 +265,38 @@ def _object(obj: Mapping[str, object], key: str, where: str) -> _JsonObject:
 
 
 def report_from_body(body: Mapping[str, object], where: str = "report") -> GuestReport:
-    """The GuestReport in a ``hello`` body or a ``report`` response body."""
+    """The GuestReport in a ``hello`` body or a ``report`` response body (it is kept in the sandbox's
+    record, so every part of it is bounded)."""
+    hugepages = _object(body, "hugepages", where)
+    if len(hugepages) > _REPORT_ITEMS_MAX:
+        raise ProtocolError(f"{where}: more than {_REPORT_ITEMS_MAX} hugepage sizes")
     pools: dict[int, HugePages] = {}
-    for size, pool in _object(body, "hugepages", where).items():
-        if not size.isdigit() or int(size) == 0:
-            raise ProtocolError(f"{where}: hugepage size {size!r} is not a positive KiB count")
+    for size, pool in hugepages.items():
+        if not size.isdigit() or len(size) > 10 or int(size) == 0:
+            raise ProtocolError(f"{where}: hugepage size {size[:20]!r} is not a positive KiB count")
         if not isinstance(pool, dict):
             raise ProtocolError(f"{where}: hugepages[{size!r}] must be an object")
         pool_where = f"{where}: hugepages[{size!r}]"
         pools[int(size)] = HugePages(total=_count(pool, "total", pool_where), free=_count(pool, "free", pool_where))
-    errors: tuple[str, ...] = ()
-    if "errors" in body:
-        raw = _field(body, "errors", list, where)
-        assert isinstance(raw, list)
-        if not all(isinstance(e, str) for e in raw):
-            raise ProtocolError(f"{where}: field 'errors' must be an array of strings")
-        errors = tuple(raw)
-    vcpus = _count(body, "vcpus", where)
+    vcpus = _count(body, "vcpus", where, INT32_MAX)
     if vcpus == 0:
         raise ProtocolError(f"{where}: field 'vcpus' must be at least 1")
+    instance = _str(body, "instance", where) if "instance" in body else ""
+    if instance and not _INSTANCE.fullmatch(instance):
+        raise ProtocolError(f"{where}: field 'instance' must be 16 to 64 lowercase hex digits, got {_clip(instance)}")
     return GuestReport(
-        agent=_str(body, "agent", where),
-        kernel=_str(body, "kernel", where),
+        agent=_text(body, "agent", where),
+        kernel=_text(body, "kernel", where),
         vcpus=vcpus,
         mem_total_kib=_count(body, "mem_total_kib", where),
         hugepages=pools,
-        cmdline=_str(body, "cmdline", where),
+        cmdline=_text(body, "cmdline", where, _CMDLINE_MAX),
         boot_ms=_count(body, "boot_ms", where),
-        errors=errors,
-        protocol=_count(body, "protocol", where) if "protocol" in body else 1,
-        hostname=_str(body, "hostname", where) if "hostname" in body else "",
+        errors=_texts(body, "errors", where, 1024),
+        protocol=_count(body, "protocol", where, INT32_MAX) if "protocol" in body else 1,
+        hostname=_text(body, "hostname", where) if "hostname" in body else "",
         nics=_nics(body, where),
+        instance=instance,
     )
 
 
@@ -238,23 +305,62 @@ def _nics(body: Mapping[str, object], where: str) -> tuple[NicReport, ...]:
         return ()
     raw = _field(body, "nics", list, where)
     assert isinstance(raw, list)
+    if len(raw) > _REPORT_ITEMS_MAX:
+        raise ProtocolError(f"{where}: more than {_REPORT_ITEMS_MAX} nics")
     out = []
     for i, item in enumerate(raw):
         at = f"{where}: nics[{i}]"
         if not isinstance(item, dict):
             raise ProtocolError(f"{at} must be an object")
-        addresses = item.get("addresses", [])
-        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
-            raise ProtocolError(f"{at}: field 'addresses' must be an array of strings")
+        addresses = _texts(item, "addresses", at, 64)
         up = item.get("up", False)
         if not isinstance(up, bool):
             raise ProtocolError(f"{at}: field 'up' must be a boolean")
-        out.append(NicReport(_str(item, "name", at), _str(item, "mac", at), tuple(addresses), up))
+        out.append(NicReport(_text(item, "name", at, 64), _text(item, "mac", at, 64), addresses, up))
     return tuple(out)
+
+
+# ---- bounds checked before parsing ----------------------------------------------------------------
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+"""A JSON string (an unterminated one runs to the end), so that brackets inside strings are skipped."""
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_OPENERS = frozenset(b"[{")
+
+
+def nesting_depth(data: bytes, limit: int = MAX_DEPTH) -> int:
+    """How deep arrays and objects nest in the JSON text ``data``, brackets inside strings not
+    counted; the scan stops as soon as the depth passes ``limit`` (and returns it). Linear, and in C
+    for the bulk: strings are dropped (a split on quotes when nothing is escaped, else a regex), then
+    everything but brackets (``bytes.translate``); the brackets left are counted in Python
+    (ProtocolError when there are more than ``MAX_BRACKETS``, which no legitimate line has)."""
+    # without escapes (base64 output, most reports) strings are what lies between alternate quotes
+    escaped = b"\\" in data
+    outside = _JSON_STRING.sub(b"", data) if escaped else b"".join(data.split(b'"')[0::2])
+    brackets = outside.translate(None, _NOT_BRACKETS)
+    if len(brackets) > MAX_BRACKETS:
+        raise ProtocolError(f"message holds more than {MAX_BRACKETS} arrays and objects")
+    depth = deepest = 0
+    for b in brackets:
+        if b in _OPENERS:
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        else:
+            depth -= 1
+    return deepest
+
+
+def _no_constants(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def decode(line: bytes) -> Message:
     """The message on one line (with or without its line ending); ProtocolError if invalid."""
+    if len(line) > MAX_FRAME_BYTES:
+        raise FrameTooLong(f"message is longer than {MAX_FRAME_BYTES} bytes ({len(line)})")
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -262,10 +368,13 @@ def decode(line: bytes) -> Message:
     text = text.removesuffix("\n").removesuffix("\r")
     if not text.strip():
         raise ProtocolError("empty message line")
+    if nesting_depth(line) > MAX_DEPTH:
+        raise ProtocolError(f"message nests arrays and objects deeper than {MAX_DEPTH} levels ({_clip(text, 40)})")
     try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ProtocolError(f"message is not JSON: {e}: {_clip(text)}") from None
+        # ValueError also covers integers of more digits than Python converts (sys.get_int_max_str_digits)
+        obj = json.loads(text, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"message is not JSON: {_clip(str(e), 200)}: {_clip(text)}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"message is not a JSON object: {_clip(text)}")
     version = obj.get("v")
@@ -273,7 +382,7 @@ def decode(line: bytes) -> Message:
         raise ProtocolError(f"message has no protocol version 'v': {_clip(text)}")
     if type(version) is not int or version not in READABLE_VERSIONS:
         readable = ", ".join(map(str, sorted(READABLE_VERSIONS)))
-        raise ProtocolError(f"unsupported protocol version {version!r} (this host reads {readable})")
+        raise ProtocolError(f"unsupported protocol version {repr(version)[:40]} (this host reads {readable})")
     kind = _str(obj, "type", "message")
     where = f"{kind} message"
     if kind == "hello":
@@ -293,12 +402,43 @@ def decode(line: bytes) -> Message:
         ok = _field(obj, "ok", bool, where)
         if ok:
             return Response(id=rid, ok=True, body=_object(obj, "body", where))
-        return Response(id=rid, ok=False, error=_str(obj, "error", where))
-    raise ProtocolError(f"unknown message type {kind!r}")
+        error = _str(obj, "error", where)
+        if len(error) > MAX_ERROR_CHARS:
+            error = error[:MAX_ERROR_CHARS] + f"...(+{len(error) - MAX_ERROR_CHARS} characters)"
+        code = _text(obj, "code", where, 64) if "code" in obj else ""
+        return Response(id=rid, ok=False, error=error, code=code)
+    raise ProtocolError(f"unknown message type {kind[:40]!r}")
 
 
 def _clip(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
+    """``text`` for a message: quoted, control characters escaped, cut after ``limit`` characters."""
+    return validation.quote(text, limit)
+
+
+# ---- the rate of messages nobody asked for --------------------------------------------------------
+
+UNSOLICITED_BURST = 32
+UNSOLICITED_PER_S = 4.0
+
+
+@dataclass(frozen=True)
+class UnsolicitedBudget:
+    """A token bucket for the guest's unsolicited messages (responses to ids nobody waits for,
+    hellos on a connection already acked, anything a guest never sends): ``UNSOLICITED_BURST`` at
+    once, refilled at ``UNSOLICITED_PER_S``. A late answer to a request that timed out, or a hello
+    that crossed the host's ack, costs one; a guest that floods runs out."""
+
+    tokens: float = UNSOLICITED_BURST
+    at: float = 0.0
+
+    def spend(self, now: float) -> UnsolicitedBudget | None:
+        """The budget after one more unsolicited message at ``now`` (monotonic seconds); None when spent."""
+        tokens = (
+            self.tokens if now <= self.at else min(UNSOLICITED_BURST, self.tokens + (now - self.at) * UNSOLICITED_PER_S)
+        )
+        if tokens < 1:
+            return None
+        return replace(self, tokens=tokens - 1, at=max(now, self.at))
 
 
 # ---- container ops (protocol 2) -------------------------------------------------------------------
@@ -326,15 +466,15 @@ class ContainerState:
 def container_state_from_body(body: Mapping[str, object], where: str = "container") -> ContainerState:
     state = _str(body, "state", where)
     if state not in CONTAINER_STATES:
-        raise ProtocolError(f"{where}: unknown container state {state!r}")
+        raise ProtocolError(f"{where}: unknown container state {state[:40]!r}")
     oom = _field(body, "oom_killed", bool, where)
     assert isinstance(oom, bool)
     return ContainerState(
-        id=_str(body, "id", where),
+        id=_text(body, "id", where, 128),
         state=state,
-        pid=_count(body, "pid", where),
-        exit_code=_count(body, "exit_code", where),
-        signal=_count(body, "signal", where),
+        pid=_count(body, "pid", where, INT32_MAX),
+        exit_code=_count(body, "exit_code", where, INT32_MAX),
+        signal=_count(body, "signal", where, INT32_MAX),
         oom_killed=oom,
         created_at_ns=_count(body, "created_at_ns", where),
         started_at_ns=_count(body, "started_at_ns", where),
@@ -358,9 +498,11 @@ def _b64(body: Mapping[str, object], key: str, where: str) -> bytes:
         return b""
     if not isinstance(value, str):
         raise ProtocolError(f"{where}: field {key!r} must be base64 text")
+    if len(value) > 4 * -(-EXEC_OUTPUT_MAX // 3):
+        raise ProtocolError(f"{where}: field {key!r} holds more than {EXEC_OUTPUT_MAX} bytes")
     try:
         return base64.b64decode(value, validate=True)
-    except binascii.Error as e:
+    except (binascii.Error, ValueError) as e:
         raise ProtocolError(f"{where}: field {key!r} is not base64: {e}") from None
 
 
@@ -368,7 +510,7 @@ def exec_result_from_body(body: Mapping[str, object], where: str = "exec") -> Ex
     timed_out = _field(body, "timed_out", bool, where)
     assert isinstance(timed_out, bool)
     return ExecResult(
-        exit_code=_count(body, "exit_code", where),
+        exit_code=_count(body, "exit_code", where, INT32_MAX),
         stdout=_b64(body, "stdout", where),
         stderr=_b64(body, "stderr", where),
         timed_out=timed_out,

@@ -116,7 +116,7 @@ func lookup(id string) (*container, error) {
 	defer cmu.Unlock()
 	c, ok := containers[id]
 	if !ok {
-		return nil, fmt.Errorf("no container %q", id)
+		return nil, errUnknownContainer{id}
 	}
 	return c, nil
 }

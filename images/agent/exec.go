@@ -4,7 +4,9 @@ package main
 // container's cgroup) and update (cgroup limits of a running container).
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -134,14 +136,46 @@ func opExec(raw json.RawMessage) (interface{}, error) {
 			return nil, fmt.Errorf("exec: %v", werr)
 		}
 	}
-	return map[string]interface{}{
-		"exit_code":     code,
-		"timed_out":     timedOut,
-		"stdout":        stdout.buf.Bytes(), // base64 in JSON
-		"stderr":        stderr.buf.Bytes(),
-		"dropped_bytes": stdout.dropped + stderr.dropped,
-		"duration_ns":   time.Since(start).Nanoseconds(),
+	return &execBody{
+		fields: map[string]interface{}{
+			"exit_code":     code,
+			"timed_out":     timedOut,
+			"dropped_bytes": stdout.dropped + stderr.dropped,
+			"duration_ns":   time.Since(start).Nanoseconds(),
+		},
+		stdout: stdout.buf.Bytes(),
+		stderr: stderr.buf.Bytes(),
 	}, nil
+}
+
+// execBody is the body of an exec response, written to the channel as it is encoded: its
+// output (up to max_bytes per stream) goes out as base64 through a small buffer, where building
+// the whole line first would take several copies of it (a guest of 128 MiB could not hold the
+// copies of a few MiB of output, and the kernel killed the agent).
+type execBody struct {
+	fields         map[string]interface{}
+	stdout, stderr []byte
+}
+
+// writeTo writes the body's JSON object to w: the small fields, then "stdout" and "stderr".
+func (e *execBody) writeTo(w *bufio.Writer) error {
+	head, err := json.Marshal(e.fields)
+	if err != nil {
+		return err
+	}
+	w.Write(head[:len(head)-1]) // without its closing brace
+	for _, s := range []struct {
+		key  string
+		data []byte
+	}{{"stdout", e.stdout}, {"stderr", e.stderr}} {
+		fmt.Fprintf(w, `,%q:"`, s.key)
+		enc := base64.NewEncoder(base64.StdEncoding, w)
+		enc.Write(s.data)
+		enc.Close()
+		w.WriteByte('"')
+	}
+	w.WriteByte('}')
+	return w.Flush()
 }
 
 func readKV(path string) map[string]int64 {

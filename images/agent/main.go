@@ -7,7 +7,10 @@ package main
 
 import (
 	"bufio"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,6 +25,25 @@ const maxLine = 1 << 20
 
 // protocolVersion is what this agent sends; it also reads requests of versions 1 and 2.
 const protocolVersion = 3
+
+// instance names this agent process: random, made at start and reported in hello and report, so
+// that the host tells an agent that restarted (and lost its containers) from one it reconnects to.
+var instance = newInstance()
+
+func newInstance() string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		// no randomness: the time still differs between two starts of the agent
+		return fmt.Sprintf("%032x", time.Now().UnixNano())
+	}
+	return hex.EncodeToString(b)
+}
+
+// errUnknownContainer is the error of ops on an id the agent has no container for; its failure
+// response carries the code "unknown_container", which the host acts on.
+type errUnknownContainer struct{ id string }
+
+func (e errUnknownContainer) Error() string { return fmt.Sprintf("no container %q", e.id) }
 
 type message struct {
 	V    int             `json:"v"`
@@ -39,6 +61,12 @@ type port struct {
 }
 
 func (p *port) send(obj map[string]interface{}) {
+	p.sendIf(nil, obj)
+}
+
+// sendIf writes obj unless cond, asked while holding the write lock, says no: a hello must not
+// follow a response to a host that has acked us (it would tell the host the agent started over).
+func (p *port) sendIf(cond func() bool, obj map[string]interface{}) {
 	obj["v"] = protocolVersion
 	b, err := json.Marshal(obj)
 	if err != nil {
@@ -48,7 +76,32 @@ func (p *port) send(obj map[string]interface{}) {
 	b = append(b, '\n')
 	p.wmu.Lock()
 	defer p.wmu.Unlock()
+	if cond != nil && !cond() {
+		return
+	}
 	if _, err := p.f.Write(b); err != nil {
+		logf("write to the channel failed: %v", err)
+	}
+}
+
+// sendExec writes the response to an exec as it encodes it (execBody), under the write lock.
+func (p *port) sendExec(id json.RawMessage, body *execBody) {
+	head, err := json.Marshal(map[string]interface{}{"v": protocolVersion, "type": "response", "id": id, "ok": true})
+	if err != nil {
+		logf("cannot encode a message: %v", err)
+		return
+	}
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	w := bufio.NewWriterSize(p.f, 64<<10)
+	w.Write(head[:len(head)-1]) // without its closing brace
+	w.WriteString(`,"body":`)
+	err = body.writeTo(w)
+	if err == nil {
+		w.WriteString("}\n")
+		err = w.Flush()
+	}
+	if err != nil {
 		logf("write to the channel failed: %v", err)
 	}
 }
@@ -101,7 +154,7 @@ func main() {
 		logf("cannot open %s: %v", dev, err)
 		os.Exit(1)
 	}
-	logf("agent on %s", dev)
+	logf("agent %s on %s", instance, dev)
 	p := &port{f: f}
 	go p.greet()
 	p.serve()
@@ -111,7 +164,7 @@ func main() {
 func (p *port) greet() {
 	for {
 		if !p.isAcked() {
-			p.send(map[string]interface{}{"type": "hello", "body": report()})
+			p.sendIf(func() bool { return !p.isAcked() }, map[string]interface{}{"type": "hello", "body": report()})
 		}
 		time.Sleep(time.Second)
 	}
@@ -173,11 +226,19 @@ func (p *port) serve() {
 }
 
 func (p *port) fail(id json.RawMessage, msg string) {
+	p.failCode(id, "", msg)
+}
+
+func (p *port) failCode(id json.RawMessage, code, msg string) {
 	var rid interface{}
 	if id != nil {
 		rid = id
 	}
-	p.send(map[string]interface{}{"type": "response", "id": rid, "ok": false, "error": msg})
+	resp := map[string]interface{}{"type": "response", "id": rid, "ok": false, "error": msg}
+	if code != "" {
+		resp["code"] = code
+	}
+	p.send(resp)
 }
 
 func (p *port) handle(id json.RawMessage, op string, args json.RawMessage) {
@@ -191,7 +252,16 @@ func (p *port) handle(id json.RawMessage, op string, args json.RawMessage) {
 	}
 	body, err := h(args)
 	if err != nil {
-		p.fail(id, err.Error())
+		var unknown errUnknownContainer
+		if errors.As(err, &unknown) {
+			p.failCode(id, "unknown_container", err.Error())
+		} else {
+			p.fail(id, err.Error())
+		}
+		return
+	}
+	if eb, ok := body.(*execBody); ok {
+		p.sendExec(id, eb)
 		return
 	}
 	if body == nil {

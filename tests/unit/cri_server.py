@@ -49,6 +49,7 @@ class Server:
     sandboxes: Sandboxes
     channel: grpc.Channel
     root: Path
+    containers: Containers | None = None
 
     def rpc(self, name: str, request: Message | bytes) -> tuple[grpc.StatusCode, str, bytes]:
         """Call RuntimeService/``name`` (or ImageService/``name``): status, details, response bytes."""
@@ -187,7 +188,7 @@ def cri_server() -> Iterator[Server]:
         server.start()
         channel = grpc.insecure_channel(f"unix:{sock}")
         try:
-            yield Server(sb, channel, root)
+            yield Server(sb, channel, root, containers)
         finally:
             channel.close()
             server.stop(None).wait()

@@ -456,7 +456,9 @@ def test_malformed_line_from_the_guest_is_a_protocol_error(tmp_path: Path) -> No
 
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
-        with pytest.raises(ProtocolError, match=r"g\.sock: hello message body: missing field 'hugepages'"):
+        with pytest.raises(
+            ProtocolError, match=r"g\.sock: the guest agent sent a bad message: hello message body: missing field"
+        ):
             wait_for_hello(tmp_path / "g.sock", 5)
         thread.join(timeout=5)
 

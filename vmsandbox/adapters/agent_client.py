@@ -4,6 +4,13 @@ One ``AgentClient`` per sandbox holds the channel connection; a reader thread ha
 to the request waiting for its id, so requests run concurrently (a ``wait`` for a container's exit
 does not hold up an ``exec``). Container state lives in the guest: a client that closes (a shim
 that restarts) and a new client that opens find the containers running as they were.
+
+The reader also watches for a lost agent: a ``hello`` from another agent instance (or from an
+agent without one) on this acked connection means the agent started over without its containers,
+and more unsolicited messages than ``UnsolicitedBudget`` allows mean a guest that floods. Either
+way the connection is dropped, pending requests fail with ``AgentLost`` and ``on_lost`` is told
+why (from a thread of its own, so it may take locks). A line that is not a valid message fails the
+pending requests with ``ProtocolError`` and drops the connection; the next client reconnects.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from vmsandbox.adapters.guest_channel import (
     GuestChannel,
@@ -22,6 +29,8 @@ from vmsandbox.adapters.guest_channel import (
     GuestRequestFailed,
 )
 from vmsandbox.agent_protocol import (
+    EXEC_OUTPUT_MAX,
+    Ack,
     CgroupStats,
     ContainerState,
     ExecResult,
@@ -31,6 +40,7 @@ from vmsandbox.agent_protocol import (
     ProtocolError,
     Request,
     Response,
+    UnsolicitedBudget,
     container_state_from_body,
     exec_result_from_body,
     log_chunk_from_body,
@@ -46,6 +56,15 @@ _READ_WAIT_S = 3600.0
 """The reader thread waits this long per message (and again); the socket closing ends it."""
 
 
+class AgentLost(InfrastructureError):
+    """The guest's agent is not the one whose containers this host knows (it restarted), or it
+    broke the protocol's bounds on unsolicited messages: the sandbox's containers are lost."""
+
+
+class _Lost(Exception):
+    """Raised inside the reader loop: the agent is lost, for the reason given."""
+
+
 class _Pending:
     def __init__(self) -> None:
         self.event = threading.Event()
@@ -55,57 +74,109 @@ class _Pending:
 class AgentClient:
     """Concurrent requests to one guest agent over its virtio-serial channel."""
 
-    def __init__(self, channel: GuestChannel) -> None:
+    def __init__(self, channel: GuestChannel, on_lost: Callable[[str], None] | None = None) -> None:
         self.report: GuestReport = channel.report
+        self.instance = channel.report.instance
+        """The agent instance this connection serves ("" for agents that have none)."""
         self._conn = channel.take_connection()
+        self.label = self._conn.label
+        self._on_lost = on_lost
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
         self._ids = itertools.count(1)
         self._closed: str | None = None
+        self._failure: type[InfrastructureError] = GuestChannelClosed
+        self._budget = UnsolicitedBudget(at=time.monotonic())
         if self.report.protocol < 2:
             self._conn.close()
             raise InfrastructureError(
-                f"the guest agent on {self._conn.path} speaks protocol {self.report.protocol}; containers need 2"
+                f"the guest agent on {self.label} speaks protocol {self.report.protocol}; containers need 2"
             )
         self._reader = threading.Thread(target=self._read_loop, name="agent-reader", daemon=True)
         self._reader.start()
 
     @classmethod
-    def open(cls, socket_path: str | os.PathLike[str], timeout_s: float) -> AgentClient:
-        return cls(GuestChannel.open(socket_path, timeout_s))
+    def open(
+        cls,
+        socket_path: str | os.PathLike[str],
+        timeout_s: float,
+        *,
+        label: str = "",
+        on_lost: Callable[[str], None] | None = None,
+    ) -> AgentClient:
+        return cls(GuestChannel.open(socket_path, timeout_s, label), on_lost)
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection is gone (closed, failed or the agent lost): open another client."""
+        with self._lock:
+            return self._closed is not None
 
     def _read_loop(self) -> None:
         reason = "closed"
+        lost = ""
         try:
             while True:
                 msg = self._conn.read(time.monotonic() + _READ_WAIT_S, "a response")
-                if isinstance(msg, Hello):
-                    continue
-                if not isinstance(msg, Response) or msg.id is None:
-                    continue
-                with self._lock:
-                    pending = self._pending.pop(msg.id, None)
-                if pending is not None:
-                    pending.response = msg
-                    pending.event.set()
-        except (GuestChannelClosed, GuestChannelTimeout, ProtocolError, OSError) as e:
+                if isinstance(msg, Response) and msg.id is not None:
+                    with self._lock:
+                        pending = self._pending.pop(msg.id, None)
+                    if pending is not None:
+                        pending.response = msg
+                        pending.event.set()
+                        continue
+                self._unsolicited(msg)
+        except _Lost as e:
+            reason = lost = str(e)
+            self._failure = AgentLost
+        except ProtocolError as e:
+            reason = str(e)
+            self._failure = ProtocolError
+        except (GuestChannelClosed, GuestChannelTimeout, OSError) as e:
             reason = str(e)
         finally:
             with self._lock:
                 self._closed = reason
                 waiting = list(self._pending.values())
                 self._pending.clear()
+            self._conn.close()
             for p in waiting:
                 p.event.set()
+        if lost and self._on_lost is not None:
+            threading.Thread(target=self._on_lost, args=(lost,), name="agent-lost", daemon=True).start()
+
+    def _unsolicited(self, msg: object) -> None:
+        """A message no request waits for: a late response, a hello, anything a guest never sends."""
+        budget = self._budget.spend(time.monotonic())
+        if budget is None:
+            raise _Lost(
+                f"{self.label}: the guest agent sent more unsolicited messages than the host accepts "
+                "(responses nobody asked for, repeated hellos); disconnected"
+            )
+        self._budget = budget
+        if isinstance(msg, Hello):
+            if self.instance and msg.report.instance == self.instance:
+                with self._send_lock:  # our ack crossed its hello, or it missed the ack: say it again
+                    self._conn.send(Ack())
+                return
+            raise _Lost(
+                f"{self.label}: the guest agent started over (it greeted again as instance "
+                f"{msg.report.instance or 'unknown'}, this connection's is {self.instance or 'unknown'}): "
+                "the containers it ran are lost"
+            )
+
+    def _error(self, what: str) -> InfrastructureError:
+        return self._failure(f"{what}: {self._closed}")
 
     def request(self, op: str, args: Mapping[str, object], timeout_s: float) -> Mapping[str, object]:
         """The body of the response to ``op``; GuestRequestFailed when the agent refuses,
-        GuestChannelTimeout / GuestChannelClosed when it does not answer."""
+        GuestChannelTimeout / GuestChannelClosed when it does not answer, ProtocolError when it
+        answered garbage, AgentLost when it is not the agent this client connected to."""
         pending = _Pending()
         with self._lock:
             if self._closed is not None:
-                raise GuestChannelClosed(f"guest channel {self._conn.path}: {self._closed}")
+                raise self._error(f"{op!r} not sent")
             rid = str(next(self._ids))
             self._pending[rid] = pending
         with self._send_lock:
@@ -113,12 +184,12 @@ class AgentClient:
         if not pending.event.wait(timeout_s):
             with self._lock:
                 self._pending.pop(rid, None)
-            raise GuestChannelTimeout(f"no response to {op!r} within {timeout_s:g} s on {self._conn.path}")
+            raise GuestChannelTimeout(f"no response to {op!r} within {timeout_s:g} s on {self.label}")
         response = pending.response
         if response is None:
-            raise GuestChannelClosed(f"guest channel {self._conn.path} closed during {op!r}: {self._closed}")
+            raise self._error(f"no response to {op!r}")
         if not response.ok:
-            raise GuestRequestFailed(f"guest refused {op!r}: {response.error}")
+            raise GuestRequestFailed(f"{self.label}: the guest refused {op!r}: {response.error}", response.code)
         return response.body
 
     # ---- typed ops ----------------------------------------------------------------------------
@@ -127,7 +198,7 @@ class AgentClient:
         """Creates container ``cid``: overlay of ``lower`` (a tree the guest sees shared from the
         host) and a writable layer; the agent keeps its output for ``log_read``."""
         body = self.request("create", {"id": cid, "lower": lower, "spec": dict(spec)}, timeout_s)
-        return container_state_from_body(body, "create response")
+        return container_state_from_body(body, f"{self.label}: create response")
 
     def log_read(self, cid: str, offset: int, max_bytes: int, wait_s: float) -> LogChunk:
         """Container ``cid``'s CRI log from stream ``offset`` (the guest may drop what lies
@@ -138,40 +209,42 @@ class AgentClient:
         return log_chunk_from_body(body, offset, max_bytes, "log_read response")
 
     def start(self, cid: str, timeout_s: float = 60) -> ContainerState:
-        return container_state_from_body(self.request("start", {"id": cid}, timeout_s), "start response")
+        return container_state_from_body(self.request("start", {"id": cid}, timeout_s), f"{self.label}: start response")
 
     def kill(self, cid: str, signal: str, timeout_s: float = 30) -> ContainerState:
         return container_state_from_body(
-            self.request("kill", {"id": cid, "signal": signal}, timeout_s), "kill response"
+            self.request("kill", {"id": cid, "signal": signal}, timeout_s), f"{self.label}: kill response"
         )
 
     def wait(self, cid: str, timeout_s: float) -> ContainerState:
         """The state once the container exited, or when ``timeout_s`` passed (state not exited)."""
         body = self.request("wait", {"id": cid, "timeout_ms": int(timeout_s * 1000)}, timeout_s + _SLACK_S)
-        return container_state_from_body(body, "wait response")
+        return container_state_from_body(body, f"{self.label}: wait response")
 
     def status(self, cid: str, timeout_s: float = 30) -> ContainerState:
-        return container_state_from_body(self.request("status", {"id": cid}, timeout_s), "status response")
+        return container_state_from_body(
+            self.request("status", {"id": cid}, timeout_s), f"{self.label}: status response"
+        )
 
     def list(self, timeout_s: float = 30) -> list[ContainerState]:
         body = self.request("list", {}, timeout_s)
         items = body.get("containers")
         if not isinstance(items, list):
-            raise ProtocolError("list response: 'containers' must be an array")
-        return [container_state_from_body(i, "list item") for i in items if isinstance(i, dict)]
+            raise ProtocolError(f"{self.label}: list response: 'containers' must be an array")
+        return [container_state_from_body(i, f"{self.label}: list item") for i in items if isinstance(i, dict)]
 
     def delete(self, cid: str, timeout_s: float = 60) -> None:
         self.request("delete", {"id": cid}, timeout_s)
 
-    def exec(self, cid: str, argv: Sequence[str], *, timeout_s: float, max_bytes: int = 16 << 20) -> ExecResult:
+    def exec(self, cid: str, argv: Sequence[str], *, timeout_s: float, max_bytes: int = EXEC_OUTPUT_MAX) -> ExecResult:
         """Runs ``argv`` in the container; timeout_s 0: no timeout."""
         args = {"id": cid, "argv": list(argv), "timeout_ms": int(timeout_s * 1000), "max_bytes": max_bytes}
         wait = (timeout_s or 24 * 3600) + _SLACK_S
-        return exec_result_from_body(self.request("exec", args, wait), "exec response")
+        return exec_result_from_body(self.request("exec", args, wait), f"{self.label}: exec response")
 
     def stats(self, cid: str = "", timeout_s: float = 30) -> CgroupStats:
         """Usage of container ``cid``; of the whole guest when ``cid`` is empty."""
-        return stats_from_body(self.request("stats", {"id": cid}, timeout_s), "stats response")
+        return stats_from_body(self.request("stats", {"id": cid}, timeout_s), f"{self.label}: stats response")
 
     def update(self, cid: str, files: Mapping[str, str], timeout_s: float = 30) -> None:
         """Writes cgroup limit files ("memory.max", "cpu.max", ...) of a container."""

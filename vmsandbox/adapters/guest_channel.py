@@ -3,6 +3,11 @@ virtio-serial port ``io.vmsandbox.agent.0`` (protocol in ``vmsandbox.agent_proto
 
 ``wait_for_hello`` is all a sandbox start needs; ``GuestChannel`` keeps the connection for
 later requests. Both are safe to use from several threads (one request at a time per channel).
+
+Lines are read in chunks of at most ``CHUNK_BYTES`` into a buffer that never holds more than
+``MAX_FRAME_BYTES`` (the protocol's longest line): a guest that writes a line without end is
+disconnected at the limit (``FrameTooLong``), whatever it writes. Errors name the sandbox (the
+``label`` a caller gives) rather than the socket.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ import time
 from collections.abc import Mapping
 
 from vmsandbox.agent_protocol import (
+    MAX_FRAME_BYTES,
     VERSION,
     Ack,
+    FrameTooLong,
     GuestReport,
     Hello,
     Message,
@@ -31,7 +38,8 @@ from vmsandbox.agent_protocol import (
 )
 from vmsandbox.errors import InfrastructureError
 
-MAX_LINE_BYTES = 1 << 20
+CHUNK_BYTES = 1 << 20
+"""Most bytes one read from the socket takes."""
 _GREETING_DRAIN_S = 2.0
 _RETRY_CONNECT_S = 0.01
 _GREETING_ID = "0"
@@ -47,19 +55,30 @@ class GuestChannelClosed(InfrastructureError):
 
 
 class GuestRequestFailed(InfrastructureError):
-    """The guest answered a request with ``ok: false``."""
+    """The guest answered a request with ``ok: false``; ``code`` is the response's (``""`` if none)."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class _Connection:
-    """Lines over one connected socket; callers serialise access."""
+    """Lines over one connected socket; callers serialise access. ``label`` names the guest in errors."""
 
-    def __init__(self, sock: socket.socket, path: str) -> None:
+    def __init__(self, sock: socket.socket, path: str, label: str = "") -> None:
         self.sock = sock
         self.path = path
-        self._buf = b""
+        self.label = label or f"guest channel {path}"
+        self._buf = bytearray()
+        self._scanned = 0  # bytes of _buf known to hold no line end
         self.version = 1
         """Protocol version of what we send: 1 (every agent reads it) until the guest has said
         which it speaks, then the highest both sides speak."""
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read and not yet handed out as a message (at most MAX_FRAME_BYTES)."""
+        return len(self._buf)
 
     def speak(self, report: GuestReport) -> None:
         self.version = max(1, min(VERSION, report.protocol))
@@ -68,31 +87,38 @@ class _Connection:
         try:
             self.sock.sendall(encode(msg, self.version))
         except OSError as e:
-            raise GuestChannelClosed(f"guest channel {self.path} closed while sending: {e}") from e
+            raise GuestChannelClosed(f"{self.label}: the guest channel closed while sending: {e}") from e
 
     def read(self, deadline: float, what: str) -> Message:
-        """The next message; ``what`` says what was awaited, for the timeout error."""
-        while (end := self._buf.find(b"\n")) < 0:
-            if len(self._buf) > MAX_LINE_BYTES:
-                raise ProtocolError(f"guest channel {self.path}: line longer than {MAX_LINE_BYTES} bytes")
+        """The next message; ``what`` says what was awaited, for the timeout error. FrameTooLong when
+        the guest's line passes MAX_FRAME_BYTES (the connection is then of no further use)."""
+        while (end := self._buf.find(b"\n", self._scanned)) < 0:
+            self._scanned = len(self._buf)
+            room = MAX_FRAME_BYTES + 1 - len(self._buf)
+            if room <= 0:
+                raise FrameTooLong(
+                    f"{self.label}: the guest agent sent a line longer than {MAX_FRAME_BYTES} bytes; disconnected"
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise GuestChannelTimeout(f"{what} on {self.path}")
+                raise GuestChannelTimeout(f"{what} on {self.label}")
             self.sock.settimeout(remaining)
             try:
-                chunk = self.sock.recv(65536)
+                chunk = self.sock.recv(min(CHUNK_BYTES, room))
             except TimeoutError:
-                raise GuestChannelTimeout(f"{what} on {self.path}") from None
+                raise GuestChannelTimeout(f"{what} on {self.label}") from None
             except OSError as e:
-                raise GuestChannelClosed(f"guest channel {self.path} failed: {e}") from e
+                raise GuestChannelClosed(f"{self.label}: the guest channel failed: {e}") from e
             if not chunk:
-                raise GuestChannelClosed(f"guest channel {self.path} closed by the other end")
+                raise GuestChannelClosed(f"{self.label}: the guest channel closed by the other end")
             self._buf += chunk
-        line, self._buf = self._buf[: end + 1], self._buf[end + 1 :]
+        line = bytes(self._buf[: end + 1])
+        del self._buf[: end + 1]
+        self._scanned = 0
         try:
             return decode(line)
         except ProtocolError as e:
-            raise ProtocolError(f"guest channel {self.path}: {e}") from None
+            raise type(e)(f"{self.label}: the guest agent sent a bad message: {e}") from None
 
     def close(self) -> None:
         # shutdown first: it wakes a recv() blocked in another thread, close() alone does not.
@@ -101,7 +127,7 @@ class _Connection:
         self.sock.close()
 
 
-def _connect(path: str, deadline: float, timeout_s: float, last_error: str) -> socket.socket:
+def _connect(path: str, deadline: float, timeout_s: float, last_error: str, label: str) -> socket.socket:
     """A socket connected to ``path``, retrying while it is missing or refuses (QEMU not up yet)."""
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -111,10 +137,10 @@ def _connect(path: str, deadline: float, timeout_s: float, last_error: str) -> s
         except OSError as e:
             sock.close()
             if e.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN):
-                raise InfrastructureError(f"cannot connect to guest channel {path}: {e}") from e
+                raise InfrastructureError(f"{label}: cannot connect to the guest channel {path}: {e}") from e
             last_error = f"connect: {e.strerror}"
         if time.monotonic() + _RETRY_CONNECT_S >= deadline:
-            raise GuestChannelTimeout(f"no hello from the guest on {path} within {timeout_s:g} s ({last_error})")
+            raise GuestChannelTimeout(f"no hello from the guest on {label} within {timeout_s:g} s ({last_error})")
         time.sleep(_RETRY_CONNECT_S)
 
 
@@ -140,7 +166,7 @@ class GuestChannel:
         """What the guest reported when the channel opened."""
 
     @classmethod
-    def open(cls, socket_path: str | os.PathLike[str], timeout_s: float) -> GuestChannel:
+    def open(cls, socket_path: str | os.PathLike[str], timeout_s: float, label: str = "") -> GuestChannel:
         """Connects (retrying while the socket is missing or refuses) and returns once the guest
         has described itself. Raises GuestChannelTimeout when ``timeout_s`` runs out.
 
@@ -151,11 +177,12 @@ class GuestChannel:
         waits in the socket until the guest opens its port.
         """
         path = os.fspath(socket_path)
+        label = label or path
         deadline = time.monotonic() + timeout_s
         last_error = "the socket never accepted a connection"
         awaited = f"no hello from the guest within {timeout_s:g} s"
         while True:
-            conn = _Connection(_connect(path, deadline, timeout_s, last_error), path)
+            conn = _Connection(_connect(path, deadline, timeout_s, last_error, label), path, label)
             try:
                 conn.send(Request(id=_GREETING_ID, op="report"))
                 while True:
@@ -167,8 +194,8 @@ class GuestChannel:
                         return cls(conn, msg.report)
                     if isinstance(msg, Response) and msg.id in (_GREETING_ID, None):
                         if not msg.ok:
-                            raise GuestRequestFailed(f"guest on {path} refused a report: {msg.error}")
-                        report = report_from_body(msg.body, f"report response on {path}")
+                            raise GuestRequestFailed(f"guest on {label} refused a report: {msg.error}", msg.code)
+                        report = report_from_body(msg.body, f"{label}: report response")
                         conn.speak(report)
                         return cls(conn, report)
             except GuestChannelClosed as e:
@@ -183,7 +210,7 @@ class GuestChannel:
     def request(self, op: str, timeout_s: float) -> Mapping[str, object]:
         """Sends request ``op`` and returns the body of its response. Raises GuestRequestFailed
         when the guest refuses, GuestChannelTimeout / GuestChannelClosed when it does not answer."""
-        path = self._conn.path
+        label = self._conn.label
         with self._lock:
             deadline = time.monotonic() + timeout_s
             rid = str(next(self._ids))
@@ -194,10 +221,10 @@ class GuestChannel:
                     continue  # a hello the guest sent before it saw our ack
                 if msg.id == rid:
                     if not msg.ok:
-                        raise GuestRequestFailed(f"guest refused {op!r} on {path}: {msg.error}")
+                        raise GuestRequestFailed(f"guest refused {op!r} on {label}: {msg.error}", msg.code)
                     return msg.body
                 if msg.id is None and not msg.ok:
-                    raise GuestRequestFailed(f"guest could not read {op!r} on {path}: {msg.error}")
+                    raise GuestRequestFailed(f"guest could not read {op!r} on {label}: {msg.error}", msg.code)
                 # else: the late answer to an earlier request that timed out
 
     def report_now(self, timeout_s: float) -> GuestReport:
@@ -219,8 +246,8 @@ class GuestChannel:
         self.close()
 
 
-def wait_for_hello(socket_path: str | os.PathLike[str], timeout_s: float) -> GuestReport:
+def wait_for_hello(socket_path: str | os.PathLike[str], timeout_s: float, label: str = "") -> GuestReport:
     """Connects to the guest channel, waits for the guest's hello (acked) or report, and
     disconnects. Raises GuestChannelTimeout on timeout."""
-    with GuestChannel.open(socket_path, timeout_s) as channel:
+    with GuestChannel.open(socket_path, timeout_s, label) as channel:
         return channel.report

@@ -1,0 +1,162 @@
+"""The guest end of an agent channel for tests: a unix socket server whose connections are each
+served by a script (a fake agent), so that the real host code (guest_channel, agent_client and
+the shim above them) talks to whatever a test wants a guest to say, hostile lines included."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+INSTANCE = "0123456789abcdef0123456789abcdef"
+OTHER_INSTANCE = "fedcba9876543210fedcba9876543210"
+
+
+def report_body(instance: str = INSTANCE) -> dict[str, object]:
+    body: dict[str, object] = {
+        "agent": "vmsandbox-agent/2",
+        "protocol": 2,
+        "kernel": "6.1.0-56-amd64",
+        "vcpus": 1,
+        "mem_total_kib": 200000,
+        "hugepages": {"2048": {"total": 0, "free": 0}},
+        "cmdline": "console=ttyS0",
+        "boot_ms": 1000,
+    }
+    if instance:
+        body["instance"] = instance
+    return body
+
+
+def line(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def hello(instance: str = INSTANCE) -> bytes:
+    return line({"v": 2, "type": "hello", "body": report_body(instance)})
+
+
+def ok(rid: object, body: object) -> bytes:
+    return line({"v": 2, "type": "response", "id": rid, "ok": True, "body": body})
+
+
+def refused(rid: object, error: str, code: str = "") -> bytes:
+    msg: dict[str, object] = {"v": 2, "type": "response", "id": rid, "ok": False, "error": error}
+    if code:
+        msg["code"] = code
+    return line(msg)
+
+
+def state(cid: str, st: str = "running") -> dict[str, object]:
+    return {
+        "id": cid,
+        "state": st,
+        "pid": 10,
+        "exit_code": 0,
+        "signal": 0,
+        "oom_killed": False,
+        "created_at_ns": 1,
+        "started_at_ns": 2,
+        "finished_at_ns": 0,
+    }
+
+
+class Peer:
+    """One connection, from the guest's side: read the host's requests, write anything."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._file = sock.makefile("rb")
+
+    def recv(self) -> dict[str, object] | None:
+        """The host's next message, None when it hung up."""
+        try:
+            data = self._file.readline()
+        except OSError:
+            return None
+        return json.loads(data) if data else None
+
+    def send(self, data: bytes) -> bool:
+        """False when the host hung up."""
+        try:
+            self.sock.sendall(data)
+        except OSError:
+            return False
+        return True
+
+    def serve(self, answer: Callable[[dict[str, object]], bytes | None]) -> None:
+        """Answer each request with ``answer(request)`` (None: no answer) until the host hangs up."""
+        while (msg := self.recv()) is not None:
+            if msg.get("type") == "request":
+                out = answer(msg)
+                if out is not None and not self.send(out):
+                    return
+
+
+class FakeGuest:
+    """Listens on ``path``; connection number n (from 0) runs ``script(n, peer)`` in its own thread."""
+
+    def __init__(self, path: Path, script: Callable[[int, Peer], None]) -> None:
+        self.path = path
+        self.connections = 0
+        self.errors: list[BaseException] = []
+        self._script = script
+        self._server = socket.socket(socket.AF_UNIX)
+        self._server.bind(str(path))
+        self._server.listen()
+        self._peers: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._server.accept()
+            except OSError:
+                return
+            n = self.connections
+            self.connections += 1
+            self._peers.append(sock)
+            threading.Thread(target=self._run, args=(n, sock), daemon=True).start()
+
+    def _run(self, n: int, sock: socket.socket) -> None:
+        try:
+            self._script(n, Peer(sock))
+        except BaseException as exc:  # reported by close()
+            self.errors.append(exc)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
+        self._server.close()
+        for sock in self._peers:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=5)
+        if self.errors:
+            raise self.errors[0]
+
+
+def agent(
+    instance: str = INSTANCE, answers: dict[str, Callable[[dict[str, object]], bytes]] | None = None
+) -> Callable[[dict[str, object]], bytes]:
+    """An answer function like the real agent's: ``report`` with ``instance``, ``ping``, and ``answers``
+    by op; other ops refused."""
+
+    def answer(msg: dict[str, object]) -> bytes:
+        op = str(msg.get("op"))
+        if answers and op in answers:
+            return answers[op](msg)
+        if op == "report":
+            return ok(msg["id"], report_body(instance))
+        if op == "ping":
+            return ok(msg["id"], {})
+        return refused(msg["id"], f"unknown op: {op}")
+
+    return answer
