@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from vmsandbox import agent_protocol
 from vmsandbox.adapters.guest_channel import GuestChannel, GuestRequestFailed, wait_for_hello
 from vmsandbox.agent_protocol import (
     CHANNEL_NAME,
@@ -116,7 +117,7 @@ def channel(guest: Guest) -> Iterator[GuestChannel]:
 def test_hello_describes_the_guest(channel: GuestChannel, manifest: dict[str, object]) -> None:
     report = channel.report
     assert report.agent.startswith("vmsandbox-agent/")
-    assert report.protocol == 2
+    assert report.protocol == agent_protocol.VERSION
     assert report.kernel == manifest["kernel_release"]
     assert report.vcpus == VCPUS
     # 256 MiB minus what the kernel keeps for itself
