@@ -20,7 +20,8 @@
     transport's floor. An accepted call is a real container: its image (busybox, from a local
     registry the benchmark starts) is pulled first, and its volume is an existing directory under
     the shim's ``kubelet_pods_dir`` (a temporary one), which the shim shares into the guest, as it
-    does a kubelet's emptyDir.
+    does a kubelet's emptyDir. So an accepted call includes the guest's create (about a second under
+    TCG), and ``create_all_ms`` with it; the rejected calls are the admission decision's round trip.
 
 Prints one JSON document.
 """
