@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/admission.py                 # both parts
     .venv/bin/python bench/admission.py --no-socket     # the pure part only (no host set-up needed)
+    .venv/bin/python bench/admission.py --smoke         # a few calls of each kind; checks the JSON
 
 (a) Pure ``admission.admit_declared`` on a 10-container declaration (each container: cpu, memory,
     ephemeral-storage, hugepages-2Mi and a mount): accepting decisions (the request spelled as
@@ -16,7 +17,11 @@
     calls: accepted (each followed by an untimed RemoveContainer, so the sandbox stays at its
     10 containers' worth of state, and with distinct attempts) and rejected (FAILED_PRECONDITION
     with the differences, ALREADY_EXISTS). p50/p99 in milliseconds, beside a Version call as the
-    transport's floor.
+    transport's floor. An accepted call is a real container: its image (busybox, from a local
+    registry the benchmark starts) is pulled first, and its volume is an existing directory under
+    the shim's ``kubelet_pods_dir`` (a temporary one), which the shim shares into the guest, as it
+    does a kubelet's emptyDir. So an accepted call includes the guest's create (about a second under
+    TCG), and ``create_all_ms`` with it; the rejected calls are the admission decision's round trip.
 
 Prints one JSON document.
 """
@@ -39,17 +44,22 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import smoke
 from bench.shim_process import shim_process
 from shim import translate
 from shim.cri.apimachinery.resource.generated_pb2 import Quantity as PbQuantity
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from tests.registry_kit import Layout, Registry, busybox_entries, push
 from vmsandbox.admission import Existing, admit_declared
 from vmsandbox.errors import AlreadyExists, Diverged
 from vmsandbox.resources import ContainerDeclaration, ContainerResources, Mount, PodDeclaration, ResourceList
 
 IMAGE_DIR = os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default")
 CONTAINERS = 10
+EMPTY_DIR = "volumes/kubernetes.io~empty-dir"  # where a kubelet keeps a pod's emptyDir volumes
+# the pure part's volumes: where a kubelet with its default root would put them (nothing is read there)
+PURE_VOLUMES = f"/var/lib/kubelet/pods/0b6c7a52-5f1e-4d2a-9a43-6e8f3c1d2b7a/{EMPTY_DIR}"
 
 
 # -- the pod --------------------------------------------------------------------------------------------
@@ -70,8 +80,9 @@ def respelled_strings(i: int) -> tuple[dict[str, str], dict[str, str]]:
     return requests, limits
 
 
-def mount(i: int) -> Mount:
-    return Mount(container_path="/data", host_path=f"/srv/c{i}", readonly=True)
+def mount(i: int, volumes: str) -> Mount:
+    """Container ``c{i}``'s volume: directory ``c{i}`` of ``volumes``, read-only at /data."""
+    return Mount(container_path="/data", host_path=f"{volumes}/c{i}", readonly=True)
 
 
 def core_resources(requests: dict[str, str], limits: dict[str, str], mounts: frozenset[Mount]) -> ContainerResources:
@@ -82,10 +93,10 @@ def core_resources(requests: dict[str, str], limits: dict[str, str], mounts: fro
     )
 
 
-def declaration() -> PodDeclaration:
+def declaration(volumes: str) -> PodDeclaration:
     return PodDeclaration(
         containers=tuple(
-            ContainerDeclaration(f"c{i}", core_resources(*declared_strings(i), frozenset({mount(i)})))
+            ContainerDeclaration(f"c{i}", core_resources(*declared_strings(i), frozenset({mount(i, volumes)})))
             for i in range(CONTAINERS)
         )
     )
@@ -98,19 +109,19 @@ def kres(requests: dict[str, str], limits: dict[str, str]) -> pb.KubernetesResou
     )
 
 
-def pb_mount(i: int) -> pb.Mount:
-    m = mount(i)
+def pb_mount(i: int, volumes: str) -> pb.Mount:
+    m = mount(i, volumes)
     return pb.Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.readonly)
 
 
 def container_config(
-    i: int, attempt: int, res: pb.KubernetesResources, *, with_mount: bool = True
+    i: int, attempt: int, res: pb.KubernetesResources, volumes: str, image: str = "busybox"
 ) -> pb.ContainerConfig:
     return pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=f"c{i}", attempt=attempt),
-        image=pb.ImageSpec(image="busybox"),
+        image=pb.ImageSpec(image=image),
         kubernetes_resources=res,
-        mounts=[pb_mount(i)] if with_mount else [],
+        mounts=[pb_mount(i, volumes)],
     )
 
 
@@ -138,14 +149,14 @@ def rate(fn: Callable[[], object], seconds: float, rounds: int = 15) -> float:
 
 
 def pure(seconds: float) -> dict[str, Any]:
-    decl = declaration()
+    decl = declaration(PURE_VOLUMES)
     existing = [Existing(f"c{i}", 0) for i in range(CONTAINERS)]
-    same = [core_resources(*declared_strings(i), frozenset({mount(i)})) for i in range(CONTAINERS)]
-    respelled = [core_resources(*respelled_strings(i), frozenset({mount(i)})) for i in range(CONTAINERS)]
+    same = [core_resources(*declared_strings(i), frozenset({mount(i, PURE_VOLUMES)})) for i in range(CONTAINERS)]
+    respelled = [core_resources(*respelled_strings(i), frozenset({mount(i, PURE_VOLUMES)})) for i in range(CONTAINERS)]
 
     def one_diff(i: int) -> ContainerResources:
         requests, limits = declared_strings(i)
-        return core_resources(requests, {**limits, "memory": "1Gi"}, frozenset({mount(i)}))
+        return core_resources(requests, {**limits, "memory": "1Gi"}, frozenset({mount(i, PURE_VOLUMES)}))
 
     def five_diffs(i: int) -> ContainerResources:
         requests, limits = declared_strings(i)
@@ -189,7 +200,7 @@ def pure(seconds: float) -> dict[str, Any]:
         i = state["i"] = (state["i"] + 1) % CONTAINERS
         return raw_declared[i] == raw_requested[i]
 
-    configs = [container_config(i, 1, kres(*declared_strings(i))) for i in range(CONTAINERS)]
+    configs = [container_config(i, 1, kres(*declared_strings(i)), PURE_VOLUMES) for i in range(CONTAINERS)]
 
     def translate_only() -> None:
         i = state["i"] = (state["i"] + 1) % CONTAINERS
@@ -225,20 +236,42 @@ def percentiles(samples: list[float]) -> dict[str, float]:
 
 
 def socket_round_trips(calls: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-") as tmp:
-        profile = Path(tmp) / "profiles.yaml"
+    with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-") as tmp_s:
+        tmp = Path(tmp_s)
+        uid = str(uuid.uuid4())
+        pods = tmp / "pods"  # the shim's kubelet_pods_dir: the pod's volumes are shared from there
+        volumes = pods / uid / EMPTY_DIR
+        for i in range(CONTAINERS):
+            (volumes / f"c{i}").mkdir(parents=True)
+        profile = tmp / "profiles.yaml"
         profile.write_text(json.dumps({"name": "vmsandbox", "handler": "vmsandbox", "guest": {"image_dir": IMAGE_DIR}}))
-        with shim_process(tmp, "--profile", str(profile), log_level="WARNING") as rt:
-            return _drive(rt, calls)
+        config = tmp / "config.yaml"
+        config.write_text(json.dumps({"kubelet_pods_dir": str(pods)}))
+        registry = Registry(tmp / "registry").start()
+        try:
+            layout = Layout(tmp / "layout")
+            layout.tag("bb", layout.image([layout.layer(busybox_entries(("sh",)))]))
+            image = f"{registry.host}/bench/busybox:1"
+            push(layout, "bb", image)
+            (tmp / "shim").mkdir()
+            serve = ("--config", str(config), "--profile", str(profile))
+            with shim_process(tmp / "shim", *serve, log_level="WARNING") as rt:
+                with grpc.insecure_channel(f"unix:{tmp / 'shim' / 'cri.sock'}") as channel:
+                    pb_grpc.ImageServiceStub(channel).PullImage(
+                        pb.PullImageRequest(image=pb.ImageSpec(image=image)), timeout=300
+                    )
+                return _drive(rt, calls, uid, str(volumes), image)
+        finally:
+            registry.stop()
 
 
-def _drive(rt: pb_grpc.RuntimeServiceStub, calls: int) -> dict[str, Any]:
+def _drive(rt: pb_grpc.RuntimeServiceStub, calls: int, uid: str, volumes: str, image: str) -> dict[str, Any]:
     config = pb.PodSandboxConfig(
-        metadata=pb.PodSandboxMetadata(name="bench", namespace="bench", uid=str(uuid.uuid4())),
+        metadata=pb.PodSandboxMetadata(name="bench", namespace="bench", uid=uid),
         pod_resources=pb.PodResourceConfig(
             containers=[
                 pb.ContainerResourceConfig(
-                    name=f"c{i}", kubernetes_resources=kres(*declared_strings(i)), mounts=[pb_mount(i)]
+                    name=f"c{i}", kubernetes_resources=kres(*declared_strings(i)), mounts=[pb_mount(i, volumes)]
                 )
                 for i in range(CONTAINERS)
             ]
@@ -246,11 +279,11 @@ def _drive(rt: pb_grpc.RuntimeServiceStub, calls: int) -> dict[str, Any]:
     )
     sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
     try:
-        # the pod's own 10 containers, as a kubelet creates them
-        for i in range(CONTAINERS):
+        # the pod's own containers, as a kubelet creates them: all 10, or the ones a short run's calls use
+        for i in range(min(CONTAINERS, calls)):
             rt.CreateContainer(
                 pb.CreateContainerRequest(
-                    pod_sandbox_id=sid, config=container_config(i, 0, kres(*declared_strings(i)))
+                    pod_sandbox_id=sid, config=container_config(i, 0, kres(*declared_strings(i)), volumes, image)
                 ),
                 timeout=30,
             )
@@ -261,11 +294,11 @@ def _drive(rt: pb_grpc.RuntimeServiceStub, calls: int) -> dict[str, Any]:
         warmup = min(50, calls // 10)
         for n in range(calls + warmup):
             i, attempt = n % CONTAINERS, 1 + n
-            ok = container_config(i, attempt, kres(*respelled_strings(i)))
+            ok = container_config(i, attempt, kres(*respelled_strings(i)), volumes, image)
             bad = container_config(
-                i, attempt, kres(declared_strings(i)[0], {**declared_strings(i)[1], "memory": "1Gi"})
+                i, attempt, kres(declared_strings(i)[0], {**declared_strings(i)[1], "memory": "1Gi"}), volumes, image
             )
-            dup = container_config(i, 0, kres(*declared_strings(i)))
+            dup = container_config(i, 0, kres(*declared_strings(i)), volumes, image)
             start = time.perf_counter()
             rt.Version(pb.VersionRequest(), timeout=30)
             t_version = time.perf_counter() - start
@@ -309,16 +342,63 @@ def _rejected(rt: pb_grpc.RuntimeServiceStub, sid: str, config: pb.ContainerConf
     raise AssertionError(f"expected {code.name}")
 
 
+PURE_CASES = frozenset(
+    {
+        "accept_as_declared",
+        "accept_respelled",
+        "reject_one_difference",
+        "reject_five_differences",
+        "reject_already_exists",
+    }
+)
+MS = {"p50": smoke.POSITIVE, "p99": smoke.POSITIVE, "max": smoke.POSITIVE, "n": smoke.COUNT}
+SHAPE: dict[str, Any] = {
+    "benchmark": "admission",
+    "pure": {
+        "containers_in_pod": CONTAINERS,
+        "decisions_per_s": smoke.Keyed(smoke.POSITIVE, PURE_CASES),
+        "baseline_per_s": smoke.Keyed(smoke.POSITIVE, frozenset(("dict_eq", "translate"))),
+        "cost_vs_dict_eq": smoke.Keyed(smoke.POSITIVE, PURE_CASES),
+        "cost_vs_translate": smoke.Keyed(smoke.POSITIVE, PURE_CASES),
+        "slowest_decisions_per_s": smoke.POSITIVE,
+        "target_per_s": 100_000,
+        "meets_target": smoke.BOOL,
+    },
+    "socket": {
+        "containers_in_pod": CONTAINERS,
+        "version_ms": MS,
+        "create_accepted_ms": MS,
+        "create_rejected_failed_precondition_ms": MS,
+        "create_rejected_already_exists_ms": MS,
+        "create_all_ms": MS,
+        "target_p99_ms": 2.0,
+        "meets_target": smoke.BOOL,
+    },
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=1.5, help="time per pure case")
     parser.add_argument("--calls", type=int, default=500, help="CreateContainer calls of each kind over the socket")
     parser.add_argument("--no-socket", action="store_true", help="skip the socket part (no guest is booted)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="0.05 s a pure case, 3 calls of each kind; check the JSON, exit 1 if wrong"
+    )
     args = parser.parse_args()
-    result: dict[str, Any] = {"benchmark": "admission", "pure": pure(args.seconds)}
+    if args.smoke:
+        args.seconds, args.calls = 0.05, 3
+    if args.calls < 2:
+        parser.error("--calls must be at least 2 (a percentile needs two samples)")
     if not args.no_socket:
+        smoke.require(smoke.missing_guest_host(), smoke.missing_image_tools())
+    result: dict[str, Any] = {"benchmark": "admission", "pure": pure(args.seconds)}
+    shape = dict(SHAPE)
+    if args.no_socket:
+        del shape["socket"]
+    else:
         result["socket"] = socket_round_trips(args.calls)
-    print(json.dumps(result, indent=2))
+    smoke.report(result, shape, smoke=args.smoke)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Containers in a guest: create+start -> first log line, ExecSync round trip, agent memory.
 
-    VMSANDBOX_IMAGE_DIR=/var/lib/vmsandbox/images/default python -m bench.container_start --runs 20
+    VMSANDBOX_IMAGE_DIR=/var/lib/vmsandbox/images/default .venv/bin/python bench/container_start.py --runs 20
+    .venv/bin/python bench/container_start.py --smoke   # one run and one exec each; checks the JSON
 
 Two paths time the same work, in this process:
 
@@ -26,9 +27,13 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import smoke
 from bench.qemu_direct import DirectGuest, percentile, qemu_argv
 from bench.shim_process import shim_process
 from shim.cri.runtime.v1 import api_pb2 as pb
@@ -151,11 +156,38 @@ def cri_path(tmp: Path, runs: int, exec_runs: int) -> dict[str, list[float]]:
     return {"start": start_s, "exec": exec_s}
 
 
+def _timings(*qs: int) -> dict[str, Any]:
+    return {f"p{q}_ms": smoke.POSITIVE for q in qs} | {"samples_ms": smoke.Each(smoke.POSITIVE)}
+
+
+SHAPE: dict[str, Any] = {
+    "benchmark": "container_start",
+    "image_dir": smoke.TEXT,
+    "runs": smoke.COUNT,
+    "exec_runs": smoke.COUNT,
+    "create_start_first_log_line": {
+        "cri": _timings(50, 95),
+        "agent_baseline": _timings(50, 95),
+        "ratio_p50": smoke.POSITIVE,
+    },
+    "exec_sync_round_trip": {"cri": _timings(50, 99), "agent_baseline": _timings(50, 99), "ratio_p50": smoke.POSITIVE},
+    "agent_rss_mib": {"idle": smoke.POSITIVE, "with_containers": smoke.POSITIVE},
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--exec-runs", type=int, default=50)
+    parser.add_argument(
+        "--smoke", action="store_true", help="one run and one exec each; check the JSON, exit 1 if wrong"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.exec_runs = 1, 1
+    if args.runs < 1 or args.exec_runs < 1:
+        parser.error("--runs and --exec-runs must be at least 1")
+    smoke.require(smoke.missing_guest_host(), smoke.missing_image_tools(), smoke.missing_tools("qemu-system-x86_64"))
     with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-ctr-") as tmp:
         (Path(tmp) / "agent").mkdir()
         (Path(tmp) / "cri").mkdir()
@@ -185,7 +217,7 @@ def main() -> int:
             "with_containers": round(int(str(base["busy_rss"])) / (1 << 20), 1),
         },
     }
-    print(json.dumps(result, indent=2))
+    smoke.report(result, SHAPE, smoke=args.smoke)
     return 0
 
 

@@ -8,7 +8,8 @@ replays exactly that QMP sequence against a bare, paused QEMU of the same guest 
 command line plus ``-S`` and a QMP socket), so a benchmark can print the cost beside the start it
 belongs to: it is paid inside ``virDomainCreate`` and nowhere in a direct boot.
 
-    .venv/bin/python -m bench.cpu_readback --runs 5
+    .venv/bin/python bench/cpu_readback.py --runs 5
+    .venv/bin/python bench/cpu_readback.py --smoke   # one run; checks the JSON
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import smoke
 from bench.qemu_direct import DEFAULT_IMAGE_DIR, DirectGuest, percentile, qemu_argv
 
 VCPU_PATH = "/machine/unattached/device[0]"  # libvirt's QOM path for vCPU 0 without hot-pluggable CPUs
@@ -110,25 +112,35 @@ def measure(guest: DirectGuest, *, timeout_s: float = 30.0) -> CpuReadback:
     return CpuReadback(seconds, commands, seconds / commands * 1000)
 
 
+SHAPE: dict[str, Any] = {
+    "benchmark": "cpu_readback",
+    "commands": smoke.COUNT,
+    "p50_s": smoke.POSITIVE,
+    "samples_s": smoke.Each(smoke.POSITIVE),
+    "per_command_ms_p50": smoke.POSITIVE,
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--image-dir", default=os.environ.get("VMSANDBOX_IMAGE_DIR", DEFAULT_IMAGE_DIR))
+    parser.add_argument("--smoke", action="store_true", help="one run; check the JSON, exit 1 if wrong")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 1
+    smoke.require(smoke.missing_tools("qemu-system-x86_64"), smoke.missing_guest_image(args.image_dir))
     guest = DirectGuest.from_image(args.image_dir, vcpus=1, mem_mib=256)
     runs = [measure(guest) for _ in range(max(1, args.runs))]
     seconds = [r.seconds for r in runs]
-    print(
-        json.dumps(
-            {
-                "benchmark": "cpu_readback",
-                "commands": runs[0].commands,
-                "p50_s": round(percentile(seconds, 50), 3),
-                "samples_s": [round(s, 3) for s in seconds],
-                "per_command_ms_p50": round(percentile([r.per_command_ms for r in runs], 50), 3),
-            }
-        )
-    )
+    doc = {
+        "benchmark": "cpu_readback",
+        "commands": runs[0].commands,
+        "p50_s": round(percentile(seconds, 50), 3),
+        "samples_s": [round(s, 3) for s in seconds],
+        "per_command_ms_p50": round(percentile([r.per_command_ms for r in runs], 50), 3),
+    }
+    smoke.report(doc, SHAPE, smoke=args.smoke)
     return 0
 
 

@@ -18,7 +18,6 @@ Usage: ``.venv/bin/python bench/image_pull.py [--rounds 5] [--layer-mb 12]`` (pr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -32,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import smoke
 from shim.images import ImageStore
 from tests.registry_kit import Layout, Registry, busybox_entries, file, push
 
@@ -145,25 +145,48 @@ def measure(refs: dict[str, str], tmp: Path, rounds: int) -> dict[str, dict[str,
     return out
 
 
-def smoke_problems(doc: dict[str, Any]) -> list[str]:
-    """What is wrong with the benchmark's JSON (shape, the single-download property); [] if nothing."""
+def _format_shape() -> dict[str, Any]:
+    return {
+        "ours_median_s": smoke.POSITIVE,
+        "ours_s": smoke.Each(smoke.POSITIVE),
+        "skopeo_umoci_median_s": smoke.POSITIVE,
+        "skopeo_umoci_s": smoke.Each(smoke.POSITIVE),
+        "ratio": smoke.POSITIVE,
+        "meets_target": smoke.BOOL,
+    }
+
+
+SHAPE: dict[str, Any] = {
+    "benchmark": "image_pull",
+    "image": {"compressed_bytes": smoke.POSITIVE, "layers": smoke.COUNT, "unpacked_bytes": smoke.POSITIVE},
+    "layers": smoke.COUNT,
+    "rounds": smoke.COUNT,
+    "formats": {"oci": _format_shape(), "docker": _format_shape()},
+    "target_ratio": TARGET_RATIO,
+    "meets_target": smoke.BOOL,
+    "concurrent_same_image": {
+        "pulls": smoke.COUNT,
+        "seconds": smoke.POSITIVE,
+        "blobs": smoke.COUNT,
+        "downloads_per_blob_max": smoke.COUNT,
+        "downloads_per_blob_min": smoke.COUNT,
+        "each_blob_once": smoke.BOOL,
+    },
+}
+
+
+def invariants(doc: dict[str, Any]) -> list[str]:
+    """Beyond the shape: every blob downloaded once by concurrent pulls, the image as built (not the
+    ratio, which a small image on a shared machine cannot measure)."""
     problems = []
-    for fmt in ("oci", "docker"):
-        entry = doc.get("formats", {}).get(fmt)
-        if not isinstance(entry, dict):
-            problems.append(f"no {fmt} figures")
-            continue
-        for key in ("ours_median_s", "skopeo_umoci_median_s", "ratio"):
-            if not isinstance(entry.get(key), float | int) or entry[key] <= 0:
-                problems.append(f"{fmt}.{key} is {entry.get(key)!r}")
-        if not isinstance(entry.get("meets_target"), bool):
-            problems.append(f"{fmt}.meets_target is not a boolean")
-    together = doc.get("concurrent_same_image", {})
-    if together.get("each_blob_once") is not True:
-        problems.append(f"concurrent pulls downloaded a blob more than once: {together}")
-    image = doc.get("image", {})
-    if not image.get("unpacked_bytes", 0) > 0 or image.get("layers") != doc.get("layers"):
-        problems.append(f"image figures are off: {image}")
+    together = doc["concurrent_same_image"]
+    if together["each_blob_once"] is not True:
+        problems.append(f"concurrent_same_image: the pulls downloaded a blob more than once: {together}")
+    if doc["image"]["layers"] != doc["layers"]:
+        problems.append(f"image.layers: {doc['image']['layers']}, but {doc['layers']} were built")
+    for fmt, entry in doc["formats"].items():
+        if len(entry["ours_s"]) != doc["rounds"] or len(entry["skopeo_umoci_s"]) != doc["rounds"]:
+            problems.append(f"formats.{fmt}: not one sample per round ({doc['rounds']})")
     return problems
 
 
@@ -177,6 +200,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.rounds, args.layers, args.layer_mb, args.concurrent = 1, 2, 1, 3
+    smoke.require(smoke.missing_image_tools(), smoke.missing_tools("umoci"))
     tmp = Path(tempfile.mkdtemp(prefix="vmsandbox-bench-image-"))
     registry = Registry(tmp / "registry").start()
     try:
@@ -203,12 +227,7 @@ def main() -> None:
             "meets_target": all(f["meets_target"] for f in formats.values()),
             "concurrent_same_image": together,
         }
-        print(json.dumps(doc, indent=2))
-        if args.smoke:
-            problems = smoke_problems(json.loads(json.dumps(doc)))
-            if problems:
-                print("smoke check failed: " + "; ".join(problems), file=sys.stderr)
-                sys.exit(1)
+        smoke.report(doc, SHAPE, smoke=args.smoke, invariants=invariants)
     finally:
         registry.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -4,7 +4,7 @@ hosts filled until full (target: >= 10k decisions/s on a 1024-CPU, 8-node host, 
 near-constant as hosts grow; rebuild from a full ledger <= 200 ms; <= 0.2 % of hugepages unusable).
 
     .venv/bin/python bench/placement.py            # 64, 256 and 1024 CPUs, each with 2 and 8 NUMA nodes
-    .venv/bin/python bench/placement.py --quick    # 64 CPUs only, one fill: a smoke run (the test suite's)
+    .venv/bin/python bench/placement.py --smoke    # 64 CPUs only, one fill; checks the JSON
 
 Each host has SMT (two threads per core), one shared core and one housekeeping core per node, 512
 2 MiB pages per CPU (1 GiB of guest RAM per CPU) plus 2 x 1 GiB pages per node, 2 GiB of ordinary
@@ -34,7 +34,6 @@ Reported per host, all measured in this process:
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -48,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
 
+from bench import smoke
 from shim.config import ShimConfig
 from shim.resources import ResourceManager
 from vmsandbox.adapters.ledger import Ledger
@@ -61,7 +61,7 @@ from vmsandbox.sizing import PodDemand, VmShape
 
 MI, GI = 1 << 20, 1 << 30
 HOSTS = ((64, 2), (64, 8), (256, 2), (256, 8), (1024, 2), (1024, 8))
-QUICK_HOSTS = ((64, 2), (64, 8))
+SMOKE_HOSTS = ((64, 2), (64, 8))
 TARGET_DECISIONS_PER_S = 10_000
 TARGET_REBUILD_MS = 200
 TARGET_UNUSABLE_PCT = 0.2
@@ -325,16 +325,81 @@ def fragmentation(cpus: int, nodes: int, seed: int, tmp: Path) -> dict[str, Any]
     return out
 
 
+_US = {"mean": smoke.POSITIVE, "p50": smoke.POSITIVE, "p99": smoke.POSITIVE}
+HOST_SHAPE: dict[str, Any] = {
+    "cpus": smoke.COUNT,
+    "nodes": smoke.COUNT,
+    "rounds": smoke.COUNT,
+    "pods_per_full_host": smoke.POSITIVE,
+    "decisions": smoke.COUNT,
+    "placed": smoke.COUNT,
+    "refused": smoke.COUNT,
+    "decisions_per_s": smoke.POSITIVE,
+    "us_per_decision": _US | {"placed_mean": smoke.POSITIVE, "refused_mean": smoke.POSITIVE},
+    "release_us_mean": smoke.POSITIVE,
+    "claims_when_full": {"sandboxes": smoke.COUNT, "rows": smoke.COUNT},
+    "claim_tx_us": smoke.POSITIVE,
+    "release_tx_us": smoke.POSITIVE,
+    "rows_per_claim_mean": smoke.POSITIVE,
+    "rebuild_ms": {"open_manager": smoke.POSITIVE, "free_state_from_ledger": smoke.POSITIVE},
+    "baseline_rebuild_each_decision": {
+        "us_per_decision": smoke.POSITIVE,
+        "in_place_us_per_decision": smoke.POSITIVE,
+        "speedup": smoke.POSITIVE,
+    },
+}
+SHAPE: dict[str, Any] = {
+    "benchmark": "placement on the production path (ResourceManager.reserve/release, sqlite ledger)",
+    "python": smoke.TEXT,
+    "hosts": smoke.Each(HOST_SHAPE),
+    "growth": {
+        "cpus": smoke.TEXT,
+        "mean_us_per_decision_ratio": smoke.POSITIVE,
+        "per_host_mean_us": smoke.Keyed(smoke.POSITIVE),
+    },
+    "fragmentation_worst_over_hosts_and_seeds": smoke.Keyed(
+        {"unusable_2Mi_pages_pct": smoke.PERCENT, "unusable_exclusive_cpus_pct": smoke.PERCENT}, frozenset(PACKINGS)
+    ),
+    "target": {
+        "decisions_per_s_on_largest_host": TARGET_DECISIONS_PER_S,
+        "measured": smoke.POSITIVE,
+        "met": smoke.BOOL,
+        "rebuild_ms": TARGET_REBUILD_MS,
+        "rebuild_measured": smoke.POSITIVE,
+        "rebuild_met": smoke.BOOL,
+        "unusable_pct": TARGET_UNUSABLE_PCT,
+        "best_packing": smoke.TEXT,
+        "unusable_met": smoke.BOOL,
+    },
+}
+
+
+def invariants(doc: dict[str, Any]) -> list[str]:
+    """Beyond the shape: the counts agree with each other (the run itself asserts that the free state
+    rebuilt from the ledger equals the one kept in place, and that releasing everything empties both)."""
+    problems = []
+    for i, host in enumerate(doc["hosts"]):
+        if host["decisions"] != host["placed"] + host["refused"]:
+            problems.append(f"hosts[{i}]: {host['decisions']} decisions, but {host['placed']} + {host['refused']}")
+        if host["claims_when_full"]["sandboxes"] != round(host["pods_per_full_host"]):
+            problems.append(f"hosts[{i}]: the full ledger holds a number of sandboxes other than the pods placed")
+    if doc["target"]["best_packing"] not in doc["fragmentation_worst_over_hosts_and_seeds"]:
+        problems.append(f"target.best_packing: {doc['target']['best_packing']!r} is not a packing measured")
+    return problems
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2, help="fills per host, at least (default 2)")
     parser.add_argument("--min-decisions", type=int, default=5_000, help="decisions per host, at least")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--quick", action="store_true", help="64-CPU hosts, one fill, few decisions (a smoke run)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="64-CPU hosts, one fill, one seed; check the JSON, exit 1 if wrong"
+    )
     args = parser.parse_args()
-    hosts = QUICK_HOSTS if args.quick else HOSTS
-    rounds, min_decisions = (1, 0) if args.quick else (args.rounds, args.min_decisions)
-    seeds = (args.seed,) if args.quick else (args.seed, args.seed + 1, args.seed + 2)
+    hosts = SMOKE_HOSTS if args.smoke else HOSTS
+    rounds, min_decisions = (1, 0) if args.smoke else (args.rounds, args.min_decisions)
+    seeds = (args.seed,) if args.smoke else (args.seed, args.seed + 1, args.seed + 2)
     with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-") as tmp:
         results = [run_host(c, n, rounds, min_decisions, args.seed, Path(tmp)) for c, n in hosts]
         frag: dict[str, dict[str, float]] = {}
@@ -369,7 +434,7 @@ def main() -> int:
             "unusable_met": frag[best]["unusable_2Mi_pages_pct"] <= TARGET_UNUSABLE_PCT,
         },
     }
-    print(json.dumps(doc, indent=2))
+    smoke.report(doc, SHAPE, smoke=args.smoke, invariants=invariants)
     return 0
 
 

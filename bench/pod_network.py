@@ -1,6 +1,7 @@
 """The pod network's cost: what it adds to RunPodSandbox, and guest <-> namespace TCP throughput.
 
     .venv/bin/python bench/pod_network.py --runs 5
+    .venv/bin/python bench/pod_network.py --smoke   # one run, 1 MiB transfers; checks the JSON
 
 - **Start**: RunPodSandbox -> READY of the same pod through two shim processes running side by
   side, one with ``pod_network: cni`` (Debian's bridge + host-local + portmap plugins on a bridge
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,19 +28,21 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import smoke
 from bench.qemu_direct import percentile
 from bench.shim_process import shim_process
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
-from tests.integration.cni_kit import bridge_conflist
+from tests.integration.cni_kit import PLUGIN_DIR, bridge_conflist
 from tests.registry_kit import Layout, Registry, busybox_entries, push
 
-IMAGE_DIR = "/var/lib/vmsandbox/images/default"
+IMAGE_DIR = os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default")
 BRIDGE = "vmsbr-bench0"
 SUBNET = "10.234.0.0/24"
 GATEWAY = "10.234.0.1"
@@ -110,11 +114,45 @@ def send_script(mib: int) -> str:
     return f"dd if=/dev/zero bs=65536 count={mib * 16} 2>/dev/null | {BUSYBOX} nc {PEER[0]} {PORT}"
 
 
+SETUP_KEY = "network_setup_ms (namespace + CNI ADD + macvtap, from the shim's log)"
+SHAPE: dict[str, Any] = {
+    "benchmark": "pod_network",
+    "runs": smoke.COUNT,
+    "run_pod_sandbox_s": {
+        "with_cni_p50": smoke.POSITIVE,
+        "without_network_p50": smoke.POSITIVE,
+        "added_p50_ms": smoke.FINITE,  # a difference of two noisy starts
+        "ratio_p50": smoke.POSITIVE,
+        "samples": smoke.Keyed(smoke.Each(smoke.POSITIVE), frozenset(("cni", "none"))),
+    },
+    SETUP_KEY: {"p50": smoke.POSITIVE, "samples": smoke.Each(smoke.POSITIVE)},
+    "tcp_throughput_mib_s": {
+        "direction": smoke.TEXT,
+        "mib_per_transfer": smoke.COUNT,
+        "guest_p50": smoke.POSITIVE,
+        "namespace_to_namespace_p50": smoke.POSITIVE,
+        "ratio_p50": smoke.POSITIVE,
+        "samples": smoke.Keyed(smoke.Each(smoke.POSITIVE), frozenset(("guest", "namespace"))),
+    },
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--mib", type=int, default=8)
+    parser.add_argument(
+        "--smoke", action="store_true", help="one run, 1 MiB transfers; check the JSON, exit 1 if wrong"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.mib = 1, 1
+    smoke.require(
+        smoke.missing_guest_host(),
+        smoke.missing_image_tools(),
+        smoke.missing_tools("ip", "unshare", "nsenter"),
+        smoke.missing_files(*(PLUGIN_DIR / p for p in ("bridge", "host-local", "portmap", "loopback"))),
+    )
     forward = Path("/proc/sys/net/ipv4/ip_forward").read_text()
     with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-net-") as tmp_s:
         tmp = Path(tmp_s)
@@ -127,7 +165,7 @@ def main() -> int:
                 subprocess.run(["umount", "--lazy", str(tmp / peer)], capture_output=True, check=False)
             subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
             Path("/proc/sys/net/ipv4/ip_forward").write_text(forward)
-    print(json.dumps(result, indent=2))
+    smoke.report(result, SHAPE, smoke=args.smoke)
     return 0
 
 
@@ -189,7 +227,7 @@ def run(tmp: Path, runs: int, mib: int) -> dict[str, object]:
             "ratio_p50": round(p50["cni"] / p50["none"], 3),
             "samples": {k: [round(x, 3) for x in v] for k, v in starts.items()},
         },
-        "network_setup_ms (namespace + CNI ADD + macvtap, from the shim's log)": {
+        SETUP_KEY: {
             "p50": percentile([float(x) for x in setup_ms], 50) if setup_ms else None,
             "samples": setup_ms,
         },

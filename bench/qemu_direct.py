@@ -1,7 +1,8 @@
 """Baseline for sandbox start: boot the guest image with a bare ``qemu-system-x86_64`` (no libvirt)
 and time process spawn -> the guest agent's hello on the virtio-serial channel.
 
-    python -m bench.qemu_direct --runs 10 --vcpus 2 --mem 256
+    .venv/bin/python bench/qemu_direct.py --runs 10 --vcpus 2 --mem 256
+    .venv/bin/python bench/qemu_direct.py --smoke   # one boot; checks the JSON
 
 prints JSON with p50/p95. ``bench/sandbox_start.py`` boots exactly what the shim's live domain
 says (``DirectGuest.from_domain_xml``: kernel, initrd, command line, memory and its hugepage
@@ -22,9 +23,7 @@ what libvirt 9.0 generates for our q35 domain (vmsandbox/domain_xml.py) where it
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import smoke
 from vmsandbox.adapters.guest_channel import wait_for_hello
 from vmsandbox.agent_protocol import CHANNEL_NAME, SHARED_TAG
 from vmsandbox.host import parse_cpulist
@@ -228,6 +230,23 @@ def percentile(samples: Sequence[float], q: int) -> float:
     return statistics.quantiles(samples, n=100, method="inclusive")[q - 1]
 
 
+SHAPE: dict[str, Any] = {
+    "bench": "qemu_direct",
+    "accel": smoke.TEXT,
+    "machine": smoke.TEXT,
+    "vcpus": smoke.COUNT,
+    "mem_mib": smoke.COUNT,
+    "cmdline": smoke.TEXT,
+    "hugepages_dir": smoke.Maybe(smoke.TEXT),
+    "runs": smoke.COUNT,
+    "p50_s": smoke.POSITIVE,
+    "p95_s": smoke.POSITIVE,
+    "min_s": smoke.POSITIVE,
+    "max_s": smoke.POSITIVE,
+    "samples_s": smoke.Each(smoke.POSITIVE),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
@@ -239,11 +258,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--extra-cmdline", default="")
     parser.add_argument("--hugepages-dir", default=None, help="back guest RAM with this hugetlbfs mount")
     parser.add_argument("--tb-cache-mib", type=int, default=None, help="TCG translation-block cache size")
+    parser.add_argument("--smoke", action="store_true", help="one boot; check the JSON, exit 1 if wrong")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.runs = 1
     if args.runs < 1:
         parser.error("--runs must be at least 1")
-    if shutil.which("qemu-system-x86_64") is None:
-        parser.error("qemu-system-x86_64 not found")
+    smoke.require(smoke.missing_tools("qemu-system-x86_64"), smoke.missing_guest_image(args.image_dir))
     guest = DirectGuest.from_image(
         args.image_dir,
         extra_cmdline=args.extra_cmdline,
@@ -270,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_s": round(max(samples), 3),
         "samples_s": [round(s, 3) for s in samples],
     }
-    print(json.dumps(result))
+    smoke.report(result, SHAPE, smoke=args.smoke)
     return 0
 
 

@@ -5,6 +5,7 @@ interleaved in one run (the machines are shared and noisy: only ratios measured 
 anything).
 
     .venv/bin/python bench/sandbox_start.py --runs 5
+    .venv/bin/python bench/sandbox_start.py --smoke   # one run of each; checks the JSON
 
 prints one JSON document: p50/p95 of both, their ratio (target <= 1.10), where each start's time
 goes (define, libvirt start, guest boot, agent hello), the part of libvirt's start no domain XML
@@ -27,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import smoke
 from bench.cpu_readback import measure as measure_cpu_readback
 from bench.qemu_direct import DirectGuest, boot_direct, percentile, qemu_memory_kib
 from bench.shim_process import shim_process
@@ -94,12 +96,60 @@ def stats(samples: list[float], digits: int = 3) -> dict[str, Any]:
     }
 
 
+def _stats_shape(kind: smoke.Kind = smoke.POSITIVE) -> dict[str, Any]:
+    return {"p50": kind, "p95": kind, "samples": smoke.Each(kind)}
+
+
+_MEMORY = {k: _stats_shape() for k in ("private", "shared_file", "rss")}
+SHAPE: dict[str, Any] = {
+    "benchmark": "sandbox_start",
+    "runs": smoke.COUNT,
+    "load_avg_1m": smoke.NON_NEGATIVE,
+    "guest": {
+        "vcpus": smoke.COUNT,
+        "memory_mib": smoke.COUNT,
+        "hugepage_backed": smoke.BOOL,
+        "tcg_tb_cache_mib": smoke.Maybe(smoke.COUNT),
+        "host_cpus": smoke.Each(smoke.NON_NEGATIVE),
+        "direct_cgroup_parent": smoke.Maybe(smoke.TEXT),
+        "kernel": smoke.TEXT,
+        "initrd": smoke.TEXT,
+        "cmdline": smoke.TEXT,
+        "shape_memory_mib": smoke.COUNT,
+    },
+    "sandbox_s": _stats_shape(),
+    "direct_qemu_s": _stats_shape(),
+    "ratio_p50": smoke.POSITIVE,
+    "ratio_p95": smoke.POSITIVE,
+    "target_ratio": 1.10,
+    "libvirt_cpu_readback": {"qmp_commands": smoke.COUNT, "seconds": _stats_shape()},
+    "ratio_p50_without_cpu_readback": smoke.POSITIVE,
+    # each part is measured apart (libvirt's and the guest's clocks), so noise can make a small one negative
+    "sandbox_split_s": smoke.Keyed(
+        _stats_shape(smoke.FINITE), frozenset(("define", "start", "guest_boot", "agent_hello", "rpc_other"))
+    ),
+    "direct_split_s": smoke.Keyed(_stats_shape(smoke.FINITE), frozenset(("spawn_to_guest", "guest_boot"))),
+    "vmm_memory_beyond_guest_mib": {
+        "sandbox": _MEMORY,
+        "direct": _MEMORY,
+        "tcg_tb_cache_mib": smoke.Maybe(smoke.COUNT),
+        "target": 64,
+    },
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--cpu", default="1")
     parser.add_argument("--memory", default="192Mi", help="pod memory; the profile adds 64Mi guest overhead")
+    parser.add_argument("--smoke", action="store_true", help="one run of each; check the JSON, exit 1 if wrong")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 1
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    smoke.require(smoke.missing_guest_host(), smoke.missing_tools("qemu-system-x86_64"))
     sandbox_s: list[float] = []
     direct_s: list[float] = []
     split: dict[str, list[float]] = {k: [] for k in ("define", "start", "guest_boot", "agent_hello", "rpc_other")}
@@ -200,7 +250,7 @@ def main() -> int:
             "target": 64,
         },
     }
-    print(json.dumps(result, indent=2))
+    smoke.report(result, SHAPE, smoke=args.smoke)
     return 0
 
 

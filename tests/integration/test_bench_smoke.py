@@ -1,0 +1,100 @@
+"""Every benchmark runs in smoke mode, so a change that breaks one is seen: ``bench/X.py --smoke``
+runs as a subprocess (the benchmark's production path with its fewest runs; it checks the shape of
+its own JSON and exits 1 naming what is wrong), and must exit 0 having printed one JSON document.
+
+Every ``bench/*.py`` is a benchmark unless it is listed in ``HELPERS`` with the reason, so a new
+benchmark is covered the day it lands, and one without ``--smoke`` fails here. A benchmark the host
+cannot run exits 77 naming what is missing (``bench/smoke.py``'s ``require``): that skips locally
+and fails under CI, like the other integration tests. Benchmarks run one after another (most boot
+guests), each under ``TIMEOUT_S``; ``-s`` shows how long each took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.smoke import SKIPPED
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
+HELPERS = {
+    "__init__.py": "makes bench/ a package",
+    "shim_process.py": "starts a shim process for the benchmarks; measures nothing itself",
+    "smoke.py": "the smoke mode's JSON shape check and prerequisites, shared by the benchmarks",
+}
+TIMEOUT_S = 150  # a smoke run boots at most three guests (a few seconds each under TCG)
+
+
+def benchmarks() -> list[str]:
+    return sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
+
+
+def test_every_listed_helper_exists() -> None:
+    """The exceptions stay true: a removed or renamed helper leaves the list."""
+    assert sorted(name for name in HELPERS if not (BENCH / name).is_file()) == []
+
+
+@pytest.mark.parametrize("name", benchmarks())
+def test_benchmark_smoke_run(name: str) -> None:
+    script = BENCH / name
+    helped = subprocess.run(
+        [sys.executable, str(script), "--help"], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert helped.returncode == 0 and "--smoke" in helped.stdout, (
+        f"bench/{name} has no --smoke flag (every benchmark needs one: its fewest runs and a check of its "
+        f"JSON, see bench/smoke.py; a module that is not a benchmark goes in HELPERS with the reason)\n"
+        f"{helped.stderr[-2000:]}"
+    )
+    start = time.monotonic()
+    returncode, stdout, stderr = _run(script)
+    seconds = time.monotonic() - start
+    print(f"bench/{name} --smoke: exit {returncode} in {seconds:.1f} s")
+    if returncode is None:
+        pytest.fail(f"bench/{name} --smoke ran over {TIMEOUT_S} s and was interrupted\n{stderr[-3000:]}")
+    if returncode == SKIPPED:
+        message = f"bench/{name}: {stderr.strip()[-1000:]}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    assert returncode == 0, f"bench/{name} --smoke exited {returncode}\n{stderr[-3000:]}"
+    try:
+        doc = json.loads(stdout)
+    except ValueError as exc:
+        pytest.fail(f"bench/{name} --smoke did not print one JSON document ({exc}):\n{stdout[-2000:]}")
+    assert isinstance(doc, dict) and doc, f"bench/{name} --smoke printed {stdout[:200]!r}, not a JSON object"
+
+
+def _run(script: Path) -> tuple[int | None, str, str]:
+    """``script --smoke``: (exit status, stdout, stderr); status None when it ran over ``TIMEOUT_S``.
+    Then it is interrupted (SIGINT, so its own clean-up stops the sandboxes, shims and registries it
+    started) and, if it still runs a minute later, killed with its process group (its shim, its
+    registry)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--smoke"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+        return proc.returncode, stdout, stderr
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # it is still alive: its group is its own
+            stdout, stderr = proc.communicate()
+        return None, stdout, stderr
