@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.fake_guest import report_body
 from vmsandbox import agent_protocol as ap
 from vmsandbox.adapters.guest_channel import CHUNK_BYTES, GuestChannelClosed, _Connection
 from vmsandbox.agent_protocol import (
@@ -35,17 +36,7 @@ from vmsandbox.agent_protocol import (
     nesting_depth,
 )
 
-REPORT_BODY = {
-    "agent": "vmsandbox-agent/2",
-    "protocol": 2,
-    "kernel": "6.1.0-56-amd64",
-    "vcpus": 1,
-    "mem_total_kib": 200000,
-    "hugepages": {"2048": {"total": 0, "free": 0}},
-    "cmdline": "console=ttyS0",
-    "boot_ms": 1000,
-    "instance": "0123456789abcdef0123456789abcdef",
-}
+REPORT_BODY = report_body()
 STATE_BODY = {
     "id": "c1",
     "state": "running",
