@@ -492,8 +492,13 @@ class Containers:
             # reported to the kubelet are the host's, so that created <= started <= finished holds
             started = time.time_ns()
             offset = started - st.started_at_ns if st.started_at_ns else 0
-            self.sandboxes.save_container(
-                replace(c, state=CONTAINER_RUNNING, started_ns=started, guest_clock_offset_ns=offset, reason="")
+            self.sandboxes.change_container(
+                container_id,
+                expect_state=CONTAINER_CREATED,
+                state=CONTAINER_RUNNING,
+                started_ns=started,
+                guest_clock_offset_ns=offset,
+                reason="",
             )
 
     def _start_pump(self, c: ContainerRecord) -> None:

@@ -119,6 +119,7 @@ class Sandboxes:
         self._declarations: dict[str, PodDeclaration] = {}
         # pod metadata -> the sandbox holding it, from RunPodSandbox until RemovePodSandbox (as containerd does)
         self._names_lock = threading.Lock()
+        self._container_write_lock = threading.Lock()
         self._in_flight: set[str] = set()  # sandboxes whose RunPodSandbox is running (periodic reconcile skips them)
         self._names: dict[PodMeta, str] = {
             SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()
@@ -469,7 +470,21 @@ class Sandboxes:
 
     def save_container(self, c: ContainerRecord) -> None:
         """Records a container's new state (shim.containers runs it in the guest)."""
-        self._put_container(c)
+        with self._container_write_lock:
+            self._put_container(c)
+
+    def change_container(self, container_id: str, expect_state: str = "", **changes: Any) -> ContainerRecord | None:
+        """Changes some fields of a container's record as it stands now (read and written under one
+        lock), so that two writers of different fields (a start's state, an update's limits) never
+        put back each other's old values; with ``expect_state``, only while the container is in that
+        state. Returns the record written, or None when there was none to change."""
+        with self._container_write_lock:
+            current = next((c for c in self.containers() if c.id == container_id), None)
+            if current is None or (expect_state and current.state != expect_state):
+                return None
+            changed = replace(current, **changes)
+            self._put_container(changed)
+            return changed
 
     def _put_container(self, c: ContainerRecord) -> None:
         self.ledger.put_container(c.id, c.sandbox_id, c.name, c.attempt, c.state, c.created_ns, c.to_doc())
@@ -548,17 +563,14 @@ class Sandboxes:
                 admission.check_envelope(
                     shape.demand, others, self._usage(resources, linux), who=f'update of "{c.name}"'
                 )
-            updated = replace(c, linux=asdict(new_linux))
+            changes: dict[str, Any] = {"linux": asdict(new_linux)}
             if resources is not None:
-                updated = replace(
-                    updated,
-                    resources={
-                        **c.resources,
-                        "requests": resources.requests.as_strings(),
-                        "limits": resources.limits.as_strings(),
-                    },
-                )
-            self._put_container(updated)
+                changes["resources"] = {
+                    **c.resources,
+                    "requests": resources.requests.as_strings(),
+                    "limits": resources.limits.as_strings(),
+                }
+            self.change_container(c.id, **changes)
 
     # -- start-up -------------------------------------------------------------------------------
     def reconcile(self, *, periodic: bool = False) -> dict[str, list[str]]:

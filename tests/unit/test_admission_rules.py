@@ -21,7 +21,16 @@ from shim import translate
 from shim.config import ShimConfig
 from shim.cri.apimachinery.resource.generated_pb2 import Quantity as PbQuantity
 from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.model import CONTAINER_EXITED, SANDBOX_READY, ContainerSpec, PodMeta, SandboxRecord
+from shim.model import (
+    CONTAINER_CREATED,
+    CONTAINER_EXITED,
+    CONTAINER_RUNNING,
+    SANDBOX_READY,
+    ContainerRecord,
+    ContainerSpec,
+    PodMeta,
+    SandboxRecord,
+)
 from shim.sandboxes import Sandboxes
 from vmsandbox import records
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -758,3 +767,31 @@ def test_quantity_equality_is_exact() -> None:
     assert parse_quantity("1Gi") != parse_quantity("1G")
     assert parse_quantity("1n") != Quantity(Fraction(0))
     assert parse_quantity("500m") != parse_quantity("0.5000001")
+
+
+def test_an_update_racing_a_start_never_puts_back_created(sandboxes: Sandboxes) -> None:
+    # UpdateContainerResources reads the record, then StartContainer records RUNNING, then the
+    # update writes its limits: the start's state must survive, and so must the update's limits
+    add_sandbox(sandboxes, "a5" * 32, DECLARED)
+    cid = sandboxes.create_container("a5" * 32, spec("app", declared=True))
+    read = sandboxes.container
+
+    def read_then_start(container_id: str) -> ContainerRecord:
+        record = read(container_id)
+        sandboxes.change_container(cid, expect_state=CONTAINER_CREATED, state=CONTAINER_RUNNING, started_ns=7)
+        return record
+
+    sandboxes.container = read_then_start  # type: ignore[method-assign]
+    sandboxes.update_container(cid, None, lin(500, 32))
+    del sandboxes.container
+    after = sandboxes.container(cid)
+    assert (after.state, after.started_ns) == (CONTAINER_RUNNING, 7)
+    assert after.linux["memory_limit_bytes"] == 32 * MI
+
+
+def test_a_start_does_not_revive_a_container_that_exited_meanwhile(sandboxes: Sandboxes) -> None:
+    add_sandbox(sandboxes, "a6" * 32, DECLARED)
+    cid = sandboxes.create_container("a6" * 32, spec("app", declared=True))
+    sandboxes.save_container(replace(sandboxes.container(cid), state=CONTAINER_EXITED, reason="SandboxDied"))
+    assert sandboxes.change_container(cid, expect_state=CONTAINER_CREATED, state=CONTAINER_RUNNING) is None
+    assert sandboxes.container(cid).state == CONTAINER_EXITED
