@@ -24,6 +24,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from shim import faults
 from shim.images import ImageStore
 from shim.log_copy import LogCopies
 from shim.model import (
@@ -333,6 +334,7 @@ class Containers:
         mounts: list[MountRequest],
     ) -> None:
         """Creates an admitted container in its guest (its record exists, state CREATED)."""
+        faults.checkpoint("create:after-admit")
         c = self.sandboxes.container(container_id)
         sandbox = self.sandboxes.get(c.sandbox_id)
         image = self.images.get(c.image)
@@ -366,6 +368,7 @@ class Containers:
             spec = oci_spec.build_spec(run, image_cfg, user)
             lower = self._share_image(c.sandbox_id, tree)
             self._call(c.sandbox_id, "create", container_id, lower=lower, spec=spec)
+            faults.checkpoint("create:after-guest")
         except BaseException:
             self.images.release(image.id)
             self._drop_container_dir(c.sandbox_id, container_id)
@@ -488,6 +491,7 @@ class Containers:
             self._start_pump(c)
             st = self._call(c.sandbox_id, "start", container_id)
             assert isinstance(st, ContainerState)
+            faults.checkpoint("start:after-guest")
             # the guest's clock is its own (set from the RTC at boot, then free-running under TCG): times
             # reported to the kubelet are the host's, so that created <= started <= finished holds
             started = time.time_ns()
@@ -525,6 +529,49 @@ class Containers:
                 self._start_pump(c)
                 resumed += 1
         return resumed
+
+    def reconcile_with_guests(self) -> dict[str, list[str]]:
+        """At start-up, before the first RPC: a container that a killed shim left half-way through
+        CreateContainer or StartContainer is brought to one state its guest and the CRI agree on.
+        One whose CreateContainer never answered (its record names no image: the caller never got
+        its id) is deleted from its guest and forgotten, so the kubelet's retry creates it afresh;
+        one its guest started is RUNNING. Returns the ids of each kind."""
+        report: dict[str, list[str]] = {"forgotten": [], "started": []}
+        pending: dict[str, list[ContainerRecord]] = {}
+        for c in self.sandboxes.containers():
+            if c.state == CONTAINER_CREATED:
+                pending.setdefault(c.sandbox_id, []).append(c)
+        ready = {s.id for s in self.sandboxes.list_sandboxes() if s.state == SANDBOX_READY}
+        for sandbox_id, containers in pending.items():
+            if sandbox_id not in ready:
+                continue
+            try:  # a guest that does not answer soon must not hold up the start
+                in_guest = {st.id: st for st in self._client(sandbox_id, 5.0).list(timeout_s=5.0)}
+            except VmSandboxError as exc:
+                log.warning("sandbox %s: its containers were not checked with its guest: %s", sandbox_id[:12], exc)
+                continue
+            for c in containers:
+                st = in_guest.get(c.id)
+                if not c.image_id:
+                    if st is not None:
+                        self._call(sandbox_id, "delete", c.id)
+                    self.remove(c.id)
+                    report["forgotten"].append(c.id)
+                    log.info("container %s: its CreateContainer never answered; forgotten", c.id[:12])
+                elif st is not None and st.state != "created":
+                    started = time.time_ns()
+                    offset = started - st.started_at_ns if st.started_at_ns else 0
+                    self.sandboxes.change_container(
+                        c.id,
+                        expect_state=CONTAINER_CREATED,
+                        state=CONTAINER_RUNNING,
+                        started_ns=started,
+                        guest_clock_offset_ns=offset,
+                        reason="",
+                    )
+                    report["started"].append(c.id)
+                    log.info("container %s: its guest had started it; it is running", c.id[:12])
+        return report
 
     def hold_images(self) -> int:
         """At start-up: every container the ledger keeps holds its image again, as it did in the shim

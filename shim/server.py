@@ -150,6 +150,9 @@ def start(config: ShimConfig) -> Running:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
     log.info("image holds of %d containers restored", containers.hold_images())
     images.collect()  # after the containers hold theirs again: images removed while held and not held now are freed
+    agreed = containers.reconcile_with_guests()  # before the logs: a container found started is copied too
+    if any(agreed.values()):
+        log.info("containers reconciled with their guests: %s", {k: len(v) for k, v in agreed.items()})
     resumed = containers.resume_logs()
     if resumed:
         log.info("log copying resumed for %d running containers", resumed)

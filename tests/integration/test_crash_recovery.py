@@ -257,3 +257,52 @@ def test_adopted_sandbox_survives_kill_9(host: Host) -> None:
         assert not [d for d in read_domains() if d.owner == led.instance]
     finally:
         stop_shim(second, kill=True)
+
+
+CONTAINER_POINTS = ("create:after-admit", "create:after-guest", "start:after-guest")
+
+
+@pytest.mark.parametrize("point", CONTAINER_POINTS)
+def test_kill_9_in_create_or_start_container_leaves_one_truth(host: Host, point: str) -> None:
+    """A shim killed during CreateContainer or StartContainer: after the restart the CRI and the
+    guest agree, and the kubelet's retry (a new CreateContainer, or a StartContainer) succeeds or
+    fails for a real reason. A CreateContainer that never answered leaves nothing the caller
+    could know of; a start the guest carried out is RUNNING."""
+    shim = host.start(fault=point)
+    sid = run(shim, pod(f"half-{point.replace(':', '-')}"))
+    config = container("app", q({"cpu": "1", "memory": "64Mi"}))
+    config.command.extend(["sleep", "300"])
+    cid = ""
+    with pytest.raises(grpc.RpcError) as err:
+        cid = shim.runtime.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=sid, config=config), timeout=RPC_TIMEOUT
+        ).container_id
+        shim.runtime.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=RPC_TIMEOUT)
+    expect_killed(shim, err, point)
+
+    after = host.start()
+    try:
+        rt = after.runtime
+        listed = [c.id for c in rt.ListContainers(pb.ListContainersRequest(), timeout=30).containers]
+        if point.startswith("create:"):
+            assert listed == [], f"a CreateContainer that never answered left {listed}"
+            cid = rt.CreateContainer(
+                pb.CreateContainerRequest(pod_sandbox_id=sid, config=config), timeout=RPC_TIMEOUT
+            ).container_id
+            rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=RPC_TIMEOUT)
+        else:
+            assert listed == [cid]
+            with pytest.raises(grpc.RpcError) as again:  # it runs: a second start is refused for that reason
+                rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=RPC_TIMEOUT)
+            assert again.value.code() == grpc.StatusCode.FAILED_PRECONDITION, again.value
+        status = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30).status
+        assert status.state == pb.CONTAINER_RUNNING, status
+        res = rt.ExecSync(
+            pb.ExecSyncRequest(container_id=cid, cmd=["sh", "-c", "exit 0"], timeout=30), timeout=RPC_TIMEOUT
+        )
+        assert res.exit_code == 0
+        remove_everything(after)
+        led = assert_consistent(host.tmp / "state", host.baseline)
+        assert led.rows == {} and led.claims == {} and led.containers == {}
+    finally:
+        stop_shim(after, kill=True)
