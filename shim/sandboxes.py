@@ -23,6 +23,7 @@ from typing import Any
 
 from shim import faults, logs, metrics
 from shim.config import ShimConfig
+from shim.container_index import ContainerIndex
 from shim.host_policy import domain_for
 from shim.model import (
     CONTAINER_CREATED,
@@ -120,6 +121,8 @@ class Sandboxes:
         # pod metadata -> the sandbox holding it, from RunPodSandbox until RemovePodSandbox (as containerd does)
         self._names_lock = threading.Lock()
         self._container_write_lock = threading.Lock()
+        # every container record, decoded once; the ledger is its write-ahead record
+        self._index = ContainerIndex(ContainerRecord.from_doc(doc) for *_, doc in self.ledger.containers())
         self._in_flight: set[str] = set()  # sandboxes whose RunPodSandbox is running (periodic reconcile skips them)
         self._names: dict[PodMeta, str] = {
             SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()
@@ -364,10 +367,10 @@ class Sandboxes:
         except VmSandboxError as exc:  # the record stays: reconcile deletes it once the sandbox is gone
             log.error("rollback of %s: pod network not removed yet: %s", sandbox_id[:12], exc)
             self.resources.release(sandbox_id)
-            self.ledger.delete_sandbox(sandbox_id)
+            self._delete_sandbox_rows(sandbox_id)
             return f"rolled back: domain removed, resources released; pod network left for reconciliation ({exc})"
         self.resources.release(sandbox_id)
-        self.ledger.delete_sandbox(sandbox_id)
+        self._delete_sandbox_rows(sandbox_id)
         return "rolled back: domain removed, network removed, resources released"
 
     def _sandbox_id(self, given: str) -> str:
@@ -440,7 +443,7 @@ class Sandboxes:
             record = self.find(sandbox_id)
             if record is not None:
                 self._release_name(record.meta, record.id)
-            self.ledger.delete_sandbox(sandbox_id)
+            self._delete_sandbox_rows(sandbox_id)
             self._remove_console_log(sandbox_id)
         with self._locks_lock:
             self._sandbox_locks.pop(sandbox_id, None)
@@ -460,13 +463,13 @@ class Sandboxes:
 
     # -- containers -----------------------------------------------------------------------------
     def containers(self, sandbox_id: str | None = None) -> list[ContainerRecord]:
-        return [ContainerRecord.from_doc(doc) for *_, doc in self.ledger.containers(sandbox_id)]
+        """The containers (of one sandbox), oldest first, from the in-memory index."""
+        return self._index.all(sandbox_id)
 
     def container(self, container_id: str) -> ContainerRecord:
         """The container an id or unique id prefix names (as ``_sandbox_id``)."""
         validation.id_prefix(container_id, "container_id")
-        by_id = {c.id: c for c in self.containers()}
-        return by_id[validation.resolve_prefix(container_id, by_id, "container")]
+        return self._index.resolve(container_id)
 
     def save_container(self, c: ContainerRecord) -> None:
         """Records a container's new state (shim.containers runs it in the guest)."""
@@ -479,7 +482,7 @@ class Sandboxes:
         put back each other's old values; with ``expect_state``, only while the container is in that
         state. Returns the record written, or None when there was none to change."""
         with self._container_write_lock:
-            current = next((c for c in self.containers() if c.id == container_id), None)
+            current = self._index.get(container_id)
             if current is None or (expect_state and current.state != expect_state):
                 return None
             changed = replace(current, **changes)
@@ -488,6 +491,12 @@ class Sandboxes:
 
     def _put_container(self, c: ContainerRecord) -> None:
         self.ledger.put_container(c.id, c.sandbox_id, c.name, c.attempt, c.state, c.created_ns, c.to_doc())
+        self._index.put(c)  # after the ledger took it: a refused write (a duplicate name) changes nothing
+
+    def _delete_sandbox_rows(self, sandbox_id: str) -> None:
+        """Forget a sandbox, its containers and its claims in the ledger, and its containers here."""
+        self.ledger.delete_sandbox(sandbox_id)
+        self._index.drop_sandbox(sandbox_id)
 
     def create_container(self, sandbox_id: str, spec: ContainerSpec) -> str:
         if not spec.name:
@@ -547,6 +556,7 @@ class Sandboxes:
         except NotFound:
             return  # removing an unknown container succeeds, as containerd answers
         self.ledger.delete_container(container_id)
+        self._index.drop(container_id)
 
     def update_container(self, container_id: str, resources: ContainerResources | None, linux: LinuxResources) -> None:
         c = self.container(container_id)
@@ -676,7 +686,7 @@ class Sandboxes:
                 action.domain,
                 pod,
                 self.resources.held(sid).describe(),
-                len(self.ledger.containers(sid)),
+                len(self._index.all(sid)),
             )
         elif action.step is Step.TEAR_DOWN:
             log.warning("reconcile: tearing down domain %s of sandbox %s: %s", action.domain, sid[:12], action.reason)
@@ -695,7 +705,7 @@ class Sandboxes:
             report["removed_domains"].append(action.domain)
         elif action.step is Step.FORGET:
             held = self.resources.release(sid)
-            self.ledger.delete_sandbox(sid)
+            self._delete_sandbox_rows(sid)
             self._remove_console_log(sid)
             log.warning(
                 "reconcile: forgot sandbox %s (domain %s) of pod %s: its RunPodSandbox did not finish; "

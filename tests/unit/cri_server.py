@@ -112,7 +112,7 @@ def seed(sb: Sandboxes) -> None:
         state="CONTAINER_CREATED",
         created_ns=1,
     )
-    sb.ledger.put_container(c.id, c.sandbox_id, c.name, c.attempt, c.state, c.created_ns, c.to_doc())
+    sb.save_container(c)
 
 
 def assert_no_leak(sb: Sandboxes) -> None:

@@ -127,7 +127,7 @@ def add(
         sb.ledger.put_sandbox(s, state, n, record.to_doc())
         for i in range(containers):
             c = ContainerRecord(f"c{n}-{i}", s, f"app{i}", 0, CONTAINER_CREATED, n)
-            sb.ledger.put_container(c.id, s, c.name, 0, c.state, n, c.to_doc())
+            sb.save_container(c)
     if domain is not None:
         fake.domains[domain_name(s)] = FakeDomain(s, domain, sb.ledger.instance_id if owner is None else owner)
     if console is not None:
