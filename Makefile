@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint unit integration bench stop-host proto
+.PHONY: setup demo test lint unit integration bench stop-host proto cluster cluster-down
 
 setup:
 	scripts/setup-host.sh
@@ -35,6 +35,16 @@ bench: setup
 
 stop-host:
 	scripts/stop-host.sh
+
+# A one-node Kubernetes cluster on vmsandbox: `make cluster KUBE_BIN=DIR` (DIR holds kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet and kubectl), `make cluster-down` to stop it.
+KUBE_BIN ?=
+cluster: setup
+	@test -n "$(KUBE_BIN)" || { echo "usage: make cluster KUBE_BIN=DIR (the Kubernetes binaries)" >&2; exit 2; }
+	scripts/cluster.sh up "$(KUBE_BIN)"
+
+cluster-down:
+	scripts/cluster.sh down
 
 proto:
 	scripts/gen-proto.sh
