@@ -161,7 +161,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     up = script(cluster_dir, "up")
     up_seconds = time.monotonic() - t0
     assert up.returncode == 0, f"cluster.sh up failed:\n{up.stdout[-3000:]}\n{up.stderr[-6000:]}"
-    print(f"\ncluster: up in {up_seconds:.1f} s; {up.stdout.strip().splitlines()[-1]}")
+    ready = [line for line in up.stdout.splitlines() if " Ready " in line]
+    print(f"\ncluster: up in {up_seconds:.1f} s ({ready[-1] if ready else 'no Ready line'})")
     running = Cluster(cluster_dir, up_seconds, before)
     try:
         yield running
