@@ -347,6 +347,13 @@ up() {
     log "certificates (openssl) and configuration in $CLUSTER_DIR"
     make_pki
     write_configs
+    # deploy/profiles.yaml is written for larger nodes: say which RuntimeClasses this one cannot serve
+    # (the shim refuses their pods at RunPodSandbox, naming the shortfall)
+    if ! "$PY" -m shim profile validate --config "$SHIM/config.yaml" "$REPO_ROOT/deploy/profiles.yaml" \
+        >"$LOGS/profiles.txt" 2>&1; then
+        warn "profiles this node cannot serve (their RuntimeClasses' pods will be refused):"
+        grep -vE ': [0-9]+ profiles? ' "$LOGS/profiles.txt" | sed 's/^/  /' >&2 || true
+    fi
 
     log "etcd on 127.0.0.1:$ETCD_PORT"
     start etcd etcd "$LOGS/etcd.log" etcd --name vmsandbox-cluster --data-dir "$CLUSTER_DIR/etcd" \

@@ -5,8 +5,9 @@ sized from its resources, show its output through ``kubectl logs``, and leave no
 deleted; ``down`` must stop and remove everything ``up`` made.
 
 The Kubernetes binaries (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl)
-come from the directory $KUBE_BIN; the test skips without it. It uses the script's default ports
-(``CLUSTER_*_PORT`` in scripts/cluster.sh), so it cannot run beside a cluster started with them."""
+come from the directory $KUBE_BIN; the test skips without it. It takes the script's ports and bridge
+(``CLUSTER_*`` variables in scripts/cluster.sh, defaults unless set), so beside a running cluster
+it needs other ones."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900
 
 KUBE_BIN = os.environ.get("KUBE_BIN", "")
 SCRIPT = REPO / "scripts" / "cluster.sh"
-REGISTRY = "127.0.0.1:15000"  # the cluster's registry (CLUSTER_REGISTRY_PORT's default)
-BRIDGE = "vmsbr-k8s0"  # CLUSTER_POD_BRIDGE's default
+# the cluster's registry and pod bridge, as scripts/cluster.sh reads them from the environment
+REGISTRY = f"127.0.0.1:{os.environ.get('CLUSTER_REGISTRY_PORT', '15000')}"
+BRIDGE = os.environ.get("CLUSTER_POD_BRIDGE", "vmsbr-k8s0")
 MiB = 1 << 20
 # the Deployment's container; deploy/profiles.yaml's `medium` profile (RuntimeClass vmsandbox-medium)
 # backs guest RAM with 2 MiB hugepages and adds its 64Mi overhead (also the RuntimeClass overhead)
