@@ -287,6 +287,9 @@ def test_down_removes_everything_up_made(cluster: Cluster) -> None:
     pids = {p.stem: (int(p.read_text()), (run / f"{p.stem}.exe").read_text().strip()) for p in run.glob("*.pid")}
     assert set(pids) == {"etcd", "registry", "apiserver", "controller-manager", "scheduler", "shim", "kubelet"}
     shutil.copytree(cluster.dir / "logs", cluster.dir.parent / "logs", dirs_exist_ok=True)
+    # `up` recorded ip_forward before its bridge turned it on (other users of the host may have
+    # changed it since the test started: compare with what up saw)
+    forward = (run / "ip_forward").read_text()
     done = script(cluster.dir, "down")
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     assert not cluster.dir.exists()
@@ -298,4 +301,6 @@ def test_down_removes_everything_up_made(cluster: Cluster) -> None:
             continue  # gone
         assert state == "Z" or not same, f"{name} (pid {pid}) still runs"
     after = host_state()
+    assert after["ip_forward"] == forward
+    after["ip_forward"] = cluster.host_before["ip_forward"]
     assert after == cluster.host_before, f"before up: {cluster.host_before}\nafter down: {after}"
