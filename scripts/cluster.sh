@@ -254,6 +254,14 @@ maxPods: 16
 EOF
 }
 
+start_shim() {
+    rm -f "$SOCKET" # a killed shim leaves its socket behind
+    start shim "$(basename "$(readlink -f "$PY")")" "$LOGS/shim.log" \
+        "$PY" -m shim serve --config "$SHIM/config.yaml"
+    wait_for 60 "the shim's socket" test -S "$SOCKET" ||
+        die "the shim did not listen on $SOCKET within 60 s (see $LOGS/shim.log)"
+}
+
 # ---- the node: the shim and the kubelet in one private mount namespace ----------------------------------
 # Runs inside `unshare -m` (called by `up` as "$SELF _node"): binds, then both daemons, then returns.
 node_namespace() {
@@ -265,10 +273,7 @@ node_namespace() {
         cat "/proc/sys/$s" >"$f"
         mount --bind "$f" "/proc/sys/$s"
     done
-    start shim "$(basename "$(readlink -f "$PY")")" "$LOGS/shim.log" \
-        "$PY" -m shim serve --config "$SHIM/config.yaml"
-    wait_for 60 "the shim's socket" test -S "$SOCKET" ||
-        die "the shim did not listen on $SOCKET within 60 s (see $LOGS/shim.log)"
+    start_shim
     start kubelet kubelet "$LOGS/kubelet.log" \
         "$KUBE_BIN/kubelet" --config="$NODE/kubelet-config.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" \
         --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --node-labels=vmsandbox.dev/runtime=true \
@@ -491,6 +496,14 @@ down() {
         source "$RUN/settings"
     fi
     stop_named kubelet 30
+    if ! running shim >/dev/null && [[ -f $SHIM/state/state.db ]] &&
+        [[ $("$PY" -m shim ls --state-dir "$SHIM/state" --format json 2>/dev/null) != "[]" ]]; then
+        # the shim died and left sandboxes (their VMs run on in libvirtd): start it again, on its own,
+        # so that it releases them as it always does
+        log "the shim is not running but holds sandboxes: starting it again to remove them"
+        export CLUSTER_DIR PY
+        unshare -m --propagation private -- "$SELF" _shim || warn "the shim did not start again (see $LOGS/shim.log)"
+    fi
     if running shim >/dev/null; then
         remove_sandboxes || warn "could not remove every sandbox through the shim (see $LOGS/shim.log)"
     fi
@@ -537,5 +550,6 @@ up)
     ;;
 down) down ;;
 _node) node_namespace ;;
+_shim) start_shim ;;
 *) usage ;;
 esac
