@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # bench/sandbox_start.py reports beside its own figures, and run alone on demand
 BENCHMARKS := sandbox_start admission placement image_pull pod_network container_start
 
-.PHONY: setup demo test lint unit integration bench bench-smoke stop-host proto
+.PHONY: setup demo test lint unit integration bench bench-smoke stop-host proto cluster cluster-down
 
 setup:
 	scripts/setup-host.sh
@@ -39,6 +39,16 @@ bench-smoke: setup
 
 stop-host:
 	scripts/stop-host.sh
+
+# A one-node Kubernetes cluster on vmsandbox: `make cluster KUBE_BIN=DIR` (DIR holds kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet and kubectl), `make cluster-down` to stop it.
+KUBE_BIN ?=
+cluster: setup
+	@test -n "$(KUBE_BIN)" || { echo "usage: make cluster KUBE_BIN=DIR (the Kubernetes binaries)" >&2; exit 2; }
+	scripts/cluster.sh up "$(KUBE_BIN)"
+
+cluster-down:
+	scripts/cluster.sh down
 
 proto:
 	scripts/gen-proto.sh

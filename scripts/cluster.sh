@@ -1,0 +1,555 @@
+#!/usr/bin/env bash
+# A one-node Kubernetes cluster whose only container runtime is vmsandbox, for node admins and CI:
+#
+#   scripts/cluster.sh up KUBE_BIN_DIR   # etcd, kube-apiserver, controller-manager, scheduler, a local
+#                                        # registry, a vmsandbox shim and a kubelet; waits for node Ready
+#   scripts/cluster.sh down              # stops all of it by pid and removes what `up` made
+#
+# KUBE_BIN_DIR (or $KUBE_BIN) holds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
+# and kubectl. Everything lives in $CLUSTER_DIR (default /var/lib/vmsandbox-cluster): certificates,
+# etcd's data, the shim's state, the kubelet's root directory, logs, pid files. The kubelet and the
+# shim share one private mount namespace (`unshare -m`): the kubelet's volume mounts (tmpfs for
+# service-account tokens) must be visible to the runtime that shares them into the guests, and the
+# binds that keep the host clean (the kubelet's /var/lib/kubelet, /var/log/pods, /var/log/containers,
+# and throwaway files over the sysctls the kubelet writes) stay in there. Run scripts/setup-host.sh
+# first (`make cluster` does). No systemd is involved.
+set -euo pipefail
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SELF=$REPO_ROOT/scripts/cluster.sh
+# shellcheck source=lib/common.sh
+source "$REPO_ROOT/scripts/lib/common.sh"
+
+# ---- settings (environment) ---------------------------------------------------------------------------
+CLUSTER_DIR=${CLUSTER_DIR:-/var/lib/vmsandbox-cluster}
+PY=${VMSANDBOX_VENV:-$REPO_ROOT/.venv}/bin/python
+NODE_NAME=${CLUSTER_NODE_NAME:-$(hostname | tr '[:upper:]' '[:lower:]')}
+# the node's address: the source address of the default route unless given
+NODE_IP=${CLUSTER_NODE_IP:-}
+ETCD_PORT=${CLUSTER_ETCD_PORT:-12379}
+ETCD_PEER_PORT=${CLUSTER_ETCD_PEER_PORT:-12380}
+APISERVER_PORT=${CLUSTER_APISERVER_PORT:-16443}
+CONTROLLER_MANAGER_PORT=${CLUSTER_CONTROLLER_MANAGER_PORT:-11257}
+SCHEDULER_PORT=${CLUSTER_SCHEDULER_PORT:-11259}
+KUBELET_PORT=${CLUSTER_KUBELET_PORT:-11250}
+KUBELET_HEALTHZ_PORT=${CLUSTER_KUBELET_HEALTHZ_PORT:-11248}
+REGISTRY_PORT=${CLUSTER_REGISTRY_PORT:-15000}
+SERVICE_CIDR=${CLUSTER_SERVICE_CIDR:-10.0.0.0/24}
+SERVICE_IP=${CLUSTER_SERVICE_IP:-10.0.0.1} # the `kubernetes` service: first address of SERVICE_CIDR
+POD_BRIDGE=${CLUSTER_POD_BRIDGE:-vmsbr-k8s0}
+POD_SUBNET=${CLUSTER_POD_SUBNET:-10.236.0.0/24}
+# CPUs of the shim's pool that shared pods float over (deploy/profiles.yaml's `vmsandbox` and
+# `vmsandbox-medium` handlers are shared); default: every online CPU but the first
+SHARED_CPUS=${CLUSTER_SHARED_CPUS:-}
+READY_TIMEOUT_S=${CLUSTER_READY_TIMEOUT_S:-240}
+
+PKI=$CLUSTER_DIR/pki
+RUN=$CLUSTER_DIR/run     # pid files, and what `up` changed on the host (for `down`)
+LOGS=$CLUSTER_DIR/logs
+NODE=$CLUSTER_DIR/node   # the kubelet's directories, bound over the host's inside its namespace
+SHIM=$CLUSTER_DIR/shim
+SOCKET=$SHIM/cri.sock
+ADMIN_KUBECONFIG=$CLUSTER_DIR/admin.kubeconfig
+# the host paths the kubelet uses whatever its flags say, bound to directories of ours in its namespace
+NODE_BINDS=("/var/lib/kubelet:$NODE/kubelet" "/var/log/pods:$NODE/pod-logs" "/var/log/containers:$NODE/container-logs")
+# sysctls the kubelet sets at start (kernel/panic, panic_on_oops, vm/overcommit_memory): it writes
+# throwaway files instead of the host's values
+NODE_SYSCTLS=(kernel/panic kernel/panic_on_oops vm/overcommit_memory)
+
+usage() {
+    cat <<EOF
+usage: $0 up KUBE_BIN_DIR | down
+
+  up    start a one-node cluster on vmsandbox (state in \$CLUSTER_DIR, default /var/lib/vmsandbox-cluster)
+  down  stop everything 'up' started (by pid) and remove what it made
+EOF
+    exit 2
+}
+
+# ---- small helpers ------------------------------------------------------------------------------------
+log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+
+default_node_ip() {
+    ip -4 route get 1.1.1.1 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "src") {print $(i + 1); exit}}'
+}
+
+port_in_use() { # PORT -> true when something listens on it (TCP, any address)
+    ss -Htln "sport = :$1" | grep -q .
+}
+
+# start NAME EXE_BASENAME LOGFILE CMD... : start CMD detached (own session, no terminal, stdio to
+# LOGFILE) and record its pid in $RUN/NAME.pid with the executable it must be in $RUN/NAME.exe
+start() {
+    local name=$1 exe=$2 logfile=$3
+    shift 3
+    setsid "$@" </dev/null >>"$logfile" 2>&1 &
+    echo $! >"$RUN/$name.pid"
+    echo "$exe" >"$RUN/$name.exe"
+}
+
+running() { # NAME -> pid when NAME's recorded process still runs the recorded executable
+    [[ -r $RUN/$1.exe ]] || return 1
+    local pid
+    pid=$(live_pid "$RUN/$1.pid" "$(<"$RUN/$1.exe")") || return 1
+    [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]] || return 1
+    printf '%s\n' "$pid"
+}
+
+wait_for() { # SECONDS WHAT CMD... : poll CMD every 0.2 s until it succeeds
+    local secs=$1 what=$2 deadline
+    shift 2
+    deadline=$(($(date +%s) + secs))
+    until "$@" >/dev/null 2>&1; do
+        (($(date +%s) < deadline)) || return 1
+        sleep 0.2
+    done
+}
+
+kubectl() { "$KUBE_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
+
+# ---- packages -----------------------------------------------------------------------------------------
+install_packages() {
+    local need=()
+    command -v etcd >/dev/null || need+=(etcd-server)
+    command -v openssl >/dev/null || need+=(openssl)
+    for tool in unshare ss iptables docker-registry; do
+        command -v "$tool" >/dev/null || die "$tool not found: run scripts/setup-host.sh first"
+    done
+    [[ -x $PY ]] || die "no venv at ${PY%/bin/python}: run scripts/setup-host.sh first"
+    ((${#need[@]})) || return 0
+    log "installing ${need[*]} from Debian"
+    # etcd-server's postinst starts a system-wide etcd through its init script unless policy-rc.d
+    # forbids it: this cluster runs its own etcd, so forbid it for the install if nothing does yet
+    local policy=/usr/sbin/policy-rc.d made_policy=""
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 0755 "$policy" && made_policy=1
+    fi
+    local rc=0
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >"$LOGS/apt.log" 2>&1 ||
+        { apt-get update -q >>"$LOGS/apt.log" 2>&1 &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" \
+                >>"$LOGS/apt.log" 2>&1; } || rc=$?
+    [[ -z $made_policy ]] || rm -f "$policy"
+    ((rc == 0)) || die "apt-get install ${need[*]} failed (see $LOGS/apt.log)"
+}
+
+# ---- certificates (openssl, ECDSA P-256) --------------------------------------------------------------
+new_key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+
+# cert NAME SUBJECT EXTENSIONS : $PKI/NAME.{key,crt} signed by the cluster's CA
+cert() {
+    local name=$1 subject=$2 ext=$3
+    new_key "$PKI/$name.key"
+    openssl req -new -key "$PKI/$name.key" -subj "$subject" -out "$PKI/$name.csr" 2>/dev/null
+    printf '%b\n' "$ext" >"$PKI/$name.ext"
+    openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
+        -set_serial "0x$(openssl rand -hex 16)" -days 365 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
+    rm -f "$PKI/$name.csr" "$PKI/$name.ext"
+}
+
+make_pki() {
+    mkdir -p -m 0700 "$PKI"
+    new_key "$PKI/ca.key"
+    openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=vmsandbox-cluster-ca" -days 365 -out "$PKI/ca.crt" \
+        -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+    local client='keyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth'
+    local server='keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth'
+    cert apiserver "/CN=kube-apiserver" "$server\nsubjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,IP:$NODE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client"
+    cert admin "/O=system:masters/CN=admin" "$client"
+    cert controller-manager "/CN=system:kube-controller-manager" "$client"
+    cert scheduler "/CN=system:kube-scheduler" "$client"
+    cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "$client"
+    cert kubelet-serving "/O=system:nodes/CN=system:node:$NODE_NAME" "$server\nsubjectAltName=IP:$NODE_IP,DNS:$NODE_NAME"
+    new_key "$PKI/sa.key"
+    openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+    chmod 0600 "$PKI"/*.key
+}
+
+kubeconfig() { # FILE USER CERT_NAME
+    cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: vmsandbox
+  cluster: {certificate-authority: $PKI/ca.crt, server: "https://127.0.0.1:$APISERVER_PORT"}
+users:
+- name: $2
+  user: {client-certificate: $PKI/$3.crt, client-key: $PKI/$3.key}
+contexts:
+- name: vmsandbox
+  context: {cluster: vmsandbox, user: $2}
+current-context: vmsandbox
+EOF
+    chmod 0600 "$1"
+}
+
+# ---- configuration files ------------------------------------------------------------------------------
+write_configs() {
+    kubeconfig "$ADMIN_KUBECONFIG" admin admin
+    kubeconfig "$PKI/controller-manager.kubeconfig" system:kube-controller-manager controller-manager
+    kubeconfig "$PKI/scheduler.kubeconfig" system:kube-scheduler scheduler
+    kubeconfig "$PKI/kubelet.kubeconfig" "system:node:$NODE_NAME" kubelet
+
+    mkdir -p "$CLUSTER_DIR/net.d" "$CLUSTER_DIR/netns" "$CLUSTER_DIR/ipam" "$SHIM" "$CLUSTER_DIR/registry"
+    cat >"$CLUSTER_DIR/net.d/10-vmsandbox-cluster.conflist" <<EOF
+{"cniVersion": "1.0.0", "name": "vmsandbox-cluster", "plugins": [
+  {"type": "bridge", "bridge": "$POD_BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "dataDir": "$CLUSTER_DIR/ipam",
+            "ranges": [[{"subnet": "$POD_SUBNET"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+EOF
+    cat >"$SHIM/config.yaml" <<EOF
+# the cluster's shim: its own socket, state, CNI network and registry mirror (scripts/cluster.sh)
+socket_path: $SOCKET
+state_dir: $SHIM/state
+console_dir: $SHIM/console
+libvirt_uri: qemu:///system
+profile_files: [$REPO_ROOT/deploy/profiles.yaml]
+default_handler: vmsandbox
+shared_cpus: "$SHARED_CPUS"
+kubelet_pods_dir: /var/lib/kubelet/pods
+pod_network: cni
+cni_conf_dir: $CLUSTER_DIR/net.d
+cni_bin_dirs: [/usr/lib/cni]
+netns_dir: $CLUSTER_DIR/netns
+registries:
+  # the cluster's registry (127.0.0.1:$REGISTRY_PORT) mirrors docker.io: push busybox there and
+  # \`image: busybox\` pulls it offline; images may also name 127.0.0.1:$REGISTRY_PORT/... directly
+  - prefix: docker.io
+    mirrors: [{location: "127.0.0.1:$REGISTRY_PORT", insecure: true}]
+EOF
+    cat >"$CLUSTER_DIR/registry/config.yml" <<EOF
+version: 0.1
+log: {level: warn, accesslog: {disabled: true}}
+storage: {filesystem: {rootdirectory: $CLUSTER_DIR/registry/data}, delete: {enabled: true}}
+http: {addr: "127.0.0.1:$REGISTRY_PORT"}
+EOF
+    mkdir -p "$NODE/kubelet" "$NODE/pod-logs" "$NODE/container-logs" "$NODE/sysctl" "$NODE/volume-plugins"
+    cat >"$NODE/kubelet-config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+port: $KUBELET_PORT
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $KUBELET_HEALTHZ_PORT
+tlsCertFile: $PKI/kubelet-serving.crt
+tlsPrivateKeyFile: $PKI/kubelet-serving.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+containerRuntimeEndpoint: unix://$SOCKET
+imageServiceEndpoint: unix://$SOCKET
+cgroupDriver: cgroupfs
+clusterDomain: cluster.local
+# the kubelet leaves iptables alone (no kube-proxy runs here)
+makeIPTablesUtilChains: false
+# a development node: evict only when the disk is really full
+evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}
+imageGCHighThresholdPercent: 98
+imageGCLowThresholdPercent: 95
+maxPods: 16
+EOF
+}
+
+start_shim() {
+    rm -f "$SOCKET" # a killed shim leaves its socket behind
+    start shim "$(basename "$(readlink -f "$PY")")" "$LOGS/shim.log" \
+        "$PY" -m shim serve --config "$SHIM/config.yaml"
+    wait_for 60 "the shim's socket" test -S "$SOCKET" ||
+        die "the shim did not listen on $SOCKET within 60 s (see $LOGS/shim.log)"
+}
+
+# ---- the node: the shim and the kubelet in one private mount namespace ----------------------------------
+# Runs inside `unshare -m` (called by `up` as "$SELF _node"): binds, then both daemons, then returns.
+node_namespace() {
+    for bind in "${NODE_BINDS[@]}"; do
+        mount --bind "${bind#*:}" "${bind%%:*}"
+    done
+    for s in "${NODE_SYSCTLS[@]}"; do
+        local f=$NODE/sysctl/${s//\//.}
+        cat "/proc/sys/$s" >"$f"
+        mount --bind "$f" "/proc/sys/$s"
+    done
+    start_shim
+    start kubelet kubelet "$LOGS/kubelet.log" \
+        "$KUBE_BIN/kubelet" --config="$NODE/kubelet-config.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" \
+        --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --node-labels=vmsandbox.dev/runtime=true \
+        --volume-plugin-dir="$NODE/volume-plugins" \
+        --cgroups-per-qos=false --enforce-node-allocatable="" --fail-swap-on=false
+}
+
+# ---- up -----------------------------------------------------------------------------------------------
+node_ready() {
+    [[ $(kubectl get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == True ]]
+}
+
+up() {
+    local t0
+    t0=$(now_ms)
+    require_root
+    [[ -n ${KUBE_BIN:-} ]] || usage
+    KUBE_BIN=$(cd "$KUBE_BIN" && pwd) || die "KUBE_BIN: no directory $KUBE_BIN"
+    for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
+        [[ -x $KUBE_BIN/$b ]] || die "$KUBE_BIN/$b is missing or not executable"
+    done
+    if [[ -d $RUN ]]; then
+        for name in "$RUN"/*.pid; do
+            [[ -e $name ]] || continue
+            if running "$(basename "$name" .pid)" >/dev/null; then
+                die "a cluster already runs from $CLUSTER_DIR ($(basename "$name" .pid) is up): run '$0 down' first"
+            fi
+        done
+        die "$CLUSTER_DIR holds what a stopped cluster left: run '$0 down' first"
+    fi
+    [[ -n $NODE_IP ]] || NODE_IP=$(default_node_ip)
+    [[ -n $NODE_IP && $NODE_IP != 127.* ]] ||
+        die "no non-loopback node address (set CLUSTER_NODE_IP): kube-apiserver advertises it"
+    if [[ -z $SHARED_CPUS ]]; then
+        local online first last
+        online=$(</sys/devices/system/cpu/online)
+        first=${online%%[-,]*}
+        last=${online##*[-,]}
+        if ((first + 1 < last)); then
+            SHARED_CPUS=$((first + 1))-$last
+        elif ((first + 1 == last)); then
+            SHARED_CPUS=$last
+        else
+            SHARED_CPUS=$online # one CPU: shared pods only
+        fi
+    fi
+    for p in "$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$CONTROLLER_MANAGER_PORT" "$SCHEDULER_PORT" \
+        "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT" "$REGISTRY_PORT"; do
+        port_in_use "$p" && die "port $p is in use (set the CLUSTER_*_PORT variables to free ones)"
+    done
+    ip link show dev "$POD_BRIDGE" >/dev/null 2>&1 && die "the bridge $POD_BRIDGE exists already (set CLUSTER_POD_BRIDGE)"
+
+    mkdir -p "$CLUSTER_DIR" "$LOGS"
+    chmod 0700 "$CLUSTER_DIR"
+    install_packages
+    mkdir -p "$RUN"
+    trap up_exit EXIT
+    # what `down` puts back or removes on the host
+    cat /proc/sys/net/ipv4/ip_forward >"$RUN/ip_forward"
+    iptables_chains >"$RUN/iptables-chains"
+    : >"$RUN/made-dirs"
+    for bind in "${NODE_BINDS[@]}"; do
+        local target=${bind%%:*}
+        if [[ ! -d $target ]]; then
+            mkdir -p "$target"
+            echo "$target" >>"$RUN/made-dirs"
+        fi
+    done
+    {
+        echo "KUBE_BIN=$KUBE_BIN"
+        echo "NODE_NAME=$NODE_NAME"
+        echo "NODE_IP=$NODE_IP"
+        echo "POD_BRIDGE=$POD_BRIDGE"
+    } >"$RUN/settings"
+
+    log "certificates (openssl) and configuration in $CLUSTER_DIR"
+    make_pki
+    write_configs
+    # deploy/profiles.yaml is written for larger nodes: say which RuntimeClasses this one cannot serve
+    # (the shim refuses their pods at RunPodSandbox, naming the shortfall)
+    if ! "$PY" -m shim profile validate --config "$SHIM/config.yaml" "$REPO_ROOT/deploy/profiles.yaml" \
+        >"$LOGS/profiles.txt" 2>&1; then
+        warn "profiles this node cannot serve (their RuntimeClasses' pods will be refused):"
+        grep -vE ': [0-9]+ profiles? ' "$LOGS/profiles.txt" | sed 's/^/  /' >&2 || true
+    fi
+
+    log "etcd on 127.0.0.1:$ETCD_PORT"
+    start etcd etcd "$LOGS/etcd.log" etcd --name vmsandbox-cluster --data-dir "$CLUSTER_DIR/etcd" \
+        --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+        --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+        --initial-cluster "vmsandbox-cluster=http://127.0.0.1:$ETCD_PEER_PORT"
+    log "registry on 127.0.0.1:$REGISTRY_PORT (docker.io mirror for the shim)"
+    start registry docker-registry "$LOGS/registry.log" docker-registry serve "$CLUSTER_DIR/registry/config.yml"
+    wait_for 30 etcd curl -sf "http://127.0.0.1:$ETCD_PORT/health" || die "etcd did not answer (see $LOGS/etcd.log)"
+
+    log "kube-apiserver on $NODE_IP:$APISERVER_PORT"
+    start apiserver kube-apiserver "$LOGS/kube-apiserver.log" "$KUBE_BIN/kube-apiserver" \
+        --etcd-servers="http://127.0.0.1:$ETCD_PORT" --etcd-prefix=/vmsandbox-cluster \
+        --advertise-address="$NODE_IP" --bind-address=0.0.0.0 --secure-port="$APISERVER_PORT" \
+        --cert-dir="$PKI" --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+        --client-ca-file="$PKI/ca.crt" \
+        --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
+        --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+        --kubelet-preferred-address-types=InternalIP \
+        --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+        --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+        --service-cluster-ip-range="$SERVICE_CIDR" --authorization-mode=Node,RBAC \
+        --enable-admission-plugins=NodeRestriction --allow-privileged=true --profiling=false
+    wait_for 90 kube-apiserver kubectl get --raw /readyz ||
+        die "kube-apiserver was not ready within 90 s (see $LOGS/kube-apiserver.log)"
+
+    log "kube-controller-manager and kube-scheduler"
+    start controller-manager kube-controller-manager "$LOGS/kube-controller-manager.log" \
+        "$KUBE_BIN/kube-controller-manager" --kubeconfig="$PKI/controller-manager.kubeconfig" \
+        --authentication-kubeconfig="$PKI/controller-manager.kubeconfig" \
+        --authorization-kubeconfig="$PKI/controller-manager.kubeconfig" \
+        --bind-address=127.0.0.1 --secure-port="$CONTROLLER_MANAGER_PORT" \
+        --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
+        --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
+        --use-service-account-credentials=true --service-cluster-ip-range="$SERVICE_CIDR" \
+        --leader-elect=false --profiling=false
+    start scheduler kube-scheduler "$LOGS/kube-scheduler.log" "$KUBE_BIN/kube-scheduler" \
+        --kubeconfig="$PKI/scheduler.kubeconfig" --authentication-kubeconfig="$PKI/scheduler.kubeconfig" \
+        --authorization-kubeconfig="$PKI/scheduler.kubeconfig" \
+        --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --leader-elect=false --profiling=false
+
+    log "vmsandbox shim and kubelet (node $NODE_NAME) in a private mount namespace"
+    export CLUSTER_DIR KUBE_BIN NODE_NAME NODE_IP PY
+    unshare -m --propagation private -- "$SELF" _node
+    wait_for "$READY_TIMEOUT_S" "node Ready" node_ready ||
+        die "node $NODE_NAME was not Ready within ${READY_TIMEOUT_S} s (see $LOGS/kubelet.log, $LOGS/shim.log)"
+    local ready_s
+    ready_s=$(secs_since "$t0")
+    log "node $NODE_NAME Ready ${ready_s} s after start"
+    kubectl apply -f "$REPO_ROOT/deploy/runtimeclass.yaml" >/dev/null
+    # pods are refused until the controller-manager has made their namespace's default service account
+    wait_for 60 "the default service account" kubectl -n default get serviceaccount default ||
+        die "no default service account within 60 s (see $LOGS/kube-controller-manager.log)"
+    UP_DONE=1
+    echo "$ready_s" >"$RUN/ready-seconds"
+    cat <<EOF
+
+The cluster is up (node Ready after ${ready_s} s; everything ready after $(secs_since "$t0") s).
+  export KUBECONFIG=$ADMIN_KUBECONFIG
+  $KUBE_BIN/kubectl get nodes -o wide
+  $KUBE_BIN/kubectl get runtimeclass         # vmsandbox, vmsandbox-medium, ... (deploy/runtimeclass.yaml)
+Pods choose a VM profile with spec.runtimeClassName (default handler: vmsandbox). Images: push to the
+cluster's registry 127.0.0.1:$REGISTRY_PORT (it mirrors docker.io for the shim) or name any registry.
+  $PY -m shim ls --state-dir $SHIM/state     # the VMs
+Logs: $LOGS. Stop it all: $0 down
+EOF
+}
+
+UP_DONE=""
+up_exit() { # `up` ended: on failure, show why and undo what it did
+    local status=$?
+    [[ -z $UP_DONE ]] || return 0
+    echo "--- the cluster did not come up; the last lines of each log:" >&2
+    for f in "$LOGS"/*.log; do
+        [[ -s $f ]] || continue
+        echo "--- $f" >&2
+        tail -n 8 "$f" >&2
+    done
+    if [[ -z ${CLUSTER_KEEP_ON_FAILURE:-} ]]; then
+        echo "--- stopping what was started (CLUSTER_KEEP_ON_FAILURE=1 keeps it)" >&2
+        down || true
+    fi
+    exit "$status"
+}
+
+# ---- down ---------------------------------------------------------------------------------------------
+iptables_chains() { # "family table chain" for every chain of the filter, nat and mangle tables
+    for family in iptables ip6tables; do
+        for table in filter nat mangle; do
+            "$family" -w 5 -t "$table" -S 2>/dev/null | awk -v f="$family" -v t="$table" '$1 == "-N" {print f, t, $2}'
+        done
+    done
+}
+
+stop_named() { # NAME SECONDS
+    local pid
+    if pid=$(running "$1"); then
+        log "stopping $1 (pid $pid)"
+        stop_pid "$pid" "$1" "$2"
+    fi
+    rm -f "$RUN/$1.pid" "$RUN/$1.exe"
+}
+
+# Every sandbox the cluster's shim still holds (the kubelet is stopped first, so none is made
+# meanwhile): StopPodSandbox + RemovePodSandbox over its socket, which destroys the VM and
+# releases its CPUs, hugepages, network namespace and CNI allocation.
+remove_sandboxes() {
+    [[ -S $SOCKET ]] || return 0
+    "$PY" - "$SOCKET" <<'EOF'
+import sys
+
+import grpc
+
+from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+
+with grpc.insecure_channel(f"unix:{sys.argv[1]}") as channel:
+    rt = pb_grpc.RuntimeServiceStub(channel)
+    for s in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+        name = f"{s.metadata.namespace}/{s.metadata.name}"
+        print(f"removing sandbox {s.id[:13]} ({name})", flush=True)
+        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=s.id), timeout=180)
+        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=s.id), timeout=180)
+EOF
+}
+
+down() {
+    require_root
+    [[ -d $CLUSTER_DIR ]] || { log "no cluster in $CLUSTER_DIR"; return 0; }
+    [[ $CLUSTER_DIR != / ]] || die "CLUSTER_DIR is /"
+    if [[ -r $RUN/settings ]]; then
+        local KUBE_BIN NODE_NAME NODE_IP POD_BRIDGE # the values `up` used
+        # shellcheck disable=SC1091
+        source "$RUN/settings"
+    fi
+    stop_named kubelet 30
+    if ! running shim >/dev/null && [[ -f $SHIM/state/state.db ]] &&
+        [[ $("$PY" -m shim ls --state-dir "$SHIM/state" --format json 2>/dev/null) != "[]" ]]; then
+        # the shim died and left sandboxes (their VMs run on in libvirtd): start it again, on its own,
+        # so that it releases them as it always does
+        log "the shim is not running but holds sandboxes: starting it again to remove them"
+        export CLUSTER_DIR PY
+        unshare -m --propagation private -- "$SELF" _shim || warn "the shim did not start again (see $LOGS/shim.log)"
+    fi
+    if running shim >/dev/null; then
+        remove_sandboxes || warn "could not remove every sandbox through the shim (see $LOGS/shim.log)"
+    fi
+    stop_named shim 60
+    stop_named scheduler 20
+    stop_named controller-manager 20
+    stop_named apiserver 30
+    stop_named etcd 20
+    stop_named registry 10
+    if [[ -n ${POD_BRIDGE:-} ]] && ip link show dev "$POD_BRIDGE" >/dev/null 2>&1; then
+        log "removing the bridge $POD_BRIDGE"
+        ip link del dev "$POD_BRIDGE"
+    fi
+    if [[ -r $RUN/iptables-chains ]]; then
+        # chains named KUBE-* that appeared since `up` are the kubelet's (no kube-proxy runs here)
+        local new
+        new=$(iptables_chains | grep -vxF -f "$RUN/iptables-chains" || true)
+        while read -r family table chain; do
+            [[ $chain == KUBE-* ]] || continue
+            log "removing the $family chain $chain ($table)"
+            "$family" -w 5 -t "$table" -F "$chain" && "$family" -w 5 -t "$table" -X "$chain" || true
+        done <<<"$new"
+    fi
+    if [[ -r $RUN/ip_forward ]]; then
+        cat "$RUN/ip_forward" >/proc/sys/net/ipv4/ip_forward
+    fi
+    if [[ -r $RUN/made-dirs ]]; then
+        while read -r d; do
+            [[ -n $d ]] && rmdir "$d" 2>/dev/null || true
+        done <"$RUN/made-dirs"
+    fi
+    # the private mount namespace went away with its last process; nothing of ours is mounted here
+    if grep -qF " $CLUSTER_DIR/" /proc/self/mountinfo; then
+        die "something is still mounted under $CLUSTER_DIR; not removing it"
+    fi
+    rm -rf --one-file-system "$CLUSTER_DIR"
+    log "cluster down; $CLUSTER_DIR removed"
+}
+
+case ${1:-} in
+up)
+    [[ -z ${2:-} ]] || KUBE_BIN=$2
+    up
+    ;;
+down) down ;;
+_node) node_namespace ;;
+_shim) start_shim ;;
+*) usage ;;
+esac
