@@ -57,6 +57,7 @@ from vmsandbox.errors import (
 )
 from vmsandbox.host import HostInventory
 from vmsandbox.lifecycle import (
+    STATE_CREATING,
     Action,
     Admitted,
     ContainerAsk,
@@ -66,6 +67,7 @@ from vmsandbox.lifecycle import (
     Sibling,
     Step,
     admit_container,
+    live_attempts,
     plan_sandbox,
     reconcile_actions,
 )
@@ -83,7 +85,6 @@ log = logging.getLogger(__name__)
 _CONSOLE_TAIL_BYTES = 16 * 1024
 _CONSOLE_LINE_CHARS = 300
 
-STATE_CREATING = "creating"
 LOST_EXIT_CODE = 255
 LOST_REASON = "Unknown"
 """Exit code and reason of the containers of a lost agent (containerd's for a task it lost)."""
@@ -566,7 +567,10 @@ class Sandboxes:
             # the containers that may run beside it, phase by phase (KEP-753: sidecars stay, init containers end)
             inits = [d["name"] for d in (record.declaration or {}).get("init_containers", [])]
             sidecars = frozenset(sidecar_names(record.annotations))  # checked at RunPodSandbox
-            live = {o.name: o for o in _live(self.containers(c.sandbox_id), skip={c.name})}
+            live = {
+                o.name: o
+                for o in live_attempts(self.containers(c.sandbox_id), {c.name}, lambda o: o.state == CONTAINER_EXITED)
+            }
             new_linux = admission.implied_linux(resources) if resources is not None and linux.empty else linux
             for phase in running_alongside(c.name, inits, sidecars, live):
                 others = [self._usage(None, LinuxResources(**_linux_args(live[n].linux))) for n in phase if n in live]
@@ -862,16 +866,6 @@ class Sandboxes:
             log.info(
                 "reconcile: removed console log %s of forgotten sandbox %s (domain %s)", f, sid[:12], domain_name(sid)
             )
-
-
-def _live(containers: list[ContainerRecord], skip: set[str]) -> list[ContainerRecord]:
-    """The containers that hold resources: per name the latest attempt (a retry supersedes the earlier
-    ones), not exited, and not named in ``skip``."""
-    latest: dict[str, ContainerRecord] = {}
-    for c in containers:
-        if c.name not in skip and (c.name not in latest or c.attempt > latest[c.name].attempt):
-            latest[c.name] = c
-    return [c for c in latest.values() if c.state != CONTAINER_EXITED]
 
 
 def _linux_args(doc: dict[str, Any]) -> dict[str, Any]:

@@ -26,9 +26,10 @@ later action for that sandbox is skipped and tried again at the next reconcile.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Protocol, TypeVar
 
 from vmsandbox import admission, validation
 from vmsandbox.cdi import CdiRegistry
@@ -261,13 +262,26 @@ class Admitted:
     linux: LinuxResources
 
 
-def _live(siblings: Sequence[Sibling], skip: str) -> list[Sibling]:
-    """Per name the latest attempt (a retry supersedes earlier ones), not exited, other than ``skip``."""
-    latest: dict[str, Sibling] = {}
-    for c in siblings:
-        if c.name != skip and (c.name not in latest or c.attempt > latest[c.name].attempt):
+class _Attempt(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+
+
+AttemptT = TypeVar("AttemptT", bound=_Attempt)
+
+
+def live_attempts(
+    containers: Iterable[AttemptT], skip: Collection[str], exited: Callable[[AttemptT], bool]
+) -> list[AttemptT]:
+    """The containers that hold resources: per name the latest attempt (a retry supersedes earlier
+    ones), not exited, and not named in ``skip``."""
+    latest: dict[str, AttemptT] = {}
+    for c in containers:
+        if c.name not in skip and (c.name not in latest or c.attempt > latest[c.name].attempt):
             latest[c.name] = c
-    return [c for c in latest.values() if not c.exited]
+    return [c for c in latest.values() if not exited(c)]
 
 
 def admit_container(
@@ -314,6 +328,6 @@ def admit_container(
         if ask.resources is not None
         else admission.Usage.of_linux(ask.linux)
     )
-    others = [admission.Usage.of_linux(c.linux) for c in _live(siblings, ask.name)]
+    others = [admission.Usage.of_linux(c.linux) for c in live_attempts(siblings, {ask.name}, lambda c: c.exited)]
     admission.check_envelope(shape.demand, others, usage, who=f'container "{ask.name}"')
     return Admitted(requested, linux)

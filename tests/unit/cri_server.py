@@ -29,12 +29,13 @@ from shim.image_service import ImageServicer
 from shim.images import ImageStore
 from shim.model import SANDBOX_READY, ContainerRecord, PodMeta, SandboxRecord
 from shim.runtime_service import RuntimeServicer
-from shim.sandboxes import STATE_CREATING, Sandboxes
+from shim.sandboxes import Sandboxes
 from vmsandbox import records
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.domain import domain_name
+from vmsandbox.lifecycle import STATE_CREATING
 from vmsandbox.profile import Profile
 from vmsandbox.sizing import PodDemand, shape_for
 

@@ -24,7 +24,7 @@ from shim.model import (
     PodMeta,
     SandboxRecord,
 )
-from shim.sandboxes import STATE_CREATING, Sandboxes
+from shim.sandboxes import Sandboxes
 from vmsandbox.adapters.hypervisor import DomainInfo, Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
@@ -32,6 +32,7 @@ from vmsandbox.claims import Claim
 from vmsandbox.domain import SandboxIdentity, domain_name
 from vmsandbox.domain_xml import read_identity
 from vmsandbox.errors import AlreadyExists, InfrastructureError
+from vmsandbox.lifecycle import STATE_CREATING
 from vmsandbox.profile import Profile
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "one-node-2cpu"
