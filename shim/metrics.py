@@ -30,7 +30,8 @@ from vmsandbox.resources import page_size_label
 from vmsandbox.validation import quote
 
 if TYPE_CHECKING:
-    from shim.sandboxes import Sandboxes
+    from shim.resources import ResourceManager
+    from vmsandbox.host import HostInventory
 
 log = logging.getLogger(__name__)
 
@@ -97,23 +98,26 @@ def libvirt_event(event: str) -> None:
 class HostCollector(Collector):
     """Guests running and the shim's CPUs and hugepages per NUMA node, read at scrape time."""
 
-    def __init__(self, sandboxes: Sandboxes) -> None:
-        self.sandboxes = sandboxes
+    def __init__(
+        self, resources: ResourceManager, inventory: Callable[[], HostInventory], guests_running: Callable[[], int]
+    ) -> None:
+        self.resources = resources
+        self.inventory = inventory
+        self.guests_running = guests_running
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # no collect() at registration: the ledger may not be ready yet
 
     def collect(self) -> Iterator[Metric]:
-        s = self.sandboxes
         try:
-            rows = s.ledger.sandboxes()
-            usage = s.resources.usage()
-            inv = s.inventory()
+            guests = self.guests_running()
+            usage = self.resources.usage()
+            inv = self.inventory()
         except Exception as exc:  # a scrape must not take the server down
             log.warning("metrics: cannot read the ledger or the inventory: %s", exc)
             return
         running = GaugeMetricFamily("vmsandbox_guests_running", "Sandboxes whose guest is up (SANDBOX_READY)")
-        running.add_metric([], sum(1 for _, state, _, _ in rows if state == "SANDBOX_READY"))
+        running.add_metric([], guests)
         yield running
 
         allocated_cpus = {u.node: u.held for u in usage if u.resource == "cpu"}
@@ -121,7 +125,7 @@ class HostCollector(Collector):
             "vmsandbox_cpus", "CPUs the shim owns per NUMA node, allocated (pinned) or free", labels=["node", "state"]
         )
         for node in inv.nodes:
-            owned = sum(1 for c in inv.cpus if c.node == node and c.id in s.policy.owned_cpus)
+            owned = sum(1 for c in inv.cpus if c.node == node and c.id in self.resources.policy.owned_cpus)
             allocated = allocated_cpus.get(node, 0)
             cpus.add_metric([str(node), "allocated"], allocated)
             cpus.add_metric([str(node), "free"], owned - allocated)
@@ -168,10 +172,9 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def serve(address: str, sandboxes: Sandboxes) -> Callable[[], None]:
+def serve(address: str, collector: HostCollector) -> Callable[[], None]:
     """Register the host collector and serve ``/metrics`` on ``address``; returns the stop function."""
     host, port = parse_address(address)
-    collector = HostCollector(sandboxes)
     REGISTRY.register(collector)
     try:
         server, thread = start_http_server(port, addr=host, registry=REGISTRY)

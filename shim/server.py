@@ -27,6 +27,7 @@ from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.health import Health
 from shim.image_service import ImageServicer
 from shim.images import ImageStore
+from shim.model import SANDBOX_READY
 from shim.periodic import Periodic
 from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
@@ -173,7 +174,14 @@ def start(config: ShimConfig) -> Running:
         ImageServicer(images, config.state_dir, containers.writable_usage),
     )
     health = Health(server)  # grpc.health.v1.Health on the CRI socket
-    stop_metrics = metrics.serve(config.metrics_address, sandboxes) if config.metrics_address else None
+    stop_metrics = None
+    if config.metrics_address:
+        collector = metrics.HostCollector(
+            sandboxes.resources,
+            sandboxes.inventory,
+            lambda: sum(1 for s in sandboxes.list_sandboxes() if s.state == SANDBOX_READY),
+        )
+        stop_metrics = metrics.serve(config.metrics_address, collector)
     sock = Path(config.socket_path)
     _prepare_socket(sock)
     old = os.umask(0o117)
