@@ -2,6 +2,6 @@
 
 import sys
 
-from shim.cli import main
+from shim.admin.cli import main
 
 sys.exit(main())

@@ -3,7 +3,7 @@
 ``HostPolicy`` joins the shim's configuration (owned, shared and housekeeping CPUs, hugepage
 caps, reserved memory, device pools, CDI spec directories) with a host inventory into the pools
 the ResourceManager (``shim.resources``) hands out. RunPodSandbox (``shim.sandboxes``) and
-``vmsandbox plan`` (``shim.plan``) both place pods through that manager and build domains with
+``vmsandbox plan`` (``shim.admin.plan``) both place pods through that manager and build domains with
 ``domain_for``, so what ``plan`` predicts is what the shim does.
 """
 

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from shim.cli import build_parser
+from shim.admin.cli import build_parser
 from tests.cli.conftest import vmsandbox
 
 COMMANDS = {

@@ -537,7 +537,7 @@ def test_plan_never_loads_libvirt_or_grpc() -> None:
     import subprocess
 
     code = (
-        "import sys; from shim.cli import main\n"
+        "import sys; from shim.admin.cli import main\n"
         f"rc = main(['plan', {str(MANIFESTS / 'guaranteed-pod.yaml')!r}, '--host-sysfs', {str(TWO_SOCKET)!r}, "
         "'--format', 'json'])\n"
         "assert rc == 0, rc\n"

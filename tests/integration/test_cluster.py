@@ -25,9 +25,9 @@ import grpc
 import pytest
 import yaml
 
+from shim.admin.inspect_state import claims, read_sandboxes
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
-from shim.inspect_state import claims, read_sandboxes
 from tests.integration.conftest import LIBVIRT_URI, REPO, require_host
 from tests.integration.image_setup import require_image_tools
 from tests.registry_kit import BUSYBOX, DOCKER_MANIFEST, Buildah, served_manifest

@@ -46,3 +46,19 @@ def test_core_module_imports_no_io(module: str) -> None:
         name for name in _imports(CORE / module) if any(name == io or name.startswith(io + ".") for io in IO_MODULES)
     }
     assert not bad, f"vmsandbox/{module} is part of the pure core but imports {sorted(bad)}"
+
+
+SHIM = CORE.parent / "shim"
+
+
+@pytest.mark.parametrize("module", sorted(p.name for p in SHIM.glob("*.py") if p.name != "__main__.py"))
+def test_the_server_does_not_depend_on_the_admin_tools(module: str) -> None:
+    # shim/admin/ (the vmsandbox command, plan, validate, inspect, the demo) uses the server's
+    # modules; the server never imports the tools
+    bad = {name for name in _imports(SHIM / module) if name == "shim.admin" or name.startswith("shim.admin.")}
+    assert not bad, f"shim/{module} is part of the server but imports {sorted(bad)}"
+
+
+def test_metrics_do_not_import_the_sandboxes_owner() -> None:
+    # Sandboxes counts its events in shim.metrics; the collector is given what it reads
+    assert "shim.sandboxes" not in _imports(SHIM / "metrics.py")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shim import textout
+from shim.admin import textout
 from vmsandbox.adapters.ledger import SCHEMA_VERSION, read_claims
 from vmsandbox.claims import Claim
 from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound

@@ -1,6 +1,6 @@
 """A CRI client that walks one pod through vmsandbox, printing what happens at each step.
 
-Run against a live shim: ``python -m shim.demo --socket /run/vmsandbox/vmsandbox.sock``.
+Run against a live shim: ``python -m shim.admin.demo --socket /run/vmsandbox/vmsandbox.sock``.
 It declares an init container and two app containers (one with hugepages-2Mi), boots the pod,
 shows the VM shape, the pinning, the host hugepages and the guest's own report, pulls ``--image``
 and runs a container from it inside the VM (its log, exit code, an ExecSync), tries a divergent

@@ -105,7 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 # -- plan -------------------------------------------------------------------------------------------
 def _plan(args: argparse.Namespace) -> int:
-    from shim import inspect_state, plan, textout
+    from shim.admin import inspect_state, plan, textout
     from vmsandbox.adapters.profile_loader import default_profiles, load_profiles
 
     config = _config(args.config)
@@ -138,7 +138,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _host_for_profiles(args: argparse.Namespace) -> tuple[Any, Any, bool, Any]:
     """(inventory, the config's CPU pools, check guest images?, device pools) for validation; none
     with --no-host."""
-    from shim import plan, validate
+    from shim.admin import plan, validate
     from vmsandbox.adapters.sysfs import read_inventory
     from vmsandbox.devices import resolve_pools
 
@@ -161,7 +161,7 @@ def _host_for_profiles(args: argparse.Namespace) -> tuple[Any, Any, bool, Any]:
 
 
 def _profile_validate(args: argparse.Namespace) -> int:
-    from shim import textout, validate
+    from shim.admin import textout, validate
 
     checked, problems = validate.parse_files(args.files)
     inv, cpus, images, pools = _host_for_profiles(args)
@@ -196,7 +196,7 @@ def _profile_validate(args: argparse.Namespace) -> int:
 
 
 def _profile_runtimeclass(args: argparse.Namespace) -> int:
-    from shim import textout, validate
+    from shim.admin import textout, validate
     from vmsandbox.adapters.profile_loader import load_profiles
 
     profiles = load_profiles(args.files)
@@ -217,7 +217,7 @@ def _state_dir(args: argparse.Namespace) -> str:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from shim import inspect_state, textout
+    from shim.admin import inspect_state, textout
 
     views = inspect_state.read_sandboxes(_state_dir(args))
     now = time.time_ns()
@@ -229,7 +229,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from shim import inspect_state, textout
+    from shim.admin import inspect_state, textout
 
     views = inspect_state.read_sandboxes(_state_dir(args))
     view = inspect_state.find(views, args.id)
@@ -243,7 +243,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _version(args: argparse.Namespace) -> int:
     if args.format == "json":
-        from shim import textout
+        from shim.admin import textout
 
         print(textout.to_json({"vmsandbox": __version__, "python": sys.version.split()[0]}))
     else:

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from shim import textout
+from shim.admin import textout
 from shim.config import ShimConfig
 from shim.host_policy import domain_for
 from shim.resources import ResourceManager

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from shim import textout
+from shim.admin import textout
 from vmsandbox.adapters.profile_loader import _key_lines
 from vmsandbox.devices import DevicePools
 from vmsandbox.host import HostInventory, format_cpulist
