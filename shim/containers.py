@@ -209,6 +209,11 @@ class Containers:
             binds.remove_tree(self.root, sid)
             log.info("reconcile: removed the shared directory of forgotten sandbox %s", sid[:12])
 
+    def _forget_lock(self, container_id: str) -> None:
+        """A removed container's lock goes with it (the map holds only containers that exist)."""
+        with self._lock:
+            self._container_locks.pop(container_id, None)
+
     def _lock_for(self, container_id: str) -> threading.Lock:
         with self._lock:
             return self._container_locks.setdefault(container_id, threading.Lock())
@@ -649,13 +654,15 @@ class Containers:
                 self._call(c.sandbox_id, "wait", container_id, timeout_s=30)
         self.refresh(container_id)
 
-    def remove(self, container_id: str) -> None:
+    def remove(self, container_id: str) -> str | None:
+        """Removes a container from its guest and the ledger; returns its full id (None: nothing to
+        remove, which succeeds, as containerd answers)."""
         if not validation.teardown_id(container_id, "container_id"):
-            return  # not an id of ours: nothing to remove, as containerd answers
+            return None  # not an id of ours
         try:
             c = self.sandboxes.container(container_id)
         except NotFound:
-            return
+            return None
         container_id = c.id  # the full id, never the client's prefix, names the guest's container and our paths
         if c.image_id:
             with contextlib.suppress(GuestRequestFailed, GuestChannelClosed, GuestChannelTimeout, InfrastructureError):
@@ -665,6 +672,8 @@ class Containers:
         self.sandboxes.remove_container(container_id)
         if c.image_id:
             self.images.release(c.image_id)
+        self._forget_lock(container_id)
+        return container_id
 
     def sandbox_stopped(self, sandbox_id: str) -> None:
         """The sandbox's guest is gone (StopPodSandbox): stop copying its logs, drop its connection.
@@ -677,6 +686,7 @@ class Containers:
         with self._lock:
             self._opening.pop(sandbox_id, None)
         for c in self.sandboxes.containers(sandbox_id):
+            self._forget_lock(c.id)
             self.logs.forget(c.id)
             if c.image_id:
                 self.images.release(c.image_id)

@@ -58,6 +58,12 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (timestamp ns, cpu ns), for nano cores
         self._samples_lock = threading.Lock()
 
+    def _forget_samples(self, *keys: str) -> None:
+        """Removed sandboxes and containers leave no CPU sample behind."""
+        with self._samples_lock:
+            for key in keys:
+                self._cpu_samples.pop(key, None)
+
     def _nano_cores(self, key: str, s: CgroupStats) -> int | None:
         with self._samples_lock:
             last = self._cpu_samples.get(key)
@@ -156,8 +162,10 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ) -> pb.RemovePodSandboxResponse:
         record = self.sandboxes.find_for_teardown(request.pod_sandbox_id)
         if record is not None:
+            gone = [record.id, *(c.id for c in self.sandboxes.containers(record.id))]
             self.containers.sandbox_removed(record.id)
             self.sandboxes.remove(record.id)
+            self._forget_samples(*gone)
         return pb.RemovePodSandboxResponse()
 
     @rpc
@@ -238,7 +246,9 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ) -> pb.RemoveContainerResponse:
         if not request.container_id:
             raise InvalidArgument("container_id is empty")
-        self.containers.remove(request.container_id)
+        removed = self.containers.remove(request.container_id)
+        if removed is not None:
+            self._forget_samples(removed)
         return pb.RemoveContainerResponse()
 
     @rpc

@@ -341,3 +341,11 @@ def test_stop_and_remove_container_of_an_unknown_id_succeed(
     request = pb.StopContainerRequest(container_id=given) if rpc == "StopContainer" else None
     got, details, _ = server.rpc(rpc, request or pb.RemoveContainerRequest(container_id=given))
     assert got == code, details
+
+
+def test_a_removed_container_leaves_no_lock_behind(server: Server) -> None:
+    assert server.containers is not None
+    server.containers._lock_for(SEED_CONTAINER)  # as a start or stop of it would
+    code, _, _ = server.rpc("RemoveContainer", pb.RemoveContainerRequest(container_id=SEED_CONTAINER))
+    assert code == grpc.StatusCode.OK
+    assert SEED_CONTAINER not in server.containers._container_locks
