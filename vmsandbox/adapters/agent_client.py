@@ -8,6 +8,7 @@ that restarts) and a new client that opens find the containers running as they w
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import os
@@ -27,11 +28,14 @@ from vmsandbox.agent_protocol import (
     ExecResult,
     GuestReport,
     Hello,
+    ProcOutput,
     ProtocolError,
     Request,
     Response,
     container_state_from_body,
     exec_result_from_body,
+    proc_id_from_body,
+    proc_output_from_body,
     stats_from_body,
 )
 from vmsandbox.errors import InfrastructureError
@@ -168,6 +172,44 @@ class AgentClient:
     def update(self, cid: str, files: Mapping[str, str], timeout_s: float = 30) -> None:
         """Writes cgroup limit files ("memory.max", "cpu.max", ...) of a container."""
         self.request("update", {"id": cid, "files": dict(files)}, timeout_s)
+
+    # ---- streamed processes (the CRI's streaming Exec) ---------------------------------------
+
+    def proc_start(self, cid: str, argv: Sequence[str], *, tty: bool, stdin: bool, rows: int = 0, cols: int = 0) -> str:
+        """Starts ``argv`` in the container with pipes or a terminal; returns the process's id."""
+        args = {"id": cid, "argv": list(argv), "tty": tty, "stdin": stdin, "rows": rows, "cols": cols}
+        return proc_id_from_body(self.request("proc_start", args, 60), "proc_start response")
+
+    def proc_read(self, proc: str, *, max_bytes: int, timeout_s: float) -> ProcOutput:
+        """Output waiting in the guest (long poll: returns early when there is some)."""
+        args = {"proc": proc, "max_bytes": max_bytes, "timeout_ms": int(timeout_s * 1000)}
+        body = self.request("proc_read", args, timeout_s + _SLACK_S)
+        return proc_output_from_body(body, "proc_read response", max_bytes)
+
+    def proc_write(self, proc: str, data: bytes, timeout_s: float = 10) -> tuple[int, bool]:
+        """(bytes written, stdin closed by the process); fewer than given when the process did not read in time."""
+        args = {"proc": proc, "data": base64.b64encode(data).decode(), "timeout_ms": int(timeout_s * 1000)}
+        body = self.request("proc_write", args, timeout_s + _SLACK_S)
+        written = body.get("written")
+        if not isinstance(written, int) or not 0 <= written <= len(data):
+            raise ProtocolError("proc_write response: 'written' must be a count of the bytes sent")
+        return written, body.get("closed") is True
+
+    def proc_close_stdin(self, proc: str) -> None:
+        self.request("proc_close_stdin", {"proc": proc}, 30)
+
+    def proc_resize(self, proc: str, rows: int, cols: int) -> None:
+        self.request("proc_resize", {"proc": proc, "rows": rows, "cols": cols}, 30)
+
+    def proc_wait(self, proc: str, timeout_s: float) -> int | None:
+        """The exit code, or None when the process still runs after ``timeout_s``."""
+        body = self.request("proc_wait", {"proc": proc, "timeout_ms": int(timeout_s * 1000)}, timeout_s + _SLACK_S)
+        code = body.get("exit_code")
+        return code if body.get("exited") is True and isinstance(code, int) else None
+
+    def proc_release(self, proc: str) -> None:
+        """The host is done: the guest hangs up on the process, kills it after a grace and forgets it."""
+        self.request("proc_release", {"proc": proc}, 30)
 
     def close(self) -> None:
         self._conn.close()
