@@ -37,7 +37,15 @@ from vmsandbox.adapters import binds
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
-from vmsandbox.agent_protocol import IMAGES_TAG, SHARED_TAG, CgroupStats, ContainerState, ExecResult
+from vmsandbox.agent_protocol import (
+    IMAGES_TAG,
+    PROC_WRITE_MAX,
+    SHARED_TAG,
+    CgroupStats,
+    ContainerState,
+    ExecResult,
+    ProcOutput,
+)
 from vmsandbox.domain import AGENT_CHANNEL, SharedDir
 from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, VmSandboxError, WrongState
 from vmsandbox.network import POD_FILES, pod_files
@@ -177,6 +185,38 @@ def _read_offset(mark: Path) -> int:
         return max(0, int(mark.read_text()))
     except (FileNotFoundError, ValueError):
         return 0
+
+
+class GuestProcess:
+    """A streamed process in a guest, bound to the agent connection that started it (its id
+    means nothing to another connection: the agent releases a host's processes when it leaves)."""
+
+    def __init__(self, client: AgentClient, proc: str) -> None:
+        self.client = client
+        self.proc = proc
+
+    def read(self, max_bytes: int, timeout_s: float) -> ProcOutput:
+        return self.client.proc_read(self.proc, max_bytes=max_bytes, timeout_s=timeout_s)
+
+    def write(self, data: bytes) -> bool:
+        """Writes all of ``data`` (waiting while the process does not read); False once its stdin is closed."""
+        view = memoryview(data)
+        while view:
+            chunk = bytes(view[:PROC_WRITE_MAX])
+            n, closed = self.client.proc_write(self.proc, chunk)
+            if closed:
+                return False
+            view = view[n:]
+        return True
+
+    def close_stdin(self) -> None:
+        self.client.proc_close_stdin(self.proc)
+
+    def resize(self, rows: int, cols: int) -> None:
+        self.client.proc_resize(self.proc, rows, cols)
+
+    def release(self) -> None:
+        self.client.proc_release(self.proc)
 
 
 class Containers:
@@ -605,6 +645,20 @@ class Containers:
         res = self._call(c.sandbox_id, "exec", c.id, argv, timeout_s=timeout_s, max_bytes=max_bytes)
         assert isinstance(res, ExecResult)
         return res
+
+    def proc_start(self, container_id: str, argv: list[str], *, tty: bool, stdin: bool) -> GuestProcess:
+        """A process started in the running container for a streaming Exec (``shim.streaming``)."""
+        c = self.refresh(container_id)
+        if c.state != CONTAINER_RUNNING:
+            raise WrongState(f"container {container_id[:12]} is not running: nothing to exec into")
+        client = self._client(c.sandbox_id)
+        try:
+            proc = client.proc_start(c.id, argv, tty=tty, stdin=stdin)
+        except GuestChannelClosed:
+            self._drop_client(c.sandbox_id)
+            client = self._client(c.sandbox_id)
+            proc = client.proc_start(c.id, argv, tty=tty, stdin=stdin)
+        return GuestProcess(client, proc)
 
     def stats(self, container_id: str) -> CgroupStats | None:
         c = self.sandboxes.container(container_id)

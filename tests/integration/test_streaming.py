@@ -1,0 +1,246 @@
+"""Streaming Exec and PortForward into real guests through the real socket: over SPDY with the
+real ``crictl`` (skipped without $CRICTL or crictl on PATH), over WebSocket with an independent
+client (``websocket-client``), and the streaming server's refusals (used, unknown tokens).
+
+One shim with a CNI bridge network of the test's own (so the pod has an address to forward to),
+one pod, one long-running container."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import websocket  # websocket-client
+
+from shim.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.cni_kit import cni_env
+from tests.integration.conftest import Shim, container, pod, q, require_host, running_shim
+from tests.registry_kit import Layout, Registry, busybox_entries, push
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+CRICTL = os.environ.get("CRICTL") or shutil.which("crictl")
+SMALL = q({"cpu": "250m", "memory": "32Mi"})
+SERVER_PORT = 8080
+APPLETS = ("sh", "echo", "cat", "sleep", "nc", "tty", "stty", "head", "wc", "true")
+
+
+@dataclass
+class Env:
+    shim: Shim
+    sandbox: str
+    container: str
+    tmp: Path
+
+    def exec_url(self, cmd: list[str], **kw: bool) -> str:
+        req = pb.ExecRequest(container_id=self.container, cmd=cmd, **kw)
+        return str(self.shim.runtime.Exec(req, timeout=30).url)
+
+    def crictl(self, *args: str, stdin: bytes = b"", timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+        assert CRICTL is not None
+        sock = f"unix://{self.shim.socket}"
+        argv = [CRICTL, "--runtime-endpoint", sock, "--image-endpoint", sock, "--timeout", "60s", *args]
+        return subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    require_host()
+    tmp = tmp_path_factory.mktemp("streaming")
+    registry = Registry(tmp / "registry").start()
+    try:
+        layout = Layout(tmp / "layout")
+        layout.tag("bb", layout.image([layout.layer(busybox_entries(APPLETS))]))
+        ref = f"{registry.host}/test/busybox:streaming"
+        push(layout, "bb", ref)
+        with cni_env(tmp, bridge="vmsbr-strm0", subnet="10.233.0.0/24") as cni:
+            (tmp / "shim").mkdir()
+            with running_shim(tmp / "shim", extra_config=cni.shim_config(), pull_busybox=False) as shim:
+                shim.images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=120)
+                config = pod("streamer", containers=[("c", SMALL)])
+                config.log_directory = str(tmp / "logs")
+                sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+                c = container("c", SMALL)
+                c.image.image = ref
+                # a server for port-forward: each connection gets "pong:" and its first line back
+                script = f"while true; do nc -l -p {SERVER_PORT} -e sh -c 'read l; echo pong:$l'; done"
+                c.command[:] = ["sh", "-c", script]
+                c.log_path = "c.log"
+                cid = shim.runtime.CreateContainer(
+                    pb.CreateContainerRequest(pod_sandbox_id=sid, config=c, sandbox_config=config), timeout=120
+                ).container_id
+                shim.runtime.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+                yield Env(shim, sid, cid, tmp)
+    finally:
+        registry.stop()
+
+
+# ---- WebSocket (an independent client) ------------------------------------------------------------
+
+
+def _ws_exec(
+    url: str, stdin: bytes = b"", protocol: str = "v5.channel.k8s.io"
+) -> tuple[bytes, bytes, dict[str, object]]:
+    ws = websocket.create_connection(url.replace("http://", "ws://"), subprotocols=[protocol], timeout=120)
+    try:
+        assert ws.getsubprotocol() == protocol
+        if stdin:
+            ws.send_binary(b"\x00" + stdin)
+            ws.send_binary(bytes([255, 0]))  # v5: close stdin
+        out, err, status = b"", b"", {}
+        while True:
+            try:
+                opcode, data = ws.recv_data()
+            except websocket.WebSocketConnectionClosedException:
+                break
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                break
+            channel, payload = data[0], data[1:]
+            if channel == 1:
+                out += payload
+            elif channel == 2:
+                err += payload
+            elif channel == 3:
+                status = json.loads(payload)
+        return out, err, status
+    finally:
+        ws.close()
+
+
+def test_websocket_exec_echo_prints_exactly_hello(env: Env) -> None:
+    out, err, status = _ws_exec(env.exec_url(["echo", "-n", "hello"], stdout=True, stderr=True))
+    assert (out, err, status["status"]) == (b"hello", b"", "Success"), f"{out!r} {err!r} {status}"
+
+
+def test_websocket_exec_stdin_and_exit_code(env: Env) -> None:
+    url = env.exec_url(["sh", "-c", "wc -c; echo oops >&2; exit 3"], stdin=True, stdout=True, stderr=True)
+    out, err, status = _ws_exec(url, stdin=b"x" * 100_000)
+    assert out.strip() == b"100000", env.shim.log_text()[-3000:]
+    assert err == b"oops\n"
+    assert status["reason"] == "NonZeroExitCode"
+    assert status["details"] == {"causes": [{"reason": "ExitCode", "message": "3"}]}
+
+
+def test_websocket_exec_with_a_terminal(env: Env) -> None:
+    url = env.exec_url(["sh", "-c", "tty; stty size"], stdin=True, stdout=True, tty=True)
+    ws = websocket.create_connection(url.replace("http://", "ws://"), subprotocols=["v5.channel.k8s.io"], timeout=120)
+    out = b""
+    try:
+        while True:
+            opcode, data = ws.recv_data()
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                break
+            if data[0] == 1:
+                out += data[1:]
+    except websocket.WebSocketConnectionClosedException:
+        pass
+    finally:
+        ws.close()
+    assert b"/dev/pts/" in out, out
+
+
+# ---- the server's refusals ----------------------------------------------------------------------
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_token_is_single_use_and_unknown_ones_are_refused(env: Env) -> None:
+    url = env.exec_url(["true"], stdout=True)
+    _out, _, status = _ws_exec(url)
+    assert status["status"] == "Success"
+    code, text = _get(url)
+    assert code == 404 and "unknown, used or expired" in text
+    code, _ = _get(url.rsplit("/", 1)[0] + "/not-a-token")
+    assert code == 404
+
+
+def test_exec_refuses_tty_with_stderr_and_no_streams(env: Env) -> None:
+    import grpc
+
+    for kw in ({"tty": True, "stderr": True, "stdout": True}, {}):
+        with pytest.raises(grpc.RpcError) as e:
+            env.exec_url(["true"], **kw)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# ---- SPDY with the real crictl ------------------------------------------------------------------
+
+needs_crictl = pytest.mark.skipif(CRICTL is None, reason="crictl not found (set CRICTL)")
+
+
+@needs_crictl
+def test_crictl_exec_prints_exactly_hello(env: Env) -> None:
+    done = env.crictl("exec", env.container, "echo", "-n", "hello")
+    assert (done.returncode, done.stdout) == (0, b"hello"), done
+
+
+@needs_crictl
+def test_crictl_exec_with_stdin(env: Env) -> None:
+    done = env.crictl(
+        "exec", "-i", env.container, "sh", "-c", "read l; echo got:$l; cat | wc -c", stdin=b"abc\n" + b"y" * 300_000
+    )
+    assert done.stdout == b"got:abc\n300000\n", done
+
+
+@needs_crictl
+@pytest.mark.skipif(shutil.which("script") is None, reason="util-linux script (a terminal for crictl -t) not found")
+def test_crictl_exec_with_stdin_and_a_terminal(env: Env) -> None:
+    assert CRICTL is not None
+    sock = f"unix://{env.shim.socket}"
+    inner = f"{CRICTL} --runtime-endpoint {sock} exec -i -t {env.container} sh -c 'read l; echo got:$l; tty'"
+    done = subprocess.run(["script", "-qec", inner, "/dev/null"], input=b"abc\n", capture_output=True, timeout=120)
+    assert b"got:abc" in done.stdout, done
+    assert b"/dev/pts/" in done.stdout, done
+
+
+@needs_crictl
+def test_crictl_exec_passes_the_exit_code(env: Env) -> None:
+    done = env.crictl("exec", env.container, "sh", "-c", "exit 5")
+    assert done.returncode != 0 and b"exit code 5" in done.stderr, done
+
+
+@needs_crictl
+def test_crictl_port_forward_reaches_a_server_in_the_guest(env: Env) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        local = s.getsockname()[1]
+    assert CRICTL is not None
+    sock = f"unix://{env.shim.socket}"
+    proc = subprocess.Popen(
+        [CRICTL, "--runtime-endpoint", sock, "port-forward", env.sandbox, f"{local}:{SERVER_PORT}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        answer = b""
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", local), timeout=20) as c:
+                    c.sendall(b"ping\n")
+                    answer = c.recv(100)
+                if answer:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert answer == b"pong:ping\n", (answer, env.shim.log_text()[-2000:])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
