@@ -219,6 +219,35 @@ class GuestProcess:
         self.client.proc_release(self.proc)
 
 
+class GuestAttach:
+    """An Attach session on a container's own stdio in its guest (the same shape as GuestProcess)."""
+
+    def __init__(self, client: AgentClient, session: str) -> None:
+        self.client = client
+        self.session = session
+
+    def read(self, max_bytes: int, timeout_s: float) -> ProcOutput:
+        return self.client.attach_read(self.session, max_bytes=max_bytes, timeout_s=timeout_s)
+
+    def write(self, data: bytes) -> bool:
+        view = memoryview(data)
+        while view:
+            n, closed = self.client.attach_write(self.session, bytes(view[:PROC_WRITE_MAX]))
+            if closed:
+                return False
+            view = view[n:]
+        return True
+
+    def close_stdin(self) -> None:
+        self.client.attach_close_stdin(self.session)
+
+    def resize(self, rows: int, cols: int) -> None:
+        raise InvalidArgument("resize: attached containers have no terminal here (tty containers are not built)")
+
+    def release(self) -> None:
+        self.client.attach_release(self.session)
+
+
 class Containers:
     def __init__(self, state_dir: str, sandboxes: Sandboxes, images: ImageStore, hypervisor: Hypervisor) -> None:
         self.root = Path(state_dir) / "sandboxes"
@@ -363,7 +392,14 @@ class Containers:
             spec = oci_spec.build_spec(run, image_cfg, user)
             lower = f"images/{tree.relative_to(self.images.trees_root)}"
             self._call(
-                c.sandbox_id, "create", container_id, lower=lower, log=f"containers/{container_id}/log", spec=spec
+                c.sandbox_id,
+                "create",
+                container_id,
+                lower=lower,
+                log=f"containers/{container_id}/log",
+                spec=spec,
+                stdin=request.stdin,
+                stdin_once=request.stdin_once,
             )
         except BaseException:
             self.images.release(image.id)
@@ -659,6 +695,19 @@ class Containers:
             client = self._client(c.sandbox_id)
             proc = client.proc_start(c.id, argv, tty=tty, stdin=stdin)
         return GuestProcess(client, proc)
+
+    def attach_start(self, container_id: str) -> GuestAttach:
+        c = self.refresh(container_id)
+        if c.state != CONTAINER_RUNNING:
+            raise WrongState(f"container {container_id[:12]} is not running: nothing to attach to")
+        client = self._client(c.sandbox_id)
+        try:
+            session = client.attach_open(c.id)
+        except GuestChannelClosed:
+            self._drop_client(c.sandbox_id)
+            client = self._client(c.sandbox_id)
+            session = client.attach_open(c.id)
+        return GuestAttach(client, session)
 
     def stats(self, container_id: str) -> CgroupStats | None:
         c = self.sandboxes.container(container_id)

@@ -397,8 +397,19 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         ports = tuple(streaming.parse_port(str(p)) for p in request.port)
         return pb.PortForwardResponse(url=self._streaming().url(Target("portforward", r.id, ports=ports)))
 
+    @rpc
+    def Attach(self, request: pb.AttachRequest, context: grpc.ServicerContext) -> pb.AttachResponse:
+        c = self.containers.refresh(self.sandboxes.container(request.container_id).id)
+        req = streaming.check_stream_request(
+            "Attach", c.id, [], tty=request.tty, stdin=request.stdin, stdout=request.stdout, stderr=request.stderr
+        )
+        if request.tty:
+            raise InvalidArgument("Attach: containers with a terminal (tty) are not built yet; attach without tty")
+        if c.state != CONTAINER_RUNNING:
+            raise WrongState(f"container {c.id[:12]} is not running: nothing to attach to")
+        return pb.AttachResponse(url=self._streaming().url(Target("attach", c.sandbox_id, req)))
+
     # RPCs this build does not serve: UNIMPLEMENTED with the reason
-    Attach = _not_built("Attach", "attaching to a container's own stdio is not built yet (Exec is)")
     CheckpointContainer = _not_built("CheckpointContainer", "checkpointing is not supported")
     CheckpointPod = _not_built("CheckpointPod", "checkpointing is not supported")
     RestorePod = _not_built("RestorePod", "checkpointing is not supported")

@@ -52,6 +52,11 @@ type container struct {
 	spec   map[string]interface{}
 	logs   sync.WaitGroup
 	done   chan struct{}
+
+	stdinMu   sync.Mutex
+	stdin     *os.File // write end of the container's stdin pipe (Attach); nil when none or closed
+	stdinOnce bool
+	stdinUsed bool
 }
 
 var (
@@ -162,6 +167,10 @@ type createArgs struct {
 	Lower string                 `json:"lower"`
 	Log   string                 `json:"log"`
 	Spec  map[string]interface{} `json:"spec"`
+	// a pipe for the container's stdin, which Attach sessions write to; closed after the first
+	// session with stdin_once
+	Stdin     bool `json:"stdin"`
+	StdinOnce bool `json:"stdin_once"`
 }
 
 func opCreate(raw json.RawMessage) (interface{}, error) {
@@ -255,6 +264,21 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 		"--bundle", dir, "--pid-file", pidFile, a.ID)
 	var diag bytes.Buffer
 	cmd.Stdin = nil
+	var stdinR *os.File
+	if a.Stdin {
+		r, w, err := os.Pipe()
+		if err != nil {
+			outR.Close()
+			outW.Close()
+			errR.Close()
+			errW.Close()
+			logf.Close()
+			return fail(err)
+		}
+		stdinR = r
+		cmd.Stdin = r
+		c.stdin, c.stdinOnce = w, a.StdinOnce
+	}
 	cmd.Stdout = outW
 	cmd.Stderr = errW
 	// crun's own messages go to its log, not to the container's stderr
@@ -270,7 +294,13 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	runErr := runTracked(cmd)
 	outW.Close()
 	errW.Close()
+	if stdinR != nil {
+		stdinR.Close()
+	}
 	if runErr != nil {
+		if c.stdin != nil {
+			c.stdin.Close()
+		}
 		outR.Close()
 		errR.Close()
 		logf.Close()
@@ -289,8 +319,8 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	track(pid)
 	var lmu sync.Mutex
 	c.logs.Add(2)
-	go pump(outR, "stdout", logf, &lmu, &c.logs)
-	go pump(errR, "stderr", logf, &lmu, &c.logs)
+	go pump(outR, "stdout", logf, &lmu, &c.logs, attachTee(c, 0))
+	go pump(errR, "stderr", logf, &lmu, &c.logs, attachTee(c, 1))
 	go func() { c.logs.Wait(); logf.Close() }()
 	cmu.Lock()
 	c.Pid = pid
@@ -329,13 +359,15 @@ func readonlyRoot(spec map[string]interface{}) bool {
 }
 
 // pump copies one output stream into the CRI log: "<RFC3339Nano> <stream> F|P <text>\n".
-func pump(r *os.File, stream string, w *os.File, mu *sync.Mutex, wg *sync.WaitGroup) {
+// tee gets each piece of output as read (attached sessions).
+func pump(r *os.File, stream string, w *os.File, mu *sync.Mutex, wg *sync.WaitGroup, tee func([]byte)) {
 	defer wg.Done()
 	defer r.Close()
 	br := bufio.NewReaderSize(r, maxLogLine)
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
+			tee(line)
 			tag := "P"
 			text := line
 			if line[len(line)-1] == '\n' {
@@ -401,6 +433,12 @@ func (c *container) watch() {
 	}
 	c.OOMKilled = oom
 	cmu.Unlock()
+	c.stdinMu.Lock()
+	if c.stdin != nil {
+		c.stdin.Close()
+		c.stdin = nil
+	}
+	c.stdinMu.Unlock()
 	close(c.done)
 }
 

@@ -134,6 +134,7 @@ func (p *port) serve() {
 			// without a host returns EOF at once, so do not spin.
 			p.setAcked(false)
 			releaseAllProcs() // nobody reads the streamed processes of a host that went away
+			releaseAllAttaches()
 			time.Sleep(100 * time.Millisecond)
 			r.Reset(p.f)
 			continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from shim.containers import Containers, GuestProcess
+from shim.containers import Containers, GuestAttach, GuestProcess
 from shim.sandboxes import Sandboxes
 from vmsandbox.errors import NotFound, WrongState
 from vmsandbox.streaming import StreamRequest
@@ -18,7 +18,10 @@ class ShimBackends:
         self.sandboxes = sandboxes
         self.containers = containers
 
-    def start_process(self, req: StreamRequest) -> GuestProcess:
+    def start_process(self, req: StreamRequest) -> GuestProcess | GuestAttach:
+        """A new process for an Exec (a command); the container's own stdio for an Attach (none)."""
+        if not req.cmd:
+            return self.containers.attach_start(req.container_id)
         return self.containers.proc_start(req.container_id, list(req.cmd), tty=req.tty, stdin=req.stdin)
 
     def dial(self, sandbox_id: str, port: int) -> socket.socket:

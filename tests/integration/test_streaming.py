@@ -41,6 +41,8 @@ class Env:
     sandbox: str
     container: str
     tmp: Path
+    image: str
+    config: pb.PodSandboxConfig
 
     def exec_url(self, cmd: list[str], **kw: bool) -> str:
         req = pb.ExecRequest(container_id=self.container, cmd=cmd, **kw)
@@ -67,7 +69,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             (tmp / "shim").mkdir()
             with running_shim(tmp / "shim", extra_config=cni.shim_config(), pull_busybox=False) as shim:
                 shim.images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=120)
-                config = pod("streamer", containers=[("c", SMALL)])
+                config = pod("streamer", containers=[("c", SMALL), ("attached", SMALL)])
                 config.log_directory = str(tmp / "logs")
                 sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
                 c = container("c", SMALL)
@@ -80,7 +82,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                     pb.CreateContainerRequest(pod_sandbox_id=sid, config=c, sandbox_config=config), timeout=120
                 ).container_id
                 shim.runtime.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
-                yield Env(shim, sid, cid, tmp)
+                yield Env(shim, sid, cid, tmp, ref, config)
     finally:
         registry.stop()
 
@@ -147,6 +149,32 @@ def test_websocket_exec_with_a_terminal(env: Env) -> None:
     finally:
         ws.close()
     assert b"/dev/pts/" in out, out
+
+
+def test_websocket_attach_to_a_container_with_stdin_once(env: Env) -> None:
+    """A container created with stdin and stdin_once: Attach writes to its shell, reads its
+    output, and closing stdin ends the shell (and so the container)."""
+    rt = env.shim.runtime
+    c = container("attached", SMALL)
+    c.image.image = env.image
+    c.command[:] = ["sh"]
+    c.stdin, c.stdin_once = True, True
+    c.log_path = "attached.log"
+    cid = rt.CreateContainer(
+        pb.CreateContainerRequest(pod_sandbox_id=env.sandbox, config=c, sandbox_config=env.config), timeout=120
+    ).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+    url = rt.Attach(pb.AttachRequest(container_id=cid, stdin=True, stdout=True, stderr=True), timeout=30).url
+    out, err, status = _ws_exec(url, stdin=b"echo hello; echo to-stderr >&2\n")
+    assert (out, err, status["status"]) == (b"hello\n", b"to-stderr\n", "Success"), (out, err, status)
+    deadline = time.monotonic() + 60
+    while (
+        rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30).status.state != pb.CONTAINER_EXITED
+    ):
+        assert time.monotonic() < deadline, "stdin_once did not end the shell"
+        time.sleep(0.3)
+    log = (Path(env.config.log_directory) / "attached.log").read_text()
+    assert " stdout F hello" in log and " stderr F to-stderr" in log
 
 
 # ---- the server's refusals ----------------------------------------------------------------------

@@ -126,11 +126,23 @@ class AgentClient:
     # ---- typed ops ----------------------------------------------------------------------------
 
     def create(
-        self, cid: str, *, lower: str, log: str, spec: Mapping[str, object], timeout_s: float = 60
+        self,
+        cid: str,
+        *,
+        lower: str,
+        log: str,
+        spec: Mapping[str, object],
+        timeout_s: float = 60,
+        stdin: bool = False,
+        stdin_once: bool = False,
     ) -> ContainerState:
         """Creates container ``cid``: overlay of ``lower`` (path inside the shared directory)
-        and a writable layer; its output goes to ``log`` (inside the shared directory)."""
-        body = self.request("create", {"id": cid, "lower": lower, "log": log, "spec": dict(spec)}, timeout_s)
+        and a writable layer; its output goes to ``log`` (inside the shared directory); with
+        ``stdin``, a stdin pipe that Attach sessions write to."""
+        args: dict[str, object] = {"id": cid, "lower": lower, "log": log, "spec": dict(spec)}
+        if stdin:
+            args |= {"stdin": True, "stdin_once": stdin_once}
+        body = self.request("create", args, timeout_s)
         return container_state_from_body(body, "create response")
 
     def start(self, cid: str, timeout_s: float = 60) -> ContainerState:
@@ -210,6 +222,30 @@ class AgentClient:
     def proc_release(self, proc: str) -> None:
         """The host is done: the guest hangs up on the process, kills it after a grace and forgets it."""
         self.request("proc_release", {"proc": proc}, 30)
+
+    def attach_open(self, cid: str) -> str:
+        """A session on the running container's own stdio; returns its id."""
+        body = self.request("attach_open", {"id": cid}, 30)
+        return proc_id_from_body({"proc": body.get("attach")}, "attach_open response")
+
+    def attach_read(self, session: str, *, max_bytes: int, timeout_s: float) -> ProcOutput:
+        args = {"attach": session, "max_bytes": max_bytes, "timeout_ms": int(timeout_s * 1000)}
+        body = self.request("attach_read", args, timeout_s + _SLACK_S)
+        return proc_output_from_body({**body, "exit_code": 0}, "attach_read response", max_bytes)
+
+    def attach_write(self, session: str, data: bytes, timeout_s: float = 10) -> tuple[int, bool]:
+        args = {"attach": session, "data": base64.b64encode(data).decode(), "timeout_ms": int(timeout_s * 1000)}
+        body = self.request("attach_write", args, timeout_s + _SLACK_S)
+        written = body.get("written")
+        if not isinstance(written, int) or not 0 <= written <= len(data):
+            raise ProtocolError("attach_write response: 'written' must be a count of the bytes sent")
+        return written, body.get("closed") is True
+
+    def attach_close_stdin(self, session: str) -> None:
+        self.request("attach_close_stdin", {"attach": session}, 30)
+
+    def attach_release(self, session: str) -> None:
+        self.request("attach_release", {"attach": session}, 30)
 
     def close(self) -> None:
         self._conn.close()
