@@ -359,15 +359,28 @@ func readonlyRoot(spec map[string]interface{}) bool {
 }
 
 // pump copies one output stream into the CRI log: "<RFC3339Nano> <stream> F|P <text>\n".
-// tee gets each piece of output as read (attached sessions).
+// teeReader hands every read to tee as well (attached sessions see output as it comes, not a line later).
+type teeReader struct {
+	r   io.Reader
+	tee func([]byte)
+}
+
+func (t teeReader) Read(p []byte) (int, error) {
+	n, err := t.r.Read(p)
+	if n > 0 {
+		t.tee(p[:n])
+	}
+	return n, err
+}
+
+// tee gets the output as it is read (attached sessions).
 func pump(r *os.File, stream string, w *os.File, mu *sync.Mutex, wg *sync.WaitGroup, tee func([]byte)) {
 	defer wg.Done()
 	defer r.Close()
-	br := bufio.NewReaderSize(r, maxLogLine)
+	br := bufio.NewReaderSize(teeReader{r, tee}, maxLogLine)
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
-			tee(line)
 			tag := "P"
 			text := line
 			if line[len(line)-1] == '\n' {
