@@ -709,6 +709,10 @@ class Containers:
             session = client.attach_open(c.id)
         return GuestAttach(client, session)
 
+    def guest_agent(self, sandbox_id: str) -> AgentClient:
+        """The agent connection of a READY sandbox's guest (streaming relays use it directly)."""
+        return self._client(self.sandboxes.get(sandbox_id).id)
+
     def stats(self, container_id: str) -> CgroupStats | None:
         c = self.sandboxes.container(container_id)
         if c.state != CONTAINER_RUNNING:

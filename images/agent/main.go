@@ -135,6 +135,7 @@ func (p *port) serve() {
 			p.setAcked(false)
 			releaseAllProcs() // nobody reads the streamed processes of a host that went away
 			releaseAllAttaches()
+			releaseAllForwards()
 			time.Sleep(100 * time.Millisecond)
 			r.Reset(p.f)
 			continue

@@ -7,6 +7,7 @@ one pod, one long-running container."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from shim.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cni_kit import cni_env
 from tests.integration.conftest import Shim, container, pod, q, require_host, running_shim
 from tests.registry_kit import Layout, Registry, busybox_entries, push
+from vmsandbox import spdy
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -282,3 +284,65 @@ def test_crictl_port_forward_reaches_a_server_in_the_guest(env: Env) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _spdy_port_forward(url: str, port: int, send: bytes) -> bytes:
+    """One forwarded connection over SPDY (this project's framing as the client): sends ``send``,
+    returns what comes back until the pod's side closes."""
+    host, _, rest = url.removeprefix("http://").partition("/")
+    h, p = host.rsplit(":", 1)
+    with socket.create_connection((h, int(p)), timeout=60) as sock:
+        sock.sendall(
+            f"POST /{rest} HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"
+            "X-Stream-Protocol-Version: portforward.k8s.io\r\n\r\n".encode()
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        codec = spdy.HeaderCodec()
+        for sid, kind in ((1, "error"), (3, "data")):
+            sock.sendall(spdy.encode_syn_stream(codec, sid, {"streamtype": kind, "port": str(port), "requestid": "0"}))
+        sock.sendall(spdy.encode_data(3, send))
+        parser = spdy.FrameParser(spdy.HeaderCodec())
+        got, errors = b"", b""
+        while chunk := sock.recv(65536):
+            for f in parser.feed(chunk):
+                if isinstance(f, spdy.Data) and f.stream_id == 3:
+                    got += f.data
+                    if f.fin:
+                        return got
+                elif isinstance(f, spdy.Data) and f.stream_id == 1:
+                    errors += f.data
+            assert not errors, errors
+        return got
+
+
+def test_port_forward_into_a_host_network_pod_is_relayed_by_the_agent(env: Env) -> None:
+    """A host-network pod's guest has QEMU's user-mode network: nothing on the node can connect
+    to it, so the agent connects to the port on the guest's loopback and relays."""
+    rt = env.shim.runtime
+    config = pod("hostnet", containers=[("c", SMALL)])
+    config.log_directory = str(env.tmp / "logs-hostnet")
+    config.linux.security_context.namespace_options.network = pb.NODE
+    sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+    try:
+        c = container("c", SMALL)
+        c.image.image = env.image
+        c.command[:] = ["sh", "-c", f"while true; do nc -l -p {SERVER_PORT} -e sh -c 'read l; echo pong:$l'; done"]
+        c.log_path = "c.log"
+        cid = rt.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=sid, config=c, sandbox_config=config), timeout=120
+        ).container_id
+        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+        deadline = time.monotonic() + 60
+        answer = b""
+        while answer != b"pong:ping\n" and time.monotonic() < deadline:
+            url = rt.PortForward(pb.PortForwardRequest(pod_sandbox_id=sid), timeout=30).url
+            with contextlib.suppress(AssertionError, OSError):
+                answer = _spdy_port_forward(url, SERVER_PORT, b"ping\n")
+            time.sleep(0.5)
+        assert answer == b"pong:ping\n", env.shim.log_text()[-2000:]
+    finally:
+        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)

@@ -247,6 +247,34 @@ class AgentClient:
     def attach_release(self, session: str) -> None:
         self.request("attach_release", {"attach": session}, 30)
 
+    # ---- forwarded TCP connections (PortForward into a guest the host cannot reach) ------------
+
+    def tcp_connect(self, port: int) -> str:
+        """A connection from the guest to its own loopback ``port``; returns its id."""
+        body = self.request("tcp_connect", {"port": port}, 30)
+        return proc_id_from_body({"proc": body.get("conn")}, "tcp_connect response")
+
+    def tcp_read(self, conn: str, *, max_bytes: int, timeout_s: float) -> tuple[bytes, bool]:
+        """(bytes received, end of stream)."""
+        args = {"conn": conn, "max_bytes": max_bytes, "timeout_ms": int(timeout_s * 1000)}
+        body = self.request("tcp_read", args, timeout_s + _SLACK_S)
+        out = proc_output_from_body({"stdout": body.get("data"), "done": body.get("eof") is True, "exit_code": 0},
+                                    "tcp_read response", max_bytes)  # fmt: skip
+        return out.stdout, out.done
+
+    def tcp_write(self, conn: str, data: bytes, timeout_s: float = 10) -> int:
+        args = {"conn": conn, "data": base64.b64encode(data).decode(), "timeout_ms": int(timeout_s * 1000)}
+        written = self.request("tcp_write", args, timeout_s + _SLACK_S).get("written")
+        if not isinstance(written, int) or not 0 <= written <= len(data):
+            raise ProtocolError("tcp_write response: 'written' must be a count of the bytes sent")
+        return written
+
+    def tcp_close_write(self, conn: str) -> None:
+        self.request("tcp_close_write", {"conn": conn}, 30)
+
+    def tcp_close(self, conn: str) -> None:
+        self.request("tcp_close", {"conn": conn}, 30)
+
     def close(self) -> None:
         self._conn.close()
         self._reader.join(timeout=5)
