@@ -683,8 +683,9 @@ class Containers:
         return res
 
     def proc_start(self, container_id: str, argv: list[str], *, tty: bool, stdin: bool) -> GuestProcess:
-        """A process started in the running container for a streaming Exec (``shim.streaming``)."""
-        c = self.refresh(container_id)
+        """A process started in the running container for a streaming Exec (``shim.streaming``).
+        The record's state is enough here: the agent refuses a container that is not running."""
+        c = self.sandboxes.container(container_id)
         if c.state != CONTAINER_RUNNING:
             raise WrongState(f"container {container_id[:12]} is not running: nothing to exec into")
         client = self._client(c.sandbox_id)
@@ -697,7 +698,7 @@ class Containers:
         return GuestProcess(client, proc)
 
     def attach_start(self, container_id: str) -> GuestAttach:
-        c = self.refresh(container_id)
+        c = self.sandboxes.container(container_id)
         if c.state != CONTAINER_RUNNING:
             raise WrongState(f"container {container_id[:12]} is not running: nothing to attach to")
         client = self._client(c.sandbox_id)
