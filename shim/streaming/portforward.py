@@ -39,8 +39,10 @@ class _Pair:
 
 
 class SpdyPortForward:
-    def __init__(self, conn: SpdyConnection, backends: Backends, sandbox_id: str) -> None:
+    def __init__(self, conn: SpdyConnection, backends: Backends, sandbox_id: str, ports: tuple[int, ...] = ()) -> None:
         self.conn, self.backends, self.sandbox_id = conn, backends, sandbox_id
+        self.ports = frozenset(ports)
+        """The ports the PortForward request named; none named: any port."""
         self.pairs: dict[str, _Pair] = {}
         self.lock = threading.Lock()
 
@@ -69,6 +71,8 @@ class SpdyPortForward:
         request_id = stream.headers.get("requestid", "")[:64]
         try:
             port = streaming.parse_port(stream.headers.get("port", ""))
+            if self.ports and port not in self.ports:
+                raise InvalidArgument(f"port-forward: port {port} was not named in the PortForward request")
         except InvalidArgument as e:
             if kind == streaming.ERROR:
                 stream.write(str(e).encode())

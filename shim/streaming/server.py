@@ -299,7 +299,7 @@ class StreamingServer:
         )
         conn = SpdyConnection(transport)
         if target.kind == "portforward":
-            SpdyPortForward(conn, self.backends, target.sandbox_id).run()
+            SpdyPortForward(conn, self.backends, target.sandbox_id, target.ports).run()
         else:
             assert target.request is not None
             SpdyExec(conn, self.backends, target.request, protocol).run()
@@ -317,7 +317,7 @@ class StreamingServer:
         if protocol is None:
             return
         if target.kind == "portforward":
-            SpdyPortForward(SpdyConnection(transport), self.backends, target.sandbox_id).run()
+            SpdyPortForward(SpdyConnection(transport), self.backends, target.sandbox_id, target.ports).run()
         else:
             assert target.request is not None
             WebSocketExec(transport, self.backends, target.request, protocol).run()

@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import websocket
@@ -291,3 +293,47 @@ def test_spdy_exec_and_port_forward(server: tuple[StreamingServer, Backends]) ->
     assert b"error forwarding port" in b"".join(f.data for f in frames if isinstance(f, spdy.Data))
     sock.close()
     assert backends.procs[0].released.wait(5)
+
+
+def test_a_port_the_request_did_not_name_is_refused(server: tuple[StreamingServer, Backends]) -> None:
+    s, _ = server
+    sock = _spdy_connect(s.url(Target("portforward", "pod1", ports=(80,))), streaming.PORTFORWARD_PROTOCOL)
+    codec = spdy.HeaderCodec()
+    sock.sendall(spdy.encode_syn_stream(codec, 1, {"streamtype": "error", "port": "81", "requestid": "0"}))
+    parser = spdy.FrameParser(spdy.HeaderCodec())
+    frames: list[spdy.Frame] = []
+    while not any(isinstance(f, spdy.Data) and f.fin for f in frames):
+        frames += _read_frames(sock, spdy.Data, parser)
+    assert b"port 81 was not named" in b"".join(f.data for f in frames if isinstance(f, spdy.Data))
+    sock.close()
+
+
+def test_tls(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-days", "1",
+         "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    config = replace(ShimConfig(), streaming_tls_cert=str(cert), streaming_tls_key=str(key))
+    s = StreamingServer(config, Backends())
+    s.start()
+    try:
+        url = _exec(s, ["echo", "over tls"])
+        assert url.startswith("https://127.0.0.1:")
+        ws = websocket.create_connection(
+            url.replace("https://", "wss://"),
+            subprotocols=["v5.channel.k8s.io"],
+            sslopt={"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": str(cert)},
+            timeout=10,
+        )
+        out, _, status = _drain(ws)
+        assert (out, status["status"]) == (b"over tls\n", "Success")
+        try:  # plain HTTP on the TLS port gets no HTTP answer
+            answer = _raw(url.replace("https://", "http://"), b"GET / HTTP/1.1\r\n\r\n")
+        except OSError:
+            answer = b""
+        assert not answer.startswith(b"HTTP/1.1")
+    finally:
+        s.stop()
