@@ -189,6 +189,27 @@ def test_websocket_attach_to_a_container_with_stdin_once(env: Env) -> None:
     assert (" stdout P hello" in log or " stdout F hello" in log) and " stderr F to-stderr" in log, log
 
 
+def _processes(env: Env) -> bytes:
+    req = pb.ExecSyncRequest(container_id=env.container, cmd=["sh", "-c", "cat /proc/[0-9]*/cmdline"], timeout=30)
+    return bytes(env.shim.runtime.ExecSync(req, timeout=60).stdout)
+
+
+def test_a_client_that_vanishes_leaves_no_process_in_the_guest(env: Env) -> None:
+    for tty in (False, True):
+        url = env.exec_url(["sleep", "301"], stdin=True, stdout=True, tty=tty)
+        ws = websocket.create_connection(url.replace("http://", "ws://"), subprotocols=["v5.channel.k8s.io"])
+        deadline = time.monotonic() + 30
+        while b"sleep\x00301" not in _processes(env):
+            assert time.monotonic() < deadline, "the exec'd process never started"
+            time.sleep(0.3)
+        assert ws.sock is not None
+        ws.sock.close()  # no close frame: the client is simply gone
+        deadline = time.monotonic() + 30
+        while b"sleep\x00301" in _processes(env):
+            assert time.monotonic() < deadline, f"the process outlived its client (tty={tty})"
+            time.sleep(0.5)
+
+
 # ---- the server's refusals ----------------------------------------------------------------------
 
 
