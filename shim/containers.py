@@ -400,6 +400,7 @@ class Containers:
                 spec=spec,
                 stdin=request.stdin,
                 stdin_once=request.stdin_once,
+                tty=request.tty,
             )
         except BaseException:
             self.images.release(image.id)

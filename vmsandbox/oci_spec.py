@@ -197,6 +197,8 @@ class ContainerRequest:
     """The container keeps a stdin pipe that Attach writes to (not part of the OCI spec: the agent's)."""
     stdin_once: bool = False
     """That pipe closes when the first Attach that used it ends."""
+    tty: bool = False
+    """The container asked for a terminal: its output is one stream, logged as stdout (as containerd does)."""
 
 
 def process_args(request: ContainerRequest, image: ImageConfig) -> tuple[str, ...]:

@@ -171,6 +171,8 @@ type createArgs struct {
 	// session with stdin_once
 	Stdin     bool `json:"stdin"`
 	StdinOnce bool `json:"stdin_once"`
+	// tty: one output stream, logged as stdout, as containerd logs a container with a terminal
+	TTY bool `json:"tty"`
 }
 
 func opCreate(raw json.RawMessage) (interface{}, error) {
@@ -281,6 +283,9 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	}
 	cmd.Stdout = outW
 	cmd.Stderr = errW
+	if a.TTY {
+		cmd.Stderr = outW
+	}
 	// crun's own messages go to its log, not to the container's stderr
 	cmd.Args = append(cmd.Args[:3], append([]string{"--log", filepath.Join(dir, "crun.log")}, cmd.Args[3:]...)...)
 	reap.Lock()

@@ -71,7 +71,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             (tmp / "shim").mkdir()
             with running_shim(tmp / "shim", extra_config=cni.shim_config(), pull_busybox=False) as shim:
                 shim.images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=120)
-                config = pod("streamer", containers=[("c", SMALL), ("attached", SMALL)])
+                config = pod("streamer", containers=[("c", SMALL), ("attached", SMALL), ("tty", SMALL)])
                 config.log_directory = str(tmp / "logs")
                 sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
                 c = container("c", SMALL)
@@ -187,6 +187,27 @@ def test_websocket_attach_to_a_container_with_stdin_once(env: Env) -> None:
         time.sleep(0.3)
     log = (Path(env.config.log_directory) / "attached.log").read_text()
     assert (" stdout P hello" in log or " stdout F hello" in log) and " stderr F to-stderr" in log, log
+
+
+def test_a_tty_container_logs_one_stream_as_stdout(env: Env) -> None:
+    """containerd logs a container with a terminal as one stream, stdout; so does this runtime."""
+    rt = env.shim.runtime
+    c = container("tty", SMALL)
+    c.image.image = env.image
+    c.command[:] = ["sh", "-c", "echo to-out; echo to-err >&2"]
+    c.tty = True
+    c.log_path = "tty.log"
+    cid = rt.CreateContainer(
+        pb.CreateContainerRequest(pod_sandbox_id=env.sandbox, config=c, sandbox_config=env.config), timeout=120
+    ).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+    status_req = pb.ContainerStatusRequest(container_id=cid)
+    deadline = time.monotonic() + 60
+    while rt.ContainerStatus(status_req, timeout=30).status.state != pb.CONTAINER_EXITED:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    log = (Path(env.config.log_directory) / "tty.log").read_text()
+    assert " stdout F to-out" in log and " stdout F to-err" in log and " stderr " not in log, log
 
 
 def _processes(env: Env) -> bytes:

@@ -135,6 +135,7 @@ class AgentClient:
         timeout_s: float = 60,
         stdin: bool = False,
         stdin_once: bool = False,
+        tty: bool = False,
     ) -> ContainerState:
         """Creates container ``cid``: overlay of ``lower`` (path inside the shared directory)
         and a writable layer; its output goes to ``log`` (inside the shared directory); with
@@ -142,6 +143,8 @@ class AgentClient:
         args: dict[str, object] = {"id": cid, "lower": lower, "log": log, "spec": dict(spec)}
         if stdin:
             args |= {"stdin": True, "stdin_once": stdin_once}
+        if tty:
+            args["tty"] = True
         body = self.request("create", args, timeout_s)
         return container_state_from_body(body, "create response")
 
