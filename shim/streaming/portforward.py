@@ -20,6 +20,7 @@ from vmsandbox.errors import InvalidArgument, VmSandboxError
 
 if TYPE_CHECKING:
     from shim.streaming.server import Backends
+    from shim.streaming.transport import WebSocketTransport
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,69 @@ class _Pair:
     sock: socket.socket | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     failed: bool = False
+
+
+class WebSocketPortForward:
+    """``portforward.k8s.io`` over a plain WebSocket (the ports in the URL's ``port`` query, else
+    the request's): per port, channel 2i carries data and 2i+1 errors; the server's first message
+    on each starts with the port (two bytes, little-endian). One TCP connection per port for the
+    life of the WebSocket; it closes when every connection has ended."""
+
+    def __init__(self, ws: WebSocketTransport, backends: Backends, sandbox_id: str, ports: tuple[int, ...]) -> None:
+        self.ws, self.backends, self.sandbox_id, self.ports = ws, backends, sandbox_id, ports
+        self.socks: list[socket.socket | None] = []
+        self.open = 0
+        self.lock = threading.Lock()
+
+    def _pump(self, channel: int, sock: socket.socket) -> None:
+        try:
+            while chunk := sock.recv(CHUNK):
+                self.ws.send_message(bytes([channel]) + chunk)
+        except Exception as e:  # the pod's side or the client's connection ended
+            log.debug("streaming: websocket port-forward copy ended: %s", e)
+        finally:
+            with self.lock:
+                self.open -= 1
+                last = self.open == 0
+            if last:
+                self.ws.close(1000)
+
+    def run(self) -> None:
+        if not self.ports:
+            self.ws.close(1008, "no port to forward: name one with ?port=N")
+            return
+        try:
+            for i, port in enumerate(self.ports):
+                prefix = streaming.ws_port_prefix(port)
+                self.ws.send_message(bytes([2 * i]) + prefix)
+                self.ws.send_message(bytes([2 * i + 1]) + prefix)
+                try:
+                    sock = self.backends.dial(self.sandbox_id, port)
+                except (VmSandboxError, OSError) as e:
+                    self.ws.send_message(bytes([2 * i + 1]) + f"error forwarding port {port}: {e}"[:1024].encode())
+                    self.socks.append(None)
+                    continue
+                self.socks.append(sock)
+                with self.lock:
+                    self.open += 1
+                threading.Thread(target=self._pump, args=(2 * i, sock), name="streaming-pf", daemon=True).start()
+            if not any(self.socks):
+                self.ws.close(1000)
+                return
+            while (msg := self.ws.recv_message()) is not None:
+                if not isinstance(msg, bytes) or not msg or msg[0] % 2 or msg[0] // 2 >= len(self.socks):
+                    continue  # text, empty, error-channel or unknown-channel messages carry nothing to forward
+                target = self.socks[msg[0] // 2]
+                if target is not None and len(msg) > 1:
+                    target.sendall(msg[1:])
+        except Exception as e:
+            log.debug("streaming: websocket port-forward ended: %s", e)
+        finally:
+            for s in self.socks:
+                if s is not None:
+                    with contextlib.suppress(OSError):
+                        s.shutdown(socket.SHUT_RDWR)
+                    s.close()
 
 
 class SpdyPortForward:

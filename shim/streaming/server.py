@@ -26,7 +26,7 @@ from typing import Protocol
 
 from shim.config import ShimConfig
 from shim.streaming.exec_session import SpdyExec, WebSocketExec
-from shim.streaming.portforward import SpdyPortForward
+from shim.streaming.portforward import SpdyPortForward, WebSocketPortForward
 from shim.streaming.spdy_session import SpdyConnection
 from shim.streaming.tokens import TokenCache
 from shim.streaming.transport import SocketTransport, WebSocketTransport
@@ -82,6 +82,7 @@ def parse_address(address: str) -> tuple[str, int]:
 class Head:
     method: str
     path: str
+    query: str
     headers: dict[str, list[str]]
     raw: bytes
 
@@ -131,7 +132,8 @@ def read_head(sock: socket.socket) -> Head:
         headers.setdefault(name.lower(), []).append(value.strip())
     if end != len(buf):
         raise BadRequest(400, "data after the request head before the upgrade")
-    return Head(method, urllib.parse.urlsplit(target).path, headers, buf)
+    url = urllib.parse.urlsplit(target)
+    return Head(method, url.path, url.query, headers, buf)
 
 
 def send_error(sock: socket.socket, status: int, message: str) -> None:
@@ -305,19 +307,32 @@ class StreamingServer:
             SpdyExec(conn, self.backends, target.request, protocol).run()
 
     def _serve_websocket(self, transport: WebSocketTransport, head: Head, target: Target) -> None:
+        tunnel = streaming.SPDY_OVER_WEBSOCKET_PREFIX + streaming.PORTFORWARD_PROTOCOL
         if target.kind == "portforward":
-            supported = tuple(streaming.SPDY_OVER_WEBSOCKET_PREFIX + p for p in (streaming.PORTFORWARD_PROTOCOL,))
+            supported: tuple[str, ...] = (tunnel, *streaming.WS_PORTFORWARD_PROTOCOLS)
         else:
             supported = streaming.WS_REMOTECOMMAND_PROTOCOLS
 
         def choose(offered: list[str]) -> str | None:
+            if not offered and target.kind == "portforward":
+                return ""  # no subprotocol: plain port-forward channels, as the kubelet allows
             return streaming.negotiate(offered, supported)
 
         protocol = transport.handshake(head.raw, choose)
         if protocol is None:
             return
-        if target.kind == "portforward":
+        if protocol == tunnel:
             SpdyPortForward(SpdyConnection(transport), self.backends, target.sandbox_id, target.ports).run()
+        elif target.kind == "portforward":
+            try:
+                query = urllib.parse.parse_qs(head.query)
+                ports = tuple(streaming.query_ports(query)) or target.ports
+                if target.ports and set(ports) - set(target.ports):
+                    raise InvalidArgument("port-forward: a port in the URL was not named in the PortForward request")
+            except InvalidArgument as e:
+                transport.close(1008, str(e)[:100])
+                return
+            WebSocketPortForward(transport, self.backends, target.sandbox_id, ports).run()
         else:
             assert target.request is not None
             WebSocketExec(transport, self.backends, target.request, protocol).run()

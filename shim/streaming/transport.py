@@ -102,7 +102,7 @@ class WebSocketTransport:
             self._reject(400, f"no subprotocol in common (offered: {offered})\n".encode())
             return None
         self.subprotocol = chosen
-        self._send_event(AcceptConnection(subprotocol=chosen))
+        self._send_event(AcceptConnection(subprotocol=chosen or None))
         return str(chosen)
 
     def _reject(self, status: int, body: bytes) -> None:

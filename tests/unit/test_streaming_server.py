@@ -337,3 +337,64 @@ def test_tls(tmp_path: Path) -> None:
         assert not answer.startswith(b"HTTP/1.1")
     finally:
         s.stop()
+
+
+def test_plain_websocket_port_forward(server: tuple[StreamingServer, Backends]) -> None:
+    s, _ = server
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+
+    def echo() -> None:
+        c, _ = listener.accept()
+        with c:
+            c.sendall(c.recv(100).upper())
+
+    threading.Thread(target=echo, daemon=True).start()
+    url = s.url(Target("portforward", "pod1")).replace("http://", "ws://") + f"?port={port}"
+    ws = websocket.create_connection(url, subprotocols=["v4.channel.k8s.io"], timeout=10)
+    prefix = port.to_bytes(2, "little")
+    assert [ws.recv_data()[1], ws.recv_data()[1]] == [b"\x00" + prefix, b"\x01" + prefix]
+    ws.send_binary(b"\x00ping")
+    assert ws.recv_data()[1] == b"\x00PING"
+    assert ws.recv_data()[0] == websocket.ABNF.OPCODE_CLOSE  # the pod's side closed: the forward ends
+    ws.close()
+    listener.close()
+    # a port nobody listens on: its error channel says so
+    url = s.url(Target("portforward", "pod1")).replace("http://", "ws://") + f"?port={port}"
+    ws = websocket.create_connection(url, timeout=10)
+    ws.recv_data(), ws.recv_data()
+    assert b"error forwarding port" in ws.recv_data()[1]
+    ws.close()
+
+
+def test_spdy_tunnelled_in_a_websocket(server: tuple[StreamingServer, Backends]) -> None:
+    """kubectl's and crictl's port-forward over WebSocket: SPDY frames inside binary messages."""
+    s, _ = server
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+
+    def echo() -> None:
+        c, _ = listener.accept()
+        with c:
+            c.sendall(c.recv(100).upper())
+
+    threading.Thread(target=echo, daemon=True).start()
+    url = s.url(Target("portforward", "pod1")).replace("http://", "ws://")
+    ws = websocket.create_connection(url, subprotocols=["SPDY/3.1+portforward.k8s.io"], timeout=10)
+    assert (ws.getsubprotocol() or "").lower() == "spdy/3.1+portforward.k8s.io"  # this client lower-cases it
+    codec = spdy.HeaderCodec()
+    ws.send_binary(spdy.encode_syn_stream(codec, 1, {"streamtype": "error", "port": str(port), "requestid": "0"}))
+    ws.send_binary(spdy.encode_syn_stream(codec, 3, {"streamtype": "data", "port": str(port), "requestid": "0"}))
+    ws.send_binary(spdy.encode_data(3, b"ping"))
+    parser = spdy.FrameParser(spdy.HeaderCodec())
+    got = b""
+    while got != b"PING":
+        for f in parser.feed(ws.recv_data()[1]):
+            if isinstance(f, spdy.Data) and f.stream_id == 3:
+                got += f.data
+    ws.close()
+    listener.close()
