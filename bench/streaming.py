@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import socket
 import statistics
 import sys
@@ -212,6 +213,7 @@ def main() -> None:
                 print(json.dumps(result, indent=2))
     finally:
         registry.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
