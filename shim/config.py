@@ -75,6 +75,13 @@ class ShimConfig:
     # where CNI plugins are looked up, in order: the usual place, then where Debian's package puts them
     cni_bin_dirs: tuple[str, ...] = ("/opt/cni/bin", "/usr/lib/cni")
     netns_dir: str = "/run/netns"  # where the pods' network namespaces are bind-mounted (``ip netns`` sees them)
+    streaming_address: str = "127.0.0.1:0"  # Exec/Attach/PortForward URLs; port 0: a free port chosen at start
+    streaming_tls_cert: str = ""  # PEM certificate and key: the streaming server speaks HTTPS (both or neither)
+    streaming_tls_key: str = ""
+    streaming_idle_timeout_s: int = 4 * 3600  # a stream with no traffic either way for this long is closed
+    streaming_token_ttl_s: int = 60  # how long an Exec/Attach/PortForward URL may wait for its client
+    streaming_max_streams: int = 64  # live streaming connections, all pods together
+    streaming_max_streams_per_pod: int = 16
     extra: dict[str, Any] = field(default_factory=dict)
 
     def memory_reserved_on(self, node: int) -> int:
@@ -120,6 +127,20 @@ _KEYS = {
     "cni_conf_dir",
     "cni_bin_dirs",
     "netns_dir",
+    "streaming_address",
+    "streaming_tls_cert",
+    "streaming_tls_key",
+    "streaming_idle_timeout_s",
+    "streaming_token_ttl_s",
+    "streaming_max_streams",
+    "streaming_max_streams_per_pod",
+}
+
+_STREAMING_LIMITS = {
+    "streaming_idle_timeout_s": (1, 7 * 86400),
+    "streaming_token_ttl_s": (1, 3600),
+    "streaming_max_streams": (1, 4096),
+    "streaming_max_streams_per_pod": (1, 4096),
 }
 
 
@@ -146,6 +167,9 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         "pod_network",
         "cni_conf_dir",
         "netns_dir",
+        "streaming_address",
+        "streaming_tls_cert",
+        "streaming_tls_key",
     ):
         if key in data:
             if not isinstance(data[key], str):
@@ -189,6 +213,14 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 86400:
             raise InvalidArgument(f"{source}: reconcile_interval_s: must be a number of seconds from 0 to 86400")
         kwargs["reconcile_interval_s"] = value
+    for key, (low, high) in _STREAMING_LIMITS.items():
+        if key in data:
+            value = data[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise InvalidArgument(f"{source}: {key}: must be an integer from {low} to {high}")
+            kwargs[key] = value
+    if bool(kwargs.get("streaming_tls_cert")) != bool(kwargs.get("streaming_tls_key")):
+        raise InvalidArgument(f"{source}: streaming_tls_cert and streaming_tls_key: give both or neither")
     if "workers" in data:
         if not isinstance(data["workers"], int) or not 1 <= data["workers"] <= 256:
             raise InvalidArgument(f"{source}: workers: must be an integer between 1 and 256")

@@ -44,12 +44,14 @@ from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTim
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.agent_protocol import (
     IMAGES_TAG,
+    PROC_WRITE_MAX,
     SHARED_TAG,
     UNKNOWN_CONTAINER,
     CgroupStats,
     ContainerState,
     ExecResult,
     LogChunk,
+    ProcOutput,
     ProtocolError,
 )
 from vmsandbox.domain import AGENT_CHANNEL, SharedDir
@@ -125,6 +127,67 @@ def _admitted_limits(asked: oci_spec.Resources, linux: dict[str, object]) -> oci
         cpu_period_us=num("cpu_period") or asked.cpu_period_us,
         cpu_shares=num("cpu_shares") or asked.cpu_shares,
     )
+
+
+class GuestProcess:
+    """A streamed process in a guest, bound to the agent connection that started it (its id
+    means nothing to another connection: the agent releases a host's processes when it leaves)."""
+
+    def __init__(self, client: AgentClient, proc: str) -> None:
+        self.client = client
+        self.proc = proc
+
+    def read(self, max_bytes: int, timeout_s: float) -> ProcOutput:
+        return self.client.proc_read(self.proc, max_bytes=max_bytes, timeout_s=timeout_s)
+
+    def write(self, data: bytes) -> bool:
+        """Writes all of ``data`` (waiting while the process does not read); False once its stdin is closed."""
+        view = memoryview(data)
+        while view:
+            chunk = bytes(view[:PROC_WRITE_MAX])
+            n, closed = self.client.proc_write(self.proc, chunk)
+            if closed:
+                return False
+            view = view[n:]
+        return True
+
+    def close_stdin(self) -> None:
+        self.client.proc_close_stdin(self.proc)
+
+    def resize(self, rows: int, cols: int) -> None:
+        self.client.proc_resize(self.proc, rows, cols)
+
+    def release(self) -> None:
+        self.client.proc_release(self.proc)
+
+
+class GuestAttach:
+    """An Attach session on a container's own stdio in its guest (the same shape as GuestProcess)."""
+
+    def __init__(self, client: AgentClient, session: str) -> None:
+        self.client = client
+        self.session = session
+
+    def read(self, max_bytes: int, timeout_s: float) -> ProcOutput:
+        return self.client.attach_read(self.session, max_bytes=max_bytes, timeout_s=timeout_s)
+
+    def write(self, data: bytes) -> bool:
+        view = memoryview(data)
+        while view:
+            n, closed = self.client.attach_write(self.session, bytes(view[:PROC_WRITE_MAX]))
+            if closed:
+                return False
+            view = view[n:]
+        return True
+
+    def close_stdin(self) -> None:
+        self.client.attach_close_stdin(self.session)
+
+    def resize(self, rows: int, cols: int) -> None:
+        raise InvalidArgument("resize: attached containers have no terminal here (tty containers are not built)")
+
+    def release(self) -> None:
+        self.client.attach_release(self.session)
 
 
 class Containers:
@@ -372,7 +435,16 @@ class Containers:
             )
             spec = oci_spec.build_spec(run, image_cfg, user)
             lower = self._share_image(c.sandbox_id, tree)
-            self._call(c.sandbox_id, "create", container_id, lower=lower, spec=spec)
+            self._call(
+                c.sandbox_id,
+                "create",
+                container_id,
+                lower=lower,
+                spec=spec,
+                stdin=request.stdin,
+                stdin_once=request.stdin_once,
+                tty=request.tty,
+            )
             faults.checkpoint("create:after-guest")
         except BaseException:
             self.images.release(image.id)
@@ -708,6 +780,38 @@ class Containers:
         res = self._call(c.sandbox_id, "exec", c.id, argv, timeout_s=timeout_s, max_bytes=max_bytes)
         assert isinstance(res, ExecResult)
         return res
+
+    def proc_start(self, container_id: str, argv: list[str], *, tty: bool, stdin: bool) -> GuestProcess:
+        """A process started in the running container for a streaming Exec (``shim.streaming``).
+        The record's state is enough here: the agent refuses a container that is not running."""
+        c = self.sandboxes.container(container_id)
+        if c.state != CONTAINER_RUNNING:
+            raise WrongState(f"container {container_id[:12]} is not running: nothing to exec into")
+        client = self._client(c.sandbox_id)
+        try:
+            proc = client.proc_start(c.id, argv, tty=tty, stdin=stdin)
+        except GuestChannelClosed:
+            self._drop_client(c.sandbox_id)
+            client = self._client(c.sandbox_id)
+            proc = client.proc_start(c.id, argv, tty=tty, stdin=stdin)
+        return GuestProcess(client, proc)
+
+    def attach_start(self, container_id: str) -> GuestAttach:
+        c = self.sandboxes.container(container_id)
+        if c.state != CONTAINER_RUNNING:
+            raise WrongState(f"container {container_id[:12]} is not running: nothing to attach to")
+        client = self._client(c.sandbox_id)
+        try:
+            session = client.attach_open(c.id)
+        except GuestChannelClosed:
+            self._drop_client(c.sandbox_id)
+            client = self._client(c.sandbox_id)
+            session = client.attach_open(c.id)
+        return GuestAttach(client, session)
+
+    def guest_agent(self, sandbox_id: str) -> AgentClient:
+        """The agent connection of a READY sandbox's guest (streaming relays use it directly)."""
+        return self._client(self.sandboxes.get(sandbox_id).id)
 
     def stats(self, container_id: str) -> CgroupStats | None:
         c = self.sandboxes.container(container_id)

@@ -22,10 +22,11 @@ from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.model import CONTAINER_EXITED, CONTAINER_RUNNING, SANDBOX_READY, ContainerRecord, SandboxRecord
 from shim.sandboxes import Sandboxes
 from shim.status import rpc
-from vmsandbox import __version__
+from shim.streaming.server import StreamingServer, Target
+from vmsandbox import __version__, streaming
 from vmsandbox.adapters.host_checks import host_warnings
 from vmsandbox.agent_protocol import CgroupStats
-from vmsandbox.errors import DeadlineExceeded, InvalidArgument, VmSandboxError
+from vmsandbox.errors import DeadlineExceeded, InfrastructureError, InvalidArgument, VmSandboxError, WrongState
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,10 @@ _EXEC_OUTPUT_LIMIT = 16 << 20
 
 
 class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
-    def __init__(self, sandboxes: Sandboxes, containers: Containers) -> None:
+    def __init__(self, sandboxes: Sandboxes, containers: Containers, streaming: StreamingServer | None = None) -> None:
         self.sandboxes = sandboxes
         self.containers = containers
+        self.streaming = streaming
         self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (timestamp ns, cpu ns), for nano cores
         self._samples_lock = threading.Lock()
 
@@ -382,10 +384,43 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ) -> pb.RuntimeConfigResponse:
         return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=pb.CGROUPFS))
 
+    def _streaming(self) -> StreamingServer:
+        if self.streaming is None:
+            raise InfrastructureError("the streaming server is not running in this shim")
+        return self.streaming
+
+    @rpc
+    def Exec(self, request: pb.ExecRequest, context: grpc.ServicerContext) -> pb.ExecResponse:
+        c = self.sandboxes.container(request.container_id)  # the record: the guest checks again at the start
+        req = streaming.check_stream_request(
+            "Exec", c.id, list(request.cmd), tty=request.tty, stdin=request.stdin, stdout=request.stdout,
+            stderr=request.stderr,
+        )  # fmt: skip
+        if c.state != CONTAINER_RUNNING:
+            raise WrongState(f"container {c.id[:12]} is not running: nothing to exec into")
+        return pb.ExecResponse(url=self._streaming().url(Target("exec", c.sandbox_id, req)))
+
+    @rpc
+    def PortForward(self, request: pb.PortForwardRequest, context: grpc.ServicerContext) -> pb.PortForwardResponse:
+        r = self.sandboxes.get(request.pod_sandbox_id)
+        if r.state != SANDBOX_READY:
+            raise WrongState(f"sandbox {r.id[:12]} is not ready: nothing to forward to")
+        ports = tuple(streaming.parse_port(str(p)) for p in request.port)
+        return pb.PortForwardResponse(url=self._streaming().url(Target("portforward", r.id, ports=ports)))
+
+    @rpc
+    def Attach(self, request: pb.AttachRequest, context: grpc.ServicerContext) -> pb.AttachResponse:
+        c = self.sandboxes.container(request.container_id)  # the record: the guest checks again at the start
+        req = streaming.check_stream_request(
+            "Attach", c.id, [], tty=request.tty, stdin=request.stdin, stdout=request.stdout, stderr=request.stderr
+        )
+        if request.tty:
+            raise InvalidArgument("Attach: containers with a terminal (tty) are not built yet; attach without tty")
+        if c.state != CONTAINER_RUNNING:
+            raise WrongState(f"container {c.id[:12]} is not running: nothing to attach to")
+        return pb.AttachResponse(url=self._streaming().url(Target("attach", c.sandbox_id, req)))
+
     # RPCs this build does not serve: UNIMPLEMENTED with the reason
-    Exec = _not_built("Exec", "container processes do not run in the guest yet")
-    Attach = _not_built("Attach", "container processes do not run in the guest yet")
-    PortForward = _not_built("PortForward", "guests have no pod network yet")
     CheckpointContainer = _not_built("CheckpointContainer", "checkpointing is not supported")
     CheckpointPod = _not_built("CheckpointPod", "checkpointing is not supported")
     RestorePod = _not_built("RestorePod", "checkpointing is not supported")

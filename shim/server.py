@@ -31,6 +31,9 @@ from shim.model import SANDBOX_READY
 from shim.periodic import Periodic
 from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
+from shim.streaming.backends import ShimBackends
+from shim.streaming.server import StreamingServer
+from shim.streaming.server import parse_address as parse_streaming_address
 from vmsandbox import validation
 from vmsandbox.adapters.domain_events import DomainEvents
 from vmsandbox.adapters.host_checks import host_warnings
@@ -53,11 +56,14 @@ class Running:
     stop_metrics: Callable[[], None] | None = None
     events: DomainEvents | None = None
     housekeeping: Periodic | None = None
+    streaming: StreamingServer | None = None
 
     def stop(self, grace: float = 5.0) -> None:
         if self.health is not None:
             self.health.shutting_down()
         self.server.stop(grace).wait()
+        if self.streaming is not None:
+            self.streaming.stop()
         if self.housekeeping is not None:
             self.housekeeping.stop()
         if self.events is not None:
@@ -107,6 +113,7 @@ def preflight(config: ShimConfig) -> int | None:
     gid = _socket_gid(config.socket_group)
     if config.metrics_address:
         metrics.parse_address(config.metrics_address)
+    parse_streaming_address(config.streaming_address)
     return gid
 
 
@@ -166,7 +173,9 @@ def start(config: ShimConfig) -> Running:
 
     housekeeping = Periodic(config.reconcile_interval_s, housekeep, name="periodic-reconcile")
     housekeeping.start()
-    runtime = RuntimeServicer(sandboxes, containers)
+    streaming = StreamingServer(config, ShimBackends(sandboxes, containers))
+    streaming.start()
+    runtime = RuntimeServicer(sandboxes, containers, streaming)
     status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
     status.add_servicer(
         server,
@@ -210,6 +219,7 @@ def start(config: ShimConfig) -> Running:
         stop_metrics=stop_metrics,
         events=events,
         housekeeping=housekeeping,
+        streaming=streaming,
     )
 
 

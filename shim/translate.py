@@ -541,6 +541,9 @@ def container_request(
     request = oci_spec.ContainerRequest(
         command=tuple(config.command),
         args=tuple(config.args),
+        stdin=config.stdin,
+        stdin_once=config.stdin_once,
+        tty=config.tty,
         # bytes on the wire (as upstream); the OCI spec holds UTF-8 strings, so invalid bytes become U+FFFD,
         # as containerd's JSON encoding of the spec does
         env=tuple((kv.key, kv.value.decode("utf-8", errors="replace")) for kv in config.envs),

@@ -579,3 +579,40 @@ def log_chunk_from_body(body: Mapping[str, object], asked: int, max_bytes: int, 
     eof = _field(body, "eof", bool, where)
     assert isinstance(eof, bool)
     return LogChunk(offset=offset, data=data, eof=eof)
+
+
+PROC_READ_MAX = 64 << 10
+"""Bytes of output the host asks one ``proc_read`` for (the agent buffers at most 256 KiB per stream)."""
+PROC_WRITE_MAX = 32 << 10
+"""Bytes of stdin one ``proc_write`` may carry: in base64 its request stays under the 64 KiB line
+the agent reads."""
+
+
+@dataclass(frozen=True)
+class ProcOutput:
+    """One ``proc_read`` answer: output taken from a streamed process, and its exit once it
+    finished (exited and its output drained)."""
+
+    stdout: bytes
+    stderr: bytes
+    done: bool
+    exit_code: int | None
+
+
+def proc_output_from_body(
+    body: Mapping[str, object], where: str = "proc_read", limit: int = PROC_READ_MAX
+) -> ProcOutput:
+    done = _field(body, "done", bool, where)
+    assert isinstance(done, bool)
+    stdout, stderr = _b64(body, "stdout", where), _b64(body, "stderr", where)
+    if len(stdout) + len(stderr) > limit:
+        raise ProtocolError(f"{where}: {len(stdout) + len(stderr)} bytes of output (asked for at most {limit})")
+    code = _count(body, "exit_code", where) if done else None
+    return ProcOutput(stdout, stderr, done, code)
+
+
+def proc_id_from_body(body: Mapping[str, object], where: str = "proc_start") -> str:
+    proc = _str(body, "proc", where)
+    if not proc.isdigit() or len(proc) > 20:
+        raise ProtocolError(f"{where}: bad process id {_clip(proc)!r}")
+    return proc

@@ -193,6 +193,12 @@ class ContainerRequest:
     """None: the runtime's defaults (READONLY_PATHS)."""
     own_pid_namespace: bool = True
     """False: the container sees the pod's processes (the guest's PID namespace; CRI NamespaceMode POD/NODE)."""
+    stdin: bool = False
+    """The container keeps a stdin pipe that Attach writes to (not part of the OCI spec: the agent's)."""
+    stdin_once: bool = False
+    """That pipe closes when the first Attach that used it ends."""
+    tty: bool = False
+    """The container asked for a terminal: its output is one stream, logged as stdout (as containerd does)."""
 
 
 def process_args(request: ContainerRequest, image: ImageConfig) -> tuple[str, ...]:

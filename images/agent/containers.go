@@ -53,6 +53,11 @@ type container struct {
 	log    *logBuffer
 	logs   sync.WaitGroup
 	done   chan struct{}
+
+	stdinMu   sync.Mutex
+	stdin     *os.File // write end of the container's stdin pipe (Attach); nil when none or closed
+	stdinOnce bool
+	stdinUsed bool
 }
 
 var (
@@ -153,6 +158,12 @@ type createArgs struct {
 	ID    string                 `json:"id"`
 	Lower string                 `json:"lower"`
 	Spec  map[string]interface{} `json:"spec"`
+	// a pipe for the container's stdin, which Attach sessions write to; closed after the first
+	// session with stdin_once
+	Stdin     bool `json:"stdin"`
+	StdinOnce bool `json:"stdin_once"`
+	// tty: one output stream, logged as stdout, as containerd logs a container with a terminal
+	TTY bool `json:"tty"`
 }
 
 func opCreate(raw json.RawMessage) (interface{}, error) {
@@ -236,8 +247,25 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 		"--bundle", dir, "--pid-file", pidFile, a.ID)
 	var diag bytes.Buffer
 	cmd.Stdin = nil
+	var stdinR *os.File
+	if a.Stdin {
+		r, w, err := os.Pipe()
+		if err != nil {
+			outR.Close()
+			outW.Close()
+			errR.Close()
+			errW.Close()
+			return fail(err)
+		}
+		stdinR = r
+		cmd.Stdin = r
+		c.stdin, c.stdinOnce = w, a.StdinOnce
+	}
 	cmd.Stdout = outW
 	cmd.Stderr = errW
+	if a.TTY {
+		cmd.Stderr = outW
+	}
 	// crun's own messages go to its log, not to the container's stderr
 	cmd.Args = append(cmd.Args[:3], append([]string{"--log", filepath.Join(dir, "crun.log")}, cmd.Args[3:]...)...)
 	reap.Lock()
@@ -251,7 +279,13 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	runErr := runTracked(cmd)
 	outW.Close()
 	errW.Close()
+	if stdinR != nil {
+		stdinR.Close()
+	}
 	if runErr != nil {
+		if c.stdin != nil {
+			c.stdin.Close()
+		}
 		outR.Close()
 		errR.Close()
 		crunLog, _ := os.ReadFile(filepath.Join(dir, "crun.log"))
@@ -267,8 +301,8 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(pidText)))
 	track(pid)
 	c.logs.Add(2)
-	go pump(outR, "stdout", c.log, &c.logs)
-	go pump(errR, "stderr", c.log, &c.logs)
+	go pump(outR, "stdout", c.log, &c.logs, attachTee(c, 0))
+	go pump(errR, "stderr", c.log, &c.logs, attachTee(c, 1))
 	cmu.Lock()
 	c.Pid = pid
 	c.State = "created"
@@ -305,13 +339,28 @@ func readonlyRoot(spec map[string]interface{}) bool {
 	return false
 }
 
-// pump copies one output stream into the CRI log: "<RFC3339Nano> <stream> F|P <text>\n". It
-// blocks while the log buffer is full, and the container's writes then block on the full pipe.
-func pump(r *os.File, stream string, w *logBuffer, wg *sync.WaitGroup) {
+// pump copies one output stream into the CRI log: "<RFC3339Nano> <stream> F|P <text>\n".
+// teeReader hands every read to tee as well (attached sessions see output as it comes, not a line later).
+type teeReader struct {
+	r   io.Reader
+	tee func([]byte)
+}
+
+func (t teeReader) Read(p []byte) (int, error) {
+	n, err := t.r.Read(p)
+	if n > 0 {
+		t.tee(p[:n])
+	}
+	return n, err
+}
+
+// It blocks while the log buffer is full, and the container's writes then block on the full
+// pipe; tee gets the output as it is read (attached sessions).
+func pump(r *os.File, stream string, w *logBuffer, wg *sync.WaitGroup, tee func([]byte)) {
 	defer wg.Done()
 	defer w.writerDone()
 	defer r.Close()
-	br := bufio.NewReaderSize(r, maxLogLine)
+	br := bufio.NewReaderSize(teeReader{r, tee}, maxLogLine)
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
@@ -378,6 +427,12 @@ func (c *container) watch() {
 	}
 	c.OOMKilled = oom
 	cmu.Unlock()
+	c.stdinMu.Lock()
+	if c.stdin != nil {
+		c.stdin.Close()
+		c.stdin = nil
+	}
+	c.stdinMu.Unlock()
 	close(c.done)
 }
 

@@ -15,6 +15,7 @@ pending requests with ``ProtocolError`` and drops the connection; the next clien
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import os
@@ -37,6 +38,7 @@ from vmsandbox.agent_protocol import (
     GuestReport,
     Hello,
     LogChunk,
+    ProcOutput,
     ProtocolError,
     Request,
     Response,
@@ -44,6 +46,8 @@ from vmsandbox.agent_protocol import (
     container_state_from_body,
     exec_result_from_body,
     log_chunk_from_body,
+    proc_id_from_body,
+    proc_output_from_body,
     stats_from_body,
 )
 from vmsandbox.errors import InfrastructureError
@@ -194,10 +198,26 @@ class AgentClient:
 
     # ---- typed ops ----------------------------------------------------------------------------
 
-    def create(self, cid: str, *, lower: str, spec: Mapping[str, object], timeout_s: float = 60) -> ContainerState:
+    def create(
+        self,
+        cid: str,
+        *,
+        lower: str,
+        spec: Mapping[str, object],
+        timeout_s: float = 60,
+        stdin: bool = False,
+        stdin_once: bool = False,
+        tty: bool = False,
+    ) -> ContainerState:
         """Creates container ``cid``: overlay of ``lower`` (a tree the guest sees shared from the
-        host) and a writable layer; the agent keeps its output for ``log_read``."""
-        body = self.request("create", {"id": cid, "lower": lower, "spec": dict(spec)}, timeout_s)
+        host) and a writable layer; the agent keeps its output for ``log_read``; with ``stdin``, a
+        stdin pipe that Attach sessions write to."""
+        args: dict[str, object] = {"id": cid, "lower": lower, "spec": dict(spec)}
+        if stdin:
+            args |= {"stdin": True, "stdin_once": stdin_once}
+        if tty:
+            args["tty"] = True
+        body = self.request("create", args, timeout_s)
         return container_state_from_body(body, f"{self.label}: create response")
 
     def log_read(self, cid: str, offset: int, max_bytes: int, wait_s: float) -> LogChunk:
@@ -249,6 +269,96 @@ class AgentClient:
     def update(self, cid: str, files: Mapping[str, str], timeout_s: float = 30) -> None:
         """Writes cgroup limit files ("memory.max", "cpu.max", ...) of a container."""
         self.request("update", {"id": cid, "files": dict(files)}, timeout_s)
+
+    # ---- streamed processes (the CRI's streaming Exec) ---------------------------------------
+
+    def proc_start(self, cid: str, argv: Sequence[str], *, tty: bool, stdin: bool, rows: int = 0, cols: int = 0) -> str:
+        """Starts ``argv`` in the container with pipes or a terminal; returns the process's id."""
+        args = {"id": cid, "argv": list(argv), "tty": tty, "stdin": stdin, "rows": rows, "cols": cols}
+        return proc_id_from_body(self.request("proc_start", args, 60), "proc_start response")
+
+    def proc_read(self, proc: str, *, max_bytes: int, timeout_s: float) -> ProcOutput:
+        """Output waiting in the guest (long poll: returns early when there is some)."""
+        args = {"proc": proc, "max_bytes": max_bytes, "timeout_ms": int(timeout_s * 1000)}
+        body = self.request("proc_read", args, timeout_s + _SLACK_S)
+        return proc_output_from_body(body, "proc_read response", max_bytes)
+
+    def proc_write(self, proc: str, data: bytes, timeout_s: float = 10) -> tuple[int, bool]:
+        """(bytes written, stdin closed by the process); fewer than given when the process did not read in time."""
+        args = {"proc": proc, "data": base64.b64encode(data).decode(), "timeout_ms": int(timeout_s * 1000)}
+        body = self.request("proc_write", args, timeout_s + _SLACK_S)
+        written = body.get("written")
+        if not isinstance(written, int) or not 0 <= written <= len(data):
+            raise ProtocolError("proc_write response: 'written' must be a count of the bytes sent")
+        return written, body.get("closed") is True
+
+    def proc_close_stdin(self, proc: str) -> None:
+        self.request("proc_close_stdin", {"proc": proc}, 30)
+
+    def proc_resize(self, proc: str, rows: int, cols: int) -> None:
+        self.request("proc_resize", {"proc": proc, "rows": rows, "cols": cols}, 30)
+
+    def proc_wait(self, proc: str, timeout_s: float) -> int | None:
+        """The exit code, or None when the process still runs after ``timeout_s``."""
+        body = self.request("proc_wait", {"proc": proc, "timeout_ms": int(timeout_s * 1000)}, timeout_s + _SLACK_S)
+        code = body.get("exit_code")
+        return code if body.get("exited") is True and isinstance(code, int) else None
+
+    def proc_release(self, proc: str) -> None:
+        """The host is done: the guest hangs up on the process, kills it after a grace and forgets it."""
+        self.request("proc_release", {"proc": proc}, 30)
+
+    def attach_open(self, cid: str) -> str:
+        """A session on the running container's own stdio; returns its id."""
+        body = self.request("attach_open", {"id": cid}, 30)
+        return proc_id_from_body({"proc": body.get("attach")}, "attach_open response")
+
+    def attach_read(self, session: str, *, max_bytes: int, timeout_s: float) -> ProcOutput:
+        args = {"attach": session, "max_bytes": max_bytes, "timeout_ms": int(timeout_s * 1000)}
+        body = self.request("attach_read", args, timeout_s + _SLACK_S)
+        return proc_output_from_body({**body, "exit_code": 0}, "attach_read response", max_bytes)
+
+    def attach_write(self, session: str, data: bytes, timeout_s: float = 10) -> tuple[int, bool]:
+        args = {"attach": session, "data": base64.b64encode(data).decode(), "timeout_ms": int(timeout_s * 1000)}
+        body = self.request("attach_write", args, timeout_s + _SLACK_S)
+        written = body.get("written")
+        if not isinstance(written, int) or not 0 <= written <= len(data):
+            raise ProtocolError("attach_write response: 'written' must be a count of the bytes sent")
+        return written, body.get("closed") is True
+
+    def attach_close_stdin(self, session: str) -> None:
+        self.request("attach_close_stdin", {"attach": session}, 30)
+
+    def attach_release(self, session: str) -> None:
+        self.request("attach_release", {"attach": session}, 30)
+
+    # ---- forwarded TCP connections (PortForward into a guest the host cannot reach) ------------
+
+    def tcp_connect(self, port: int) -> str:
+        """A connection from the guest to its own loopback ``port``; returns its id."""
+        body = self.request("tcp_connect", {"port": port}, 30)
+        return proc_id_from_body({"proc": body.get("conn")}, "tcp_connect response")
+
+    def tcp_read(self, conn: str, *, max_bytes: int, timeout_s: float) -> tuple[bytes, bool]:
+        """(bytes received, end of stream)."""
+        args = {"conn": conn, "max_bytes": max_bytes, "timeout_ms": int(timeout_s * 1000)}
+        body = self.request("tcp_read", args, timeout_s + _SLACK_S)
+        out = proc_output_from_body({"stdout": body.get("data"), "done": body.get("eof") is True, "exit_code": 0},
+                                    "tcp_read response", max_bytes)  # fmt: skip
+        return out.stdout, out.done
+
+    def tcp_write(self, conn: str, data: bytes, timeout_s: float = 10) -> int:
+        args = {"conn": conn, "data": base64.b64encode(data).decode(), "timeout_ms": int(timeout_s * 1000)}
+        written = self.request("tcp_write", args, timeout_s + _SLACK_S).get("written")
+        if not isinstance(written, int) or not 0 <= written <= len(data):
+            raise ProtocolError("tcp_write response: 'written' must be a count of the bytes sent")
+        return written
+
+    def tcp_close_write(self, conn: str) -> None:
+        self.request("tcp_close_write", {"conn": conn}, 30)
+
+    def tcp_close(self, conn: str) -> None:
+        self.request("tcp_close", {"conn": conn}, 30)
 
     def close(self) -> None:
         self._conn.close()

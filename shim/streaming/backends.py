@@ -1,0 +1,103 @@
+"""What streaming sessions reach through the rest of the shim: a process in a container's guest
+(``Containers``) and a TCP connection to a pod's port."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+
+from shim.containers import Containers, GuestAttach, GuestProcess
+from shim.sandboxes import Sandboxes
+from vmsandbox.adapters.agent_client import AgentClient
+from vmsandbox.agent_protocol import PROC_READ_MAX, PROC_WRITE_MAX
+from vmsandbox.errors import NotFound, VmSandboxError
+from vmsandbox.streaming import StreamRequest
+
+DIAL_TIMEOUT_S = 10.0
+POLL_S = 5.0
+
+log = logging.getLogger(__name__)
+
+
+def relay(agent: AgentClient, port: int) -> socket.socket:
+    """A socket whose other end is a TCP connection the guest agent made to its own ``port``
+    (agent ops ``tcp_*``): two threads carry the bytes, one chunk in flight each way."""
+    conn = agent.tcp_connect(port)
+    ours, theirs = socket.socketpair()
+    done = [False, False]
+    lock = threading.Lock()
+
+    def finished(i: int) -> None:
+        with lock:
+            done[i] = True
+            last = all(done)
+        if last:
+            with contextlib.suppress(VmSandboxError):
+                agent.tcp_close(conn)
+            ours.close()
+
+    def guest_to_client() -> None:
+        try:
+            while True:
+                data, eof = agent.tcp_read(conn, max_bytes=PROC_READ_MAX, timeout_s=POLL_S)
+                if data:
+                    ours.sendall(data)
+                if eof:
+                    ours.shutdown(socket.SHUT_WR)
+                    return
+        except (OSError, VmSandboxError) as e:
+            log.debug("streaming: relay from the guest ended: %s", e)
+            with contextlib.suppress(OSError):
+                ours.shutdown(socket.SHUT_RDWR)
+        finally:
+            finished(0)
+
+    def client_to_guest() -> None:
+        try:
+            while chunk := ours.recv(PROC_WRITE_MAX):
+                view = memoryview(chunk)
+                while view:
+                    view = view[agent.tcp_write(conn, bytes(view)) :]
+            agent.tcp_close_write(conn)
+        except (OSError, VmSandboxError) as e:
+            log.debug("streaming: relay to the guest ended: %s", e)
+        finally:
+            finished(1)
+
+    for fn in (guest_to_client, client_to_guest):
+        threading.Thread(target=fn, name="streaming-relay", daemon=True).start()
+    return theirs
+
+
+class ShimBackends:
+    def __init__(self, sandboxes: Sandboxes, containers: Containers) -> None:
+        self.sandboxes = sandboxes
+        self.containers = containers
+
+    def start_process(self, req: StreamRequest) -> GuestProcess | GuestAttach:
+        """A new process for an Exec (a command); the container's own stdio for an Attach (none)."""
+        if not req.cmd:
+            return self.containers.attach_start(req.container_id)
+        return self.containers.proc_start(req.container_id, list(req.cmd), tty=req.tty, stdin=req.stdin)
+
+    def dial(self, sandbox_id: str, port: int) -> socket.socket:
+        """A connection to ``port`` of the pod, from the node: the guest owns the pod's address (its
+        NIC is a passthru macvtap on the pod namespace's eth0), so the node reaches it the way the
+        kubelet reaches any pod IP. A host-network pod has no address of its own (user-mode NIC):
+        its connections are relayed by the guest agent."""
+        record = self.sandboxes.find(sandbox_id)
+        if record is None:
+            raise NotFound(f"sandbox {sandbox_id[:12]} is gone")
+        network = record.pod_network()
+        ips = network.ips if network is not None else ()
+        if not ips:
+            # a host-network pod's guest has QEMU's user-mode network: nothing outside can connect
+            # in, so the agent connects to the port on the guest's loopback and relays
+            return relay(self.containers.guest_agent(sandbox_id), port)
+        ip = ips[0]
+        sock = socket.create_connection((ip, port), timeout=DIAL_TIMEOUT_S)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock

@@ -1,0 +1,390 @@
+"""Streaming Exec and PortForward into real guests through the real socket: over SPDY with the
+real ``crictl`` (skipped without $CRICTL or crictl on PATH), over WebSocket with an independent
+client (``websocket-client``), and the streaming server's refusals (used, unknown tokens).
+
+One shim with a CNI bridge network of the test's own (so the pod has an address to forward to),
+one pod, one long-running container."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import websocket  # websocket-client
+
+from shim.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.cni_kit import cni_env
+from tests.integration.conftest import Shim, container, pod, q, require_host, running_shim
+from tests.registry_kit import Layout, Registry, busybox_entries, push
+from vmsandbox import spdy
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+CRICTL = os.environ.get("CRICTL") or shutil.which("crictl")
+SMALL = q({"cpu": "250m", "memory": "32Mi"})
+SERVER_PORT = 8080
+APPLETS = ("sh", "echo", "cat", "sleep", "nc", "tty", "stty", "head", "wc", "true")
+
+
+@dataclass
+class Env:
+    shim: Shim
+    sandbox: str
+    container: str
+    tmp: Path
+    image: str
+    config: pb.PodSandboxConfig
+
+    def exec_url(self, cmd: list[str], **kw: bool) -> str:
+        req = pb.ExecRequest(container_id=self.container, cmd=cmd, **kw)
+        return str(self.shim.runtime.Exec(req, timeout=30).url)
+
+    def crictl(self, *args: str, stdin: bytes = b"", timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+        assert CRICTL is not None
+        sock = f"unix://{self.shim.socket}"
+        argv = [CRICTL, "--runtime-endpoint", sock, "--image-endpoint", sock, "--timeout", "60s", *args]
+        return subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    require_host()
+    tmp = tmp_path_factory.mktemp("streaming")
+    registry = Registry(tmp / "registry").start()
+    try:
+        layout = Layout(tmp / "layout")
+        layout.tag("bb", layout.image([layout.layer(busybox_entries(APPLETS))]))
+        ref = f"{registry.host}/test/busybox:streaming"
+        push(layout, "bb", ref)
+        with cni_env(tmp, bridge="vmsbr-strm0", subnet="10.233.0.0/24") as cni:
+            (tmp / "shim").mkdir()
+            with running_shim(tmp / "shim", extra_config=cni.shim_config(), pull_busybox=False) as shim:
+                shim.images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=120)
+                config = pod("streamer", containers=[("c", SMALL), ("attached", SMALL), ("tty", SMALL)])
+                config.log_directory = str(tmp / "logs")
+                sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+                c = container("c", SMALL)
+                c.image.image = ref
+                # a server for port-forward: each connection gets "pong:" and its first line back
+                script = f"while true; do nc -l -p {SERVER_PORT} -e sh -c 'read l; echo pong:$l'; done"
+                c.command[:] = ["sh", "-c", script]
+                c.log_path = "c.log"
+                cid = shim.runtime.CreateContainer(
+                    pb.CreateContainerRequest(pod_sandbox_id=sid, config=c, sandbox_config=config), timeout=120
+                ).container_id
+                shim.runtime.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+                yield Env(shim, sid, cid, tmp, ref, config)
+    finally:
+        registry.stop()
+
+
+# ---- WebSocket (an independent client) ------------------------------------------------------------
+
+
+def _ws_exec(
+    url: str, stdin: bytes = b"", protocol: str = "v5.channel.k8s.io"
+) -> tuple[bytes, bytes, dict[str, object]]:
+    ws = websocket.create_connection(url.replace("http://", "ws://"), subprotocols=[protocol], timeout=120)
+    try:
+        assert ws.getsubprotocol() == protocol
+        if stdin:
+            ws.send_binary(b"\x00" + stdin)
+            ws.send_binary(bytes([255, 0]))  # v5: close stdin
+        out, err, status = b"", b"", {}
+        while True:
+            try:
+                opcode, data = ws.recv_data()
+            except websocket.WebSocketConnectionClosedException:
+                break
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                break
+            channel, payload = data[0], data[1:]
+            if channel == 1:
+                out += payload
+            elif channel == 2:
+                err += payload
+            elif channel == 3:
+                status = json.loads(payload)
+        return out, err, status
+    finally:
+        ws.close()
+
+
+def test_websocket_exec_echo_prints_exactly_hello(env: Env) -> None:
+    out, err, status = _ws_exec(env.exec_url(["echo", "-n", "hello"], stdout=True, stderr=True))
+    assert (out, err, status["status"]) == (b"hello", b"", "Success"), f"{out!r} {err!r} {status}"
+
+
+def test_websocket_exec_stdin_and_exit_code(env: Env) -> None:
+    url = env.exec_url(["sh", "-c", "wc -c; echo oops >&2; exit 3"], stdin=True, stdout=True, stderr=True)
+    out, err, status = _ws_exec(url, stdin=b"x" * 100_000)
+    assert out.strip() == b"100000", env.shim.log_text()[-3000:]
+    assert err == b"oops\n"
+    assert status["reason"] == "NonZeroExitCode"
+    assert status["details"] == {"causes": [{"reason": "ExitCode", "message": "3"}]}
+
+
+def test_websocket_exec_with_a_terminal(env: Env) -> None:
+    url = env.exec_url(["sh", "-c", "tty; stty size"], stdin=True, stdout=True, tty=True)
+    ws = websocket.create_connection(url.replace("http://", "ws://"), subprotocols=["v5.channel.k8s.io"], timeout=120)
+    out = b""
+    try:
+        while True:
+            opcode, data = ws.recv_data()
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                break
+            if data[0] == 1:
+                out += data[1:]
+    except websocket.WebSocketConnectionClosedException:
+        pass
+    finally:
+        ws.close()
+    assert b"/dev/pts/" in out, out
+
+
+def test_websocket_attach_to_a_container_with_stdin_once(env: Env) -> None:
+    """A container created with stdin and stdin_once: Attach writes to its shell, reads its
+    output, and closing stdin ends the shell (and so the container)."""
+    rt = env.shim.runtime
+    c = container("attached", SMALL)
+    c.image.image = env.image
+    c.command[:] = ["sh"]
+    c.stdin, c.stdin_once = True, True
+    c.log_path = "attached.log"
+    cid = rt.CreateContainer(
+        pb.CreateContainerRequest(pod_sandbox_id=env.sandbox, config=c, sandbox_config=env.config), timeout=120
+    ).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+    url = rt.Attach(pb.AttachRequest(container_id=cid, stdin=True, stdout=True, stderr=True), timeout=30).url
+    ws = websocket.create_connection(url.replace("http://", "ws://"), subprotocols=["v5.channel.k8s.io"], timeout=60)
+    try:
+        # output without a newline reaches the client while the shell still runs
+        ws.send_binary(b"\x00echo -n hello\n")
+        assert ws.recv_data()[1] == b"\x01hello"
+        ws.send_binary(b"\x00echo to-stderr >&2\n")
+        assert ws.recv_data()[1] == b"\x02to-stderr\n"
+        ws.send_binary(bytes([255, 0]))  # close stdin: stdin_once ends the shell
+        _, data = ws.recv_data()
+        assert json.loads(data[1:])["status"] == "Success"
+    finally:
+        ws.close()
+    deadline = time.monotonic() + 60
+    while (
+        rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30).status.state != pb.CONTAINER_EXITED
+    ):
+        assert time.monotonic() < deadline, "stdin_once did not end the shell"
+        time.sleep(0.3)
+    log = (Path(env.config.log_directory) / "attached.log").read_text()
+    assert (" stdout P hello" in log or " stdout F hello" in log) and " stderr F to-stderr" in log, log
+
+
+def test_a_tty_container_logs_one_stream_as_stdout(env: Env) -> None:
+    """containerd logs a container with a terminal as one stream, stdout; so does this runtime."""
+    rt = env.shim.runtime
+    c = container("tty", SMALL)
+    c.image.image = env.image
+    c.command[:] = ["sh", "-c", "echo to-out; echo to-err >&2"]
+    c.tty = True
+    c.log_path = "tty.log"
+    cid = rt.CreateContainer(
+        pb.CreateContainerRequest(pod_sandbox_id=env.sandbox, config=c, sandbox_config=env.config), timeout=120
+    ).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+    status_req = pb.ContainerStatusRequest(container_id=cid)
+    deadline = time.monotonic() + 60
+    while rt.ContainerStatus(status_req, timeout=30).status.state != pb.CONTAINER_EXITED:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    log = (Path(env.config.log_directory) / "tty.log").read_text()
+    assert " stdout F to-out" in log and " stdout F to-err" in log and " stderr " not in log, log
+
+
+def _processes(env: Env) -> bytes:
+    req = pb.ExecSyncRequest(container_id=env.container, cmd=["sh", "-c", "cat /proc/[0-9]*/cmdline"], timeout=30)
+    return bytes(env.shim.runtime.ExecSync(req, timeout=60).stdout)
+
+
+def test_a_client_that_vanishes_leaves_no_process_in_the_guest(env: Env) -> None:
+    for tty in (False, True):
+        url = env.exec_url(["sleep", "301"], stdin=True, stdout=True, tty=tty)
+        ws = websocket.create_connection(url.replace("http://", "ws://"), subprotocols=["v5.channel.k8s.io"])
+        deadline = time.monotonic() + 30
+        while b"sleep\x00301" not in _processes(env):
+            assert time.monotonic() < deadline, "the exec'd process never started"
+            time.sleep(0.3)
+        assert ws.sock is not None
+        ws.sock.close()  # no close frame: the client is simply gone
+        deadline = time.monotonic() + 30
+        while b"sleep\x00301" in _processes(env):
+            assert time.monotonic() < deadline, f"the process outlived its client (tty={tty})"
+            time.sleep(0.5)
+
+
+# ---- the server's refusals ----------------------------------------------------------------------
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_token_is_single_use_and_unknown_ones_are_refused(env: Env) -> None:
+    url = env.exec_url(["true"], stdout=True)
+    _out, _, status = _ws_exec(url)
+    assert status["status"] == "Success"
+    code, text = _get(url)
+    assert code == 404 and "unknown, used or expired" in text
+    code, _ = _get(url.rsplit("/", 1)[0] + "/not-a-token")
+    assert code == 404
+
+
+def test_exec_refuses_tty_with_stderr_and_no_streams(env: Env) -> None:
+    import grpc
+
+    for kw in ({"tty": True, "stderr": True, "stdout": True}, {}):
+        with pytest.raises(grpc.RpcError) as e:
+            env.exec_url(["true"], **kw)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# ---- SPDY with the real crictl ------------------------------------------------------------------
+
+needs_crictl = pytest.mark.skipif(CRICTL is None, reason="crictl not found (set CRICTL)")
+
+
+@needs_crictl
+def test_crictl_exec_prints_exactly_hello(env: Env) -> None:
+    done = env.crictl("exec", env.container, "echo", "-n", "hello")
+    assert (done.returncode, done.stdout) == (0, b"hello"), done
+
+
+@needs_crictl
+def test_crictl_exec_with_stdin(env: Env) -> None:
+    done = env.crictl(
+        "exec", "-i", env.container, "sh", "-c", "read l; echo got:$l; cat | wc -c", stdin=b"abc\n" + b"y" * 300_000
+    )
+    assert done.stdout == b"got:abc\n300000\n", done
+
+
+@needs_crictl
+@pytest.mark.skipif(shutil.which("script") is None, reason="util-linux script (a terminal for crictl -t) not found")
+def test_crictl_exec_with_stdin_and_a_terminal(env: Env) -> None:
+    assert CRICTL is not None
+    sock = f"unix://{env.shim.socket}"
+    inner = f"{CRICTL} --runtime-endpoint {sock} exec -i -t {env.container} sh -c 'read l; echo got:$l; tty'"
+    done = subprocess.run(["script", "-qec", inner, "/dev/null"], input=b"abc\n", capture_output=True, timeout=120)
+    assert b"got:abc" in done.stdout, done
+    assert b"/dev/pts/" in done.stdout, done
+
+
+@needs_crictl
+def test_crictl_exec_passes_the_exit_code(env: Env) -> None:
+    done = env.crictl("exec", env.container, "sh", "-c", "exit 5")
+    assert done.returncode != 0 and b"exit code 5" in done.stderr, done
+
+
+@needs_crictl
+def test_crictl_port_forward_reaches_a_server_in_the_guest(env: Env) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        local = s.getsockname()[1]
+    assert CRICTL is not None
+    sock = f"unix://{env.shim.socket}"
+    proc = subprocess.Popen(
+        [CRICTL, "--runtime-endpoint", sock, "port-forward", env.sandbox, f"{local}:{SERVER_PORT}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        answer = b""
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", local), timeout=20) as c:
+                    c.sendall(b"ping\n")
+                    answer = c.recv(100)
+                if answer:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert answer == b"pong:ping\n", (answer, env.shim.log_text()[-2000:])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _spdy_port_forward(url: str, port: int, send: bytes) -> bytes:
+    """One forwarded connection over SPDY (this project's framing as the client): sends ``send``,
+    returns what comes back until the pod's side closes."""
+    host, _, rest = url.removeprefix("http://").partition("/")
+    h, p = host.rsplit(":", 1)
+    with socket.create_connection((h, int(p)), timeout=60) as sock:
+        sock.sendall(
+            f"POST /{rest} HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"
+            "X-Stream-Protocol-Version: portforward.k8s.io\r\n\r\n".encode()
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        codec = spdy.HeaderCodec()
+        for sid, kind in ((1, "error"), (3, "data")):
+            sock.sendall(spdy.encode_syn_stream(codec, sid, {"streamtype": kind, "port": str(port), "requestid": "0"}))
+        sock.sendall(spdy.encode_data(3, send))
+        parser = spdy.FrameParser(spdy.HeaderCodec())
+        got, errors = b"", b""
+        while chunk := sock.recv(65536):
+            for f in parser.feed(chunk):
+                if isinstance(f, spdy.Data) and f.stream_id == 3:
+                    got += f.data
+                    if f.fin:
+                        return got
+                elif isinstance(f, spdy.Data) and f.stream_id == 1:
+                    errors += f.data
+            assert not errors, errors
+        return got
+
+
+def test_port_forward_into_a_host_network_pod_is_relayed_by_the_agent(env: Env) -> None:
+    """A host-network pod's guest has QEMU's user-mode network: nothing on the node can connect
+    to it, so the agent connects to the port on the guest's loopback and relays."""
+    rt = env.shim.runtime
+    config = pod("hostnet", containers=[("c", SMALL)])
+    config.log_directory = str(env.tmp / "logs-hostnet")
+    config.linux.security_context.namespace_options.network = pb.NODE
+    sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+    try:
+        c = container("c", SMALL)
+        c.image.image = env.image
+        c.command[:] = ["sh", "-c", f"while true; do nc -l -p {SERVER_PORT} -e sh -c 'read l; echo pong:$l'; done"]
+        c.log_path = "c.log"
+        cid = rt.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=sid, config=c, sandbox_config=config), timeout=120
+        ).container_id
+        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+        deadline = time.monotonic() + 60
+        answer = b""
+        while answer != b"pong:ping\n" and time.monotonic() < deadline:
+            url = rt.PortForward(pb.PortForwardRequest(pod_sandbox_id=sid), timeout=30).url
+            with contextlib.suppress(AssertionError, OSError):
+                answer = _spdy_port_forward(url, SERVER_PORT, b"ping\n")
+            time.sleep(0.5)
+        assert answer == b"pong:ping\n", env.shim.log_text()[-2000:]
+    finally:
+        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
