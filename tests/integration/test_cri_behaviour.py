@@ -166,14 +166,14 @@ def test_version_status_and_image_fs_info(shim: Shim) -> None:
     ("call", "needle"),
     [
         pytest.param(
-            lambda s: s.runtime.Exec(pb.ExecRequest(container_id="x", cmd=["true"]), timeout=10),
-            "Exec is not implemented by vmsandbox",
-            id="Exec",
+            lambda s: s.runtime.CheckpointContainer(pb.CheckpointContainerRequest(container_id="x"), timeout=10),
+            "CheckpointContainer is not implemented by vmsandbox",
+            id="CheckpointContainer",
         ),
         pytest.param(
-            lambda s: s.runtime.PortForward(pb.PortForwardRequest(pod_sandbox_id="x"), timeout=10),
-            "guests have no pod network yet",
-            id="PortForward",
+            lambda s: s.runtime.ListMetricDescriptors(pb.ListMetricDescriptorsRequest(), timeout=10),
+            "metrics are not exported over CRI yet",
+            id="ListMetricDescriptors",
         ),
     ],
 )
