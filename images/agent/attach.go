@@ -41,7 +41,7 @@ func init() {
 	handlers["attach_write"] = opAttachWrite
 	handlers["attach_close_stdin"] = opAttachCloseStdin
 	handlers["attach_release"] = opAttachRelease
-	go attachJanitor()
+	go janitor(idleAttaches)
 }
 
 // attachTee hands a line of the container's output (stream 0 stdout, 1 stderr) to its sessions.
@@ -231,34 +231,4 @@ func (s *attachSession) release() {
 	attaches.cond.Broadcast()
 	attaches.Unlock()
 	s.c.closeStdinOnce()
-}
-
-// releaseAllAttaches: the host went away.
-func releaseAllAttaches() {
-	attaches.Lock()
-	all := make([]*attachSession, 0, len(attaches.m))
-	for _, s := range attaches.m {
-		all = append(all, s)
-	}
-	attaches.Unlock()
-	for _, s := range all {
-		s.release()
-	}
-}
-
-func attachJanitor() {
-	for {
-		time.Sleep(30 * time.Second)
-		attaches.Lock()
-		var stale []*attachSession
-		for _, s := range attaches.m {
-			if time.Since(s.seen) > procLease {
-				stale = append(stale, s)
-			}
-		}
-		attaches.Unlock()
-		for _, s := range stale {
-			s.release()
-		}
-	}
 }

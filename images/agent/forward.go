@@ -39,7 +39,7 @@ func init() {
 	handlers["tcp_write"] = opTCPWrite
 	handlers["tcp_close_write"] = opTCPCloseWrite
 	handlers["tcp_close"] = opTCPClose
-	go fwdJanitor()
+	go janitor(idleForwards)
 }
 
 // tcp_connect: {"port"} -> {"conn"}
@@ -204,34 +204,4 @@ func (fc *fwdConn) close() {
 	delete(fwds.m, fc.id)
 	fwds.cond.Broadcast()
 	fwds.Unlock()
-}
-
-// releaseAllForwards: the host went away.
-func releaseAllForwards() {
-	fwds.Lock()
-	all := make([]*fwdConn, 0, len(fwds.m))
-	for _, fc := range fwds.m {
-		all = append(all, fc)
-	}
-	fwds.Unlock()
-	for _, fc := range all {
-		fc.close()
-	}
-}
-
-func fwdJanitor() {
-	for {
-		time.Sleep(30 * time.Second)
-		fwds.Lock()
-		var stale []*fwdConn
-		for _, fc := range fwds.m {
-			if time.Since(fc.seen) > procLease {
-				stale = append(stale, fc)
-			}
-		}
-		fwds.Unlock()
-		for _, fc := range stale {
-			fc.close()
-		}
-	}
 }

@@ -186,9 +186,7 @@ func (p *port) serve() {
 			// EOF: the host went away; greet whoever connects next. A read on a port
 			// without a host returns EOF at once, so do not spin.
 			p.setAcked(false)
-			releaseAllProcs() // nobody reads the streamed processes of a host that went away
-			releaseAllAttaches()
-			releaseAllForwards()
+			releaseAllLeases() // nobody reads the streamed processes of a host that went away
 			time.Sleep(100 * time.Millisecond)
 			r.Reset(p.f)
 			continue

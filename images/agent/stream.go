@@ -561,39 +561,6 @@ func (p *proc) kill() {
 	})
 }
 
-// releaseAllProcs: the host went away (the channel closed); nobody will read these processes.
-func releaseAllProcs() {
-	procs.Lock()
-	all := make([]*proc, 0, len(procs.m))
-	for _, p := range procs.m {
-		all = append(all, p)
-	}
-	procs.Unlock()
-	for _, p := range all {
-		p.kill()
-	}
-}
-
-// procJanitor releases processes no host request touched for procLease.
-func procJanitor() {
-	for {
-		time.Sleep(30 * time.Second)
-		procs.Lock()
-		var stale []*proc
-		for _, p := range procs.m {
-			p.mu.Lock()
-			if time.Since(p.seen) > procLease {
-				stale = append(stale, p)
-			}
-			p.mu.Unlock()
-		}
-		procs.Unlock()
-		for _, p := range stale {
-			p.kill()
-		}
-	}
-}
-
 func init() {
 	handlers["proc_start"] = opProcStart
 	handlers["proc_read"] = opProcRead
@@ -602,5 +569,5 @@ func init() {
 	handlers["proc_resize"] = opProcResize
 	handlers["proc_wait"] = opProcWait
 	handlers["proc_release"] = opProcRelease
-	go procJanitor()
+	go janitor(idleProcs)
 }
