@@ -1,5 +1,5 @@
 """Admission throughput and the CreateContainer round trip (target: >= 100k decisions/s for a
-10-container pod; CRI round trip p99 <= 2 ms).
+10-container pod; the admission decision's CRI round trip p99 <= 2 ms).
 
     .venv/bin/python bench/admission.py                 # both parts
     .venv/bin/python bench/admission.py --no-socket     # the pure part only (no host set-up needed)
@@ -21,7 +21,8 @@
     registry the benchmark starts) is pulled first, and its volume is an existing directory under
     the shim's ``kubelet_pods_dir`` (a temporary one), which the shim shares into the guest, as it
     does a kubelet's emptyDir. So an accepted call includes the guest's create (about a second under
-    TCG), and ``create_all_ms`` with it; the rejected calls are the admission decision's round trip.
+    TCG), and ``create_all_ms`` with it. The rejected calls are the admission decision's round trip
+    (``decision_ms``), and the 2 ms target applies to them: an accepted call's time is the guest's.
 
 Prints one JSON document.
 """
@@ -317,7 +318,8 @@ def _drive(rt: pb_grpc.RuntimeServiceStub, calls: int, uid: str, volumes: str, i
         rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
         rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
     create_all = accepted + diverged + exists
-    p99 = percentiles(create_all)["p99"]
+    decision = diverged + exists
+    p99 = percentiles(decision)["p99"]
     return {
         "containers_in_pod": CONTAINERS,
         "version_ms": percentiles(version),
@@ -325,6 +327,7 @@ def _drive(rt: pb_grpc.RuntimeServiceStub, calls: int, uid: str, volumes: str, i
         "create_rejected_failed_precondition_ms": percentiles(diverged),
         "create_rejected_already_exists_ms": percentiles(exists),
         "create_all_ms": percentiles(create_all),
+        "decision_ms": percentiles(decision),
         "target_p99_ms": 2.0,
         "meets_target": p99 <= 2.0,
     }
@@ -371,6 +374,7 @@ SHAPE: dict[str, Any] = {
         "create_rejected_failed_precondition_ms": MS,
         "create_rejected_already_exists_ms": MS,
         "create_all_ms": MS,
+        "decision_ms": MS,
         "target_p99_ms": 2.0,
         "meets_target": smoke.BOOL,
     },
@@ -380,7 +384,7 @@ SHAPE: dict[str, Any] = {
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=1.5, help="time per pure case")
-    parser.add_argument("--calls", type=int, default=500, help="CreateContainer calls of each kind over the socket")
+    parser.add_argument("--calls", type=int, default=100, help="CreateContainer calls of each kind over the socket")
     parser.add_argument("--no-socket", action="store_true", help="skip the socket part (no guest is booted)")
     parser.add_argument(
         "--smoke", action="store_true", help="0.05 s a pure case, 3 calls of each kind; check the JSON, exit 1 if wrong"

@@ -43,10 +43,12 @@ from tests.integration.cni_kit import PLUGIN_DIR, bridge_conflist
 from tests.registry_kit import Layout, Registry, busybox_entries, push
 
 IMAGE_DIR = os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default")
-BRIDGE = "vmsbr-bench0"
-SUBNET = "10.234.0.0/24"
-GATEWAY = "10.234.0.1"
-PEER = ("10.234.0.200", "10.234.0.201")  # receiver and baseline sender: outside host-local's range
+# a bridge and subnet of this run's own (from its pid), so two runs at once do not take each other's
+_NET = 1 + os.getpid() % 250
+BRIDGE = f"vmsbr-b{os.getpid() % 100000}"
+SUBNET = f"10.234.{_NET}.0/24"
+GATEWAY = f"10.234.{_NET}.1"
+PEER = (f"10.234.{_NET}.200", f"10.234.{_NET}.201")  # receiver and baseline sender: outside host-local's range
 PORT = 5001
 BUSYBOX = "/bin/busybox"
 RECEIVER = (
@@ -174,7 +176,7 @@ def run(tmp: Path, runs: int, mib: int) -> dict[str, object]:
     conf.mkdir()
     network = bridge_conflist("vmsandbox-bench", BRIDGE, SUBNET, GATEWAY, tmp / "ipam")
     ipam = network["plugins"][0]["ipam"]  # type: ignore[index]
-    ipam["ranges"][0][0]["rangeEnd"] = "10.234.0.150"
+    ipam["ranges"][0][0]["rangeEnd"] = f"10.234.{_NET}.150"
     (conf / "10-bench.conflist").write_text(json.dumps(network))
     config = tmp / "config.yaml"
     config.write_text(
