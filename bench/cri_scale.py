@@ -43,7 +43,6 @@ from shim.images import ImageStore
 from shim.model import CONTAINER_CREATED, SANDBOX_READY, ContainerRecord, PodMeta, SandboxRecord
 from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
-from vmsandbox import records
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
@@ -67,7 +66,7 @@ def _ms(samples: list[float]) -> dict[str, float]:
 
 def _seed(ledger: Ledger, sb: Sandboxes, pods: int) -> list[str]:
     """``pods`` READY sandboxes with PER_POD CREATED containers each; the container ids."""
-    shape = records.shape_doc(shape_for(PodDemand(cpu_millis=500, memory_bytes=64 << 20), PROFILE))
+    shape = shape_for(PodDemand(cpu_millis=500, memory_bytes=64 << 20), PROFILE)
     ids = []
     for n in range(pods):
         sid = f"{n:08x}" + "a" * 56
@@ -83,6 +82,7 @@ def _seed(ledger: Ledger, sb: Sandboxes, pods: int) -> list[str]:
             shape=shape,
         )
         ledger.put_sandbox(sid, SANDBOX_READY, n, record.to_doc())
+        sb.reload()
         for i in range(PER_POD):
             cid = f"{n:08x}{i:08x}" + "c" * 48
             sb.save_container(

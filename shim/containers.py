@@ -57,6 +57,7 @@ from vmsandbox.agent_protocol import (
 from vmsandbox.domain import AGENT_CHANNEL, SharedDir
 from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, VmSandboxError, WrongState
 from vmsandbox.network import POD_FILES, pod_files
+from vmsandbox.sizing import LinuxResources
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +99,9 @@ def _host_resolv_conf() -> str:
         return ""
 
 
-def _hugepage_mounts(linux: dict[str, object], mounts: tuple[oci_spec.Mount, ...]) -> tuple[oci_spec.Mount, ...]:
+def _hugepage_mounts(linux: LinuxResources, mounts: tuple[oci_spec.Mount, ...]) -> tuple[oci_spec.Mount, ...]:
     """hugetlbfs mounts for the page sizes a container declared and its own mounts do not place."""
-    limits = linux.get("hugepage_limits") or ()
-    assert isinstance(limits, list | tuple)
-    sizes = [int(size) for size, limit in limits if int(limit) > 0]
+    sizes = [size for size, limit in linux.hugepage_limits if limit > 0]
     placed = {m.hugepage_size for m in mounts if m.hugepage_size}
     taken = {m.destination for m in mounts}
     return tuple(
@@ -112,20 +111,15 @@ def _hugepage_mounts(linux: dict[str, object], mounts: tuple[oci_spec.Mount, ...
     )
 
 
-def _admitted_limits(asked: oci_spec.Resources, linux: dict[str, object]) -> oci_spec.Resources:
+def _admitted_limits(asked: oci_spec.Resources, linux: LinuxResources) -> oci_spec.Resources:
     """The cgroup limits of a container: what admission recorded (its LinuxContainerResources, or
     what its kubernetes_resources imply), the rest as asked."""
-
-    def num(key: str) -> int | None:
-        value = int(str(linux.get(key, 0) or 0))
-        return value if value > 0 else None
-
     return replace(
         asked,
-        memory_limit_bytes=num("memory_limit_bytes") or asked.memory_limit_bytes,
-        cpu_quota_us=num("cpu_quota") or asked.cpu_quota_us,
-        cpu_period_us=num("cpu_period") or asked.cpu_period_us,
-        cpu_shares=num("cpu_shares") or asked.cpu_shares,
+        memory_limit_bytes=max(linux.memory_limit_bytes, 0) or asked.memory_limit_bytes,
+        cpu_quota_us=max(linux.cpu_quota, 0) or asked.cpu_quota_us,
+        cpu_period_us=max(linux.cpu_period, 0) or asked.cpu_period_us,
+        cpu_shares=max(linux.cpu_shares, 0) or asked.cpu_shares,
     )
 
 
@@ -546,7 +540,7 @@ class Containers:
         rule: the kubelet's mounts win)."""
         shared = self._shared(sandbox.id)
         shared_tree.make_dirs(shared, "pod")
-        dns = sandbox.dns_config()
+        dns = sandbox.dns
         out = []
         for path, text in pod_files(dns, sandbox.hostname, _host_resolv_conf() if dns.empty else "").items():
             if path in covered:
@@ -847,20 +841,18 @@ class Containers:
         assert isinstance(res, CgroupStats)
         return res
 
-    def update(self, container_id: str, linux: dict[str, object]) -> None:
+    def update(self, container_id: str, linux: LinuxResources) -> None:
         """Applies a container's (admitted) cgroup limits in the guest."""
         c = self.sandboxes.container(container_id)
         if c.state not in (CONTAINER_RUNNING, CONTAINER_CREATED) or not c.image_id:
             return
         files: dict[str, str] = {}
-        mem = int(str(linux.get("memory_limit_bytes", 0) or 0))
-        if mem:
-            files["memory.max"] = str(mem)
-        quota = int(str(linux.get("cpu_quota", 0) or 0))
-        period = int(str(linux.get("cpu_period", 0) or 0)) or 100_000
+        if linux.memory_limit_bytes:
+            files["memory.max"] = str(linux.memory_limit_bytes)
+        quota, period = linux.cpu_quota, linux.cpu_period or 100_000
         if quota > 0:
             files["cpu.max"] = f"{quota} {period}"
-        shares = int(str(linux.get("cpu_shares", 0) or 0))
+        shares = linux.cpu_shares
         if shares:
             # the cgroup v1 -> v2 conversion crun and runc use
             files["cpu.weight"] = str(1 + ((shares - 2) * 9999) // 262142)

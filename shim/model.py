@@ -7,14 +7,17 @@ RunPodSandbox request, is the core's own: ``vmsandbox.pod``); ``SandboxRecord`` 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from vmsandbox import records
+from vmsandbox.devices import DeviceGroup
+from vmsandbox.errors import NotFound
 from vmsandbox.network import DnsConfig, NamespaceOptions, PodNetwork, PortMapping
 from vmsandbox.pod import PodMeta as PodMeta
 from vmsandbox.pod import SandboxSpec as SandboxSpec
-from vmsandbox.resources import ContainerResources
-from vmsandbox.sizing import LinuxResources
+from vmsandbox.resources import ContainerResources, PodDeclaration
+from vmsandbox.sizing import LinuxResources, VmShape
 
 SANDBOX_READY = "SANDBOX_READY"
 SANDBOX_NOTREADY = "SANDBOX_NOTREADY"
@@ -50,7 +53,41 @@ class ContainerSpec:
 
 
 @dataclass(frozen=True)
+class PassedGroup:
+    """A passed-through IOMMU group as a sandbox record keeps it (what ``DeviceGroup.to_doc`` says)."""
+
+    pool: str
+    iommu_group: int
+    node: int
+    functions: tuple[str, ...]  # PCI addresses, the primary first
+
+    @staticmethod
+    def of(group: DeviceGroup) -> PassedGroup:
+        return PassedGroup(group.pool, group.group, group.node, group.addresses)
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "pool": self.pool,
+            "iommu_group": self.iommu_group,
+            "node": self.node,
+            "functions": list(self.functions),
+        }
+
+    @staticmethod
+    def from_doc(doc: dict[str, Any]) -> PassedGroup:
+        return PassedGroup(
+            str(doc.get("pool", "")),
+            int(doc.get("iommu_group", -1)),
+            int(doc.get("node", -1)),
+            tuple(str(a) for a in doc.get("functions", ())),
+        )
+
+
+@dataclass(frozen=True)
 class SandboxRecord:
+    """A sandbox as the state database keeps it: typed values here, their documents (``to_doc``,
+    ``from_doc``, the same JSON the database has always held) only at the database's edge."""
+
     id: str
     meta: PodMeta
     state: str
@@ -62,31 +99,86 @@ class SandboxRecord:
     annotations: dict[str, str] = field(default_factory=dict)
     hostname: str = ""
     log_directory: str = ""
-    declaration: dict[str, Any] | None = None  # records.declaration_doc
-    shape: dict[str, Any] = field(default_factory=dict)  # records.shape_doc
-    cpus: list[int] = field(default_factory=list)
-    emulator_cpus: list[int] = field(default_factory=list)
-    hugepages: list[list[int]] = field(default_factory=list)  # [node, page size, count]
-    devices: list[dict[str, Any]] = field(default_factory=list)  # DeviceGroup.to_doc() of each group
-    guest: dict[str, Any] = field(default_factory=dict)  # the guest's own report
+    declaration: PodDeclaration | None = None  # None: the pod was sized without a declaration
+    shape: VmShape | None = None  # None only in records that never got as far as sizing
+    cpus: tuple[int, ...] = ()
+    emulator_cpus: tuple[int, ...] = ()
+    hugepages: tuple[tuple[int, int, int], ...] = ()  # (node, page size, count)
+    devices: tuple[PassedGroup, ...] = ()
+    guest: dict[str, Any] = field(default_factory=dict)  # the guest's own report, shown as it is, and loss marks
     accel: str = ""
     boot_ms: int = 0
-    linux_overhead: dict[str, Any] = field(default_factory=dict)  # LinuxPodSandboxConfig.overhead, recorded
-    # the pod-level resources of the last accepted UpdatePodSandboxResources (LinuxResources fields)
-    updated_resources: dict[str, Any] = field(default_factory=dict)
-    # what the pod asked of its network (NamespaceOptions, PortMapping, DnsConfig fields) and what it
-    # got (PodNetwork.to_doc(); empty until the network is set up)
-    namespaces: dict[str, Any] = field(default_factory=dict)
-    port_mappings: list[dict[str, Any]] = field(default_factory=list)
-    dns: dict[str, Any] = field(default_factory=dict)
-    network: dict[str, Any] = field(default_factory=dict)
+    linux_overhead: LinuxResources = field(default_factory=LinuxResources)  # LinuxPodSandboxConfig.overhead
+    # the pod-level resources of the last accepted UpdatePodSandboxResources
+    updated_resources: LinuxResources = field(default_factory=LinuxResources)
+    # what the pod asked of its network and what it got (None until the network is set up)
+    namespaces: NamespaceOptions = field(default_factory=NamespaceOptions)
+    port_mappings: tuple[PortMapping, ...] = ()
+    dns: DnsConfig = field(default_factory=DnsConfig)
+    network: PodNetwork | None = None
 
     def to_doc(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "id": self.id,
+            "meta": asdict(self.meta),
+            "state": self.state,
+            "created_ns": self.created_ns,
+            "runtime_handler": self.runtime_handler,
+            "profile": self.profile,
+            "domain": self.domain,
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "hostname": self.hostname,
+            "log_directory": self.log_directory,
+            "declaration": records.declaration_doc(self.declaration) if self.declaration is not None else None,
+            "shape": records.shape_doc(self.shape) if self.shape is not None else {},
+            "cpus": list(self.cpus),
+            "emulator_cpus": list(self.emulator_cpus),
+            "hugepages": [list(h) for h in self.hugepages],
+            "devices": [d.to_doc() for d in self.devices],
+            "guest": dict(self.guest),
+            "accel": self.accel,
+            "boot_ms": self.boot_ms,
+            "linux_overhead": records.linux_doc(self.linux_overhead),
+            "updated_resources": records.linux_doc(self.updated_resources),
+            "namespaces": asdict(self.namespaces),
+            "port_mappings": [asdict(m) for m in self.port_mappings],
+            "dns": {k: list(v) for k, v in asdict(self.dns).items()},
+            "network": self.network.to_doc() if self.network is not None else {},
+        }
 
     @staticmethod
     def from_doc(doc: dict[str, Any]) -> SandboxRecord:
-        return SandboxRecord(**{**doc, "meta": PodMeta(**doc["meta"])})
+        declaration, shape, network = doc.get("declaration"), doc.get("shape"), doc.get("network")
+        dns = doc.get("dns") or {}
+        return SandboxRecord(
+            id=doc["id"],
+            meta=PodMeta(**doc["meta"]),
+            state=doc["state"],
+            created_ns=int(doc["created_ns"]),
+            runtime_handler=doc.get("runtime_handler", ""),
+            profile=doc.get("profile", ""),
+            domain=doc.get("domain", ""),
+            labels=dict(doc.get("labels") or {}),
+            annotations=dict(doc.get("annotations") or {}),
+            hostname=doc.get("hostname", ""),
+            log_directory=doc.get("log_directory", ""),
+            declaration=records.declaration_from_doc(declaration) if declaration else None,
+            shape=records.shape_from_doc(shape) if shape else None,
+            cpus=tuple(int(c) for c in doc.get("cpus", ())),
+            emulator_cpus=tuple(int(c) for c in doc.get("emulator_cpus", ())),
+            hugepages=tuple((int(n), int(size), int(count)) for n, size, count in doc.get("hugepages", ())),
+            devices=tuple(PassedGroup.from_doc(d) for d in doc.get("devices", ())),
+            guest=dict(doc.get("guest") or {}),
+            accel=doc.get("accel", ""),
+            boot_ms=int(doc.get("boot_ms", 0)),
+            linux_overhead=records.linux_from_doc(doc.get("linux_overhead") or {}),
+            updated_resources=records.linux_from_doc(doc.get("updated_resources") or {}),
+            namespaces=NamespaceOptions(**(doc.get("namespaces") or {})),
+            port_mappings=tuple(PortMapping(**m) for m in doc.get("port_mappings", ())),
+            dns=DnsConfig(**{k: tuple(v) for k, v in dns.items()}),
+            network=PodNetwork.from_doc(network) if network else None,
+        )
 
     def with_state(self, state: str) -> SandboxRecord:
         return replace(self, state=state)
@@ -96,18 +188,20 @@ class SandboxRecord:
         """The guest agent instance that reported at RunPodSandbox ("" for agents without one)."""
         return str(self.guest.get("instance", ""))
 
-    def namespace_options(self) -> NamespaceOptions:
-        return NamespaceOptions(**self.namespaces)
+    @property
+    def exclusive(self) -> bool:
+        """Whether the pod's vCPUs are pinned to CPUs of its own (its record's ``cpus`` are claimed)."""
+        return self.shape is not None and self.shape.cpu_policy == "exclusive"
 
-    def port_mapping_list(self) -> tuple[PortMapping, ...]:
-        return tuple(PortMapping(**m) for m in self.port_mappings)
+    @property
+    def init_container_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.declaration.init_containers) if self.declaration is not None else ()
 
-    def dns_config(self) -> DnsConfig:
-        return DnsConfig(**{k: tuple(v) for k, v in self.dns.items()})
-
-    def pod_network(self) -> PodNetwork | None:
-        """What the pod's network set-up gave it; None before it ran (or for records older than it)."""
-        return PodNetwork.from_doc(self.network) if self.network else None
+    def sized_shape(self) -> VmShape:
+        """The VM's shape; a record without one (never sized) is a broken record."""
+        if self.shape is None:
+            raise NotFound(f"pod sandbox {self.id[:12]} has no recorded VM shape")
+        return self.shape
 
 
 @dataclass(frozen=True)
@@ -122,8 +216,8 @@ class ContainerRecord:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     log_path: str = ""
-    resources: dict[str, Any] = field(default_factory=dict)  # records.resources_doc of what was admitted
-    linux: dict[str, Any] = field(default_factory=dict)  # LinuxResources fields, updated on update
+    resources: ContainerResources = field(default_factory=ContainerResources)  # what was admitted
+    linux: LinuxResources = field(default_factory=LinuxResources)  # its cgroup limits, updated on update
     reason: str = ""
     message: str = ""
     # set by shim.containers once the container exists in the guest
@@ -138,9 +232,17 @@ class ContainerRecord:
     exit_code: int = 0
 
     def to_doc(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc["labels"], doc["annotations"] = dict(self.labels), dict(self.annotations)
+        doc["resources"] = records.resources_doc(self.resources)
+        doc["linux"] = records.linux_doc(self.linux)
+        return doc
 
     @staticmethod
     def from_doc(doc: dict[str, Any]) -> ContainerRecord:
         # records written while file mounts were copies carry the copies' write-back list
-        return ContainerRecord(**{k: v for k, v in doc.items() if k != "copy_back"})
+        known = {f.name for f in fields(ContainerRecord)}
+        args = {k: v for k, v in doc.items() if k in known}
+        args["resources"] = records.resources_from_doc(doc.get("resources") or {}, f"container {doc.get('id', '')}")
+        args["linux"] = records.linux_from_doc(doc.get("linux") or {})
+        return ContainerRecord(**args)

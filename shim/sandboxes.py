@@ -1,7 +1,10 @@
 """Sandbox orchestration: size, place, claim, boot, admit, tear down, reconcile.
 
 It owns the sandbox records and admits containers into them (their records are kept here and
-moved through their life by ``shim.containers``); host resources belong to ``shim.resources``,
+moved through their life by ``shim.containers``). Records are typed values (``shim.model``), decoded
+once: sandboxes in a map and containers in ``shim.container_index``, both built from the ledger at
+start-up and written through to it (ledger first, then memory) on every change, so a lookup never
+reads or decodes a row. Host resources belong to ``shim.resources``,
 images to ``shim.images``, pod networks to ``shim.network``. It speaks core types (``shim.model``)
 and drives the IO adapters (ledger, hypervisor, sysfs, guest channel). RunPodSandbox is transactional: any
 failure after the claim tears the domain down and releases every claim before the error
@@ -17,7 +20,7 @@ import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +35,14 @@ from shim.model import (
     SANDBOX_READY,
     ContainerRecord,
     ContainerSpec,
+    PassedGroup,
     PodMeta,
     SandboxRecord,
     SandboxSpec,
 )
 from shim.network import Attachment, PodNetworks
 from shim.resources import ResourceManager
-from vmsandbox import admission, records, validation
+from vmsandbox import admission, validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
@@ -73,7 +77,7 @@ from vmsandbox.lifecycle import (
 )
 from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile, select_profile
-from vmsandbox.resources import ContainerResources, PodDeclaration, hugepage_resource
+from vmsandbox.resources import ContainerResources, hugepage_resource
 from vmsandbox.sizing import (
     LinuxResources,
     VmShape,
@@ -117,17 +121,15 @@ class Sandboxes:
         self._clock = clock
         self._sandbox_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
-        # parsed declarations by sandbox id: immutable for a sandbox's life, parsed once, not per CreateContainer
-        self._declarations: dict[str, PodDeclaration] = {}
         # pod metadata -> the sandbox holding it, from RunPodSandbox until RemovePodSandbox (as containerd does)
         self._names_lock = threading.Lock()
         self._container_write_lock = threading.Lock()
         # every container record, decoded once; the ledger is its write-ahead record
         self._index = ContainerIndex(ContainerRecord.from_doc(doc) for *_, doc in self.ledger.containers())
         self._in_flight: set[str] = set()  # sandboxes whose RunPodSandbox is running (periodic reconcile skips them)
-        self._names: dict[PodMeta, str] = {
-            SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()
-        }
+        # every sandbox record, decoded once (creating ones too); the ledger is its write-ahead record
+        self._records: dict[str, SandboxRecord] = self._load_records()
+        self._names: dict[PodMeta, str] = {r.meta: sid for sid, r in self._records.items()}
         # the directories a guest gets over 9p belong to the owner of containers (shim.containers),
         # which sets these: it makes them for a boot, drops them when a boot is rolled back, and
         # sweeps those of sandboxes that no longer exist (given the ids to keep)
@@ -211,17 +213,17 @@ class Sandboxes:
             annotations=dict(spec.annotations),
             hostname=spec.hostname,
             log_directory=spec.log_directory,
-            declaration=records.declaration_doc(spec.declaration) if spec.declaration else None,
-            shape=records.shape_doc(shape),
-            cpus=list(placement.cpus),
-            emulator_cpus=list(placement.emulator_cpus),
-            hugepages=[list(h) for h in placement.hugepages],
-            devices=[g.to_doc() for g in placement.devices],
+            declaration=spec.declaration,
+            shape=shape,
+            cpus=tuple(placement.cpus),
+            emulator_cpus=tuple(placement.emulator_cpus),
+            hugepages=tuple(placement.hugepages),
+            devices=tuple(PassedGroup.of(g) for g in placement.devices),
             accel=accel,
-            linux_overhead=asdict(spec.linux_overhead) if not spec.linux_overhead.empty else {},
-            namespaces=asdict(spec.namespaces),
-            port_mappings=[asdict(m) for m in spec.port_mappings],
-            dns=asdict(spec.dns),
+            linux_overhead=spec.linux_overhead,
+            namespaces=spec.namespaces,
+            port_mappings=tuple(spec.port_mappings),
+            dns=spec.dns,
         )
         log.info(
             "sandbox %s for pod %s: %d vCPUs on %s, %d MiB, %s, claimed %s",
@@ -234,12 +236,12 @@ class Sandboxes:
             placement.claim.describe(),
         )
         try:
-            self.ledger.put_sandbox(sandbox_id, STATE_CREATING, record.created_ns, record.to_doc())
+            self._put_sandbox(record)
             attachment = self.network.attach(
                 sandbox_id, meta, spec.namespaces, spec.port_mappings, dict(spec.annotations)
             )
             faults.checkpoint("run:after-network")
-            record = replace(record, network=attachment.network.to_doc())
+            record = replace(record, network=attachment.network)
             record = self._boot(record, profile, shape, placement, accel, attachment)
         except BaseException as exc:
             outcome = self._rollback(sandbox_id, name)
@@ -324,7 +326,7 @@ class Sandboxes:
                     f"declared (guest RAM {shape.memory_bytes >> 20} MiB){self._console_tail(console)}"
                 )
         ready = replace(record, state=SANDBOX_READY, guest=_report_doc(report), boot_ms=boot_ms)
-        self.ledger.put_sandbox(record.id, SANDBOX_READY, record.created_ns, ready.to_doc())
+        self._put_sandbox(ready)
         log.info(
             "sandbox %s ready in %d ms (guest: %d vCPUs, MemTotal %d KiB)",
             record.id[:12],
@@ -380,15 +382,14 @@ class Sandboxes:
         validation.id_prefix(given, "pod_sandbox_id")
         if validation.is_id(given):
             return given
-        known = (sid for sid, state, _, _ in self.ledger.sandboxes() if state != STATE_CREATING)
+        known = [sid for sid, r in list(self._records.items()) if r.state != STATE_CREATING]
         return validation.resolve_prefix(given, known, "pod sandbox")
 
     def get(self, sandbox_id: str) -> SandboxRecord:
         sandbox_id = self._sandbox_id(sandbox_id)
-        row = self.ledger.get_sandbox(sandbox_id)
-        if row is None or row[0] == STATE_CREATING:
+        record = self._records.get(sandbox_id)
+        if record is None or record.state == STATE_CREATING:
             raise NotFound(f"pod sandbox {sandbox_id!r} not found")
-        record = SandboxRecord.from_doc(row[2])
         logs.bind(sandbox_id=record.id, pod=f"{record.meta.namespace}/{record.meta.name}")
         return record
 
@@ -406,7 +407,9 @@ class Sandboxes:
             return None
 
     def list_sandboxes(self) -> list[SandboxRecord]:
-        return [SandboxRecord.from_doc(doc) for _, state, _, doc in self.ledger.sandboxes() if state != STATE_CREATING]
+        return sorted(
+            (r for r in list(self._records.values()) if r.state != STATE_CREATING), key=lambda r: (r.created_ns, r.id)
+        )
 
     def stop(self, sandbox_id: str) -> None:
         """Destroy the guest and release its resources; unknown ids and repeats succeed."""
@@ -427,8 +430,7 @@ class Sandboxes:
                 if c.state != CONTAINER_EXITED:
                     self._put_container(replace(c, state=CONTAINER_EXITED, reason="SandboxStopped"))
             if record.state != SANDBOX_NOTREADY:
-                stopped = record.with_state(SANDBOX_NOTREADY)
-                self.ledger.put_sandbox(sandbox_id, SANDBOX_NOTREADY, record.created_ns, stopped.to_doc())
+                self._put_sandbox(record.with_state(SANDBOX_NOTREADY))
                 log.info("sandbox %s stopped: domain %s removed, resources released", sandbox_id[:12], record.domain)
             self.network.detach(sandbox_id)  # raises while CNI DEL fails; the next Stop tries again
 
@@ -448,19 +450,17 @@ class Sandboxes:
             self._remove_console_log(sandbox_id)
         with self._locks_lock:
             self._sandbox_locks.pop(sandbox_id, None)
-        self._declarations.pop(sandbox_id, None)
 
     def update_sandbox(self, sandbox_id: str, resources: LinuxResources) -> None:
         """UpdatePodSandboxResources: accepted and recorded when it fits the VM, else FAILED_PRECONDITION."""
         sandbox_id = self.get(sandbox_id).id
         with self._lock_for(sandbox_id):
             record = self.get(sandbox_id)
-            shape = records.shape_from_doc(record.shape)
             admission.check_envelope(
-                shape.demand, [], admission.Usage.of_linux(resources), who="the pod's new resources"
+                record.sized_shape().demand, [], admission.Usage.of_linux(resources), who="the pod's new resources"
             )
-            updated = replace(record, updated_resources=asdict(resources))
-            self.ledger.put_sandbox(sandbox_id, record.state, record.created_ns, updated.to_doc())
+            updated = replace(record, updated_resources=resources)
+            self._put_sandbox(updated)
 
     # -- containers -----------------------------------------------------------------------------
     def containers(self, sandbox_id: str | None = None) -> list[ContainerRecord]:
@@ -490,6 +490,25 @@ class Sandboxes:
             self._put_container(changed)
             return changed
 
+    def reload(self) -> None:
+        """Decode the ledger's sandbox rows again (start-up: rows an earlier process wrote)."""
+        self._records = self._load_records()
+
+    def _load_records(self) -> dict[str, SandboxRecord]:
+        """The ledger's sandbox rows, decoded; a row that does not decode is left to reconcile (which
+        tears down what it names) and logged."""
+        records: dict[str, SandboxRecord] = {}
+        for sid, state, _, doc in self.ledger.sandboxes():
+            try:
+                records[sid] = replace(SandboxRecord.from_doc(doc), state=state)
+            except (KeyError, TypeError, ValueError, VmSandboxError) as exc:
+                log.error("sandbox %s: its record does not decode (%s); reconcile will tear it down", sid[:12], exc)
+        return records
+
+    def _put_sandbox(self, record: SandboxRecord) -> None:
+        self.ledger.put_sandbox(record.id, record.state, record.created_ns, record.to_doc())
+        self._records[record.id] = record  # after the ledger took it
+
     def _put_container(self, c: ContainerRecord) -> None:
         self.ledger.put_container(c.id, c.sandbox_id, c.name, c.attempt, c.state, c.created_ns, c.to_doc())
         self._index.put(c)  # after the ledger took it: a refused write (a duplicate name) changes nothing
@@ -497,6 +516,7 @@ class Sandboxes:
     def _delete_sandbox_rows(self, sandbox_id: str) -> None:
         """Forget a sandbox, its containers and its claims in the ledger, and its containers here."""
         self.ledger.delete_sandbox(sandbox_id)
+        self._records.pop(sandbox_id, None)
         self._index.drop_sandbox(sandbox_id)
 
     def create_container(self, sandbox_id: str, spec: ContainerSpec) -> str:
@@ -522,9 +542,9 @@ class Sandboxes:
                 labels=dict(spec.labels),
                 annotations=dict(spec.annotations),
                 log_path=validation.join_log_path(record.log_directory, spec.log_path),
-                resources=records.resources_doc(admitted.resources),
+                resources=admitted.resources,
                 # what the container's cgroup holds: as sent, else implied by its kubernetes_resources
-                linux=asdict(admitted.linux),
+                linux=admitted.linux,
                 reason="Created",
                 message="admitted; not yet created in its guest",
             )
@@ -533,17 +553,9 @@ class Sandboxes:
             return container.id
 
     def _admit(self, record: SandboxRecord, spec: ContainerSpec, existing: list[ContainerRecord]) -> Admitted:
-        declaration = None
-        if record.declaration is not None:
-            declaration = self._declarations.get(record.id)
-            if declaration is None:
-                declaration = self._declarations[record.id] = records.declaration_from_doc(record.declaration)
         ask = ContainerAsk(spec.name, spec.attempt, spec.resources, spec.attachments, spec.linux)
-        siblings = [
-            Sibling(c.name, c.attempt, LinuxResources(**_linux_args(c.linux)), c.state == CONTAINER_EXITED)
-            for c in existing
-        ]
-        return admit_container(declaration, records.shape_from_doc(record.shape), ask, siblings)
+        siblings = [Sibling(c.name, c.attempt, c.linux, c.state == CONTAINER_EXITED) for c in existing]
+        return admit_container(record.declaration, record.sized_shape(), ask, siblings)
 
     @staticmethod
     def _usage(resources: ContainerResources | None, linux: LinuxResources) -> admission.Usage:
@@ -563,9 +575,9 @@ class Sandboxes:
         c = self.container(container_id)
         with self._lock_for(c.sandbox_id):
             record = self.get(c.sandbox_id)
-            shape = records.shape_from_doc(record.shape)
+            shape = record.sized_shape()
             # the containers that may run beside it, phase by phase (KEP-753: sidecars stay, init containers end)
-            inits = [d["name"] for d in (record.declaration or {}).get("init_containers", [])]
+            inits = list(record.init_container_names)
             sidecars = frozenset(sidecar_names(record.annotations))  # checked at RunPodSandbox
             live = {
                 o.name: o
@@ -573,17 +585,13 @@ class Sandboxes:
             }
             new_linux = admission.implied_linux(resources) if resources is not None and linux.empty else linux
             for phase in running_alongside(c.name, inits, sidecars, live):
-                others = [self._usage(None, LinuxResources(**_linux_args(live[n].linux))) for n in phase if n in live]
+                others = [self._usage(None, live[n].linux) for n in phase if n in live]
                 admission.check_envelope(
                     shape.demand, others, self._usage(resources, linux), who=f'update of "{c.name}"'
                 )
-            changes: dict[str, Any] = {"linux": asdict(new_linux)}
+            changes: dict[str, Any] = {"linux": new_linux}
             if resources is not None:
-                changes["resources"] = {
-                    **c.resources,
-                    "requests": resources.requests.as_strings(),
-                    "limits": resources.limits.as_strings(),
-                }
+                changes["resources"] = replace(c.resources, requests=resources.requests, limits=resources.limits)
             self.change_container(c.id, **changes)
 
     # -- start-up -------------------------------------------------------------------------------
@@ -606,6 +614,7 @@ class Sandboxes:
         }
         if not periodic:
             self.resources.resync()
+            self.reload()
         busy = set(self._in_flight)
         docs = {sid: (state, doc) for sid, state, _, doc in self.ledger.sandboxes() if sid not in busy}
         owners = self.resources.owners() - busy
@@ -666,7 +675,7 @@ class Sandboxes:
             if periodic:  # keep the names of RunPodSandbox calls in flight; drop those of forgotten sandboxes
                 self._names = {m: sid for m, sid in self._names.items() if sid in remaining or sid in self._in_flight}
             else:
-                self._names = {SandboxRecord.from_doc(doc).meta: sid for sid, _, _, doc in self.ledger.sandboxes()}
+                self._names = {r.meta: sid for sid, r in self._records.items()}
         if periodic and any(report[k] for k in ("removed_domains", "stopped", "forgotten", "released", "failed")):
             log.warning("periodic reconcile: %s", {k: len(v) for k, v in report.items() if v and k != "foreign"})
         return report
@@ -728,9 +737,7 @@ class Sandboxes:
                 if c.state != CONTAINER_EXITED:
                     self._put_container(replace(c, state=CONTAINER_EXITED, reason="SandboxStopped"))
                     exited += 1
-            self.ledger.put_sandbox(
-                sid, SANDBOX_NOTREADY, record.created_ns, record.with_state(SANDBOX_NOTREADY).to_doc()
-            )
+            self._put_sandbox(record.with_state(SANDBOX_NOTREADY))
             log.warning(
                 "reconcile: sandbox %s (domain %s) of pod %s has no running guest: marked NOTREADY, "
                 "%d claims released, %d containers marked exited",
@@ -822,7 +829,7 @@ class Sandboxes:
                     done = replace(done, exit_code=exit_code, finished_ns=now)
                 self._put_container(done)
         dead = replace(record, state=SANDBOX_NOTREADY, guest={**record.guest, key: why, f"{key}_ns": now})
-        self.ledger.put_sandbox(record.id, SANDBOX_NOTREADY, record.created_ns, dead.to_doc())
+        self._put_sandbox(dead)
 
     def check_guests(self) -> list[str]:
         """Re-check every READY sandbox's guest (after libvirt events may have been missed); the ids of
@@ -838,11 +845,10 @@ class Sandboxes:
     def _claims_problem(self, sid: str, doc: dict[str, Any]) -> str:
         """How a READY sandbox's claims differ from what its record says it holds ("" when they match)."""
         record = SandboxRecord.from_doc(doc)
-        exclusive = record.shape.get("cpu_policy") == "exclusive"
         expected = Claim.of(
-            record.cpus if exclusive else (),
-            (str(a) for d in record.devices for a in d.get("functions", ())),
-            ((int(n), int(size), int(count)) for n, size, count in record.hugepages),
+            record.cpus if record.exclusive else (),
+            (a for d in record.devices for a in d.functions),
+            record.hugepages,
         )
         return self.resources.holds(sid, expected) or ""
 
@@ -866,12 +872,6 @@ class Sandboxes:
             log.info(
                 "reconcile: removed console log %s of forgotten sandbox %s (domain %s)", f, sid[:12], domain_name(sid)
             )
-
-
-def _linux_args(doc: dict[str, Any]) -> dict[str, Any]:
-    args = dict(doc)
-    args["hugepage_limits"] = tuple(tuple(p) for p in args.get("hugepage_limits", ()))
-    return args
 
 
 def _report_doc(report: GuestReport) -> dict[str, Any]:

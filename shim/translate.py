@@ -23,7 +23,7 @@ from shim.model import (
     SandboxRecord,
     SandboxSpec,
 )
-from vmsandbox import oci_spec, records, validation
+from vmsandbox import oci_spec, validation
 from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.image_catalogue import ImageRecord
@@ -327,12 +327,12 @@ def pod_sandbox_status(r: SandboxRecord) -> pb.PodSandboxStatus:
         annotations=r.annotations,
         runtime_handler=r.runtime_handler,
         network=_network_status(r),
-        linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=_namespace_option_msg(r.namespace_options()))),
+        linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=_namespace_option_msg(r.namespaces))),
     )
 
 
 def _network_status(r: SandboxRecord) -> pb.PodSandboxNetworkStatus:
-    network = r.pod_network()
+    network = r.network
     ips = network.ips if network is not None else ()
     return pb.PodSandboxNetworkStatus(ip=ips[0] if ips else "", additional_ips=[pb.PodIP(ip=ip) for ip in ips[1:]])
 
@@ -348,22 +348,23 @@ def _namespace_option_msg(o: NamespaceOptions) -> pb.NamespaceOption:
 
 def sandbox_info(r: SandboxRecord) -> dict[str, str]:
     """The verbose ``info`` map: one JSON document under the key "info", as containerd does."""
+    record = r.to_doc()
     doc = {
         "domain": r.domain,
         "profile": r.profile,
-        "sizing_mode": r.shape.get("demand", {}).get("mode", ""),
-        "shape": r.shape,
-        "pinned_cpus": r.cpus,
-        "emulator_cpus": r.emulator_cpus,
+        "sizing_mode": r.shape.demand.mode if r.shape is not None else "",
+        "shape": record["shape"],
+        "pinned_cpus": record["cpus"],
+        "emulator_cpus": record["emulator_cpus"],
         "hugepages": [{"node": n, "page_size": s, "pages": c} for n, s, c in r.hugepages],
-        "devices": r.devices,
+        "devices": record["devices"],
         "accel": r.accel,
         "boot_ms": r.boot_ms,
-        "guest": r.guest,
-        "declaration": r.declaration,
-        "ephemeral_storage_bytes": r.shape.get("demand", {}).get("ephemeral_storage_bytes", 0),
-        "linux_overhead": r.linux_overhead,
-        "updated_resources": r.updated_resources,
+        "guest": record["guest"],
+        "declaration": record["declaration"],
+        "ephemeral_storage_bytes": r.shape.demand.ephemeral_storage_bytes if r.shape is not None else 0,
+        "linux_overhead": record["linux_overhead"],
+        "updated_resources": record["updated_resources"],
     }
     return {"info": json.dumps(doc, sort_keys=True)}
 
@@ -395,17 +396,16 @@ def page_size_text(size: int) -> str:
     return f"{size}B"
 
 
-def linux_resources_msg(doc: Mapping[str, Any]) -> pb.LinuxContainerResources:
-    """A recorded ``LinuxResources`` (as a dict) back into the CRI message."""
+def linux_resources_msg(r: LinuxResources) -> pb.LinuxContainerResources:
+    """A recorded ``LinuxResources`` back into the CRI message."""
     return pb.LinuxContainerResources(
-        cpu_period=int(doc.get("cpu_period", 0)),
-        cpu_quota=int(doc.get("cpu_quota", 0)),
-        cpu_shares=int(doc.get("cpu_shares", 0)),
-        memory_limit_in_bytes=int(doc.get("memory_limit_bytes", 0)),
-        cpuset_cpus=str(doc.get("cpuset_cpus", "")),
+        cpu_period=r.cpu_period,
+        cpu_quota=r.cpu_quota,
+        cpu_shares=r.cpu_shares,
+        memory_limit_in_bytes=r.memory_limit_bytes,
+        cpuset_cpus=r.cpuset_cpus,
         hugepage_limits=[
-            pb.HugepageLimit(page_size=page_size_text(int(size)), limit=int(limit))
-            for size, limit in doc.get("hugepage_limits", ())
+            pb.HugepageLimit(page_size=page_size_text(size), limit=limit) for size, limit in r.hugepage_limits
         ],
     )
 
@@ -440,13 +440,14 @@ def container_status(c: ContainerRecord) -> pb.ContainerStatus:
                 selinux_relabel=m.selinux_relabel,
                 propagation=m.propagation,  # type: ignore[arg-type]
             )
-            for m in records.mounts_from_doc(c.resources)
+            for m in sorted(c.resources.mounts)
         ],
     )
 
 
 def container_info(c: ContainerRecord) -> dict[str, str]:
-    return {"info": json.dumps({"resources": c.resources, "linux": c.linux}, sort_keys=True)}
+    doc = c.to_doc()
+    return {"info": json.dumps({"resources": doc["resources"], "linux": doc["linux"]}, sort_keys=True)}
 
 
 # -- images ---------------------------------------------------------------------------------------

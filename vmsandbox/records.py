@@ -1,4 +1,4 @@
-"""JSON-ready documents for the core values we persist (declaration, demand, shape). Pure.
+"""JSON-ready documents for the core values we persist (declaration, demand, shape, cgroup limits). Pure.
 
 The state database stores these documents; ``*_from_doc`` rebuilds the frozen values exactly
 (quantities are stored in canonical form, which round-trips).
@@ -17,7 +17,7 @@ from vmsandbox.resources import (
     PodDeclaration,
     ResourceList,
 )
-from vmsandbox.sizing import PodDemand, VmShape
+from vmsandbox.sizing import LinuxResources, PodDemand, VmShape
 
 
 def resources_doc(res: ContainerResources) -> dict[str, Any]:
@@ -121,4 +121,29 @@ def shape_from_doc(doc: dict[str, Any]) -> VmShape:
         guest_hugepages=tuple((int(s), int(c)) for s, c in doc.get("guest_hugepages", [])),
         cpu_policy=doc["cpu_policy"],
         demand=demand_from_doc(doc["demand"]),
+    )
+
+
+def linux_doc(r: LinuxResources) -> dict[str, Any]:
+    """A ``LinuxResources`` as a document ({} when it says nothing)."""
+    if r.empty:
+        return {}
+    return {
+        "cpu_period": r.cpu_period,
+        "cpu_quota": r.cpu_quota,
+        "cpu_shares": r.cpu_shares,
+        "memory_limit_bytes": r.memory_limit_bytes,
+        "hugepage_limits": [list(p) for p in r.hugepage_limits],
+        "cpuset_cpus": r.cpuset_cpus,
+    }
+
+
+def linux_from_doc(doc: dict[str, Any]) -> LinuxResources:
+    return LinuxResources(
+        cpu_period=int(doc.get("cpu_period", 0)),
+        cpu_quota=int(doc.get("cpu_quota", 0)),
+        cpu_shares=int(doc.get("cpu_shares", 0)),
+        memory_limit_bytes=int(doc.get("memory_limit_bytes", 0)),
+        hugepage_limits=tuple((int(size), int(limit)) for size, limit in doc.get("hugepage_limits", ())),
+        cpuset_cpus=str(doc.get("cpuset_cpus", "")),
     )

@@ -90,7 +90,7 @@ class ShimBackends:
         record = self.sandboxes.find(sandbox_id)
         if record is None:
             raise NotFound(f"sandbox {sandbox_id[:12]} is gone")
-        network = record.pod_network()
+        network = record.network
         ips = network.ips if network is not None else ()
         if not ips:
             # a host-network pod's guest has QEMU's user-mode network: nothing outside can connect

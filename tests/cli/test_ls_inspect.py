@@ -9,14 +9,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import yaml
 
 from shim.model import CONTAINER_CREATED, ContainerRecord, PodMeta, SandboxRecord
 from tests.cli.conftest import vmsandbox, vmsandbox_json
+from vmsandbox import records
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.claims import Claim
+from vmsandbox.sizing import PodDemand, VmShape
 
 MI = 1 << 20
 READY_ID = "3f2a" + "1" * 60
@@ -30,22 +33,15 @@ class State:
     created_ns: int
 
 
-def _shape(vcpus: int, memory: int, page: int, policy: str) -> dict[str, object]:
-    return {
-        "vcpus": vcpus,
-        "memory_bytes": memory,
-        "backing_page_size": page,
-        "guest_hugepages": [[2 * MI, 16]] if policy == "exclusive" else [],
-        "cpu_policy": policy,
-        "demand": {
-            "cpu_millis": 1500,
-            "memory_bytes": 192 * MI,
-            "hugepages": [[2 * MI, 32 * MI]],
-            "ephemeral_storage_bytes": 0,
-            "extended": [],
-            "mode": "declared",
-        },
-    }
+def _shape(vcpus: int, memory: int, page: int, policy: Literal["exclusive", "shared"]) -> VmShape:
+    return VmShape(
+        vcpus=vcpus,
+        memory_bytes=memory,
+        backing_page_size=page,
+        guest_hugepages=((2 * MI, 16),) if policy == "exclusive" else (),
+        cpu_policy=policy,
+        demand=PodDemand(cpu_millis=1500, memory_bytes=192 * MI, hugepages=((2 * MI, 32 * MI),)),
+    )
 
 
 @pytest.fixture
@@ -61,9 +57,9 @@ def state(tmp_path: Path) -> Iterator[State]:
         profile="vmsandbox",
         domain="vmsandbox-" + READY_ID[:32],
         shape=_shape(2, 288 * MI, 2 * MI, "exclusive"),
-        cpus=[2, 3],
-        emulator_cpus=[2, 3],
-        hugepages=[[0, 2 * MI, 144]],
+        cpus=(2, 3),
+        emulator_cpus=(2, 3),
+        hugepages=((0, 2 * MI, 144),),
         guest={
             "agent": "vmsandbox-init/1",
             "kernel": "6.1.0-18-amd64",
@@ -85,7 +81,7 @@ def state(tmp_path: Path) -> Iterator[State]:
         profile="shared",
         domain="vmsandbox-" + STOPPED_ID[:32],
         shape=_shape(1, 256 * MI, 4096, "shared"),
-        cpus=[0, 1, 2, 3, 4, 5, 6, 7],
+        cpus=(0, 1, 2, 3, 4, 5, 6, 7),
     )
     creating = SandboxRecord(
         id=CREATING_ID,
@@ -109,7 +105,9 @@ def state(tmp_path: Path) -> Iterator[State]:
             attempt=0,
             state=CONTAINER_CREATED,
             created_ns=created + 10 + i,
-            resources={"requests": {"cpu": "1"}, "limits": {"cpu": "1", "memory": "128Mi"}},
+            resources=records.resources_from_doc(
+                {"requests": {"cpu": "1"}, "limits": {"cpu": "1", "memory": "128Mi"}}, "test"
+            ),
         )
         ledger.put_container(c.id, c.sandbox_id, c.name, c.attempt, c.state, c.created_ns, c.to_doc())
     ledger.close()

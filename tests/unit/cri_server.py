@@ -30,7 +30,6 @@ from shim.images import ImageStore
 from shim.model import SANDBOX_READY, ContainerRecord, PodMeta, SandboxRecord
 from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
-from vmsandbox import records
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
@@ -102,9 +101,10 @@ def seed(sb: Sandboxes) -> None:
             profile="vmsandbox",
             domain=domain_name(sid),
             log_directory=SEED_LOG_DIRECTORY,
-            shape=records.shape_doc(shape),
+            shape=shape,
         )
         sb.ledger.put_sandbox(sid, SANDBOX_READY, n, record.to_doc())
+    sb.reload()
     c = ContainerRecord(
         id=SEED_CONTAINER,
         sandbox_id=SEED_SANDBOXES[0],

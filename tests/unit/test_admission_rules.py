@@ -32,7 +32,6 @@ from shim.model import (
     SandboxRecord,
 )
 from shim.sandboxes import Sandboxes
-from vmsandbox import records
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.profile_loader import load_profiles
@@ -326,10 +325,10 @@ def test_container_status_carries_the_recorded_linux_resources() -> None:
         hugepage_limits=((2 * MI, 4 * MI), (GI, GI)),
         cpuset_cpus="1",
     )
-    from dataclasses import asdict
-
     record = ContainerRecord(id="c", sandbox_id="s", name="app", attempt=0, state="CONTAINER_CREATED", created_ns=1)
-    record = replace(record, linux=json.loads(json.dumps(asdict(linux))))  # as stored: lists, not tuples
+    # as the ledger gives it back: through JSON (lists, not tuples)
+    record = ContainerRecord.from_doc(json.loads(json.dumps(replace(record, linux=linux).to_doc())))
+    assert record.linux == linux
     got = translate.container_status(record).resources.linux
     assert (got.cpu_period, got.cpu_quota, got.cpu_shares, got.memory_limit_in_bytes, got.cpuset_cpus) == (
         100_000,
@@ -493,10 +492,11 @@ def add_sandbox(
         profile="vmsandbox",
         domain="vmsandbox-x",
         annotations=annotations,
-        declaration=records.declaration_doc(declaration) if declaration else None,
-        shape=records.shape_doc(shape_for(demand, PROFILE)),
+        declaration=declaration,
+        shape=shape_for(demand, PROFILE),
     )
     sb.ledger.put_sandbox(sandbox_id, SANDBOX_READY, 1, record.to_doc())
+    sb.reload()
 
 
 def declaration_for_cpu(cpu: str) -> PodDeclaration:
@@ -541,7 +541,7 @@ def test_declared_containers_record_the_cgroup_their_resources_imply(sandboxes: 
     add_sandbox(sandboxes, "a2" * 32, DECLARED)
     cid = sandboxes.create_container("a2" * 32, spec("app", declared=True))
     linux = sandboxes.container(cid).linux
-    assert (linux["cpu_quota"], linux["memory_limit_bytes"]) == (50_000, 64 * MI)
+    assert (linux.cpu_quota, linux.memory_limit_bytes) == (50_000, 64 * MI)
 
 
 @pytest.mark.parametrize(
@@ -564,7 +564,7 @@ def test_update_container_envelope(
     ids = {name: sandboxes.create_container("a3" * 32, spec(name, declared=True)) for name in created}
     if accepted:
         sandboxes.update_container(ids[target], None, update)
-        assert sandboxes.container(ids[target]).linux["memory_limit_bytes"] == update.memory_limit_bytes
+        assert sandboxes.container(ids[target]).linux.memory_limit_bytes == update.memory_limit_bytes
     else:
         before = sandboxes.container(ids[target]).linux
         with pytest.raises(Diverged) as err:
@@ -603,13 +603,13 @@ def test_update_container_follows_the_sidecar_rule(
     sandboxes: Sandboxes, target: str, update: LinuxResources, accepted: bool
 ) -> None:
     add_sandbox(sandboxes, S7, WITH_SIDECAR, annotations={"io.vmsandbox/sidecars": "proxy"})
-    assert records.shape_from_doc(sandboxes.get(S7).shape).demand.memory_bytes == 192 * MI
+    assert sandboxes.get(S7).sized_shape().demand.memory_bytes == 192 * MI
     ids = {}
     for c in (*WITH_SIDECAR.init_containers, *WITH_SIDECAR.containers):
         ids[c.name] = sandboxes.create_container(S7, ContainerSpec(name=c.name, resources=c.resources))
     if accepted:
         sandboxes.update_container(ids[target], None, update)
-        assert sandboxes.container(ids[target]).linux["memory_limit_bytes"] == update.memory_limit_bytes
+        assert sandboxes.container(ids[target]).linux.memory_limit_bytes == update.memory_limit_bytes
     else:
         with pytest.raises(Diverged) as err:
             sandboxes.update_container(ids[target], None, update)
@@ -625,28 +625,29 @@ def test_update_with_kubernetes_resources_is_recorded(sandboxes: Sandboxes) -> N
     )
     sandboxes.update_container(cid, new, LinuxResources())
     c = sandboxes.container(cid)
-    assert c.resources["requests"] == {"cpu": "250m"} and c.resources["limits"] == {"memory": "32Mi"}
-    assert (c.linux["cpu_quota"], c.linux["cpu_shares"], c.linux["memory_limit_bytes"]) == (0, 256, 32 * MI)
+    assert c.resources.requests.as_strings() == {"cpu": "250m"}
+    assert c.resources.limits.as_strings() == {"memory": "32Mi"}
+    assert (c.linux.cpu_quota, c.linux.cpu_shares, c.linux.memory_limit_bytes) == (0, 256, 32 * MI)
 
 
 def test_update_pod_sandbox_resources_is_recorded_or_refused(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a5" * 32, DECLARED)
     sandboxes.update_sandbox("a5" * 32, lin(1000, 128))
-    assert sandboxes.get("a5" * 32).updated_resources["memory_limit_bytes"] == 128 * MI
+    assert sandboxes.get("a5" * 32).updated_resources.memory_limit_bytes == 128 * MI
     with pytest.raises(Diverged) as err:
         sandboxes.update_sandbox("a5" * 32, lin(1000, 256))
     assert "memory: 256Mi in all > VM's 128Mi (it would have to grow by 128Mi)" in str(err.value)
-    assert sandboxes.get("a5" * 32).updated_resources["memory_limit_bytes"] == 128 * MI
+    assert sandboxes.get("a5" * 32).updated_resources.memory_limit_bytes == 128 * MI
 
 
-def test_remove_takes_the_containers_and_forgets_the_declaration(sandboxes: Sandboxes) -> None:
+def test_remove_takes_the_containers_and_the_record(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a6" * 32, DECLARED)
     cid = sandboxes.create_container("a6" * 32, spec("app", declared=True))
-    assert "a6" * 32 in sandboxes._declarations
+    assert sandboxes.get("a6" * 32).declaration == DECLARED
     sandboxes.remove("a6" * 32)
     sandboxes.remove("a6" * 32)  # idempotent
     assert sandboxes.containers("a6" * 32) == []
-    assert "a6" * 32 not in sandboxes._declarations
+    assert sandboxes.find("a6" * 32) is None
     sandboxes.remove_container(cid)  # unknown now: still fine
 
 
@@ -786,7 +787,7 @@ def test_an_update_racing_a_start_never_puts_back_created(sandboxes: Sandboxes) 
     del sandboxes.container
     after = sandboxes.container(cid)
     assert (after.state, after.started_ns) == (CONTAINER_RUNNING, 7)
-    assert after.linux["memory_limit_bytes"] == 32 * MI
+    assert after.linux.memory_limit_bytes == 32 * MI
 
 
 def test_a_start_does_not_revive_a_container_that_exited_meanwhile(sandboxes: Sandboxes) -> None:

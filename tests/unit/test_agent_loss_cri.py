@@ -43,6 +43,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
         record = s.sandboxes.get(SANDBOX)
         ready = replace(record, guest={**fg.report_body(fg.INSTANCE)})
         s.sandboxes.ledger.put_sandbox(SANDBOX, record.state, record.created_ns, ready.to_doc())
+        s.sandboxes.reload()
         yield s
 
 

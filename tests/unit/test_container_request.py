@@ -10,6 +10,7 @@ from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.model import CONTAINER_CREATED, ContainerRecord, MountRequest
 from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.errors import InvalidArgument
+from vmsandbox.resources import ContainerResources, Mount
 
 
 def _config(**security: object) -> pb.ContainerConfig:
@@ -125,7 +126,7 @@ def test_container_status_reports_the_mounts() -> None:
         attempt=0,
         state=CONTAINER_CREATED,
         created_ns=1,
-        resources={"mounts": [{"container_path": "/m", "host_path": "/h", "readonly": True, "propagation": 2}]},
+        resources=ContainerResources(mounts=frozenset({Mount("/m", "/h", readonly=True, propagation=2)})),
     )
     (m,) = translate.container_status(record).mounts
     assert (m.container_path, m.host_path, m.readonly, m.recursive_read_only, m.propagation) == (

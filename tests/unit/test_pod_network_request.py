@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -148,8 +146,8 @@ def test_status_echoes_the_namespace_modes_and_reports_the_ips(
         runtime_handler="",
         profile="default",
         domain="vmsandbox-" + "a" * 32,
-        namespaces=asdict(namespaces),
-        network=network.to_doc() if network else {},
+        namespaces=namespaces,
+        network=network,
     )
     status = translate.pod_sandbox_status(record)
     options = status.linux.namespaces.options

@@ -34,6 +34,7 @@ from vmsandbox.domain_xml import read_identity
 from vmsandbox.errors import AlreadyExists, InfrastructureError
 from vmsandbox.lifecycle import STATE_CREATING
 from vmsandbox.profile import Profile
+from vmsandbox.sizing import PodDemand, VmShape
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "one-node-2cpu"
 P2M = 2 << 20
@@ -121,9 +122,9 @@ def add(
             runtime_handler="vmsandbox",
             profile="vmsandbox",
             domain=domain_name(s),
-            shape={"cpu_policy": "exclusive", "vcpus": len(cpus)},
-            cpus=list(cpus),
-            hugepages=[[0, 2 << 20, pages]] if pages else [],
+            shape=VmShape(len(cpus), 256 << 20, 2 << 20, (), "exclusive", PodDemand(1000 * len(cpus), 192 << 20)),
+            cpus=tuple(cpus),
+            hugepages=((0, 2 << 20, pages),) if pages else (),
         )
         sb.ledger.put_sandbox(s, state, n, record.to_doc())
         for i in range(containers):
