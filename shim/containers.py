@@ -238,15 +238,24 @@ class Containers:
     def _qemu_pid(self, sandbox_id: str) -> int | None:
         return self.hypervisor.emulator_pid(self.sandboxes.get(sandbox_id).domain)
 
-    def _unbind(self, sandbox_id: str, path: Path) -> None:
-        """Detach the container mounts at or below ``path`` in the guest's QEMU (if it runs)."""
+    def _unbind_container(self, sandbox_id: str, container_id: str) -> None:
+        """Detach a container's volume binds in its guest's QEMU. Guest root can rename directories
+        of the share, and a bind moves with its parent, out of the container's own directory; so
+        every mount in the share is detached except those in the places of the pod's other
+        containers that may still use theirs."""
         pid = self._qemu_pid(sandbox_id)
-        if pid is not None:
-            binds.unbind_all(pid, path)
+        if pid is None:
+            return
+        shared = self._shared(sandbox_id)
+        keep = [
+            shared / "containers" / o.id / "mounts"
+            for o in self.sandboxes.containers(sandbox_id)
+            if o.id != container_id and o.state != CONTAINER_EXITED
+        ]
+        binds.unbind_all(pid, shared, keep=keep)
 
     def _drop_container_dir(self, sandbox_id: str, container_id: str) -> None:
-        cdir = self._shared(sandbox_id) / "containers" / container_id
-        self._unbind(sandbox_id, cdir)
+        self._unbind_container(sandbox_id, container_id)
         binds.remove_tree(self._shared(sandbox_id), f"containers/{container_id}")
 
     def drop_shared_dirs(self, sandbox_id: str) -> None:
@@ -689,7 +698,7 @@ class Containers:
         else:  # what it wrote last reaches the kubelet's file before its exit is reported
             self.logs.finish(c.id, _LOG_DRAIN_S)
         try:  # nothing runs with its volumes any more: let go of the host's files now
-            self._unbind(c.sandbox_id, self._shared(c.sandbox_id) / "containers" / c.id / "mounts")
+            self._unbind_container(c.sandbox_id, c.id)
         except VmSandboxError as exc:
             log.warning("container %s exited; its volumes stay bound until it is removed: %s", c.id[:12], exc)
         done = replace(

@@ -69,7 +69,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         (tmp / "shim").mkdir()
         with running_shim(tmp / "shim", extra_config={"mount_allowlist": [str(allowed)]}, pull_busybox=False) as shim:
             shim.images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=300)
-            config = pod("guest-writes", containers=[("attacker", SMALL), ("init-attacker", SMALL)])
+            config = pod("guest-writes", containers=[("attacker", SMALL), ("init-attacker", SMALL), ("mover", SMALL)])
             for decl in config.pod_resources.containers:
                 decl.mounts.append(pb.Mount(container_path="/data", host_path=str(volume)))
             config.linux.security_context.privileged = True
@@ -111,14 +111,19 @@ def _run(env: Env, name: str, script: str, *args: str) -> tuple[int, list[str]]:
     return status.exit_code, [text for _, stream, _, text in lines if stream == "stdout"]
 
 
-def _qemu_uid(env: Env) -> int:
-    """The host user QEMU of this sandbox runs as (libvirt's pid file names its process)."""
+def _qemu_pid(env: Env) -> str:
+    """The process of this sandbox's QEMU (libvirt's pid file names it)."""
     for line in Path("/run/libvirt/qemu").glob("*.pid"):
         pid = line.read_text().strip()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         if env.sandbox.encode() in cmdline:
-            return os.stat(f"/proc/{pid}").st_uid
+            return pid
     raise AssertionError(f"no QEMU for sandbox {env.sandbox[:12]}")
+
+
+def _qemu_uid(env: Env) -> int:
+    """The host user QEMU of this sandbox runs as."""
+    return os.stat(f"/proc/{_qemu_pid(env)}").st_uid
 
 
 def _assert_harmless(path: Path, qemu_uid: int) -> None:
@@ -168,3 +173,18 @@ def test_guest_init_makes_no_host_privilege_in_the_shared_directory(env: Env) ->
     for name in MADE:
         _assert_harmless(shared / name, _qemu_uid(env))
     assert code == 0 and "/run/vmsandbox/shared/suid 4755 0:0 regular file" in seen
+
+
+def test_a_volume_bind_the_guest_moved_is_still_let_go(env: Env) -> None:
+    # guest init renames the directory holding the container's volume bind, which takes the bind
+    # with it out of the container's own directory; its exit must still detach it in QEMU
+    move = (
+        "nsenter -t 1 -m sh -c 'for d in /run/vmsandbox/shared/containers/*/mounts; do c=${d%/mounts}; "
+        'mv "$d" "/run/vmsandbox/shared/moved-${c##*/}"; done; '
+        "ls -d /run/vmsandbox/shared/moved-*'; exit $?"
+    )
+    code, seen = _run(env, "mover", move)
+    assert code == 0 and seen, seen  # the guest did move them
+    shared = env.shim.state_dir / "sandboxes" / env.sandbox / "shared"
+    points = [line.split()[4] for line in Path(f"/proc/{_qemu_pid(env)}/mountinfo").read_text().splitlines()]
+    assert [p for p in points if p.startswith(f"{shared}/")] == []

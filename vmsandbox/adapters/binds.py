@@ -20,7 +20,7 @@ import ctypes
 import os
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from vmsandbox.adapters import shared_tree
@@ -162,15 +162,20 @@ def bind(
         os.close(tree)
 
 
-def unbind_all(qemu_pid: int, path: str | os.PathLike[str]) -> None:
-    """Detach every mount at or below ``path`` in QEMU's mount namespace. Raises
-    InfrastructureError if one stays; nothing to do when QEMU is gone (its namespace went too)."""
+def unbind_all(qemu_pid: int, path: str | os.PathLike[str], keep: Iterable[str | os.PathLike[str]] = ()) -> None:
+    """Detach every mount at or below ``path`` in QEMU's mount namespace, except those at or below
+    a path of ``keep``. Raises InfrastructureError if one stays; nothing to do when QEMU is gone
+    (its namespace went too)."""
     where = os.fspath(path)
+    kept = tuple(os.path.abspath(k) for k in keep)
+
+    def ours(points: list[str]) -> list[str]:
+        return [p for p in points if not any(p == k or p.startswith(k + "/") for k in kept)]
 
     def detach() -> None:
-        for point in mounts_under(where):
+        for point in ours(mounts_under(where)):
             _libc.umount2(point.encode(), MNT_DETACH | UMOUNT_NOFOLLOW)
-        left = mounts_under(where)
+        left = ours(mounts_under(where))
         if left:
             raise InfrastructureError(f"{len(left)} mounts stay under {where} in QEMU's namespace, e.g. {left[0]}")
 
