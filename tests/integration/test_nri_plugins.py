@@ -43,7 +43,7 @@ def _status_plugins(shim: Shim) -> list[str]:
     return list(json.loads(info)["nri_plugins"])
 
 
-def _wait_plugins(shim: Shim, present: set[str], absent: set[str] = frozenset(), timeout_s: float = 20) -> None:
+def _wait_plugins(shim: Shim, present: set[str], absent: frozenset[str] = frozenset(), timeout_s: float = 20) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         names = set(_status_plugins(shim))
@@ -69,7 +69,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     )
     nri_socket = tmp / "nri.sock"
     (tmp / "shim").mkdir()
-    config = {
+    config: dict[str, object] = {
         "nri": {
             "enable": True,
             "socket_path": str(nri_socket),
