@@ -40,10 +40,11 @@ class PluginGone(Exception):
 class PluginCallError(Exception):
     """The plugin (or we, serving it) answered a call with an error status."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, *, fatal: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.fatal = fatal  # serving: close the connection once the error is sent
 
 
 class _Call:
@@ -193,6 +194,8 @@ class PluginConn:
                 payload = self._handler(request.method, request.payload)
             except PluginCallError as exc:
                 self._reply(stream, exc.code, exc.message, b"")
+                if exc.fatal:
+                    self.close(exc.message)
                 return
             except Exception:
                 log.exception("NRI plugin %s: serving %s failed", self.name, request.method[:64])

@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError, Message
 
 from shim.nri.conn import PluginCallError, PluginConn, PluginGone
 from vmsandbox import nri, ttrpc
-from vmsandbox.errors import PermissionDenied
+from vmsandbox.errors import InvalidArgument, PermissionDenied
 from vmsandbox.nri_pb import api_pb2 as api
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ class Plugin:
     events: int = 0
     pid: int | None = None  # of a plugin we started
     registered: threading.Event = field(default_factory=threading.Event)
-    registration_error: str = ""
 
     @property
     def name(self) -> str:
@@ -180,9 +179,9 @@ class NriHost:
         )
         plugin.conn.start()
         timeout = self.config.registration_timeout_s
-        if not plugin.registered.wait(timeout) or plugin.registration_error:
-            why = plugin.registration_error or f"did not register within {timeout:g}s"
-            log.error("NRI: plugin %s: %s", plugin.conn.name, why)
+        if not plugin.registered.wait(timeout) or plugin.conn.closed:
+            why = plugin.conn.close_reason or f"did not register within {timeout:g}s"
+            log.error("NRI: plugin %s not registered: %s", plugin.conn.name, nri.bounded(why))
             plugin.conn.close(why)
             return
         try:
@@ -207,7 +206,7 @@ class NriHost:
                     self._plugins.sort(key=lambda p: (p.idx, p.base))
         except Exception as exc:
             why = exc.message if isinstance(exc, PluginCallError) else str(exc)
-            log.error("NRI: plugin %s failed to configure or synchronize: %s", plugin.name, nri.bounded(why))
+            log.error("NRI: plugin %s failed to configure or synchronize: %s", plugin.conn.name, nri.bounded(why))
             plugin.conn.close(f"configuration failed: {why}")
             return
         log.info("NRI: plugin %s registered (events 0x%x)", plugin.name, plugin.events)
@@ -240,16 +239,12 @@ class NriHost:
                     plugin.base = nri.check_plugin_name(req.plugin_name)
                     plugin.idx = nri.check_plugin_index(req.plugin_idx)
                     plugin.conn.name = plugin.name
-            except Exception as exc:
-                plugin.registration_error = str(exc)
-                plugin.registered.set()
-                raise PluginCallError(ttrpc.INVALID_ARGUMENT, str(exc)) from None
+            except InvalidArgument as exc:
+                raise PluginCallError(ttrpc.INVALID_ARGUMENT, str(exc), fatal=True) from None
             with self._lock:
                 taken = any(p.name == plugin.name for p in self._plugins)
             if taken:
-                plugin.registration_error = f"a plugin {plugin.name} is registered already"
-                plugin.registered.set()
-                raise PluginCallError(ttrpc.ALREADY_EXISTS, plugin.registration_error)
+                raise PluginCallError(ttrpc.ALREADY_EXISTS, f"a plugin {plugin.name} is registered already", fatal=True)
             log.info(
                 "NRI: plugin %s registering (NRI version %s)", plugin.name, nri.bounded(req.NRI_version or "unknown")
             )
