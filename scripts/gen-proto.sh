@@ -4,13 +4,14 @@
 #   scripts/gen-proto.sh [OUT_DIR]
 #
 # OUT_DIR defaults to the repository root, where the generated modules are
-# kept under shim/cri/ and vmsandbox/nri_pb/ (tests/unit/test_proto_contract.py
-# and tests/unit/test_nri_proto.py regenerate into a temporary directory and check
-# they are up to date). The CRI is gRPC, so proto/shim/ also gets gRPC stubs; NRI
-# speaks ttrpc (vmsandbox/ttrpc.py), so proto/vmsandbox/ gets messages only. The interpreter is
+# kept under shim/cri/ and shim/nri/pb/ (tests/unit/test_proto_contract.py and
+# tests/unit/test_nri_proto.py regenerate into a temporary directory and check
+# they are up to date). The CRI is gRPC, so proto/shim/cri/ also gets gRPC stubs;
+# NRI speaks ttrpc (vmsandbox/ttrpc.py, shim/nri/), so proto/shim/nri/ gets
+# messages only. The interpreter is
 # $PYTHON, default .venv/bin/python; it needs grpcio-tools and mypy-protobuf.
 # Generated files are never edited by hand; only the __init__.py files under
-# shim/cri/ and vmsandbox/nri_pb/ are written by people.
+# shim/cri/ and shim/nri/pb/ are written by people.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,10 +26,10 @@ scripts_dir="$("$python" -c 'import sysconfig; print(sysconfig.get_path("scripts
 export PATH="$scripts_dir:$PATH"
 
 cd "$repo_root"
-mapfile -t protos < <(cd proto && find shim -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
-mapfile -t nri_protos < <(cd proto && find vmsandbox -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
+mapfile -t protos < <(cd proto && find shim/cri -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
+mapfile -t nri_protos < <(cd proto && find shim/nri -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
 if [ "${#protos[@]}" -eq 0 ] || [ "${#nri_protos[@]}" -eq 0 ]; then
-    echo "gen-proto: no .proto files under proto/shim or proto/vmsandbox" >&2
+    echo "gen-proto: no .proto files under proto/shim/cri or proto/shim/nri" >&2
     exit 1
 fi
 

@@ -1,17 +1,18 @@
 """NRI's rules as pure functions: configuration, plugin names, event masks, and what a plugin's
 container adjustment does to a VM pod's container.
 
-The NRI API is containerd/nri's (``vmsandbox.nri_pb.api_pb2``). Adjustments from several plugins
-are applied in plugin order; a plugin may not change what an earlier one set (NRI's ownership
-rule), and the first such conflict fails the CreateContainer naming both plugins. What a VM pod
-can take: annotations, environment, the command line, rlimits, oom_score_adj, mounts (which then
-pass the shim's mount allowlist and are shared into the guest like the kubelet's), and memory,
-CPU quota/period/shares and hugepage limits, which then pass the same divergence admission as a
-CreateContainer (``resource_divergence``). What it cannot: anything that names host objects the
-guest does not have or that the VM fixed at boot (devices, CDI devices, cpusets and memory nodes,
-namespaces, OCI hooks, cgroup paths, seccomp policies, sysctls, network devices, RDT, block-IO
-classes, scheduling and memory policies, pids and unified cgroup settings): those refuse the
-container, naming the plugin, rather than being dropped silently.
+The NRI API is containerd/nri's; its protobufs stay at the edge (``shim.nri.translate`` turns
+them into ``Adjustment``). Adjustments from several plugins are applied in plugin order; a
+plugin may not change what an earlier one set (NRI's ownership rule), and the first such
+conflict fails the CreateContainer naming both plugins. What a VM pod can take: annotations,
+environment, the command line, rlimits, oom_score_adj, mounts (which then pass the shim's mount
+allowlist and are shared into the guest like the kubelet's), and memory, CPU quota/period/shares
+and hugepage limits, which then pass the same divergence admission as a CreateContainer
+(``resource_divergence``). What it cannot: anything that names host objects the guest does not
+have or that the VM fixed at boot (devices, CDI devices, cpusets and memory nodes, namespaces,
+OCI hooks, cgroup paths, seccomp policies, sysctls, network devices, RDT, block-IO classes,
+scheduling and memory policies, pids and unified cgroup settings): those refuse the container,
+naming the plugin, rather than being dropped silently.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any
 
 from vmsandbox import admission
 from vmsandbox.errors import Diverged, InvalidArgument
-from vmsandbox.nri_pb import api_pb2
 from vmsandbox.resources import ContainerResources
 from vmsandbox.sizing import LinuxResources, PodDemand
 from vmsandbox.validation import quote
@@ -34,9 +34,24 @@ DEFAULT_REQUEST_TIMEOUT_S = 2.0
 DEFAULT_SOCKET_PATH = "/var/run/nri/nri.sock"
 DEFAULT_PLUGIN_PATH = "/opt/nri/plugins"
 DEFAULT_PLUGIN_CONFIG_PATH = "/etc/nri/conf.d"
-NRI_VERSION = "v0.12.2"  # the API version of proto/vmsandbox/nri_pb/api.proto
+NRI_VERSION = "v0.12.2"  # the API version of proto/shim/nri/pb/api.proto
 
-EVENT_LAST = api_pb2.LAST
+# NRI's Event enum (api.proto)
+RUN_POD_SANDBOX = 1
+STOP_POD_SANDBOX = 2
+REMOVE_POD_SANDBOX = 3
+CREATE_CONTAINER = 4
+POST_CREATE_CONTAINER = 5
+START_CONTAINER = 6
+POST_START_CONTAINER = 7
+UPDATE_CONTAINER = 8
+POST_UPDATE_CONTAINER = 9
+STOP_CONTAINER = 10
+REMOVE_CONTAINER = 11
+UPDATE_POD_SANDBOX = 12
+POST_UPDATE_POD_SANDBOX = 13
+VALIDATE_CONTAINER_ADJUSTMENT = 14
+EVENT_LAST = 15
 VALID_EVENTS = (1 << (EVENT_LAST - 1)) - 1
 MESSAGE_LIMIT = 512  # characters of a plugin's message we pass on
 
@@ -164,59 +179,77 @@ def _claim(target: Target, owners: dict[str, str], key: str, plugin: str) -> Non
 
 _HUGEPAGE_SIZES = {"2MB": 2 << 20, "1GB": 1 << 30, "2Mi": 2 << 20, "1Gi": 1 << 30}
 
-
-def _unsupported_linux(adj: api_pb2.LinuxContainerAdjustment) -> list[str]:
-    out = []
-    present = {f.name for f, _ in adj.ListFields()}
-    for fld, what in (
-        ("devices", "devices"),
-        ("cgroups_path", "the cgroup path"),
-        ("io_priority", "the I/O priority"),
-        ("seccomp_policy", "the seccomp policy"),
-        ("namespaces", "namespaces"),
-        ("sysctl", "sysctls"),
-        ("net_devices", "network devices"),
-        ("scheduler", "the scheduling policy"),
-        ("rdt", "RDT"),
-        ("memory_policy", "the memory policy"),
-    ):
-        if fld in present:
-            out.append(what)
-    r = adj.resources
-    if r.cpu.cpus or r.cpu.mems:
-        out.append("cpuset.cpus/cpuset.mems")
-    if r.cpu.HasField("realtime_runtime") or r.cpu.HasField("realtime_period"):
-        out.append("realtime CPU time")
-    if r.HasField("blockio_class") or r.HasField("rdt_class"):
-        out.append("the block-I/O or RDT class")
-    if r.unified:
-        out.append("unified cgroup settings")
-    if r.HasField("pids"):
-        out.append("the pids limit")
-    if r.devices:
-        out.append("device cgroup rules")
-    m = r.memory
-    for f in ("reservation", "swap", "kernel", "kernel_tcp", "swappiness", "disable_oom_killer", "use_hierarchy"):
-        if m.HasField(f):
-            out.append(f"memory.{f}")
-    return out
+# NRI adjustment fields a VM pod cannot take (as ``shim.nri.translate`` names the ones set), and
+# how the refusal describes them
+UNSUPPORTED = {
+    "CDI_devices": "CDI devices",
+    "hooks": "OCI hooks",
+    "linux.devices": "devices",
+    "linux.cgroups_path": "the cgroup path",
+    "linux.io_priority": "the I/O priority",
+    "linux.seccomp_policy": "the seccomp policy",
+    "linux.namespaces": "namespaces",
+    "linux.sysctl": "sysctls",
+    "linux.net_devices": "network devices",
+    "linux.scheduler": "the scheduling policy",
+    "linux.rdt": "RDT",
+    "linux.memory_policy": "the memory policy",
+    "linux.resources.cpu.cpus": "cpuset.cpus",
+    "linux.resources.cpu.mems": "cpuset.mems",
+    "linux.resources.cpu.realtime_runtime": "realtime CPU time",
+    "linux.resources.cpu.realtime_period": "realtime CPU time",
+    "linux.resources.blockio_class": "the block-I/O class",
+    "linux.resources.rdt_class": "the RDT class",
+    "linux.resources.unified": "unified cgroup settings",
+    "linux.resources.pids": "the pids limit",
+    "linux.resources.devices": "device cgroup rules",
+    "linux.resources.memory.reservation": "memory.reservation",
+    "linux.resources.memory.swap": "memory.swap",
+    "linux.resources.memory.kernel": "memory.kernel",
+    "linux.resources.memory.kernel_tcp": "memory.kernel_tcp",
+    "linux.resources.memory.swappiness": "memory.swappiness",
+    "linux.resources.memory.disable_oom_killer": "memory.disable_oom_killer",
+    "linux.resources.memory.use_hierarchy": "memory.use_hierarchy",
+}
 
 
-def apply_adjustment(target: Target, plugin: str, adj: api_pb2.ContainerAdjustment) -> Target:
+@dataclass(frozen=True)
+class AdjustMount:
+    destination: str  # "-/path": remove what an earlier plugin added there
+    source: str = ""
+    type: str = ""
+    options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    """One plugin's ContainerAdjustment (or a ContainerUpdate's resources), as the core reads it.
+
+    Keys starting with "-" remove (NRI's MarkForRemoval); ``None`` leaves a value alone;
+    ``unsupported`` names the fields set that a VM pod cannot take (keys of ``UNSUPPORTED``)."""
+
+    annotations: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    args: tuple[str, ...] = ()
+    rlimits: tuple[tuple[str, int, int], ...] = ()  # (type, hard, soft)
+    oom_score_adj: int | None = None
+    mounts: tuple[AdjustMount, ...] = ()
+    memory_limit: int | None = None
+    cpu_quota: int | None = None
+    cpu_period: int | None = None
+    cpu_shares: int | None = None
+    hugepage_limits: tuple[tuple[str, int], ...] = ()  # ("2MB", bytes)
+    unsupported: tuple[str, ...] = ()
+
+
+def apply_adjustment(target: Target, plugin: str, adj: Adjustment) -> Target:
     """``target`` as ``plugin``'s adjustment leaves it; InvalidArgument for what a VM pod cannot take."""
-    refused = _unsupported_linux(adj.linux) if adj.HasField("linux") else []
-    if adj.HasField("hooks") and any(
-        getattr(adj.hooks, h)
-        for h in ("prestart", "create_runtime", "create_container", "start_container", "poststart", "poststop")
-    ):
-        refused.insert(0, "OCI hooks")
-    if adj.CDI_devices:
-        refused.insert(0, "CDI devices")
+    refused = list(dict.fromkeys(UNSUPPORTED.get(f, f) for f in adj.unsupported))
     if refused:
         raise _refuse(plugin, target.name, ", ".join(refused))
     owners = dict(target.owners)
     annotations = dict(target.annotations)
-    for key, value in sorted(adj.annotations.items()):
+    for key, value in sorted(adj.annotations):
         name = key[1:] if key.startswith("-") else key
         _claim(target, owners, f"annotation {name}", plugin)
         if key.startswith("-"):
@@ -224,27 +257,27 @@ def apply_adjustment(target: Target, plugin: str, adj: api_pb2.ContainerAdjustme
         else:
             annotations[key] = value
     env = list(target.env)
-    for kv in adj.env:
-        name = kv.key[1:] if kv.key.startswith("-") else kv.key
-        if not name or "=" in name or "\0" in name or "\0" in kv.value:
+    for key, value in adj.env:
+        name = key[1:] if key.startswith("-") else key
+        if not name or "=" in name or "\0" in name or "\0" in value:
             raise InvalidArgument(f'NRI plugin "{plugin}": environment variable {quote(name, 64)} is not valid')
         _claim(target, owners, f"env {name}", plugin)
         env = [(k, v) for k, v in env if k != name]
-        if not kv.key.startswith("-"):
-            env.append((name, kv.value))
+        if not key.startswith("-"):
+            env.append((name, value))
     args = target.args
     if adj.args:
         _claim(target, owners, "args", plugin)
-        args = tuple(adj.args)
+        args = adj.args
     rlimits = list(target.rlimits)
-    for r in adj.rlimits:
-        _claim(target, owners, f"rlimit {r.type}", plugin)
-        rlimits = [x for x in rlimits if x[0] != r.type]
-        rlimits.append((r.type, r.hard, r.soft))
+    for kind, hard, soft in adj.rlimits:
+        _claim(target, owners, f"rlimit {kind}", plugin)
+        rlimits = [x for x in rlimits if x[0] != kind]
+        rlimits.append((kind, hard, soft))
     oom = target.oom_score_adj
-    if adj.HasField("linux") and adj.linux.HasField("oom_score_adj"):
+    if adj.oom_score_adj is not None:
         _claim(target, owners, "oom_score_adj", plugin)
-        oom = adj.linux.oom_score_adj.value
+        oom = adj.oom_score_adj
     mounts = list(target.mounts)
     for m in adj.mounts:
         dest = m.destination[1:] if m.destination.startswith("-") else m.destination
@@ -258,7 +291,8 @@ def apply_adjustment(target: Target, plugin: str, adj: api_pb2.ContainerAdjustme
                 "of absolute host paths reach a VM pod (shared into the guest)"
             )
         mounts.append((dest, m.source, "ro" in m.options))
-    linux, changed = _apply_resources(target, owners, plugin, adj)
+    linux = _apply_resources(target, owners, plugin, adj)
+    changed = linux != target.linux
     return replace(
         target,
         annotations=annotations,
@@ -274,37 +308,27 @@ def apply_adjustment(target: Target, plugin: str, adj: api_pb2.ContainerAdjustme
     )
 
 
-def _apply_resources(
-    target: Target, owners: dict[str, str], plugin: str, adj: api_pb2.ContainerAdjustment
-) -> tuple[LinuxResources, bool]:
-    linux = target.linux
-    if not adj.HasField("linux") or not adj.linux.HasField("resources"):
-        return linux, False
-    r = adj.linux.resources
+def _apply_resources(target: Target, owners: dict[str, str], plugin: str, adj: Adjustment) -> LinuxResources:
     changes: dict[str, Any] = {}
-    if r.memory.HasField("limit"):
-        _claim(target, owners, "memory limit", plugin)
-        changes["memory_limit_bytes"] = max(r.memory.limit.value, 0)
-    if r.cpu.HasField("quota"):
-        _claim(target, owners, "cpu quota", plugin)
-        changes["cpu_quota"] = r.cpu.quota.value
-    if r.cpu.HasField("period"):
-        _claim(target, owners, "cpu period", plugin)
-        changes["cpu_period"] = r.cpu.period.value
-    if r.cpu.HasField("shares"):
-        _claim(target, owners, "cpu shares", plugin)
-        changes["cpu_shares"] = r.cpu.shares.value
-    if r.hugepage_limits:
-        pages = dict(linux.hugepage_limits)
-        for h in r.hugepage_limits:
-            size = _HUGEPAGE_SIZES.get(h.page_size)
+    for value, key, name in (
+        (adj.memory_limit, "memory_limit_bytes", "memory limit"),
+        (adj.cpu_quota, "cpu_quota", "cpu quota"),
+        (adj.cpu_period, "cpu_period", "cpu period"),
+        (adj.cpu_shares, "cpu_shares", "cpu shares"),
+    ):
+        if value is not None:
+            _claim(target, owners, name, plugin)
+            changes[key] = max(value, 0) if key == "memory_limit_bytes" else value
+    if adj.hugepage_limits:
+        pages = dict(target.linux.hugepage_limits)
+        for label, limit in adj.hugepage_limits:
+            size = _HUGEPAGE_SIZES.get(label)
             if size is None:
-                raise InvalidArgument(f'NRI plugin "{plugin}": hugepage size {quote(h.page_size, 16)} is unknown')
-            _claim(target, owners, f"hugepage limit {h.page_size}", plugin)
-            pages[size] = h.limit
+                raise InvalidArgument(f'NRI plugin "{plugin}": hugepage size {quote(label, 16)} is unknown')
+            _claim(target, owners, f"hugepage limit {label}", plugin)
+            pages[size] = limit
         changes["hugepage_limits"] = tuple(sorted((s, v) for s, v in pages.items() if v))
-    new = replace(linux, **changes)
-    return new, new != linux
+    return replace(target.linux, **changes)
 
 
 def resource_divergence(
@@ -337,36 +361,4 @@ def resource_divergence(
         return
     admission.check_envelope(
         demand, others, admission.Usage.of_linux(after), who=f'container "{target.name}" as {who} adjusted it'
-    )
-
-
-# -- our types as NRI's ---------------------------------------------------------------------------
-def nri_resources(lr: LinuxResources) -> api_pb2.LinuxResources:
-    out = api_pb2.LinuxResources()
-    if lr.memory_limit_bytes:
-        out.memory.limit.value = lr.memory_limit_bytes
-    if lr.cpu_shares:
-        out.cpu.shares.value = lr.cpu_shares
-    if lr.cpu_quota:
-        out.cpu.quota.value = lr.cpu_quota
-    if lr.cpu_period:
-        out.cpu.period.value = lr.cpu_period
-    if lr.cpuset_cpus:
-        out.cpu.cpus = lr.cpuset_cpus
-    for size, limit in lr.hugepage_limits:
-        label = "1GB" if size == 1 << 30 else "2MB" if size == 2 << 20 else f"{size // 1024}KB"
-        out.hugepage_limits.add(page_size=label, limit=limit)
-    return out
-
-
-def demand_resources(demand: PodDemand) -> api_pb2.LinuxResources:
-    """The pod's whole size as NRI's LinuxResources (``LinuxPodSandbox.pod_resources``)."""
-    return nri_resources(
-        LinuxResources(
-            cpu_period=100_000 if demand.cpu_millis else 0,
-            cpu_quota=demand.cpu_millis * 100 if demand.cpu_millis else 0,
-            cpu_shares=max(2, demand.cpu_millis * 1024 // 1000),
-            memory_limit_bytes=demand.memory_bytes,
-            hugepage_limits=demand.hugepages,
-        )
     )

@@ -2,8 +2,9 @@
 
 ttrpc (github.com/containerd/ttrpc, channel.go) frames every message with a 10-byte header:
 length (u32 BE, payload only), stream id (u32 BE), type (u8: 1 request, 2 response, 3 data),
-flags (u8); payloads are at most 4 MiB. A request's payload is a ``ttrpc.Request`` (service,
-method, payload, timeout), a response's a ``ttrpc.Response`` (google.rpc.Status, payload).
+flags (u8); payloads are at most 4 MiB. A request's payload is a ``ttrpc.Request`` protobuf
+(service, method, payload, timeout), a response's a ``ttrpc.Response`` (google.rpc.Status,
+payload); those are encoded at the edge (``shim.nri.wire``), since the core holds no protobuf.
 Clients number their streams with odd ids, each higher than the last.
 
 NRI runs ttrpc both ways over one connection (nri pkg/net/multiplex): each chunk on the trunk
@@ -19,10 +20,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-
-from google.protobuf.message import DecodeError
-
-from vmsandbox.nri_pb import rpc_status_pb2, ttrpc_pb2
 
 HEADER_LEN = 10
 MAX_MESSAGE = 4 << 20
@@ -67,21 +64,6 @@ class Frame:
     stream_id: int
     type: int
     flags: int
-    payload: bytes
-
-
-@dataclass(frozen=True)
-class Request:
-    service: str
-    method: str
-    payload: bytes
-    timeout_ns: int = 0
-
-
-@dataclass(frozen=True)
-class Response:
-    code: int
-    message: str
     payload: bytes
 
 
@@ -139,40 +121,3 @@ def decode_mux(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
         chunks.append((conn_id, bytes(buf[start : start + length])))
         at = start + length
     return chunks, bytes(buf[at:])
-
-
-def request_frame(stream_id: int, request: Request) -> Frame:
-    msg = ttrpc_pb2.Request(
-        service=request.service, method=request.method, payload=request.payload, timeout_nano=request.timeout_ns
-    )
-    # a unary call, as ttrpc's Client.Call sends it: no flags (FLAG_REMOTE_* are for streams)
-    return Frame(stream_id, TYPE_REQUEST, 0, msg.SerializeToString())
-
-
-def response_frame(stream_id: int, response: Response) -> Frame:
-    msg = ttrpc_pb2.Response(payload=response.payload)
-    if response.code != OK:
-        msg.status.CopyFrom(rpc_status_pb2.Status(code=response.code, message=response.message))
-    return Frame(stream_id, TYPE_RESPONSE, 0, msg.SerializeToString())
-
-
-def parse_request(frame: Frame) -> Request:
-    if frame.type != TYPE_REQUEST:
-        raise ProtocolError(f"expected a ttrpc request, got message type {frame.type}")
-    msg = ttrpc_pb2.Request()
-    try:
-        msg.ParseFromString(frame.payload)
-    except DecodeError as e:
-        raise ProtocolError(f"malformed ttrpc request: {e}") from None
-    return Request(msg.service, msg.method, msg.payload, msg.timeout_nano)
-
-
-def parse_response(frame: Frame) -> Response:
-    if frame.type != TYPE_RESPONSE:
-        raise ProtocolError(f"expected a ttrpc response, got message type {frame.type}")
-    msg = ttrpc_pb2.Response()
-    try:
-        msg.ParseFromString(frame.payload)
-    except DecodeError as e:
-        raise ProtocolError(f"malformed ttrpc response: {e}") from None
-    return Response(msg.status.code, msg.status.message, msg.payload)

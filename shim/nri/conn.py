@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from shim.nri import wire
 from vmsandbox import ttrpc
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class _Call:
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.response: ttrpc.Response | None = None
+        self.response: wire.Response | None = None
 
 
 class PluginConn:
@@ -113,8 +114,8 @@ class PluginConn:
             self._next_stream += 2
             pending = self._calls[stream] = _Call()
         try:
-            req = ttrpc.Request(PLUGIN_SERVICE, method, request.SerializeToString(), int(timeout_s * 1e9))
-            self._send(ttrpc.PLUGIN_SERVICE_CONN, ttrpc.request_frame(stream, req))
+            req = wire.Request(PLUGIN_SERVICE, method, request.SerializeToString(), int(timeout_s * 1e9))
+            self._send(ttrpc.PLUGIN_SERVICE_CONN, wire.request_frame(stream, req))
         except (PluginGone, ttrpc.ProtocolError) as exc:
             self.close(str(exc))
             raise PluginGone(str(exc)) from None
@@ -163,7 +164,7 @@ class PluginConn:
         self.close(reason)
 
     def _answered(self, frame: ttrpc.Frame) -> None:
-        response = ttrpc.parse_response(frame)
+        response = wire.parse_response(frame)
         with self._lock:
             pending = self._calls.get(frame.stream_id)
         if pending is None:
@@ -177,7 +178,7 @@ class PluginConn:
         if frame.stream_id % 2 != 1 or frame.stream_id <= self._last_served_stream:
             raise ttrpc.ProtocolError(f"ttrpc stream id {frame.stream_id} is not odd and increasing")
         self._last_served_stream = frame.stream_id
-        request = ttrpc.parse_request(frame)
+        request = wire.parse_request(frame)
         if not self._served.acquire(blocking=False):
             self._reply(frame.stream_id, ttrpc.RESOURCE_EXHAUSTED, "too many requests at once", b"")
             return
@@ -185,7 +186,7 @@ class PluginConn:
             target=self._handle, args=(frame.stream_id, request), name=f"nri-{self.name}-serve", daemon=True
         ).start()
 
-    def _handle(self, stream: int, request: ttrpc.Request) -> None:
+    def _handle(self, stream: int, request: wire.Request) -> None:
         try:
             if request.service != RUNTIME_SERVICE:
                 self._reply(stream, ttrpc.UNIMPLEMENTED, f"service {request.service[:128]} is not served", b"")
@@ -208,4 +209,4 @@ class PluginConn:
     def _reply(self, stream: int, code: int, message: str, payload: bytes) -> None:
         # a failure means the connection is gone; its reader reports why
         with contextlib.suppress(PluginGone, ttrpc.ProtocolError):
-            self._send(ttrpc.RUNTIME_SERVICE_CONN, ttrpc.response_frame(stream, ttrpc.Response(code, message, payload)))
+            self._send(ttrpc.RUNTIME_SERVICE_CONN, wire.response_frame(stream, wire.Response(code, message, payload)))

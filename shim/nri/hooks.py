@@ -23,72 +23,21 @@ from dataclasses import replace
 
 from shim.containers import Containers
 from shim.model import (
-    CONTAINER_CREATED,
     CONTAINER_EXITED,
-    CONTAINER_RUNNING,
     ContainerRecord,
     ContainerSpec,
     MountRequest,
     SandboxRecord,
 )
+from shim.nri import translate
 from shim.nri.host import NriHost
+from shim.nri.pb import api_pb2 as api
 from shim.sandboxes import Sandboxes
 from vmsandbox import admission, nri, oci_spec, records
 from vmsandbox.errors import VmSandboxError
-from vmsandbox.nri_pb import api_pb2 as api
 from vmsandbox.sizing import LinuxResources
 
 log = logging.getLogger(__name__)
-
-_STATES = {
-    CONTAINER_CREATED: api.CONTAINER_CREATED,
-    CONTAINER_RUNNING: api.CONTAINER_RUNNING,
-    CONTAINER_EXITED: api.CONTAINER_STOPPED,
-}
-
-
-def _linux(doc: dict[str, object]) -> LinuxResources:
-    fields = LinuxResources.__dataclass_fields__
-    args = {k: v for k, v in doc.items() if k in fields}
-    if "hugepage_limits" in args:
-        args["hugepage_limits"] = tuple((int(s), int(v)) for s, v in args["hugepage_limits"])  # type: ignore[attr-defined]
-    return LinuxResources(**args)  # type: ignore[arg-type]
-
-
-def pod_message(r: SandboxRecord) -> api.PodSandbox:
-    pod = api.PodSandbox(
-        id=r.id,
-        name=r.meta.name,
-        uid=r.meta.uid,
-        namespace=r.meta.namespace,
-        labels=r.labels,
-        annotations=r.annotations,
-        runtime_handler=r.runtime_handler,
-    )
-    if r.shape:
-        pod.linux.pod_resources.CopyFrom(nri.demand_resources(records.shape_from_doc(r.shape).demand))
-    network = r.pod_network()
-    if network is not None:
-        pod.ips.extend(network.ips)
-    return pod
-
-
-def container_message(c: ContainerRecord) -> api.Container:
-    out = api.Container(
-        id=c.id,
-        pod_sandbox_id=c.sandbox_id,
-        name=c.name,
-        state=_STATES.get(c.state, api.CONTAINER_UNKNOWN),
-        labels=c.labels,
-        annotations=c.annotations,
-        created_at=c.created_ns,
-        started_at=c.started_ns,
-        finished_at=c.finished_ns,
-        exit_code=c.exit_code,
-        status_reason=c.reason[:256],
-    )
-    out.linux.resources.CopyFrom(nri.nri_resources(_linux(c.linux)))
-    return out
 
 
 class NriHooks:
@@ -103,8 +52,8 @@ class NriHooks:
     # -- what plugins see at registration and ask for at any time ---------------------------------
     def snapshot(self) -> tuple[list[api.PodSandbox], list[api.Container]]:
         return (
-            [pod_message(r) for r in self.sandboxes.list_sandboxes()],
-            [container_message(c) for c in self.sandboxes.containers()],
+            [translate.pod(r) for r in self.sandboxes.list_sandboxes()],
+            [translate.container(c) for c in self.sandboxes.containers()],
         )
 
     def apply_updates(self, plugin: str, updates: list[api.ContainerUpdate]) -> list[api.ContainerUpdate]:
@@ -113,10 +62,8 @@ class NriHooks:
         for u in updates:
             try:
                 c = self.sandboxes.container(u.container_id)
-                target = nri.Target(name=c.name, linux=_linux(c.linux))
-                adjust = api.ContainerAdjustment()
-                adjust.linux.resources.CopyFrom(u.linux.resources)
-                after = nri.apply_adjustment(target, plugin, adjust).linux
+                target = nri.Target(name=c.name, linux=translate.linux_of_doc(c.linux))
+                after = nri.apply_adjustment(target, plugin, translate.update(u)).linux
                 if after != target.linux:
                     self.sandboxes.update_container(c.id, None, after)
                     self.containers.update(c.id, self.sandboxes.container(c.id).linux)
@@ -132,7 +79,7 @@ class NriHooks:
             return sandbox_id
         record = self.sandboxes.get(sandbox_id)
         try:
-            self.host.run_pod_sandbox(pod_message(record))
+            self.host.run_pod_sandbox(translate.pod(record))
         except VmSandboxError:
             self._teardown(record)
             raise
@@ -151,17 +98,17 @@ class NriHooks:
 
     def sandbox_stopped(self, record: SandboxRecord) -> None:
         if self.host is not None:
-            self.host.stop_pod_sandbox(pod_message(record))
+            self.host.stop_pod_sandbox(translate.pod(record))
 
     def sandbox_removed(self, record: SandboxRecord) -> None:
         if self.host is not None:
-            self.host.remove_pod_sandbox(pod_message(record))
+            self.host.remove_pod_sandbox(translate.pod(record))
 
     def sandbox_updated(self, sandbox_id: str, overhead: LinuxResources, resources: LinuxResources) -> None:
         if self.host is None:
             return
-        pod = pod_message(self.sandboxes.get(sandbox_id))
-        self.host.update_pod_sandbox(pod, nri.nri_resources(overhead), nri.nri_resources(resources))
+        pod = translate.pod(self.sandboxes.get(sandbox_id))
+        self.host.update_pod_sandbox(pod, translate.resources(overhead), translate.resources(resources))
         self.host.post_update_pod_sandbox(pod)
 
     # -- container events -------------------------------------------------------------------------
@@ -176,7 +123,7 @@ class NriHooks:
             before = admission.implied_linux(spec.resources)
         else:
             before = spec.linux
-        pod = pod_message(sandbox)
+        pod = translate.pod(sandbox)
         ctr = api.Container(
             pod_sandbox_id=sandbox.id,
             name=spec.name,
@@ -186,7 +133,7 @@ class NriHooks:
             args=[*run.command, *run.args],
             env=[f"{k}={v}" for k, v in run.env],
         )
-        ctr.linux.resources.CopyFrom(nri.nri_resources(before))
+        ctr.linux.resources.CopyFrom(translate.resources(before))
         ctr.rlimits.extend(api.POSIXRlimit(type=t, hard=h, soft=s) for t, h, s in run.rlimits)
         ctr.mounts.extend(
             api.Mount(
@@ -224,7 +171,7 @@ class NriHooks:
             found = records.declaration_from_doc(sandbox.declaration).find(spec.name)
             declared = found.resources if found is not None else None
         others = [
-            admission.Usage.of_linux(_linux(c.linux))
+            admission.Usage.of_linux(translate.linux_of_doc(c.linux))
             for c in self.sandboxes.containers(sandbox.id)
             if c.state != CONTAINER_EXITED and c.name != spec.name
         ]
@@ -233,7 +180,7 @@ class NriHooks:
     def _event(self, container_id: str) -> tuple[api.PodSandbox, api.Container] | None:
         try:
             c = self.sandboxes.container(container_id)
-            return pod_message(self.sandboxes.get(c.sandbox_id)), container_message(c)
+            return translate.pod(self.sandboxes.get(c.sandbox_id)), translate.container(c)
         except VmSandboxError:
             return None
 
@@ -254,13 +201,11 @@ class NriHooks:
         included; changes to others carried out at once)."""
         if self.host is None or (ev := self._event(container_id)) is None:
             return linux
-        updates = self.host.update_container(*ev, nri.nri_resources(linux))
+        updates = self.host.update_container(*ev, translate.resources(linux))
         target = nri.Target(name=ev[1].name, linux=linux)
         for plugin, u in updates:
             if u.container_id == container_id:
-                adjust = api.ContainerAdjustment()
-                adjust.linux.resources.CopyFrom(u.linux.resources)
-                target = nri.apply_adjustment(target, plugin, adjust)
+                target = nri.apply_adjustment(target, plugin, translate.update(u))
             else:
                 self.apply_updates(plugin, [u])
         return target.linux
@@ -286,7 +231,7 @@ class NriHooks:
     def container_removed(self, record: ContainerRecord | None) -> None:
         if self.host is not None and record is not None:
             try:
-                pod = pod_message(self.sandboxes.get(record.sandbox_id))
+                pod = translate.pod(self.sandboxes.get(record.sandbox_id))
             except VmSandboxError:
                 pod = api.PodSandbox(id=record.sandbox_id)
-            self.host.remove_container(pod, container_message(record))
+            self.host.remove_container(pod, translate.container(record))

@@ -29,10 +29,11 @@ from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from shim.nri import translate
 from shim.nri.conn import PluginCallError, PluginConn, PluginGone
+from shim.nri.pb import api_pb2 as api
 from vmsandbox import nri, ttrpc
 from vmsandbox.errors import InvalidArgument, PermissionDenied
-from vmsandbox.nri_pb import api_pb2 as api
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
@@ -348,7 +349,7 @@ class NriHost:
                 if not isinstance(reply, api.CreateContainerResponse):
                     continue
                 if reply.HasField("adjust"):
-                    target = nri.apply_adjustment(target, p.name, reply.adjust)
+                    target = nri.apply_adjustment(target, p.name, translate.adjustment(reply.adjust))
                 updates += [(p.name, u) for u in reply.update]
                 if reply.evict:
                     log.warning("NRI: plugin %s asked to evict %d container(s); ignored", p.name, len(reply.evict))

@@ -15,8 +15,9 @@ import socket
 import subprocess
 import sys
 
+from shim.nri import wire
+from shim.nri.pb import api_pb2 as api
 from vmsandbox import ttrpc
-from vmsandbox.nri_pb import api_pb2 as api
 
 CONFIG = "env=GOLDEN=1 annotation=example.com/golden=yes memory=134217728 rlimit=RLIMIT_NOFILE:1024:2048"
 
@@ -57,7 +58,7 @@ def main() -> None:
                 buffers[cid] += chunk
 
     register = receive(ttrpc.RUNTIME_SERVICE_CONN)
-    send(ttrpc.RUNTIME_SERVICE_CONN, ttrpc.response_frame(register.stream_id, ttrpc.Response(0, "", b"")))
+    send(ttrpc.RUNTIME_SERVICE_CONN, wire.response_frame(register.stream_id, wire.Response(0, "", b"")))
     calls = [
         (
             "Configure",
@@ -82,8 +83,8 @@ def main() -> None:
         stream = 2 * n + 1
         send(
             ttrpc.PLUGIN_SERVICE_CONN,
-            ttrpc.request_frame(
-                stream, ttrpc.Request("nri.pkg.api.v1alpha1.Plugin", method, req.SerializeToString(), 2_000_000_000)
+            wire.request_frame(
+                stream, wire.Request("nri.pkg.api.v1alpha1.Plugin", method, req.SerializeToString(), 2_000_000_000)
             ),
         )
         assert receive(ttrpc.PLUGIN_SERVICE_CONN).stream_id == stream

@@ -7,14 +7,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shim.nri import translate
+from shim.nri.pb import api_pb2 as api
 from vmsandbox import admission, nri
 from vmsandbox.errors import Diverged, InvalidArgument
-from vmsandbox.nri_pb import api_pb2 as api
 from vmsandbox.quantity import parse_quantity
 from vmsandbox.resources import ContainerResources, ResourceList
 from vmsandbox.sizing import LinuxResources, PodDemand
 
 MI = 1 << 20
+
+
+def _apply(target: nri.Target, plugin: str, adj: api.ContainerAdjustment) -> nri.Target:
+    return nri.apply_adjustment(target, plugin, translate.adjustment(adj))
 
 
 def _res(cpu: str, memory: str) -> ContainerResources:
@@ -93,6 +98,11 @@ def test_event_masks(events: int, expected: int) -> None:
 def test_event_mask_refuses_unknown_bits() -> None:
     with pytest.raises(InvalidArgument, match="invalid plugin events: 0x4000"):
         nri.event_mask(1 << 14)
+    assert (nri.CREATE_CONTAINER, nri.RUN_POD_SANDBOX, nri.EVENT_LAST) == (
+        api.CREATE_CONTAINER,
+        api.RUN_POD_SANDBOX,
+        api.LAST,
+    )
     assert nri.subscribed(1 << (api.CREATE_CONTAINER - 1), api.CREATE_CONTAINER)
     assert not nri.subscribed(1 << (api.CREATE_CONTAINER - 1), api.RUN_POD_SANDBOX)
 
@@ -112,7 +122,7 @@ def test_env_annotations_args_rlimits() -> None:
         args=["/bin/sh", "-c", "true"],
         rlimits=[api.POSIXRlimit(type="RLIMIT_NOFILE", hard=2048, soft=1024)],
     )
-    got = nri.apply_adjustment(START, "10-p", adj)
+    got = _apply(START, "10-p", adj)
     assert got.annotations == {"b": "2"}
     assert got.env == (("PATH", "/bin"), ("NEW", "v"))
     assert got.args == ("/bin/sh", "-c", "true")
@@ -123,15 +133,15 @@ def test_env_annotations_args_rlimits() -> None:
 
 def test_mounts_are_binds_of_host_paths() -> None:
     adj = _adjust(mounts=[api.Mount(destination="/data", source="/srv/data", type="bind", options=["ro"])])
-    assert nri.apply_adjustment(START, "10-p", adj).mounts == (("/data", "/srv/data", True),)
+    assert _apply(START, "10-p", adj).mounts == (("/data", "/srv/data", True),)
     with pytest.raises(InvalidArgument, match="only bind mounts"):
-        nri.apply_adjustment(START, "10-p", _adjust(mounts=[api.Mount(destination="/t", type="tmpfs", source="t")]))
+        _apply(START, "10-p", _adjust(mounts=[api.Mount(destination="/t", type="tmpfs", source="t")]))
 
 
 def test_two_plugins_may_not_own_one_field() -> None:
-    first = nri.apply_adjustment(START, "10-a", _adjust(env=[api.KeyValue(key="X", value="1")]))
+    first = _apply(START, "10-a", _adjust(env=[api.KeyValue(key="X", value="1")]))
     with pytest.raises(InvalidArgument, match='NRI plugins "10-a" and "20-b" both adjust env X of container "app"'):
-        nri.apply_adjustment(first, "20-b", _adjust(env=[api.KeyValue(key="X", value="2")]))
+        _apply(first, "20-b", _adjust(env=[api.KeyValue(key="X", value="2")]))
 
 
 def _linux(**kw: object) -> api.ContainerAdjustment:
@@ -145,7 +155,8 @@ def _linux(**kw: object) -> api.ContainerAdjustment:
     [
         (_linux(devices=[api.LinuxDevice(path="/dev/fuse", type="c", major=10, minor=229)]), "devices"),
         (_adjust(CDI_devices=[api.CDIDevice(name="vendor.com/gpu=0")]), "CDI devices"),
-        (_linux(resources=api.LinuxResources(cpu=api.LinuxCPU(cpus="2-3"))), "cpuset.cpus/cpuset.mems"),
+        (_linux(resources=api.LinuxResources(cpu=api.LinuxCPU(cpus="2-3"))), "cpuset.cpus"),
+        (_linux(resources=api.LinuxResources(memory=api.LinuxMemory(swap=api.OptionalInt64(value=1)))), "memory.swap"),
         (_linux(namespaces=[api.LinuxNamespace(type="network", path="/proc/1/ns/net")]), "namespaces"),
         (_linux(sysctl={"net.core.somaxconn": "1024"}), "sysctls"),
         (_linux(resources=api.LinuxResources(pids=api.LinuxPids(limit=10))), "the pids limit"),
@@ -155,7 +166,7 @@ def _linux(**kw: object) -> api.ContainerAdjustment:
 )
 def test_what_a_vm_pod_cannot_take_is_refused_naming_the_plugin(adj: api.ContainerAdjustment, what: str) -> None:
     with pytest.raises(InvalidArgument) as err:
-        nri.apply_adjustment(START, "10-topology", adj)
+        _apply(START, "10-topology", adj)
     assert f'NRI plugin "10-topology" adjusts {what} of container "app"' in str(err.value)
 
 
@@ -170,7 +181,7 @@ def test_resources_are_applied_and_their_plugins_recorded() -> None:
             hugepage_limits=[api.HugepageLimit(page_size="2MB", limit=4 * MI)],
         )
     )
-    got = nri.apply_adjustment(START, "10-p", adj)
+    got = _apply(START, "10-p", adj)
     assert (got.linux.cpu_quota, got.linux.cpu_period, got.linux.hugepage_limits) == (
         50000,
         100000,
@@ -194,7 +205,7 @@ DEMAND = PodDemand(cpu_millis=1000, memory_bytes=256 * MI)
     ],
 )
 def test_declared_pod_divergence(limit: int, refused: bool) -> None:
-    target = nri.apply_adjustment(nri.Target(name="app", linux=BEFORE), "20-grow", _mem(limit))
+    target = _apply(nri.Target(name="app", linux=BEFORE), "20-grow", _mem(limit))
     if not refused:
         nri.resource_divergence(target, BEFORE, DECLARED, DEMAND, [])
         return
@@ -207,9 +218,9 @@ def test_declared_pod_divergence(limit: int, refused: bool) -> None:
 def test_undeclared_pod_must_stay_inside_the_vm() -> None:
     before = LinuxResources(memory_limit_bytes=64 * MI)
     others = [admission.Usage(memory_bytes=128 * MI)]
-    fits = nri.apply_adjustment(nri.Target(name="app", linux=before), "20-grow", _mem(128 * MI))
+    fits = _apply(nri.Target(name="app", linux=before), "20-grow", _mem(128 * MI))
     nri.resource_divergence(fits, before, None, DEMAND, others)
-    grows = nri.apply_adjustment(nri.Target(name="app", linux=before), "20-grow", _mem(256 * MI))
+    grows = _apply(nri.Target(name="app", linux=before), "20-grow", _mem(256 * MI))
     with pytest.raises(Diverged, match=r'container "app" as NRI plugin "20-grow" adjusted it does not fit in the VM'):
         nri.resource_divergence(grows, before, None, DEMAND, others)
 
@@ -218,7 +229,7 @@ def test_undeclared_pod_must_stay_inside_the_vm() -> None:
 @given(st.integers(0, 1 << 34))
 def test_no_plugin_grows_a_declared_container(limit: int) -> None:
     """Whatever memory limit a plugin sets, the container ends within its declaration or is refused."""
-    target = nri.apply_adjustment(nri.Target(name="app", linux=BEFORE), "20-p", _mem(limit))
+    target = _apply(nri.Target(name="app", linux=BEFORE), "20-p", _mem(limit))
     try:
         nri.resource_divergence(target, BEFORE, DECLARED, DEMAND, [])
     except Diverged:
@@ -229,5 +240,5 @@ def test_no_plugin_grows_a_declared_container(limit: int) -> None:
 def test_nri_resources_round_trip_through_an_adjustment() -> None:
     lr = LinuxResources(cpu_period=100000, cpu_quota=25000, cpu_shares=256, memory_limit_bytes=32 * MI)
     adj = api.ContainerAdjustment()
-    adj.linux.resources.CopyFrom(nri.nri_resources(lr))
-    assert nri.apply_adjustment(nri.Target(name="x"), "p", adj).linux == lr
+    adj.linux.resources.CopyFrom(translate.resources(lr))
+    assert _apply(nri.Target(name="x"), "p", adj).linux == lr

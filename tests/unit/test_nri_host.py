@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from shim.nri import wire
 from shim.nri.host import NriHost
+from shim.nri.pb import api_pb2 as api
 from vmsandbox import nri, ttrpc
-from vmsandbox.nri_pb import api_pb2 as api
 
 PLUGIN = os.environ.get("NRI_PLUGIN", "")
 
@@ -72,8 +73,8 @@ def _closed(s: socket.socket) -> bool:
 
 
 def _call(s: socket.socket, stream: int, method: str, payload: bytes) -> None:
-    req = ttrpc.Request("nri.pkg.api.v1alpha1.Runtime", method, payload)
-    s.sendall(ttrpc.encode_mux(ttrpc.RUNTIME_SERVICE_CONN, ttrpc.encode_frame(ttrpc.request_frame(stream, req))))
+    req = wire.Request("nri.pkg.api.v1alpha1.Runtime", method, payload)
+    s.sendall(ttrpc.encode_mux(ttrpc.RUNTIME_SERVICE_CONN, ttrpc.encode_frame(wire.request_frame(stream, req))))
 
 
 _pending: dict[int, list[tuple[int, ttrpc.Frame]]] = {}
@@ -133,7 +134,7 @@ def test_invalid_registration_is_refused(
     s = _connect(path)
     _call(s, 1, "RegisterPlugin", api.RegisterPluginRequest(plugin_name=name, plugin_idx=idx).SerializeToString())
     cid, frame = _answer(s)
-    response = ttrpc.parse_response(frame)
+    response = wire.parse_response(frame)
     assert (cid, response.code) == (ttrpc.RUNTIME_SERVICE_CONN, ttrpc.INVALID_ARGUMENT)
     assert message in response.message
     assert _closed(s)
@@ -147,11 +148,11 @@ def _register_by_hand(path: Path) -> socket.socket:
     for _ in range(3):
         cid, frame = _answer(s)
         if cid == ttrpc.RUNTIME_SERVICE_CONN:
-            assert ttrpc.parse_response(frame).code == ttrpc.OK
+            assert wire.parse_response(frame).code == ttrpc.OK
             continue
-        req = ttrpc.parse_request(frame)
+        req = wire.parse_request(frame)
         reply = api.ConfigureResponse(events=0) if req.method == "Configure" else api.SynchronizeResponse()
-        out = ttrpc.response_frame(frame.stream_id, ttrpc.Response(ttrpc.OK, "", reply.SerializeToString()))
+        out = wire.response_frame(frame.stream_id, wire.Response(ttrpc.OK, "", reply.SerializeToString()))
         s.sendall(ttrpc.encode_mux(ttrpc.PLUGIN_SERVICE_CONN, ttrpc.encode_frame(out)))
     return s
 
@@ -166,7 +167,7 @@ def test_unsolicited_container_updates_reach_the_runtime(host: tuple[NriHost, Re
     updates = [api.ContainerUpdate(container_id="a" * 64), api.ContainerUpdate(container_id="unknown")]
     _call(s, 3, "UpdateContainers", api.UpdateContainersRequest(update=updates).SerializeToString())
     _, frame = _answer(s)
-    response = ttrpc.parse_response(frame)
+    response = wire.parse_response(frame)
     assert response.code == ttrpc.OK
     failed = api.UpdateContainersResponse.FromString(response.payload).failed
     assert [u.container_id for u in failed] == ["unknown"]

@@ -1,4 +1,4 @@
-"""The NRI API and ttrpc's messages as generated from proto/vmsandbox/nri_pb/: up to date, and the
+"""The NRI API and ttrpc's messages as generated from proto/shim/nri/pb/: up to date, and the
 names and numbers the wire depends on (containerd/nri v0.12.2, containerd/ttrpc v1.2.9)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.nri_pb import api_pb2, ttrpc_pb2
+from shim.nri.pb import api_pb2, ttrpc_pb2
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-GENERATED = REPO_ROOT / "vmsandbox" / "nri_pb"
+GENERATED = REPO_ROOT / "shim" / "nri" / "pb"
 
 
 def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
@@ -31,7 +31,7 @@ def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    fresh = tmp_path / "vmsandbox" / "nri_pb"
+    fresh = tmp_path / "shim" / "nri" / "pb"
     names = sorted(p.name for p in fresh.iterdir())
     assert names == sorted(p.name for p in GENERATED.iterdir() if p.name != "__init__.py" and p.is_file())
     assert [n for n in names if not filecmp.cmp(fresh / n, GENERATED / n, shallow=False)] == []

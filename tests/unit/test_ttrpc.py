@@ -14,9 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shim.nri import wire
+from shim.nri.pb import api_pb2 as api
+from shim.nri.pb import ttrpc_pb2
 from vmsandbox import ttrpc
-from vmsandbox.nri_pb import api_pb2 as api
-from vmsandbox.nri_pb import ttrpc_pb2
 
 EXAMPLES = 2000 if os.environ.get("VMSANDBOX_FUZZ_LONG") else 200
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "nri" / "plugin-conversation.json"
@@ -89,25 +90,25 @@ def test_mux_refuses_reserved_connection_and_oversized_chunks() -> None:
 
 
 def test_request_and_response_use_ttrpcs_messages() -> None:
-    frame = ttrpc.request_frame(7, ttrpc.Request("svc", "M", b"\x01", 5))
+    frame = wire.request_frame(7, wire.Request("svc", "M", b"\x01", 5))
     assert (frame.stream_id, frame.type, frame.flags) == (7, ttrpc.TYPE_REQUEST, 0)
     msg = ttrpc_pb2.Request.FromString(frame.payload)
     assert (msg.service, msg.method, msg.payload, msg.timeout_nano) == ("svc", "M", b"\x01", 5)
-    assert ttrpc.parse_request(frame) == ttrpc.Request("svc", "M", b"\x01", 5)
-    err = ttrpc.response_frame(7, ttrpc.Response(ttrpc.NOT_FOUND, "gone", b""))
+    assert wire.parse_request(frame) == wire.Request("svc", "M", b"\x01", 5)
+    err = wire.response_frame(7, wire.Response(ttrpc.NOT_FOUND, "gone", b""))
     assert ttrpc_pb2.Response.FromString(err.payload).status.code == ttrpc.NOT_FOUND
-    assert ttrpc.parse_response(err) == ttrpc.Response(ttrpc.NOT_FOUND, "gone", b"")
-    ok = ttrpc.response_frame(9, ttrpc.Response(ttrpc.OK, "", b"\x02"))
+    assert wire.parse_response(err) == wire.Response(ttrpc.NOT_FOUND, "gone", b"")
+    ok = wire.response_frame(9, wire.Response(ttrpc.OK, "", b"\x02"))
     assert not ttrpc_pb2.Response.FromString(ok.payload).HasField("status")
 
 
 @pytest.mark.parametrize(
     ("call", "frame"),
     [
-        (ttrpc.parse_request, ttrpc.Frame(1, ttrpc.TYPE_RESPONSE, 0, b"")),
-        (ttrpc.parse_response, ttrpc.Frame(1, ttrpc.TYPE_REQUEST, 0, b"")),
-        (ttrpc.parse_request, ttrpc.Frame(1, ttrpc.TYPE_REQUEST, 0, b"\x0a\xff")),
-        (ttrpc.parse_response, ttrpc.Frame(1, ttrpc.TYPE_RESPONSE, 0, b"\x12\x05ab")),
+        (wire.parse_request, ttrpc.Frame(1, ttrpc.TYPE_RESPONSE, 0, b"")),
+        (wire.parse_response, ttrpc.Frame(1, ttrpc.TYPE_REQUEST, 0, b"")),
+        (wire.parse_request, ttrpc.Frame(1, ttrpc.TYPE_REQUEST, 0, b"\x0a\xff")),
+        (wire.parse_response, ttrpc.Frame(1, ttrpc.TYPE_RESPONSE, 0, b"\x12\x05ab")),
     ],
 )
 def test_malformed_messages_are_protocol_errors(call: object, frame: ttrpc.Frame) -> None:
@@ -138,7 +139,7 @@ def test_golden_registration_from_a_go_plugin() -> None:
     from_plugin, _ = _conversation()
     [register] = from_plugin[ttrpc.RUNTIME_SERVICE_CONN]
     assert (register.stream_id, register.type, register.flags) == (1, ttrpc.TYPE_REQUEST, 0)
-    req = ttrpc.parse_request(register)
+    req = wire.parse_request(register)
     assert (req.service, req.method) == ("nri.pkg.api.v1alpha1.Runtime", "RegisterPlugin")
     reg = api.RegisterPluginRequest.FromString(req.payload)
     assert (reg.plugin_name, reg.plugin_idx, reg.NRI_version) == ("test", "10", "v0.12.2")
@@ -146,7 +147,7 @@ def test_golden_registration_from_a_go_plugin() -> None:
 
 def test_golden_answers_from_a_go_plugin() -> None:
     from_plugin, _ = _conversation()
-    configure, sync, create = (ttrpc.parse_response(f) for f in from_plugin[ttrpc.PLUGIN_SERVICE_CONN])
+    configure, sync, create = (wire.parse_response(f) for f in from_plugin[ttrpc.PLUGIN_SERVICE_CONN])
     assert [f.stream_id for f in from_plugin[ttrpc.PLUGIN_SERVICE_CONN]] == [1, 3, 5]
     assert configure.code == ttrpc.OK
     assert api.ConfigureResponse.FromString(configure.payload).events == 0x7FF  # every event the stub handles
@@ -214,7 +215,7 @@ def test_garbage_is_a_protocol_error_or_frames(data: bytes) -> None:
     except ttrpc.ProtocolError:
         return
     for f in frames:
-        for parse in (ttrpc.parse_request, ttrpc.parse_response):
+        for parse in (wire.parse_request, wire.parse_response):
             with contextlib.suppress(ttrpc.ProtocolError):
                 parse(f)
 
@@ -222,5 +223,5 @@ def test_garbage_is_a_protocol_error_or_frames(data: bytes) -> None:
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(st.text(max_size=50), st.text(max_size=50), st.binary(max_size=200), st.integers(0, 2**63 - 1))
 def test_requests_round_trip(service: str, method: str, payload: bytes, timeout: int) -> None:
-    req = ttrpc.Request(service, method, payload, timeout)
-    assert ttrpc.parse_request(ttrpc.decode_frames(ttrpc.encode_frame(ttrpc.request_frame(5, req)))[0][0]) == req
+    req = wire.Request(service, method, payload, timeout)
+    assert wire.parse_request(ttrpc.decode_frames(ttrpc.encode_frame(wire.request_frame(5, req)))[0][0]) == req

@@ -11,7 +11,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
-from vmsandbox.nri_pb import rpc_status_pb2 as _rpc_status_pb2
+from shim.nri.pb import rpc_status_pb2 as _rpc_status_pb2
 import builtins as _builtins
 import sys
 import typing as _typing

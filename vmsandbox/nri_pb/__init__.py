@@ -1,1 +1,0 @@
-"""Generated protobuf modules of the NRI API and of ttrpc's request/response (see proto/vmsandbox/nri_pb/ and scripts/gen-proto.sh)."""
