@@ -325,7 +325,8 @@ class NriHost:
         self, pod: api.PodSandbox, overhead: api.LinuxResources, resources: api.LinuxResources
     ) -> None:
         req = api.UpdatePodSandboxRequest(pod=pod, overhead_linux_resources=overhead, linux_resources=resources)
-        self._notify(api.UPDATE_POD_SANDBOX, "UpdatePodSandbox", req, api.UpdatePodSandboxResponse, fail=True)
+        # told after the update took effect (the VM cannot change at this call), so never refused
+        self._notify(api.UPDATE_POD_SANDBOX, "UpdatePodSandbox", req, api.UpdatePodSandboxResponse, fail=False)
 
     def post_update_pod_sandbox(self, pod: api.PodSandbox) -> None:
         req = api.PostUpdatePodSandboxRequest(pod=pod)
