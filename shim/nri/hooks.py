@@ -33,7 +33,7 @@ from shim.nri import translate
 from shim.nri.host import NriHost
 from shim.nri.pb import api_pb2 as api
 from shim.sandboxes import Sandboxes
-from vmsandbox import admission, nri, oci_spec, records
+from vmsandbox import admission, nri, oci_spec, records, validation
 from vmsandbox.errors import VmSandboxError
 from vmsandbox.sizing import LinuxResources
 
@@ -145,6 +145,10 @@ class NriHooks:
             name=spec.name, annotations=dict(spec.annotations), env=run.env, rlimits=run.rlimits, linux=before
         )
         target, updates = self.host.create_container(pod, ctr, start)
+        if target.annotations != spec.annotations:  # what plugins add obeys Kubernetes' rules too
+            validation.annotation_map(
+                target.annotations, f'container "{spec.name}" annotations as NRI plugins set them'
+            )
         self._check_resources(sandbox, spec, target, before)
         if target.linux != before:
             spec = replace(spec, linux=target.linux)

@@ -17,6 +17,7 @@ from shim.nri import wire
 from shim.nri.host import NriHost
 from shim.nri.pb import api_pb2 as api
 from vmsandbox import nri, ttrpc
+from vmsandbox.errors import InvalidArgument
 
 PLUGIN = os.environ.get("NRI_PLUGIN", "")
 
@@ -240,5 +241,25 @@ def test_a_real_plugin_that_hangs_is_dropped_and_killed(tmp_path: Path) -> None:
         started = time.monotonic()
         h.create_container(pod, ctr, nri.Target(name="c"))
         assert time.monotonic() - started < 0.1
+    finally:
+        h.close()
+
+
+@needs_plugin
+def test_plugins_are_called_in_index_order_and_may_not_share_a_field(tmp_path: Path) -> None:
+    rec = Recorder()
+    plugins, conf = tmp_path / "plugins", tmp_path / "conf"
+    plugins.mkdir()
+    conf.mkdir()
+    for name, words in (("20-second", "env=WHO=second"), ("10-first", "env=WHO=first annotation=a.io/x=1")):
+        shutil.copy(PLUGIN, plugins / name)
+        (conf / f"{name}.conf").write_text(words)
+    config = nri.NriConfig(enable=True, socket_path="", plugin_path=str(plugins), plugin_config_path=str(conf))
+    h = NriHost(config, "vmsandbox", "test", rec.snapshot, rec.update)
+    try:
+        h.start()
+        assert h.registered() == ["10-first", "20-second"]
+        with pytest.raises(InvalidArgument, match='NRI plugins "10-first" and "20-second" both adjust env WHO'):
+            h.create_container(api.PodSandbox(id="p"), api.Container(id="c", name="c"), nri.Target(name="c"))
     finally:
         h.close()
