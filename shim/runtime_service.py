@@ -174,11 +174,12 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ) -> pb.RemovePodSandboxResponse:
         record = self.sandboxes.find_for_teardown(request.pod_sandbox_id)
         if record is not None:
-            gone = [record.id, *(c.id for c in self.sandboxes.containers(record.id))]
+            members = self.sandboxes.containers(record.id)
+            gone = [record.id, *(c.id for c in members)]
             self.containers.sandbox_removed(record.id)
             self.sandboxes.remove(record.id)
             self._forget_samples(*gone)
-            self.nri.sandbox_removed(record)
+            self.nri.sandbox_removed(record, members)
         return pb.RemovePodSandboxResponse()
 
     @rpc

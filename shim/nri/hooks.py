@@ -19,6 +19,7 @@ When plugins are called, and why:
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import replace
 
 from shim.containers import Containers
@@ -45,6 +46,8 @@ class NriHooks:
         self.host = host
         self.sandboxes = sandboxes
         self.containers = containers
+        self._told_stopped: set[str] = set()  # containers plugins were told of as stopped
+        self._told_lock = threading.Lock()
 
     def plugins(self) -> list[str]:
         return self.host.registered() if self.host is not None else []
@@ -97,12 +100,30 @@ class NriHooks:
             )
 
     def sandbox_stopped(self, record: SandboxRecord) -> None:
-        if self.host is not None:
-            self.host.stop_pod_sandbox(translate.pod(record))
+        """After the pod's teardown: StopContainer for each of its containers plugins were not
+        told of yet (as containerd stops them one by one), then StopPodSandbox."""
+        if self.host is None:
+            return
+        pod = translate.pod(record)
+        for c in self.sandboxes.containers(record.id):
+            with self._told_lock:
+                if c.id in self._told_stopped:
+                    continue
+                self._told_stopped.add(c.id)
+            for plugin, u in self.host.stop_container(pod, translate.container(c)):
+                self.apply_updates(plugin, [u])
+        self.host.stop_pod_sandbox(pod)
 
-    def sandbox_removed(self, record: SandboxRecord) -> None:
-        if self.host is not None:
-            self.host.remove_pod_sandbox(translate.pod(record))
+    def sandbox_removed(self, record: SandboxRecord, members: list[ContainerRecord]) -> None:
+        """After the pod's removal: RemoveContainer for each container it held, then RemovePodSandbox."""
+        if self.host is None:
+            return
+        pod = translate.pod(record)
+        for c in members:
+            with self._told_lock:
+                self._told_stopped.discard(c.id)
+            self.host.remove_container(pod, translate.container(c))
+        self.host.remove_pod_sandbox(pod)
 
     def sandbox_updated(self, sandbox_id: str, overhead: LinuxResources, resources: LinuxResources) -> None:
         if self.host is None:
@@ -220,6 +241,8 @@ class NriHooks:
 
     def container_stopped(self, container_id: str) -> None:
         if self.host is not None and (ev := self._event(container_id)) is not None:
+            with self._told_lock:
+                self._told_stopped.add(ev[1].id)
             for plugin, u in self.host.stop_container(*ev):
                 self.apply_updates(plugin, [u])
 
@@ -234,6 +257,8 @@ class NriHooks:
 
     def container_removed(self, record: ContainerRecord | None) -> None:
         if self.host is not None and record is not None:
+            with self._told_lock:
+                self._told_stopped.discard(record.id)
             try:
                 pod = translate.pod(self.sandboxes.get(record.sandbox_id))
             except VmSandboxError:
