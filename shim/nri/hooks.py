@@ -13,7 +13,8 @@ When plugins are called, and why:
   pod's declaration alone; a plugin may only refuse the pod, which tears the new VM down and
   fails RunPodSandbox with the plugin's message.
 - StopPodSandbox and RemovePodSandbox: after the teardown, so a failing or hanging plugin never
-  holds a VM or its resources.
+  holds a VM or its resources; each first tells StopContainer / RemoveContainer for the pod's
+  containers, as containerd does.
 """
 
 from __future__ import annotations
@@ -233,6 +234,14 @@ class NriHooks:
                 target = nri.apply_adjustment(target, plugin, translate.update(u))
             else:
                 self.apply_updates(plugin, [u])
+        if target.resource_plugins:  # an update is held to the VM's envelope; a refusal names the plugins
+            record = self.sandboxes.get(ev[1].pod_sandbox_id)
+            others = [
+                admission.Usage.of_linux(translate.linux_of_doc(c.linux))
+                for c in self.sandboxes.containers(record.id)
+                if c.state != CONTAINER_EXITED and c.id != container_id
+            ]
+            nri.resource_divergence(target, linux, None, records.shape_from_doc(record.shape).demand, others)
         return target.linux
 
     def container_updated(self, container_id: str) -> None:

@@ -5,10 +5,11 @@ plugin's connection. A plugin registers (RegisterPlugin within the registration 
 configured (its ``plugin_config_path`` drop-in for plugins we start), synchronized with every
 pod and container, and from then on called for the events it subscribed to, in ascending
 index order (then name), each call within the request timeout. A plugin's error fails
-RunPodSandbox, CreateContainer and UpdateContainerResources with its message (bounded); on
-every other event it is logged and the runtime carries on. A plugin that closes its
-connection, breaks the protocol or misses a deadline is dropped (a plugin we started is
-killed) and logged; the runtime carries on without it. Events are dispatched one at a time,
+RunPodSandbox, CreateContainer and UpdateContainerResources with its message (bounded), and so
+does any answer but acceptance from a plugin validating adjustments (ValidateContainerAdjustment:
+NRI fails closed there); on every other event it is logged and the runtime carries on. A plugin
+that closes its connection, breaks the protocol or misses a deadline is dropped (a plugin we
+started is killed) and logged; the runtime carries on without it. Events are dispatched one at a time,
 as the adaptation does, so a plugin sees them in the order they happened.
 """
 
@@ -341,6 +342,7 @@ class NriHost:
         for other containers (each with the plugin that asked)."""
         req = api.CreateContainerRequest(pod=pod, container=container)
         updates: list[tuple[str, api.ContainerUpdate]] = []
+        merged = api.ContainerAdjustment()
         with self._dispatch() as plugins:
             for p in plugins:
                 try:
@@ -351,10 +353,49 @@ class NriHost:
                     continue
                 if reply.HasField("adjust"):
                     target = nri.apply_adjustment(target, p.name, translate.adjustment(reply.adjust))
+                    merged.MergeFrom(reply.adjust)
                 updates += [(p.name, u) for u in reply.update]
                 if reply.evict:
                     log.warning("NRI: plugin %s asked to evict %d container(s); ignored", p.name, len(reply.evict))
+            self._validate(plugins, pod, container, merged, [u for _, u in updates])
         return target, updates
+
+    def _validate(
+        self,
+        plugins: list[Plugin],
+        pod: api.PodSandbox,
+        container: api.Container,
+        adjust: api.ContainerAdjustment,
+        updates: list[api.ContainerUpdate],
+    ) -> None:
+        """Ask the validating plugins (those subscribed to ValidateContainerAdjustment) about the
+        adjustments; any rejection, error or missed deadline fails the container, as NRI fails
+        closed on validation."""
+        plugins = [p for p in plugins if not p.conn.closed]  # those dropped during this event are gone
+        validators = [p for p in plugins if nri.subscribed(p.events, nri.VALIDATE_CONTAINER_ADJUSTMENT)]
+        if not validators:
+            return
+        req = api.ValidateContainerAdjustmentRequest(
+            pod=pod,
+            container=container,
+            adjust=adjust,
+            update=updates,
+            plugins=[api.PluginInstance(name=p.base, index=p.idx) for p in plugins],
+        )
+        for v in validators:
+            method = "ValidateContainerAdjustment"
+            try:
+                reply = v.conn.call(method, req, api.ValidateContainerAdjustmentResponse, self.config.request_timeout_s)
+            except PluginCallError as exc:
+                raise self._refusal(v, method, exc) from None
+            except PluginGone as exc:
+                log.error("NRI: plugin %s dropped during %s: %s", v.name, method, exc)
+                raise PermissionDenied(f'NRI validator plugin "{v.name}" failed: {nri.bounded(str(exc))}') from None
+            if reply.reject:
+                raise PermissionDenied(
+                    f'NRI plugin "{v.name}" rejected the adjustments of container "{container.name}": '
+                    f"{nri.bounded(reply.reason)}"
+                )
 
     def post_create_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         req = api.PostCreateContainerRequest(pod=pod, container=container)

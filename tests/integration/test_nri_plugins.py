@@ -220,3 +220,22 @@ def test_plugin_refusing_a_pod_fails_run_pod_sandbox(env: Env, external: list[su
     )
     assert set(our_domains(env.shim)) <= before
     assert env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items == []
+
+
+def test_plugin_growing_an_update_is_refused_naming_it(env: Env, external: list[subprocess.Popen[bytes]]) -> None:
+    sid, config = _sandbox(env, "upd", [("app", SMALL)])
+    try:
+        cid = _create(env, sid, config, "app", SMALL)
+        _start_external(env, external, "60", "upgrow", f"update-memory={1 << 30}")
+        req = pb.UpdateContainerResourcesRequest(
+            container_id=cid, linux=pb.LinuxContainerResources(memory_limit_in_bytes=16 << 20)
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            env.shim.runtime.UpdateContainerResources(req, timeout=60)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        message = err.value.details() or ""
+        assert 'container "app" as NRI plugin "60-upgrow" adjusted it does not fit in the VM' in message
+        status = env.shim.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30).status
+        assert status.resources.linux.memory_limit_in_bytes == 32 << 20  # unchanged
+    finally:
+        _teardown(env, sid)

@@ -7,9 +7,11 @@
 //	annotation=KEY=VALUE  add an annotation to every created container
 //	memory=BYTES          set every created container's memory limit
 //	cpu-quota=MICROS      set every created container's CPU quota (period 100000)
+//	update-memory=BYTES   answer every UpdateContainer by setting that container's memory limit
 //	rlimit=TYPE:SOFT:HARD add an rlimit to every created container
 //	hang=EVENT            never answer EVENT (RunPodSandbox, CreateContainer, ...)
 //	fail=EVENT            answer EVENT with an error
+//	reject=REASON         reject every container's adjustments when asked to validate them
 //	events=FILE           append one line per event to FILE: "<event> <pod> <container>"
 package main
 
@@ -39,10 +41,12 @@ type plugin struct {
 	annotations [][2]string
 	memory      int64
 	cpuQuota    int64
+	updateMem   int64
 	rlimits     []rlimit
 	hang        map[string]bool
 	fail        map[string]bool
 	eventsFile  string
+	reject      string
 }
 
 func (p *plugin) parse(config string) error {
@@ -66,15 +70,18 @@ func (p *plugin) parse(config string) error {
 			} else {
 				p.annotations = append(p.annotations, [2]string{k, v})
 			}
-		case "memory", "cpu-quota":
+		case "memory", "cpu-quota", "update-memory":
 			n, err := strconv.ParseInt(value, 10, 64)
 			if err != nil {
 				return fmt.Errorf("%s %q: %w", key, value, err)
 			}
-			if key == "memory" {
+			switch key {
+			case "memory":
 				p.memory = n
-			} else {
+			case "cpu-quota":
 				p.cpuQuota = n
+			default:
+				p.updateMem = n
 			}
 		case "rlimit":
 			parts := strings.Split(value, ":")
@@ -93,6 +100,8 @@ func (p *plugin) parse(config string) error {
 			p.fail[value] = true
 		case "events":
 			p.eventsFile = value
+		case "reject":
+			p.reject = value
 		default:
 			return fmt.Errorf("unknown configuration key %q", key)
 		}
@@ -193,7 +202,17 @@ func (p *plugin) PostStartContainer(ctx context.Context, pod *api.PodSandbox, ct
 }
 
 func (p *plugin) UpdateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container, res *api.LinuxResources) ([]*api.ContainerUpdate, error) {
-	return nil, p.event(ctx, "UpdateContainer", pod, ctr)
+	if err := p.event(ctx, "UpdateContainer", pod, ctr); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.updateMem == 0 {
+		return nil, nil
+	}
+	u := &api.ContainerUpdate{ContainerId: ctr.GetId()}
+	u.SetLinuxMemoryLimit(p.updateMem)
+	return []*api.ContainerUpdate{u}, nil
 }
 
 func (p *plugin) PostUpdateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
@@ -206,6 +225,18 @@ func (p *plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 
 func (p *plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
 	return p.event(ctx, "RemoveContainer", pod, ctr)
+}
+
+func (p *plugin) ValidateContainerAdjustment(ctx context.Context, req *api.ValidateContainerAdjustmentRequest) error {
+	if err := p.event(ctx, "ValidateContainerAdjustment", req.GetPod(), req.GetContainer()); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.reject != "" {
+		return errors.New(p.reject)
+	}
+	return nil
 }
 
 func main() {

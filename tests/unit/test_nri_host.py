@@ -17,7 +17,7 @@ from shim.nri import wire
 from shim.nri.host import NriHost
 from shim.nri.pb import api_pb2 as api
 from vmsandbox import nri, ttrpc
-from vmsandbox.errors import InvalidArgument
+from vmsandbox.errors import InvalidArgument, PermissionDenied
 
 PLUGIN = os.environ.get("NRI_PLUGIN", "")
 
@@ -261,5 +261,29 @@ def test_plugins_are_called_in_index_order_and_may_not_share_a_field(tmp_path: P
         assert h.registered() == ["10-first", "20-second"]
         with pytest.raises(InvalidArgument, match='NRI plugins "10-first" and "20-second" both adjust env WHO'):
             h.create_container(api.PodSandbox(id="p"), api.Container(id="c", name="c"), nri.Target(name="c"))
+    finally:
+        h.close()
+
+
+@needs_plugin
+def test_a_validator_rejecting_the_adjustments_fails_the_container(tmp_path: Path) -> None:
+    rec = Recorder()
+    plugins, conf = tmp_path / "plugins", tmp_path / "conf"
+    plugins.mkdir()
+    conf.mkdir()
+    shutil.copy(PLUGIN, plugins / "10-inject")
+    (conf / "10-inject.conf").write_text("env=X=1")
+    shutil.copy(PLUGIN, plugins / "90-policy")
+    (conf / "90-policy.conf").write_text("reject=no-injected-env-here")
+    config = nri.NriConfig(enable=True, socket_path="", plugin_path=str(plugins), plugin_config_path=str(conf))
+    h = NriHost(config, "vmsandbox", "test", rec.snapshot, rec.update)
+    try:
+        h.start()
+        with pytest.raises(PermissionDenied) as err:
+            h.create_container(api.PodSandbox(id="p"), api.Container(id="c", name="app"), nri.Target(name="app"))
+        assert (
+            str(err.value) == 'NRI plugin "90-policy" rejected the adjustments of container "app": no-injected-env-here'
+        )
+        assert h.registered() == ["10-inject", "90-policy"]  # a rejection is an answer, not a failure
     finally:
         h.close()

@@ -150,7 +150,8 @@ def test_golden_answers_from_a_go_plugin() -> None:
     configure, sync, create = (wire.parse_response(f) for f in from_plugin[ttrpc.PLUGIN_SERVICE_CONN])
     assert [f.stream_id for f in from_plugin[ttrpc.PLUGIN_SERVICE_CONN]] == [1, 3, 5]
     assert configure.code == ttrpc.OK
-    assert api.ConfigureResponse.FromString(configure.payload).events == 0x7FF  # every event the stub handles
+    # every event the plugin handles: 1-11 and ValidateContainerAdjustment (14)
+    assert api.ConfigureResponse.FromString(configure.payload).events == 0x7FF | 1 << (14 - 1)
     assert sync.code == ttrpc.OK
     adjust = api.CreateContainerResponse.FromString(create.payload).adjust
     assert dict(adjust.annotations) == {"example.com/golden": "yes"}
