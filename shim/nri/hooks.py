@@ -35,7 +35,7 @@ from shim.nri import translate
 from shim.nri.host import NriHost
 from shim.nri.pb import api_pb2 as api
 from shim.sandboxes import Sandboxes
-from vmsandbox import admission, nri, oci_spec, records, validation
+from vmsandbox import admission, nri, oci_spec, validation
 from vmsandbox.errors import VmSandboxError
 from vmsandbox.sizing import LinuxResources
 
@@ -66,7 +66,7 @@ class NriHooks:
         for u in updates:
             try:
                 c = self.sandboxes.container(u.container_id)
-                target = nri.Target(name=c.name, linux=translate.linux_of_doc(c.linux))
+                target = nri.Target(name=c.name, linux=c.linux)
                 after = nri.apply_adjustment(target, plugin, translate.update(u)).linux
                 if after != target.linux:
                     self.sandboxes.update_container(c.id, None, after)
@@ -194,14 +194,14 @@ class NriHooks:
     ) -> None:
         declared = None
         if sandbox.declaration is not None:
-            found = records.declaration_from_doc(sandbox.declaration).find(spec.name)
+            found = sandbox.declaration.find(spec.name)
             declared = found.resources if found is not None else None
         others = [
-            admission.Usage.of_linux(translate.linux_of_doc(c.linux))
+            admission.Usage.of_linux(c.linux)
             for c in self.sandboxes.containers(sandbox.id)
             if c.state != CONTAINER_EXITED and c.name != spec.name
         ]
-        nri.resource_divergence(target, before, declared, records.shape_from_doc(sandbox.shape).demand, others)
+        nri.resource_divergence(target, before, declared, sandbox.sized_shape().demand, others)
 
     def _event(self, container_id: str) -> tuple[api.PodSandbox, api.Container] | None:
         try:
@@ -237,11 +237,11 @@ class NriHooks:
         if target.resource_plugins:  # an update is held to the VM's envelope; a refusal names the plugins
             record = self.sandboxes.get(ev[1].pod_sandbox_id)
             others = [
-                admission.Usage.of_linux(translate.linux_of_doc(c.linux))
+                admission.Usage.of_linux(c.linux)
                 for c in self.sandboxes.containers(record.id)
                 if c.state != CONTAINER_EXITED and c.id != container_id
             ]
-            nri.resource_divergence(target, linux, None, records.shape_from_doc(record.shape).demand, others)
+            nri.resource_divergence(target, linux, None, record.sized_shape().demand, others)
         return target.linux
 
     def container_updated(self, container_id: str) -> None:

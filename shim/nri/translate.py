@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from shim.model import CONTAINER_CREATED, CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, SandboxRecord
 from shim.nri.pb import api_pb2 as api
-from vmsandbox import nri, records
+from vmsandbox import nri
 from vmsandbox.sizing import LinuxResources, PodDemand
 
 _STATES = {
@@ -15,16 +15,6 @@ _STATES = {
     CONTAINER_EXITED: api.CONTAINER_STOPPED,
 }
 _HUGEPAGE_LABELS = {2 << 20: "2MB", 1 << 30: "1GB"}
-
-
-def linux_of_doc(doc: dict[str, object]) -> LinuxResources:
-    """A record's ``linux`` document (LinuxResources fields) as LinuxResources."""
-    fields = LinuxResources.__dataclass_fields__
-    args: dict[str, object] = {k: v for k, v in doc.items() if k in fields}
-    pages = args.get("hugepage_limits")
-    if isinstance(pages, list | tuple):
-        args["hugepage_limits"] = tuple((int(s), int(v)) for s, v in pages)
-    return LinuxResources(**args)  # type: ignore[arg-type]
 
 
 def resources(lr: LinuxResources) -> api.LinuxResources:
@@ -67,11 +57,10 @@ def pod(r: SandboxRecord) -> api.PodSandbox:
         annotations=r.annotations,
         runtime_handler=r.runtime_handler,
     )
-    if r.shape:
-        out.linux.pod_resources.CopyFrom(demand_resources(records.shape_from_doc(r.shape).demand))
-    network = r.pod_network()
-    if network is not None:
-        out.ips.extend(network.ips)
+    if r.shape is not None:
+        out.linux.pod_resources.CopyFrom(demand_resources(r.shape.demand))
+    if r.network is not None:
+        out.ips.extend(r.network.ips)
     return out
 
 
@@ -89,7 +78,7 @@ def container(c: ContainerRecord) -> api.Container:
         exit_code=c.exit_code,
         status_reason=c.reason[:256],
     )
-    out.linux.resources.CopyFrom(resources(linux_of_doc(c.linux)))
+    out.linux.resources.CopyFrom(resources(c.linux))
     return out
 
 
