@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Regenerate the Python stubs of the CRI contract from proto/.
+# Regenerate the Python stubs of the CRI contract and of the NRI API from proto/.
 #
 #   scripts/gen-proto.sh [OUT_DIR]
 #
 # OUT_DIR defaults to the repository root, where the generated modules are
-# kept under shim/cri/ (tests/unit/test_proto_contract.py regenerates into a
-# temporary directory and checks they are up to date). The interpreter is
+# kept under shim/cri/ and shim/nri/pb/ (tests/unit/test_proto_contract.py and
+# tests/unit/test_nri_proto.py regenerate into a temporary directory and check
+# they are up to date). The CRI is gRPC, so proto/shim/cri/ also gets gRPC stubs;
+# NRI speaks ttrpc (vmsandbox/ttrpc.py, shim/nri/), so proto/shim/nri/ gets
+# messages only. The interpreter is
 # $PYTHON, default .venv/bin/python; it needs grpcio-tools and mypy-protobuf.
 # Generated files are never edited by hand; only the __init__.py files under
-# shim/cri/ are written by people.
+# shim/cri/ and shim/nri/pb/ are written by people.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,9 +26,10 @@ scripts_dir="$("$python" -c 'import sysconfig; print(sysconfig.get_path("scripts
 export PATH="$scripts_dir:$PATH"
 
 cd "$repo_root"
-mapfile -t protos < <(cd proto && find . -name '*.proto' -printf '%P\n' | LC_ALL=C sort)
-if [ "${#protos[@]}" -eq 0 ]; then
-    echo "gen-proto: no .proto files under proto/" >&2
+mapfile -t protos < <(cd proto && find shim/cri -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
+mapfile -t nri_protos < <(cd proto && find shim/nri -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
+if [ "${#protos[@]}" -eq 0 ] || [ "${#nri_protos[@]}" -eq 0 ]; then
+    echo "gen-proto: no .proto files under proto/shim/cri or proto/shim/nri" >&2
     exit 1
 fi
 
@@ -36,3 +40,9 @@ fi
     --mypy_out="$out_dir" \
     --mypy_grpc_out="$out_dir" \
     "${protos[@]/#/proto/}"
+
+"$python" -m grpc_tools.protoc \
+    -I proto \
+    --python_out="$out_dir" \
+    --mypy_out="$out_dir" \
+    "${nri_protos[@]/#/proto/}"

@@ -27,6 +27,8 @@ from vmsandbox.cdi import DEFAULT_SPEC_DIRS
 from vmsandbox.devices import parse_pool_config
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import format_cpulist, parse_cpulist
+from vmsandbox.nri import NriConfig
+from vmsandbox.nri import parse_config as parse_nri_config
 from vmsandbox.placement import DEFAULT_PACKING, PACKINGS, Packing
 from vmsandbox.quantity import parse_nonnegative_quantity
 from vmsandbox.registries import Registries, parse_registries
@@ -82,6 +84,7 @@ class ShimConfig:
     streaming_token_ttl_s: int = 60  # how long an Exec/Attach/PortForward URL may wait for its client
     streaming_max_streams: int = 64  # live streaming connections, all pods together
     streaming_max_streams_per_pod: int = 16
+    nri: NriConfig = field(default_factory=NriConfig)  # host NRI plugins (vmsandbox.nri); off by default
     extra: dict[str, Any] = field(default_factory=dict)
 
     def memory_reserved_on(self, node: int) -> int:
@@ -134,6 +137,7 @@ _KEYS = {
     "streaming_token_ttl_s",
     "streaming_max_streams",
     "streaming_max_streams_per_pod",
+    "nri",
 }
 
 _STREAMING_LIMITS = {
@@ -202,6 +206,7 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         if not isinstance(paths, list) or not all(isinstance(p, str) and p.startswith("/") for p in paths):
             raise InvalidArgument(f"{source}: mount_allowlist: must be a list of absolute paths")
         kwargs["mount_allowlist"] = tuple(paths)
+    kwargs["nri"] = parse_nri_config(data.get("nri"), source)
     kwargs["registries"] = parse_registries(data.get("registries"), f"{source}: registries")
     for key in ("image_max_bytes", "image_max_entries", "log_rate_bytes", "log_burst_bytes"):
         if key in data:

@@ -20,6 +20,7 @@ from shim.containers import Containers
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.model import CONTAINER_EXITED, CONTAINER_RUNNING, SANDBOX_READY, ContainerRecord, SandboxRecord
+from shim.nri.hooks import NriHooks
 from shim.sandboxes import Sandboxes
 from shim.status import rpc
 from shim.streaming.server import StreamingServer, Target
@@ -53,10 +54,17 @@ _EXEC_OUTPUT_LIMIT = 16 << 20
 
 
 class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
-    def __init__(self, sandboxes: Sandboxes, containers: Containers, streaming: StreamingServer | None = None) -> None:
+    def __init__(
+        self,
+        sandboxes: Sandboxes,
+        containers: Containers,
+        streaming: StreamingServer | None = None,
+        nri: NriHooks | None = None,
+    ) -> None:
         self.sandboxes = sandboxes
         self.containers = containers
         self.streaming = streaming
+        self.nri = nri if nri is not None else NriHooks(None, sandboxes, containers)
         self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (timestamp ns, cpu ns), for nano cores
         self._samples_lock = threading.Lock()
 
@@ -126,6 +134,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
                     "libvirt_version": libvirt_version,
                     "owned_cpus": sorted(self.sandboxes.policy.owned_cpus),
                     "handlers": sorted(self.sandboxes.profiles),
+                    "nri_plugins": self.nri.plugins(),
                 },
                 sort_keys=True,
             )
@@ -146,7 +155,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         if not request.HasField("config"):
             raise InvalidArgument("RunPodSandboxRequest.config is missing")
         spec = translate.sandbox_spec(request.config, request.runtime_handler)
-        return pb.RunPodSandboxResponse(pod_sandbox_id=self.sandboxes.run(spec))
+        return pb.RunPodSandboxResponse(pod_sandbox_id=self.nri.sandbox_started(self.sandboxes.run(spec)))
 
     @rpc
     def StopPodSandbox(
@@ -156,6 +165,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         if record is not None:
             self.sandboxes.stop(record.id)
             self.containers.sandbox_stopped(record.id)
+            self.nri.sandbox_stopped(record)
         return pb.StopPodSandboxResponse()
 
     @rpc
@@ -164,10 +174,12 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ) -> pb.RemovePodSandboxResponse:
         record = self.sandboxes.find_for_teardown(request.pod_sandbox_id)
         if record is not None:
-            gone = [record.id, *(c.id for c in self.sandboxes.containers(record.id))]
+            members = self.sandboxes.containers(record.id)
+            gone = [record.id, *(c.id for c in members)]
             self.containers.sandbox_removed(record.id)
             self.sandboxes.remove(record.id)
             self._forget_samples(*gone)
+            self.nri.sandbox_removed(record, members)
         return pb.RemovePodSandboxResponse()
 
     @rpc
@@ -201,7 +213,11 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     def UpdatePodSandboxResources(
         self, request: pb.UpdatePodSandboxResourcesRequest, context: grpc.ServicerContext
     ) -> pb.UpdatePodSandboxResourcesResponse:
-        self.sandboxes.update_sandbox(request.pod_sandbox_id, translate.linux_resources(request.resources, "resources"))
+        resources = translate.linux_resources(request.resources, "resources")
+        self.sandboxes.update_sandbox(request.pod_sandbox_id, resources)
+        self.nri.sandbox_updated(
+            request.pod_sandbox_id, translate.linux_resources(request.overhead, "overhead"), resources
+        )
         return pb.UpdatePodSandboxResourcesResponse()
 
     @rpc
@@ -217,6 +233,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         sysctls = request.sandbox_config.linux.sysctls
         run, user, stop_signal = translate.container_request(request.config, sandbox.hostname, sysctls)
         mounts = translate.mount_requests(request.config)
+        spec, run, mounts = self.nri.adjust_container(sandbox, spec, run, mounts)
         self.containers.check_mounts(mounts)
         cid = self.sandboxes.create_container(request.pod_sandbox_id, spec)
         try:
@@ -224,13 +241,16 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         except BaseException:
             self.sandboxes.remove_container(cid)
             raise
+        self.nri.container_created(cid)
         return pb.CreateContainerResponse(container_id=cid)
 
     @rpc
     def StartContainer(
         self, request: pb.StartContainerRequest, context: grpc.ServicerContext
     ) -> pb.StartContainerResponse:
+        self.nri.container_starting(request.container_id)
         self.containers.start(request.container_id)
+        self.nri.container_started(request.container_id)
         return pb.StartContainerResponse()
 
     @rpc
@@ -240,6 +260,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         if request.timeout < 0:
             raise InvalidArgument(f"StopContainer timeout is negative ({request.timeout})")
         self.containers.stop(request.container_id, int(request.timeout))
+        self.nri.container_stopped(request.container_id)
         return pb.StopContainerResponse()
 
     @rpc
@@ -248,7 +269,9 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ) -> pb.RemoveContainerResponse:
         if not request.container_id:
             raise InvalidArgument("container_id is empty")
+        record = self.nri.removing(request.container_id)
         removed = self.containers.remove(request.container_id)
+        self.nri.container_removed(record if removed is not None else None)
         if removed is not None:
             self._forget_samples(removed)
         return pb.RemoveContainerResponse()
@@ -296,9 +319,10 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
             if request.HasField("kubernetes_resources")
             else None
         )
-        linux = translate.linux_resources(request.linux, f"{where}: linux")
+        linux = self.nri.update_container(c.id, translate.linux_resources(request.linux, f"{where}: linux"))
         self.sandboxes.update_container(request.container_id, resources, linux)
         self.containers.update(request.container_id, self.sandboxes.container(request.container_id).linux)
+        self.nri.container_updated(c.id)
         return pb.UpdateContainerResourcesResponse()
 
     @rpc

@@ -28,13 +28,15 @@ from shim.health import Health
 from shim.image_service import ImageServicer
 from shim.images import ImageStore
 from shim.model import SANDBOX_READY
+from shim.nri.hooks import NriHooks
+from shim.nri.host import NriHost
 from shim.periodic import Periodic
-from shim.runtime_service import RuntimeServicer
+from shim.runtime_service import RUNTIME_NAME, RuntimeServicer
 from shim.sandboxes import Sandboxes
 from shim.streaming.backends import ShimBackends
 from shim.streaming.server import StreamingServer
 from shim.streaming.server import parse_address as parse_streaming_address
-from vmsandbox import validation
+from vmsandbox import __version__, validation
 from vmsandbox.adapters.domain_events import DomainEvents
 from vmsandbox.adapters.host_checks import host_warnings
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -57,11 +59,14 @@ class Running:
     events: DomainEvents | None = None
     housekeeping: Periodic | None = None
     streaming: StreamingServer | None = None
+    nri: NriHost | None = None
 
     def stop(self, grace: float = 5.0) -> None:
         if self.health is not None:
             self.health.shutting_down()
         self.server.stop(grace).wait()
+        if self.nri is not None:
+            self.nri.close()
         if self.streaming is not None:
             self.streaming.stop()
         if self.housekeeping is not None:
@@ -175,7 +180,11 @@ def start(config: ShimConfig) -> Running:
     housekeeping.start()
     streaming = StreamingServer(config, ShimBackends(sandboxes, containers))
     streaming.start()
-    runtime = RuntimeServicer(sandboxes, containers, streaming)
+    hooks = NriHooks(None, sandboxes, containers)
+    if config.nri.enable:  # after the reconcile: plugins synchronize with the pods we have
+        hooks.host = NriHost(config.nri, RUNTIME_NAME, __version__, hooks.snapshot, hooks.apply_updates)
+        hooks.host.start()
+    runtime = RuntimeServicer(sandboxes, containers, streaming, hooks)
     status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
     status.add_servicer(
         server,
@@ -220,6 +229,7 @@ def start(config: ShimConfig) -> Running:
         events=events,
         housekeeping=housekeeping,
         streaming=streaming,
+        nri=hooks.host,
     )
 
 

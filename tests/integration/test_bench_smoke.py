@@ -31,6 +31,7 @@ HELPERS = {
     "__init__.py": "makes bench/ a package",
     "shim_process.py": "starts a shim process for the benchmarks; measures nothing itself",
     "smoke.py": "the smoke mode's JSON shape check and prerequisites, shared by the benchmarks",
+    "nri_noop_plugin.py": "the NRI plugin bench/nri.py starts when NRI_PLUGIN is unset; measures nothing itself",
 }
 TIMEOUT_S = 150  # a smoke run boots at most three guests (a few seconds each under TCG)
 

@@ -1,0 +1,275 @@
+"""``NriHooks``: the one call per CRI event the servicer makes into NRI, and what NRI asks back.
+
+It turns the shim's records into NRI's PodSandbox and Container, calls the plugins through
+``NriHost`` and carries out their answers through the owners: a CreateContainer adjustment
+becomes the container's spec (env, annotations, command line, rlimits, mounts, resources) after
+the same divergence admission as the container itself; container updates, from an event's
+answer or a plugin's own UpdateContainers, go through ``Sandboxes.update_container`` (the VM's
+envelope) and ``Containers.update``. With NRI off every hook is a no-op.
+
+When plugins are called, and why:
+- RunPodSandbox: after the VM booted (the pod has its id and IPs), with the pod's whole size as
+  ``pod_resources``. NRI gives plugins no way to adjust a pod here, so the VM is sized from the
+  pod's declaration alone; a plugin may only refuse the pod, which tears the new VM down and
+  fails RunPodSandbox with the plugin's message.
+- StopPodSandbox and RemovePodSandbox: after the teardown, so a failing or hanging plugin never
+  holds a VM or its resources; each first tells StopContainer / RemoveContainer for the pod's
+  containers, as containerd does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+
+from shim.containers import Containers
+from shim.model import (
+    CONTAINER_EXITED,
+    ContainerRecord,
+    ContainerSpec,
+    MountRequest,
+    SandboxRecord,
+)
+from shim.nri import translate
+from shim.nri.host import NriHost
+from shim.nri.pb import api_pb2 as api
+from shim.sandboxes import Sandboxes
+from vmsandbox import admission, nri, oci_spec, validation
+from vmsandbox.errors import VmSandboxError
+from vmsandbox.sizing import LinuxResources
+
+log = logging.getLogger(__name__)
+
+
+class NriHooks:
+    def __init__(self, host: NriHost | None, sandboxes: Sandboxes, containers: Containers) -> None:
+        self.host = host
+        self.sandboxes = sandboxes
+        self.containers = containers
+        self._told_stopped: set[str] = set()  # containers plugins were told of as stopped
+        self._told_lock = threading.Lock()
+
+    def plugins(self) -> list[str]:
+        return self.host.registered() if self.host is not None else []
+
+    # -- what plugins see at registration and ask for at any time ---------------------------------
+    def snapshot(self) -> tuple[list[api.PodSandbox], list[api.Container]]:
+        return (
+            [translate.pod(r) for r in self.sandboxes.list_sandboxes()],
+            [translate.container(c) for c in self.sandboxes.containers()],
+        )
+
+    def apply_updates(self, plugin: str, updates: list[api.ContainerUpdate]) -> list[api.ContainerUpdate]:
+        """Carry out a plugin's container updates through the VM's admission; the failed ones."""
+        failed = []
+        for u in updates:
+            try:
+                c = self.sandboxes.container(u.container_id)
+                target = nri.Target(name=c.name, linux=c.linux)
+                after = nri.apply_adjustment(target, plugin, translate.update(u)).linux
+                if after != target.linux:
+                    self.sandboxes.update_container(c.id, None, after)
+                    self.containers.update(c.id, self.sandboxes.container(c.id).linux)
+            except VmSandboxError as exc:
+                log.warning("NRI: update of container %s by plugin %s refused: %s", u.container_id[:12], plugin, exc)
+                if not u.ignore_failure:
+                    failed.append(u)
+        return failed
+
+    # -- pod events -------------------------------------------------------------------------------
+    def sandbox_started(self, sandbox_id: str) -> str:
+        if self.host is None:
+            return sandbox_id
+        record = self.sandboxes.get(sandbox_id)
+        try:
+            self.host.run_pod_sandbox(translate.pod(record))
+        except VmSandboxError:
+            self._teardown(record)
+            raise
+        return sandbox_id
+
+    def _teardown(self, record: SandboxRecord) -> None:
+        try:
+            self.sandboxes.stop(record.id)
+            self.containers.sandbox_stopped(record.id)
+            self.containers.sandbox_removed(record.id)
+            self.sandboxes.remove(record.id)
+        except VmSandboxError as exc:
+            log.error(
+                "NRI: tearing down refused sandbox %s failed (the reconcile finishes it): %s", record.id[:12], exc
+            )
+
+    def sandbox_stopped(self, record: SandboxRecord) -> None:
+        """After the pod's teardown: StopContainer for each of its containers plugins were not
+        told of yet (as containerd stops them one by one), then StopPodSandbox."""
+        if self.host is None:
+            return
+        pod = translate.pod(record)
+        for c in self.sandboxes.containers(record.id):
+            with self._told_lock:
+                if c.id in self._told_stopped:
+                    continue
+                self._told_stopped.add(c.id)
+            for plugin, u in self.host.stop_container(pod, translate.container(c)):
+                self.apply_updates(plugin, [u])
+        self.host.stop_pod_sandbox(pod)
+
+    def sandbox_removed(self, record: SandboxRecord, members: list[ContainerRecord]) -> None:
+        """After the pod's removal: RemoveContainer for each container it held, then RemovePodSandbox."""
+        if self.host is None:
+            return
+        pod = translate.pod(record)
+        for c in members:
+            with self._told_lock:
+                self._told_stopped.discard(c.id)
+            self.host.remove_container(pod, translate.container(c))
+        self.host.remove_pod_sandbox(pod)
+
+    def sandbox_updated(self, sandbox_id: str, overhead: LinuxResources, resources: LinuxResources) -> None:
+        if self.host is None:
+            return
+        pod = translate.pod(self.sandboxes.get(sandbox_id))
+        self.host.update_pod_sandbox(pod, translate.resources(overhead), translate.resources(resources))
+        self.host.post_update_pod_sandbox(pod)
+
+    # -- container events -------------------------------------------------------------------------
+    def adjust_container(
+        self, sandbox: SandboxRecord, spec: ContainerSpec, run: oci_spec.ContainerRequest, mounts: list[MountRequest]
+    ) -> tuple[ContainerSpec, oci_spec.ContainerRequest, list[MountRequest]]:
+        """The container as the plugins adjust it, refused (naming them) when it leaves the pod's
+        declaration or the VM."""
+        if self.host is None:
+            return spec, run, mounts
+        if spec.linux.empty and spec.resources is not None:
+            before = admission.implied_linux(spec.resources)
+        else:
+            before = spec.linux
+        pod = translate.pod(sandbox)
+        ctr = api.Container(
+            pod_sandbox_id=sandbox.id,
+            name=spec.name,
+            state=api.CONTAINER_UNKNOWN,
+            labels=spec.labels,
+            annotations=spec.annotations,
+            args=[*run.command, *run.args],
+            env=[f"{k}={v}" for k, v in run.env],
+        )
+        ctr.linux.resources.CopyFrom(translate.resources(before))
+        ctr.rlimits.extend(api.POSIXRlimit(type=t, hard=h, soft=s) for t, h, s in run.rlimits)
+        ctr.mounts.extend(
+            api.Mount(
+                destination=m.container_path, source=m.host_path, type="bind", options=["ro"] if m.readonly else []
+            )
+            for m in mounts
+        )
+        start = nri.Target(
+            name=spec.name, annotations=dict(spec.annotations), env=run.env, rlimits=run.rlimits, linux=before
+        )
+        target, updates = self.host.create_container(pod, ctr, start)
+        if target.annotations != spec.annotations:  # what plugins add obeys Kubernetes' rules too
+            validation.annotation_map(
+                target.annotations, f'container "{spec.name}" annotations as NRI plugins set them'
+            )
+        self._check_resources(sandbox, spec, target, before)
+        if target.linux != before:
+            spec = replace(spec, linux=target.linux)
+        spec = replace(spec, annotations=dict(target.annotations))
+        changes: dict[str, object] = {"env": target.env, "rlimits": target.rlimits}
+        if target.args is not None:
+            changes.update(command=target.args, args=())
+        if target.oom_score_adj is not None:
+            changes["oom_score_adj"] = target.oom_score_adj
+        run = replace(run, **changes)  # type: ignore[arg-type]
+        added = {dest for dest, _, _ in target.mounts}
+        mounts = [m for m in mounts if m.container_path not in added] + [
+            MountRequest(dest, source, readonly) for dest, source, readonly in target.mounts
+        ]
+        for plugin, u in updates:
+            self.apply_updates(plugin, [u])
+        return spec, run, mounts
+
+    def _check_resources(
+        self, sandbox: SandboxRecord, spec: ContainerSpec, target: nri.Target, before: LinuxResources
+    ) -> None:
+        declared = None
+        if sandbox.declaration is not None:
+            found = sandbox.declaration.find(spec.name)
+            declared = found.resources if found is not None else None
+        others = [
+            admission.Usage.of_linux(c.linux)
+            for c in self.sandboxes.containers(sandbox.id)
+            if c.state != CONTAINER_EXITED and c.name != spec.name
+        ]
+        nri.resource_divergence(target, before, declared, sandbox.sized_shape().demand, others)
+
+    def _event(self, container_id: str) -> tuple[api.PodSandbox, api.Container] | None:
+        try:
+            c = self.sandboxes.container(container_id)
+            return translate.pod(self.sandboxes.get(c.sandbox_id)), translate.container(c)
+        except VmSandboxError:
+            return None
+
+    def container_created(self, container_id: str) -> None:
+        if self.host is not None and (ev := self._event(container_id)) is not None:
+            self.host.post_create_container(*ev)
+
+    def container_starting(self, container_id: str) -> None:
+        if self.host is not None and (ev := self._event(container_id)) is not None:
+            self.host.start_container(*ev)
+
+    def container_started(self, container_id: str) -> None:
+        if self.host is not None and (ev := self._event(container_id)) is not None:
+            self.host.post_start_container(*ev)
+
+    def update_container(self, container_id: str, linux: LinuxResources) -> LinuxResources:
+        """Plugins' say on an update: the resources to apply (their changes to this container
+        included; changes to others carried out at once)."""
+        if self.host is None or (ev := self._event(container_id)) is None:
+            return linux
+        updates = self.host.update_container(*ev, translate.resources(linux))
+        target = nri.Target(name=ev[1].name, linux=linux)
+        for plugin, u in updates:
+            if u.container_id == container_id:
+                target = nri.apply_adjustment(target, plugin, translate.update(u))
+            else:
+                self.apply_updates(plugin, [u])
+        if target.resource_plugins:  # an update is held to the VM's envelope; a refusal names the plugins
+            record = self.sandboxes.get(ev[1].pod_sandbox_id)
+            others = [
+                admission.Usage.of_linux(c.linux)
+                for c in self.sandboxes.containers(record.id)
+                if c.state != CONTAINER_EXITED and c.id != container_id
+            ]
+            nri.resource_divergence(target, linux, None, record.sized_shape().demand, others)
+        return target.linux
+
+    def container_updated(self, container_id: str) -> None:
+        if self.host is not None and (ev := self._event(container_id)) is not None:
+            self.host.post_update_container(*ev)
+
+    def container_stopped(self, container_id: str) -> None:
+        if self.host is not None and (ev := self._event(container_id)) is not None:
+            with self._told_lock:
+                self._told_stopped.add(ev[1].id)
+            for plugin, u in self.host.stop_container(*ev):
+                self.apply_updates(plugin, [u])
+
+    def removing(self, container_id: str) -> ContainerRecord | None:
+        """The container about to be removed, for ``container_removed``."""
+        if self.host is None:
+            return None
+        try:
+            return self.sandboxes.container(container_id)
+        except VmSandboxError:
+            return None
+
+    def container_removed(self, record: ContainerRecord | None) -> None:
+        if self.host is not None and record is not None:
+            with self._told_lock:
+                self._told_stopped.discard(record.id)
+            try:
+                pod = translate.pod(self.sandboxes.get(record.sandbox_id))
+            except VmSandboxError:
+                pod = api.PodSandbox(id=record.sandbox_id)
+            self.host.remove_container(pod, translate.container(record))
