@@ -5,7 +5,6 @@ package main
 // is kept in the guest in the CRI log format until the host reads it over the channel (logbuf.go).
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -339,7 +338,6 @@ func readonlyRoot(spec map[string]interface{}) bool {
 	return false
 }
 
-// pump copies one output stream into the CRI log: "<RFC3339Nano> <stream> F|P <text>\n".
 // teeReader hands every read to tee as well (attached sessions see output as it comes, not a line later).
 type teeReader struct {
 	r   io.Reader
@@ -354,40 +352,29 @@ func (t teeReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// It blocks while the log buffer is full, and the container's writes then block on the full
-// pipe; tee gets the output as it is read (attached sessions).
+// pump copies one output stream (a pipe, or a terminal's master) into the CRI log, cut into
+// records as containerd cuts them (crilog.go). It blocks while the log buffer is full, and the
+// container's writes then block on the full pipe or terminal; tee gets the output as it is read
+// (attached sessions).
 func pump(r *os.File, stream string, w *logBuffer, wg *sync.WaitGroup, tee func([]byte)) {
 	defer wg.Done()
 	defer w.writerDone()
 	defer r.Close()
-	br := bufio.NewReaderSize(teeReader{r, tee}, maxLogLine)
+	liner := newLogLiner(maxLogLine)
+	emit := func(partial bool, text []byte) { w.write(criRecord(time.Now(), stream, partial, text)) }
+	src := teeReader{r, tee}
+	buf := make([]byte, 32<<10)
 	for {
-		line, err := br.ReadSlice('\n')
-		if len(line) > 0 {
-			tag := "P"
-			text := line
-			if line[len(line)-1] == '\n' {
-				tag = "F"
-				text = line[:len(line)-1]
-			}
-			out := make([]byte, 0, len(text)+64)
-			out = append(out, time.Now().UTC().Format(time.RFC3339Nano)...)
-			out = append(out, ' ')
-			out = append(out, stream...)
-			out = append(out, ' ')
-			out = append(out, tag...)
-			out = append(out, ' ')
-			out = append(out, text...)
-			out = append(out, '\n')
-			w.write(out)
-		}
-		if err == bufio.ErrBufferFull {
-			continue
+		n, err := src.Read(buf)
+		if n > 0 {
+			liner.feed(buf[:n], emit)
 		}
 		if err != nil {
-			if err != io.EOF {
+			// EIO: the terminal's other side closed (every process holding it is gone)
+			if err != io.EOF && !errors.Is(err, syscall.EIO) && !errors.Is(err, os.ErrClosed) {
 				logf("log pump %s: %v", stream, err)
 			}
+			liner.end(emit)
 			return
 		}
 	}
