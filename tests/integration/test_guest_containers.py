@@ -132,8 +132,8 @@ def _log_lines(log: _Log) -> list[tuple[str, str, str]]:
     return out
 
 
-def test_agent_speaks_protocol_3(agent: AgentClient) -> None:
-    assert agent.report.protocol == 3
+def test_agent_speaks_protocol_4(agent: AgentClient) -> None:
+    assert agent.report.protocol == 4
     assert agent.report.agent.startswith("vmsandbox-agent/")
     assert agent.report.errors == ()
 
