@@ -178,7 +178,7 @@ class GuestAttach:
         self.client.attach_close_stdin(self.session)
 
     def resize(self, rows: int, cols: int) -> None:
-        raise InvalidArgument("resize: attached containers have no terminal here (tty containers are not built)")
+        self.client.attach_resize(self.session, rows, cols)
 
     def release(self) -> None:
         self.client.attach_release(self.session)
@@ -461,6 +461,7 @@ class Containers:
                 image_ref=ref,
                 log_directory=sandbox.log_directory,
                 stop_signal=signal,
+                tty=request.tty,
                 reason="Created",
                 message="",
             )

@@ -230,6 +230,7 @@ class ContainerRecord:
     # host clock minus guest clock, measured at start: the guest's own times (exit) are mapped with it
     guest_clock_offset_ns: int = 0
     exit_code: int = 0
+    tty: bool = False  # created with a terminal (ContainerConfig.tty)
 
     def to_doc(self) -> dict[str, Any]:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -438,8 +438,10 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         req = streaming.check_stream_request(
             "Attach", c.id, [], tty=request.tty, stdin=request.stdin, stdout=request.stdout, stderr=request.stderr
         )
-        if request.tty:
-            raise InvalidArgument("Attach: containers with a terminal (tty) are not built yet; attach without tty")
+        if request.tty and not c.tty:
+            raise InvalidArgument(
+                f"Attach: container {c.id[:12]} was created without a terminal (tty false): attach without tty"
+            )
         if c.state != CONTAINER_RUNNING:
             raise WrongState(f"container {c.id[:12]} is not running: nothing to attach to")
         return pb.AttachResponse(url=self._streaming().url(Target("attach", c.sandbox_id, req)))

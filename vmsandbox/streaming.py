@@ -23,8 +23,10 @@ V1 = "channel.k8s.io"
 REMOTECOMMAND_PROTOCOLS = (V5, V4, V3, V2, V1)
 WS_REMOTECOMMAND_PROTOCOLS = (V5, V4, "v4.base64.channel.k8s.io", V3, V2, V1, "base64.channel.k8s.io")
 PORTFORWARD_PROTOCOL = "portforward.k8s.io"
-WS_PORTFORWARD_PROTOCOLS = (PORTFORWARD_PROTOCOL, "v4.channel.k8s.io")
-"""Plain WebSocket port-forward (channel pairs); v4.channel.k8s.io is what the kubernetes Python client offers."""
+WS_PORTFORWARD_PROTOCOLS = (PORTFORWARD_PROTOCOL, "v4.channel.k8s.io", "v4.base64.channel.k8s.io")
+"""Plain WebSocket port-forward (channel pairs): portforward.k8s.io and the kubelet's two,
+v4.channel.k8s.io (binary, what the kubernetes Python client offers) and v4.base64.channel.k8s.io
+(text messages: the channel as an ASCII digit, then the data in base64)."""
 SPDY_OVER_WEBSOCKET_PREFIX = "SPDY/3.1+"
 """client-go tunnels SPDY port-forward inside a WebSocket with this subprotocol prefix."""
 

@@ -6,6 +6,13 @@ package main
 // the rest as dropped, so an attached client can never stall the container or its log. A
 // container created with `stdin` has a pipe for stdin the sessions write to; with `stdin_once`
 // the pipe is closed when the first session that wrote to it ends (as containerd does).
+//
+// A container created with `tty` has a terminal: its output (one stream) goes to the sessions as
+// stdout, their stdin is written to the terminal's master, and attach_resize sets the terminal's
+// size (the kernel sends the container's foreground process group SIGWINCH). Every session of the
+// container shares the one terminal. With `stdin_once`, the end of the first session's stdin is
+// the terminal's end-of-file character (^D; twice when the last line was not ended, the first one
+// ending that line), so the process reads end-of-file while its output still reaches the log.
 
 import (
 	"encoding/json"
@@ -41,6 +48,7 @@ func init() {
 	handlers["attach_write"] = opAttachWrite
 	handlers["attach_close_stdin"] = opAttachCloseStdin
 	handlers["attach_release"] = opAttachRelease
+	handlers["attach_resize"] = opAttachResize
 	go janitor(idleAttaches)
 }
 
@@ -189,6 +197,9 @@ func opAttachWrite(raw json.RawMessage) (interface{}, error) {
 	c.stdinUsed = true
 	c.stdin.SetWriteDeadline(time.Now().Add(time.Duration(a.TimeoutMs) * time.Millisecond))
 	n, err := c.stdin.Write(a.Data)
+	if n > 0 {
+		c.stdinNL = a.Data[n-1] == '\n' || a.Data[n-1] == '\r'
+	}
 	if err != nil && !os.IsTimeout(err) {
 		return map[string]interface{}{"written": n, "closed": true}, nil
 	}
@@ -199,10 +210,42 @@ func opAttachWrite(raw json.RawMessage) (interface{}, error) {
 func (c *container) closeStdinOnce() {
 	c.stdinMu.Lock()
 	defer c.stdinMu.Unlock()
-	if c.stdin != nil && c.stdinOnce && c.stdinUsed {
-		c.stdin.Close()
-		c.stdin = nil
+	if c.stdin == nil || !c.stdinOnce || !c.stdinUsed {
+		return
 	}
+	if c.stdin == c.master {
+		eof := []byte{4}
+		if !c.stdinNL {
+			eof = []byte{4, 4}
+		}
+		c.stdin.SetWriteDeadline(time.Now().Add(time.Second))
+		c.stdin.Write(eof)
+	} else {
+		c.stdin.Close()
+	}
+	c.stdin = nil
+}
+
+// attach_resize: {"attach","rows","cols"} -> {}; a container without a terminal is refused.
+func opAttachResize(raw json.RawMessage) (interface{}, error) {
+	s, err := lookupAttach(raw)
+	if err != nil {
+		return nil, err
+	}
+	var a struct {
+		Rows int `json:"rows"`
+		Cols int `json:"cols"`
+	}
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return nil, fmt.Errorf("attach_resize: %v", err)
+	}
+	if s.c.master == nil {
+		return nil, fmt.Errorf("attach_resize: container %s has no terminal (it was not created with tty)", s.c.ID)
+	}
+	if err := setWinsize(s.c.master, a.Rows, a.Cols); err != nil {
+		return nil, fmt.Errorf("attach_resize: %v", err)
+	}
+	return nil, nil
 }
 
 // attach_close_stdin: {"attach"} -> {}: the client closed its stdin.

@@ -5,7 +5,6 @@ package main
 // is kept in the guest in the CRI log format until the host reads it over the channel (logbuf.go).
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -55,9 +54,11 @@ type container struct {
 	done   chan struct{}
 
 	stdinMu   sync.Mutex
-	stdin     *os.File // write end of the container's stdin pipe (Attach); nil when none or closed
+	stdin     *os.File // write end of the container's stdin pipe, or its terminal's master (Attach); nil when none or closed
 	stdinOnce bool
 	stdinUsed bool
+	stdinNL   bool     // the last byte written to a terminal's input ended a line
+	master    *os.File // the terminal's master (tty containers); its pump closes it
 }
 
 var (
@@ -162,7 +163,8 @@ type createArgs struct {
 	// session with stdin_once
 	Stdin     bool `json:"stdin"`
 	StdinOnce bool `json:"stdin_once"`
-	// tty: one output stream, logged as stdout, as containerd logs a container with a terminal
+	// tty: the process gets a terminal (crun hands its master over a console socket); its one
+	// output stream is logged as stdout, as containerd logs a container with a terminal
 	TTY bool `json:"tty"`
 }
 
@@ -189,7 +191,11 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 		cmu.Unlock()
 		return nil, fmt.Errorf("create: container %q exists", a.ID)
 	}
-	c := &container{ID: a.ID, State: "creating", spec: a.Spec, log: newLogBuffer(2), done: make(chan struct{})}
+	streams := 2
+	if a.TTY {
+		streams = 1
+	}
+	c := &container{ID: a.ID, State: "creating", spec: a.Spec, log: newLogBuffer(streams), done: make(chan struct{})}
 	containers[a.ID] = c
 	cmu.Unlock()
 	fail := func(err error) (interface{}, error) {
@@ -223,7 +229,9 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 		return fail(err)
 	}
 	if proc, ok := a.Spec["process"].(map[string]interface{}); ok {
-		proc["terminal"] = false
+		proc["terminal"] = a.TTY
+	} else if a.TTY {
+		return fail(errors.New("create: tty asked but the spec has no process"))
 	}
 	b, err := json.Marshal(a.Spec)
 	if err != nil {
@@ -232,42 +240,21 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
 		return fail(err)
 	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return fail(err)
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return fail(err)
-	}
 	pidFile := filepath.Join(dir, "pid")
 	cmd := exec.Command("/usr/bin/crun", "--root", crunRoot, "create", "--no-pivot",
 		"--bundle", dir, "--pid-file", pidFile, a.ID)
-	var diag bytes.Buffer
-	cmd.Stdin = nil
-	var stdinR *os.File
-	if a.Stdin {
-		r, w, err := os.Pipe()
-		if err != nil {
-			outR.Close()
-			outW.Close()
-			errR.Close()
-			errW.Close()
-			return fail(err)
-		}
-		stdinR = r
-		cmd.Stdin = r
-		c.stdin, c.stdinOnce = w, a.StdinOnce
-	}
-	cmd.Stdout = outW
-	cmd.Stderr = errW
-	if a.TTY {
-		cmd.Stderr = outW
-	}
 	// crun's own messages go to its log, not to the container's stderr
 	cmd.Args = append(cmd.Args[:3], append([]string{"--log", filepath.Join(dir, "crun.log")}, cmd.Args[3:]...)...)
+	var cio containerIO
+	if a.TTY {
+		err = cio.terminal(cmd, dir)
+	} else {
+		err = cio.pipes(cmd, a.Stdin)
+	}
+	if err != nil {
+		cio.closeAll()
+		return fail(fmt.Errorf("create: %v", err))
+	}
 	reap.Lock()
 	reap.creating++ // the container's pid is tracked once read from the pid file
 	reap.Unlock()
@@ -277,32 +264,37 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 		reap.Unlock()
 	}()
 	runErr := runTracked(cmd)
-	outW.Close()
-	errW.Close()
-	if stdinR != nil {
-		stdinR.Close()
+	cio.closeChildEnds()
+	if runErr == nil && a.TTY {
+		if runErr = cio.takeMaster(); runErr != nil {
+			crun("delete", "--force", a.ID) // created, but nobody would hold its terminal
+		}
 	}
 	if runErr != nil {
-		if c.stdin != nil {
-			c.stdin.Close()
-		}
-		outR.Close()
-		errR.Close()
+		cio.closeAll()
 		crunLog, _ := os.ReadFile(filepath.Join(dir, "crun.log"))
-		diag.Write(crunLog)
-		return fail(fmt.Errorf("crun create: %v: %s", runErr, clip(diag.String(), 2000)))
+		return fail(fmt.Errorf("crun create: %v: %s", runErr, clip(string(crunLog), 2000)))
 	}
 	pidText, err := os.ReadFile(pidFile)
 	if err != nil {
-		outR.Close()
-		errR.Close()
+		cio.closeAll()
 		return fail(err)
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(pidText)))
 	track(pid)
-	c.logs.Add(2)
-	go pump(outR, "stdout", c.log, &c.logs, attachTee(c, 0))
-	go pump(errR, "stderr", c.log, &c.logs, attachTee(c, 1))
+	if a.TTY {
+		c.master = cio.master
+		if a.Stdin {
+			c.stdin, c.stdinOnce, c.stdinNL = cio.master, a.StdinOnce, true
+		}
+		c.logs.Add(1)
+		go pump(cio.master, "stdout", c.log, &c.logs, attachTee(c, 0))
+	} else {
+		c.stdin, c.stdinOnce = cio.stdinW, a.StdinOnce
+		c.logs.Add(2)
+		go pump(cio.outR, "stdout", c.log, &c.logs, attachTee(c, 0))
+		go pump(cio.errR, "stderr", c.log, &c.logs, attachTee(c, 1))
+	}
 	cmu.Lock()
 	c.Pid = pid
 	c.State = "created"
@@ -339,7 +331,6 @@ func readonlyRoot(spec map[string]interface{}) bool {
 	return false
 }
 
-// pump copies one output stream into the CRI log: "<RFC3339Nano> <stream> F|P <text>\n".
 // teeReader hands every read to tee as well (attached sessions see output as it comes, not a line later).
 type teeReader struct {
 	r   io.Reader
@@ -354,40 +345,29 @@ func (t teeReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// It blocks while the log buffer is full, and the container's writes then block on the full
-// pipe; tee gets the output as it is read (attached sessions).
+// pump copies one output stream (a pipe, or a terminal's master) into the CRI log, cut into
+// records as containerd cuts them (crilog.go). It blocks while the log buffer is full, and the
+// container's writes then block on the full pipe or terminal; tee gets the output as it is read
+// (attached sessions).
 func pump(r *os.File, stream string, w *logBuffer, wg *sync.WaitGroup, tee func([]byte)) {
 	defer wg.Done()
 	defer w.writerDone()
 	defer r.Close()
-	br := bufio.NewReaderSize(teeReader{r, tee}, maxLogLine)
+	liner := newLogLiner(maxLogLine)
+	emit := func(partial bool, text []byte) { w.write(criRecord(time.Now(), stream, partial, text)) }
+	src := teeReader{r, tee}
+	buf := make([]byte, 32<<10)
 	for {
-		line, err := br.ReadSlice('\n')
-		if len(line) > 0 {
-			tag := "P"
-			text := line
-			if line[len(line)-1] == '\n' {
-				tag = "F"
-				text = line[:len(line)-1]
-			}
-			out := make([]byte, 0, len(text)+64)
-			out = append(out, time.Now().UTC().Format(time.RFC3339Nano)...)
-			out = append(out, ' ')
-			out = append(out, stream...)
-			out = append(out, ' ')
-			out = append(out, tag...)
-			out = append(out, ' ')
-			out = append(out, text...)
-			out = append(out, '\n')
-			w.write(out)
-		}
-		if err == bufio.ErrBufferFull {
-			continue
+		n, err := src.Read(buf)
+		if n > 0 {
+			liner.feed(buf[:n], emit)
 		}
 		if err != nil {
-			if err != io.EOF {
+			// EIO: the terminal's other side closed (every process holding it is gone)
+			if err != io.EOF && !errors.Is(err, syscall.EIO) && !errors.Is(err, os.ErrClosed) {
 				logf("log pump %s: %v", stream, err)
 			}
+			liner.end(emit)
 			return
 		}
 	}
@@ -428,10 +408,10 @@ func (c *container) watch() {
 	c.OOMKilled = oom
 	cmu.Unlock()
 	c.stdinMu.Lock()
-	if c.stdin != nil {
+	if c.stdin != nil && c.stdin != c.master { // a terminal's master is closed by its pump
 		c.stdin.Close()
-		c.stdin = nil
 	}
+	c.stdin = nil
 	c.stdinMu.Unlock()
 	close(c.done)
 }

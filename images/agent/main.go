@@ -23,8 +23,10 @@ import (
 const channelName = "io.vmsandbox.agent.0"
 const maxLine = 1 << 20
 
-// protocolVersion is what this agent sends; it also reads requests of versions 1 and 2.
-const protocolVersion = 3
+// protocolVersion is what this agent sends; it also reads requests of versions 1 to 3. Version 4:
+// `create` with `tty` gives the container a terminal (before, it only joined stderr to stdout),
+// and attach_resize.
+const protocolVersion = 4
 
 // instance names this agent process: random, made at start and reported in hello and report, so
 // that the host tells an agent that restarted (and lost its containers) from one it reconnects to.

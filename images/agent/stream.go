@@ -452,22 +452,33 @@ func opProcResize(raw json.RawMessage) (interface{}, error) {
 	if !p.tty || p.master == nil {
 		return nil, fmt.Errorf("proc_resize: the process has no terminal")
 	}
-	if a.Rows <= 0 || a.Cols <= 0 || a.Rows > 65535 || a.Cols > 65535 {
-		return nil, fmt.Errorf("proc_resize: bad size %dx%d", a.Cols, a.Rows)
-	}
-	ws := winsize{Row: uint16(a.Rows), Col: uint16(a.Cols)}
-	rc, err := p.master.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var errno syscall.Errno
-	rc.Control(func(fd uintptr) {
-		_, _, errno = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCSWINSZ, uintptr(unsafe.Pointer(&ws)))
-	})
-	if errno != 0 {
-		return nil, fmt.Errorf("proc_resize: %v", errno)
+	if err := setWinsize(p.master, a.Rows, a.Cols); err != nil {
+		return nil, fmt.Errorf("proc_resize: %v", err)
 	}
 	return nil, nil
+}
+
+// setWinsize sets the size of the terminal whose master is f (TIOCSWINSZ: the kernel sends
+// SIGWINCH to the terminal's foreground process group when the size changes).
+func setWinsize(f *os.File, rows, cols int) error {
+	if rows <= 0 || cols <= 0 || rows > 65535 || cols > 65535 {
+		return fmt.Errorf("bad size %dx%d", cols, rows)
+	}
+	ws := winsize{Row: uint16(rows), Col: uint16(cols)}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var errno syscall.Errno
+	if err := rc.Control(func(fd uintptr) {
+		_, _, errno = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCSWINSZ, uintptr(unsafe.Pointer(&ws)))
+	}); err != nil {
+		return err
+	}
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // proc_wait: {"proc","timeout_ms"} -> {"exited","exit_code"}

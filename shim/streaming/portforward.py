@@ -40,13 +40,18 @@ class _Pair:
 
 
 class WebSocketPortForward:
-    """``portforward.k8s.io`` over a plain WebSocket (the ports in the URL's ``port`` query, else
-    the request's): per port, channel 2i carries data and 2i+1 errors; the server's first message
-    on each starts with the port (two bytes, little-endian). One TCP connection per port for the
+    """Port-forward over a plain WebSocket (the ports in the URL's ``port`` query, else the
+    request's): per port, channel 2i carries data and 2i+1 errors; the server's first message on
+    each starts with the port (two bytes, little-endian). Messages are binary (a channel byte, then
+    the data) or, for ``v4.base64.channel.k8s.io``, text (the channel as an ASCII digit, then the
+    data in base64), as ``streaming.ws_encode`` frames them. One TCP connection per port for the
     life of the WebSocket; it closes when every connection has ended."""
 
-    def __init__(self, ws: WebSocketTransport, backends: Backends, sandbox_id: str, ports: tuple[int, ...]) -> None:
+    def __init__(
+        self, ws: WebSocketTransport, backends: Backends, sandbox_id: str, ports: tuple[int, ...], protocol: str = ""
+    ) -> None:
         self.ws, self.backends, self.sandbox_id, self.ports = ws, backends, sandbox_id, ports
+        self.protocol = protocol
         self.socks: list[socket.socket | None] = []
         self.open = 0
         self.lock = threading.Lock()
@@ -54,7 +59,7 @@ class WebSocketPortForward:
     def _pump(self, channel: int, sock: socket.socket) -> None:
         try:
             while chunk := sock.recv(CHUNK):
-                self.ws.send_message(bytes([channel]) + chunk)
+                self.ws.send_message(self._frame(channel, chunk))
         except Exception as e:  # the pod's side or the client's connection ended
             log.debug("streaming: websocket port-forward copy ended: %s", e)
         finally:
@@ -64,6 +69,9 @@ class WebSocketPortForward:
             if last:
                 self.ws.close(1000)
 
+    def _frame(self, channel: int, data: bytes) -> bytes | str:
+        return streaming.ws_encode(self.protocol, channel, data)
+
     def run(self) -> None:
         if not self.ports:
             self.ws.close(1008, "no port to forward: name one with ?port=N")
@@ -71,12 +79,12 @@ class WebSocketPortForward:
         try:
             for i, port in enumerate(self.ports):
                 prefix = streaming.ws_port_prefix(port)
-                self.ws.send_message(bytes([2 * i]) + prefix)
-                self.ws.send_message(bytes([2 * i + 1]) + prefix)
+                self.ws.send_message(self._frame(2 * i, prefix))
+                self.ws.send_message(self._frame(2 * i + 1, prefix))
                 try:
                     sock = self.backends.dial(self.sandbox_id, port)
                 except (VmSandboxError, OSError) as e:
-                    self.ws.send_message(bytes([2 * i + 1]) + f"error forwarding port {port}: {e}"[:1024].encode())
+                    self.ws.send_message(self._frame(2 * i + 1, f"error forwarding port {port}: {e}"[:1024].encode()))
                     self.socks.append(None)
                     continue
                 self.socks.append(sock)
@@ -87,11 +95,15 @@ class WebSocketPortForward:
                 self.ws.close(1000)
                 return
             while (msg := self.ws.recv_message()) is not None:
-                if not isinstance(msg, bytes) or not msg or msg[0] % 2 or msg[0] // 2 >= len(self.socks):
-                    continue  # text, empty, error-channel or unknown-channel messages carry nothing to forward
-                target = self.socks[msg[0] // 2]
-                if target is not None and len(msg) > 1:
-                    target.sendall(msg[1:])
+                try:
+                    channel, data = streaming.ws_decode(self.protocol, msg)
+                except InvalidArgument:
+                    continue  # a message of the other framing, or empty: nothing to forward
+                if channel < 0 or channel % 2 or channel // 2 >= len(self.socks):
+                    continue  # error-channel or unknown-channel messages carry nothing to forward
+                target = self.socks[channel // 2]
+                if target is not None and data:
+                    target.sendall(data)
         except Exception as e:
             log.debug("streaming: websocket port-forward ended: %s", e)
         finally:

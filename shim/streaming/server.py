@@ -332,7 +332,7 @@ class StreamingServer:
             except InvalidArgument as e:
                 transport.close(1008, str(e)[:100])
                 return
-            WebSocketPortForward(transport, self.backends, target.sandbox_id, ports).run()
+            WebSocketPortForward(transport, self.backends, target.sandbox_id, ports, protocol).run()
         else:
             assert target.request is not None
             WebSocketExec(transport, self.backends, target.request, protocol).run()

@@ -132,8 +132,8 @@ def _log_lines(log: _Log) -> list[tuple[str, str, str]]:
     return out
 
 
-def test_agent_speaks_protocol_3(agent: AgentClient) -> None:
-    assert agent.report.protocol == 3
+def test_agent_speaks_protocol_4(agent: AgentClient) -> None:
+    assert agent.report.protocol == 4
     assert agent.report.agent.startswith("vmsandbox-agent/")
     assert agent.report.errors == ()
 
@@ -250,3 +250,30 @@ def test_log_back_pressure_blocks_the_writer_not_the_guest(agent: AgentClient, g
     assert [int(line.split(" ", 4)[3]) for line in lines[:-1]] == list(range(4000))
     assert agent.wait("flood", timeout_s=30).exit_code == 0
     agent.delete("flood")
+
+
+def test_a_terminal_nobody_reads_blocks_its_writer_not_the_guest(agent: AgentClient, guest: Guest) -> None:
+    """A container with a terminal (tty) writing far more than the agent holds, with an attach
+    session that never reads: the writer waits on the terminal, the agent's memory stays small,
+    and once the host reads the log every line is there, as containerd writes it."""
+    script = "tty; i=0; while [ $i -lt 4000 ]; do printf '%04d %02000d\\n' $i 0; i=$((i+1)); done; echo done"
+    (guest.shared / "containers" / "tty-flood").mkdir()
+    agent.create("tty-flood", lower=LOWER, spec=_spec(("sh", "-c", script)), tty=True)
+    log = _Log(agent, "tty-flood")
+    agent.start("tty-flood")
+    session = agent.attach_open("tty-flood")  # attached, never read
+    time.sleep(8)
+    assert agent.status("tty-flood").state == "running"  # blocked writing to its terminal
+    rss = int(str(agent.request("stats", {"id": ""}, 30).get("agent_rss_bytes", 0)))
+    assert 0 < rss < 16 * MiB, rss
+    deadline = time.monotonic() + 120
+    while not (text := log.read(1.0)).endswith(b" stdout F done\n"):
+        assert time.monotonic() < deadline, len(text)
+    records = [line.split(" ", 3) for line in text.decode().splitlines()]
+    assert {stream for _, stream, _, _ in records} == {"stdout"}
+    assert records[0][3] == "/dev/pts/0"
+    assert [int(body.split(" ")[0]) for _, _, _, body in records[1:-1]] == list(range(4000))
+    assert all(tag == "F" and not body.endswith("\r") for _, _, tag, body in records)
+    assert agent.wait("tty-flood", timeout_s=30).exit_code == 0
+    agent.attach_release(session)
+    agent.delete("tty-flood")

@@ -7,6 +7,7 @@ one pod, one long-running container."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -33,6 +34,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 CRICTL = os.environ.get("CRICTL") or shutil.which("crictl")
 SMALL = q({"cpu": "250m", "memory": "32Mi"})
+TINY = q({"cpu": "50m", "memory": "32Mi"})
+"""The tty containers': the streaming pod keeps to one host CPU, leaving the other to the host-network pod."""
 SERVER_PORT = 8080
 APPLETS = ("sh", "echo", "cat", "sleep", "nc", "tty", "stty", "head", "wc", "true")
 
@@ -71,7 +74,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             (tmp / "shim").mkdir()
             with running_shim(tmp / "shim", extra_config=cni.shim_config(), pull_busybox=False) as shim:
                 shim.images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=120)
-                config = pod("streamer", containers=[("c", SMALL), ("attached", SMALL), ("tty", SMALL)])
+                tiny = ("tty", "tty-sh", "tty-once", "tty-crictl")
+                config = pod("streamer", containers=[(n, SMALL) for n in ("c", "attached")] + [(n, TINY) for n in tiny])
                 config.log_directory = str(tmp / "logs")
                 sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
                 c = container("c", SMALL)
@@ -189,25 +193,171 @@ def test_websocket_attach_to_a_container_with_stdin_once(env: Env) -> None:
     assert (" stdout P hello" in log or " stdout F hello" in log) and " stderr F to-stderr" in log, log
 
 
-def test_a_tty_container_logs_one_stream_as_stdout(env: Env) -> None:
-    """containerd logs a container with a terminal as one stream, stdout; so does this runtime."""
+def _start(env: Env, name: str, cmd: list[str], *, tty: bool = False, stdin: bool = False, once: bool = False) -> str:
     rt = env.shim.runtime
-    c = container("tty", SMALL)
+    c = container(name, TINY)
     c.image.image = env.image
-    c.command[:] = ["sh", "-c", "echo to-out; echo to-err >&2"]
-    c.tty = True
-    c.log_path = "tty.log"
+    c.command[:] = cmd
+    c.tty, c.stdin, c.stdin_once = tty, stdin, once
+    c.log_path = f"{name}.log"
     cid = rt.CreateContainer(
         pb.CreateContainerRequest(pod_sandbox_id=env.sandbox, config=c, sandbox_config=env.config), timeout=120
     ).container_id
     rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
-    status_req = pb.ContainerStatusRequest(container_id=cid)
+    return str(cid)
+
+
+def _wait_exited(env: Env, cid: str, why: str) -> pb.ContainerStatus:
     deadline = time.monotonic() + 60
-    while rt.ContainerStatus(status_req, timeout=30).status.state != pb.CONTAINER_EXITED:
-        assert time.monotonic() < deadline
+    while True:
+        status = env.shim.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30).status
+        if status.state == pb.CONTAINER_EXITED:
+            return status
+        assert time.monotonic() < deadline, why
         time.sleep(0.3)
-    log = (Path(env.config.log_directory) / "tty.log").read_text()
-    assert " stdout F to-out" in log and " stdout F to-err" in log and " stderr " not in log, log
+
+
+def _log_lines(env: Env, name: str) -> list[tuple[str, str, str]]:
+    """(stream, tag, text) of each record of the container's CRI log."""
+    text = (Path(env.config.log_directory) / f"{name}.log").read_bytes().decode()
+    out = []
+    for record in text.split("\n")[:-1]:
+        _ts, stream, tag, body = record.split(" ", 3)
+        out.append((stream, tag, body))
+    return out
+
+
+def test_a_tty_container_has_a_terminal_and_is_logged_as_containerd_logs_it(env: Env) -> None:
+    """A container created with tty runs on a terminal; its one output stream is logged as stdout,
+    each line's terminal newline (\\r\\n) ending a record, a last unended line as a P record."""
+    cid = _start(env, "tty", ["sh", "-c", "tty; echo to-out; echo to-err >&2; printf unended"], tty=True)
+    _wait_exited(env, cid, "the tty container did not exit")
+    assert _log_lines(env, "tty") == [
+        ("stdout", "F", "/dev/pts/0"),
+        ("stdout", "F", "to-out"),
+        ("stdout", "F", "to-err"),
+        ("stdout", "P", "unended"),
+    ]
+
+
+class _WsTerminal:
+    """A v5 WebSocket attach with a terminal: channel 0 stdin, 1 output, 3 status, 4 resize."""
+
+    def __init__(self, url: str) -> None:
+        self.ws = websocket.create_connection(
+            url.replace("http://", "ws://"), subprotocols=["v5.channel.k8s.io"], timeout=60
+        )
+        self.out = b""
+        self.status: dict[str, object] = {}
+
+    def send(self, data: bytes) -> None:
+        self.ws.send_binary(b"\x00" + data)
+
+    def resize(self, cols: int, rows: int) -> None:
+        self.ws.send_binary(b"\x04" + json.dumps({"Width": cols, "Height": rows}).encode())
+
+    def close_stdin(self) -> None:
+        self.ws.send_binary(bytes([255, 0]))
+
+    def read_until(self, want: bytes, timeout: float = 60) -> bytes:
+        deadline = time.monotonic() + timeout
+        while want not in self.out:
+            assert time.monotonic() < deadline, f"{want!r} never came: {self.out[-2000:]!r}"
+            opcode, data = self.ws.recv_data()
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                raise AssertionError(f"closed before {want!r}: {self.out[-2000:]!r}")
+            if data[:1] == b"\x01":
+                self.out += data[1:]
+            elif data[:1] == b"\x03":
+                self.status = json.loads(data[1:])
+        return self.out
+
+    def read_to_end(self) -> bytes:
+        with contextlib.suppress(websocket.WebSocketConnectionClosedException):
+            while True:
+                opcode, data = self.ws.recv_data()
+                if opcode == websocket.ABNF.OPCODE_CLOSE:
+                    break
+                if data[:1] == b"\x01":
+                    self.out += data[1:]
+                elif data[:1] == b"\x03":
+                    self.status = json.loads(data[1:])
+        return self.out
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def test_websocket_attach_with_a_terminal_follows_resizes(env: Env) -> None:
+    """Attach with tty joins the container's own terminal (its shell, /dev/pts/0); a resize sets
+    the terminal's size, which stty reads; two attaches share the terminal."""
+    rt = env.shim.runtime
+    cid = _start(env, "tty-sh", ["sh"], tty=True, stdin=True)
+    attach = pb.AttachRequest(container_id=cid, stdin=True, stdout=True, tty=True)
+    first = _WsTerminal(rt.Attach(attach, timeout=30).url)
+    second = _WsTerminal(rt.Attach(attach, timeout=30).url)
+    try:
+        first.resize(100, 30)
+        first.send(b"tty; stty size; echo mark-$((6*7))\n")
+        out = first.read_until(b"mark-42")
+        assert b"/dev/pts/0" in out and b"30 100" in out, out
+        assert b"mark-42" in second.read_until(b"mark-42")  # the other attach sees the same terminal
+        second.resize(120, 40)
+        second.send(b"stty size; echo mark-$((7*7))\n")
+        assert b"40 120" in first.read_until(b"mark-49")
+    finally:
+        first.close()
+        second.close()
+    rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=5), timeout=60)
+
+
+def test_attach_with_a_terminal_and_stdin_once_gives_end_of_file(env: Env) -> None:
+    """stdin_once: when the first attach's stdin ends, the process on the terminal reads
+    end-of-file (cat ends, the shell goes on), and its output still reaches the log."""
+    rt = env.shim.runtime
+    cid = _start(env, "tty-once", ["sh", "-c", "cat; echo after-eof"], tty=True, stdin=True, once=True)
+    url = rt.Attach(pb.AttachRequest(container_id=cid, stdin=True, stdout=True, tty=True), timeout=30).url
+    term = _WsTerminal(url)
+    try:
+        term.send(b"typed\n")
+        term.read_until(b"typed\r\ntyped\r\n")  # the terminal's echo, then cat's copy
+        term.send(b"unended")  # a line left unended: its ^D ends the line, another one the input
+        term.close_stdin()
+        assert b"after-eof" in term.read_to_end()
+    finally:
+        term.close()
+    status = _wait_exited(env, cid, "stdin_once did not end cat")
+    assert status.exit_code == 0
+    # the echo of the unended line, cat's copy of it, then the shell going on after cat's end
+    assert _log_lines(env, "tty-once") == [
+        ("stdout", "F", "typed"),
+        ("stdout", "F", "typed"),
+        ("stdout", "F", "unendedunendedafter-eof"),
+    ]
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as e:  # a container without a terminal is not attached to with one
+        rt.Attach(pb.AttachRequest(container_id=env.container, stdin=True, stdout=True, tty=True), timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_websocket_port_forward_base64(env: Env) -> None:
+    """v4.base64.channel.k8s.io: text messages, the channel as a digit, then base64."""
+    url = env.shim.runtime.PortForward(pb.PortForwardRequest(pod_sandbox_id=env.sandbox, port=[SERVER_PORT])).url
+    ws = websocket.create_connection(
+        url.replace("http://", "ws://") + f"?port={SERVER_PORT}", subprotocols=["v4.base64.channel.k8s.io"], timeout=60
+    )
+    try:
+        prefix = base64.b64encode(SERVER_PORT.to_bytes(2, "little")).decode()
+        assert {ws.recv(), ws.recv()} == {"0" + prefix, "1" + prefix}
+        ws.send("0" + base64.b64encode(b"b64\n").decode())
+        got = b""
+        while b"pong:b64" not in got:
+            msg = ws.recv()
+            assert isinstance(msg, str) and msg[:1] == "0", msg
+            got += base64.b64decode(msg[1:])
+    finally:
+        ws.close()
 
 
 def _processes(env: Env) -> bytes:
@@ -388,3 +538,21 @@ def test_port_forward_into_a_host_network_pod_is_relayed_by_the_agent(env: Env) 
     finally:
         rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
         rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+
+
+@needs_crictl
+@pytest.mark.skipif(shutil.which("script") is None, reason="util-linux script (a terminal for crictl -t) not found")
+def test_crictl_exec_and_attach_with_a_terminal_on_a_tty_container(env: Env) -> None:
+    """`crictl exec -it` and `crictl attach -it` (SPDY) on a container created with tty and stdin."""
+    assert CRICTL is not None
+    cid = _start(env, "tty-crictl", ["sh"], tty=True, stdin=True)
+    crictl = f"{CRICTL} --runtime-endpoint unix://{env.shim.socket} --timeout 60s"
+
+    def in_terminal(cmd: str, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["script", "-qec", cmd, "/dev/null"], input=stdin, capture_output=True, timeout=120)
+
+    done = in_terminal(f"{crictl} exec -i -t {cid} sh -c 'tty; echo exec-$((3*14))'", b"")
+    assert b"exec-42" in done.stdout and b"/dev/pts/" in done.stdout, done
+    done = in_terminal(f"{crictl} attach -i -t {cid}", b"tty; echo attach-$((6*7))\nexit\n")
+    assert b"attach-42" in done.stdout and b"/dev/pts/0" in done.stdout, done
+    _wait_exited(env, cid, "exit typed through crictl attach did not end the shell")

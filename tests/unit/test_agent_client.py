@@ -14,8 +14,8 @@ import pytest
 from tests.unit import fake_guest as fg
 from vmsandbox.adapters.agent_client import AgentClient, AgentLost
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
-from vmsandbox.agent_protocol import UNKNOWN_CONTAINER, UNSOLICITED_BURST, ProtocolError
-from vmsandbox.errors import InfrastructureError
+from vmsandbox.agent_protocol import TTY_VERSION, UNKNOWN_CONTAINER, UNSOLICITED_BURST, ProtocolError
+from vmsandbox.errors import InfrastructureError, WrongState
 
 LABEL = "sandbox 0123456789ab"
 
@@ -155,4 +155,24 @@ def test_unknown_container_is_a_refusal_with_its_code(guest, lost: Lost, tmp_pat
         client.status("c1")
     assert info.value.code == UNKNOWN_CONTAINER
     assert not client.closed
+    client.close()
+
+
+def test_a_tty_container_is_refused_before_an_agent_that_gives_no_terminal_sees_it(guest, lost: Lost, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An agent older than protocol 4 would create the container without a terminal: the host
+    refuses with a reason instead of sending it (a tty-less create still goes through)."""
+    seen: list[object] = []
+
+    def create(msg: dict[str, object]) -> bytes:
+        seen.append(msg["args"])
+        return fg.ok(msg["id"], fg.state("c1", "created"))
+
+    guest(lambda n, peer: peer.serve(fg.agent(answers={"create": create})))
+    client = _client(tmp_path / "agent.sock", lost)
+    assert client.report.protocol < TTY_VERSION
+    with pytest.raises(WrongState, match=r"speaks protocol 2, .* a container with tty needs protocol 4"):
+        client.create("c1", lower="images/x", spec={"process": {}}, tty=True)
+    assert seen == []
+    client.create("c1", lower="images/x", spec={"process": {}})
+    assert len(seen) == 1
     client.close()

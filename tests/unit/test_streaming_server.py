@@ -4,6 +4,7 @@ server, so refusals, bad frames, caps, vanishing clients and back-pressure are c
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import socket
@@ -367,6 +368,36 @@ def test_plain_websocket_port_forward(server: tuple[StreamingServer, Backends]) 
     ws.recv_data(), ws.recv_data()
     assert b"error forwarding port" in ws.recv_data()[1]
     ws.close()
+
+
+def test_base64_websocket_port_forward(server: tuple[StreamingServer, Backends]) -> None:
+    """v4.base64.channel.k8s.io, the kubelet's text variant: the channel as an ASCII digit, then base64."""
+    s, _ = server
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+
+    def echo() -> None:
+        c, _ = listener.accept()
+        with c:
+            c.sendall(c.recv(100).upper())
+
+    threading.Thread(target=echo, daemon=True).start()
+    url = s.url(Target("portforward", "pod1")).replace("http://", "ws://") + f"?port={port}"
+    ws = websocket.create_connection(url, subprotocols=["v4.base64.channel.k8s.io"], timeout=10)
+    assert ws.getsubprotocol() == "v4.base64.channel.k8s.io"
+    prefix = base64.b64encode(port.to_bytes(2, "little")).decode()
+    first = [ws.recv_data(), ws.recv_data()]
+    assert first == [
+        (websocket.ABNF.OPCODE_TEXT, f"0{prefix}".encode()),
+        (websocket.ABNF.OPCODE_TEXT, f"1{prefix}".encode()),
+    ]
+    ws.send("0" + base64.b64encode(b"ping\x00\xff").decode())
+    assert ws.recv_data() == (websocket.ABNF.OPCODE_TEXT, b"0" + base64.b64encode(b"PING\x00\xff"))
+    assert ws.recv_data()[0] == websocket.ABNF.OPCODE_CLOSE
+    ws.close()
+    listener.close()
 
 
 def test_spdy_tunnelled_in_a_websocket(server: tuple[StreamingServer, Backends]) -> None:

@@ -31,6 +31,7 @@ from vmsandbox.adapters.guest_channel import (
 )
 from vmsandbox.agent_protocol import (
     EXEC_OUTPUT_MAX,
+    TTY_VERSION,
     Ack,
     CgroupStats,
     ContainerState,
@@ -50,7 +51,7 @@ from vmsandbox.agent_protocol import (
     proc_output_from_body,
     stats_from_body,
 )
-from vmsandbox.errors import InfrastructureError
+from vmsandbox.errors import InfrastructureError, WrongState
 
 _SLACK_S = 10.0
 """Extra time a blocking op (wait, exec) gets over its own timeout for the round trip."""
@@ -211,7 +212,13 @@ class AgentClient:
     ) -> ContainerState:
         """Creates container ``cid``: overlay of ``lower`` (a tree the guest sees shared from the
         host) and a writable layer; the agent keeps its output for ``log_read``; with ``stdin``, a
-        stdin pipe that Attach sessions write to."""
+        stdin that Attach sessions write to; with ``tty``, a terminal (agents of protocol 4 on:
+        an older one is refused here rather than given a container without one)."""
+        if tty and self.report.protocol < TTY_VERSION:
+            raise WrongState(
+                f"the guest agent on {self.label} speaks protocol {self.report.protocol}, which gives containers no "
+                f"terminal; a container with tty needs protocol {TTY_VERSION} (a guest image built from this release)"
+            )
         args: dict[str, object] = {"id": cid, "lower": lower, "spec": dict(spec)}
         if stdin:
             args |= {"stdin": True, "stdin_once": stdin_once}
@@ -325,6 +332,10 @@ class AgentClient:
         if not isinstance(written, int) or not 0 <= written <= len(data):
             raise ProtocolError("attach_write response: 'written' must be a count of the bytes sent")
         return written, body.get("closed") is True
+
+    def attach_resize(self, session: str, rows: int, cols: int) -> None:
+        """Sets the size of the terminal of the session's container (protocol 4)."""
+        self.request("attach_resize", {"attach": session, "rows": rows, "cols": cols}, 30)
 
     def attach_close_stdin(self, session: str) -> None:
         self.request("attach_close_stdin", {"attach": session}, 30)
