@@ -23,12 +23,22 @@ import (
 const channelName = "io.vmsandbox.agent.0"
 const maxLine = 1 << 20
 
-// protocolVersion is what this agent sends; it also reads requests of versions 1 and 2.
-const protocolVersion = 3
+// protocolVersion is what this agent sends; it also reads requests of versions 1 to 3.
+const protocolVersion = 4
 
 // instance names this agent process: random, made at start and reported in hello and report, so
 // that the host tells an agent that restarted (and lost its containers) from one it reconnects to.
-var instance = newInstance()
+// A guest restored from a snapshot gets a new one from personalize (every clone saved the same).
+var (
+	instance   = newInstance()
+	instanceMu sync.Mutex
+)
+
+func currentInstance() string {
+	instanceMu.Lock()
+	defer instanceMu.Unlock()
+	return instance
+}
 
 func newInstance() string {
 	b := make([]byte, 16)
@@ -154,7 +164,7 @@ func main() {
 		logf("cannot open %s: %v", dev, err)
 		os.Exit(1)
 	}
-	logf("agent %s on %s", instance, dev)
+	logf("agent %s on %s", currentInstance(), dev)
 	p := &port{f: f}
 	go p.greet()
 	p.serve()

@@ -99,7 +99,7 @@ func report() map[string]interface{} {
 		hp[size] = map[string]int{"total": total, "free": free}
 	}
 	body := map[string]interface{}{
-		"agent":         "vmsandbox-agent/3",
+		"agent":         "vmsandbox-agent/4",
 		"protocol":      protocolVersion,
 		"kernel":        firstLine("/proc/sys/kernel/osrelease"),
 		"vcpus":         countCPUs(firstLine("/sys/devices/system/cpu/online")),
@@ -107,7 +107,7 @@ func report() map[string]interface{} {
 		"hugepages":     hp,
 		"cmdline":       firstLine("/proc/cmdline"),
 		"boot_ms":       uptimeMs(),
-		"instance":      instance,
+		"instance":      currentInstance(),
 	}
 	if name, err := os.Hostname(); err == nil {
 		body["hostname"] = name

@@ -23,6 +23,7 @@ from vmsandbox.adapters.guest_channel import (
     wait_for_hello,
 )
 from vmsandbox.agent_protocol import (
+    VERSION,
     Ack,
     ExecResult,
     GuestReport,
@@ -160,7 +161,7 @@ def test_report_is_hashable_and_frozen() -> None:
         pytest.param(b"[1,2]", "not a JSON object", id="array"),
         pytest.param(b'"hello"', "not a JSON object", id="string"),
         pytest.param(b'{"type":"ack"}', "no protocol version", id="no-version"),
-        pytest.param(b'{"v":4,"type":"ack"}', "unsupported protocol version 4", id="version-4"),
+        pytest.param(b'{"v":5,"type":"ack"}', "unsupported protocol version 5", id="version-5"),
         pytest.param(b'{"v":"1","type":"ack"}', "unsupported protocol version '1'", id="version-string"),
         pytest.param(b'{"v":true,"type":"ack"}', "unsupported protocol version True", id="version-bool"),
         pytest.param(b'{"v":1.0,"type":"ack"}', "unsupported protocol version 1.0", id="version-float"),
@@ -248,7 +249,7 @@ STATE_BODY = {
 def test_request_args_round_trip() -> None:
     msg = Request("9", "create", {"id": "c1", "spec": {"process": {"args": ["sh"]}}})
     data = encode(msg)
-    assert json.loads(data)["v"] == 3
+    assert json.loads(data)["v"] == VERSION
     assert json.loads(encode(msg, 2))["v"] == 2
     assert decode(data) == msg
     assert decode(data).args == msg.args  # type: ignore[union-attr]
@@ -509,4 +510,4 @@ def test_host_speaks_the_version_the_guest_reads(tmp_path: Path, protocol: int) 
         channel.request("ping", 10)
     thread.join(timeout=10)
     assert seen[0] == 1  # the greeting report request
-    assert set(seen[1:]) == {min(protocol, 3)}, seen
+    assert set(seen[1:]) == {min(protocol, VERSION)}, seen
