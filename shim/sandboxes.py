@@ -38,14 +38,16 @@ from shim.model import (
 )
 from shim.network import Attachment, PodNetworks
 from shim.resources import ResourceManager
+from shim.snapshots import MakeRequest, Snapshots
 from vmsandbox import admission, records, validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
+from vmsandbox.adapters.snapshot_store import StoredSnapshot
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.claims import Claim
-from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, SharedDir, domain_name
+from vmsandbox.domain import AGENT_CHANNEL, Domain, SandboxIdentity, SharedDir, domain_name
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import (
     AlreadyExists,
@@ -71,6 +73,7 @@ from vmsandbox.lifecycle import (
     plan_sandbox,
     reconcile_actions,
 )
+from vmsandbox.network import GuestNic, guest_network_args
 from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile, select_profile
 from vmsandbox.resources import ContainerResources, PodDeclaration, hugepage_resource
@@ -80,6 +83,7 @@ from vmsandbox.sizing import (
     running_alongside,
     sidecar_names,
 )
+from vmsandbox.snapshot import restore_domain, restore_refusal
 
 log = logging.getLogger(__name__)
 _CONSOLE_TAIL_BYTES = 16 * 1024
@@ -138,6 +142,8 @@ class Sandboxes:
         # the one owner of CPUs, pages, memory and devices: its free state is rebuilt from the ledger
         self.resources = resources or ResourceManager.open(config, first, ledger)
         self.policy = self.resources.policy
+        # the one owner of snapshots (their making, storing and restoring)
+        self.snapshots = Snapshots(config.state_dir, hypervisor, ledger.instance_id)
         for problem in self.policy.problems(first, profiles.values()):
             log.warning("%s", problem)
 
@@ -240,7 +246,7 @@ class Sandboxes:
             )
             faults.checkpoint("run:after-network")
             record = replace(record, network=attachment.network.to_doc())
-            record = self._boot(record, profile, shape, placement, accel, attachment)
+            record, make_snapshot = self._boot(record, profile, shape, placement, accel, attachment)
         except BaseException as exc:
             outcome = self._rollback(sandbox_id, name)
             if isinstance(exc, VmSandboxError):
@@ -249,6 +255,8 @@ class Sandboxes:
             raise
         faults.checkpoint("run:after-ready")
         metrics.observe_start(record.runtime_handler, time.monotonic() - started)
+        if make_snapshot is not None:
+            make_snapshot()
         return sandbox_id
 
     def _boot(
@@ -259,7 +267,11 @@ class Sandboxes:
         placement: Placement,
         accel: str,
         attachment: Attachment,
-    ) -> SandboxRecord:
+    ) -> tuple[SandboxRecord, Callable[[], None] | None]:
+        """Start the pod's guest: restored from the snapshot of its shape when there is one (a
+        restore that fails is rolled back, logged with its cause, and the pod cold-boots), else
+        booted. Returns the READY record and, when the shape had no snapshot yet, the work that
+        makes one (for the caller to start once the pod is READY, off its critical path)."""
         image = Path(profile.image_dir)
         kernel, initrd = image / "vmlinux", image / "initramfs.img"
         for f in (kernel, initrd):
@@ -269,6 +281,7 @@ class Sandboxes:
         if self.config.console_dir:
             Path(self.config.console_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
             console = str(Path(self.config.console_dir) / f"{record.id}.log")
+        nic = attachment.network.nic
         domain = domain_for(
             identity=SandboxIdentity(
                 sandbox_id=record.id,
@@ -287,29 +300,33 @@ class Sandboxes:
             console_log=console,
             shared_dirs=self.shared_dirs_for(record.id),
             interfaces=(attachment.interface,) if attachment.interface else (),
-            guest_nic=attachment.network.nic,
+            guest_nic=nic,
             hostname=record.hostname,
         )
+        network_args = guest_network_args(nic, record.hostname)
         started = time.monotonic()
-        self.hypervisor.define(render(domain))
-        faults.checkpoint("run:after-define")
-        defined = time.monotonic()
-        self.hypervisor.start(domain.name)
-        faults.checkpoint("run:after-start")
-        path = self.hypervisor.channel_path(domain.name, AGENT_CHANNEL)
-        running = time.monotonic()
-        try:
-            report = wait_for_hello(path, profile.boot_timeout_s, f"sandbox {record.id[:12]}")
-        except InfrastructureError as exc:
-            raise InfrastructureError(f"{exc}{self._console_tail(console)}") from exc
+        make_later: Callable[[], None] | None = None
+        report: GuestReport | None = None
+        start: dict[str, Any] = {"by": "boot"}
+        refusal = restore_refusal(domain, enabled=profile.snapshots)
+        if refusal:
+            start["why"] = refusal
+        else:
+            inputs = self.snapshots.inputs(domain, network_args)
+            found = self.snapshots.find(inputs)
+            if found is None:
+                start["why"] = f"no snapshot for its shape yet ({inputs.key[:12]})"
+                request = MakeRequest(domain, network_args, inputs)
+                make_later = lambda: self._make_snapshot(request, profile, shape, accel)  # noqa: E731
+            else:
+                report = self._restore(record, domain, network_args, found, nic, profile)
+                if report is None:
+                    start["why"] = f"restore from snapshot {found.key[:12]} failed"
+                else:
+                    start = {"by": "restore", "snapshot": found.key}
+        if report is None:
+            report = self._cold_boot(record, domain, profile, console)
         boot_ms = int((time.monotonic() - started) * 1000)
-        log.info(
-            "sandbox %s boot: define %d ms, start %d ms, guest hello %d ms",
-            record.id[:12],
-            (defined - started) * 1000,
-            (running - defined) * 1000,
-            (time.monotonic() - running) * 1000,
-        )
         problems = [e for e in report.errors if e.startswith("network:")]
         if problems:
             raise InfrastructureError(f"the guest could not configure its network: {'; '.join(problems)[:512]}")
@@ -323,16 +340,113 @@ class Sandboxes:
                     f"guest reserved {got} of the {count} {hugepage_resource(size)} pages its containers "
                     f"declared (guest RAM {shape.memory_bytes >> 20} MiB){self._console_tail(console)}"
                 )
-        ready = replace(record, state=SANDBOX_READY, guest=_report_doc(report), boot_ms=boot_ms)
+        ready = replace(record, state=SANDBOX_READY, guest={**_report_doc(report), "start": start}, boot_ms=boot_ms)
         self.ledger.put_sandbox(record.id, SANDBOX_READY, record.created_ns, ready.to_doc())
         log.info(
-            "sandbox %s ready in %d ms (guest: %d vCPUs, MemTotal %d KiB)",
+            "sandbox %s ready in %d ms by %s (guest: %d vCPUs, MemTotal %d KiB)%s",
             record.id[:12],
             boot_ms,
+            start["by"],
             report.vcpus,
             report.mem_total_kib,
+            f": {start['why']}" if "why" in start else "",
         )
-        return ready
+        return ready, make_later
+
+    def _cold_boot(self, record: SandboxRecord, domain: Domain, profile: Profile, console: str | None) -> GuestReport:
+        started = time.monotonic()
+        self.hypervisor.define(render(domain))
+        faults.checkpoint("run:after-define")
+        defined = time.monotonic()
+        self.hypervisor.start(domain.name)
+        faults.checkpoint("run:after-start")
+        path = self.hypervisor.channel_path(domain.name, AGENT_CHANNEL)
+        running = time.monotonic()
+        try:
+            report = wait_for_hello(path, profile.boot_timeout_s, f"sandbox {record.id[:12]}")
+        except InfrastructureError as exc:
+            raise InfrastructureError(f"{exc}{self._console_tail(console)}") from exc
+        log.info(
+            "sandbox %s boot: define %d ms, start %d ms, guest hello %d ms",
+            record.id[:12],
+            (defined - started) * 1000,
+            (running - defined) * 1000,
+            (time.monotonic() - running) * 1000,
+        )
+        return report
+
+    def _restore(
+        self,
+        record: SandboxRecord,
+        domain: Domain,
+        network_args: tuple[str, ...],
+        snapshot: StoredSnapshot,
+        nic: GuestNic | None,
+        profile: Profile,
+    ) -> GuestReport | None:
+        """Restore ``snapshot`` as the pod's domain; None when that failed and was undone (the
+        domain removed, the snapshot dropped so that a later pod makes it again), so the pod
+        cold-boots. Raises when the failed restore cannot be undone (the caller's rollback then
+        says so)."""
+        try:
+            self.hypervisor.define(render(restore_domain(domain, network_args)))
+            faults.checkpoint("restore:after-define")
+            return self.snapshots.restore(
+                snapshot,
+                record.id,
+                domain,
+                network_args,
+                nic=nic,
+                hostname=record.hostname,
+                timeout_s=profile.boot_timeout_s,
+            )
+        except VmSandboxError as exc:
+            log.warning(
+                "sandbox %s: restore from snapshot %s failed, cold-booting instead: %s",
+                record.id[:12],
+                snapshot.key[:12],
+                validation.bound(str(exc), 1024),
+            )
+        self.hypervisor.teardown(domain.name)  # raises when it cannot: the pod's rollback says so
+        if self.snapshots.store.remove(snapshot.key):
+            log.warning("snapshot %s removed after its restore failed; it is made again", snapshot.key[:12])
+        return None
+
+    def _make_snapshot(self, request: MakeRequest, profile: Profile, shape: VmShape, accel: str) -> None:
+        """Make the snapshot of ``request``'s shape in the background, on CPUs and pages claimed for
+        it like a pod's (under the snapshot's key, kept from the periodic reconcile while it runs)."""
+        key = request.inputs.key
+
+        def work() -> None:
+            self._in_flight.add(key)
+            try:
+                try:
+                    placement = self.resources.reserve(key, shape, profile)
+                except VmSandboxError as exc:
+                    log.info("snapshot %s not made now: %s", key[:12], exc)
+                    return
+                try:
+                    self.snapshots.make(
+                        request,
+                        lambda shared: domain_for(
+                            identity=SandboxIdentity(key, "", "", "", 0, "", self.ledger.instance_id),
+                            uuid=str(uuidlib.uuid4()),
+                            shape=shape,
+                            placement=placement,
+                            profile=profile,
+                            accel=accel,
+                            console_log="snapshot" if request.pod_domain.console else None,
+                            shared_dirs=shared,
+                            interfaces=request.pod_domain.interfaces,
+                        ),
+                        boot_timeout_s=profile.boot_timeout_s,
+                    )
+                finally:
+                    self.resources.release(key)
+            finally:
+                self._in_flight.discard(key)
+
+        self.snapshots.make_in_background(key, work)
 
     @staticmethod
     def _console_tail(console: str | None) -> str:
@@ -605,6 +719,8 @@ class Sandboxes:
             "network": [],
         }
         if not periodic:
+            # snapshot domains and restore copies a killed shim left, before their claims are released below
+            self.snapshots.sweep(set(self._in_flight))
             self.resources.resync()
         busy = set(self._in_flight)
         docs = {sid: (state, doc) for sid, state, _, doc in self.ledger.sandboxes() if sid not in busy}

@@ -1,0 +1,220 @@
+"""Pods restored from per-shape snapshots, through the real socket with real guests.
+
+The first pod of a shape cold-boots and its snapshot is made in the background; later pods of that
+shape are restored from it and made their own by the agent (hostname, the pod's NIC with its MAC,
+addresses and routes, the clock, a reseeded random pool, a new agent instance). A corrupt snapshot
+is refused, logged, dropped, and the pod cold-boots; a shim killed at each step of a restore
+leaves nothing behind once it starts again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from shim.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.cni_kit import cni_env, require_cni
+from tests.integration.conftest import (
+    SNAPSHOT_HANDLER,
+    Shim,
+    container,
+    pod,
+    q,
+    require_host,
+    run_to_exit,
+    start_shim,
+    stop_shim,
+)
+from tests.integration.state_check import assert_consistent, read_ledger, vmsandbox_free_baseline
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+RPC_TIMEOUT = 120
+SNAPSHOT_WAIT_S = 180
+PROBE = (
+    "cat /proc/sys/kernel/random/boot_id; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; "
+    "hostname; date +%s; cat /sys/class/misc/hw_random/rng_current; "
+    "cat /sys/class/net/eth0/address 2>/dev/null || echo no-nic; "
+    "ip -4 -o addr show dev eth0 2>/dev/null | awk '{print $4}'"
+)
+
+
+def snap_pod(name: str, hostname: str = "", log_directory: Path | None = None) -> pb.PodSandboxConfig:
+    config = pod(name, containers=[("app", q({"cpu": "1", "memory": "64Mi"}))])
+    config.hostname = hostname
+    if log_directory is not None:
+        log_directory.mkdir()
+        config.log_directory = str(log_directory)
+    return config
+
+
+def run(shim: Shim, config: pb.PodSandboxConfig) -> str:
+    request = pb.RunPodSandboxRequest(config=config, runtime_handler=SNAPSHOT_HANDLER)
+    return str(shim.runtime.RunPodSandbox(request, timeout=RPC_TIMEOUT).pod_sandbox_id)
+
+
+def remove(shim: Shim, sandbox_id: str) -> None:
+    shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=RPC_TIMEOUT)
+    shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=RPC_TIMEOUT)
+
+
+def snapshots(state_dir: Path) -> list[Path]:
+    root = state_dir / "snapshots"
+    return sorted(d for d in root.glob("*") if re.fullmatch(r"[0-9a-f]{64}", d.name) and (d / "inputs.json").exists())
+
+
+def started_by(shim: Shim, sandbox_id: str) -> dict[str, str]:
+    """How the sandbox's guest was started, as its record says (``guest.start``)."""
+    state, record = read_ledger(shim.state_dir).rows[sandbox_id]
+    assert state == "SANDBOX_READY"
+    return dict(record["guest"]["start"])
+
+
+def wait_for_snapshot(shim: Shim) -> Path:
+    deadline = time.monotonic() + SNAPSHOT_WAIT_S
+    while not snapshots(shim.state_dir):
+        assert time.monotonic() < deadline, f"no snapshot made\n{shim.log_text()[-4000:]}"
+        time.sleep(0.5)
+    (made,) = snapshots(shim.state_dir)
+    return made
+
+
+def seed_snapshot(shim: Shim) -> Path:
+    """The first pod of the shape cold-boots and has its snapshot made once it is READY."""
+    first = run(shim, snap_pod("seed"))
+    assert started_by(shim, first)["by"] == "boot"
+    made = wait_for_snapshot(shim)
+    remove(shim, first)
+    return made
+
+
+def probe(shim: Shim, sandbox_id: str, config: pb.PodSandboxConfig) -> list[str]:
+    c = container("app", q({"cpu": "1", "memory": "64Mi"}))
+    c.command.extend(["sh", "-c", PROBE])
+    c.log_path = "app.log"
+    return [text for _, text in run_to_exit(shim, sandbox_id, config, c)]
+
+
+@pytest.fixture(scope="module")
+def cni_shim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shim]:
+    require_host()
+    require_cni()
+    tmp = tmp_path_factory.mktemp("snap")
+    (tmp / "cni").mkdir()
+    with cni_env(tmp / "cni", bridge="vmsbr-snap0", subnet="10.232.0.0/24") as env:
+        shim = start_shim(tmp, extra_config=env.shim_config())
+        try:
+            yield shim
+        finally:
+            try:
+                for s in shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+                    remove(shim, s.id)
+            finally:
+                stop_shim(shim)
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_restored_pods_are_each_their_own(cni_shim: Shim, tmp_path: Path) -> None:
+    shim = cni_shim
+    made = seed_snapshot(shim)
+    inputs = json.loads((made / "inputs.json").read_text())["inputs"]
+    assert inputs["nic"] == "ethernet" and inputs["vcpus"] >= 1 and inputs["qemu_version"]
+
+    seen = {}
+    for name in ("clone-a", "clone-b"):
+        config = snap_pod(name, hostname=f"host-{name}", log_directory=tmp_path / name)
+        sid = run(shim, config)
+        assert started_by(shim, sid) == {"by": "restore", "snapshot": made.name}, shim.log_text()[-3000:]
+        status = shim.runtime.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid), timeout=30).status
+        assert status.state == pb.SANDBOX_READY
+        record = read_ledger(shim.state_dir).rows[sid][1]
+        mac = record["network"]["nic"]["mac"]
+        assert record["guest"]["hostname"] == f"host-{name}"  # the guest's own word, after personalize
+        lines = probe(shim, sid, config)
+        boot_id, random, hostname, clock, hwrng, guest_mac, address = lines[:7]
+        assert hostname == f"host-{name}"
+        assert abs(int(clock) - time.time()) < 30, f"guest clock {clock} vs host {time.time():.0f}"
+        assert hwrng.startswith("virtio_rng"), hwrng  # the guest's /dev/hwrng is the virtio-rng device
+        assert guest_mac == mac  # the NIC carries the pod's MAC, not the snapshot's
+        assert address.split("/")[0] == status.network.ip and status.network.ip.startswith("10.232.0.")
+        assert record["guest"]["instance"] != ""
+        seen[name] = (boot_id, random, status.network.ip, mac, record["guest"]["instance"])
+    a, b = seen["clone-a"], seen["clone-b"]
+    for what, x, y in zip(("boot id", "random bytes", "IP", "MAC", "agent instance"), a, b, strict=True):
+        assert x != y, f"two restored pods share their {what}: {x}"
+
+
+def test_a_corrupt_snapshot_is_refused_and_the_pod_cold_boots(cni_shim: Shim) -> None:
+    shim = cni_shim
+    made = snapshots(shim.state_dir)[0] if snapshots(shim.state_dir) else seed_snapshot(shim)
+    image = made / "image.save"
+    with open(image, "r+b") as f:  # keep the header, cut the guest's state short
+        f.truncate(200 * 1024)
+    sid = run(shim, snap_pod("after-corruption"))
+    assert started_by(shim, sid)["by"] == "boot"
+    text = shim.log_text()
+    assert f"restore from snapshot {made.name[:12]} failed, cold-booting instead" in text, text[-3000:]
+    assert "truncated" in text or "libvirt restore" in text or "restore:" in text
+    assert not made.exists()  # dropped: the next pod of the shape makes it again
+    assert list((shim.state_dir / "snapshots" / "restore").glob("*")) == []
+    remove(shim, sid)
+
+
+# -- kill -9 during a restore ------------------------------------------------------------------
+RESTORE_POINTS = ("restore:after-define", "restore:after-stage", "restore:after-restore", "restore:after-personalize")
+
+
+@pytest.fixture(scope="module")
+def crash_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]]:
+    require_host()
+    tmp = tmp_path_factory.mktemp("snapcrash")
+    baseline = vmsandbox_free_baseline()
+    shim = start_shim(tmp)
+    try:
+        seed_snapshot(shim)
+    finally:
+        stop_shim(shim)
+    try:
+        yield tmp, baseline
+    finally:
+        shim = start_shim(tmp)
+        try:
+            for s in shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+                remove(shim, s.id)
+        finally:
+            stop_shim(shim)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("point", RESTORE_POINTS)
+def test_kill_9_during_restore_leaves_nothing_behind(crash_dir: tuple[Path, int], point: str) -> None:
+    tmp, baseline = crash_dir
+    shim = start_shim(tmp, env={"VMSANDBOX_FAULT": point})
+    with pytest.raises(grpc.RpcError) as err:
+        run(shim, snap_pod(f"crash-{point.split(':')[1]}"))
+    code = shim.process.wait(timeout=60)
+    stop_shim(shim)
+    assert code == -signal.SIGKILL, shim.log_text()
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert f"fault injection: SIGKILL at {point}" in shim.log_text()
+
+    after = start_shim(tmp)
+    try:
+        led = assert_consistent(tmp / "state", baseline)
+        assert led.rows == {} and led.claims == {}, led
+        assert list((tmp / "state" / "snapshots" / "restore").glob("*")) == []
+        # the snapshot is still whole: the next pod restores from it
+        sid = run(after, snap_pod("after-crash"))
+        assert started_by(after, sid)["by"] == "restore", after.log_text()[-3000:]
+        remove(after, sid)
+        assert_consistent(tmp / "state", baseline)
+    finally:
+        stop_shim(after, kill=True)
