@@ -19,7 +19,7 @@ import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from shim import faults, logs, metrics
 from shim.config import ShimConfig
@@ -38,7 +38,7 @@ from shim.model import (
 )
 from shim.network import Attachment, PodNetworks
 from shim.resources import ResourceManager
-from shim.snapshots import MakeRequest, Snapshots
+from shim.snapshots import MakeRequest, Progress, Snapshots
 from vmsandbox import admission, records, validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -47,7 +47,8 @@ from vmsandbox.adapters.snapshot_store import StoredSnapshot
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.claims import Claim
-from vmsandbox.domain import AGENT_CHANNEL, Domain, SandboxIdentity, SharedDir, domain_name
+from vmsandbox.devices import NO_DEVICES
+from vmsandbox.domain import AGENT_CHANNEL, Domain, NetworkInterface, SandboxIdentity, SharedDir, domain_name
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import (
     AlreadyExists,
@@ -83,7 +84,7 @@ from vmsandbox.sizing import (
     running_alongside,
     sidecar_names,
 )
-from vmsandbox.snapshot import restore_domain, restore_refusal
+from vmsandbox.snapshot import PLACEHOLDER_MAC, restore_domain, restore_refusal
 
 log = logging.getLogger(__name__)
 _CONSOLE_TAIL_BYTES = 16 * 1024
@@ -411,6 +412,56 @@ class Sandboxes:
         if self.snapshots.store.remove(snapshot.key):
             log.warning("snapshot %s removed after its restore failed; it is made again", snapshot.key[:12])
         return None
+
+    def make_snapshot(self, spec: SandboxSpec, progress: Progress, *, force: bool = False) -> StoredSnapshot:
+        """Make (now, in this thread) the snapshot the pods of ``spec`` would be restored from, on
+        CPUs and pages claimed for it as for a pod; the stored one when it exists already (unless
+        ``force``). ``vmsandbox snapshot make`` runs this."""
+        plan = self.plan(spec)
+        profile, shape, accel = plan.profile, plan.shape, plan.accel
+        if plan.devices != NO_DEVICES:
+            raise InvalidArgument("pods with passed-through devices always cold-boot: no snapshot is made for them")
+        if not profile.snapshots:
+            raise InvalidArgument(f"profile {profile.name!r} turns snapshots off (snapshots: false)")
+        kind: Literal["user", "ethernet", ""] = (
+            "user" if spec.namespaces.host_network else ("ethernet" if self.config.pod_network == "cni" else "")
+        )
+        owner = _new_id()
+        self._in_flight.add(owner)
+        try:
+            placement = self.resources.reserve(owner, shape, profile)
+            try:
+                shared = self.shared_dirs_for(owner)
+                pod_domain = domain_for(
+                    identity=SandboxIdentity(owner, "", "", "", 0, "", self.ledger.instance_id),
+                    uuid=str(uuidlib.uuid4()),
+                    shape=shape,
+                    placement=placement,
+                    profile=profile,
+                    accel=accel,
+                    console_log="snapshot" if self.config.console_dir else None,
+                    shared_dirs=shared,
+                    interfaces=(NetworkInterface(kind, PLACEHOLDER_MAC),) if kind else (),
+                )
+                refusal = restore_refusal(pod_domain, enabled=True)
+                if refusal:
+                    raise InvalidArgument(f"these pods always cold-boot: {refusal}")
+                inputs = self.snapshots.inputs(pod_domain, ())
+                found = self.snapshots.find(inputs)
+                if found is not None and not force:
+                    progress(f"snapshot {found.key[:12]} exists already ({inputs.describe()})")
+                    return found
+                return self.snapshots.make(
+                    MakeRequest(pod_domain, (), inputs),
+                    lambda dirs: replace(pod_domain, shared_dirs=dirs),
+                    boot_timeout_s=profile.boot_timeout_s,
+                    progress=progress,
+                )
+            finally:
+                self.resources.release(owner)
+                self.drop_shared_dirs(owner)
+        finally:
+            self._in_flight.discard(owner)
 
     def _make_snapshot(self, request: MakeRequest, profile: Profile, shape: VmShape, accel: str) -> None:
         """Make the snapshot of ``request``'s shape in the background, on CPUs and pages claimed for

@@ -13,6 +13,8 @@ import json
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,3 +220,50 @@ def test_kill_9_during_restore_leaves_nothing_behind(crash_dir: tuple[Path, int]
         assert_consistent(tmp / "state", baseline)
     finally:
         stop_shim(after, kill=True)
+
+
+# -- made ahead of time -------------------------------------------------------------------------
+MANIFEST = """apiVersion: v1
+kind: Pod
+metadata: {name: ahead, namespace: test}
+spec:
+  containers:
+  - name: app
+    image: busybox
+    resources: {limits: {cpu: "1", memory: 64Mi}}
+"""
+
+
+def test_a_snapshot_made_by_the_admin_command_is_what_pods_restore_from(tmp_path: Path) -> None:
+    """``vmsandbox snapshot make`` (shim stopped) computes the same key as the shim does for a pod
+    of that manifest, with progress; ``list`` shows it, the pod restores from it, ``remove`` drops it."""
+    require_host()
+    shim = start_shim(tmp_path)  # writes the configuration the command reads
+    stop_shim(shim)
+    config = str(tmp_path / "config.yaml")
+    (tmp_path / "pod.yaml").write_text(MANIFEST)
+    cli = [sys.executable, "-m", "shim.admin.cli"]
+    made = subprocess.run(
+        [*cli, "snapshot", "make", str(tmp_path / "pod.yaml"), "--config", config, "--handler", SNAPSHOT_HANDLER,
+         "--format", "json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert "snapshot: booting a 1 vCPU" in made.stderr and "snapshot: saved" in made.stderr
+    key = json.loads(made.stdout)["key"]
+    listed = subprocess.run([*cli, "snapshot", "list", "--config", config, "--format", "json"], capture_output=True,
+                            text=True, timeout=60, check=True)  # fmt: skip
+    assert [s["key"] for s in json.loads(listed.stdout)] == [key]
+    assert read_ledger(tmp_path / "state").claims == {}  # what the command claimed to boot on is released
+
+    shim = start_shim(tmp_path)
+    try:
+        sid = run(shim, snap_pod("ahead"))
+        assert started_by(shim, sid) == {"by": "restore", "snapshot": key}, shim.log_text()[-3000:]
+        remove(shim, sid)
+    finally:
+        stop_shim(shim)
+    gone = subprocess.run([*cli, "snapshot", "remove", key[:10], "--config", config], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert gone.returncode == 0 and f"removed {key}" in gone.stdout, gone.stderr
+    assert snapshots(tmp_path / "state") == []
