@@ -38,7 +38,7 @@ from shim.model import (
 )
 from shim.network import Attachment, PodNetworks
 from shim.resources import ResourceManager
-from shim.snapshots import MakeRequest, Progress, Snapshots
+from shim.snapshots import MakeRequest, Progress, Snapshots, SnapshotUnusable
 from vmsandbox import admission, records, validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -386,9 +386,9 @@ class Sandboxes:
         profile: Profile,
     ) -> GuestReport | None:
         """Restore ``snapshot`` as the pod's domain; None when that failed and was undone (the
-        domain removed, the snapshot dropped so that a later pod makes it again), so the pod
-        cold-boots. Raises when the failed restore cannot be undone (the caller's rollback then
-        says so)."""
+        domain removed; the snapshot dropped when it was the snapshot that could not be restored,
+        so that a later pod makes it again), so the pod cold-boots. Raises when the failed restore
+        cannot be undone (the caller's rollback then says so)."""
         try:
             self.hypervisor.define(render(restore_domain(domain, network_args)))
             faults.checkpoint("restore:after-define")
@@ -408,8 +408,9 @@ class Sandboxes:
                 snapshot.key[:12],
                 validation.bound(str(exc), 1024),
             )
+            unusable = isinstance(exc, SnapshotUnusable)
         self.hypervisor.teardown(domain.name)  # raises when it cannot: the pod's rollback says so
-        if self.snapshots.store.remove(snapshot.key):
+        if unusable and self.snapshots.store.remove(snapshot.key):
             log.warning("snapshot %s removed after its restore failed; it is made again", snapshot.key[:12])
         return None
 

@@ -55,6 +55,11 @@ class MakeRequest:
     inputs: SnapshotInputs
 
 
+class SnapshotUnusable(InfrastructureError):
+    """The snapshot itself could not be restored (its image missing, truncated or corrupt, or
+    refused by libvirt): it is dropped, so a later pod of its shape makes it again."""
+
+
 class Snapshots:
     def __init__(self, state_dir: str, hypervisor: Hypervisor, owner: str) -> None:
         self.store = SnapshotStore(state_dir)
@@ -212,10 +217,13 @@ class Snapshots:
         down (the domain's name is the pod's, as for a cold boot)."""
         xml = render(restore_domain(pod_domain, network_args))
         started = time.monotonic()
-        with self.store.staged(snapshot.key, sandbox_id, pod_domain.name, pod_domain.uuid) as path:
-            faults.checkpoint("restore:after-stage")
-            staged = time.monotonic()
-            self.hypervisor.restore(path, xml)
+        try:
+            with self.store.staged(snapshot.key, sandbox_id, pod_domain.name, pod_domain.uuid) as path:
+                faults.checkpoint("restore:after-stage")
+                staged = time.monotonic()
+                self.hypervisor.restore(path, xml)
+        except InfrastructureError as exc:
+            raise SnapshotUnusable(str(exc)) from exc
         faults.checkpoint("restore:after-restore")
         restored = time.monotonic()
         channel_path = self.hypervisor.channel_path(pod_domain.name, AGENT_CHANNEL)

@@ -253,7 +253,10 @@ def retarget(header: SaveHeader, name: str, uuid: str) -> bytes:
     migration stream that follows stays where it was."""
     import xml.etree.ElementTree as ET
 
-    root = ET.fromstring(header.xml)
+    try:
+        root = ET.fromstring(header.xml)
+    except ET.ParseError as exc:
+        raise InfrastructureError(f"libvirt save image header is corrupt (its XML: {exc})") from None
     for tag, value in (("name", name), ("uuid", uuid)):
         el = root.find(tag)
         if el is None:

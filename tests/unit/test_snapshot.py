@@ -316,3 +316,12 @@ def test_personalize_args_refuse_what_a_cold_boot_refuses(
 ) -> None:
     with pytest.raises(error):
         personalize_args(nic, hostname, seed=b"s" * 64, time_ns=1)
+
+
+@pytest.mark.parametrize(
+    "xml", [pytest.param("<domain><name>x</name>", id="not-xml"), pytest.param("<domain/>", id="no-name")]
+)
+def test_retarget_refuses_a_header_whose_xml_is_broken(xml: str) -> None:
+    header = parse_save_header(save_image(xml=xml))
+    with pytest.raises(InfrastructureError, match="save image"):
+        retarget(header, "vmsandbox-x", "11111111-2222-4333-8444-555555555555")
