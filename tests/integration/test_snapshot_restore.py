@@ -20,11 +20,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import libvirt
 import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cni_kit import cni_env, require_cni
 from tests.integration.conftest import (
+    LIBVIRT_URI,
     SNAPSHOT_HANDLER,
     Shim,
     container,
@@ -267,3 +269,43 @@ def test_a_snapshot_made_by_the_admin_command_is_what_pods_restore_from(tmp_path
                           timeout=60, check=False)  # fmt: skip
     assert gone.returncode == 0 and f"removed {key}" in gone.stdout, gone.stderr
     assert snapshots(tmp_path / "state") == []
+
+
+# -- kill -9 while a snapshot is made -----------------------------------------------------------
+def snapshot_domains() -> list[str]:
+    conn = libvirt.open(LIBVIRT_URI)
+    try:
+        return [d.name() for d in conn.listAllDomains(0) if d.name().startswith("vmsnapshot-")]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("point", ["snapshot:after-start", "snapshot:after-save"])
+def test_kill_9_while_a_snapshot_is_made_leaves_nothing_behind(tmp_path: Path, point: str) -> None:
+    """The first pod of a shape is READY, then the background make dies with the shim: the next start
+    removes the snapshot's domain and half-made files, releases its claims, and makes it again."""
+    require_host()
+    baseline = vmsandbox_free_baseline()
+    mine_before = set(snapshot_domains())
+    shim = start_shim(tmp_path, env={"VMSANDBOX_FAULT": point})
+    first = run(shim, snap_pod("first"))  # answered: the make starts after the pod is READY
+    assert started_by(shim, first)["by"] == "boot"
+    code = shim.process.wait(timeout=SNAPSHOT_WAIT_S)
+    stop_shim(shim)
+    assert code == -signal.SIGKILL and f"fault injection: SIGKILL at {point}" in shim.log_text(), shim.log_text()
+
+    after = start_shim(tmp_path)
+    try:
+        assert set(snapshot_domains()) <= mine_before  # ours is gone (other runs may have theirs)
+        assert snapshots(tmp_path / "state") == []
+        assert list((tmp_path / "state" / "snapshots" / "making").glob("*")) == []
+        led = assert_consistent(tmp_path / "state", baseline)  # the READY pod adopted, its pages counted
+        assert list(led.claims) == [first], led.claims  # the make's claims were released
+        remove(after, first)
+        second = run(after, snap_pod("second"))  # no snapshot: cold boot, and the make starts again
+        assert started_by(after, second)["by"] == "boot"
+        wait_for_snapshot(after)
+        remove(after, second)
+        assert_consistent(tmp_path / "state", baseline)
+    finally:
+        stop_shim(after)
