@@ -154,6 +154,8 @@ def test_restored_pods_are_each_their_own(cni_shim: Shim, tmp_path: Path) -> Non
     a, b = seen["clone-a"], seen["clone-b"]
     for what, x, y in zip(("boot id", "random bytes", "IP", "MAC", "agent instance"), a, b, strict=True):
         assert x != y, f"two restored pods share their {what}: {x}"
+    for s in shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+        remove(shim, s.id)  # both ran side by side; the host has two CPUs for the next test
 
 
 def test_a_corrupt_snapshot_is_refused_and_the_pod_cold_boots(cni_shim: Shim) -> None:
