@@ -279,8 +279,10 @@ def main() -> int:
             first, _, _ = run(RESTORE)
             deadline = time.monotonic() + SNAPSHOT_WAIT_S
             while (snapshot := snapshot_made(Path(tmp) / "state")) is None:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"no snapshot made within {SNAPSHOT_WAIT_S} s; see {tmp}/shim.log")
+                failed = re.search(r"snapshot [0-9a-f]{12} not made.*", (Path(tmp) / "shim.log").read_text())
+                if failed or time.monotonic() > deadline:
+                    why = failed[0] if failed else f"none within {SNAPSHOT_WAIT_S} s"
+                    raise SystemExit(f"the shim made no snapshot: {why} (guest image: {IMAGE_DIR})")
                 time.sleep(0.5)
             remove(first)
             cold()  # first: the direct boot copies the guest the shim cold-boots
