@@ -158,9 +158,39 @@ def test_restored_pods_are_each_their_own(cni_shim: Shim, tmp_path: Path) -> Non
         remove(shim, s.id)  # both ran side by side; the host has two CPUs for the next test
 
 
+def test_a_host_network_pod_restores_from_a_snapshot_of_its_own_kind(cni_shim: Shim, tmp_path: Path) -> None:
+    """Host-network pods have QEMU's user-mode NIC, whose state is saved with the guest: their
+    snapshot is another (NIC kind in the key), and a restored one carries the pod's MAC and address."""
+    shim = cni_shim
+    before = set(snapshots(shim.state_dir))
+
+    def host_pod(name: str) -> pb.PodSandboxConfig:
+        config = snap_pod(name, hostname=name, log_directory=tmp_path / name)
+        config.linux.security_context.namespace_options.network = pb.NODE
+        return config
+
+    first = run(shim, host_pod("host-seed"))
+    assert started_by(shim, first)["by"] == "boot"
+    deadline = time.monotonic() + SNAPSHOT_WAIT_S
+    while not (set(snapshots(shim.state_dir)) - before):
+        assert time.monotonic() < deadline, shim.log_text()[-3000:]
+        time.sleep(0.5)
+    (made,) = set(snapshots(shim.state_dir)) - before
+    assert json.loads((made / "inputs.json").read_text())["inputs"]["nic"] == "user"
+    remove(shim, first)
+    config = host_pod("host-clone")
+    sid = run(shim, config)
+    assert started_by(shim, sid) == {"by": "restore", "snapshot": made.name}, shim.log_text()[-3000:]
+    mac = read_ledger(shim.state_dir).rows[sid][1]["network"]["nic"]["mac"]
+    lines = probe(shim, sid, config)
+    assert lines[2] == "host-clone" and lines[5] == mac and lines[6] == "10.0.2.15/24", lines
+    remove(shim, sid)
+
+
 def test_a_corrupt_snapshot_is_refused_and_the_pod_cold_boots(cni_shim: Shim) -> None:
     shim = cni_shim
-    made = snapshots(shim.state_dir)[0] if snapshots(shim.state_dir) else seed_snapshot(shim)
+    ethernet = [d for d in snapshots(shim.state_dir) if '"nic": "ethernet"' in (d / "inputs.json").read_text()]
+    made = ethernet[0] if ethernet else seed_snapshot(shim)
     image = made / "image.save"
     with open(image, "r+b") as f:  # keep the header, cut the guest's state short
         f.truncate(200 * 1024)
