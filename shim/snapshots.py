@@ -68,6 +68,7 @@ class Snapshots:
         self._versions: tuple[str, str] | None = None
         self._digests: dict[tuple[str, int, int, int], str] = {}
         self._making: set[str] = set()
+        self._stopping = False
         self._lock = threading.Lock()
 
     # -- inputs ---------------------------------------------------------------------------------
@@ -132,6 +133,7 @@ class Snapshots:
             console_log=str(making / "console.log") if base.console else None,
         )
         try:
+            log.info("snapshot %s: booting its guest (%s)", key[:12], request.inputs.describe())
             progress(f"booting a {request.inputs.describe()} guest ({domain.name})")
             self.hypervisor.create_transient(render(domain))
             faults.checkpoint("snapshot:after-start")
@@ -172,7 +174,7 @@ class Snapshots:
         any snapshot already (one at a time: it holds a pod's worth of CPUs and pages). False when
         nothing was started."""
         with self._lock:
-            if self._making:
+            if self._making or self._stopping:
                 return False
             self._making.add(key)
 
@@ -190,9 +192,13 @@ class Snapshots:
         threading.Thread(target=run, name=f"snapshot-{key[:8]}", daemon=True).start()
         return True
 
-    def busy(self) -> bool:
-        with self._lock:
-            return bool(self._making)
+    def _remove_owned_domains(self) -> None:
+        for info in self.hypervisor.list_domains(SNAPSHOT_DOMAIN_PREFIX):
+            ident = read_identity(info.xml)
+            if ident is None or ident.owner != self.owner:
+                continue
+            log.warning("removing snapshot domain %s", info.name)
+            self._remove_domain(info.name)
 
     def _remove_domain(self, name: str) -> None:
         try:
@@ -247,15 +253,19 @@ class Snapshots:
         )
         return report
 
+    def stop(self) -> None:
+        """At shutdown: make no more snapshots and remove the guest of one being made (it would
+        hold its CPUs and pages until the next start); the half-made files go at the next start."""
+        with self._lock:
+            self._stopping = True
+            making = bool(self._making)
+        if making:
+            self._remove_owned_domains()
+
     # -- start-up -------------------------------------------------------------------------------
     def sweep(self, keep_restores: set[str]) -> None:
         """Remove what a shim killed while making or restoring left: our snapshot domains, half-made
         snapshots, restore copies of sandboxes not in ``keep_restores``."""
-        for info in self.hypervisor.list_domains(SNAPSHOT_DOMAIN_PREFIX):
-            ident = read_identity(info.xml)
-            if ident is None or ident.owner != self.owner:
-                continue
-            log.warning("removing snapshot domain %s left by an earlier run", info.name)
-            self._remove_domain(info.name)
+        self._remove_owned_domains()
         for path in self.store.sweep(keep_restores):
             log.warning("removed %s left by an earlier run", Path(path).name)

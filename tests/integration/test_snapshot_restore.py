@@ -341,3 +341,27 @@ def test_kill_9_while_a_snapshot_is_made_leaves_nothing_behind(tmp_path: Path, p
         assert_consistent(tmp_path / "state", baseline)
     finally:
         stop_shim(after)
+
+
+def test_a_stopping_shim_removes_the_guest_of_a_snapshot_being_made(tmp_path: Path) -> None:
+    """SIGTERM while the shape's snapshot is being made: the snapshot's guest does not outlive the
+    shim (it would hold a pod's CPUs and pages until the next start)."""
+    require_host()
+    before = set(snapshot_domains())
+    shim = start_shim(tmp_path)
+    try:
+        run(shim, snap_pod("first"))
+        deadline = time.monotonic() + 60
+        while not set(snapshot_domains()) - before:  # the snapshot's guest is running
+            assert time.monotonic() < deadline, shim.log_text()[-3000:]
+            time.sleep(0.05)
+    finally:
+        stop_shim(shim)  # SIGTERM
+    assert set(snapshot_domains()) <= before, shim.log_text()[-3000:]
+    after = start_shim(tmp_path)
+    try:
+        for s in after.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+            remove(after, s.id)
+        assert read_ledger(tmp_path / "state").claims == {}
+    finally:
+        stop_shim(after)
