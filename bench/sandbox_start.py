@@ -1,16 +1,20 @@
-"""Sandbox start latency: RunPodSandbox -> READY through the real socket, beside a direct
-``qemu-system-x86_64`` boot of exactly the guest the shim booted (kernel, initramfs, command line,
-memory and its hugepage backing, host CPUs, TCG translation-cache size, read from the live domain),
-interleaved in one run (the machines are shared and noisy: only ratios measured together mean
-anything).
+"""Sandbox start latency: RunPodSandbox -> READY through the real socket, by restore from the
+shape's snapshot and by cold boot, beside a direct ``qemu-system-x86_64`` cold boot of exactly the
+guest the shim booted (kernel, initramfs, command line, memory and its hugepage backing, host
+CPUs, TCG translation-cache size, read from the live domain), the three interleaved in one run
+(the machines are shared and noisy: only ratios measured together mean anything). The snapshot is
+made first, by the shim, when the first pod of the shape starts.
 
     .venv/bin/python bench/sandbox_start.py --runs 5
     .venv/bin/python bench/sandbox_start.py --smoke   # one run of each; checks the JSON
 
-prints one JSON document: p50/p95 of both, their ratio (target <= 1.10), where each start's time
-goes (define, libvirt start, guest boot, agent hello), the part of libvirt's start no domain XML
-can avoid (its guest-CPU readback, replayed against a bare paused QEMU), and QEMU's resident memory
-beyond guest RAM per pod, TCG translation cache included (target <= 64 MiB under TCG).
+prints one JSON document: p50/p95 of the three, the restore's ratio to the direct boot
+(``ratio_restore_*``, target <= 0.3) and the cold boot's (``ratio_*``, target <= 1.10), where a
+restore's time goes (image copy, libvirt restore, personalize), the snapshot's size and making
+time, where each cold start's time goes (define, libvirt start, guest boot, agent hello), the
+part of libvirt's start no domain XML can avoid (its guest-CPU readback, replayed against a bare
+paused QEMU), and QEMU's resident memory beyond guest RAM per pod, restored and cold-booted, TCG
+translation cache included (target <= 64 MiB under TCG).
 """
 
 from __future__ import annotations
@@ -36,6 +40,41 @@ from shim.cri.apimachinery.resource.generated_pb2 import Quantity
 from shim.cri.runtime.v1 import api_pb2 as pb
 
 LIBVIRT_URI = "qemu:///system"  # the shim's default
+IMAGE_DIR = os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default")
+COLD, RESTORE = "vmsandbox", "restore"  # handlers: snapshots off, snapshots on
+SNAPSHOT_WAIT_S = 300
+
+
+def write_profiles(path: Path) -> None:
+    guest = {"image_dir": IMAGE_DIR}
+    docs = [
+        {"name": COLD, "handler": COLD, "snapshots": False, "guest": guest},
+        {"name": RESTORE, "handler": RESTORE, "snapshots": True, "guest": guest},
+    ]
+    path.write_text("\n---\n".join(json.dumps(d) for d in docs))
+
+
+RESTORE_LINE = re.compile(
+    r"sandbox (?P<sid>[0-9a-f]{12}) restore from snapshot [0-9a-f]{12}: "
+    r"copy (?P<copy>\d+) ms, libvirt restore (?P<restore>\d+) ms, personalize (?P<personalize>\d+) ms"
+)
+
+
+def restore_phases(shim_log: Path, sandbox_id: str) -> dict[str, int]:
+    for m in RESTORE_LINE.finditer(shim_log.read_text(errors="replace")):
+        if m["sid"] == sandbox_id[:12]:
+            return {k: int(m[k]) for k in ("copy", "restore", "personalize")}
+    raise RuntimeError(f"no restore line for {sandbox_id[:12]} in {shim_log} (was it restored?)")
+
+
+def snapshot_made(state_dir: Path) -> dict[str, Any] | None:
+    """The one snapshot in the shim's store (read as ``vmsandbox snapshot list`` does), or None."""
+    from shim.admin.snapshot_cmd import listing
+
+    found = listing(str(state_dir))
+    if not found:
+        return None
+    return {"size_mib": round(found[0].size_bytes / 2**20, 1), "make_s": found[0].make_ms / 1000}
 
 
 def pod(cpu: str, memory: str) -> pb.PodSandboxConfig:
@@ -117,6 +156,12 @@ SHAPE: dict[str, Any] = {
         "cmdline": smoke.TEXT,
         "shape_memory_mib": smoke.COUNT,
     },
+    "restore_s": _stats_shape(),
+    "ratio_restore_p50": smoke.POSITIVE,
+    "ratio_restore_p95": smoke.POSITIVE,
+    "target_restore_ratio": 0.3,
+    "restore_split_s": smoke.Keyed(_stats_shape(smoke.FINITE), frozenset(("copy", "restore", "personalize", "other"))),
+    "snapshot": {"size_mib": smoke.POSITIVE, "make_s": smoke.POSITIVE},
     "sandbox_s": _stats_shape(),
     "direct_qemu_s": _stats_shape(),
     "ratio_p50": smoke.POSITIVE,
@@ -130,6 +175,7 @@ SHAPE: dict[str, Any] = {
     ),
     "direct_split_s": smoke.Keyed(_stats_shape(smoke.FINITE), frozenset(("spawn_to_guest", "guest_boot"))),
     "vmm_memory_beyond_guest_mib": {
+        "restored": _MEMORY,
         "sandbox": _MEMORY,
         "direct": _MEMORY,
         "tcg_tb_cache_mib": smoke.Maybe(smoke.COUNT),
@@ -179,33 +225,73 @@ def main() -> int:
         readback_s.append(readback.seconds)
         readback_commands = readback.commands
 
-    with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-") as tmp, shim_process(tmp) as rt:
-        for i in range(args.runs):
-            if i % 2 and guest is not None:  # interleave: every other run the direct boot goes first
-                direct()
-            start = time.monotonic()
-            sid = rt.RunPodSandbox(
-                pb.RunPodSandboxRequest(config=pod(args.cpu, args.memory)), timeout=300
-            ).pod_sandbox_id
-            total = time.monotonic() - start
-            sandbox_s.append(total)
-            status = rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True), timeout=30)
-            info: dict[str, Any] = json.loads(status.info["info"])
-            shape = info["shape"]
-            add_memory(mem_pod, vmm_rss_kib(info["domain"]))
-            guest = DirectGuest.from_domain_xml(live_xml(info["domain"]), cgroup_parent=machine_cgroup())
-            ph = phases(Path(tmp) / "shim.log", sid)
-            guest_boot = int(info["guest"]["boot_ms"]) / 1000
-            split["define"].append(ph["define"] / 1000)
-            split["start"].append(ph["start"] / 1000)
-            split["guest_boot"].append(guest_boot)
-            split["agent_hello"].append(ph["hello"] / 1000 - guest_boot)
-            split["rpc_other"].append(total - sum(ph.values()) / 1000)
-            rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
-            rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
-            if not i % 2:
-                direct()
+    restore_s: list[float] = []
+    restore_split: dict[str, list[float]] = {k: [] for k in ("copy", "restore", "personalize", "other")}
+    mem_restored: dict[str, list[float]] = {"private": [], "shared_file": [], "rss": []}
+    snapshot: dict[str, Any] | None = None
+
+    with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-") as tmp:
+        profiles = Path(tmp) / "profiles.yaml"
+        write_profiles(profiles)
+        with shim_process(tmp, "--profile", str(profiles)) as rt:
+
+            def run(handler: str) -> tuple[str, float, dict[str, Any]]:
+                start = time.monotonic()
+                request = pb.RunPodSandboxRequest(config=pod(args.cpu, args.memory), runtime_handler=handler)
+                sid = rt.RunPodSandbox(request, timeout=300).pod_sandbox_id
+                total = time.monotonic() - start
+                status = rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True), timeout=30)
+                return sid, total, json.loads(status.info["info"])
+
+            def remove(sid: str) -> None:
+                rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+                rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+
+            def cold() -> None:
+                nonlocal guest, shape
+                sid, total, info = run(COLD)
+                sandbox_s.append(total)
+                shape = info["shape"]
+                add_memory(mem_pod, vmm_rss_kib(info["domain"]))
+                guest = DirectGuest.from_domain_xml(live_xml(info["domain"]), cgroup_parent=machine_cgroup())
+                ph = phases(Path(tmp) / "shim.log", sid)
+                guest_boot = int(info["guest"]["boot_ms"]) / 1000
+                split["define"].append(ph["define"] / 1000)
+                split["start"].append(ph["start"] / 1000)
+                split["guest_boot"].append(guest_boot)
+                split["agent_hello"].append(ph["hello"] / 1000 - guest_boot)
+                split["rpc_other"].append(total - sum(ph.values()) / 1000)
+                remove(sid)
+
+            def restored() -> None:
+                sid, total, info = run(RESTORE)
+                if info["guest"].get("start", {}).get("by") != "restore":
+                    raise SystemExit(f"pod {sid[:12]} was not restored: {info['guest'].get('start')}")
+                restore_s.append(total)
+                add_memory(mem_restored, vmm_rss_kib(info["domain"]))
+                ph = restore_phases(Path(tmp) / "shim.log", sid)
+                for k in ("copy", "restore", "personalize"):
+                    restore_split[k].append(ph[k] / 1000)
+                restore_split["other"].append(total - sum(ph.values()) / 1000)
+                remove(sid)
+
+            # the first pod of the restore handler cold-boots; its snapshot is made once it is READY
+            first, _, _ = run(RESTORE)
+            deadline = time.monotonic() + SNAPSHOT_WAIT_S
+            while (snapshot := snapshot_made(Path(tmp) / "state")) is None:
+                failed = re.search(r"snapshot [0-9a-f]{12} not made.*", (Path(tmp) / "shim.log").read_text())
+                if failed or time.monotonic() > deadline:
+                    why = failed[0] if failed else f"none within {SNAPSHOT_WAIT_S} s"
+                    raise SystemExit(f"the shim made no snapshot: {why} (guest image: {IMAGE_DIR})")
+                time.sleep(0.5)
+            remove(first)
+            cold()  # first: the direct boot copies the guest the shim cold-boots
+            for i in range(args.runs):  # interleaved, the order turned around every other run
+                for step in [restored, direct, cold] if i % 2 else [direct, restored, cold]:
+                    if step is not cold or i > 0:  # run 0's cold boot is the one above
+                        step()
     assert guest is not None
+    assert snapshot is not None
     p50_s, p50_d = percentile(sandbox_s, 50), percentile(direct_s, 50)
     p50_readback = percentile(readback_s, 50)
     result = {
@@ -224,6 +310,15 @@ def main() -> int:
             "cmdline": guest.cmdline,
             "shape_memory_mib": int(shape.get("memory_bytes", 0)) >> 20,
         },
+        "restore_s": stats(restore_s),
+        "ratio_restore_p50": round(percentile(restore_s, 50) / p50_d, 3),
+        "ratio_restore_p95": round(percentile(restore_s, 95) / percentile(direct_s, 95), 3),
+        "target_restore_ratio": 0.3,
+        # a restore = copy (the snapshot's image, its header retargeted to the pod's domain) + restore
+        # (libvirt: QEMU spawn, loading the saved state into the pod's hugepages, cont) + personalize
+        # (agent connection, reseed, clock, hostname, NIC) + other (sizing, placement, ledger, define, gRPC)
+        "restore_split_s": {k: stats(v) for k, v in restore_split.items()},
+        "snapshot": snapshot,
         "sandbox_s": stats(sandbox_s),
         "direct_qemu_s": stats(direct_s),
         "ratio_p50": round(p50_s / p50_d, 3),
@@ -244,6 +339,7 @@ def main() -> int:
         # each pod costs; shared_file is page cache (QEMU's binary and libraries, the mapped kernel)
         # that every guest of the same image shares
         "vmm_memory_beyond_guest_mib": {
+            "restored": {k: stats(v, 1) for k, v in mem_restored.items()},
             "sandbox": {k: stats(v, 1) for k, v in mem_pod.items()},
             "direct": {k: stats(v, 1) for k, v in mem_direct.items()},
             "tcg_tb_cache_mib": guest.tb_cache_mib,

@@ -15,6 +15,12 @@ The points, in the order a sandbox passes them:
 ``run:after-network``  the row says ``creating``; the pod network is whole, no domain yet
 ``run:after-define``   the row says ``creating``; the domain is defined, not started
 ``run:after-start``    the guest is running, the row still says ``creating``
+``restore:after-define``       the row says ``creating``; the pod's domain is defined for a restore
+``restore:after-stage``        the snapshot's image is copied for the pod, libvirt has not read it
+``restore:after-restore``      the guest is restored and running, not yet made this pod's
+``restore:after-personalize``  the restored guest is this pod's; the row still says ``creating``
+``snapshot:after-start``       a snapshot's guest is booting (its claims held under the snapshot key)
+``snapshot:after-save``        the snapshot's image is written, not yet moved into the store
 ``run:after-ready``    the row says READY; the RPC has not answered yet
 ``remove:after-destroy``  Stop/RemovePodSandbox destroyed the guest; the domain is still defined
                           and the claims are still held
@@ -39,6 +45,12 @@ POINTS = (
     "run:after-network",
     "run:after-define",
     "run:after-start",
+    "restore:after-define",
+    "restore:after-stage",
+    "restore:after-restore",
+    "restore:after-personalize",
+    "snapshot:after-start",
+    "snapshot:after-save",
     "run:after-ready",
     "remove:after-destroy",
     "remove:after-release",

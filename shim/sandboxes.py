@@ -22,7 +22,7 @@ import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from shim import faults, logs, metrics
 from shim.config import ShimConfig
@@ -42,14 +42,17 @@ from shim.model import (
 )
 from shim.network import Attachment, PodNetworks
 from shim.resources import ResourceManager
+from shim.snapshots import MakeRequest, Progress, Snapshots, SnapshotUnusable
 from vmsandbox import admission, validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
+from vmsandbox.adapters.snapshot_store import StoredSnapshot
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.claims import Claim
-from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, SharedDir, domain_name
+from vmsandbox.devices import NO_DEVICES
+from vmsandbox.domain import AGENT_CHANNEL, Domain, NetworkInterface, SandboxIdentity, SharedDir, domain_name
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import (
     AlreadyExists,
@@ -75,6 +78,7 @@ from vmsandbox.lifecycle import (
     plan_sandbox,
     reconcile_actions,
 )
+from vmsandbox.network import GuestNic, guest_network_args
 from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile, select_profile
 from vmsandbox.resources import ContainerResources, hugepage_resource
@@ -84,6 +88,7 @@ from vmsandbox.sizing import (
     running_alongside,
     sidecar_names,
 )
+from vmsandbox.snapshot import PLACEHOLDER_MAC, restore_domain, restore_refusal
 
 log = logging.getLogger(__name__)
 _CONSOLE_TAIL_BYTES = 16 * 1024
@@ -140,6 +145,8 @@ class Sandboxes:
         # the one owner of CPUs, pages, memory and devices: its free state is rebuilt from the ledger
         self.resources = resources or ResourceManager.open(config, first, ledger)
         self.policy = self.resources.policy
+        # the one owner of snapshots (their making, storing and restoring)
+        self.snapshots = Snapshots(config.state_dir, hypervisor, ledger.instance_id)
         for problem in self.policy.problems(first, profiles.values()):
             log.warning("%s", problem)
 
@@ -242,7 +249,7 @@ class Sandboxes:
             )
             faults.checkpoint("run:after-network")
             record = replace(record, network=attachment.network)
-            record = self._boot(record, profile, shape, placement, accel, attachment)
+            record, make_snapshot = self._boot(record, profile, shape, placement, accel, attachment)
         except BaseException as exc:
             outcome = self._rollback(sandbox_id, name)
             if isinstance(exc, VmSandboxError):
@@ -251,6 +258,8 @@ class Sandboxes:
             raise
         faults.checkpoint("run:after-ready")
         metrics.observe_start(record.runtime_handler, time.monotonic() - started)
+        if make_snapshot is not None:
+            make_snapshot()
         return sandbox_id
 
     def _boot(
@@ -261,7 +270,11 @@ class Sandboxes:
         placement: Placement,
         accel: str,
         attachment: Attachment,
-    ) -> SandboxRecord:
+    ) -> tuple[SandboxRecord, Callable[[], None] | None]:
+        """Start the pod's guest: restored from the snapshot of its shape when there is one (a
+        restore that fails is rolled back, logged with its cause, and the pod cold-boots), else
+        booted. Returns the READY record and, when the shape had no snapshot yet, the work that
+        makes one (for the caller to start once the pod is READY, off its critical path)."""
         image = Path(profile.image_dir)
         kernel, initrd = image / "vmlinux", image / "initramfs.img"
         for f in (kernel, initrd):
@@ -271,6 +284,7 @@ class Sandboxes:
         if self.config.console_dir:
             Path(self.config.console_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
             console = str(Path(self.config.console_dir) / f"{record.id}.log")
+        nic = attachment.network.nic
         domain = domain_for(
             identity=SandboxIdentity(
                 sandbox_id=record.id,
@@ -289,29 +303,33 @@ class Sandboxes:
             console_log=console,
             shared_dirs=self.shared_dirs_for(record.id),
             interfaces=(attachment.interface,) if attachment.interface else (),
-            guest_nic=attachment.network.nic,
+            guest_nic=nic,
             hostname=record.hostname,
         )
+        network_args = guest_network_args(nic, record.hostname)
         started = time.monotonic()
-        self.hypervisor.define(render(domain))
-        faults.checkpoint("run:after-define")
-        defined = time.monotonic()
-        self.hypervisor.start(domain.name)
-        faults.checkpoint("run:after-start")
-        path = self.hypervisor.channel_path(domain.name, AGENT_CHANNEL)
-        running = time.monotonic()
-        try:
-            report = wait_for_hello(path, profile.boot_timeout_s, f"sandbox {record.id[:12]}")
-        except InfrastructureError as exc:
-            raise InfrastructureError(f"{exc}{self._console_tail(console)}") from exc
+        make_later: Callable[[], None] | None = None
+        report: GuestReport | None = None
+        start: dict[str, Any] = {"by": "boot"}
+        refusal = restore_refusal(domain, enabled=profile.snapshots)
+        if refusal:
+            start["why"] = refusal
+        else:
+            inputs = self.snapshots.inputs(domain, network_args)
+            found = self.snapshots.find(inputs)
+            if found is None:
+                start["why"] = f"no snapshot for its shape yet ({inputs.key[:12]})"
+                request = MakeRequest(domain, network_args, inputs)
+                make_later = lambda: self._make_snapshot(request, profile, shape, accel)  # noqa: E731
+            else:
+                report = self._restore(record, domain, network_args, found, nic, profile)
+                if report is None:
+                    start["why"] = f"restore from snapshot {found.key[:12]} failed"
+                else:
+                    start = {"by": "restore", "snapshot": found.key}
+        if report is None:
+            report = self._cold_boot(record, domain, profile, console)
         boot_ms = int((time.monotonic() - started) * 1000)
-        log.info(
-            "sandbox %s boot: define %d ms, start %d ms, guest hello %d ms",
-            record.id[:12],
-            (defined - started) * 1000,
-            (running - defined) * 1000,
-            (time.monotonic() - running) * 1000,
-        )
         problems = [e for e in report.errors if e.startswith("network:")]
         if problems:
             raise InfrastructureError(f"the guest could not configure its network: {'; '.join(problems)[:512]}")
@@ -325,16 +343,164 @@ class Sandboxes:
                     f"guest reserved {got} of the {count} {hugepage_resource(size)} pages its containers "
                     f"declared (guest RAM {shape.memory_bytes >> 20} MiB){self._console_tail(console)}"
                 )
-        ready = replace(record, state=SANDBOX_READY, guest=_report_doc(report), boot_ms=boot_ms)
+        ready = replace(record, state=SANDBOX_READY, guest={**_report_doc(report), "start": start}, boot_ms=boot_ms)
         self._put_sandbox(ready)
         log.info(
-            "sandbox %s ready in %d ms (guest: %d vCPUs, MemTotal %d KiB)",
+            "sandbox %s ready in %d ms by %s (guest: %d vCPUs, MemTotal %d KiB)%s",
             record.id[:12],
             boot_ms,
+            start["by"],
             report.vcpus,
             report.mem_total_kib,
+            f": {start['why']}" if "why" in start else "",
         )
-        return ready
+        return ready, make_later
+
+    def _cold_boot(self, record: SandboxRecord, domain: Domain, profile: Profile, console: str | None) -> GuestReport:
+        started = time.monotonic()
+        self.hypervisor.define(render(domain))
+        faults.checkpoint("run:after-define")
+        defined = time.monotonic()
+        self.hypervisor.start(domain.name)
+        faults.checkpoint("run:after-start")
+        path = self.hypervisor.channel_path(domain.name, AGENT_CHANNEL)
+        running = time.monotonic()
+        try:
+            report = wait_for_hello(path, profile.boot_timeout_s, f"sandbox {record.id[:12]}")
+        except InfrastructureError as exc:
+            raise InfrastructureError(f"{exc}{self._console_tail(console)}") from exc
+        log.info(
+            "sandbox %s boot: define %d ms, start %d ms, guest hello %d ms",
+            record.id[:12],
+            (defined - started) * 1000,
+            (running - defined) * 1000,
+            (time.monotonic() - running) * 1000,
+        )
+        return report
+
+    def _restore(
+        self,
+        record: SandboxRecord,
+        domain: Domain,
+        network_args: tuple[str, ...],
+        snapshot: StoredSnapshot,
+        nic: GuestNic | None,
+        profile: Profile,
+    ) -> GuestReport | None:
+        """Restore ``snapshot`` as the pod's domain; None when that failed and was undone (the
+        domain removed; the snapshot dropped when it was the snapshot that could not be restored,
+        so that a later pod makes it again), so the pod cold-boots. Raises when the failed restore
+        cannot be undone (the caller's rollback then says so)."""
+        try:
+            self.hypervisor.define(render(restore_domain(domain, network_args)))
+            faults.checkpoint("restore:after-define")
+            return self.snapshots.restore(
+                snapshot,
+                record.id,
+                domain,
+                network_args,
+                nic=nic,
+                hostname=record.hostname,
+                timeout_s=profile.boot_timeout_s,
+            )
+        except VmSandboxError as exc:
+            log.warning(
+                "sandbox %s: restore from snapshot %s failed, cold-booting instead: %s",
+                record.id[:12],
+                snapshot.key[:12],
+                validation.bound(str(exc), 1024),
+            )
+            unusable = isinstance(exc, SnapshotUnusable)
+        self.hypervisor.teardown(domain.name)  # raises when it cannot: the pod's rollback says so
+        if unusable and self.snapshots.store.remove(snapshot.key):
+            log.warning("snapshot %s removed after its restore failed; it is made again", snapshot.key[:12])
+        return None
+
+    def make_snapshot(self, spec: SandboxSpec, progress: Progress, *, force: bool = False) -> StoredSnapshot:
+        """Make (now, in this thread) the snapshot the pods of ``spec`` would be restored from, on
+        CPUs and pages claimed for it as for a pod; the stored one when it exists already (unless
+        ``force``). ``vmsandbox snapshot make`` runs this."""
+        plan = self.plan(spec)
+        profile, shape, accel = plan.profile, plan.shape, plan.accel
+        if plan.devices != NO_DEVICES:
+            raise InvalidArgument("pods with passed-through devices always cold-boot: no snapshot is made for them")
+        if not profile.snapshots:
+            raise InvalidArgument(f"profile {profile.name!r} turns snapshots off (snapshots: false)")
+        kind: Literal["user", "ethernet", ""] = (
+            "user" if spec.namespaces.host_network else ("ethernet" if self.config.pod_network == "cni" else "")
+        )
+        owner = _new_id()
+        self._in_flight.add(owner)
+        try:
+            placement = self.resources.reserve(owner, shape, profile)
+            try:
+                shared = self.shared_dirs_for(owner)
+                pod_domain = domain_for(
+                    identity=SandboxIdentity(owner, "", "", "", 0, "", self.ledger.instance_id),
+                    uuid=str(uuidlib.uuid4()),
+                    shape=shape,
+                    placement=placement,
+                    profile=profile,
+                    accel=accel,
+                    console_log="snapshot" if self.config.console_dir else None,
+                    shared_dirs=shared,
+                    interfaces=(NetworkInterface(kind, PLACEHOLDER_MAC),) if kind else (),
+                )
+                refusal = restore_refusal(pod_domain, enabled=True)
+                if refusal:
+                    raise InvalidArgument(f"these pods always cold-boot: {refusal}")
+                inputs = self.snapshots.inputs(pod_domain, ())
+                found = self.snapshots.find(inputs)
+                if found is not None and not force:
+                    progress(f"snapshot {found.key[:12]} exists already ({inputs.describe()})")
+                    return found
+                return self.snapshots.make(
+                    MakeRequest(pod_domain, (), inputs),
+                    lambda dirs: replace(pod_domain, shared_dirs=dirs),
+                    boot_timeout_s=profile.boot_timeout_s,
+                    progress=progress,
+                )
+            finally:
+                self.resources.release(owner)
+                self.drop_shared_dirs(owner)
+        finally:
+            self._in_flight.discard(owner)
+
+    def _make_snapshot(self, request: MakeRequest, profile: Profile, shape: VmShape, accel: str) -> None:
+        """Make the snapshot of ``request``'s shape in the background, on CPUs and pages claimed for
+        it like a pod's (under the snapshot's key, kept from the periodic reconcile while it runs)."""
+        key = request.inputs.key
+
+        def work() -> None:
+            self._in_flight.add(key)
+            try:
+                try:
+                    placement = self.resources.reserve(key, shape, profile)
+                except VmSandboxError as exc:
+                    log.info("snapshot %s not made now: %s", key[:12], exc)
+                    return
+                try:
+                    self.snapshots.make(
+                        request,
+                        lambda shared: domain_for(
+                            identity=SandboxIdentity(key, "", "", "", 0, "", self.ledger.instance_id),
+                            uuid=str(uuidlib.uuid4()),
+                            shape=shape,
+                            placement=placement,
+                            profile=profile,
+                            accel=accel,
+                            console_log="snapshot" if request.pod_domain.console else None,
+                            shared_dirs=shared,
+                            interfaces=request.pod_domain.interfaces,
+                        ),
+                        boot_timeout_s=profile.boot_timeout_s,
+                    )
+                finally:
+                    self.resources.release(key)
+            finally:
+                self._in_flight.discard(key)
+
+        self.snapshots.make_in_background(key, work)
 
     @staticmethod
     def _console_tail(console: str | None) -> str:
@@ -613,6 +779,8 @@ class Sandboxes:
             "network": [],
         }
         if not periodic:
+            # snapshot domains and restore copies a killed shim left, before their claims are released below
+            self.snapshots.sweep(set(self._in_flight))
             self.resources.resync()
             self.reload()
         busy = set(self._in_flight)

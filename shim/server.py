@@ -71,6 +71,7 @@ class Running:
             self.streaming.stop()
         if self.housekeeping is not None:
             self.housekeeping.stop()
+        self.sandboxes.snapshots.stop()  # a snapshot being made would hold its pages until the next start
         if self.events is not None:
             self.events.close()
         if self.stop_metrics is not None:

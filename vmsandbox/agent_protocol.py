@@ -5,8 +5,9 @@ is in ``images/README.md``. The guest speaks first (``hello``, repeated until th
 ``ack``); the host sends ``request`` messages (an ``op`` and its ``args``), each answered by a
 ``response`` with the same ``id``, in any order. Unknown keys are ignored, so later agents can add
 fields without breaking this host; missing or mistyped fields are errors. This host reads versions
-1 to 4 (version 1 has no ``args``, version 3 adds ``log_read``, version 4 gives a container created
-with ``tty`` a terminal and adds ``attach_resize``) and sends the highest version both sides speak.
+1 to 5 (version 1 has no ``args``, version 3 adds ``log_read``, version 4 gives a container created
+with ``tty`` a terminal and adds ``attach_resize``, version 5 adds ``personalize``) and sends the
+highest version both sides speak.
 
 Everything here reads what an untrusted guest wrote, so it is bounded before it is parsed: a line
 is at most ``MAX_FRAME_BYTES``, its arrays and objects nest at most ``MAX_DEPTH`` deep (checked by a
@@ -28,11 +29,13 @@ from typing import NamedTuple, TypeAlias
 from vmsandbox import validation
 from vmsandbox.errors import InfrastructureError
 
-VERSION = 4
-READABLE_VERSIONS = frozenset({1, 2, 3, 4})
+VERSION = 5
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5})
 TTY_VERSION = 4
 """The first protocol whose agents give a container created with ``tty`` a terminal (older ones
 only joined its stderr to its stdout)."""
+PERSONALIZE_VERSION = 5
+"""The first protocol version with the ``personalize`` op (a guest restored from a snapshot)."""
 CHANNEL_NAME = "io.vmsandbox.agent.0"
 """Name of the virtio-serial port the guest agent listens on."""
 SHARED_TAG = "vmsandbox.shared"

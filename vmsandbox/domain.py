@@ -96,11 +96,22 @@ class SharedDir:
 @dataclass(frozen=True)
 class NetworkInterface:
     """A guest NIC. ``ethernet``: an existing host device handed to libvirt unmanaged (the pod's
-    macvtap on its CNI ``eth0``, ``target_dev``); ``user``: QEMU's user-mode network."""
+    macvtap on its CNI ``eth0``, ``target_dev``; without one, a tap libvirt makes and connects to
+    nothing); ``user``: QEMU's user-mode network."""
 
     kind: Literal["ethernet", "user"]
     mac: str
     target_dev: str = ""
+
+
+@dataclass(frozen=True)
+class RngDevice:
+    """A virtio-rng device: the guest's ``/dev/hwrng``, and a source its kernel mixes into its
+    random pool, so guests restored from one snapshot do not stay on the saved pool alone."""
+
+    source: str = "/dev/urandom"
+    bytes_per_period: int = 1 << 20  # rate limit, per ``period_ms``
+    period_ms: int = 1000
 
 
 @dataclass(frozen=True)
@@ -135,6 +146,8 @@ class Domain:
     shared_dirs: tuple[SharedDir, ...] = ()
     # the pod's NIC (none: no network device at all)
     interfaces: tuple[NetworkInterface, ...] = ()
+    # a virtio-rng device fed from the host's /dev/urandom (the guest's /dev/hwrng)
+    rng: RngDevice | None = None
 
 
 def domain_name(sandbox_id: str) -> str:
@@ -227,4 +240,5 @@ def build_domain(
         hostdevs=tuple(hostdevs),
         shared_dirs=tuple(shared_dirs),
         interfaces=tuple(interfaces),
+        rng=RngDevice(),
     )

@@ -41,7 +41,7 @@ def _interface(devices: ET.Element, nic: NetworkInterface) -> None:
     (``managed='no'``), as its owner (the pod network) made it; ``user``: QEMU's user-mode network."""
     el = _sub(devices, "interface", type=nic.kind)
     _sub(el, "mac", address=nic.mac)
-    if nic.kind == "ethernet":
+    if nic.kind == "ethernet" and nic.target_dev:  # no target: a tap libvirt makes (a snapshot's guest)
         _sub(el, "target", dev=nic.target_dev, managed="no")
     _sub(el, "model", type="virtio")
     # no option ROM: the kernel boots directly, and firmware initialising the NIC's iPXE ROM costs
@@ -141,6 +141,10 @@ def render(domain: Domain) -> str:
         _sub(source, "address", domain=f"0x{pci_domain}", bus=f"0x{bus}", slot=f"0x{slot}", function=f"0x{function}")
     for nic in domain.interfaces:
         _interface(devices, nic)
+    if domain.rng is not None:
+        rng = _sub(devices, "rng", model="virtio")
+        _sub(rng, "rate", bytes=str(domain.rng.bytes_per_period), period=str(domain.rng.period_ms))
+        _sub(rng, "backend", domain.rng.source, model="random")
     _sub(devices, "memballoon", model="none")
     ET.indent(root, space="  ")
     return ET.tostring(root, encoding="unicode") + "\n"

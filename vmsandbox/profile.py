@@ -65,6 +65,8 @@ class Profile:
     allowed_profiles: tuple[str, ...] = ()
     numa_policy: NumaPolicy = "single-numa-node"
     emulator: EmulatorPolicy = "vcpus"
+    # restore pods from per-shape snapshots (made on first use); false: every pod cold-boots
+    snapshots: bool = True
 
     @property
     def pinning(self) -> bool:
@@ -86,6 +88,7 @@ _KEYS = {
     "allowed_profiles",
     "numa_policy",
     "emulator",
+    "snapshots",
 }
 #: keys earlier versions read, and why they are refused now
 RETIRED_KEYS: Mapping[str, str] = {
@@ -266,6 +269,14 @@ def profile_problems(data: Mapping[str, Any], *, source: str) -> tuple[Profile |
         ),
     )
     read("emulator", lambda: choice("emulator", data.get("emulator", "vcpus"), ("vcpus", "housekeeping")))
+
+    def snapshots() -> bool:
+        value = data.get("snapshots", True)
+        if not isinstance(value, bool):
+            raise fail("snapshots", f"must be true or false, got {value!r}")
+        return value
+
+    read("snapshots", snapshots)
     if problems:
         return None, problems
     return Profile(**values), []

@@ -23,14 +23,24 @@ import (
 const channelName = "io.vmsandbox.agent.0"
 const maxLine = 1 << 20
 
-// protocolVersion is what this agent sends; it also reads requests of versions 1 to 3. Version 4:
+// protocolVersion is what this agent sends; it also reads requests of every earlier version. Version 4:
 // `create` with `tty` gives the container a terminal (before, it only joined stderr to stdout),
-// and attach_resize.
-const protocolVersion = 4
+// and attach_resize. Version 5: personalize (a guest restored from a snapshot).
+const protocolVersion = 5
 
 // instance names this agent process: random, made at start and reported in hello and report, so
 // that the host tells an agent that restarted (and lost its containers) from one it reconnects to.
-var instance = newInstance()
+// A guest restored from a snapshot gets a new one from personalize (every clone saved the same).
+var (
+	instance   = newInstance()
+	instanceMu sync.Mutex
+)
+
+func currentInstance() string {
+	instanceMu.Lock()
+	defer instanceMu.Unlock()
+	return instance
+}
 
 func newInstance() string {
 	b := make([]byte, 16)
@@ -156,7 +166,7 @@ func main() {
 		logf("cannot open %s: %v", dev, err)
 		os.Exit(1)
 	}
-	logf("agent %s on %s", instance, dev)
+	logf("agent %s on %s", currentInstance(), dev)
 	p := &port{f: f}
 	go p.greet()
 	p.serve()

@@ -107,7 +107,7 @@ func report() map[string]interface{} {
 		"hugepages":     hp,
 		"cmdline":       firstLine("/proc/cmdline"),
 		"boot_ms":       uptimeMs(),
-		"instance":      instance,
+		"instance":      currentInstance(),
 	}
 	if name, err := os.Hostname(); err == nil {
 		body["hostname"] = name

@@ -50,6 +50,12 @@ RUNTIMECLASS_EXAMPLES = """examples:
   vmsandbox profile runtimeclass /etc/vmsandbox/profiles.yaml | kubectl apply -f -
   vmsandbox profile runtimeclass deploy/profiles.yaml --handler vmsandbox-dedicated
 """
+SNAPSHOT_EXAMPLES = """examples:
+  vmsandbox snapshot make my-pod.yaml --config /etc/vmsandbox/config.yaml   # while the shim is stopped
+  vmsandbox snapshot list --config /etc/vmsandbox/config.yaml --format json
+  vmsandbox snapshot remove 3f2a9c1b   # or --all
+"""
+
 LS_EXAMPLES = """examples:
   vmsandbox ls
   vmsandbox ls --state-dir /var/lib/vmsandbox/state --format json
@@ -208,6 +214,40 @@ def _profile_runtimeclass(args: argparse.Namespace) -> int:
         print(textout.to_json([validate.runtime_class(p) for p in chosen]))
     else:
         sys.stdout.write(validate.runtime_classes_yaml(chosen, " ".join(args.files)))
+    return EXIT_OK
+
+
+# -- snapshot -------------------------------------------------------------------------------------
+def _snapshot_make(args: argparse.Namespace) -> int:
+    from shim.admin import snapshot_cmd, textout
+
+    config = _config(args.config).with_overrides(state_dir=args.state_dir)
+    made = snapshot_cmd.make(config, args.manifest, args.handler, args.document, args.force)
+    if args.format == "json":
+        print(textout.to_json(snapshot_cmd.snapshot_doc(made)))
+    else:
+        print(snapshot_cmd.render_list([made]))
+    return EXIT_OK
+
+
+def _snapshot_list(args: argparse.Namespace) -> int:
+    from shim.admin import snapshot_cmd, textout
+
+    found = snapshot_cmd.listing(_state_dir(args))
+    if args.format == "json":
+        print(textout.to_json([snapshot_cmd.snapshot_doc(s) for s in found]))
+    else:
+        print(snapshot_cmd.render_list(found))
+    return EXIT_OK
+
+
+def _snapshot_remove(args: argparse.Namespace) -> int:
+    from shim.admin import snapshot_cmd, textout
+
+    if not args.keys and not args.all:
+        raise InvalidArgument("name the snapshots to remove (key or unique prefix), or --all")
+    removed = snapshot_cmd.remove(_state_dir(args), args.keys, args.all)
+    print(textout.to_json(removed) if args.format == "json" else "\n".join(f"removed {k}" for k in removed))
     return EXIT_OK
 
 
@@ -372,6 +412,34 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("files", metavar="FILE", nargs="+", help="profile YAML files")
     rc.add_argument("--handler", action="append", help="only this handler (repeatable)")
 
+    snapshot = sub.add_parser(
+        "snapshot",
+        parents=[_logging_options(argparse.SUPPRESS)],
+        help="make, list and remove the per-shape guest snapshots pods are restored from",
+        description="Make, list and remove the per-shape guest snapshots pods are restored from.",
+        epilog=SNAPSHOT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ssub = snapshot.add_subparsers(dest="snapshot_command", required=True, metavar="SUBCOMMAND")
+    smake = _sub(
+        ssub,
+        "make",
+        "boot and save the snapshot the pods of a manifest would restore from (progress on stderr)",
+        SNAPSHOT_EXAMPLES,
+        _snapshot_make,
+    )
+    smake.add_argument("manifest", metavar="POD.yaml", help="a v1 Pod, or a Deployment/StatefulSet/Job/... manifest")
+    smake.add_argument("--handler", metavar="H", help="the RuntimeClass handler its pods use (default: the config's)")
+    smake.add_argument("--document", type=int, metavar="N", help="which pod of a multi-document manifest (0-based)")
+    smake.add_argument("--force", action="store_true", help="make it again even when it exists")
+    slist = _sub(ssub, "list", "list the snapshots with their shape, size and age", SNAPSHOT_EXAMPLES, _snapshot_list)
+    sremove = _sub(ssub, "remove", "remove snapshots (by key or unique prefix)", SNAPSHOT_EXAMPLES, _snapshot_remove)
+    sremove.add_argument("keys", metavar="KEY", nargs="*", help="snapshot key or unique prefix")
+    sremove.add_argument("--all", action="store_true", help="remove every snapshot")
+    for p in (smake, slist, sremove):
+        p.add_argument("--state-dir", help="the shim's state directory (default: the config's)")
+        p.add_argument("--config", help="the shim's configuration file")
+
     ls = _sub(sub, "ls", "list sandboxes with their shape, CPUs, hugepages, devices, age and state", LS_EXAMPLES, _ls)
     inspect = _sub(
         sub, "inspect", "show one sandbox in full, the guest's own report included", INSPECT_EXAMPLES, _inspect
@@ -392,7 +460,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logs.setup(args.log_level, args.log_format or "text")
-    command = " ".join(filter(None, [args.command, getattr(args, "profile_command", None)]))
+    command = " ".join(
+        filter(
+            None,
+            [args.command, getattr(args, "profile_command", None), getattr(args, "snapshot_command", None)],
+        )
+    )
     try:
         return int(args.func(args))
     except VmSandboxError as exc:

@@ -68,8 +68,8 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shim]:
     profiles.write_text(
         yaml.safe_dump_all(
             [
-                {"name": "vmsandbox", "handler": "vmsandbox", "guest": guest},
-                {"name": "db", "handler": "db-vm", "guest": guest},
+                {"name": "vmsandbox", "handler": "vmsandbox", "snapshots": False, "guest": guest},
+                {"name": "db", "handler": "db-vm", "snapshots": False, "guest": guest},
             ]
         )
     )

@@ -249,7 +249,7 @@ STATE_BODY = {
 def test_request_args_round_trip() -> None:
     msg = Request("9", "create", {"id": "c1", "spec": {"process": {"args": ["sh"]}}})
     data = encode(msg)
-    assert json.loads(data)["v"] == VERSION == 4
+    assert json.loads(data)["v"] == VERSION == 5
     assert json.loads(encode(msg, 2))["v"] == 2
     assert decode(data) == msg
     assert decode(data).args == msg.args  # type: ignore[union-attr]

@@ -57,6 +57,9 @@ class FakeLibvirt:
     def list_ours(self) -> list[DomainInfo]:
         return [DomainInfo(n, d.sandbox_id, d.active, "<domain/>", d.owner) for n, d in sorted(self.domains.items())]
 
+    def list_domains(self, prefix: str) -> list[DomainInfo]:
+        return [d for d in self.list_ours() if d.name.startswith(prefix)]
+
     def destroy(self, name: str) -> bool:
         dom = self.domains.get(name)
         was = bool(dom and dom.active)

@@ -35,6 +35,15 @@ class FailingHypervisor:
     def start(self, name: str) -> None:
         raise InfrastructureError(f"libvirt start {name}: Cannot recv data: Connection reset by peer")
 
+    def version(self) -> str:
+        return "9.0.0"
+
+    def qemu_version(self) -> str:
+        return "7.2.22"
+
+    def list_domains(self, prefix: str) -> list[object]:
+        return []
+
     def teardown(self, name: str) -> bool:
         if self.libvirt_down:
             raise InfrastructureError("cannot connect to libvirt at qemu:///system: Connection refused")

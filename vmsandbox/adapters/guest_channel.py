@@ -207,14 +207,14 @@ class GuestChannel:
                 conn.close()
                 raise
 
-    def request(self, op: str, timeout_s: float) -> Mapping[str, object]:
+    def request(self, op: str, timeout_s: float, args: Mapping[str, object] | None = None) -> Mapping[str, object]:
         """Sends request ``op`` and returns the body of its response. Raises GuestRequestFailed
         when the guest refuses, GuestChannelTimeout / GuestChannelClosed when it does not answer."""
         label = self._conn.label
         with self._lock:
             deadline = time.monotonic() + timeout_s
             rid = str(next(self._ids))
-            self._conn.send(Request(id=rid, op=op))
+            self._conn.send(Request(id=rid, op=op, args=dict(args or {})))
             while True:
                 msg = self._conn.read(deadline, f"no response to {op!r} within {timeout_s:g} s")
                 if not isinstance(msg, Response):

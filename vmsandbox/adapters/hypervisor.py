@@ -140,6 +140,15 @@ class Hypervisor:
 
         return self._call("version", get)
 
+    def qemu_version(self) -> str:
+        """The version of the hypervisor libvirt runs (QEMU's), as ``7.2.22``."""
+
+        def get(conn: Any) -> str:
+            v = conn.getVersion()
+            return f"{v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
+
+        return self._call("hypervisor version", get)
+
     def live_xml(self, name: str) -> str:
         return self._call(f"XML of {name}", lambda conn: str(conn.lookupByName(name).XMLDesc(0)))
 
@@ -173,13 +182,17 @@ class Hypervisor:
         return path
 
     def list_ours(self) -> list[DomainInfo]:
-        """Every domain carrying our metadata (running or only defined)."""
+        """Every sandbox domain carrying our metadata (running or only defined)."""
+        return self.list_domains(DOMAIN_PREFIX)
+
+    def list_domains(self, prefix: str) -> list[DomainInfo]:
+        """Every domain whose name starts with ``prefix`` and that carries our metadata."""
 
         def get(conn: Any) -> list[DomainInfo]:
             out = []
             for dom in conn.listAllDomains(0):
                 name = dom.name()
-                if not name.startswith(DOMAIN_PREFIX):
+                if not name.startswith(prefix):
                     continue
                 try:
                     xml = dom.XMLDesc(0)
@@ -204,6 +217,20 @@ class Hypervisor:
 
     def start(self, name: str) -> None:
         self._call(f"start {name}", lambda conn: conn.lookupByName(name).create())
+
+    def create_transient(self, xml: str) -> None:
+        """Start a domain that libvirt forgets when it stops (a snapshot's guest)."""
+        self._call("create", lambda conn: conn.createXML(xml, 0))
+
+    def save(self, name: str, path: str) -> None:
+        """Save the running guest of ``name`` to ``path`` (libvirt's save image); the guest stops."""
+        self._call(f"save {name}", lambda conn: conn.lookupByName(name).saveFlags(path, None, 0))
+
+    def restore(self, path: str, xml: str) -> None:
+        """Restore the save image at ``path`` as the domain of ``xml`` (libvirt checks that the
+        XML keeps the saved guest's ABI) and let it run. The domain is defined first by the caller
+        when it is to outlive its guest."""
+        self._call("restore", lambda conn: conn.restoreFlags(path, xml, libvirt.VIR_DOMAIN_SAVE_RUNNING))
 
     def destroy(self, name: str) -> bool:
         """Stop the guest of ``name`` (its definition stays); True if it was running."""

@@ -1,0 +1,271 @@
+"""Snapshots of booted guests, per shape: made on first use (in the background) or by
+``vmsandbox snapshot make``, and restored by RunPodSandbox (``shim.sandboxes``).
+
+This owner computes a pod's snapshot inputs (``vmsandbox.snapshot.inputs_for``: the shape, the
+guest image's digest, the QEMU and libvirt versions, ...), makes snapshots in domains of their own
+(``vmsnapshot-<key>``, never taken for a sandbox) on resources claimed like a pod's, and restores
+them: a copy of the image retargeted to the pod's domain, libvirt's restore with the pod's own XML,
+then the agent's ``personalize``. Where snapshots are kept belongs to
+``vmsandbox.adapters.snapshot_store``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from shim import faults
+from vmsandbox.adapters.guest_channel import GuestChannel
+from vmsandbox.adapters.hypervisor import Hypervisor
+from vmsandbox.adapters.snapshot_store import SnapshotStore, StoredSnapshot
+from vmsandbox.agent_protocol import PERSONALIZE_VERSION, GuestReport, report_from_body
+from vmsandbox.domain import AGENT_CHANNEL, Domain, SharedDir
+from vmsandbox.domain_xml import read_identity, render
+from vmsandbox.errors import InfrastructureError, VmSandboxError
+from vmsandbox.network import GuestNic
+from vmsandbox.snapshot import (
+    SEED_BYTES,
+    SNAPSHOT_DOMAIN_PREFIX,
+    SnapshotInputs,
+    inputs_for,
+    personalize_args,
+    restore_domain,
+    snapshot_domain,
+)
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class MakeRequest:
+    """What a snapshot is made from: a pod's domain (its shape, devices, image) and the kernel
+    command-line parameters that carried the pod's identity (left out of the snapshot)."""
+
+    pod_domain: Domain
+    network_args: tuple[str, ...]
+    inputs: SnapshotInputs
+
+
+class SnapshotUnusable(InfrastructureError):
+    """The snapshot itself could not be restored (its image missing, truncated or corrupt, or
+    refused by libvirt): it is dropped, so a later pod of its shape makes it again."""
+
+
+class Snapshots:
+    def __init__(self, state_dir: str, hypervisor: Hypervisor, owner: str) -> None:
+        self.store = SnapshotStore(state_dir)
+        self.hypervisor = hypervisor
+        self.owner = owner  # the state database's instance id: snapshot domains carry it
+        self._versions: tuple[str, str] | None = None
+        self._digests: dict[tuple[str, int, int, int], str] = {}
+        self._making: set[str] = set()
+        self._stopping = False
+        self._lock = threading.Lock()
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def _host_versions(self) -> tuple[str, str]:
+        if self._versions is None:
+            self._versions = (self.hypervisor.qemu_version(), self.hypervisor.version())
+        return self._versions
+
+    def image_digest(self, domain: Domain) -> str:
+        """sha256 over the guest's kernel and initramfs (re-hashed when either file changes)."""
+        h = hashlib.sha256()
+        for path in (domain.boot.kernel, domain.boot.initrd):
+            st = os.stat(path)
+            stamp = (path, st.st_ino, st.st_size, st.st_mtime_ns)
+            digest = self._digests.get(stamp)
+            if digest is None:
+                with open(path, "rb") as f:
+                    digest = hashlib.file_digest(f, "sha256").hexdigest()
+                self._digests[stamp] = digest
+            h.update(digest.encode())
+        return h.hexdigest()
+
+    def inputs(self, domain: Domain, network_args: tuple[str, ...]) -> SnapshotInputs:
+        qemu, libvirt_version = self._host_versions()
+        return inputs_for(
+            domain,
+            network_args,
+            image_digest=self.image_digest(domain),
+            qemu_version=qemu,
+            libvirt_version=libvirt_version,
+        )
+
+    def find(self, inputs: SnapshotInputs) -> StoredSnapshot | None:
+        return self.store.get(inputs.key)
+
+    # -- making ---------------------------------------------------------------------------------
+    def make(
+        self,
+        request: MakeRequest,
+        pod_domain_for: Callable[[tuple[SharedDir, ...]], Domain],
+        *,
+        boot_timeout_s: float,
+        progress: Progress = lambda _line: None,
+    ) -> StoredSnapshot:
+        """Boot a guest of the request's shape with no pod identity, wait for its agent, save it.
+        ``pod_domain_for`` builds the pod-like domain on resources the caller claimed for the
+        snapshot, given the snapshot's own shared directories."""
+        key = request.inputs.key
+        started = time.monotonic()
+        making = self.store.making_dir(key)
+        shares = self.store.share_dirs(making, len(request.pod_domain.shared_dirs))
+        base = pod_domain_for(
+            tuple(replace(s, source=src) for s, src in zip(request.pod_domain.shared_dirs, shares, strict=True))
+        )
+        domain = snapshot_domain(
+            base,
+            request.network_args,
+            key=key,
+            uuid=str(uuidlib.uuid4()),
+            owner=self.owner,
+            shared_dirs=base.shared_dirs,
+            console_log=str(making / "console.log") if base.console else None,
+        )
+        try:
+            log.info("snapshot %s: booting its guest (%s)", key[:12], request.inputs.describe())
+            progress(f"booting a {request.inputs.describe()} guest ({domain.name})")
+            self.hypervisor.create_transient(render(domain))
+            faults.checkpoint("snapshot:after-start")
+            path = self.hypervisor.channel_path(domain.name, AGENT_CHANNEL)
+            with GuestChannel.open(path, boot_timeout_s, f"snapshot {key[:12]}") as channel:
+                report = channel.report
+            if report.errors:
+                raise InfrastructureError(f"the snapshot guest reported problems: {'; '.join(report.errors)[:512]}")
+            if report.protocol < PERSONALIZE_VERSION:
+                raise InfrastructureError(
+                    f"the guest agent speaks protocol {report.protocol}; restoring needs {PERSONALIZE_VERSION} "
+                    "(rebuild the guest image)"
+                )
+            booted = time.monotonic()
+            progress(f"guest ready in {booted - started:.1f} s; saving")
+            self.hypervisor.save(domain.name, self.store.image_path(making))
+            faults.checkpoint("snapshot:after-save")
+            saved = time.monotonic()
+            stored = self.store.commit(key, request.inputs, making, int((saved - started) * 1000))
+        except BaseException:
+            self._remove_domain(domain.name)
+            self.store.abandon(key)
+            raise
+        self._remove_domain(domain.name)  # saving stopped it; a transient domain is then gone
+        progress(f"saved {stored.size_bytes >> 20} MiB in {saved - booted:.2f} s (snapshot {key[:12]})")
+        log.info(
+            "snapshot %s made: %s, %d MiB, boot %d ms, save %d ms",
+            key[:12],
+            request.inputs.describe(),
+            stored.size_bytes >> 20,
+            (booted - started) * 1000,
+            (saved - booted) * 1000,
+        )
+        return stored
+
+    def make_in_background(self, key: str, work: Callable[[], object]) -> bool:
+        """Run ``work`` (which makes snapshot ``key``) in a thread of its own, unless one is making
+        any snapshot already (one at a time: it holds a pod's worth of CPUs and pages). False when
+        nothing was started."""
+        with self._lock:
+            if self._making or self._stopping:
+                return False
+            self._making.add(key)
+
+        def run() -> None:
+            try:
+                work()
+            except VmSandboxError as exc:
+                log.warning("snapshot %s not made: %s", key[:12], exc)
+            except Exception:
+                log.exception("snapshot %s not made", key[:12])
+            finally:
+                with self._lock:
+                    self._making.discard(key)
+
+        threading.Thread(target=run, name=f"snapshot-{key[:8]}", daemon=True).start()
+        return True
+
+    def _remove_owned_domains(self) -> None:
+        for info in self.hypervisor.list_domains(SNAPSHOT_DOMAIN_PREFIX):
+            ident = read_identity(info.xml)
+            if ident is None or ident.owner != self.owner:
+                continue
+            log.warning("removing snapshot domain %s", info.name)
+            self._remove_domain(info.name)
+
+    def _remove_domain(self, name: str) -> None:
+        try:
+            self.hypervisor.teardown(name)
+        except VmSandboxError as exc:
+            log.error("snapshot domain %s not removed (the next start removes it): %s", name, exc)
+
+    # -- restoring ------------------------------------------------------------------------------
+    def restore(
+        self,
+        snapshot: StoredSnapshot,
+        sandbox_id: str,
+        pod_domain: Domain,
+        network_args: tuple[str, ...],
+        *,
+        nic: GuestNic | None,
+        hostname: str,
+        timeout_s: float,
+    ) -> GuestReport:
+        """Restore ``snapshot`` as the (already defined) domain ``pod_domain`` and make the guest
+        this pod's; the guest's report after ``personalize``. On failure the caller tears the domain
+        down (the domain's name is the pod's, as for a cold boot)."""
+        xml = render(restore_domain(pod_domain, network_args))
+        started = time.monotonic()
+        try:
+            with self.store.staged(snapshot.key, sandbox_id, pod_domain.name, pod_domain.uuid) as path:
+                faults.checkpoint("restore:after-stage")
+                staged = time.monotonic()
+                self.hypervisor.restore(path, xml)
+        except InfrastructureError as exc:
+            raise SnapshotUnusable(str(exc)) from exc
+        faults.checkpoint("restore:after-restore")
+        restored = time.monotonic()
+        channel_path = self.hypervisor.channel_path(pod_domain.name, AGENT_CHANNEL)
+        with GuestChannel.open(channel_path, timeout_s, f"sandbox {sandbox_id[:12]}") as channel:
+            if channel.report.protocol < PERSONALIZE_VERSION:
+                raise InfrastructureError(f"the restored agent speaks protocol {channel.report.protocol}")
+            saved_instance = channel.report.instance
+            args = personalize_args(nic, hostname, seed=os.urandom(SEED_BYTES), time_ns=time.time_ns())
+            body = channel.request("personalize", timeout_s, args)
+        report = report_from_body(body, f"sandbox {sandbox_id[:12]}: personalize response")
+        faults.checkpoint("restore:after-personalize")
+        if report.instance == saved_instance:
+            raise InfrastructureError("the restored agent kept the snapshot's instance id")
+        log.info(
+            "sandbox %s restore from snapshot %s: copy %d ms, libvirt restore %d ms, personalize %d ms",
+            sandbox_id[:12],
+            snapshot.key[:12],
+            (staged - started) * 1000,
+            (restored - staged) * 1000,
+            (time.monotonic() - restored) * 1000,
+        )
+        return report
+
+    def stop(self) -> None:
+        """At shutdown: make no more snapshots and remove the guest of one being made (it would
+        hold its CPUs and pages until the next start); the half-made files go at the next start."""
+        with self._lock:
+            self._stopping = True
+            making = bool(self._making)
+        if making:
+            self._remove_owned_domains()
+
+    # -- start-up -------------------------------------------------------------------------------
+    def sweep(self, keep_restores: set[str]) -> None:
+        """Remove what a shim killed while making or restoring left: our snapshot domains, half-made
+        snapshots, restore copies of sandboxes not in ``keep_restores``."""
+        self._remove_owned_domains()
+        for path in self.store.sweep(keep_restores):
+            log.warning("removed %s left by an earlier run", Path(path).name)

@@ -1,0 +1,185 @@
+"""The snapshot store: the only module that knows where snapshots live and how they are laid out.
+
+Under ``<state_dir>/snapshots`` (0700):
+
+- ``<key>/image.save``: libvirt's save image of a guest with no pod identity, and
+  ``<key>/inputs.json``: the ``SnapshotInputs`` it was made from (the key is their hash, so a
+  directory whose inputs do not hash to its name is refused);
+- ``<key>/share/<n>``: the empty directories the snapshot guest's 9p devices pointed at;
+- ``making/<key>``: a snapshot being made (renamed into place when complete);
+- ``restore/<sandbox id>.save``: the copy of an image a restore is reading, its header rewritten
+  for the pod's domain (``vmsandbox.snapshot.retarget``); removed when the restore returns, and
+  swept at start-up (a shim killed during a restore).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from vmsandbox import validation
+from vmsandbox.errors import InfrastructureError
+from vmsandbox.snapshot import SnapshotInputs, parse_save_header, retarget, snapshot_key
+
+log = logging.getLogger(__name__)
+_HEAD_READ = 2 << 20  # the header and its padded XML area fit in this
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    key: str
+    inputs: SnapshotInputs
+    size_bytes: int
+    created_ns: int
+    make_ms: int
+
+
+class SnapshotStore:
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.root = Path(state_dir) / "snapshots"
+
+    def _ensure(self) -> None:
+        for d in (self.root, self.root / "making", self.root / "restore"):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def _dir(self, key: str) -> Path:
+        if not validation.is_full_id(key):
+            raise InfrastructureError(f"not a snapshot key: {key[:80]!r}")
+        return self.root / key
+
+    # -- reading --------------------------------------------------------------------------------
+    def get(self, key: str) -> StoredSnapshot | None:
+        """The snapshot stored under ``key``, None when there is none or it is incomplete."""
+        d = self._dir(key)
+        try:
+            doc = json.loads((d / "inputs.json").read_text())
+            inputs = SnapshotInputs.from_doc(doc["inputs"])
+            size = (d / "image.save").stat().st_size
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if snapshot_key(inputs) != key:
+            log.warning("snapshot %s: its inputs hash to another key; ignored", key[:12])
+            return None
+        return StoredSnapshot(key, inputs, size, int(doc.get("created_ns", 0)), int(doc.get("make_ms", 0)))
+
+    def all(self) -> list[StoredSnapshot]:
+        out = []
+        with contextlib.suppress(OSError):
+            for d in sorted(self.root.iterdir()):
+                if validation.is_full_id(d.name):
+                    found = self.get(d.name)
+                    if found is not None:
+                        out.append(found)
+        return out
+
+    # -- making ---------------------------------------------------------------------------------
+    def making_dir(self, key: str) -> Path:
+        """A fresh directory to make the snapshot ``key`` in (its ``share/<n>`` directories made)."""
+        self._ensure()
+        d = self.root / "making" / self._dir(key).name
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(mode=0o700)
+        return d
+
+    def share_dirs(self, making: Path, count: int) -> tuple[str, ...]:
+        out = []
+        for i in range(count):
+            s = making / "share" / str(i)
+            s.mkdir(mode=0o700, parents=True, exist_ok=True)
+            out.append(str(s))
+        return tuple(out)
+
+    @staticmethod
+    def image_path(making: Path) -> str:
+        return str(making / "image.save")
+
+    def commit(self, key: str, inputs: SnapshotInputs, making: Path, make_ms: int) -> StoredSnapshot:
+        """Move a finished snapshot into place (after checking its image's header)."""
+        if snapshot_key(inputs) != key:
+            raise InfrastructureError("snapshot inputs do not match its key")
+        with open(making / "image.save", "rb") as f:
+            parse_save_header(f.read(_HEAD_READ))
+        doc = {"inputs": inputs.to_doc(), "created_ns": time.time_ns(), "make_ms": make_ms}
+        (making / "inputs.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
+        target = self._dir(key)
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(making, target)
+        found = self.get(key)
+        if found is None:
+            raise InfrastructureError(f"snapshot {key[:12]} vanished after it was stored")
+        return found
+
+    def abandon(self, key: str) -> None:
+        shutil.rmtree(self.root / "making" / self._dir(key).name, ignore_errors=True)
+
+    def share_dirs_of(self, key: str, count: int) -> tuple[str, ...]:
+        """The 9p directories of a stored snapshot's guest (they stay, empty, with its image)."""
+        return tuple(str(self._dir(key) / "share" / str(i)) for i in range(count))
+
+    def remove(self, key: str) -> bool:
+        d = self._dir(key)
+        if not d.exists():
+            return False
+        shutil.rmtree(d)
+        return True
+
+    # -- restoring ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def staged(self, key: str, sandbox_id: str, name: str, uuid: str) -> Iterator[str]:
+        """A copy of snapshot ``key``'s image that restores as domain ``name``/``uuid``, for as long
+        as the ``with`` block runs. InfrastructureError when the image is missing, truncated or its
+        header is corrupt."""
+        if not validation.is_full_id(sandbox_id):
+            raise InfrastructureError(f"not a sandbox id: {sandbox_id[:80]!r}")
+        self._ensure()
+        src = self._dir(key) / "image.save"
+        dst = self.root / "restore" / f"{sandbox_id}.save"
+        try:
+            with open(src, "rb") as f:
+                header = parse_save_header(f.read(_HEAD_READ))
+                size = os.fstat(f.fileno()).st_size
+                if size <= header.stream_offset:
+                    raise InfrastructureError("libvirt save image holds no guest state (truncated)")
+                fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    os.write(fd, retarget(header, name, uuid))
+                    offset, left = header.stream_offset, size - header.stream_offset
+                    while left > 0:
+                        n = os.copy_file_range(f.fileno(), fd, left, offset, offset)
+                        if n <= 0:
+                            raise InfrastructureError("snapshot image shrank while it was copied")
+                        offset, left = offset + n, left - n
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            dst.unlink(missing_ok=True)
+            raise InfrastructureError(f"snapshot {key[:12]}: cannot read its image: {exc}") from exc
+        except BaseException:
+            dst.unlink(missing_ok=True)
+            raise
+        try:
+            yield str(dst)
+        finally:
+            dst.unlink(missing_ok=True)
+
+    def sweep(self, keep: set[str]) -> list[str]:
+        """Remove restore copies of sandboxes not in ``keep`` and half-made snapshots (a shim that
+        died during a restore or a make); the paths removed."""
+        removed = []
+        with contextlib.suppress(OSError):
+            for f in (self.root / "restore").iterdir():
+                if f.name.removesuffix(".save") not in keep:
+                    f.unlink(missing_ok=True)
+                    removed.append(str(f))
+        with contextlib.suppress(OSError):
+            for d in (self.root / "making").iterdir():
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(str(d))
+        return removed
