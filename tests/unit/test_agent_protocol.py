@@ -161,7 +161,7 @@ def test_report_is_hashable_and_frozen() -> None:
         pytest.param(b"[1,2]", "not a JSON object", id="array"),
         pytest.param(b'"hello"', "not a JSON object", id="string"),
         pytest.param(b'{"type":"ack"}', "no protocol version", id="no-version"),
-        pytest.param(b'{"v":5,"type":"ack"}', "unsupported protocol version 5", id="version-5"),
+        pytest.param(b'{"v":6,"type":"ack"}', "unsupported protocol version 6", id="version-6"),
         pytest.param(b'{"v":"1","type":"ack"}', "unsupported protocol version '1'", id="version-string"),
         pytest.param(b'{"v":true,"type":"ack"}', "unsupported protocol version True", id="version-bool"),
         pytest.param(b'{"v":1.0,"type":"ack"}', "unsupported protocol version 1.0", id="version-float"),
