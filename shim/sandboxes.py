@@ -405,6 +405,16 @@ class Sandboxes:
         except NotFound:
             return None
 
+    def ids_with_prefix(self, prefix: str) -> list[str]:
+        """Every sandbox id starting with ``prefix``, sandboxes still being created included (an id
+        the caller may not know yet is still ours)."""
+        if validation.is_id(prefix):
+            return [prefix] if self.ledger.get_sandbox(prefix) is not None else []
+        return [sid for sid, *_ in self.ledger.sandboxes() if sid.startswith(prefix)]
+
+    def container_ids_with_prefix(self, prefix: str) -> list[str]:
+        return self._index.ids_with_prefix(prefix)
+
     def list_sandboxes(self) -> list[SandboxRecord]:
         return [SandboxRecord.from_doc(doc) for _, state, _, doc in self.ledger.sandboxes() if state != STATE_CREATING]
 

@@ -29,6 +29,9 @@ from shim.image_service import ImageServicer
 from shim.images import ImageStore
 from shim.model import SANDBOX_READY
 from shim.periodic import Periodic
+from shim.proxy.downstream import Downstream, DownstreamUnavailable
+from shim.proxy.ids import DownstreamIds
+from shim.proxy.service import Proxy
 from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
 from shim.streaming.backends import ShimBackends
@@ -57,6 +60,7 @@ class Running:
     events: DomainEvents | None = None
     housekeeping: Periodic | None = None
     streaming: StreamingServer | None = None
+    downstream: Downstream | None = None
 
     def stop(self, grace: float = 5.0) -> None:
         if self.health is not None:
@@ -64,6 +68,8 @@ class Running:
         self.server.stop(grace).wait()
         if self.streaming is not None:
             self.streaming.stop()
+        if self.downstream is not None:
+            self.downstream.close()
         if self.housekeeping is not None:
             self.housekeeping.stop()
         if self.events is not None:
@@ -176,12 +182,13 @@ def start(config: ShimConfig) -> Running:
     streaming = StreamingServer(config, ShimBackends(sandboxes, containers))
     streaming.start()
     runtime = RuntimeServicer(sandboxes, containers, streaming)
-    status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
-    status.add_servicer(
-        server,
-        pb.DESCRIPTOR.services_by_name["ImageService"],
-        ImageServicer(images, config.state_dir, containers.writable_usage),
-    )
+    image_servicer = ImageServicer(images, config.state_dir, containers.writable_usage)
+    downstream = None
+    if config.downstream_endpoint:
+        downstream = _proxy(config, server, runtime, image_servicer, sandboxes, frozenset(profiles))
+    else:
+        status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
+        status.add_servicer(server, pb.DESCRIPTOR.services_by_name["ImageService"], image_servicer)
     health = Health(server)  # grpc.health.v1.Health on the CRI socket
     stop_metrics = None
     if config.metrics_address:
@@ -220,7 +227,34 @@ def start(config: ShimConfig) -> Running:
         events=events,
         housekeeping=housekeeping,
         streaming=streaming,
+        downstream=downstream,
     )
+
+
+def _proxy(
+    config: ShimConfig,
+    server: grpc.Server,
+    runtime: RuntimeServicer,
+    images: ImageServicer,
+    sandboxes: Sandboxes,
+    handlers: frozenset[str],
+) -> Downstream:
+    """Route every handler that is not a profile's to the downstream runtime (``shim/proxy``)."""
+    downstream = Downstream(config.downstream_endpoint, config.downstream_timeout_s, max(1, config.workers // 2))
+    ids = DownstreamIds(downstream)
+    try:
+        listed = ids.relist()
+        log.info(
+            "downstream %s: %d sandboxes, %d containers",
+            config.downstream_endpoint,
+            len(listed.sandboxes),
+            len(listed.containers),
+        )
+    except DownstreamUnavailable as exc:  # found again by the first call that needs it
+        log.warning("%s; its pods are listed again when it answers", exc)
+    proxy = Proxy(runtime, images, sandboxes, downstream, ids, handlers)
+    server.add_generic_rpc_handlers(proxy.generic_handlers())
+    return downstream
 
 
 def serve(config: ShimConfig) -> None:

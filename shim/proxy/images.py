@@ -1,0 +1,118 @@
+"""ImageService over two image stores: vmsandbox's (VM pods) and the downstream's (ordinary pods).
+
+The rule (README, "Sharing the node"):
+
+- ``PullImage`` whose ``sandbox_config`` names a pod the proxy has routed pulls on that pod's side
+  only; without a pod it knows (``crictl pull``, an unknown uid) it pulls on both sides.
+- ``ImageStatus`` has no pod context, and the kubelet skips the pull when it says present, so it
+  says present only when **both** stores hold the image; then the kubelet pulls, with the pod,
+  onto the side that needs it. A container therefore never starts on a side that lacks its image.
+  The cost: an image held by one store only is pulled again (a manifest check against the
+  registry) each time a container of it is started. With the downstream unreachable it answers
+  from vmsandbox's store alone, so VM pods are not held up by it.
+- ``ListImages`` is one entry per image id (both stores name an image by its config digest): the
+  downstream's entry, with vmsandbox's names added. ``RemoveImage`` removes from both stores;
+  each store keeps what its containers still use as it does alone. ``ImageFsInfo`` lists both
+  stores' file systems, the downstream's first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.proxy.downstream import Downstream, DownstreamUnavailable
+from vmsandbox import routing
+from vmsandbox.errors import InvalidArgument
+from vmsandbox.routing import Side
+
+SERVICE = "/runtime.v1.ImageService/"
+
+
+def _parse(cls: Any, data: bytes) -> Any:
+    try:
+        return cls.FromString(data)
+    except Exception as exc:
+        raise InvalidArgument(f"the request is not a valid {cls.DESCRIPTOR.full_name}: {exc}") from None
+
+
+def merge_image_lists(theirs: pb.ListImagesResponse, mine: pb.ListImagesResponse) -> pb.ListImagesResponse:
+    """One entry per image id: the downstream's message (unknown fields kept), vmsandbox's names added."""
+
+    def entries(images: Any) -> list[routing.ImageEntry]:
+        return [routing.ImageEntry(i.id, tuple(i.repo_tags), tuple(i.repo_digests), i.size) for i in images]
+
+    out = pb.ListImagesResponse()
+    for i, j in routing.merge_images(entries(theirs.images), entries(mine.images)):
+        if i < 0:
+            assert j is not None
+            out.images.add().CopyFrom(mine.images[j])
+            continue
+        image = out.images.add()
+        image.CopyFrom(theirs.images[i])
+        if j is not None:
+            other = mine.images[j]
+            tags = routing.union(image.repo_tags, other.repo_tags)
+            digests = routing.union(image.repo_digests, other.repo_digests)
+            del image.repo_tags[:]
+            image.repo_tags.extend(tags)
+            del image.repo_digests[:]
+            image.repo_digests.extend(digests)
+            image.pinned = image.pinned or other.pinned
+    return out
+
+
+class ImageRouter:
+    def __init__(self, local: Any, downstream: Downstream, side_of_pod: Callable[[str], Side | None]) -> None:
+        self.local = local
+        self.downstream = downstream
+        self.side_of_pod = side_of_pod
+
+    def handler(self, name: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        fn: Callable[[bytes, grpc.ServicerContext], bytes] = getattr(self, f"_{name}")
+        return fn
+
+    def _mine(self, name: str, cls: Any, data: bytes, context: grpc.ServicerContext) -> Any:
+        return getattr(self.local, name)(_parse(cls, data), context)
+
+    def _theirs(self, name: str, data: bytes, context: grpc.ServicerContext) -> bytes:
+        return self.downstream.call(SERVICE + name, data, context)
+
+    def _PullImage(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+        request = _parse(pb.PullImageRequest, data)
+        side = self.side_of_pod(request.sandbox_config.metadata.uid) if request.HasField("sandbox_config") else None
+        if side == Side.LOCAL:
+            reply: bytes = self._mine("PullImage", pb.PullImageRequest, data, context).SerializeToString()
+            return reply
+        if side == Side.DOWNSTREAM:
+            return self._theirs("PullImage", data, context)
+        self._mine("PullImage", pb.PullImageRequest, data, context)  # an unknown pod: both stores
+        return self._theirs("PullImage", data, context)
+
+    def _ImageStatus(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+        mine = self._mine("ImageStatus", pb.ImageStatusRequest, data, context)
+        try:
+            theirs = self._theirs("ImageStatus", data, context)
+        except DownstreamUnavailable:
+            reply: bytes = mine.SerializeToString()
+            return reply
+        if not mine.HasField("image"):
+            return pb.ImageStatusResponse().SerializeToString()  # absent here: the kubelet pulls, with its pod
+        return theirs  # absent there too, or present in both: the downstream's answer as it is
+
+    def _ListImages(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+        mine = self._mine("ListImages", pb.ListImagesRequest, data, context)
+        theirs = pb.ListImagesResponse.FromString(self._theirs("ListImages", data, context))
+        out: bytes = merge_image_lists(theirs, mine).SerializeToString()
+        return out
+
+    def _RemoveImage(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+        self._mine("RemoveImage", pb.RemoveImageRequest, data, context)
+        return self._theirs("RemoveImage", data, context)
+
+    def _ImageFsInfo(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+        mine: bytes = self._mine("ImageFsInfo", pb.ImageFsInfoRequest, data, context).SerializeToString()
+        return self._theirs("ImageFsInfo", data, context) + mine
