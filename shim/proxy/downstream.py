@@ -12,6 +12,7 @@ VM pod calls need.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import grpc
@@ -79,6 +80,7 @@ class Downstream:
             raise DownstreamUnavailable(
                 f"downstream CRI runtime {self.endpoint}: {self.max_calls} calls already waiting on it; try again"
             )
+        started = time.monotonic()
         try:
             reply: bytes = self._multicallable(path)(request, timeout=timeout, metadata=metadata or None)
             return reply
@@ -88,7 +90,8 @@ class Downstream:
                 raise DownstreamUnavailable(
                     f"downstream CRI runtime {self.endpoint} is unavailable: {validation.bound(details, 512)}"
                 ) from None
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED and (context is None or _own_cap(context, timeout)):
+            ran_out = time.monotonic() - started >= timeout - 0.01  # else the downstream answered it (ExecSync)
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED and ran_out and (context is None or _own_cap(context)):
                 raise DownstreamUnavailable(
                     f"downstream CRI runtime {self.endpoint} did not answer {path.rsplit('/', 1)[-1]} "
                     f"within {timeout:.1f} s"
@@ -98,7 +101,7 @@ class Downstream:
             self._slots.release()
 
 
-def _own_cap(context: grpc.ServicerContext, timeout: float) -> bool:
+def _own_cap(context: grpc.ServicerContext) -> bool:
     """Whether the time that ran out was ours (the caller's own deadline still had time left)."""
     remaining = context.time_remaining()
     return remaining is None or remaining > 0.05

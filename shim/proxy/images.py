@@ -19,6 +19,7 @@ The rule (README, "Sharing the node"):
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent import futures
 from typing import Any
 
 import grpc
@@ -70,6 +71,8 @@ class ImageRouter:
         self.local = local
         self.downstream = downstream
         self.side_of_pod = side_of_pod
+        # a pull for both stores runs the downstream's beside vmsandbox's, within the caller's deadline
+        self._beside = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="pull-downstream")
 
     def handler(self, name: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
         fn: Callable[[bytes, grpc.ServicerContext], bytes] = getattr(self, f"_{name}")
@@ -89,8 +92,12 @@ class ImageRouter:
             return reply
         if side == Side.DOWNSTREAM:
             return self._theirs("PullImage", data, context)
-        self._mine("PullImage", pb.PullImageRequest, data, context)  # an unknown pod: both stores
-        return self._theirs("PullImage", data, context)
+        theirs = self._beside.submit(self._theirs, "PullImage", data, context)  # an unknown pod: both stores
+        try:
+            self._mine("PullImage", pb.PullImageRequest, data, context)
+        finally:
+            answer = theirs.result()  # waited for even when vmsandbox's pull failed
+        return answer
 
     def _ImageStatus(self, data: bytes, context: grpc.ServicerContext) -> bytes:
         mine = self._mine("ImageStatus", pb.ImageStatusRequest, data, context)
