@@ -11,7 +11,8 @@
 # cni_conf_dir and both runtimes attach pods to the same bridge and share its host-local IPAM
 # store, so an ordinary pod and a VM pod reach each other. SANDBOX_IMAGE (default
 # registry.k8s.io/pause:3.6) must be pullable offline: point it at a local registry. REGISTRY
-# (host:port) is reached over plain HTTP and stands in for docker.io. `down` stops that
+# (host:port) is reached over plain HTTP and stands in for docker.io, registry.k8s.io, k8s.gcr.io
+# and gcr.io (what tests/critest_images.py serves). `down` stops that
 # containerd (by its pid file, checking it is still containerd), the shims and containers it
 # started, and unmounts what it mounted under DIR; DIR itself is left for its owner to delete.
 set -euo pipefail
@@ -33,13 +34,13 @@ up() {
     if [[ -f $dir/containerd.pid ]] && alive "$(cat "$dir/containerd.pid")"; then
         die "a containerd already runs for $dir (pid $(cat "$dir/containerd.pid"))"
     fi
-    local mirrors=""
+    local mirrors="" upstream
     if [[ -n $registry ]]; then
-        mirrors="
-[plugins.\"io.containerd.grpc.v1.cri\".registry.mirrors.\"$registry\"]
-  endpoint = [\"http://$registry\"]
-[plugins.\"io.containerd.grpc.v1.cri\".registry.mirrors.\"docker.io\"]
+        for upstream in "$registry" docker.io registry.k8s.io k8s.gcr.io gcr.io; do
+            mirrors+="
+[plugins.\"io.containerd.grpc.v1.cri\".registry.mirrors.\"$upstream\"]
   endpoint = [\"http://$registry\"]"
+        done
     fi
     cat > "$dir/config.toml" <<TOML
 version = 2
