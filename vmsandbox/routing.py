@@ -171,3 +171,19 @@ def union(a: Iterable[str], b: Iterable[str]) -> list[str]:
     out = list(dict.fromkeys(a))
     out.extend(x for x in dict.fromkeys(b) if x not in out)
     return out
+
+
+def repository(name: str) -> str:
+    """The repository an image name is in: ``reg:5000/a/b:1`` and ``reg:5000/a/b@sha256:..`` -> ``reg:5000/a/b``."""
+    name = name.split("@", 1)[0]
+    slash, colon = name.rfind("/"), name.rfind(":")
+    return name[:colon] if colon > slash else name
+
+
+def copy_source(repo_digests: Iterable[str], repo_tags: Iterable[str]) -> str | None:
+    """The name to pull an image held by one store into the other: a repo digest names exactly
+    that manifest, so it is preferred to a tag, which may have moved since."""
+    for name in (*repo_digests, *repo_tags):
+        if name:
+            return name
+    return None

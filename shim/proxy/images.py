@@ -4,12 +4,15 @@ The rule (README, "Sharing the node"):
 
 - ``PullImage`` whose ``sandbox_config`` names a pod the proxy has routed pulls on that pod's side
   only; without a pod it knows (``crictl pull``, an unknown uid) it pulls on both sides.
-- ``ImageStatus`` has no pod context, and the kubelet skips the pull when it says present, so it
-  says present only when **both** stores hold the image; then the kubelet pulls, with the pod,
-  onto the side that needs it. A container therefore never starts on a side that lacks its image.
-  The cost: an image held by one store only is pulled again (a manifest check against the
-  registry) each time a container of it is started. With the downstream unreachable it answers
-  from vmsandbox's store alone, so VM pods are not held up by it.
+- ``ImageStatus`` has no pod context: it answers present when either store holds the image (the
+  downstream's answer first), since the kubelet reads the image's user from it after the pull.
+- So the kubelet may skip the pull for a pod whose side lacks the image. ``CreateContainer`` makes
+  up for it (``ensure``): when the pod's side does not hold the image the container names, it is
+  pulled there first, by the repo digest (else the tag) the other store knows it by, with the
+  credentials the kubelet last gave for that repository; the container then starts on an image of
+  its own store. The cost: the first container of an image on the side that lacks it waits for
+  that pull inside ``CreateContainer``; an image both kinds of pods use is stored twice.
+  With the downstream unreachable ``ImageStatus`` answers from vmsandbox's store alone.
 - ``ListImages`` is one entry per image id (both stores name an image by its config digest): the
   downstream's entry, with vmsandbox's names added. ``RemoveImage`` removes from both stores;
   each store keeps what its containers still use as it does alone. ``ImageFsInfo`` lists both
@@ -18,6 +21,9 @@ The rule (README, "Sharing the node"):
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent import futures
 from typing import Any
@@ -31,6 +37,8 @@ from vmsandbox.errors import InvalidArgument
 from vmsandbox.routing import Side
 
 SERVICE = "/runtime.v1.ImageService/"
+AUTH_KEPT = 256  # repositories whose last credentials are kept for copies between the stores
+log = logging.getLogger(__name__)
 
 
 def _parse(cls: Any, data: bytes) -> Any:
@@ -73,6 +81,55 @@ class ImageRouter:
         self.side_of_pod = side_of_pod
         # a pull for both stores runs the downstream's beside vmsandbox's, within the caller's deadline
         self._beside = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="pull-downstream")
+        # repository -> the credentials of its last PullImage, for ``ensure``'s copies (memory only)
+        self._auth: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _remember_auth(self, request: pb.PullImageRequest) -> None:
+        if not request.HasField("auth"):
+            return
+        with self._lock:
+            key = routing.repository(request.image.image)
+            self._auth[key] = request.auth.SerializeToString()
+            self._auth.move_to_end(key)
+            while len(self._auth) > AUTH_KEPT:
+                self._auth.popitem(last=False)
+
+    def _status(self, side: Side, image: str, context: grpc.ServicerContext) -> pb.ImageStatusResponse:
+        data = pb.ImageStatusRequest(image=pb.ImageSpec(image=image)).SerializeToString()
+        if side == Side.LOCAL:
+            reply: pb.ImageStatusResponse = self._mine("ImageStatus", pb.ImageStatusRequest, data, context)
+            return reply
+        return pb.ImageStatusResponse.FromString(self._theirs("ImageStatus", data, context))
+
+    def ensure(self, side: Side, request: pb.CreateContainerRequest, context: grpc.ServicerContext) -> None:
+        """Before a container is created on ``side``: pull its image there when only the other store has it."""
+        image = request.config.image.image
+        if not image or self._status(side, image, context).HasField("image"):
+            return
+        other = Side.DOWNSTREAM if side == Side.LOCAL else Side.LOCAL
+        try:
+            there = self._status(other, image, context)
+        except DownstreamUnavailable:
+            return  # nothing to copy from: the create answers as the side alone would
+        source = (
+            routing.copy_source(there.image.repo_digests, there.image.repo_tags) if there.HasField("image") else None
+        )
+        if source is None:
+            return
+        pull = pb.PullImageRequest(image=pb.ImageSpec(image=source), sandbox_config=request.sandbox_config)
+        with self._lock:
+            auth = self._auth.get(routing.repository(source))
+        if auth is not None:
+            pull.auth.ParseFromString(auth)
+        log.info(
+            "image %s is in the %s store only: pulling %s for a container on %s", image, other.value, source, side.value
+        )
+        data = pull.SerializeToString()
+        if side == Side.LOCAL:
+            self._mine("PullImage", pb.PullImageRequest, data, context)
+        else:
+            self._theirs("PullImage", data, context)
 
     def handler(self, name: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
         fn: Callable[[bytes, grpc.ServicerContext], bytes] = getattr(self, f"_{name}")
@@ -86,6 +143,7 @@ class ImageRouter:
 
     def _PullImage(self, data: bytes, context: grpc.ServicerContext) -> bytes:
         request = _parse(pb.PullImageRequest, data)
+        self._remember_auth(request)
         side = self.side_of_pod(request.sandbox_config.metadata.uid) if request.HasField("sandbox_config") else None
         if side == Side.LOCAL:
             reply: bytes = self._mine("PullImage", pb.PullImageRequest, data, context).SerializeToString()
@@ -106,9 +164,10 @@ class ImageRouter:
         except DownstreamUnavailable:
             reply: bytes = mine.SerializeToString()
             return reply
-        if not mine.HasField("image"):
-            return pb.ImageStatusResponse().SerializeToString()  # absent here: the kubelet pulls, with its pod
-        return theirs  # absent there too, or present in both: the downstream's answer as it is
+        if mine.HasField("image") and not pb.ImageStatusResponse.FromString(theirs).HasField("image"):
+            mine_bytes: bytes = mine.SerializeToString()
+            return mine_bytes
+        return theirs  # present there, or in neither store: the downstream's answer as it is
 
     def _ListImages(self, data: bytes, context: grpc.ServicerContext) -> bytes:
         mine = self._mine("ListImages", pb.ListImagesRequest, data, context)

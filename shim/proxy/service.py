@@ -210,8 +210,11 @@ class Proxy:
         return answer
 
     def _by_sandbox(self, name: str, cls: Any, data: bytes, context: grpc.ServicerContext) -> bytes:
-        sandbox_id = _parse(cls, data).pod_sandbox_id
+        request = _parse(cls, data)
+        sandbox_id = request.pod_sandbox_id
         side = self.side_of_sandbox(sandbox_id) if sandbox_id else Side.LOCAL
+        if name == "CreateContainer" and side is not None:
+            self.images.ensure(side, request, context)  # its image in its own side's store
         if side != Side.DOWNSTREAM:  # an id neither side knows: vmsandbox answers as it always has
             reply: bytes = self.local(name, data, context).SerializeToString()
             return reply

@@ -130,12 +130,13 @@ def test_ordinary_and_vm_pods_side_by_side_talk_tcp_and_list_together(env: Env) 
     env.ids["plain"] = plain
     with env.ctd.runtime() as direct:
         assert [s.id for s in direct.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items] == [plain]
-    # its image goes to containerd's store only (PullImage names its pod); vmsandbox's store has none,
-    # so ImageStatus says absent (the kubelet would pull again, with the pod, before each container)
+    # its image goes to containerd's store only (PullImage names its pod); ImageStatus says present
+    # (the kubelet reads the image's user there), so the kubelet will not pull for the VM pod
     shim.images.PullImage(
         pb.PullImageRequest(image=pb.ImageSpec(image=image), sandbox_config=plain_config), timeout=120
     )
-    assert not shim.images.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=image)), timeout=30).image.id
+    present = shim.images.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=image)), timeout=30).image
+    assert present.id
 
     # a VM pod beside it
     vm_config = _sandbox_config("vm", tmp)
@@ -143,23 +144,22 @@ def test_ordinary_and_vm_pods_side_by_side_talk_tcp_and_list_together(env: Env) 
         pb.RunPodSandboxRequest(config=vm_config, runtime_handler="vmsandbox"), timeout=180
     ).pod_sandbox_id
     env.ids["vm"] = vm
-    shim.images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=image), sandbox_config=vm_config), timeout=120)
-    present = shim.images.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=image)), timeout=30).image
-    assert present.id  # now in both stores
-    listed = shim.images.ListImages(pb.ListImagesRequest(), timeout=30).images
-    assert [i.id for i in listed].count(present.id) == 1  # one entry per image over both stores
-
     vm_ip = shim.runtime.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=vm), timeout=30).status
     vm_ip_text = vm_ip.network.ip
     assert vm_ip_text.startswith("10.237.0.")
+    # the kubelet names the image by the id ImageStatus gave: vmsandbox's store lacks it, so the
+    # proxy pulls it there (by the digest containerd knows it by) before the container is created
     server = shim.runtime.CreateContainer(
         pb.CreateContainerRequest(
             pod_sandbox_id=vm,
-            config=_container(image, "echo from-the-vm | nc -l -p 8080"),
+            config=_container(present.id, "echo from-the-vm | nc -l -p 8080"),
             sandbox_config=vm_config,
         ),
         timeout=120,
     ).container_id
+    assert "is in the downstream store only" in shim.log_text()
+    listed = shim.images.ListImages(pb.ListImagesRequest(), timeout=30).images
+    assert [i.id for i in listed].count(present.id) == 1  # one entry per image over both stores
     env.ids["vm-container"] = server
     shim.runtime.StartContainer(pb.StartContainerRequest(container_id=server), timeout=60)
     client = shim.runtime.CreateContainer(

@@ -124,3 +124,33 @@ def test_concatenated_list_replies_are_the_union() -> None:
     mine = pb.ListContainersResponse(containers=[pb.Container(id=A)]).SerializeToString()
     merged = pb.ListContainersResponse.FromString(theirs + mine)
     assert [c.id for c in merged.containers] == [B, A]
+
+
+@pytest.mark.parametrize(
+    ("name", "repo"),
+    [
+        ("busybox", "busybox"),
+        ("docker.io/library/busybox:1.36", "docker.io/library/busybox"),
+        ("127.0.0.1:5000/a/b:1", "127.0.0.1:5000/a/b"),
+        ("127.0.0.1:5000/a/b", "127.0.0.1:5000/a/b"),
+        ("reg:5000/a/b@sha256:" + "0" * 64, "reg:5000/a/b"),
+        ("reg/a:tag@sha256:" + "0" * 64, "reg/a"),
+    ],
+)
+def test_repository_of_an_image_name(name: str, repo: str) -> None:
+    assert routing.repository(name) == repo
+
+
+@pytest.mark.parametrize(
+    ("digests", "tags", "source"),
+    [
+        (["r/a@sha256:1"], ["r/a:1"], "r/a@sha256:1"),  # the digest names exactly that manifest
+        ([], ["r/a:1", "r/a:2"], "r/a:1"),
+        ([], [], None),
+        ([""], [""], None),
+    ],
+)
+def test_an_image_is_copied_by_its_digest_before_its_tag(
+    digests: list[str], tags: list[str], source: str | None
+) -> None:
+    assert routing.copy_source(digests, tags) == source
