@@ -85,6 +85,15 @@ class Containerd:
     def down(self) -> None:
         subprocess.run(["bash", str(SCRIPT), "down", str(self.dir)], check=True, capture_output=True, timeout=60)
 
+    def running(self) -> bool:
+        """Whether its containerd runs (a zombie does not: whoever is pid 1 here may not reap it)."""
+        try:
+            pid = int((self.dir / "containerd.pid").read_text())
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError, IndexError):
+            return False
+        return state != "Z"
+
     def kill(self) -> None:
         """SIGKILL containerd alone (its shims and containers live on, as after a crash)."""
         pid = int((self.dir / "containerd.pid").read_text())
@@ -117,7 +126,7 @@ def containerd(tmp: Path, conf_dir: Path) -> Iterator[Containerd]:
         yield c
     finally:
         try:
-            if c.socket.exists():
+            if c.running():
                 c.remove_all()
         finally:
             c.down()

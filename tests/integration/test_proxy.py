@@ -79,7 +79,20 @@ def env() -> Iterator[Env]:
                 yield e
             finally:
                 try:
+                    if not ctd.running():
+                        ctd.up()  # a test that stopped it: the merged list needs it back
                     remove_all(e.shim)
+                except Exception:
+                    # the VM pod is the one that holds CPUs and hugepages: remove it by its id
+                    for key in ("vm",):
+                        if key in e.ids:
+                            e.shim.runtime.StopPodSandbox(
+                                pb.StopPodSandboxRequest(pod_sandbox_id=e.ids[key]), timeout=120
+                            )
+                            e.shim.runtime.RemovePodSandbox(
+                                pb.RemovePodSandboxRequest(pod_sandbox_id=e.ids[key]), timeout=120
+                            )
+                    raise
                 finally:
                     stop_shim(e.shim)
     finally:
