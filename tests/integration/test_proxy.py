@@ -352,3 +352,42 @@ def test_unknown_fields_pass_through_unchanged(tmp_path: Path) -> None:
     finally:
         stop_shim(shim)
         capture.server.stop(0)
+
+
+def test_downstream_absent_at_start_is_found_when_it_comes(tmp_path: Path) -> None:
+    """No VM is booted: the shim starts before its containerd, says so, and serves it once it is up."""
+    require_host()
+    if busybox_registry() is None:
+        pytest.skip("no local registry (docker-registry, skopeo, busybox-static)")
+    (tmp_path / "shim").mkdir()
+    (tmp_path / "net.d").mkdir()
+    ctd = Containerd(tmp_path / "containerd", tmp_path / "net.d", str(busybox_registry()))
+    shim = start_shim(tmp_path / "shim", extra_config={"downstream_endpoint": ctd.endpoint}, pull_busybox=False)
+    try:
+        down = _conditions(shim)["DownstreamRuntimeReady"]
+        assert not down.status and ctd.endpoint in down.message
+        host_pod = pod("host-net", containers=[])
+        host_pod.linux.security_context.namespace_options.network = pb.NODE
+        with pytest.raises(grpc.RpcError) as err:
+            shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=host_pod), timeout=30)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and ctd.endpoint in (err.value.details() or "")
+        assert "Downstream" not in shim.runtime.Version(pb.VersionRequest(), timeout=10).runtime_name
+        ctd.up()
+        try:
+            deadline = time.monotonic() + 20
+            while not _conditions(shim)["DownstreamRuntimeReady"].status:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            sid = shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=host_pod), timeout=120).pod_sandbox_id
+            with ctd.runtime() as direct:
+                assert [s.id for s in direct.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items] == [sid]
+            assert (
+                shim.runtime.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid), timeout=30).status.state
+                == pb.SANDBOX_READY
+            )
+        finally:
+            if ctd.running():
+                ctd.remove_all()
+            ctd.down()
+    finally:
+        stop_shim(shim)
