@@ -103,3 +103,27 @@ def test_an_absent_downstream_is_unavailable_at_once(tmp_path: Path) -> None:
         assert time.monotonic() - t0 < 2 and str(tmp_path / "nothing.sock") in str(err.value)
     finally:
         d.close()
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        ({"downstream_endpoint": "unix:///run/c/containerd.sock"}, None),
+        ({"downstream_endpoint": ""}, None),
+        ({"downstream_endpoint": "tcp://127.0.0.1:1"}, "downstream_endpoint: must be a unix socket"),
+        ({"downstream_endpoint": "/run/c.sock"}, "downstream_endpoint: must be a unix socket"),
+        ({"downstream_timeout_s": 2.5}, None),
+        ({"downstream_timeout_s": 0}, "downstream_timeout_s: must be a number of seconds"),
+        ({"downstream_timeout_s": True}, "downstream_timeout_s: must be a number of seconds"),
+    ],
+)
+def test_downstream_configuration(data: dict[str, object], error: str | None) -> None:
+    from shim.config import config_from_mapping
+    from vmsandbox.errors import InvalidArgument
+
+    if error is None:
+        config = config_from_mapping(data, "/etc/vmsandbox/config.yaml")
+        assert config.downstream_endpoint == data.get("downstream_endpoint", "")
+        return
+    with pytest.raises(InvalidArgument, match=error):
+        config_from_mapping(data, "/etc/vmsandbox/config.yaml")
