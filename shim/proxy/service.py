@@ -119,14 +119,14 @@ class Proxy:
         response = message_factory.GetMessageClass(method.output_type)
         return grpc.unary_stream_rpc_method_handler(
             getattr(servicer or self.runtime, method.name),
-            request_deserializer=status._lenient(request),
+            request_deserializer=status.lenient(request),
             response_serializer=response.SerializeToString,
         )
 
     def local(self, name: str, data: bytes, context: grpc.ServicerContext) -> Any:
         """The local servicer's reply message (it aborts the call by itself on an error)."""
         method = self._service.methods_by_name[name]
-        request = status._lenient(message_factory.GetMessageClass(method.input_type))(data)
+        request = status.lenient(message_factory.GetMessageClass(method.input_type))(data)
         return getattr(self.runtime, name)(request, context)
 
     def forward(self, name: str, data: bytes, context: grpc.ServicerContext, cap_s: float | None = None) -> bytes:
