@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A one-node Kubernetes cluster whose only container runtime is vmsandbox, for node admins and CI:
+# A one-node Kubernetes cluster on vmsandbox, for node admins and CI:
 #
 #   scripts/cluster.sh up KUBE_BIN_DIR   # etcd, kube-apiserver, controller-manager, scheduler, a local
-#                                        # registry, a vmsandbox shim and a kubelet; waits for node Ready
+#                                        # registry, containerd, a vmsandbox shim in front of it and a
+#                                        # kubelet; waits for node Ready
 #   scripts/cluster.sh down              # stops all of it by pid and removes what `up` made
 #
 # KUBE_BIN_DIR (or $KUBE_BIN) holds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
@@ -13,6 +14,11 @@
 # binds that keep the host clean (the kubelet's /var/lib/kubelet, /var/log/pods, /var/log/containers,
 # and throwaway files over the sysctls the kubelet writes) stay in there. Run scripts/setup-host.sh
 # first (`make cluster` does). No systemd is involved.
+#
+# The kubelet talks to vmsandbox only. Pods with a vmsandbox RuntimeClass get a VM; every other pod
+# (host-network ones included) goes to the cluster's own containerd (scripts/containerd.sh, runc),
+# which runs in the same mount namespace and on the same CNI bridge. CLUSTER_DOWNSTREAM=none leaves
+# containerd out: vmsandbox is then the only runtime and every pod is a VM.
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SELF=$REPO_ROOT/scripts/cluster.sh
@@ -41,6 +47,7 @@ POD_SUBNET=${CLUSTER_POD_SUBNET:-10.236.0.0/24}
 # `vmsandbox-medium` handlers are shared); default: every online CPU but the first
 SHARED_CPUS=${CLUSTER_SHARED_CPUS:-}
 READY_TIMEOUT_S=${CLUSTER_READY_TIMEOUT_S:-240}
+DOWNSTREAM=${CLUSTER_DOWNSTREAM:-containerd} # or none
 
 PKI=$CLUSTER_DIR/pki
 RUN=$CLUSTER_DIR/run     # pid files, and what `up` changed on the host (for `down`)
@@ -48,6 +55,7 @@ LOGS=$CLUSTER_DIR/logs
 NODE=$CLUSTER_DIR/node   # the kubelet's directories, bound over the host's inside its namespace
 SHIM=$CLUSTER_DIR/shim
 SOCKET=$SHIM/cri.sock
+CONTAINERD=$CLUSTER_DIR/containerd # containerd's config, root, state and socket (scripts/containerd.sh)
 ADMIN_KUBECONFIG=$CLUSTER_DIR/admin.kubeconfig
 # the host paths the kubelet uses whatever its flags say, bound to directories of ours in its namespace
 NODE_BINDS=("/var/lib/kubelet:$NODE/kubelet" "/var/log/pods:$NODE/pod-logs" "/var/log/containers:$NODE/container-logs")
@@ -111,9 +119,12 @@ install_packages() {
     local need=()
     command -v etcd >/dev/null || need+=(etcd-server)
     command -v openssl >/dev/null || need+=(openssl)
-    for tool in unshare ss iptables docker-registry; do
+    local tools=(unshare ss iptables docker-registry)
+    [[ $DOWNSTREAM == none ]] || tools+=(containerd runc buildah)
+    for tool in "${tools[@]}"; do
         command -v "$tool" >/dev/null || die "$tool not found: run scripts/setup-host.sh first"
     done
+    [[ $DOWNSTREAM == containerd || $DOWNSTREAM == none ]] || die "CLUSTER_DOWNSTREAM: containerd or none, got $DOWNSTREAM"
     [[ -x $PY ]] || die "no venv at ${PY%/bin/python}: run scripts/setup-host.sh first"
     ((${#need[@]})) || return 0
     log "installing ${need[*]} from Debian"
@@ -212,6 +223,7 @@ pod_network: cni
 cni_conf_dir: $CLUSTER_DIR/net.d
 cni_bin_dirs: [/usr/lib/cni]
 netns_dir: $CLUSTER_DIR/netns
+$([[ $DOWNSTREAM == containerd ]] && echo "downstream_endpoint: unix://$CONTAINERD/containerd.sock")
 registries:
   # the cluster's registry (127.0.0.1:$REGISTRY_PORT) mirrors docker.io: push busybox there and
   # \`image: busybox\` pulls it offline; images may also name 127.0.0.1:$REGISTRY_PORT/... directly
@@ -262,6 +274,23 @@ start_shim() {
         die "the shim did not listen on $SOCKET within 60 s (see $LOGS/shim.log)"
 }
 
+# A sandbox image for containerd, offline: busybox-static sleeping (what a pause container does),
+# built by buildah with storage of its own under $CLUSTER_DIR (vfs: nothing mounted).
+push_pause_image() {
+    local b=(buildah --root "$CLUSTER_DIR/buildah/storage" --runroot "$CLUSTER_DIR/buildah/run" --storage-driver vfs)
+    local ctx=$CLUSTER_DIR/buildah/ctx container
+    mkdir -p "$ctx/bin"
+    cp /bin/busybox "$ctx/bin/busybox"
+    ln -sf busybox "$ctx/bin/sleep"
+    container=$("${b[@]}" from scratch)
+    "${b[@]}" copy "$container" "$ctx" /
+    "${b[@]}" config --cmd '["/bin/sleep", "2147483647"]' "$container"
+    "${b[@]}" commit --quiet --format docker "$container" vmsandbox-pause
+    "${b[@]}" rm "$container"
+    "${b[@]}" push --quiet --tls-verify=false --format v2s2 vmsandbox-pause \
+        "docker://127.0.0.1:$REGISTRY_PORT/vmsandbox/pause:1"
+}
+
 # ---- the node: the shim and the kubelet in one private mount namespace ----------------------------------
 # Runs inside `unshare -m` (called by `up` as "$SELF _node"): binds, then both daemons, then returns.
 node_namespace() {
@@ -273,6 +302,12 @@ node_namespace() {
         cat "/proc/sys/$s" >"$f"
         mount --bind "$f" "/proc/sys/$s"
     done
+    if [[ $DOWNSTREAM == containerd ]]; then
+        # its sandbox image comes from the cluster's registry, which also stands in for docker.io
+        bash "$REPO_ROOT/scripts/containerd.sh" up "$CONTAINERD" "127.0.0.1:$REGISTRY_PORT/vmsandbox/pause:1" \
+            "$CLUSTER_DIR/net.d" "127.0.0.1:$REGISTRY_PORT" >>"$LOGS/containerd-up.log" 2>&1 ||
+            die "containerd did not start (see $LOGS/containerd-up.log, $CONTAINERD/containerd.log)"
+    fi
     start_shim
     start kubelet kubelet "$LOGS/kubelet.log" \
         "$KUBE_BIN/kubelet" --config="$NODE/kubelet-config.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" \
@@ -369,6 +404,11 @@ up() {
     log "registry on 127.0.0.1:$REGISTRY_PORT (docker.io mirror for the shim)"
     start registry docker-registry "$LOGS/registry.log" docker-registry serve "$CLUSTER_DIR/registry/config.yml"
     wait_for 30 etcd curl -sf "http://127.0.0.1:$ETCD_PORT/health" || die "etcd did not answer (see $LOGS/etcd.log)"
+    if [[ $DOWNSTREAM == containerd ]]; then
+        wait_for 30 registry curl -sf "http://127.0.0.1:$REGISTRY_PORT/v2/" || die "the registry did not answer"
+        log "containerd's sandbox image: 127.0.0.1:$REGISTRY_PORT/vmsandbox/pause:1 (busybox sleeping, buildah)"
+        push_pause_image >>"$LOGS/pause-image.log" 2>&1 || die "could not build the pause image (see $LOGS/pause-image.log)"
+    fi
 
     log "kube-apiserver on $NODE_IP:$APISERVER_PORT"
     start apiserver kube-apiserver "$LOGS/kube-apiserver.log" "$KUBE_BIN/kube-apiserver" \
@@ -401,8 +441,8 @@ up() {
         --authorization-kubeconfig="$PKI/scheduler.kubeconfig" \
         --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --leader-elect=false --profiling=false
 
-    log "vmsandbox shim and kubelet (node $NODE_NAME) in a private mount namespace"
-    export CLUSTER_DIR KUBE_BIN NODE_NAME NODE_IP PY
+    log "${DOWNSTREAM/none/no downstream}, vmsandbox shim and kubelet (node $NODE_NAME) in a private mount namespace"
+    export CLUSTER_DIR KUBE_BIN NODE_NAME NODE_IP PY DOWNSTREAM REGISTRY_PORT
     unshare -m --propagation private -- "$SELF" _node
     wait_for "$READY_TIMEOUT_S" "node Ready" node_ready ||
         die "node $NODE_NAME was not Ready within ${READY_TIMEOUT_S} s (see $LOGS/kubelet.log, $LOGS/shim.log)"
@@ -508,6 +548,10 @@ down() {
         remove_sandboxes || warn "could not remove every sandbox through the shim (see $LOGS/shim.log)"
     fi
     stop_named shim 60
+    if [[ -f $CONTAINERD/containerd.pid ]]; then
+        log "stopping containerd"
+        bash "$REPO_ROOT/scripts/containerd.sh" down "$CONTAINERD" || warn "containerd did not stop cleanly"
+    fi
     stop_named scheduler 20
     stop_named controller-manager 20
     stop_named apiserver 30

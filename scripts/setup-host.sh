@@ -40,6 +40,7 @@ APT_PACKAGES=(
     busybox-static xz-utils cpio kmod golang-go tini
     skopeo umoci docker-registry apache2-utils buildah
     containernetworking-plugins iproute2 iptables util-linux
+    containerd runc
 )
 
 T_START=$(now_ms)

@@ -85,6 +85,9 @@ class ShimConfig:
     streaming_max_streams: int = 64  # live streaming connections, all pods together
     streaming_max_streams_per_pod: int = 16
     nri: NriConfig = field(default_factory=NriConfig)  # host NRI plugins (vmsandbox.nri); off by default
+    # a CRI runtime for every handler that is not a profile's (unix:///path); empty: every pod is a VM
+    downstream_endpoint: str = ""
+    downstream_timeout_s: float = 60.0  # the longest a forwarded call may take when its caller set no deadline
     extra: dict[str, Any] = field(default_factory=dict)
 
     def memory_reserved_on(self, node: int) -> int:
@@ -138,6 +141,8 @@ _KEYS = {
     "streaming_max_streams",
     "streaming_max_streams_per_pod",
     "nri",
+    "downstream_endpoint",
+    "downstream_timeout_s",
 }
 
 _STREAMING_LIMITS = {
@@ -273,6 +278,16 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         kwargs["packing"] = data["packing"]
     if data.get("memory_reserved") is not None:
         kwargs["memory_reserved"] = _memory_reserved(data["memory_reserved"], source)
+    if "downstream_endpoint" in data:
+        endpoint = data["downstream_endpoint"]
+        if not isinstance(endpoint, str) or (endpoint and not endpoint.startswith("unix:///")):
+            raise InvalidArgument(f"{source}: downstream_endpoint: must be a unix socket, unix:///path, or empty")
+        kwargs["downstream_endpoint"] = endpoint
+    if "downstream_timeout_s" in data:
+        value = data["downstream_timeout_s"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+            raise InvalidArgument(f"{source}: downstream_timeout_s: must be a number of seconds from 0 to 3600")
+        kwargs["downstream_timeout_s"] = float(value)
     if "profile_files" in data:
         files = data["profile_files"]
         if not isinstance(files, list) or not all(isinstance(f, str) for f in files):

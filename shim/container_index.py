@@ -41,6 +41,13 @@ class ContainerIndex:
             found = [c for c in self._by_id.values() if sandbox_id is None or c.sandbox_id == sandbox_id]
         return sorted(found, key=lambda c: (c.created_ns, c.id))
 
+    def ids_with_prefix(self, prefix: str) -> list[str]:
+        """Every container id starting with ``prefix`` (an exact id: at most itself)."""
+        with self._lock:
+            if len(prefix) == _ID_LENGTH:
+                return [prefix] if prefix in self._by_id else []
+            return [cid for cid in self._by_id if cid.startswith(prefix)]
+
     def get(self, container_id: str) -> ContainerRecord | None:
         """The record of a full id, or None."""
         with self._lock:

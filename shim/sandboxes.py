@@ -572,6 +572,16 @@ class Sandboxes:
         except NotFound:
             return None
 
+    def ids_with_prefix(self, prefix: str) -> list[str]:
+        """Every sandbox id starting with ``prefix``, sandboxes still being created included (an id
+        the caller may not know yet is still ours)."""
+        if validation.is_id(prefix):
+            return [prefix] if self.ledger.get_sandbox(prefix) is not None else []
+        return [sid for sid, *_ in self.ledger.sandboxes() if sid.startswith(prefix)]
+
+    def container_ids_with_prefix(self, prefix: str) -> list[str]:
+        return self._index.ids_with_prefix(prefix)
+
     def list_sandboxes(self) -> list[SandboxRecord]:
         return sorted(
             (r for r in list(self._records.values()) if r.state != STATE_CREATING), key=lambda r: (r.created_ns, r.id)

@@ -31,6 +31,9 @@ from shim.model import SANDBOX_READY
 from shim.nri.hooks import NriHooks
 from shim.nri.host import NriHost
 from shim.periodic import Periodic
+from shim.proxy.downstream import Downstream, DownstreamUnavailable
+from shim.proxy.ids import DownstreamIds
+from shim.proxy.service import Proxy
 from shim.runtime_service import RUNTIME_NAME, RuntimeServicer
 from shim.sandboxes import Sandboxes
 from shim.streaming.backends import ShimBackends
@@ -60,6 +63,7 @@ class Running:
     housekeeping: Periodic | None = None
     streaming: StreamingServer | None = None
     nri: NriHost | None = None
+    downstream: Downstream | None = None
 
     def stop(self, grace: float = 5.0) -> None:
         if self.health is not None:
@@ -69,6 +73,8 @@ class Running:
             self.nri.close()
         if self.streaming is not None:
             self.streaming.stop()
+        if self.downstream is not None:
+            self.downstream.close()
         if self.housekeeping is not None:
             self.housekeeping.stop()
         self.sandboxes.snapshots.stop()  # a snapshot being made would hold its pages until the next start
@@ -186,12 +192,13 @@ def start(config: ShimConfig) -> Running:
         hooks.host = NriHost(config.nri, RUNTIME_NAME, __version__, hooks.snapshot, hooks.apply_updates)
         hooks.host.start()
     runtime = RuntimeServicer(sandboxes, containers, streaming, hooks)
-    status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
-    status.add_servicer(
-        server,
-        pb.DESCRIPTOR.services_by_name["ImageService"],
-        ImageServicer(images, config.state_dir, containers.writable_usage),
-    )
+    image_servicer = ImageServicer(images, config.state_dir, containers.writable_usage)
+    downstream = None
+    if config.downstream_endpoint:
+        downstream = _proxy(config, server, runtime, image_servicer, sandboxes, frozenset(profiles))
+    else:
+        status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
+        status.add_servicer(server, pb.DESCRIPTOR.services_by_name["ImageService"], image_servicer)
     health = Health(server)  # grpc.health.v1.Health on the CRI socket
     stop_metrics = None
     if config.metrics_address:
@@ -231,7 +238,34 @@ def start(config: ShimConfig) -> Running:
         housekeeping=housekeeping,
         streaming=streaming,
         nri=hooks.host,
+        downstream=downstream,
     )
+
+
+def _proxy(
+    config: ShimConfig,
+    server: grpc.Server,
+    runtime: RuntimeServicer,
+    images: ImageServicer,
+    sandboxes: Sandboxes,
+    handlers: frozenset[str],
+) -> Downstream:
+    """Route every handler that is not a profile's to the downstream runtime (``shim/proxy``)."""
+    downstream = Downstream(config.downstream_endpoint, config.downstream_timeout_s, max(1, config.workers // 2))
+    ids = DownstreamIds(downstream)
+    try:
+        listed = ids.relist()
+        log.info(
+            "downstream %s: %d sandboxes, %d containers",
+            config.downstream_endpoint,
+            len(listed.sandboxes),
+            len(listed.containers),
+        )
+    except DownstreamUnavailable as exc:  # found again by the first call that needs it
+        log.warning("%s; its pods are listed again when it answers", exc)
+    proxy = Proxy(runtime, images, sandboxes, downstream, ids, handlers)
+    server.add_generic_rpc_handlers(proxy.generic_handlers())
+    return downstream
 
 
 def serve(config: ShimConfig) -> None:

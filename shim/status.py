@@ -80,7 +80,7 @@ class Undecodable:
         return f"the request is not a valid {self.type_name}: {self.error}"
 
 
-def _lenient(cls: Any) -> Callable[[bytes], Any]:
+def lenient(cls: Any) -> Callable[[bytes], Any]:
     def decode(data: bytes) -> Any:
         try:
             return cls.FromString(data)
@@ -99,7 +99,7 @@ def add_servicer(server: grpc.Server, service: _descriptor.ServiceDescriptor, se
         make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
         handlers[method.name] = make(
             getattr(servicer, method.name),
-            request_deserializer=_lenient(request),
+            request_deserializer=lenient(request),
             response_serializer=response.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

@@ -119,14 +119,17 @@ def push_all(registry: str, work: Path) -> list[str]:
     binary = build_lookalike(work)
     tools = [file("bin/lookalike", binary, 0o755), *(symlink(t, "lookalike") for t in TOOLS)]
     # applets as hard links, as in the upstream busybox image: a masked path (MaskedPaths: /bin/ls)
-    # must hide that applet only, not the busybox binary a symlink would resolve to
-    applet_links = [hardlink(f"bin/{a}", "bin/busybox") for a in applets() if a != "busybox"]
+    # must hide that applet only, not the busybox binary a symlink would resolve to; each header
+    # carries busybox's mode, as tar writes it (containerd applies a hard link's mode to the file)
+    applet_links = [hardlink(f"bin/{a}", "bin/busybox", 0o755) for a in applets() if a != "busybox"]
     base = layout.layer(busybox_entries(()) + applet_links + tools)
     users = layout.layer([file("etc/passwd", PASSWD), file("etc/group", GROUP)])
     pushed = []
     for repo, (tags, user, salt) in IMAGES.items():
         layers = [base, users, layout.layer([file("etc/image-name", f"{repo}\n".encode())])]
         cmd: tuple[str, ...] = ("/bin/sh",)
+        if repo == "pause":  # a sandbox image runs for the pod's life (containerd's sandbox_image)
+            cmd = ("/bin/sleep", "2147483647")
         if repo in PROGRAMS:
             path, mode, cmd = PROGRAMS[repo]
             layers.append(layout.layer(program_entries(path, mode, binary)))

@@ -81,9 +81,10 @@ def symlink(name: str, target: str) -> Entry:
     return Entry(info)
 
 
-def hardlink(name: str, target: str) -> Entry:
+def hardlink(name: str, target: str, mode: int = 0o644) -> Entry:
+    """A hard link; ``mode`` is what the header says (tar writes the linked file's; containerd applies it)."""
     info = tarfile.TarInfo(name)
-    info.type, info.linkname, info.mode = tarfile.LNKTYPE, target, 0o644
+    info.type, info.linkname, info.mode = tarfile.LNKTYPE, target, mode
     return Entry(info)
 
 

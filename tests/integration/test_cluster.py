@@ -1,8 +1,10 @@
 """A one-node Kubernetes cluster on vmsandbox (``scripts/cluster.sh``): a real API server, scheduler,
-controller-manager and kubelet, the shim the kubelet's only runtime. A Deployment whose image is a
-Docker schema 2 image (built by Debian's buildah, pushed to the cluster's registry) must run in a VM
-sized from its resources, show its output through ``kubectl logs``, and leave nothing behind when
-deleted; ``down`` must stop and remove everything ``up`` made.
+controller-manager and kubelet, the shim the kubelet's only endpoint, with the cluster's containerd
+behind it for pods without a vmsandbox RuntimeClass. A Deployment whose image is a Docker schema 2
+image (built by Debian's buildah, pushed to the cluster's registry) must run in a VM sized from its
+resources, show its output through ``kubectl logs``, and leave nothing behind when deleted; a
+host-network pod and an ordinary pod must run under runc beside a VM pod, the ordinary pod talking
+TCP to the VM pod; ``down`` must stop and remove everything ``up`` made.
 
 The Kubernetes binaries (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl)
 come from the directory $KUBE_BIN; the test skips without it. It takes the script's ports and bridge
@@ -282,10 +284,93 @@ def test_delete_leaves_nothing_behind(cluster: Cluster) -> None:
     assert _pod(cluster) is None
 
 
+def _bare_pod(name: str, command: str, **spec: Any) -> dict[str, Any]:
+    resources = {"cpu": "500m", "memory": "64Mi"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": "side-by-side"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "docker.io/vmsandbox-test/hello:1",
+                    "command": ["/bin/busybox", "sh", "-c", command],
+                    "resources": {"requests": resources, "limits": resources},
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def _running(cluster: Cluster, name: str, deadline: float) -> dict[str, Any]:
+    while True:
+        pod: dict[str, Any] = json.loads(cluster.kubectl("get", "pod", name, "-o", "json").stdout)
+        if pod["status"].get("phase") == "Running":
+            return pod
+        assert time.monotonic() < deadline, f"{name} not Running: {json.dumps(pod['status'])}\n{cluster.logs_tail()}"
+        time.sleep(0.5)
+
+
+def test_ordinary_and_host_network_pods_run_under_runc_beside_a_vm_pod(cluster: Cluster, tmp_path: Path) -> None:
+    if not (cluster.dir / "containerd" / "containerd.sock").exists():
+        pytest.skip("the cluster runs without containerd (CLUSTER_DOWNSTREAM=none)")
+    _image(tmp_path)  # pushed again: the Deployment's test may not have run
+    t0 = time.monotonic()
+    server = _bare_pod(
+        "vm-server",
+        "echo serving; echo from-the-vm | /bin/busybox nc -l -p 8080; exec /bin/busybox sleep 3600",
+        runtimeClassName="vmsandbox",
+    )
+    host = _bare_pod("host-net", "echo on the host network; exec /bin/busybox sleep 3600", hostNetwork=True)
+    manifest = tmp_path / "pods.yaml"
+    manifest.write_text(yaml.safe_dump_all([server, host]))
+    cluster.kubectl("apply", "-f", str(manifest))
+    vm_pod = _running(cluster, "vm-server", t0 + 300)
+    vm_ip = vm_pod["status"]["podIP"]
+    client = _bare_pod(
+        "plain-client",
+        f"for i in $(/bin/busybox seq 90); do /bin/busybox nc {vm_ip} 8080 && break; /bin/busybox sleep 1; done; "
+        "exec /bin/busybox sleep 3600",
+    )
+    manifest.write_text(yaml.safe_dump(client))
+    cluster.kubectl("apply", "-f", str(manifest))
+    for name in ("host-net", "plain-client"):
+        _running(cluster, name, t0 + 300)
+    cluster.figures["three pods Running"] = time.monotonic() - t0
+
+    # each pod's sandbox, with its runtime handler, in the one list the kubelet sees
+    handlers = {s.metadata.name: s.runtime_handler for s in cluster.sandboxes() if s.state == pb.SANDBOX_READY}
+    assert handlers.get("vm-server") == "vmsandbox", handlers
+    assert handlers.get("plain-client") == "" and handlers.get("host-net") == "", handlers
+    vms = {v.record["meta"]["name"] for v in read_sandboxes(cluster.state_dir)}
+    assert "vm-server" in vms and not {"plain-client", "host-net"} & vms  # only the VM pod is vmsandbox's
+
+    # kubectl logs for all three; the ordinary pod got the VM pod's answer over TCP
+    expect = {"plain-client": "from-the-vm", "host-net": "on the host network", "vm-server": "serving"}
+    deadline = time.monotonic() + 120
+    for name, text in expect.items():
+        while text not in (logs := cluster.kubectl("logs", name, check=False).stdout):
+            assert time.monotonic() < deadline, f"{name}: {logs!r}\n{cluster.logs_tail()}"
+            time.sleep(1)
+
+    cluster.kubectl("delete", "pod", "-l", "app=side-by-side", "--wait=true", timeout=180)
+    deadline = time.monotonic() + 180
+    while any(s.metadata.name in expect for s in cluster.sandboxes()):
+        assert time.monotonic() < deadline, [s.metadata.name for s in cluster.sandboxes()]
+        time.sleep(1)
+    assert shim_domains(cluster.state_dir) == []
+
+
 def test_down_removes_everything_up_made(cluster: Cluster) -> None:
     run = cluster.dir / "run"
     pids = {p.stem: (int(p.read_text()), (run / f"{p.stem}.exe").read_text().strip()) for p in run.glob("*.pid")}
     assert set(pids) == {"etcd", "registry", "apiserver", "controller-manager", "scheduler", "shim", "kubelet"}
+    containerd_pid = cluster.dir / "containerd" / "containerd.pid"
+    if containerd_pid.exists():
+        pids["containerd"] = (int(containerd_pid.read_text()), "containerd")
     shutil.copytree(cluster.dir / "logs", cluster.dir.parent / "logs", dirs_exist_ok=True)
     # `up` recorded ip_forward before its bridge turned it on (other users of the host may have
     # changed it since the test started: compare with what up saw)

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# A containerd of our own beside vmsandbox, the downstream runtime of ordinary pods (no systemd).
+#
+#   scripts/containerd.sh up DIR [SANDBOX_IMAGE [CNI_CONF_DIR [REGISTRY]]]
+#   scripts/containerd.sh down DIR
+#
+# `up` writes DIR/config.toml and starts Debian's containerd (with runc) with its own root, state
+# and socket, DIR/containerd.sock, and waits for the CRI plugin to answer. Its CRI plugin takes
+# CNI plugins from /usr/lib/cni (Debian's containernetworking-plugins, the same ones vmsandbox
+# uses) and its configuration from CNI_CONF_DIR (default DIR/net.d): give it vmsandbox's
+# cni_conf_dir and both runtimes attach pods to the same bridge and share its host-local IPAM
+# store, so an ordinary pod and a VM pod reach each other. SANDBOX_IMAGE (default
+# registry.k8s.io/pause:3.6) must be pullable offline: point it at a local registry. REGISTRY
+# (host:port) is reached over plain HTTP and stands in for docker.io, registry.k8s.io, k8s.gcr.io
+# and gcr.io (what tests/critest_images.py serves). `down` stops that
+# containerd (by its pid file, checking it is still containerd), the shims and containers it
+# started, and unmounts what it mounted under DIR; DIR itself is left for its owner to delete.
+set -euo pipefail
+
+die() { echo "containerd.sh: $*" >&2; exit 1; }
+cmd=${1:-}
+dir=${2:-}
+[[ -n $cmd && -n $dir ]] || die "usage: $0 up DIR [SANDBOX_IMAGE [CNI_CONF_DIR [REGISTRY]]] | down DIR"
+dir=$(realpath -m "$dir")
+
+# alive PID: running and not a zombie (whoever is pid 1 here may not reap orphans)
+alive() { [[ -r /proc/$1/stat ]] && [[ $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
+
+up() {
+    local image=${1:-registry.k8s.io/pause:3.6} conf=${2:-$dir/net.d} registry=${3:-}
+    command -v containerd >/dev/null && command -v runc >/dev/null \
+        || die "containerd and runc are not installed (scripts/setup-host.sh installs them)"
+    mkdir -p "$dir/root" "$dir/state" "$conf"
+    if [[ -f $dir/containerd.pid ]] && alive "$(cat "$dir/containerd.pid")"; then
+        die "a containerd already runs for $dir (pid $(cat "$dir/containerd.pid"))"
+    fi
+    local mirrors="" upstream
+    if [[ -n $registry ]]; then
+        for upstream in "$registry" docker.io registry.k8s.io k8s.gcr.io gcr.io; do
+            mirrors+="
+[plugins.\"io.containerd.grpc.v1.cri\".registry.mirrors.\"$upstream\"]
+  endpoint = [\"http://$registry\"]"
+        done
+    fi
+    cat > "$dir/config.toml" <<TOML
+version = 2
+root = "$dir/root"
+state = "$dir/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "$dir/containerd.sock"
+[ttrpc]
+  address = "$dir/containerd.sock.ttrpc"
+[debug]
+  address = "$dir/debug.sock"
+  level = "info"
+[metrics]
+  address = ""
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$image"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  restrict_oom_score_adj = true
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  SystemdCgroup = false
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "/usr/lib/cni"
+  conf_dir = "$conf"
+  max_conf_num = 1$mirrors
+TOML
+    rm -f "$dir/containerd.sock"
+    local booted; booted=$(grep -c "containerd successfully booted" "$dir/containerd.log" 2>/dev/null || true)
+    setsid containerd --config "$dir/config.toml" >>"$dir/containerd.log" 2>&1 < /dev/null &
+    echo $! > "$dir/containerd.pid"
+    for _ in $(seq 100); do
+        if [[ -S $dir/containerd.sock ]] && (($(grep -c "containerd successfully booted" "$dir/containerd.log") > ${booted:-0})); then
+            echo "containerd $(containerd --version | awk '{print $3}') on unix://$dir/containerd.sock (pid $(cat "$dir/containerd.pid"))"
+            return 0
+        fi
+        alive "$(cat "$dir/containerd.pid")" || { tail -n 20 "$dir/containerd.log" >&2; die "containerd exited"; }
+        sleep 0.1
+    done
+    tail -n 20 "$dir/containerd.log" >&2
+    die "containerd did not listen on $dir/containerd.sock within 10 s"
+}
+
+down() {
+    local pidfile=$dir/containerd.pid
+    if [[ -f $pidfile ]]; then
+        local pid; pid=$(cat "$pidfile")
+        if [[ $(cat "/proc/$pid/comm" 2>/dev/null) == containerd ]]; then
+            kill "$pid"
+            for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
+            if alive "$pid"; then kill -9 "$pid"; fi
+        fi
+        rm -f "$pidfile"
+    fi
+    # the shims (and the containers under them) this containerd started outlive it: those whose
+    # command line names this directory's socket are ours
+    local p
+    for p in $(pgrep -f "containerd-shim-runc-v2 .*-address $dir/containerd.sock" || true); do
+        [[ $(cat "/proc/$p/comm" 2>/dev/null) == containerd-shim* ]] || continue
+        pkill -KILL -P "$p" 2>/dev/null || true
+        kill -KILL "$p" 2>/dev/null || true
+    done
+    # mounts left under DIR (rootfs overlays, shm, netns), deepest first
+    awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r | while read -r m; do
+        umount -l "$m" 2>/dev/null || true
+    done
+}
+
+case $cmd in
+    up) shift 2; up "$@" ;;
+    down) down ;;
+    *) die "unknown command $cmd (up or down)" ;;
+esac

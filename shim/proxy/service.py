@@ -1,0 +1,306 @@
+"""The gRPC handlers of the CRI proxy: each call to vmsandbox's local servicers or to the downstream.
+
+Requests arrive as bytes (generic handlers without a deserializer). Only what routing needs is
+parsed (``vmsandbox.routing.METHODS`` says what); a call for the downstream is sent on as the
+bytes that came in, and its reply returned as the bytes that came back. Calls for vmsandbox are
+decoded and served by its own servicers as without a downstream. List replies are merged by
+concatenating the two sides' serialised replies, which protobuf defines as appending their
+repeated fields: each side has already applied the filter, and nothing of the downstream's reply
+is re-encoded. ``Status`` and the image calls are merged message by message (python protobuf keeps
+fields it does not know when it re-serialises).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+
+from shim import status
+from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.proxy.downstream import Downstream, DownstreamUnavailable, Forwarded
+from shim.proxy.ids import DownstreamIds
+from shim.proxy.images import ImageRouter
+from shim.sandboxes import Sandboxes
+from vmsandbox import routing, validation
+from vmsandbox.errors import InvalidArgument, VmSandboxError
+from vmsandbox.routing import Kind, Side
+
+log = logging.getLogger(__name__)
+
+RUNTIME = "runtime.v1.RuntimeService"
+IMAGES = "runtime.v1.ImageService"
+STATUS_CAP_S = 5.0  # Status is what the kubelet polls for node readiness: a hung downstream costs it this at most
+
+
+def _abort_for(context: grpc.ServicerContext, exc: BaseException) -> None:
+    if isinstance(exc, Forwarded):
+        context.abort(exc.code, exc.details)
+    code = status.code_for(exc)
+    context.abort(code, validation.bound(str(exc) or type(exc).__name__))
+
+
+def guarded(name: str, fn: Callable[[bytes, grpc.ServicerContext], bytes]) -> Callable[[bytes, Any], bytes]:
+    """Errors of the proxy itself to their gRPC codes (a local servicer aborts by itself)."""
+
+    def handler(request: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            return fn(request, context)
+        except (VmSandboxError, Forwarded) as exc:
+            log.info("%s -> %s", name, exc)
+            _abort_for(context, exc)
+            raise  # abort raises; for the type checker
+        except Exception as exc:
+            if getattr(context, "code", lambda: None)() is not None:
+                raise  # a local servicer's abort (context.abort raises a bare Exception) on its way out
+            log.exception("%s failed", name)
+            context.abort(grpc.StatusCode.INTERNAL, validation.bound(f"{name}: internal error: {exc}"))
+            raise
+
+    return handler
+
+
+def _parse(cls: Any, data: bytes) -> Any:
+    try:
+        return cls.FromString(data)
+    except Exception as exc:  # DecodeError, UnicodeDecodeError: bad client bytes
+        raise InvalidArgument(f"the request is not a valid {cls.DESCRIPTOR.full_name}: {exc}") from None
+
+
+class Proxy:
+    """Routes RuntimeService and ImageService between the local servicers and the downstream."""
+
+    def __init__(
+        self,
+        runtime: Any,
+        images: Any,
+        sandboxes: Sandboxes,
+        downstream: Downstream,
+        ids: DownstreamIds,
+        local_handlers: Iterable[str],
+    ) -> None:
+        self.runtime = runtime
+        self.sandboxes = sandboxes
+        self.downstream = downstream
+        self.ids = ids
+        self.local_handlers = frozenset(local_handlers)
+        self.images = ImageRouter(images, downstream, self.side_of_pod)
+        self._service = pb.DESCRIPTOR.services_by_name["RuntimeService"]
+
+    # -- registration ---------------------------------------------------------------------------
+    def generic_handlers(self) -> list[Any]:
+        runtime: dict[str, Any] = {}
+        for method in self._service.methods:
+            kind = routing.METHODS.get(method.name, Kind.LOCAL)
+            if method.server_streaming:
+                runtime[method.name] = self._local_stream(method)
+                continue
+            fn = self._route(method, kind)
+            runtime[method.name] = grpc.unary_unary_rpc_method_handler(guarded(method.name, fn))
+        images: dict[str, Any] = {}
+        for method in pb.DESCRIPTOR.services_by_name["ImageService"].methods:
+            if method.server_streaming:
+                images[method.name] = self._local_stream(method, self.images.local)
+                continue
+            images[method.name] = grpc.unary_unary_rpc_method_handler(
+                guarded(method.name, self.images.handler(method.name))
+            )
+        return [
+            grpc.method_handlers_generic_handler(RUNTIME, runtime),
+            grpc.method_handlers_generic_handler(IMAGES, images),
+        ]
+
+    def _local_stream(self, method: Any, servicer: Any = None) -> Any:
+        request = message_factory.GetMessageClass(method.input_type)
+        response = message_factory.GetMessageClass(method.output_type)
+        return grpc.unary_stream_rpc_method_handler(
+            getattr(servicer or self.runtime, method.name),
+            request_deserializer=status.lenient(request),
+            response_serializer=response.SerializeToString,
+        )
+
+    def local(self, name: str, data: bytes, context: grpc.ServicerContext) -> Any:
+        """The local servicer's reply message (it aborts the call by itself on an error)."""
+        method = self._service.methods_by_name[name]
+        request = status.lenient(message_factory.GetMessageClass(method.input_type))(data)
+        return getattr(self.runtime, name)(request, context)
+
+    def forward(self, name: str, data: bytes, context: grpc.ServicerContext, cap_s: float | None = None) -> bytes:
+        return self.downstream.call(f"/{RUNTIME}/{name}", data, context, cap_s)
+
+    def _route(self, method: Any, kind: Kind) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        name = method.name
+        request_cls = message_factory.GetMessageClass(method.input_type)
+
+        def local(data: bytes, context: grpc.ServicerContext) -> bytes:
+            reply: bytes = self.local(name, data, context).SerializeToString()
+            return reply
+
+        if kind == Kind.LOCAL:
+            return local
+        if kind == Kind.DOWNSTREAM:
+            return lambda data, context: self.forward(name, data, context)
+        if kind == Kind.HANDLER:
+            return lambda data, context: self._by_handler(name, request_cls, data, context)
+        if kind in (Kind.SANDBOX, Kind.CREATE):
+            return lambda data, context: self._by_sandbox(name, request_cls, data, context)
+        if kind == Kind.CONTAINER:
+            return lambda data, context: self._by_container(name, request_cls, data, context)
+        if kind == Kind.MERGE:
+            return lambda data, context: self._merged(name, request_cls, data, context)
+        if kind == Kind.BOTH:
+            return lambda data, context: self._both(name, data, context)
+        if kind == Kind.STATUS:
+            return self._status
+        raise AssertionError(f"no route for {name}")
+
+    # -- routing ------------------------------------------------------------------------------
+    def side_of_sandbox(self, prefix: str) -> Side | None:
+        local = self.sandboxes.ids_with_prefix(prefix)
+        routed = routing.route_id(prefix, local, self.ids.sandboxes_with_prefix(prefix), "pod sandbox")
+        if routed.side is None or (routed.side == Side.LOCAL and prefix not in local):
+            self._relist_for_miss(bool(local))
+            routed = routing.route_id(prefix, local, self.ids.sandboxes_with_prefix(prefix), "pod sandbox")
+        return routed.side
+
+    def side_of_container(self, prefix: str) -> Side | None:
+        local = self.sandboxes.container_ids_with_prefix(prefix)
+        routed = routing.route_id(prefix, local, self.ids.containers_with_prefix(prefix), "container")
+        if routed.side is None or (routed.side == Side.LOCAL and prefix not in local):
+            self._relist_for_miss(bool(local))
+            routed = routing.route_id(prefix, local, self.ids.containers_with_prefix(prefix), "container")
+        return routed.side
+
+    def _relist_for_miss(self, have_local: bool) -> None:
+        """List the downstream once for an id the map does not hold: a downstream that cannot be
+        listed makes an id unknown here its business (UNAVAILABLE), unless vmsandbox has it."""
+        try:
+            self.ids.relist()
+        except DownstreamUnavailable:
+            if not have_local:
+                raise
+
+    def side_of_pod(self, uid: str) -> Side | None:
+        """The side whose sandbox belongs to the pod with this uid (PullImage's sandbox_config)."""
+        if not uid:
+            return None
+        if any(r.meta.uid == uid for r in self.sandboxes.list_sandboxes()):
+            return Side.LOCAL
+        if self.ids.has_uid(uid):
+            return Side.DOWNSTREAM
+        try:
+            self.ids.relist()
+        except DownstreamUnavailable:
+            return None
+        return Side.DOWNSTREAM if self.ids.has_uid(uid) else None
+
+    def _by_handler(self, name: str, cls: Any, data: bytes, context: grpc.ServicerContext) -> bytes:
+        request = _parse(cls, data)
+        if routing.side_for_handler(request.runtime_handler, self.local_handlers) == Side.LOCAL:
+            reply: bytes = self.local(name, data, context).SerializeToString()
+            return reply
+        answer = self.forward(name, data, context)
+        if name == "RunPodSandbox":
+            sandbox_id = pb.RunPodSandboxResponse.FromString(answer).pod_sandbox_id
+            self.ids.learn_sandbox(sandbox_id, request.config.metadata.uid)
+        return answer
+
+    def _by_sandbox(self, name: str, cls: Any, data: bytes, context: grpc.ServicerContext) -> bytes:
+        request = _parse(cls, data)
+        sandbox_id = request.pod_sandbox_id
+        side = self.side_of_sandbox(sandbox_id) if sandbox_id else Side.LOCAL
+        if name == "CreateContainer" and side is not None:
+            self.images.ensure(side, request, context)  # its image in its own side's store
+        if side != Side.DOWNSTREAM:  # an id neither side knows: vmsandbox answers as it always has
+            reply: bytes = self.local(name, data, context).SerializeToString()
+            return reply
+        answer = self.forward(name, data, context)
+        if name == "CreateContainer":
+            self.ids.learn_container(pb.CreateContainerResponse.FromString(answer).container_id, sandbox_id)
+        elif name == "RemovePodSandbox":
+            self.ids.forget_sandbox(sandbox_id)
+        return answer
+
+    def _by_container(self, name: str, cls: Any, data: bytes, context: grpc.ServicerContext) -> bytes:
+        container_id = _parse(cls, data).container_id
+        side = self.side_of_container(container_id) if container_id else Side.LOCAL
+        if side != Side.DOWNSTREAM:
+            reply: bytes = self.local(name, data, context).SerializeToString()
+            return reply
+        answer = self.forward(name, data, context)
+        if name == "RemoveContainer":
+            self.ids.forget_container(container_id)
+        return answer
+
+    def _merged(self, name: str, cls: Any, data: bytes, context: grpc.ServicerContext) -> bytes:
+        request = _parse(cls, data)
+        f = request.filter
+        side = None
+        if name in ("ListPodSandbox", "ListPodSandboxStats"):
+            if f.id:
+                side = routing.filter_side(
+                    f.id, self.sandboxes.ids_with_prefix(f.id), self.ids.sandboxes_with_prefix(f.id)
+                )
+        else:  # ListContainers, ListContainerStats: by container id, else by sandbox id
+            if f.id:
+                side = routing.filter_side(
+                    f.id, self.sandboxes.container_ids_with_prefix(f.id), self.ids.containers_with_prefix(f.id)
+                )
+            elif f.pod_sandbox_id:
+                side = routing.filter_side(
+                    f.pod_sandbox_id,
+                    self.sandboxes.ids_with_prefix(f.pod_sandbox_id),
+                    self.ids.sandboxes_with_prefix(f.pod_sandbox_id),
+                )
+        if side == Side.LOCAL:
+            reply: bytes = self.local(name, data, context).SerializeToString()
+            return reply
+        if side == Side.DOWNSTREAM:
+            return self.forward(name, data, context)
+        mine: bytes = self.local(name, data, context).SerializeToString()
+        return self.forward(name, data, context) + mine  # concatenated messages: repeated fields appended
+
+    def _both(self, name: str, data: bytes, context: grpc.ServicerContext) -> bytes:
+        self.local(name, data, context)
+        return self.forward(name, data, context)
+
+    def _status(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+        mine = self.local("Status", data, context)
+        merged = pb.StatusResponse()
+        merged.CopyFrom(mine)
+        try:
+            theirs = pb.StatusResponse.FromString(self.forward("Status", data, context, STATUS_CAP_S))
+        except (DownstreamUnavailable, Forwarded) as exc:
+            for kind in ("RuntimeReady", "NetworkReady"):
+                merged.status.conditions.add(
+                    type=f"Downstream{kind}",
+                    status=False,
+                    reason="DownstreamUnavailable",
+                    message=validation.bound(str(exc)),
+                )
+            merged.info["downstream"] = json.dumps({"endpoint": self.downstream.endpoint, "ready": False})
+            out: bytes = merged.SerializeToString()
+            return out
+        # RuntimeReady and NetworkReady stay vmsandbox's (what the kubelet acts on for the node);
+        # the downstream's conditions follow under their own names
+        for c in theirs.status.conditions:
+            merged.status.conditions.add(
+                type=f"Downstream{c.type}", status=c.status, reason=c.reason, message=c.message
+            )
+        for key, value in theirs.info.items():
+            if key not in merged.info:
+                merged.info[key] = value
+        known = {h.name for h in merged.runtime_handlers}
+        for h in theirs.runtime_handlers:
+            if h.name not in known:
+                merged.runtime_handlers.add().CopyFrom(h)
+        if not any(h.name == "" for h in theirs.runtime_handlers) and "" not in known:
+            merged.runtime_handlers.add(name="")  # the default handler is the downstream's
+        ready = all(c.status for c in theirs.status.conditions if c.type in ("RuntimeReady", "NetworkReady"))
+        merged.info["downstream"] = json.dumps({"endpoint": self.downstream.endpoint, "ready": ready})
+        out = merged.SerializeToString()
+        return out

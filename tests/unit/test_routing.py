@@ -1,0 +1,156 @@
+"""Routing decisions of the CRI proxy (vmsandbox.routing) and the image list merge."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.proxy.images import merge_image_lists
+from vmsandbox import routing
+from vmsandbox.errors import InvalidArgument
+from vmsandbox.routing import Side
+
+A = "a" * 64
+AB = "ab" + "0" * 62
+B = "b" * 64
+
+
+@pytest.mark.parametrize(
+    ("handler", "side"),
+    [
+        ("vmsandbox", Side.LOCAL),
+        ("small", Side.LOCAL),
+        ("", Side.DOWNSTREAM),  # the default handler is the downstream's
+        ("runc", Side.DOWNSTREAM),
+        ("kata", Side.DOWNSTREAM),
+    ],
+)
+def test_handler_decides_run_pod_sandbox(handler: str, side: Side) -> None:
+    assert routing.side_for_handler(handler, {"vmsandbox", "small"}) == side
+
+
+@pytest.mark.parametrize(
+    ("prefix", "local", "downstream", "side"),
+    [
+        (A, [A], [], Side.LOCAL),
+        (B, [], [B], Side.DOWNSTREAM),
+        ("b", [A], [B], Side.DOWNSTREAM),
+        ("a", [A], [B], Side.LOCAL),
+        ("c", [A], [B], None),  # neither: the caller lists the downstream again, then asks vmsandbox
+        ("a", [A, AB], [], Side.LOCAL),  # ambiguous on one side only: that side answers as it would
+        (A, [A], ["a" * 63 + "b"], Side.LOCAL),  # an exact id wins
+    ],
+)
+def test_route_id(prefix: str, local: list[str], downstream: list[str], side: Side | None) -> None:
+    assert routing.route_id(prefix, local, downstream, "container").side == side
+
+
+def test_a_prefix_matching_both_sides_is_invalid_argument_naming_both() -> None:
+    with pytest.raises(InvalidArgument) as err:
+        routing.route_id("a", [A], [AB], "pod sandbox")
+    assert A[:16] in str(err.value) and AB[:16] in str(err.value)
+    assert "vmsandbox" in str(err.value) and "downstream" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "local", "downstream", "side"),
+    [
+        ("", [A], [B], None),
+        ("a", [A], [B], Side.LOCAL),
+        ("b", [A], [B], Side.DOWNSTREAM),
+        ("a", [A], [AB], None),  # both: each side filters
+        ("c", [A], [B], None),
+    ],
+)
+def test_list_filter_asks_the_one_side_it_can_match(
+    prefix: str, local: list[str], downstream: list[str], side: Side | None
+) -> None:
+    assert routing.filter_side(prefix, local, downstream) == side
+
+
+@given(
+    st.lists(st.text("0123456789abcdef", min_size=64, max_size=64), max_size=5, unique=True),
+    st.lists(st.text("0123456789abcdef", min_size=64, max_size=64), max_size=5, unique=True),
+    st.text("0123456789abcdef", min_size=1, max_size=4),
+)
+def test_route_id_never_sends_an_id_to_a_side_without_it(local: list[str], downstream: list[str], prefix: str) -> None:
+    try:
+        side = routing.route_id(prefix, local, downstream, "container").side
+    except InvalidArgument:
+        assert any(i.startswith(prefix) for i in local) and any(i.startswith(prefix) for i in downstream)
+        return
+    if side == Side.LOCAL:
+        assert any(i.startswith(prefix) for i in local)
+    elif side == Side.DOWNSTREAM:
+        assert any(i.startswith(prefix) for i in downstream)
+    else:
+        assert not any(i.startswith(prefix) for i in local + downstream)
+
+
+def test_every_cri_method_has_a_route() -> None:
+    for service in ("RuntimeService",):
+        for method in pb.DESCRIPTOR.services_by_name[service].methods:
+            assert method.name in routing.METHODS, method.name
+
+
+def test_image_lists_merge_by_id_keeping_unknown_fields() -> None:
+    unknown = b"\xfa\x3e\x02hi"  # field 999: no CRI message has it
+    shared = pb.Image(id="sha256:1", repo_tags=["busybox:latest"], size=10).SerializeToString() + unknown
+    theirs = pb.ListImagesResponse.FromString(
+        b"\x0a"
+        + bytes([len(shared)])
+        + shared
+        + pb.ListImagesResponse(images=[pb.Image(id="sha256:2")]).SerializeToString()
+    )
+    mine = pb.ListImagesResponse(
+        images=[
+            pb.Image(id="sha256:1", repo_tags=["busybox:latest", "docker.io/library/busybox:latest"], pinned=True),
+            pb.Image(id="sha256:3"),
+        ]
+    )
+    merged = merge_image_lists(theirs, mine)
+    assert [i.id for i in merged.images] == ["sha256:1", "sha256:2", "sha256:3"]
+    first = merged.images[0]
+    assert list(first.repo_tags) == ["busybox:latest", "docker.io/library/busybox:latest"]
+    assert first.pinned and first.size == 10
+    assert unknown in merged.SerializeToString()  # the downstream's unknown field survives the merge
+
+
+def test_concatenated_list_replies_are_the_union() -> None:
+    """The proxy merges list replies by concatenating their bytes: protobuf appends repeated fields."""
+    theirs = pb.ListContainersResponse(containers=[pb.Container(id=B)]).SerializeToString() + b"\xfa\x3e\x00"
+    mine = pb.ListContainersResponse(containers=[pb.Container(id=A)]).SerializeToString()
+    merged = pb.ListContainersResponse.FromString(theirs + mine)
+    assert [c.id for c in merged.containers] == [B, A]
+
+
+@pytest.mark.parametrize(
+    ("name", "repo"),
+    [
+        ("busybox", "busybox"),
+        ("docker.io/library/busybox:1.36", "docker.io/library/busybox"),
+        ("127.0.0.1:5000/a/b:1", "127.0.0.1:5000/a/b"),
+        ("127.0.0.1:5000/a/b", "127.0.0.1:5000/a/b"),
+        ("reg:5000/a/b@sha256:" + "0" * 64, "reg:5000/a/b"),
+        ("reg/a:tag@sha256:" + "0" * 64, "reg/a"),
+    ],
+)
+def test_repository_of_an_image_name(name: str, repo: str) -> None:
+    assert routing.repository(name) == repo
+
+
+@pytest.mark.parametrize(
+    ("digests", "tags", "source"),
+    [
+        (["r/a@sha256:1"], ["r/a:1"], "r/a@sha256:1"),  # the digest names exactly that manifest
+        ([], ["r/a:1", "r/a:2"], "r/a:1"),
+        ([], [], None),
+        ([""], [""], None),
+    ],
+)
+def test_an_image_is_copied_by_its_digest_before_its_tag(
+    digests: list[str], tags: list[str], source: str | None
+) -> None:
+    assert routing.copy_source(digests, tags) == source
