@@ -67,7 +67,7 @@ def _wait_line(path: Path, deadline: float) -> None:
 ROOTFS_DESIGNS = ("9p", "erofs", "ext4")
 """How the agent baseline's rootfs reaches the guest: a 9p export (the host tree), or a read-only
 virtio-blk disk made from the same tree (EROFS with ``mkfs.erofs``, ext4 with ``mkfs.ext4 -d``)."""
-BASELINE_DESIGN = "9p"
+BASELINE_DESIGN = "erofs"
 """The rootfs design the shim uses, which the agent baseline therefore uses too."""
 SMALL_FILES, SMALL_DIRS, SMALL_BYTES, BIG_MIB = 3000, 30, 2048, 64
 READ_SMALL = ["sh", "-c", "find /data/small -type f -exec cat {} + >/dev/null"]

@@ -17,7 +17,7 @@ from shim.config import ShimConfig
 from vmsandbox.adapters.cdi_specs import load_registry
 from vmsandbox.claims import Claim
 from vmsandbox.devices import DevicePools, resolve_pools
-from vmsandbox.domain import Domain, NetworkInterface, SandboxIdentity, SharedDir, build_domain
+from vmsandbox.domain import IMAGE_DISK_SLOTS, Domain, NetworkInterface, SandboxIdentity, SharedDir, build_domain
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory, format_cpulist
 from vmsandbox.lifecycle import HostFacts, wants_cdi
@@ -162,4 +162,5 @@ def domain_for(
         interfaces=interfaces,
         guest_nic=guest_nic,
         hostname=hostname,
+        hotplug_ports=IMAGE_DISK_SLOTS,
     )

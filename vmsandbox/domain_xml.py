@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from vmsandbox.domain import METADATA_NS, METADATA_PREFIX, Domain, NetworkInterface, SandboxIdentity
+from vmsandbox.domain import (
+    METADATA_NS,
+    METADATA_PREFIX,
+    Domain,
+    ImageDiskDevice,
+    NetworkInterface,
+    SandboxIdentity,
+)
 from vmsandbox.host import format_cpulist
 
 ET.register_namespace(METADATA_PREFIX, METADATA_NS)
@@ -97,9 +104,9 @@ def render(domain: Domain) -> str:
                 attrs["cpus"] = _cpuset(cell.vcpus)
             _sub(numa, "cell", **attrs)
     _sub(root, "clock", offset="utc")
-    if any(shared.accessmode == "passthrough" for shared in domain.shared_dirs):
-        # 9p passthrough keeps the files' owners and modes as in the image: QEMU must be able to read
-        # every file and set any owner, so this domain's QEMU runs as host root.
+    if domain.shared_dirs:
+        # the shared directory lies in the runtime's root-only state, with volumes bound into it as
+        # the kubelet made them (owned by root): this domain's QEMU runs as host root to serve them.
         label = _sub(root, "seclabel", type="static", model="dac", relabel="no")
         _sub(label, "label", "+0:+0")
     _sub(root, "on_poweroff", "destroy")
@@ -141,9 +148,42 @@ def render(domain: Domain) -> str:
         _sub(source, "address", domain=f"0x{pci_domain}", bus=f"0x{bus}", slot=f"0x{slot}", function=f"0x{function}")
     for nic in domain.interfaces:
         _interface(devices, nic)
+    if domain.hotplug_ports:  # libvirt numbers the root ports after the root complex, named here first
+        _sub(devices, "controller", type="pci", index="0", model="pcie-root")
+    for _ in range(domain.hotplug_ports):
+        _sub(devices, "controller", type="pci", model="pcie-root-port")
     _sub(devices, "memballoon", model="none")
     ET.indent(root, space="  ")
     return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def render_image_disk(disk: ImageDiskDevice) -> str:
+    """The ``<disk>`` of an image's disk, for libvirt's attach/detach of a running guest: a raw file,
+    read-only (QEMU opens it so; the guest sees a read-only device), shareable by every pod that
+    uses the image (the host's page cache serves all of them)."""
+    el = ET.Element("disk", type="file", device="disk")
+    _sub(el, "driver", name="qemu", type="raw")
+    _sub(el, "source", file=disk.source)
+    _sub(el, "target", dev=disk.target_dev, bus="virtio")
+    _sub(el, "serial", disk.serial)
+    _sub(el, "readonly")
+    _sub(el, "shareable")
+    ET.indent(el, space="  ")
+    return ET.tostring(el, encoding="unicode") + "\n"
+
+
+def read_image_disks(xml: str) -> dict[str, ImageDiskDevice]:
+    """The virtio disks of a live domain by serial (image disks: the only disks we give a guest)."""
+    out = {}
+    for disk in ET.fromstring(xml).iterfind("devices/disk"):
+        target, source = disk.find("target"), disk.find("source")
+        serial = disk.findtext("serial", "")
+        if target is None or target.get("bus") != "virtio":
+            continue
+        out[serial] = ImageDiskDevice(
+            source="" if source is None else source.get("file", ""), serial=serial, target_dev=target.get("dev", "")
+        )
+    return out
 
 
 def read_identity(xml: str) -> SandboxIdentity | None:

@@ -71,6 +71,7 @@ var (
 	containers = map[string]*container{}
 	mountMu    sync.Mutex
 	mounted    = map[string]bool{}
+	diskMounts = map[string]string{} // image disk serial -> the block device (vdX) mounted for it
 )
 
 // ensureMount mounts the 9p share with tag at dir once (read-only for the image trees).
@@ -135,9 +136,15 @@ func ensureDisk(serial string) (string, error) {
 	dir := filepath.Join(disksMount, serial)
 	mountMu.Lock()
 	defer mountMu.Unlock()
-	key := "disk:" + serial
-	if mounted[key] {
-		return dir, nil
+	if dev, ok := diskMounts[serial]; ok {
+		b, err := os.ReadFile("/sys/block/" + dev + "/serial")
+		if err == nil && strings.TrimSpace(string(b)) == serial {
+			return dir, nil
+		}
+		// the host detached the disk (a failed create's rollback) and may have attached it again:
+		// the old mount reads a device that is gone
+		_ = syscall.Unmount(dir, syscall.MNT_DETACH)
+		delete(diskMounts, serial)
 	}
 	dev, err := findDisk(serial)
 	if err != nil {
@@ -152,7 +159,7 @@ func ensureDisk(serial string) (string, error) {
 			return "", fmt.Errorf("mount image disk %s (%s): erofs: %v; ext4: %v", serial, dev, err, err2)
 		}
 	}
-	mounted[key] = true
+	diskMounts[serial] = filepath.Base(dev)
 	return dir, nil
 }
 

@@ -209,9 +209,9 @@ class AgentClient:
         stdin_once: bool = False,
         tty: bool = False,
     ) -> ContainerState:
-        """Creates container ``cid``: overlay of ``lower`` (a tree the guest sees shared from the
-        host) and a writable layer; the agent keeps its output for ``log_read``; with ``stdin``, a
-        stdin pipe that Attach sessions write to."""
+        """Creates container ``cid``: overlay of ``lower`` (an image disk, ``disks/SERIAL``, or a
+        tree the guest sees shared from the host) and a writable layer; the agent keeps its
+        output for ``log_read``; with ``stdin``, a stdin pipe that Attach sessions write to."""
         args: dict[str, object] = {"id": cid, "lower": lower, "spec": dict(spec)}
         if stdin:
             args |= {"stdin": True, "stdin_once": stdin_once}
