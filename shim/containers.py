@@ -221,11 +221,18 @@ class Containers:
     def _shared(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id / "shared"
 
-    def shared_dirs_for(self, sandbox_id: str) -> tuple[SharedDir, ...]:
+    def shared_dirs_for(self, sandbox_id: str, qemu_uid: int) -> tuple[SharedDir, ...]:
+        """The sandbox's shared directory, made before its QEMU starts: the sandbox's directory
+        and the share are QEMU's own (``qemu_uid``, mode 0700), the directories above them only
+        passable (0711), so no other sandbox's QEMU (nor any other unprivileged host user) can
+        open them."""
         shared = self._shared(sandbox_id)
         shared.mkdir(parents=True, exist_ok=True)
         shared_tree.make_dirs(shared, "containers")
-        os.chmod(self.root / sandbox_id, 0o700)
+        os.chmod(self.root, 0o711)
+        for d in (self.root / sandbox_id, shared):
+            os.chown(d, qemu_uid, qemu_uid)
+            os.chmod(d, 0o700)
         # mapped: nothing the guest writes here (volumes included) is a setuid file, a file
         # capability, a symlink or a device node on the host, nor owned by anyone but QEMU's user
         return (SharedDir(str(shared), SHARED_TAG, accessmode="mapped"),)
@@ -240,6 +247,10 @@ class Containers:
             lock = self._disk_locks.setdefault(sandbox_id, threading.Lock())
         key = (sandbox_id, held.serial)
         with lock:
+            with self._lock:
+                if self._disk_users.get(key, 0) > 0:  # attached for this pod by this process already
+                    self._disk_users[key] += 1
+                    return f"disks/{held.serial}", False
             if not self.hypervisor.is_active(name):
                 raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
             disks = read_image_disks(self.hypervisor.live_xml(name))
@@ -251,12 +262,38 @@ class Containers:
                         f"sandbox {sandbox_id[:12]} already holds the disks of {len(disks)} images, as many as "
                         f"a pod's guest takes ({IMAGE_DISK_SLOTS}): run containers of fewer images in one pod"
                     )
-                disk = ImageDiskDevice(source=str(held.disk), serial=held.serial, target_dev=target)
-                self.hypervisor.attach_device(name, render_image_disk(disk))
+                source = self._bind_disk(sandbox_id, held)
+                disk = ImageDiskDevice(source=str(source), serial=held.serial, target_dev=target)
+                try:
+                    self.hypervisor.attach_device(name, render_image_disk(disk))
+                except BaseException:
+                    self._unbind(sandbox_id, source)
+                    raise
                 attached = True
             with self._lock:
                 self._disk_users[key] = self._disk_users.get(key, 0) + 1
         return f"disks/{held.serial}", attached
+
+    def _disk_dir(self, sandbox_id: str) -> Path:
+        return self.root / sandbox_id / "disks"
+
+    def _bind_disk(self, sandbox_id: str, held: HeldImage) -> Path:
+        """Makes the image's disk readable to the sandbox's QEMU alone: the store's file (root's,
+        0400, in the 0700 store) is bound read-only, idmapped so that root's files are QEMU's uid's,
+        onto ``<sandbox>/disks/<serial>.erofs`` inside that QEMU's mount namespace (on the host the
+        path is an empty placeholder); returns the path QEMU opens."""
+        record = self.sandboxes.get(sandbox_id)
+        pid = self.hypervisor.emulator_pid(record.domain)
+        if pid is None:
+            raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
+        disks = self._disk_dir(sandbox_id)
+        disks.mkdir(mode=0o755, exist_ok=True)
+        target = disks / f"{held.serial}.erofs"
+        if binds.mounts_under(target, Path(f"/proc/{pid}/mountinfo").read_text()):
+            return target  # bound by an attach whose disk is still being removed, or a crashed one
+        target.touch(mode=0o400, exist_ok=True)
+        binds.bind(pid, held.disk, target, readonly=True, beneath=disks, root_as=record.qemu_uid)
+        return target
 
     def _detach_unused(self, sandbox_id: str, held: HeldImage, attached: bool) -> None:
         """Rollback of a failed create: it no longer uses the image's disk; a disk this create
@@ -280,6 +317,9 @@ class Containers:
                     self.hypervisor.detach_device(name, render_image_disk(disk))
                 except VmSandboxError as exc:
                     log.warning("sandbox %s: image disk %s stays attached: %s", sandbox_id[:12], held.serial, exc)
+                    return
+            with contextlib.suppress(VmSandboxError):  # QEMU closed it; a bind that stays goes with QEMU
+                self._unbind(sandbox_id, self._disk_dir(sandbox_id) / f"{held.serial}.erofs")
 
     def _qemu_pid(self, sandbox_id: str) -> int | None:
         return self.hypervisor.emulator_pid(self.sandboxes.get(sandbox_id).domain)
@@ -562,6 +602,7 @@ class Containers:
         out = []
         mountinfo = Path("/proc/self/mountinfo").read_text()
         qemu = self._qemu_pid(sandbox_id) if any(m.host_path for m in mounts) else None
+        qemu_uid = self.sandboxes.get(sandbox_id).qemu_uid
         for i, m in enumerate(mounts):
             container_path, host_path, readonly = m.container_path, m.host_path, m.readonly
             if not host_path:
@@ -579,7 +620,7 @@ class Containers:
             shared_tree.make_empty(shared, rel, is_dir=real.is_dir())
             if qemu is None:
                 raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
-            binds.bind(qemu, real, shared / rel, readonly, m.recursive, m.propagation, beneath=shared)
+            binds.bind(qemu, real, shared / rel, readonly, m.recursive, m.propagation, beneath=shared, root_as=qemu_uid)
             out.append(
                 oci_spec.Mount(
                     destination=container_path,

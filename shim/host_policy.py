@@ -138,6 +138,7 @@ def domain_for(
     interfaces: tuple[NetworkInterface, ...] = (),
     guest_nic: GuestNic | None = None,
     hostname: str = "",
+    qemu_uid: int = 0,
 ) -> Domain:
     """The domain of a placed pod: the profile's guest image and knobs, the placement's pinning."""
     image = profile.image_dir.rstrip("/")
@@ -163,4 +164,5 @@ def domain_for(
         guest_nic=guest_nic,
         hostname=hostname,
         hotplug_ports=IMAGE_DISK_SLOTS,
+        qemu_uid=qemu_uid,
     )

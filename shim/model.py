@@ -80,6 +80,8 @@ class SandboxRecord:
     port_mappings: list[dict[str, Any]] = field(default_factory=list)
     dns: dict[str, Any] = field(default_factory=dict)
     network: dict[str, Any] = field(default_factory=dict)
+    # the host uid (and gid) its QEMU runs as; 0: a sandbox of an earlier version, whose QEMU is root
+    qemu_uid: int = 0
 
     def to_doc(self) -> dict[str, Any]:
         return asdict(self)

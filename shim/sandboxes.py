@@ -49,6 +49,7 @@ from vmsandbox.domain import AGENT_CHANNEL, SandboxIdentity, SharedDir, domain_n
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import (
     AlreadyExists,
+    CannotFit,
     Diverged,
     InfrastructureError,
     InvalidArgument,
@@ -73,6 +74,7 @@ from vmsandbox.lifecycle import (
 )
 from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile, select_profile
+from vmsandbox.qemu_user import pick_uid
 from vmsandbox.resources import ContainerResources, PodDeclaration, hugepage_resource
 from vmsandbox.sizing import (
     LinuxResources,
@@ -131,7 +133,8 @@ class Sandboxes:
         # the directories a guest gets over 9p belong to the owner of containers (shim.containers),
         # which sets these: it makes them for a boot, drops them when a boot is rolled back, and
         # sweeps those of sandboxes that no longer exist (given the ids to keep)
-        self.shared_dirs_for: Callable[[str], tuple[SharedDir, ...]] = lambda _sandbox_id: ()
+        self.shared_dirs_for: Callable[[str, int], tuple[SharedDir, ...]] = lambda _sandbox_id, _uid: ()
+        self._uid_lock = threading.Lock()  # held from choosing a QEMU uid until the record holding it is written
         self.drop_shared_dirs: Callable[[str], None] = lambda _sandbox_id: None
         self.sweep_shared_dirs: Callable[[set[str]], None] = lambda _keep: None
         first = self.inventory()
@@ -234,7 +237,16 @@ class Sandboxes:
             placement.claim.describe(),
         )
         try:
-            self.ledger.put_sandbox(sandbox_id, STATE_CREATING, record.created_ns, record.to_doc())
+            with self._uid_lock:
+                used = {int(doc.get("qemu_uid", 0)) for _, _, _, doc in self.ledger.sandboxes()}  # creating too
+                uid = pick_uid(self.config.qemu_uids, used)
+                if uid is None:
+                    raise CannotFit(
+                        f"every uid of qemu_uids ({self.config.qemu_uids}) runs a sandbox's QEMU: "
+                        "remove sandboxes or widen the range"
+                    )
+                record = replace(record, qemu_uid=uid)
+                self.ledger.put_sandbox(sandbox_id, STATE_CREATING, record.created_ns, record.to_doc())
             attachment = self.network.attach(
                 sandbox_id, meta, spec.namespaces, spec.port_mappings, dict(spec.annotations)
             )
@@ -285,7 +297,8 @@ class Sandboxes:
             profile=profile,
             accel=accel,
             console_log=console,
-            shared_dirs=self.shared_dirs_for(record.id),
+            shared_dirs=self.shared_dirs_for(record.id, record.qemu_uid),
+            qemu_uid=record.qemu_uid,
             interfaces=(attachment.interface,) if attachment.interface else (),
             guest_nic=attachment.network.nic,
             hostname=record.hostname,

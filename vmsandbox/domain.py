@@ -160,6 +160,8 @@ class Domain:
     interfaces: tuple[NetworkInterface, ...] = ()
     # empty PCIe root ports (q35) for the images' disks hot-plugged while the guest runs
     hotplug_ports: int = 0
+    # the host uid and gid (same number) QEMU runs as; 0: host root (a sandbox of an earlier version)
+    qemu_uid: int = 0
 
 
 def domain_name(sandbox_id: str) -> str:
@@ -204,6 +206,7 @@ def build_domain(
     guest_nic: GuestNic | None = None,
     hostname: str = "",
     hotplug_ports: int = 0,
+    qemu_uid: int = 0,
 ) -> Domain:
     """Assemble the domain. With pinning, vCPU i runs on ``host_cpus[i]``; shared pods float."""
     pins: tuple[tuple[int, tuple[int, ...]], ...]
@@ -254,4 +257,5 @@ def build_domain(
         shared_dirs=tuple(shared_dirs),
         interfaces=tuple(interfaces),
         hotplug_ports=hotplug_ports if "q35" in machine else 0,
+        qemu_uid=qemu_uid,
     )

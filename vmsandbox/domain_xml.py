@@ -17,6 +17,7 @@ from vmsandbox.domain import (
     SandboxIdentity,
 )
 from vmsandbox.host import format_cpulist
+from vmsandbox.qemu_user import dac_label
 
 ET.register_namespace(METADATA_PREFIX, METADATA_NS)
 
@@ -104,9 +105,15 @@ def render(domain: Domain) -> str:
                 attrs["cpus"] = _cpuset(cell.vcpus)
             _sub(numa, "cell", **attrs)
     _sub(root, "clock", offset="utc")
-    if domain.shared_dirs:
-        # the shared directory lies in the runtime's root-only state, with volumes bound into it as
-        # the kubelet made them (owned by root): this domain's QEMU runs as host root to serve them.
+    if domain.qemu_uid:
+        # QEMU runs as the sandbox's own uid and gid, without capabilities. relabel='no': libvirt
+        # changes the owner of no file named in the domain (kernel, initrd, console log, disks) and
+        # only of what it makes for this QEMU itself (hugepage directory, channel sockets); the
+        # runtime makes what QEMU must reach its own (the sandbox's shared directory).
+        label = _sub(root, "seclabel", type="static", model="dac", relabel="no")
+        _sub(label, "label", dac_label(domain.qemu_uid))
+    elif domain.shared_dirs:
+        # a sandbox of an earlier version, whose domain named no uid: its QEMU runs as host root
         label = _sub(root, "seclabel", type="static", model="dac", relabel="no")
         _sub(label, "label", "+0:+0")
     _sub(root, "on_poweroff", "destroy")
@@ -181,7 +188,9 @@ def read_image_disks(xml: str) -> dict[str, ImageDiskDevice]:
         if target is None or target.get("bus") != "virtio":
             continue
         out[serial] = ImageDiskDevice(
-            source="" if source is None else source.get("file", ""), serial=serial, target_dev=target.get("dev", "")
+            source="" if source is None else source.get("file", ""),
+            serial=serial,
+            target_dev=target.get("dev", ""),
         )
     return out
 

@@ -74,6 +74,7 @@ class Case:
     guest_nic: GuestNic | None = None
     hostname: str = ""
     hotplug_ports: int = 0
+    qemu_uid: int = 0
 
     def domain(self) -> Domain:
         return build_domain(
@@ -97,6 +98,7 @@ class Case:
             guest_nic=self.guest_nic,
             hostname=self.hostname,
             hotplug_ports=self.hotplug_ports,
+            qemu_uid=self.qemu_uid,
         )
 
 
@@ -128,6 +130,7 @@ CASES = {
             SharedDir("/var/lib/vmsandbox/state/sandboxes/fedcba98/shared", "vmsandbox.shared", accessmode="mapped"),
         ),
         hotplug_ports=2,
+        qemu_uid=2_000_000_007,
     ),
     # (c) KVM with host-passthrough, 1Gi backing from NUMA node 1
     "kvm-1gi-numatune": Case(
@@ -414,14 +417,16 @@ def test_guest_network_args_refuse_what_could_break_the_command_line(
 
 # -- image disks (hot-plugged into a running guest) -------------------------------------------------
 DISK = ImageDiskDevice(
-    source="/var/lib/vmsandbox/images/disks/ab.erofs", serial="0123456789abcdef0123", target_dev="vdc"
+    source="/var/lib/vmsandbox/images/disks/ab.erofs",
+    serial="0123456789abcdef0123",
+    target_dev="vdc",
 )
 
 
 def test_image_disk_xml_is_read_only_virtio_with_its_serial() -> None:
     el = ET.fromstring(render_image_disk(DISK))
     assert (el.tag, el.get("type"), el.get("device")) == ("disk", "file", "disk")
-    assert el.find("source").get("file") == DISK.source  # type: ignore[union-attr]
+    assert el.find("source").attrib == {"file": DISK.source}  # type: ignore[union-attr]
     assert el.find("target").attrib == {"dev": "vdc", "bus": "virtio"}  # type: ignore[union-attr]
     assert el.findtext("serial") == DISK.serial
     assert el.find("readonly") is not None and el.find("shareable") is not None
