@@ -3,12 +3,14 @@ pods, each with a container of its own image. Every QEMU of them runs as a non-r
 from ``qemu_uids`` (the one its sandbox record names), with no capability, QEMU's seccomp filter
 and a mount namespace of its own; the two uids differ, and a process with either uid can open none
 of the other sandbox's files (its directory and shared directory, console log, image disk and
-hugepage directory), while it does reach its own shared directory."""
+hugepage directory), while it does reach its own shared directory. A restarted shim reports the
+same uid for each sandbox, whose QEMU runs on as it was."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, pod, q, require_host, running_shim
+from tests.integration.conftest import Shim, pod, q, remove_all, require_host, start_shim, stop_shim
 from tests.integration.image_setup import require_image_tools
 from tests.registry_kit import Layout, Registry, busybox_entries, file, push
 from vmsandbox.domain import domain_name
@@ -103,7 +105,8 @@ def test_each_pods_qemu_is_its_own_unprivileged_user(tmp_path: Path) -> None:
             layout.tag(name, layout.image([layout.layer(entries)]))
             push(layout, name, f"{registry.host}/test/{name}:1")
         (tmp_path / "shim").mkdir()
-        with running_shim(tmp_path / "shim", extra_config={"qemu_uids": UIDS}, pull_busybox=False) as shim:
+        shim = start_shim(tmp_path / "shim", extra_config={"qemu_uids": UIDS}, pull_busybox=False)
+        try:
             for name in ("alpha", "beta"):
                 ref = f"{registry.host}/test/{name}:1"
                 shim.images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=300)
@@ -149,5 +152,18 @@ def test_each_pods_qemu_is_its_own_unprivileged_user(tmp_path: Path) -> None:
                 assert set(mine.values()) == {"opened"}, mine
                 theirs = _probe(uids[me], private[other])
                 assert theirs and all(v == "Permission denied" for v in theirs.values()), theirs
+            # a restarted shim finds each sandbox's uid in its record, and the QEMUs run on as they were
+            pids = {n: Path(f"/run/libvirt/qemu/{domain_name(sid)}.pid").read_text() for n, sid in sids.items()}
+            stop_shim(shim)
+            shim = start_shim(tmp_path / "shim", extra_config={"qemu_uids": UIDS}, pull_busybox=False)
+            for name, sid in sids.items():
+                assert _record_uid(shim, sid) == uids[name]
+                assert _status(int(pids[name]))["Uid"].split()[0] == str(uids[name])
+        finally:
+            try:
+                remove_all(shim)
+            finally:
+                stop_shim(shim)
+                shutil.rmtree(tmp_path / "shim", ignore_errors=True)
     finally:
         registry.stop()
