@@ -64,19 +64,73 @@ def _wait_line(path: Path, deadline: float) -> None:
         time.sleep(0.005)
 
 
-def agent_path(tmp: Path, runs: int, exec_runs: int) -> dict[str, object]:
-    shared = tmp / "shared"
-    rootfs = shared / "rootfs"
-    rootfs.mkdir(parents=True)
-    busybox = Path("/bin/busybox")
-    (rootfs / "bin").mkdir()
-    (rootfs / "bin/busybox").write_bytes(busybox.read_bytes())
+ROOTFS_DESIGNS = ("9p", "erofs", "ext4")
+"""How the agent baseline's rootfs reaches the guest: a 9p export (the host tree), or a read-only
+virtio-blk disk made from the same tree (EROFS with ``mkfs.erofs``, ext4 with ``mkfs.ext4 -d``)."""
+BASELINE_DESIGN = "erofs"
+"""The rootfs design the shim uses, which the agent baseline therefore uses too."""
+SMALL_FILES, SMALL_DIRS, SMALL_BYTES, BIG_MIB = 3000, 30, 2048, 64
+READ_SMALL = ["sh", "-c", "find /data/small -type f -exec cat {} + >/dev/null"]
+READ_BIG = ["sh", "-c", "cat /data/big >/dev/null"]
+
+
+def _rootfs_tree(rootfs: Path, *, data: bool) -> None:
+    """busybox with the applets the runs use; with ``data``, ``/data/small`` (SMALL_FILES files of
+    SMALL_BYTES in SMALL_DIRS directories) and ``/data/big`` (BIG_MIB MiB) for the file-heavy read."""
+    (rootfs / "bin").mkdir(parents=True)
+    (rootfs / "bin/busybox").write_bytes(Path("/bin/busybox").read_bytes())
     (rootfs / "bin/busybox").chmod(0o755)
-    for applet in ("sh", "echo", "sleep", "true"):
+    for applet in ("sh", "echo", "sleep", "true", "cat", "find"):
         (rootfs / "bin" / applet).symlink_to("busybox")
+    if not data:
+        return
+    for i in range(SMALL_FILES):
+        d = rootfs / "data" / "small" / f"d{i % SMALL_DIRS:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i:05d}").write_bytes(os.urandom(SMALL_BYTES))
+    with open(rootfs / "data" / "big", "wb") as f:
+        for _ in range(BIG_MIB):
+            f.write(os.urandom(1 << 20))
+
+
+def _disk(design: str, tree: Path, out: Path) -> None:
+    if design == "erofs":
+        argv = ["mkfs.erofs", "--quiet", "--all-root", "-T0", str(out), str(tree)]
+    else:
+        size_mib = 64 + sum(p.stat().st_size for p in tree.rglob("*") if p.is_file()) * 3 // 2 // (1 << 20)
+        argv = ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-E", "root_owner=0:0", "-d", str(tree), str(out)]
+        argv.append(f"{size_mib}M")
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+
+
+def _timed_exec(agent: AgentClient, cid: str, argv: list[str]) -> float:
+    t0 = time.monotonic()
+    res = agent.exec(cid, argv, timeout_s=600)
+    took = time.monotonic() - t0
+    if res.exit_code != 0:
+        raise SystemExit(f"{argv} exited {res.exit_code}: {res.stderr[:500]!r}")
+    return took
+
+
+def agent_path(
+    tmp: Path, runs: int, exec_runs: int, *, design: str = "9p", image_dir: str = IMAGE_DIR, data: bool = False
+) -> dict[str, object]:
+    """The agent's own create+start (and exec, file reads with ``data``) on a bare QEMU, with the
+    rootfs as ``design`` says."""
+    shared = tmp / "shared"
+    shared.mkdir(parents=True)
+    tree = shared / "rootfs" if design == "9p" else tmp / "rootfs"
+    _rootfs_tree(tree, data=data)
+    disks: list[tuple[str, str]] = []
+    lower = "shared/rootfs"
+    if design != "9p":
+        _disk(design, tree, tmp / "rootfs.img")
+        disks, lower = [(str(tmp / "rootfs.img"), "benchrootfs")], "disks/benchrootfs"
     sock = str(tmp / "agent.sock")
-    argv = qemu_argv(DirectGuest.from_image(IMAGE_DIR, vcpus=1, mem_mib=256), sock, shared_dir=str(shared))
+    guest = DirectGuest.from_image(image_dir, vcpus=1, mem_mib=256)
+    argv = qemu_argv(guest, sock, shared_dir=str(shared), disks=disks)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    reads: dict[str, list[float]] = {}
     try:
         with AgentClient.open(sock, 120) as agent:
             idle_rss = int(str(agent.request("stats", {"id": ""}, 30).get("agent_rss_bytes", 0)))
@@ -85,7 +139,7 @@ def agent_path(tmp: Path, runs: int, exec_runs: int) -> dict[str, object]:
             for i in range(runs):
                 cid = f"bench{i}"
                 t0 = time.monotonic()
-                agent.create(cid, lower="shared/rootfs", spec=spec)
+                agent.create(cid, lower=lower, spec=spec)
                 agent.start(cid)
                 while b"\n" not in agent.log_read(cid, 0, 65536, 60).data:
                     if time.monotonic() > t0 + 60:
@@ -93,16 +147,22 @@ def agent_path(tmp: Path, runs: int, exec_runs: int) -> dict[str, object]:
                 start_s.append(time.monotonic() - t0)
                 if i < runs - 1:
                     agent.delete(cid)
+            last = f"bench{runs - 1}"
             exec_s = []
             for _ in range(exec_runs):
                 t0 = time.monotonic()
-                agent.exec(f"bench{runs - 1}", ["true"], timeout_s=30)
+                agent.exec(last, ["true"], timeout_s=30)
                 exec_s.append(time.monotonic() - t0)
+            if data:  # the first read of each is cold (nothing cached in the guest yet)
+                reads = {"small": [], "big": []}
+                for _ in range(3):
+                    reads["small"].append(_timed_exec(agent, last, READ_SMALL))
+                    reads["big"].append(_timed_exec(agent, last, READ_BIG))
             busy_rss = int(str(agent.request("stats", {"id": ""}, 30).get("agent_rss_bytes", 0)))
     finally:
         proc.kill()
         proc.wait()
-    return {"start": start_s, "exec": exec_s, "idle_rss": idle_rss, "busy_rss": busy_rss}
+    return {"start": start_s, "exec": exec_s, "idle_rss": idle_rss, "busy_rss": busy_rss, "reads": reads}
 
 
 def cri_path(tmp: Path, runs: int, exec_runs: int) -> dict[str, list[float]]:
@@ -172,7 +232,40 @@ SHAPE: dict[str, Any] = {
     },
     "exec_sync_round_trip": {"cri": _timings(50, 99), "agent_baseline": _timings(50, 99), "ratio_p50": smoke.POSITIVE},
     "agent_rss_mib": {"idle": smoke.POSITIVE, "with_containers": smoke.POSITIVE},
+    "rootfs_designs": smoke.Keyed(
+        {
+            "image_dir": smoke.TEXT,
+            "create_start_first_log_line": _timings(50, 95),
+            "exec_true_p50_ms": smoke.POSITIVE,
+            "read_small_files_ms": {"cold": smoke.POSITIVE, "warm": smoke.POSITIVE},
+            "read_big_file_ms": {"cold": smoke.POSITIVE, "warm": smoke.POSITIVE},
+        }
+    ),
 }
+
+
+def _design(text: str) -> tuple[str, str]:
+    name, _, image_dir = text.partition("=")
+    if name not in ROOTFS_DESIGNS:
+        raise argparse.ArgumentTypeError(f"design must be one of {', '.join(ROOTFS_DESIGNS)}, got {name!r}")
+    return name, image_dir or IMAGE_DIR
+
+
+def _design_figures(image_dir: str, got: dict[str, object]) -> dict[str, object]:
+    reads = got["reads"]
+    start, exec_s = got["start"], got["exec"]
+    assert isinstance(reads, dict) and isinstance(start, list) and isinstance(exec_s, list)
+
+    def cold_warm(samples: list[float]) -> dict[str, float]:
+        return {"cold": round(samples[0] * 1000, 1), "warm": round(percentile(samples[1:], 50) * 1000, 1)}
+
+    return {
+        "image_dir": image_dir,
+        "create_start_first_log_line": _stats(start, 50, 95),
+        "exec_true_p50_ms": round(percentile(exec_s, 50) * 1000, 1),
+        "read_small_files_ms": cold_warm(reads["small"]),
+        "read_big_file_ms": cold_warm(reads["big"]),
+    }
 
 
 def main() -> int:
@@ -182,9 +275,19 @@ def main() -> int:
     parser.add_argument(
         "--smoke", action="store_true", help="one run and one exec each; check the JSON, exit 1 if wrong"
     )
+    parser.add_argument(
+        "--design",
+        type=_design,
+        action="append",
+        metavar="NAME[=IMAGE_DIR]",
+        help=f"a rootfs design to time the agent path and a file-heavy read with ({', '.join(ROOTFS_DESIGNS)}; "
+        "ext4 needs a guest image with the ext4 module); default: 9p and erofs",
+    )
+    parser.add_argument("--design-runs", type=int, default=5, help="create+start runs per design")
     args = parser.parse_args()
+    designs = args.design or [("9p", IMAGE_DIR), ("erofs", IMAGE_DIR)]
     if args.smoke:
-        args.runs, args.exec_runs = 1, 1
+        args.runs, args.exec_runs, args.design_runs = 1, 1, 1
     if args.runs < 1 or args.exec_runs < 1:
         parser.error("--runs and --exec-runs must be at least 1")
     smoke.require(smoke.missing_guest_host(), smoke.missing_image_tools(), smoke.missing_tools("qemu-system-x86_64"))
@@ -192,8 +295,13 @@ def main() -> int:
         (Path(tmp) / "agent").mkdir()
         (Path(tmp) / "cri").mkdir()
         (Path(tmp) / "cri" / "shim").mkdir()
-        base = agent_path(Path(tmp) / "agent", args.runs, args.exec_runs)
+        base = agent_path(Path(tmp) / "agent", args.runs, args.exec_runs, design=BASELINE_DESIGN)
         cri = cri_path(Path(tmp) / "cri", args.runs, args.exec_runs)
+        per_design = {}
+        for name, image_dir in designs:
+            (Path(tmp) / name).mkdir()
+            got = agent_path(Path(tmp) / name, args.design_runs, 3, design=name, image_dir=image_dir, data=True)
+            per_design[name] = _design_figures(image_dir, got)
     base_start = base["start"]
     base_exec = base["exec"]
     assert isinstance(base_start, list) and isinstance(base_exec, list)
@@ -216,6 +324,7 @@ def main() -> int:
             "idle": round(int(str(base["idle_rss"])) / (1 << 20), 1),
             "with_containers": round(int(str(base["busy_rss"])) / (1 << 20), 1),
         },
+        "rootfs_designs": per_design,
     }
     smoke.report(result, SHAPE, smoke=args.smoke)
     return 0

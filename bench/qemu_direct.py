@@ -112,10 +112,12 @@ def qemu_argv(
     *,
     console_path: str | None = None,
     shared_dir: str | None = None,
+    disks: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
     """The QEMU command line of one direct boot (see the module docstring); ``shared_dir`` is
     exported over virtio-9p with the tag the guest agent mounts (as libvirt's ``<filesystem
-    type='mount' accessmode='passthrough'>`` does)."""
+    type='mount' accessmode='passthrough'>`` does); each of ``disks`` (raw file, serial) is a
+    read-only virtio-blk disk, as an image's disk is attached to a pod."""
     accel = guest.accel
     if accel == "tcg" and guest.tb_cache_mib:
         accel += f",tb-size={guest.tb_cache_mib}"
@@ -154,6 +156,11 @@ def qemu_argv(
         argv += [
             "-fsdev", f"local,id=fsdev{i},path={path},security_model=passthrough,multidevs=remap{ro}",
             "-device", f"virtio-9p-pci,id=fs{i},fsdev=fsdev{i},mount_tag={tag}",
+        ]  # fmt: skip
+    for i, (path, serial) in enumerate(disks):
+        argv += [
+            "-blockdev", f"driver=file,filename={path},node-name=disk{i},read-only=on,auto-read-only=off",
+            "-device", f"virtio-blk-pci,drive=disk{i},serial={serial}",
         ]  # fmt: skip
     return argv
 

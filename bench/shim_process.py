@@ -28,6 +28,9 @@ def shim_process(
 ) -> Iterator[pb_grpc.RuntimeServiceStub]:
     """``pod_network``: the shim's --pod-network (None: what its --config says)."""
     tmp = Path(tmp)
+    for d in (tmp.resolve(), *tmp.resolve().parents):  # each sandbox's QEMU, as its own uid, passes
+        if not d.stat().st_mode & 0o001:  # through to its directory in the state below
+            d.chmod((d.stat().st_mode & 0o7777) | 0o001)
     sock = tmp / "cri.sock"
     log_path = tmp / "shim.log"
     argv = [

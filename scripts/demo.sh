@@ -5,6 +5,7 @@ set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${VMSANDBOX_VENV:-$REPO_ROOT/.venv}/bin/python
 WORK=$(mktemp -d /run/vmsandbox-demo.XXXXXX)
+chmod 0711 "$WORK" # passable: each sandbox's QEMU, as its own uid, reaches its directory in the state below
 SOCKET=$WORK/vmsandbox.sock
 SHIM_PID=""
 REGISTRY_PID=""

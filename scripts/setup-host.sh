@@ -38,7 +38,7 @@ APT_PACKAGES=(
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config
     gcc libc6-dev python3-dev python3-venv
     busybox-static xz-utils cpio kmod golang-go tini
-    skopeo umoci docker-registry apache2-utils buildah
+    skopeo umoci docker-registry apache2-utils buildah erofs-utils
     containernetworking-plugins iproute2 iptables util-linux
     containerd runc
 )

@@ -11,6 +11,8 @@ nodes not named keep the default 1Gi): the host's own processes and the kubelet'
 ``packing`` chooses among the NUMA nodes a pod fits (``spread``, ``best-fit``, ``first-fit``).
 ``device_pools`` names the PCI functions that may be passed through (nothing
 else ever is); ``cdi_spec_dirs`` are where CDI specs are read, later directories winning.
+``qemu_uids`` (``FIRST-LAST``, default 2000000000-2000065535) is the range each sandbox's QEMU gets
+its own uid and gid from.
 ``pod_network`` is ``cni`` (pods get a network from the CNI configuration in ``cni_conf_dir`` and
 the plugins in ``cni_bin_dirs``; namespaces live in ``netns_dir``) or ``none`` (no NIC at all).
 """
@@ -30,6 +32,7 @@ from vmsandbox.host import format_cpulist, parse_cpulist
 from vmsandbox.nri import NriConfig
 from vmsandbox.nri import parse_config as parse_nri_config
 from vmsandbox.placement import DEFAULT_PACKING, PACKINGS, Packing
+from vmsandbox.qemu_user import DEFAULT_QEMU_UIDS, UidRange, parse_uid_range
 from vmsandbox.quantity import parse_nonnegative_quantity
 from vmsandbox.registries import Registries, parse_registries
 from vmsandbox.resources import HUGEPAGE_SIZES
@@ -77,6 +80,8 @@ class ShimConfig:
     # where CNI plugins are looked up, in order: the usual place, then where Debian's package puts them
     cni_bin_dirs: tuple[str, ...] = ("/opt/cni/bin", "/usr/lib/cni")
     netns_dir: str = "/run/netns"  # where the pods' network namespaces are bind-mounted (``ip netns`` sees them)
+    # each sandbox's QEMU runs as its own uid (and gid) from this range ("FIRST-LAST" in the file)
+    qemu_uids: UidRange = DEFAULT_QEMU_UIDS
     streaming_address: str = "127.0.0.1:0"  # Exec/Attach/PortForward URLs; port 0: a free port chosen at start
     streaming_tls_cert: str = ""  # PEM certificate and key: the streaming server speaks HTTPS (both or neither)
     streaming_tls_key: str = ""
@@ -133,6 +138,7 @@ _KEYS = {
     "cni_conf_dir",
     "cni_bin_dirs",
     "netns_dir",
+    "qemu_uids",
     "streaming_address",
     "streaming_tls_cert",
     "streaming_tls_key",
@@ -213,6 +219,8 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         kwargs["mount_allowlist"] = tuple(paths)
     kwargs["nri"] = parse_nri_config(data.get("nri"), source)
     kwargs["registries"] = parse_registries(data.get("registries"), f"{source}: registries")
+    if "qemu_uids" in data:
+        kwargs["qemu_uids"] = parse_uid_range(str(data["qemu_uids"]), f"{source}: qemu_uids")
     for key in ("image_max_bytes", "image_max_entries", "log_rate_bytes", "log_burst_bytes"):
         if key in data:
             if not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 1:

@@ -1,6 +1,7 @@
 """``Containers``: runs admitted containers in their pod's guest and owns what that takes on the
 host — the per-sandbox shared directory (``<state>/sandboxes/<id>/shared``, virtio-9p), the hold on
-each container's image, the agent connection of each guest, the copy of each container's log
+each container's image and the image's read-only disk in the pod's guest (hot-plugged when the
+pod's first container of that image is created), the agent connection of each guest, the copy of each container's log
 from its guest agent to the kubelet's ``log_directory/log_path`` (through ``shim.log_copy``), and
 the pod's ``resolv.conf`` and ``hostname`` files its containers share.
 
@@ -25,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from shim import faults
-from shim.images import ImageStore
+from shim.images import HeldImage, ImageStore
 from shim.log_copy import LogCopies
 from shim.model import (
     CONTAINER_CREATED,
@@ -43,7 +44,6 @@ from vmsandbox.adapters.agent_client import AgentClient, AgentLost
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.agent_protocol import (
-    IMAGES_TAG,
     PROC_WRITE_MAX,
     SHARED_TAG,
     UNKNOWN_CONTAINER,
@@ -54,8 +54,16 @@ from vmsandbox.agent_protocol import (
     ProcOutput,
     ProtocolError,
 )
-from vmsandbox.domain import AGENT_CHANNEL, SharedDir
-from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, VmSandboxError, WrongState
+from vmsandbox.domain import AGENT_CHANNEL, IMAGE_DISK_SLOTS, ImageDiskDevice, SharedDir, free_disk_target
+from vmsandbox.domain_xml import read_image_disks, render_image_disk
+from vmsandbox.errors import (
+    CannotFit,
+    InfrastructureError,
+    InvalidArgument,
+    NotFound,
+    VmSandboxError,
+    WrongState,
+)
 from vmsandbox.network import POD_FILES, pod_files
 from vmsandbox.sizing import LinuxResources
 
@@ -196,6 +204,9 @@ class Containers:
         self._opening: dict[str, threading.Lock] = {}  # per sandbox, held while its agent is connected to
         self.logs = LogCopies(state_dir, sandboxes.config.log_rate_bytes, sandboxes.config.log_burst_bytes)
         self._container_locks: dict[str, threading.Lock] = {}
+        self._disk_locks: dict[str, threading.Lock] = {}  # per sandbox: one image-disk change at a time
+        # (sandbox, serial): creates in flight with that disk, and containers created with it by this process
+        self._disk_users: dict[tuple[str, str], int] = {}
         sandboxes.shared_dirs_for = self.shared_dirs_for
         sandboxes.drop_shared_dirs = self.drop_shared_dirs
         sandboxes.sweep_shared_dirs = self.sweep_shared_dirs
@@ -204,39 +215,114 @@ class Containers:
     def _shared(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id / "shared"
 
-    def _images(self, sandbox_id: str) -> Path:
-        return self.root / sandbox_id / "images"
-
-    def shared_dirs_for(self, sandbox_id: str) -> tuple[SharedDir, ...]:
+    def shared_dirs_for(self, sandbox_id: str, qemu_uid: int) -> tuple[SharedDir, ...]:
+        """The sandbox's shared directory, made before its QEMU starts: the sandbox's directory
+        and the share are QEMU's own (``qemu_uid``, mode 0700), the directories above them only
+        passable (0711), so no other sandbox's QEMU (nor any other unprivileged host user) can
+        open them."""
         shared = self._shared(sandbox_id)
         shared.mkdir(parents=True, exist_ok=True)
         shared_tree.make_dirs(shared, "containers")
-        self._images(sandbox_id).mkdir(exist_ok=True)
-        os.chmod(self.root / sandbox_id, 0o700)
-        return (
-            # mapped: nothing the guest writes here (volumes included) is a setuid file, a file
-            # capability, a symlink or a device node on the host, nor owned by anyone but QEMU's user
-            SharedDir(str(shared), SHARED_TAG, accessmode="mapped"),
-            # empty at boot: the trees of this pod's containers are bound in as they are created
-            SharedDir(str(self._images(sandbox_id)), IMAGES_TAG, readonly=True),
-        )
+        os.chmod(self.root, 0o711)
+        for d in (self.root / sandbox_id, shared):
+            os.chown(d, qemu_uid, qemu_uid)
+            os.chmod(d, 0o700)
+        # mapped: nothing the guest writes here (volumes included) is a setuid file, a file
+        # capability, a symlink or a device node on the host, nor owned by anyone but QEMU's user
+        return (SharedDir(str(shared), SHARED_TAG, accessmode="mapped"),)
 
-    def _share_image(self, sandbox_id: str, tree: Path) -> str:
-        """Binds an image's tree (read-only) into the sandbox's image export inside its QEMU's mount
-        namespace, once per pod, so a guest sees the images of its own containers and no other
-        tenant's; returns the tree's name as the agent's ``lower``."""
-        target = self._images(sandbox_id) / tree.name
-        with self._lock:  # two containers of one image in one pod: one bind
-            pid = self._qemu_pid(sandbox_id)
-            if pid is None:
+    def _attach_image(self, sandbox_id: str, held: HeldImage) -> tuple[str, bool]:
+        """Hot-plugs an image's read-only disk into the sandbox's guest unless it has it already, so
+        a guest holds the disks of its own containers' images and no other tenant's; returns the
+        agent's ``lower`` for it and whether this call attached it. Counts this create as a user of
+        the disk (until the pod goes, or ``_detach_unused`` when the create fails)."""
+        name = self.sandboxes.get(sandbox_id).domain
+        with self._lock:
+            lock = self._disk_locks.setdefault(sandbox_id, threading.Lock())
+        key = (sandbox_id, held.serial)
+        with lock:
+            with self._lock:
+                if self._disk_users.get(key, 0) > 0:  # attached for this pod by this process already
+                    self._disk_users[key] += 1
+                    return f"disks/{held.serial}", False
+            if not self.hypervisor.is_active(name):
                 raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
-            target.mkdir(exist_ok=True)
-            if not binds.mounts_under(target, Path(f"/proc/{pid}/mountinfo").read_text()):
-                binds.bind(pid, tree, target, readonly=True, recursive=True, beneath=self._images(sandbox_id))
-        return f"images/{tree.name}"
+            disks = read_image_disks(self.hypervisor.live_xml(name))
+            attached = False
+            if held.serial not in disks:
+                target = free_disk_target({d.target_dev for d in disks.values()})
+                if target is None or len(disks) >= IMAGE_DISK_SLOTS:
+                    raise CannotFit(
+                        f"sandbox {sandbox_id[:12]} already holds the disks of {len(disks)} images, as many as "
+                        f"a pod's guest takes ({IMAGE_DISK_SLOTS}): run containers of fewer images in one pod"
+                    )
+                source = self._bind_disk(sandbox_id, held)
+                disk = ImageDiskDevice(source=str(source), serial=held.serial, target_dev=target)
+                try:
+                    self.hypervisor.attach_device(name, render_image_disk(disk))
+                except BaseException:
+                    self._unbind(sandbox_id, source)
+                    raise
+                attached = True
+            with self._lock:
+                self._disk_users[key] = self._disk_users.get(key, 0) + 1
+        return f"disks/{held.serial}", attached
+
+    def _disk_dir(self, sandbox_id: str) -> Path:
+        return self.root / sandbox_id / "disks"
+
+    def _bind_disk(self, sandbox_id: str, held: HeldImage) -> Path:
+        """Makes the image's disk readable to the sandbox's QEMU alone: the store's file (root's,
+        0400, in the 0700 store) is bound read-only, idmapped so that root's files are QEMU's uid's,
+        onto ``<sandbox>/disks/<serial>.erofs`` inside that QEMU's mount namespace (on the host the
+        path is an empty placeholder); returns the path QEMU opens."""
+        record = self.sandboxes.get(sandbox_id)
+        pid = self.hypervisor.emulator_pid(record.domain)
+        if pid is None:
+            raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
+        disks = self._disk_dir(sandbox_id)
+        disks.mkdir(mode=0o755, exist_ok=True)
+        target = disks / f"{held.serial}.erofs"
+        if binds.mounts_under(target, Path(f"/proc/{pid}/mountinfo").read_text()):
+            return target  # bound by an attach whose disk is still being removed, or a crashed one
+        target.touch(mode=0o400, exist_ok=True)
+        binds.bind(pid, held.disk, target, readonly=True, beneath=disks, root_as=record.qemu_uid)
+        return target
+
+    def _detach_unused(self, sandbox_id: str, held: HeldImage, attached: bool) -> None:
+        """Rollback of a failed create: it no longer uses the image's disk; a disk this create
+        attached is detached again unless another container (or create in flight) uses it."""
+        key = (sandbox_id, held.serial)
+        with self._lock:
+            lock = self._disk_locks.setdefault(sandbox_id, threading.Lock())
+        with lock:
+            with self._lock:
+                left = self._disk_users.get(key, 1) - 1
+                if left > 0:
+                    self._disk_users[key] = left
+                else:
+                    self._disk_users.pop(key, None)
+            if not attached or left > 0:
+                return
+            name = self.sandboxes.get(sandbox_id).domain
+            disk = read_image_disks(self.hypervisor.live_xml(name)).get(held.serial)
+            if disk is not None:
+                try:
+                    self.hypervisor.detach_device(name, render_image_disk(disk))
+                except VmSandboxError as exc:
+                    log.warning("sandbox %s: image disk %s stays attached: %s", sandbox_id[:12], held.serial, exc)
+                    return
+            with contextlib.suppress(VmSandboxError):  # QEMU closed it; a bind that stays goes with QEMU
+                self._unbind(sandbox_id, self._disk_dir(sandbox_id) / f"{held.serial}.erofs")
 
     def _qemu_pid(self, sandbox_id: str) -> int | None:
         return self.hypervisor.emulator_pid(self.sandboxes.get(sandbox_id).domain)
+
+    def _unbind(self, sandbox_id: str, path: Path) -> None:
+        """Detach the mounts at or below ``path`` in the guest's QEMU (if it runs)."""
+        pid = self._qemu_pid(sandbox_id)
+        if pid is not None:
+            binds.unbind_all(pid, path)
 
     def _unbind_container(self, sandbox_id: str, container_id: str) -> None:
         """Detach a container's volume binds in its guest's QEMU. Guest root can rename directories
@@ -259,8 +345,13 @@ class Containers:
         binds.remove_tree(self._shared(sandbox_id), f"containers/{container_id}")
 
     def drop_shared_dirs(self, sandbox_id: str) -> None:
-        """Remove a sandbox's directory (its guest is gone, and the mounts in its QEMU with it)."""
+        """Remove a sandbox's directory (its guest is gone, and the mounts in its QEMU and the image
+        disks with it)."""
         binds.remove_tree(self.root, sandbox_id)
+        with self._lock:
+            self._disk_locks.pop(sandbox_id, None)
+            for key in [k for k in self._disk_users if k[0] == sandbox_id]:
+                del self._disk_users[key]
 
     def sweep_shared_dirs(self, keep: set[str]) -> None:
         """Remove the directories of sandboxes nobody remembers (a crash between tear-down and removal)."""
@@ -411,7 +502,9 @@ class Containers:
         image = self.images.get(c.image)
         if image is None:
             raise NotFound(f"image {c.image[:256]!r} is not pulled (PullImage it first)")
-        tree = self.images.acquire(image.id)
+        held = self.images.acquire(image.id)
+        tree = held.tree
+        disk_attached: bool | None = None  # None: the disk is not counted as used by this create
         try:
             spec_img = image.spec
             image_cfg = oci_spec.ImageConfig(
@@ -437,7 +530,7 @@ class Containers:
                 seccomp_profile=self._seccomp_document(request.seccomp),
             )
             spec = oci_spec.build_spec(run, image_cfg, user)
-            lower = self._share_image(c.sandbox_id, tree)
+            lower, disk_attached = self._attach_image(c.sandbox_id, held)
             self._call(
                 c.sandbox_id,
                 "create",
@@ -450,6 +543,8 @@ class Containers:
             )
             faults.checkpoint("create:after-guest")
         except BaseException:
+            if disk_attached is not None:
+                self._detach_unused(c.sandbox_id, held, disk_attached)
             self.images.release(image.id)
             self._drop_container_dir(c.sandbox_id, container_id)
             raise
@@ -517,6 +612,7 @@ class Containers:
         out = []
         mountinfo = Path("/proc/self/mountinfo").read_text()
         qemu = self._qemu_pid(sandbox_id) if any(m.host_path for m in mounts) else None
+        qemu_uid = self.sandboxes.get(sandbox_id).qemu_uid
         for i, m in enumerate(mounts):
             container_path, host_path, readonly = m.container_path, m.host_path, m.readonly
             if not host_path:
@@ -534,7 +630,7 @@ class Containers:
             shared_tree.make_empty(shared, rel, is_dir=real.is_dir())
             if qemu is None:
                 raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
-            binds.bind(qemu, real, shared / rel, readonly, m.recursive, m.propagation, beneath=shared)
+            binds.bind(qemu, real, shared / rel, readonly, m.recursive, m.propagation, beneath=shared, root_as=qemu_uid)
             out.append(
                 oci_spec.Mount(
                     destination=container_path,

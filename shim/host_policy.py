@@ -17,7 +17,7 @@ from shim.config import ShimConfig
 from vmsandbox.adapters.cdi_specs import load_registry
 from vmsandbox.claims import Claim
 from vmsandbox.devices import DevicePools, resolve_pools
-from vmsandbox.domain import Domain, NetworkInterface, SandboxIdentity, SharedDir, build_domain
+from vmsandbox.domain import IMAGE_DISK_SLOTS, Domain, NetworkInterface, SandboxIdentity, SharedDir, build_domain
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory, format_cpulist
 from vmsandbox.lifecycle import HostFacts, wants_cdi
@@ -138,6 +138,7 @@ def domain_for(
     interfaces: tuple[NetworkInterface, ...] = (),
     guest_nic: GuestNic | None = None,
     hostname: str = "",
+    qemu_uid: int = 0,
 ) -> Domain:
     """The domain of a placed pod: the profile's guest image and knobs, the placement's pinning."""
     image = profile.image_dir.rstrip("/")
@@ -162,4 +163,6 @@ def domain_for(
         interfaces=interfaces,
         guest_nic=guest_nic,
         hostname=hostname,
+        hotplug_ports=IMAGE_DISK_SLOTS,
+        qemu_uid=qemu_uid,
     )

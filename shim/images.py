@@ -79,6 +79,22 @@ log = logging.getLogger(__name__)
 _Held = tuple[set[str], str]  # a pull's blobs and tree key, in flight until the catalogue names them
 
 
+def disk_serial(tree_key: str) -> str:
+    """The virtio-blk serial of an image's disk (at most 20 characters): the first 80 bits of its
+    tree's ChainID, so one pod's disks never share a serial."""
+    return tree_key.removeprefix("sha256:")[:20]
+
+
+@dataclass(frozen=True)
+class HeldImage:
+    """An image held for a container: its unpacked tree (read on the host: passwd, group) and its
+    read-only disk (the guest's lower layer), with the serial the guest finds it by."""
+
+    tree: Path
+    disk: Path
+    serial: str
+
+
 @dataclass(frozen=True)
 class Resolved:
     """What the registry said ``ref`` is: where it answered, the pulled digest, the platform manifest."""
@@ -151,18 +167,26 @@ class ImageStore:
         return self.disk.root
 
     # -- holders ------------------------------------------------------------------------------------
-    def acquire(self, image_id: str) -> Path:
-        """Hold ``image_id`` for a container; returns its read-only tree. NOT_FOUND if not stored.
+    def acquire(self, image_id: str) -> HeldImage:
+        """Hold ``image_id`` for a container; returns its read-only tree and disk. NOT_FOUND if not
+        stored.
 
         An image removed while held can still be acquired by id until ``collect()``: containers
         that ran from it re-acquire it when the shim restarts. New containers find images by name
-        (``get``), which never returns a removed one."""
+        (``get``), which never returns a removed one. The disk of an image pulled by an earlier
+        version (which made none) is made here, on first use."""
         with self._lock:
             record = self._images.get(image_id)
             if record is None:
                 raise NotFound(f"image {bounded(image_id)} is not stored (pull it first)")
             self._holders[image_id] += 1
-            return self.disk.tree_path(record.tree)
+            key = record.tree
+        try:
+            self.disk.make_disk(key)
+        except BaseException:
+            self.release(image_id)
+            raise
+        return HeldImage(self.disk.tree_path(key), self.disk.disk_path(key), disk_serial(key))
 
     def release(self, image_id: str) -> None:
         with self._lock:
@@ -433,6 +457,7 @@ class ImageStore:
         if self.disk.has_tree(key):
             for layer, _ in pairs:
                 self.disk.verify_blob(layer.digest, what)
+            self.disk.make_disk(key)  # a store of an earlier version has trees without disks
             with self._lock:
                 same = next((r for r in self._images.values() if r.tree == key), None)
             if same is not None:
@@ -443,6 +468,7 @@ class ImageStore:
         self._unpack(tree_dir, pairs, what)
         used, inodes = tree_usage(str(tree_dir))
         self.disk.commit_tree(tree_dir, key)
+        self.disk.make_disk(key)
         return used, inodes
 
     def _unpack(self, tree_dir: Path, layers: tuple[tuple[Descriptor, str], ...], what: str) -> None:

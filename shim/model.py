@@ -116,6 +116,8 @@ class SandboxRecord:
     port_mappings: tuple[PortMapping, ...] = ()
     dns: DnsConfig = field(default_factory=DnsConfig)
     network: PodNetwork | None = None
+    # the host uid (and gid) its QEMU runs as; 0: a sandbox of an earlier version, whose QEMU is root
+    qemu_uid: int = 0
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -145,6 +147,7 @@ class SandboxRecord:
             "port_mappings": [asdict(m) for m in self.port_mappings],
             "dns": {k: list(v) for k, v in asdict(self.dns).items()},
             "network": self.network.to_doc() if self.network is not None else {},
+            "qemu_uid": self.qemu_uid,
         }
 
     @staticmethod
@@ -178,6 +181,7 @@ class SandboxRecord:
             port_mappings=tuple(PortMapping(**m) for m in doc.get("port_mappings", ())),
             dns=DnsConfig(**{k: tuple(v) for k, v in dns.items()}),
             network=PodNetwork.from_doc(network) if network else None,
+            qemu_uid=int(doc.get("qemu_uid", 0)),
         )
 
     def with_state(self, state: str) -> SandboxRecord:

@@ -56,6 +56,7 @@ from vmsandbox.domain import AGENT_CHANNEL, Domain, NetworkInterface, SandboxIde
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import (
     AlreadyExists,
+    CannotFit,
     Diverged,
     InfrastructureError,
     InvalidArgument,
@@ -81,6 +82,7 @@ from vmsandbox.lifecycle import (
 from vmsandbox.network import GuestNic, guest_network_args
 from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile, select_profile
+from vmsandbox.qemu_user import pick_uid
 from vmsandbox.resources import ContainerResources, hugepage_resource
 from vmsandbox.sizing import (
     LinuxResources,
@@ -138,7 +140,8 @@ class Sandboxes:
         # the directories a guest gets over 9p belong to the owner of containers (shim.containers),
         # which sets these: it makes them for a boot, drops them when a boot is rolled back, and
         # sweeps those of sandboxes that no longer exist (given the ids to keep)
-        self.shared_dirs_for: Callable[[str], tuple[SharedDir, ...]] = lambda _sandbox_id: ()
+        self.shared_dirs_for: Callable[[str, int], tuple[SharedDir, ...]] = lambda _sandbox_id, _uid: ()
+        self._uid_lock = threading.Lock()  # held from choosing a QEMU uid until the record holding it is written
         self.drop_shared_dirs: Callable[[str], None] = lambda _sandbox_id: None
         self.sweep_shared_dirs: Callable[[set[str]], None] = lambda _keep: None
         first = self.inventory()
@@ -243,7 +246,16 @@ class Sandboxes:
             placement.claim.describe(),
         )
         try:
-            self._put_sandbox(record)
+            with self._uid_lock:
+                used = {r.qemu_uid for r in list(self._records.values())}  # creating ones too
+                uid = pick_uid(self.config.qemu_uids, used)
+                if uid is None:
+                    raise CannotFit(
+                        f"every uid of qemu_uids ({self.config.qemu_uids}) runs a sandbox's QEMU: "
+                        "remove sandboxes or widen the range"
+                    )
+                record = replace(record, qemu_uid=uid)
+                self._put_sandbox(record)
             attachment = self.network.attach(
                 sandbox_id, meta, spec.namespaces, spec.port_mappings, dict(spec.annotations)
             )
@@ -301,7 +313,8 @@ class Sandboxes:
             profile=profile,
             accel=accel,
             console_log=console,
-            shared_dirs=self.shared_dirs_for(record.id),
+            shared_dirs=self.shared_dirs_for(record.id, record.qemu_uid),
+            qemu_uid=record.qemu_uid,
             interfaces=(attachment.interface,) if attachment.interface else (),
             guest_nic=nic,
             hostname=record.hostname,
@@ -434,7 +447,7 @@ class Sandboxes:
         try:
             placement = self.resources.reserve(owner, shape, profile)
             try:
-                shared = self.shared_dirs_for(owner)
+                shared = self.shared_dirs_for(owner, 0)  # a snapshot's guest runs no pod: QEMU as root still
                 pod_domain = domain_for(
                     identity=SandboxIdentity(owner, "", "", "", 0, "", self.ledger.instance_id),
                     uuid=str(uuidlib.uuid4()),

@@ -151,6 +151,9 @@ def start(config: ShimConfig) -> Running:
     profiles = load_profiles(config.profile_files) if config.profile_files else default_profiles()
     state = Path(config.state_dir)
     _owner_only_dir(state)
+    # passable by others (0711): each sandbox's QEMU, as its own user, reaches its own directory
+    # below (shim.containers, 0700 each); everything else here keeps its own mode (0700 or 0600)
+    os.chmod(state, 0o711)
     if config.console_dir:
         _owner_only_dir(Path(config.console_dir))
     ledger = _open_ledger(state)

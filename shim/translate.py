@@ -359,6 +359,7 @@ def sandbox_info(r: SandboxRecord) -> dict[str, str]:
         "hugepages": [{"node": n, "page_size": s, "pages": c} for n, s, c in r.hugepages],
         "devices": record["devices"],
         "accel": r.accel,
+        "qemu_uid": r.qemu_uid,
         "boot_ms": r.boot_ms,
         "guest": record["guest"],
         "declaration": record["declaration"],

@@ -41,7 +41,8 @@ CHANNEL_NAME = "io.vmsandbox.agent.0"
 SHARED_TAG = "vmsandbox.shared"
 """Mount tag of the sandbox's shared directory (virtio-9p, read-write): logs, a container's files."""
 IMAGES_TAG = "vmsandbox.images"
-"""Mount tag of the host's unpacked image trees (virtio-9p, read-only): containers' lower layers."""
+"""Mount tag of the image trees' read-only 9p export of sandboxes started by earlier versions (the
+agent still mounts it for a lower named ``images/...``); containers' lower layers are image disks now."""
 
 
 EXEC_OUTPUT_MAX = 16 << 20

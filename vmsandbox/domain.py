@@ -94,6 +94,29 @@ class SharedDir:
 
 
 @dataclass(frozen=True)
+class ImageDiskDevice:
+    """An image's read-only disk in a running guest (hot-plugged as virtio-blk): the file, the
+    serial the guest agent finds it by, and libvirt's target name (``vdb``...), which libvirt needs
+    but the guest never relies on."""
+
+    source: str
+    serial: str
+    target_dev: str
+
+
+IMAGE_DISK_SLOTS = 8
+"""How many images' disks one pod's guest can hold: its domain has this many empty PCIe root ports."""
+IMAGE_DISK_TARGETS = tuple(f"vd{c}" for c in "bcdefghijklmnopqrstuvwxyz")
+"""libvirt target names for image disks, in the order they are handed out."""
+
+
+def free_disk_target(used: set[str]) -> str | None:
+    """The first image-disk target name not in ``used`` (the live domain's disks, including ones
+    whose removal the guest has not finished); None when all are taken."""
+    return next((t for t in IMAGE_DISK_TARGETS if t not in used), None)
+
+
+@dataclass(frozen=True)
 class NetworkInterface:
     """A guest NIC. ``ethernet``: an existing host device handed to libvirt unmanaged (the pod's
     macvtap on its CNI ``eth0``, ``target_dev``; without one, a tap libvirt makes and connects to
@@ -148,6 +171,10 @@ class Domain:
     interfaces: tuple[NetworkInterface, ...] = ()
     # a virtio-rng device fed from the host's /dev/urandom (the guest's /dev/hwrng)
     rng: RngDevice | None = None
+    # empty PCIe root ports (q35) for the images' disks hot-plugged while the guest runs
+    hotplug_ports: int = 0
+    # the host uid and gid (same number) QEMU runs as; 0: host root (a sandbox of an earlier version)
+    qemu_uid: int = 0
 
 
 def domain_name(sandbox_id: str) -> str:
@@ -191,6 +218,8 @@ def build_domain(
     interfaces: tuple[NetworkInterface, ...] = (),
     guest_nic: GuestNic | None = None,
     hostname: str = "",
+    hotplug_ports: int = 0,
+    qemu_uid: int = 0,
 ) -> Domain:
     """Assemble the domain. With pinning, vCPU i runs on ``host_cpus[i]``; shared pods float."""
     pins: tuple[tuple[int, tuple[int, ...]], ...]
@@ -241,4 +270,6 @@ def build_domain(
         shared_dirs=tuple(shared_dirs),
         interfaces=tuple(interfaces),
         rng=RngDevice(),
+        hotplug_ports=hotplug_ports if "q35" in machine else 0,
+        qemu_uid=qemu_uid,
     )

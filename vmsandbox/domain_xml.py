@@ -8,8 +8,16 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from vmsandbox.domain import METADATA_NS, METADATA_PREFIX, Domain, NetworkInterface, SandboxIdentity
+from vmsandbox.domain import (
+    METADATA_NS,
+    METADATA_PREFIX,
+    Domain,
+    ImageDiskDevice,
+    NetworkInterface,
+    SandboxIdentity,
+)
 from vmsandbox.host import format_cpulist
+from vmsandbox.qemu_user import dac_label
 
 ET.register_namespace(METADATA_PREFIX, METADATA_NS)
 
@@ -97,9 +105,15 @@ def render(domain: Domain) -> str:
                 attrs["cpus"] = _cpuset(cell.vcpus)
             _sub(numa, "cell", **attrs)
     _sub(root, "clock", offset="utc")
-    if any(shared.accessmode == "passthrough" for shared in domain.shared_dirs):
-        # 9p passthrough keeps the files' owners and modes as in the image: QEMU must be able to read
-        # every file and set any owner, so this domain's QEMU runs as host root.
+    if domain.qemu_uid:
+        # QEMU runs as the sandbox's own uid and gid, without capabilities. relabel='no': libvirt
+        # changes the owner of no file named in the domain (kernel, initrd, console log, disks) and
+        # only of what it makes for this QEMU itself (hugepage directory, channel sockets); the
+        # runtime makes what QEMU must reach its own (the sandbox's shared directory).
+        label = _sub(root, "seclabel", type="static", model="dac", relabel="no")
+        _sub(label, "label", dac_label(domain.qemu_uid))
+    elif domain.shared_dirs:
+        # a sandbox of an earlier version, whose domain named no uid: its QEMU runs as host root
         label = _sub(root, "seclabel", type="static", model="dac", relabel="no")
         _sub(label, "label", "+0:+0")
     _sub(root, "on_poweroff", "destroy")
@@ -145,9 +159,44 @@ def render(domain: Domain) -> str:
         rng = _sub(devices, "rng", model="virtio")
         _sub(rng, "rate", bytes=str(domain.rng.bytes_per_period), period=str(domain.rng.period_ms))
         _sub(rng, "backend", domain.rng.source, model="random")
+    if domain.hotplug_ports:  # libvirt numbers the root ports after the root complex, named here first
+        _sub(devices, "controller", type="pci", index="0", model="pcie-root")
+    for _ in range(domain.hotplug_ports):
+        _sub(devices, "controller", type="pci", model="pcie-root-port")
     _sub(devices, "memballoon", model="none")
     ET.indent(root, space="  ")
     return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def render_image_disk(disk: ImageDiskDevice) -> str:
+    """The ``<disk>`` of an image's disk, for libvirt's attach/detach of a running guest: a raw file,
+    read-only (QEMU opens it so; the guest sees a read-only device), shareable by every pod that
+    uses the image (the host's page cache serves all of them)."""
+    el = ET.Element("disk", type="file", device="disk")
+    _sub(el, "driver", name="qemu", type="raw")
+    _sub(el, "source", file=disk.source)
+    _sub(el, "target", dev=disk.target_dev, bus="virtio")
+    _sub(el, "serial", disk.serial)
+    _sub(el, "readonly")
+    _sub(el, "shareable")
+    ET.indent(el, space="  ")
+    return ET.tostring(el, encoding="unicode") + "\n"
+
+
+def read_image_disks(xml: str) -> dict[str, ImageDiskDevice]:
+    """The virtio disks of a live domain by serial (image disks: the only disks we give a guest)."""
+    out = {}
+    for disk in ET.fromstring(xml).iterfind("devices/disk"):
+        target, source = disk.find("target"), disk.find("source")
+        serial = disk.findtext("serial", "")
+        if target is None or target.get("bus") != "virtio":
+            continue
+        out[serial] = ImageDiskDevice(
+            source="" if source is None else source.get("file", ""),
+            serial=serial,
+            target_dev=target.get("dev", ""),
+        )
+    return out
 
 
 def read_identity(xml: str) -> SandboxIdentity | None:

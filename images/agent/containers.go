@@ -1,7 +1,8 @@
 package main
 
 // Containers: OCI bundles run with crun, their root file systems an overlay of a read-only lower
-// tree shared in from the host over virtio-9p and a writable layer in guest memory; their output
+// tree (an image's read-only virtio-blk disk, or a tree shared in from the host over virtio-9p) and
+// a writable layer in guest memory; their output
 // is kept in the guest in the CRI log format until the host reads it over the channel (logbuf.go).
 
 import (
@@ -26,6 +27,7 @@ const (
 	sharedMount = "/run/vmsandbox/shared"
 	imagesTag   = "vmsandbox.images"
 	imagesMount = "/run/vmsandbox/images"
+	disksMount  = "/run/vmsandbox/disks"
 	stateDir    = "/run/vmsandbox/containers"
 	crunRoot    = "/run/crun"
 	cgroupBase  = "/sys/fs/cgroup"
@@ -33,7 +35,11 @@ const (
 	maxLogLine = 16 * 1024
 )
 
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,127}$`)
+var (
+	idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,127}$`)
+	// the serial of an image disk (virtio-blk serials are at most 20 bytes)
+	serialPattern = regexp.MustCompile(`^[a-z0-9]{1,20}$`)
+)
 
 type container struct {
 	ID         string `json:"id"`
@@ -66,6 +72,7 @@ var (
 	containers = map[string]*container{}
 	mountMu    sync.Mutex
 	mounted    = map[string]bool{}
+	diskMounts = map[string]string{} // image disk serial -> the block device (vdX) mounted for it
 )
 
 // ensureMount mounts the 9p share with tag at dir once (read-only for the image trees).
@@ -100,10 +107,74 @@ func cleanRel(rel string) (string, error) {
 	return clean, nil
 }
 
-// lowerPath is a tree named "shared/<rel>" (in the sandbox's shared directory) or "images/<rel>"
-// (in the host's read-only image trees).
+// diskWait bounds how long a lower's disk may take to appear after the host attached it (a
+// hot-plugged virtio-blk device is probed by the guest's PCI hotplug and virtio_blk asynchronously).
+const diskWait = 20 * time.Second
+
+// findDisk returns /dev/<name> of the virtio-blk disk whose serial is serial, waiting up to
+// diskWait for it to appear. The serial is the host's name for the disk, so the guest's probe
+// order does not matter.
+func findDisk(serial string) (string, error) {
+	deadline := time.Now().Add(diskWait)
+	for {
+		names, _ := filepath.Glob("/sys/block/vd*/serial")
+		for _, f := range names {
+			b, err := os.ReadFile(f)
+			if err == nil && strings.TrimSpace(string(b)) == serial {
+				return "/dev/" + filepath.Base(filepath.Dir(f)), nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no disk with serial %q after %v", serial, diskWait)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// ensureDisk mounts the image disk with serial read-only at disksMount/<serial> once: EROFS, or
+// ext4 (without journal replay) for disks made that way.
+func ensureDisk(serial string) (string, error) {
+	dir := filepath.Join(disksMount, serial)
+	mountMu.Lock()
+	defer mountMu.Unlock()
+	if dev, ok := diskMounts[serial]; ok {
+		b, err := os.ReadFile("/sys/block/" + dev + "/serial")
+		if err == nil && strings.TrimSpace(string(b)) == serial {
+			return dir, nil
+		}
+		// the host detached the disk (a failed create's rollback) and may have attached it again:
+		// the old mount reads a device that is gone
+		_ = syscall.Unmount(dir, syscall.MNT_DETACH)
+		delete(diskMounts, serial)
+	}
+	dev, err := findDisk(serial)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	flags := uintptr(syscall.MS_RDONLY | syscall.MS_NODEV)
+	if err := syscall.Mount(dev, dir, "erofs", flags, ""); err != nil {
+		if err2 := syscall.Mount(dev, dir, "ext4", flags, "noload"); err2 != nil {
+			return "", fmt.Errorf("mount image disk %s (%s): erofs: %v; ext4: %v", serial, dev, err, err2)
+		}
+	}
+	diskMounts[serial] = filepath.Base(dev)
+	return dir, nil
+}
+
+// lowerPath is a tree named "shared/<rel>" (in the sandbox's shared directory), "images/<rel>"
+// (in the host's read-only image trees) or "disks/<serial>" (the root of an image's read-only
+// disk).
 func lowerPath(name string) (string, error) {
 	first, rest, _ := strings.Cut(name, "/")
+	if first == "disks" {
+		if !serialPattern.MatchString(rest) {
+			return "", fmt.Errorf("bad disk serial %q", rest)
+		}
+		return ensureDisk(rest)
+	}
 	clean, err := cleanRel(rest)
 	if err != nil {
 		return "", err
@@ -114,7 +185,7 @@ func lowerPath(name string) (string, error) {
 	case "images":
 		return imagesMount + clean, ensureMount(imagesTag, imagesMount, true)
 	}
-	return "", fmt.Errorf("bad lower tree %q (want shared/... or images/...)", name)
+	return "", fmt.Errorf("bad lower tree %q (want shared/..., images/... or disks/SERIAL)", name)
 }
 
 func lookup(id string) (*container, error) {

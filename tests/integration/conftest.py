@@ -8,12 +8,14 @@ passes silently.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -178,6 +180,26 @@ def busybox_registry() -> str | None:
     return registry.host
 
 
+STATE_ROOT = Path("/var/tmp/vmsandbox-test-state")
+"""Where the shims of the tests keep their state: each sandbox's QEMU, as a uid of its own, must
+pass through every directory above its sandbox's, and pytest keeps its temporary directories 0700."""
+
+
+def state_dir(tmp: Path) -> Path:
+    """``tmp/state``: a link to a directory of this test's below STATE_ROOT (made once, so that a
+    restarted shim finds the same state; deleted when the test process ends)."""
+    link = tmp / "state"
+    if link.is_symlink() or link.exists():
+        return link
+    STATE_ROOT.mkdir(exist_ok=True)
+    STATE_ROOT.chmod(0o711)
+    real = Path(tempfile.mkdtemp(prefix="state-", dir=STATE_ROOT))
+    real.chmod(0o711)
+    link.symlink_to(real)
+    atexit.register(shutil.rmtree, real, True)
+    return link
+
+
 def start_shim(
     tmp: Path,
     *,
@@ -192,7 +214,7 @@ def start_shim(
     write_profiles(profiles)
     config = {
         "socket_path": str(tmp / "cri.sock"),
-        "state_dir": str(tmp / "state"),
+        "state_dir": str(state_dir(tmp)),
         "console_dir": str(tmp / "console"),
         "libvirt_uri": LIBVIRT_URI,
         "profile_files": [str(profiles)],

@@ -38,7 +38,7 @@ def blobs(store: ImageStore) -> set[str]:
 
 def tree_of(store: ImageStore, image_id: str) -> Path:
     """Where the unpacked tree of ``image_id`` is (as a container holding it would get it)."""
-    tree = store.acquire(image_id)
+    tree = store.acquire(image_id).tree
     store.release(image_id)
     return tree
 
@@ -46,7 +46,35 @@ def tree_of(store: ImageStore, image_id: str) -> Path:
 def leftovers(store: ImageStore) -> list[str]:
     root = store.root
     work = [p.name for p in (root / "work").iterdir() if p.name != "skopeo"]
-    return work + [p.name for p in (root / "trees").iterdir()] + [p.name for p in (root / "blobs/sha256").iterdir()]
+    trees = [p.name for p in (root / "trees").iterdir()] + [p.name for p in (root / "disks").iterdir()]
+    return work + trees + [p.name for p in (root / "blobs/sha256").iterdir()]
+
+
+EROFS_MAGIC = (1024, bytes.fromhex("e2e1f5e0"))  # the superblock's magic, little-endian, at 1 KiB
+
+
+def test_each_image_has_a_read_only_erofs_disk_made_at_pull_and_removed_with_it(
+    pushed: Pushed,  # noqa: F811
+    store: ImageStore,
+) -> None:
+    image_id = store.pull(pushed.ref("uid"))
+    held = store.acquire(image_id)
+    store.release(image_id)
+    record = store.get(image_id)
+    assert record is not None
+    assert held.disk.is_file() and held.disk.stat().st_mode & 0o777 == 0o400
+    offset, magic = EROFS_MAGIC
+    assert held.disk.read_bytes()[offset : offset + 4] == magic
+    assert held.serial == record.tree.removeprefix("sha256:")[:20]
+    # a store whose image has no disk (an earlier version's) gets one on first use
+    held.disk.unlink()
+    assert store.acquire(image_id).disk == held.disk and held.disk.is_file()
+    store.release(image_id)
+    # the guest mounts what the host tree holds: dump.erofs lists the tree's files
+    listing = subprocess.run(["dump.erofs", "--path=/bin", "--ls", str(held.disk)], capture_output=True, text=True)
+    assert listing.returncode == 0 and "busybox" in listing.stdout, listing.stderr
+    store.remove(image_id)
+    assert not held.disk.exists() and leftovers(store) == []
 
 
 def test_pull_names_status_and_remove(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
@@ -238,13 +266,13 @@ def test_a_store_of_the_previous_version_is_verified_at_start(
     old = root / "trees" / good[7:]
     assert {p.name for p in (root / "trees").iterdir()} == {verified_tree.name, old.name}
     if held:
-        tree = again.acquire(good)  # such a container, holding it again at start-up
+        tree = again.acquire(good).tree  # such a container, holding it again at start-up
         again.collect()
         assert (old / "planted").exists()
         again.release(good)  # the last of them gone
     else:
         again.collect()
-        tree = again.acquire(good)
+        tree = again.acquire(good).tree
     assert tree == verified_tree and "planted" not in tree_files(tree) and "o/new" in tree_files(tree)
     assert {p.name for p in (root / "trees").iterdir()} == {tree.name}
     third = ImageStore(root)  # a second start finds nothing to do
@@ -307,7 +335,7 @@ def test_a_removal_between_unpack_and_catalogue_keeps_what_the_pull_uses(
 
 def test_held_images_are_freed_on_last_release(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
     image_id = store.pull(pushed.ref("uid"))
-    tree = store.acquire(image_id)
+    tree = store.acquire(image_id).tree
     store.acquire(image_id)
     assert (tree / "bin/busybox").exists()
     store.remove(image_id)
@@ -324,11 +352,11 @@ def test_held_images_are_freed_on_last_release(pushed: Pushed, store: ImageStore
 def test_removed_held_image_survives_restart_until_collected(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
     store = ImageStore(tmp_path / "images")
     image_id = store.pull(pushed.ref("uid"))
-    tree = store.acquire(image_id)
+    tree = store.acquire(image_id).tree
     store.remove(image_id)
     again = ImageStore(tmp_path / "images")  # a restart: containers re-acquire before collect()
     assert tree.is_dir() and again.get(image_id) is None
-    assert again.acquire(image_id) == tree
+    assert again.acquire(image_id).tree == tree
     again.collect()
     assert tree.is_dir()
     again.release(image_id)

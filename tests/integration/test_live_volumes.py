@@ -21,7 +21,7 @@ from tests.registry_kit import busybox_entries
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-APPLETS = ("sh", "echo", "cat", "sleep", "touch", "[", "test")
+APPLETS = ("sh", "echo", "cat", "sleep", "touch", "[", "test", "stat")
 SMALL = q({"cpu": "250m", "memory": "32Mi"})
 
 
@@ -125,13 +125,20 @@ def test_volumes_are_shared_live_between_host_and_containers(env: Env) -> None:
     writer = _start(
         env,
         "writer",
-        "while [ ! -f /data/from-host ]; do sleep 0.2; done; cat /data/from-host; "
+        "while [ ! -f /data/from-host ]; do sleep 0.2; done; cat /data/from-host; stat -c '%u:%g %a' /data/from-host; "
         "echo from the writer > /data/from-writer; echo finished > /dev/termination-log",
     )
     (env.volume / "from-host").write_text("from the host\n")
+    (env.volume / "from-host").chmod(0o644)
     status = _exited(env, writer)
     assert status.exit_code == 0, _stdout(env, "writer")
-    assert _stdout(env, "writer") == ["from the host"]
+    # a file of host root's, as the kubelet makes them, is QEMU's own in the guest (the idmapped bind)
+    info = env.shim.runtime.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=env.sandbox, verbose=True))
+    uid = json.loads(info.info["info"])["qemu_uid"]
+    assert uid > 0 and _stdout(env, "writer") == ["from the host", f"{uid}:{uid} 644"]
+    # what the guest made is host root's on the host, a plain 0600 file
+    made = (env.volume / "from-writer").stat()
+    assert (made.st_uid, made.st_gid, made.st_mode & 0o7777) == (0, 0, 0o600)
     assert (env.volume / "from-writer").read_text() == "from the writer\n"
     assert env.termination.read_text() == "finished\n"
 

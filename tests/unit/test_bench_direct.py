@@ -47,12 +47,10 @@ def test_argv_backs_memory_like_libvirt() -> None:
     assert argv[argv.index("-smp") + 1] == "2"
 
 
-def test_the_baseline_exports_the_domains_9p_shares() -> None:
+def test_the_baseline_exports_the_domains_9p_shares_and_its_image_disks() -> None:
     guest = DirectGuest.from_domain_xml((GOLDEN / "shared-4k-tcg.xml").read_text())
-    assert guest.shares == (
-        ("/var/lib/vmsandbox/state/sandboxes/fedcba98/shared", "vmsandbox.shared", False),
-        ("/var/lib/vmsandbox/state/images/trees", "vmsandbox.images", True),
-    )
-    argv = " ".join(qemu_argv(guest, "/tmp/agent.sock"))
-    assert "mount_tag=vmsandbox.shared" in argv and "mount_tag=vmsandbox.images" in argv
-    assert "path=/var/lib/vmsandbox/state/images/trees,security_model=passthrough,multidevs=remap,readonly=on" in argv
+    assert guest.shares == (("/var/lib/vmsandbox/state/sandboxes/fedcba98/shared", "vmsandbox.shared", False),)
+    argv = " ".join(qemu_argv(guest, "/tmp/agent.sock", disks=[("/images/disks/ab.erofs", "ab12")]))
+    assert "mount_tag=vmsandbox.shared" in argv
+    assert "driver=file,filename=/images/disks/ab.erofs,node-name=disk0,read-only=on" in argv
+    assert "virtio-blk-pci,drive=disk0,serial=ab12" in argv

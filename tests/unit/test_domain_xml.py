@@ -16,17 +16,28 @@ import pytest
 
 from vmsandbox.domain import (
     AGENT_CHANNEL,
+    IMAGE_DISK_TARGETS,
     METADATA_NS,
     AgentChannel,
     Domain,
+    ImageDiskDevice,
     NetworkInterface,
     SandboxIdentity,
     SharedDir,
     build_domain,
     domain_name,
+    free_disk_target,
     guest_cmdline,
 )
-from vmsandbox.domain_xml import read_channel_path, read_hostdevs, read_identity, read_vcpu_pins, render
+from vmsandbox.domain_xml import (
+    read_channel_path,
+    read_hostdevs,
+    read_identity,
+    read_image_disks,
+    read_vcpu_pins,
+    render,
+    render_image_disk,
+)
 from vmsandbox.errors import InfrastructureError, InternalError, InvalidArgument
 from vmsandbox.network import GuestNic, Route, guest_network_args
 from vmsandbox.placement import GuestCell
@@ -62,6 +73,8 @@ class Case:
     interfaces: tuple[NetworkInterface, ...] = ()
     guest_nic: GuestNic | None = None
     hostname: str = ""
+    hotplug_ports: int = 0
+    qemu_uid: int = 0
 
     def domain(self) -> Domain:
         return build_domain(
@@ -84,6 +97,8 @@ class Case:
             interfaces=self.interfaces,
             guest_nic=self.guest_nic,
             hostname=self.hostname,
+            hotplug_ports=self.hotplug_ports,
+            qemu_uid=self.qemu_uid,
         )
 
 
@@ -99,7 +114,7 @@ CASES = {
         extra_cmdline="",
         console_log=None,
     ),
-    # (b) shared CPU pool, ordinary 4 KiB pages; containers' shared directory and image trees over 9p
+    # (b) shared CPU pool, ordinary 4 KiB pages; containers' shared directory over 9p, root ports for image disks
     "shared-4k-tcg": Case(
         identity=SandboxIdentity("fedcba98" * 8, "batch", "kube-system", "uid-b", 2, "shared"),
         shape=sized(
@@ -113,8 +128,9 @@ CASES = {
         console_log="/var/log/vmsandbox/console/fedcba98.log",
         shared_dirs=(
             SharedDir("/var/lib/vmsandbox/state/sandboxes/fedcba98/shared", "vmsandbox.shared", accessmode="mapped"),
-            SharedDir("/var/lib/vmsandbox/state/images/trees", "vmsandbox.images", readonly=True),
         ),
+        hotplug_ports=2,
+        qemu_uid=2_000_000_007,
     ),
     # (c) KVM with host-passthrough, 1Gi backing from NUMA node 1
     "kvm-1gi-numatune": Case(
@@ -397,3 +413,64 @@ def test_guest_network_args_refuse_what_could_break_the_command_line(
 ) -> None:
     with pytest.raises(error):
         guest_network_args(nic, hostname)
+
+
+# -- image disks (hot-plugged into a running guest) -------------------------------------------------
+DISK = ImageDiskDevice(
+    source="/var/lib/vmsandbox/images/disks/ab.erofs",
+    serial="0123456789abcdef0123",
+    target_dev="vdc",
+)
+
+
+def test_image_disk_xml_is_read_only_virtio_with_its_serial() -> None:
+    el = ET.fromstring(render_image_disk(DISK))
+    assert (el.tag, el.get("type"), el.get("device")) == ("disk", "file", "disk")
+    assert el.find("source").attrib == {"file": DISK.source}  # type: ignore[union-attr]
+    assert el.find("target").attrib == {"dev": "vdc", "bus": "virtio"}  # type: ignore[union-attr]
+    assert el.findtext("serial") == DISK.serial
+    assert el.find("readonly") is not None and el.find("shareable") is not None
+
+
+def test_image_disks_read_back_from_live_xml_by_serial() -> None:
+    sata = "<disk type='file'><target dev='sda' bus='sata'/></disk>"
+    live = f"<domain><devices>{render_image_disk(DISK)}{sata}</devices></domain>"
+    assert read_image_disks(live) == {DISK.serial: DISK}
+    assert read_image_disks("<domain><devices/></domain>") == {}
+
+
+@pytest.mark.parametrize(
+    ("used", "want"),
+    [
+        (set(), "vdb"),
+        ({"vdb"}, "vdc"),
+        ({"vdb", "vdd"}, "vdc"),
+        ({"vda"}, "vdb"),
+        (set(IMAGE_DISK_TARGETS), None),
+    ],
+)
+def test_free_disk_target(used: set[str], want: str | None) -> None:
+    assert free_disk_target(used) == want
+
+
+@pytest.mark.parametrize(("machine", "ports"), [("q35", 8), ("pc-q35-7.2", 8), ("pc", 0)])
+def test_hotplug_ports_only_on_q35(machine: str, ports: int) -> None:
+    case = CASES["shared-4k-tcg"]
+    built = build_domain(
+        identity=case.identity,
+        uuid="6f1f3f3e-6b0d-4a5e-9c58-0b0f9e1f2a3b",
+        shape=case.shape,
+        host_cpus=case.host_cpus,
+        emulator_cpus=case.host_cpus,
+        hugepage_nodes=(),
+        accel="tcg",
+        kernel="k",
+        initrd="i",
+        machine=machine,
+        extra_cmdline="",
+        shape_json="{}",
+        console_log=None,
+        hotplug_ports=8,
+    )
+    root = ET.fromstring(render(built))
+    assert len(root.findall("devices/controller[@model='pcie-root-port']")) == ports

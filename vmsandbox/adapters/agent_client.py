@@ -210,10 +210,11 @@ class AgentClient:
         stdin_once: bool = False,
         tty: bool = False,
     ) -> ContainerState:
-        """Creates container ``cid``: overlay of ``lower`` (a tree the guest sees shared from the
-        host) and a writable layer; the agent keeps its output for ``log_read``; with ``stdin``, a
-        stdin that Attach sessions write to; with ``tty``, a terminal (agents of protocol 4 on:
-        an older one is refused here rather than given a container without one)."""
+        """Creates container ``cid``: overlay of ``lower`` (an image disk, ``disks/SERIAL``, or a
+        tree the guest sees shared from the host) and a writable layer; the agent keeps its output
+        for ``log_read``; with ``stdin``, a stdin that Attach sessions write to; with ``tty``, a
+        terminal (agents of protocol 4 on: an older one is refused here rather than given a
+        container without one)."""
         if tty and self.report.protocol < TTY_VERSION:
             raise WrongState(
                 f"the guest agent on {self.label} speaks protocol {self.report.protocol}, which gives containers no "

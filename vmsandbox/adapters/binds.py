@@ -7,7 +7,11 @@ that namespace* (a short-lived thread that leaves the shim's file-system context
 QEMU's namespace, ``move_mount``). Linux 5.12 or later.
 
 The guest then sees the host's files themselves, both ways; read-only is enforced by the host
-for the guest (recursively when asked). Nothing is mounted in the host's namespace: the kubelet
+for the guest (recursively when asked). QEMU runs as an unprivileged uid of its own, so a bind can be
+*idmapped* (``mount_setattr`` with ``MOUNT_ATTR_IDMAP``, Linux 5.12+, and a file system that allows
+it): through it, files the host's root owns are QEMU's, and what QEMU creates is root's on the host
+(under 9p's ``mapped`` model always a plain 0600 file or 0700 directory); files of other owners are
+reached only through their "other" permission bits. Nothing is mounted in the host's namespace: the kubelet
 can unmount and delete its volume directories while a container still has them (the copy in
 QEMU's namespace is detached lazily, as for any container runtime's namespace), deleting a
 sandbox's directory can never reach through a bind, and the namespace, with its binds, goes when
@@ -19,7 +23,9 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -44,6 +50,7 @@ AT_FDCWD = -100
 AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_IDMAP = 0x00100000
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 MOVE_MOUNT_T_EMPTY_PATH = 0x40
 O_PATH = getattr(os, "O_PATH", 0o10000000)
@@ -109,6 +116,38 @@ def _in_namespace(pid: int, what: str, work: Callable[[], None]) -> None:
         raise failure[0]
 
 
+def _user_namespace(root_as: int) -> int:
+    """An fd of a new user namespace in which host root (uid and gid 0) is ``root_as`` and no one
+    else is mapped; a process is made for it (``unshare --user``) and killed once it is open."""
+    proc = subprocess.Popen(
+        ["unshare", "--user", "--", "sleep", "60"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        ours = os.readlink("/proc/self/ns/user")
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if os.readlink(f"/proc/{proc.pid}/ns/user") != ours:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise InfrastructureError("cannot make a user namespace for an idmapped bind (unshare --user)")
+            time.sleep(0.001)
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{proc.pid}/{name}", "w") as f:
+                f.write(f"0 {root_as} 1\n")
+        return os.open(f"/proc/{proc.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InfrastructureError(f"cannot make a user namespace for an idmapped bind: {exc.strerror}") from None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def bind(
     qemu_pid: int,
     source: str | os.PathLike[str],
@@ -118,6 +157,7 @@ def bind(
     propagation: str = "private",
     *,
     beneath: str | os.PathLike[str],
+    root_as: int = 0,
 ) -> None:
     """Bind host path ``source`` (and the mounts below it) onto ``target`` in QEMU's mount
     namespace; ``target`` is an existing directory or regular file of the same kind below
@@ -125,7 +165,8 @@ def bind(
     without following a symlink, and nothing else is mounted onto). Read-only when asked
     (``recursive``: the mounts below it too). ``propagation`` (a key of PROPAGATION): whether
     mounts the host makes below ``source`` later reach the bind: never (private), or as a slave
-    or a peer of the source."""
+    or a peer of the source. ``root_as`` (QEMU's uid): the bind, and every mount below it, is
+    idmapped so that files of the host's root are that uid's (see the module docstring)."""
     src, dst = os.fspath(source), os.fspath(target)
     rel = os.path.relpath(os.path.abspath(dst), os.path.abspath(beneath))
     if rel.startswith("..") or os.path.isabs(rel):
@@ -138,6 +179,13 @@ def bind(
             _setattr(tree, _MountAttr(propagation=PROPAGATION[propagation]), True, f"{what}: {propagation}")
         if readonly:
             _setattr(tree, _MountAttr(attr_set=MOUNT_ATTR_RDONLY), recursive, f"{what}: make it read-only")
+        if root_as:
+            userns = _user_namespace(root_as)
+            try:
+                attr = _MountAttr(attr_set=MOUNT_ATTR_IDMAP, userns_fd=userns)
+                _setattr(tree, attr, True, f"{what}: map host root to uid {root_as}")
+            finally:
+                os.close(userns)
 
         def attach() -> None:
             try:

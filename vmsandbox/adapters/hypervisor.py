@@ -273,3 +273,26 @@ class Hypervisor:
             return True
 
         return self._call(f"tear down {name}", remove)
+
+    # -- devices of a running guest -------------------------------------------------------------
+    def attach_device(self, name: str, xml: str) -> None:
+        """Hot-plug the device ``xml`` into the running guest of ``name`` (live only: the
+        definition stays as RunPodSandbox made it)."""
+        self._call(
+            f"attach a device to {name}",
+            lambda conn: conn.lookupByName(name).attachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE),
+        )
+
+    def detach_device(self, name: str, xml: str) -> None:
+        """Ask the running guest of ``name`` to give up the device ``xml``; libvirt finishes the
+        removal when the guest agrees. A guest that is not running has nothing to detach."""
+
+        def detach(conn: Any) -> None:
+            try:
+                conn.lookupByName(name).detachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+            except libvirt.libvirtError as exc:
+                gone = (libvirt.VIR_ERR_OPERATION_INVALID, libvirt.VIR_ERR_DEVICE_MISSING)
+                if not (_no_domain(exc) or exc.get_error_code() in gone):
+                    raise
+
+        self._call(f"detach a device from {name}", detach)

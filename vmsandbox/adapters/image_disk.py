@@ -7,6 +7,8 @@ Layout under the store root (0700), known to this module and its owner ``shim.im
                          half-written blob)
     trees/<hex>/         an unpacked root file system whose layers' ChainID is sha256:<hex>
                          (read-only use; images with the same layers share it)
+    disks/<hex>.erofs    the same tree as a read-only EROFS image (``mkfs.erofs``), which pods'
+                         guests get as a virtio-blk disk; made from the tree, removed with it
     catalogue.json       the image records; replaced by rename, so it is always a whole document
     work/                pulls in progress (OCI layouts, trees being unpacked, auth files);
                          whatever is here at start belonged to a pull that died, and is deleted
@@ -23,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -47,9 +50,10 @@ class ImageDisk:
         self.blob_dir = root / "blobs"
         self._sha = self.blob_dir / "sha256"
         self._trees = root / "trees"
+        self._disks = root / "disks"
         self.work = root / "work"
         self._catalogue = root / "catalogue.json"
-        for d in (root, self.blob_dir, self._sha, self._trees, self.work):
+        for d in (root, self.blob_dir, self._sha, self._trees, self._disks, self.work):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o700)
 
@@ -133,8 +137,44 @@ class ImageDisk:
             return
         os.rename(work_tree, target)
 
+    # -- disks ------------------------------------------------------------------------------------
+    def disk_path(self, key: str) -> Path:
+        """The read-only EROFS image of the tree with ChainID ``key``."""
+        return self._disks / f"{_hex(key)}.erofs"
+
+    def has_disk(self, key: str) -> bool:
+        return self.disk_path(key).is_file()
+
+    def make_disk(self, key: str, mkfs: str = "mkfs.erofs") -> None:
+        """Make the disk of tree ``key`` (uncompressed EROFS: owners, modes, times, xattrs and file
+        types as in the tree) in work/ and rename it into place: whole or not at all."""
+        target = self.disk_path(key)
+        if target.exists():
+            return
+        fd, tmp = tempfile.mkstemp(prefix="disk-", suffix=".erofs", dir=self.work)
+        os.close(fd)
+        try:
+            done = subprocess.run(
+                [mkfs, "--quiet", tmp, str(self.tree_path(key))],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+            if done.returncode != 0:
+                out = done.stdout.decode(errors="replace").strip()[-1000:]
+                raise InfrastructureError(f"{mkfs} of image tree {_hex(key)[:12]} failed ({done.returncode}): {out}")
+            os.chmod(tmp, 0o400)
+            os.rename(tmp, target)
+        except FileNotFoundError as exc:
+            raise InfrastructureError(f"cannot make image disks: {exc.filename} is missing (erofs-utils)") from None
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
     def remove_tree(self, key: str) -> None:
-        """Rename into work/ first, so a crash half-way through the delete leaves only work/ garbage."""
+        """Rename into work/ first, so a crash half-way through the delete leaves only work/ garbage.
+        The tree's disk goes with it."""
+        self.disk_path(key).unlink(missing_ok=True)
         path = self.tree_path(key)
         if not path.exists():
             return
@@ -195,6 +235,10 @@ class ImageDisk:
             if entry.name not in keep_tree_hex:
                 shutil.rmtree(entry, ignore_errors=True)
                 removed["trees"] += 1
+        for entry in list(self._disks.iterdir()):
+            if entry.name.removesuffix(".erofs") not in keep_tree_hex:
+                entry.unlink(missing_ok=True)
+                removed["disks"] = removed.get("disks", 0) + 1
         for entry in list(self.blob_dir.iterdir()):  # skopeo's temporary files of a copy that died
             if entry.name != "sha256" and not entry.is_dir():
                 entry.unlink(missing_ok=True)
