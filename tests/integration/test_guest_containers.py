@@ -20,6 +20,7 @@ import pytest
 from bench.qemu_direct import DirectGuest, qemu_argv
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
+from vmsandbox.agent_protocol import VERSION
 from vmsandbox.oci_spec import ContainerRequest, ImageConfig, Resources, UserIds, build_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -132,8 +133,8 @@ def _log_lines(log: _Log) -> list[tuple[str, str, str]]:
     return out
 
 
-def test_agent_speaks_protocol_4(agent: AgentClient) -> None:
-    assert agent.report.protocol == 4
+def test_agent_speaks_this_hosts_protocol(agent: AgentClient) -> None:
+    assert agent.report.protocol == VERSION
     assert agent.report.agent.startswith("vmsandbox-agent/")
     assert agent.report.errors == ()
 
