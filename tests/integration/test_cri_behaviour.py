@@ -186,7 +186,9 @@ def test_socket_and_state_dir_modes(shim: Shim) -> None:
     assert stat.S_ISSOCK(sock.st_mode)
     assert stat.S_IMODE(sock.st_mode) == 0o660
     assert sock.st_uid == 0
-    assert stat.S_IMODE(shim.state_dir.stat().st_mode) == 0o700
+    # passable, not listable, by others: each sandbox's QEMU runs as its own uid and reaches only its
+    # own directory below (0700, its own)
+    assert stat.S_IMODE(shim.state_dir.stat().st_mode) == 0o711
 
 
 # -- sandboxes ------------------------------------------------------------------------------------------

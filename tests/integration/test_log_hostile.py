@@ -85,8 +85,12 @@ def test_guest_symlinks_reach_no_host_file(tmp_path: Path) -> None:
         cid = _run(shim, "planter", script, tmp_path)
         st = _wait_exit(shim, cid)
         assert st.exit_code == 0, shim.log_text()[-2000:]
-        texts = [line.split(" ", 3)[3] for line in (tmp_path / "logs" / "planter.log").read_text().splitlines()]
-        assert texts == ["own output", "planted"], texts  # the links were made, and only our output came back
+        records = [line.split(" ", 3) for line in (tmp_path / "logs" / "planter.log").read_text().splitlines()]
+        texts = [text for _, stream, _, text in records if stream == "stdout"]
+        # the links were made (or, with QEMU unprivileged, the share refused them: the container's
+        # directory is not QEMU's), and only our own output came back
+        assert texts in (["own output", "planted"], ["own output"]), records
+        assert not any("host secret" in text or "host file" in text for *_, text in records), records
         assert secret.read_text() == "host secret line one\nhost secret line two\n"
         assert target.read_text() == "host file, unchanged\n"
         assert "secret" not in shim.log_text()
@@ -123,7 +127,8 @@ def test_shim_memory_stays_bounded_under_a_flood_and_a_sparse_log(tmp_path: Path
             peak = max(peak, _rss(shim.process.pid))
             time.sleep(0.1)
         size, elapsed = log.stat().st_size, time.monotonic() - t0
-        lines = log.read_text().splitlines()
+        # stdout only: with QEMU unprivileged the share refuses the sparse file (an error on stderr)
+        lines = [line for line in log.read_text().splitlines() if " stdout " in line]
         assert lines[0].endswith(" stdout F start"), lines[:2]
         assert all(line.endswith(f" stdout F {text}") for line in lines[1:-1])
         assert size > rate * 5, size  # it does flow
