@@ -19,6 +19,7 @@ from shim import translate
 from shim.containers import Containers
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from shim.host_ports import HostPorts
 from shim.model import CONTAINER_EXITED, CONTAINER_RUNNING, SANDBOX_READY, ContainerRecord, SandboxRecord
 from shim.nri.hooks import NriHooks
 from shim.sandboxes import Sandboxes
@@ -60,10 +61,12 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         containers: Containers,
         streaming: StreamingServer | None = None,
         nri: NriHooks | None = None,
+        host_ports: HostPorts | None = None,
     ) -> None:
         self.sandboxes = sandboxes
         self.containers = containers
         self.streaming = streaming
+        self.host_ports = host_ports
         self.nri = nri if nri is not None else NriHooks(None, sandboxes, containers)
         self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (timestamp ns, cpu ns), for nano cores
         self._samples_lock = threading.Lock()
@@ -155,7 +158,23 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         if not request.HasField("config"):
             raise InvalidArgument("RunPodSandboxRequest.config is missing")
         spec = translate.sandbox_spec(request.config, request.runtime_handler)
-        return pb.RunPodSandboxResponse(pod_sandbox_id=self.nri.sandbox_started(self.sandboxes.run(spec)))
+        sandbox_id = self.sandboxes.run(spec)
+        relayed = spec.namespaces.host_network and bool(spec.port_mappings) and self.host_ports is not None
+        try:
+            if relayed:
+                assert self.host_ports is not None
+                self.host_ports.open(sandbox_id, spec.port_mappings)
+        except BaseException:
+            self.sandboxes.stop(sandbox_id)
+            self.containers.sandbox_stopped(sandbox_id)
+            self.sandboxes.remove(sandbox_id)
+            raise
+        try:
+            return pb.RunPodSandboxResponse(pod_sandbox_id=self.nri.sandbox_started(sandbox_id))
+        except BaseException:
+            if self.host_ports is not None:
+                self.host_ports.close(sandbox_id)
+            raise
 
     @rpc
     def StopPodSandbox(
@@ -163,6 +182,8 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ) -> pb.StopPodSandboxResponse:
         record = self.sandboxes.find_for_teardown(request.pod_sandbox_id)
         if record is not None:
+            if self.host_ports is not None:
+                self.host_ports.close(record.id)
             self.sandboxes.stop(record.id)
             self.containers.sandbox_stopped(record.id)
             self.nri.sandbox_stopped(record)
@@ -176,6 +197,8 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         if record is not None:
             members = self.sandboxes.containers(record.id)
             gone = [record.id, *(c.id for c in members)]
+            if self.host_ports is not None:
+                self.host_ports.close(record.id)
             self.containers.sandbox_removed(record.id)
             self.sandboxes.remove(record.id)
             self._forget_samples(*gone)

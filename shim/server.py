@@ -25,6 +25,7 @@ from shim.config import ShimConfig
 from shim.containers import Containers
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.health import Health
+from shim.host_ports import HostPorts
 from shim.image_service import ImageServicer
 from shim.images import ImageStore
 from shim.model import SANDBOX_READY
@@ -46,7 +47,7 @@ from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.layers import Limits
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.profile_loader import default_profiles, load_profiles
-from vmsandbox.errors import InfrastructureError, InvalidArgument
+from vmsandbox.errors import InfrastructureError, InvalidArgument, VmSandboxError
 
 log = logging.getLogger(__name__)
 
@@ -188,13 +189,21 @@ def start(config: ShimConfig) -> Running:
 
     housekeeping = Periodic(config.reconcile_interval_s, housekeep, name="periodic-reconcile")
     housekeeping.start()
-    streaming = StreamingServer(config, ShimBackends(sandboxes, containers))
+    backends = ShimBackends(sandboxes, containers)
+    streaming = StreamingServer(config, backends)
     streaming.start()
     hooks = NriHooks(None, sandboxes, containers)
     if config.nri.enable:  # after the reconcile: plugins synchronize with the pods we have
         hooks.host = NriHost(config.nri, RUNTIME_NAME, __version__, hooks.snapshot, hooks.apply_updates)
         hooks.host.start()
-    runtime = RuntimeServicer(sandboxes, containers, streaming, hooks)
+    host_ports = HostPorts(backends.dial)
+    for record in sandboxes.list_sandboxes():  # host-network pods this shim ran before a restart
+        if record.state == SANDBOX_READY and record.namespaces.host_network and record.port_mappings:
+            try:
+                host_ports.open(record.id, record.port_mappings)
+            except VmSandboxError as exc:
+                log.error("sandbox %s: its node ports are not relayed: %s", record.id[:12], exc)
+    runtime = RuntimeServicer(sandboxes, containers, streaming, hooks, host_ports)
     image_servicer = ImageServicer(images, config.state_dir, containers.writable_usage)
     downstream = None
     if config.downstream_endpoint:

@@ -540,6 +540,56 @@ def test_port_forward_into_a_host_network_pod_is_relayed_by_the_agent(env: Env) 
         rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
 
 
+def _node_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _ask_node(port: int, line: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        c.sendall(line)
+        out = b""
+        while chunk := c.recv(4096):
+            out += chunk
+        return out
+
+
+def test_a_host_network_pods_declared_port_is_served_on_the_node(env: Env) -> None:
+    """As under runc, a server in a host-network pod answers on the node at the port the pod
+    declared (critest's "portforward in host network" fetches it there first): the shim listens on
+    the node and the agent relays each connection to the guest's port. Stopping the pod frees it."""
+    rt = env.shim.runtime
+    node = _node_port()
+    config = pod("hostnet-ports", containers=[("c", SMALL)])
+    config.log_directory = str(env.tmp / "logs-hostnet-ports")
+    config.linux.security_context.namespace_options.network = pb.NODE
+    config.port_mappings.append(pb.PortMapping(container_port=SERVER_PORT, host_port=node, host_ip="127.0.0.1"))
+    sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+    try:
+        c = container("c", SMALL)
+        c.image.image = env.image
+        c.command[:] = ["sh", "-c", f"while true; do nc -l -p {SERVER_PORT} -e sh -c 'read l; echo pong:$l'; done"]
+        c.log_path = "c.log"
+        cid = rt.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=sid, config=c, sandbox_config=config), timeout=120
+        ).container_id
+        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+        deadline = time.monotonic() + 60
+        answer = b""
+        while answer != b"pong:node\n" and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                answer = _ask_node(node, b"node\n")
+            time.sleep(0.5)
+        assert answer == b"pong:node\n", env.shim.log_text()[-2000:]
+    finally:
+        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", node), timeout=10)
+
+
 @needs_crictl
 @pytest.mark.skipif(shutil.which("script") is None, reason="util-linux script (a terminal for crictl -t) not found")
 def test_crictl_exec_and_attach_with_a_terminal_on_a_tty_container(env: Env) -> None:

@@ -1,0 +1,137 @@
+"""Tests of shim.host_ports: the node ports of host-network VM pods, relayed into the guest.
+
+The guest end here is a TCP echo server on 127.0.0.1 reached by the ``dial`` the shim gives
+HostPorts (in the shim, the agent's relay into the guest); the node end is real sockets."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from shim.host_ports import HostPorts, node_address
+from vmsandbox.errors import AlreadyExists, InfrastructureError
+from vmsandbox.network import PortMapping
+
+SID = "a" * 64
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def echo() -> Iterator[int]:
+    """A guest-side server: echoes each connection's bytes in upper case."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            with c:
+                while data := c.recv(4096):
+                    c.sendall(data.upper())
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()[1]
+    srv.close()
+
+
+def dial_to(guest_port: int, seen: list[tuple[str, int]]):  # type: ignore[no-untyped-def]
+    def dial(sandbox_id: str, port: int) -> socket.socket:
+        seen.append((sandbox_id, port))
+        return socket.create_connection(("127.0.0.1", guest_port), timeout=5)
+
+    return dial
+
+
+def talk(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+        c.sendall(data)
+        c.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := c.recv(4096):
+            out += chunk
+        return out
+
+
+@pytest.mark.parametrize(
+    ("mapping", "want"),
+    [
+        (PortMapping("tcp", 8080), ("0.0.0.0", 8080)),
+        (PortMapping("tcp", 8080, 9090), ("0.0.0.0", 9090)),
+        (PortMapping("tcp", 8080, 0, "127.0.0.1"), ("127.0.0.1", 8080)),
+    ],
+)
+def test_node_address(mapping: PortMapping, want: tuple[str, int]) -> None:
+    assert node_address(mapping) == want
+
+
+def test_a_node_port_reaches_the_guest_port_both_ways(echo: int) -> None:
+    seen: list[tuple[str, int]] = []
+    ports = HostPorts(dial_to(echo, seen))
+    node = free_port()
+    assert ports.open(SID, (PortMapping("tcp", 7000, node, "127.0.0.1"),)) == [("127.0.0.1", node)]
+    try:
+        assert talk(node, b"hello" * 10_000) == b"HELLO" * 10_000
+        assert talk(node, b"again") == b"AGAIN"
+        assert seen == [(SID, 7000), (SID, 7000)]  # the guest's port, not the node's
+    finally:
+        ports.close(SID)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", node), timeout=5)
+    assert ports.sandboxes() == set()
+
+
+def test_a_taken_port_refuses_the_pod_and_leaves_nothing_listening(echo: int) -> None:
+    ports = HostPorts(dial_to(echo, []))
+    free, taken = free_port(), socket.create_server(("127.0.0.1", 0))
+    try:
+        mappings = (
+            PortMapping("tcp", 1, free, "127.0.0.1"),
+            PortMapping("tcp", 2, taken.getsockname()[1], "127.0.0.1"),
+        )
+        with pytest.raises(AlreadyExists, match=f"port {taken.getsockname()[1]} on 127.0.0.1 of the node is taken"):
+            ports.open(SID, mappings)
+    finally:
+        taken.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", free), timeout=5)
+    assert ports.sandboxes() == set()
+
+
+def test_udp_is_not_relayed_and_a_refused_dial_closes_the_client() -> None:
+    def dial(_sid: str, _port: int) -> socket.socket:
+        raise InfrastructureError("the guest refused")
+
+    ports = HostPorts(dial)
+    node = free_port()
+    listened = ports.open(SID, (PortMapping("udp", 53, node, "127.0.0.1"), PortMapping("tcp", 80, node, "127.0.0.1")))
+    try:
+        assert listened == [("127.0.0.1", node)]
+        with socket.create_connection(("127.0.0.1", node), timeout=5) as c:
+            assert c.recv(16) == b""  # accepted, then closed: the guest end could not be had
+    finally:
+        ports.close(SID)
+
+
+def test_close_cuts_relayed_connections(echo: int) -> None:
+    ports = HostPorts(dial_to(echo, []))
+    node = free_port()
+    ports.open(SID, (PortMapping("tcp", 1, node, "127.0.0.1"),))
+    c = socket.create_connection(("127.0.0.1", node), timeout=5)
+    try:
+        c.sendall(b"ping")
+        assert c.recv(16) == b"PING"
+        ports.close(SID)
+        assert c.recv(16) == b""
+    finally:
+        c.close()
