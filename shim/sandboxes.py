@@ -448,15 +448,14 @@ class Sandboxes:
             placement = self.resources.reserve(owner, shape, profile)
             try:
                 shared = self.shared_dirs_for(owner, 0)  # a snapshot's guest runs no pod: QEMU as root still
-                pod_domain = domain_for(
-                    identity=SandboxIdentity(owner, "", "", "", 0, "", self.ledger.instance_id),
-                    uuid=str(uuidlib.uuid4()),
-                    shape=shape,
-                    placement=placement,
-                    profile=profile,
-                    accel=accel,
-                    console_log="snapshot" if self.config.console_dir else None,
-                    shared_dirs=shared,
+                pod_domain = self._snapshot_domain(
+                    owner,
+                    shape,
+                    placement,
+                    profile,
+                    accel,
+                    console=bool(self.config.console_dir),
+                    shared=shared,
                     interfaces=(NetworkInterface(kind, PLACEHOLDER_MAC),) if kind else (),
                 )
                 refusal = restore_refusal(pod_domain, enabled=True)
@@ -479,6 +478,31 @@ class Sandboxes:
         finally:
             self._in_flight.discard(owner)
 
+    def _snapshot_domain(
+        self,
+        owner: str,
+        shape: VmShape,
+        placement: Placement,
+        profile: Profile,
+        accel: str,
+        *,
+        console: bool,
+        shared: tuple[SharedDir, ...],
+        interfaces: tuple[NetworkInterface, ...],
+    ) -> Domain:
+        """The domain a snapshot's guest boots in: a pod's of that shape, with no pod's identity."""
+        return domain_for(
+            identity=SandboxIdentity(owner, "", "", "", 0, "", self.ledger.instance_id),
+            uuid=str(uuidlib.uuid4()),
+            shape=shape,
+            placement=placement,
+            profile=profile,
+            accel=accel,
+            console_log="snapshot" if console else None,
+            shared_dirs=shared,
+            interfaces=interfaces,
+        )
+
     def _make_snapshot(self, request: MakeRequest, profile: Profile, shape: VmShape, accel: str) -> None:
         """Make the snapshot of ``request``'s shape in the background, on CPUs and pages claimed for
         it like a pod's (under the snapshot's key, kept from the periodic reconcile while it runs)."""
@@ -495,15 +519,14 @@ class Sandboxes:
                 try:
                     self.snapshots.make(
                         request,
-                        lambda shared: domain_for(
-                            identity=SandboxIdentity(key, "", "", "", 0, "", self.ledger.instance_id),
-                            uuid=str(uuidlib.uuid4()),
-                            shape=shape,
-                            placement=placement,
-                            profile=profile,
-                            accel=accel,
-                            console_log="snapshot" if request.pod_domain.console else None,
-                            shared_dirs=shared,
+                        lambda shared: self._snapshot_domain(
+                            key,
+                            shape,
+                            placement,
+                            profile,
+                            accel,
+                            console=bool(request.pod_domain.console),
+                            shared=shared,
                             interfaces=request.pod_domain.interfaces,
                         ),
                         boot_timeout_s=profile.boot_timeout_s,
