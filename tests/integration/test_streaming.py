@@ -510,23 +510,36 @@ def _spdy_port_forward(url: str, port: int, send: bytes) -> bytes:
         return got
 
 
-def test_port_forward_into_a_host_network_pod_is_relayed_by_the_agent(env: Env) -> None:
-    """A host-network pod's guest has QEMU's user-mode network: nothing on the node can connect
-    to it, so the agent connects to the port on the guest's loopback and relays."""
+def _host_network_server(env: Env, name: str, *mappings: pb.PortMapping) -> str:
+    """A host-network pod whose container answers "pong:<line>" on SERVER_PORT; its sandbox id."""
     rt = env.shim.runtime
-    config = pod("hostnet", containers=[("c", SMALL)])
-    config.log_directory = str(env.tmp / "logs-hostnet")
+    config = pod(name, containers=[("c", SMALL)])
+    config.log_directory = str(env.tmp / f"logs-{name}")
     config.linux.security_context.namespace_options.network = pb.NODE
+    config.port_mappings.extend(mappings)
     sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+    c = container("c", SMALL)
+    c.image.image = env.image
+    c.command[:] = ["sh", "-c", f"while true; do nc -l -p {SERVER_PORT} -e sh -c 'read l; echo pong:$l'; done"]
+    c.log_path = "c.log"
     try:
-        c = container("c", SMALL)
-        c.image.image = env.image
-        c.command[:] = ["sh", "-c", f"while true; do nc -l -p {SERVER_PORT} -e sh -c 'read l; echo pong:$l'; done"]
-        c.log_path = "c.log"
         cid = rt.CreateContainer(
             pb.CreateContainerRequest(pod_sandbox_id=sid, config=c, sandbox_config=config), timeout=120
         ).container_id
         rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+    except BaseException:
+        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+        raise
+    return sid
+
+
+def test_port_forward_into_a_host_network_pod_is_relayed_by_the_agent(env: Env) -> None:
+    """A host-network pod's guest has QEMU's user-mode network: nothing on the node can connect
+    to it, so the agent connects to the port on the guest's loopback and relays."""
+    rt = env.shim.runtime
+    sid = _host_network_server(env, "hostnet")
+    try:
         deadline = time.monotonic() + 60
         answer = b""
         while answer != b"pong:ping\n" and time.monotonic() < deadline:
@@ -562,20 +575,9 @@ def test_a_host_network_pods_declared_port_is_served_on_the_node(env: Env) -> No
     the node and the agent relays each connection to the guest's port. Stopping the pod frees it."""
     rt = env.shim.runtime
     node = _node_port()
-    config = pod("hostnet-ports", containers=[("c", SMALL)])
-    config.log_directory = str(env.tmp / "logs-hostnet-ports")
-    config.linux.security_context.namespace_options.network = pb.NODE
-    config.port_mappings.append(pb.PortMapping(container_port=SERVER_PORT, host_port=node, host_ip="127.0.0.1"))
-    sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+    mapping = pb.PortMapping(container_port=SERVER_PORT, host_port=node, host_ip="127.0.0.1")
+    sid = _host_network_server(env, "hostnet-ports", mapping)
     try:
-        c = container("c", SMALL)
-        c.image.image = env.image
-        c.command[:] = ["sh", "-c", f"while true; do nc -l -p {SERVER_PORT} -e sh -c 'read l; echo pong:$l'; done"]
-        c.log_path = "c.log"
-        cid = rt.CreateContainer(
-            pb.CreateContainerRequest(pod_sandbox_id=sid, config=c, sandbox_config=config), timeout=120
-        ).container_id
-        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
         deadline = time.monotonic() + 60
         answer = b""
         while answer != b"pong:node\n" and time.monotonic() < deadline:
