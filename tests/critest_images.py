@@ -73,10 +73,12 @@ UPSTREAM = ("gcr.io", "registry.k8s.io", "k8s.gcr.io")
 LOOKALIKE = Path(__file__).with_name("lookalike") / "main.go"
 # the process title real nginx gives its master process, which critest's PID namespace specs grep for
 NGINX_CMD = ("/bin/sh", "-c", "exec -a 'nginx: master process nginx -g daemon off;' /usr/sbin/nginx")
+# the host-network image's nginx serves on 12003, the port critest's host-network specs declare
+HOSTNET_NGINX_CMD = ("/bin/sh", "-c", f"export LOOKALIKE_PORT=12003; {NGINX_CMD[2]}")
 # repository -> (where its program is installed, the file's mode, the image's command)
 PROGRAMS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     f"{E2E}/nginx": ("usr/sbin/nginx", 0o755, NGINX_CMD),
-    f"{STAGING}/hostnet-nginx-amd64": ("usr/sbin/nginx", 0o755, NGINX_CMD),
+    f"{STAGING}/hostnet-nginx-amd64": ("usr/sbin/nginx", 0o755, HOSTNET_NGINX_CMD),
     f"{E2E}/httpd": ("usr/local/apache2/bin/httpd", 0o755, ("/usr/local/apache2/bin/httpd",)),
     f"{E2E}/nonewprivs": ("usr/local/bin/nnp", 0o4755, ("/usr/local/bin/nnp",)),
 }

@@ -2,8 +2,9 @@
 // (tests/critest_images.py). What it does depends on the name it runs under (argv[0], else the
 // name of its file, as for nginx, whose argv[0] is a process title):
 //
-//	nginx: writes its pid to /var/run/nginx.pid and serves a page on port 80 (the image's
-//	       entrypoint gives it the title "nginx: master process ..." that critest looks for);
+//	nginx: writes its pid to /var/run/nginx.pid and serves a page on port 80, or on
+//	       $LOOKALIKE_PORT (the host-network image's 12003) (the image's entrypoint gives it the
+//	       title "nginx: master process ..." that critest looks for);
 //	httpd: serves a page on port 80 and says so on stdout;
 //	nnp:   prints "Effective uid: N" and exits (installed setuid root, so N tells whether the
 //	       container's no_new_privs held);
@@ -68,8 +69,12 @@ func serve(name, page string) {
 		fmt.Printf("%s: %s %s %s\n", name, r.RemoteAddr, r.Method, r.URL.Path)
 		io.WriteString(w, page+"\n")
 	})
-	fmt.Printf("%s: listening on port 80\n", name)
-	err := http.ListenAndServe(":80", nil)
+	port := os.Getenv("LOOKALIKE_PORT")
+	if port == "" {
+		port = "80"
+	}
+	fmt.Printf("%s: listening on port %s\n", name, port)
+	err := http.ListenAndServe(":"+port, nil)
 	fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 	os.Exit(1)
 }
