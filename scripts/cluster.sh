@@ -362,7 +362,7 @@ up() {
     ip link show dev "$POD_BRIDGE" >/dev/null 2>&1 && die "the bridge $POD_BRIDGE exists already (set CLUSTER_POD_BRIDGE)"
 
     mkdir -p "$CLUSTER_DIR" "$LOGS"
-    chmod 0700 "$CLUSTER_DIR"
+    chmod 0711 "$CLUSTER_DIR" # passable: each sandbox's QEMU runs as a uid of its own below it (keys stay in 0700 pki)
     install_packages
     mkdir -p "$RUN"
     trap up_exit EXIT

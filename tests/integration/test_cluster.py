@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -158,7 +159,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         )
     require_host()
     require_image_tools()
-    tmp = tmp_path_factory.mktemp("cluster")
+    # not below pytest's own 0700 directory: each sandbox's QEMU, as a uid of its own, must pass
+    # through every directory above its sandbox's (the shim's state lives in the cluster's)
+    tmp = Path(tempfile.mkdtemp(prefix="vmsandbox-cluster-", dir="/var/tmp"))
+    tmp.chmod(0o711)
     cluster_dir = tmp / "c"
     before = host_state()
     t0 = time.monotonic()
