@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vmsandbox.errors import AlreadyExists, VmSandboxError
-from vmsandbox.network import PortMapping
+from vmsandbox.network import NamespaceOptions, PortMapping
 
 MAX_CONNECTIONS_PER_POD = 32  # relayed at once; more are closed as they come
 CHUNK = 64 << 10
@@ -51,9 +51,14 @@ class HostPorts:
         self._lock = threading.Lock()
         self._pods: dict[str, _Pod] = {}
 
-    def open(self, sandbox_id: str, mappings: tuple[PortMapping, ...]) -> list[tuple[str, int]]:
-        """Listen on the node for each TCP mapping of ``sandbox_id``; the addresses listened on.
-        Raises AlreadyExists (nothing left listening) when one of them is taken."""
+    def open(
+        self, sandbox_id: str, namespaces: NamespaceOptions, mappings: tuple[PortMapping, ...]
+    ) -> list[tuple[str, int]]:
+        """Listen on the node for each TCP mapping of ``sandbox_id`` when it is a host-network pod
+        (other pods' mappings are CNI's); the addresses listened on. Raises AlreadyExists (nothing
+        left listening) when one of them is taken."""
+        if not namespaces.host_network or not mappings:
+            return []
         pod = _Pod()
         seen: set[tuple[str, int]] = set()
         bound: list[tuple[socket.socket, int]] = []  # listener, guest port

@@ -159,11 +159,9 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
             raise InvalidArgument("RunPodSandboxRequest.config is missing")
         spec = translate.sandbox_spec(request.config, request.runtime_handler)
         sandbox_id = self.sandboxes.run(spec)
-        relayed = spec.namespaces.host_network and bool(spec.port_mappings) and self.host_ports is not None
         try:
-            if relayed:
-                assert self.host_ports is not None
-                self.host_ports.open(sandbox_id, spec.port_mappings)
+            if self.host_ports is not None:
+                self.host_ports.open(sandbox_id, spec.namespaces, spec.port_mappings)
         except BaseException:
             self.sandboxes.stop(sandbox_id)
             self.containers.sandbox_stopped(sandbox_id)

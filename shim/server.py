@@ -198,9 +198,9 @@ def start(config: ShimConfig) -> Running:
         hooks.host.start()
     host_ports = HostPorts(backends.dial)
     for record in sandboxes.list_sandboxes():  # host-network pods this shim ran before a restart
-        if record.state == SANDBOX_READY and record.namespaces.host_network and record.port_mappings:
+        if record.state == SANDBOX_READY:
             try:
-                host_ports.open(record.id, record.port_mappings)
+                host_ports.open(record.id, record.namespaces, record.port_mappings)
             except VmSandboxError as exc:
                 log.error("sandbox %s: its node ports are not relayed: %s", record.id[:12], exc)
     runtime = RuntimeServicer(sandboxes, containers, streaming, hooks, host_ports)

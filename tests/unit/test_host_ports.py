@@ -13,9 +13,10 @@ import pytest
 
 from shim.host_ports import HostPorts, node_address
 from vmsandbox.errors import AlreadyExists, InfrastructureError
-from vmsandbox.network import PortMapping
+from vmsandbox.network import NamespaceOptions, PortMapping
 
 SID = "a" * 64
+NODE = NamespaceOptions(network="NODE")
 
 
 def free_port() -> int:
@@ -79,7 +80,7 @@ def test_a_node_port_reaches_the_guest_port_both_ways(echo: int) -> None:
     seen: list[tuple[str, int]] = []
     ports = HostPorts(dial_to(echo, seen))
     node = free_port()
-    assert ports.open(SID, (PortMapping("tcp", 7000, node, "127.0.0.1"),)) == [("127.0.0.1", node)]
+    assert ports.open(SID, NODE, (PortMapping("tcp", 7000, node, "127.0.0.1"),)) == [("127.0.0.1", node)]
     try:
         assert talk(node, b"hello" * 10_000) == b"HELLO" * 10_000
         assert talk(node, b"again") == b"AGAIN"
@@ -100,7 +101,7 @@ def test_a_taken_port_refuses_the_pod_and_leaves_nothing_listening(echo: int) ->
             PortMapping("tcp", 2, taken.getsockname()[1], "127.0.0.1"),
         )
         with pytest.raises(AlreadyExists, match=f"port {taken.getsockname()[1]} on 127.0.0.1 of the node is taken"):
-            ports.open(SID, mappings)
+            ports.open(SID, NODE, mappings)
     finally:
         taken.close()
     with pytest.raises(ConnectionRefusedError):
@@ -114,7 +115,9 @@ def test_udp_is_not_relayed_and_a_refused_dial_closes_the_client() -> None:
 
     ports = HostPorts(dial)
     node = free_port()
-    listened = ports.open(SID, (PortMapping("udp", 53, node, "127.0.0.1"), PortMapping("tcp", 80, node, "127.0.0.1")))
+    listened = ports.open(
+        SID, NODE, (PortMapping("udp", 53, node, "127.0.0.1"), PortMapping("tcp", 80, node, "127.0.0.1"))
+    )
     try:
         assert listened == [("127.0.0.1", node)]
         with socket.create_connection(("127.0.0.1", node), timeout=5) as c:
@@ -126,7 +129,7 @@ def test_udp_is_not_relayed_and_a_refused_dial_closes_the_client() -> None:
 def test_close_cuts_relayed_connections(echo: int) -> None:
     ports = HostPorts(dial_to(echo, []))
     node = free_port()
-    ports.open(SID, (PortMapping("tcp", 1, node, "127.0.0.1"),))
+    ports.open(SID, NODE, (PortMapping("tcp", 1, node, "127.0.0.1"),))
     c = socket.create_connection(("127.0.0.1", node), timeout=5)
     try:
         c.sendall(b"ping")
@@ -135,3 +138,10 @@ def test_close_cuts_relayed_connections(echo: int) -> None:
         assert c.recv(16) == b""
     finally:
         c.close()
+
+
+def test_a_pod_with_its_own_network_gets_no_node_port(echo: int) -> None:
+    ports = HostPorts(dial_to(echo, []))
+    node = free_port()
+    assert ports.open(SID, NamespaceOptions(), (PortMapping("tcp", 1, node, "127.0.0.1"),)) == []
+    assert ports.sandboxes() == set()
