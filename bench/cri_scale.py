@@ -41,6 +41,7 @@ from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.images import ImageStore
 from shim.model import CONTAINER_CREATED, SANDBOX_READY, ContainerRecord, PodMeta, SandboxRecord
+from shim.pods import Pods
 from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -136,7 +137,7 @@ def measure(pods: int, calls: int) -> dict[str, Any]:
             start_s = time.perf_counter() - t0
             containers = Containers(str(root / "state"), sb, ImageStore(root / "images"), hypervisor)
             status.add_servicer(
-                server, pb.DESCRIPTOR.services_by_name["RuntimeService"], RuntimeServicer(sb, containers)
+                server, pb.DESCRIPTOR.services_by_name["RuntimeService"], RuntimeServicer(Pods(sb, containers))
             )
             sock = root / "cri.sock"
             server.add_insecure_port(f"unix:{sock}")

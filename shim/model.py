@@ -2,7 +2,9 @@
 
 ``ContainerSpec`` is a CreateContainer request after translation (``SandboxSpec``, the
 RunPodSandbox request, is the core's own: ``vmsandbox.pod``); ``SandboxRecord`` and
-``ContainerRecord`` are what the state database keeps.
+``ContainerRecord`` are what the state database keeps; ``SandboxFilter`` and ``ContainerFilter``
+are list requests' filters; ``Condition``, ``SandboxStats`` and ``ContainerStats`` are answers on
+their way out.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from vmsandbox import records
+from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.devices import DeviceGroup
 from vmsandbox.errors import NotFound
 from vmsandbox.network import DnsConfig, NamespaceOptions, PodNetwork, PortMapping
@@ -251,3 +254,67 @@ class ContainerRecord:
         args["resources"] = records.resources_from_doc(doc.get("resources") or {}, f"container {doc.get('id', '')}")
         args["linux"] = records.linux_from_doc(doc.get("linux") or {})
         return ContainerRecord(**args)
+
+
+def _labels_match(labels: dict[str, str], selector: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+@dataclass(frozen=True)
+class SandboxFilter:
+    """A list or stats request's filter on sandboxes: an id prefix, a state (None: any) and labels
+    that must all match."""
+
+    id_prefix: str = ""
+    state: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def matches_identity(self, r: SandboxRecord) -> bool:
+        return r.id.startswith(self.id_prefix) and _labels_match(r.labels, self.labels)
+
+    def matches(self, r: SandboxRecord) -> bool:
+        return self.matches_identity(r) and (self.state is None or r.state == self.state)
+
+
+@dataclass(frozen=True)
+class ContainerFilter:
+    """A list or stats request's filter on containers: an id prefix, the sandbox id (or a unique
+    prefix of it), a state (None: any) and labels that must all match."""
+
+    id_prefix: str = ""
+    sandbox_id: str = ""
+    state: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def matches_identity(self, c: ContainerRecord) -> bool:
+        return c.id.startswith(self.id_prefix) and _labels_match(c.labels, self.labels)
+
+    def matches_state(self, c: ContainerRecord) -> bool:
+        return self.state is None or c.state == self.state
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One condition of the runtime's status (RuntimeReady, NetworkReady, ...)."""
+
+    type: str
+    status: bool
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ContainerStats:
+    """A running container's record with its guest's sample, and the CPU rate since the last one."""
+
+    container: ContainerRecord
+    sample: CgroupStats | None
+    nano_cores: int | None
+
+
+@dataclass(frozen=True)
+class SandboxStats:
+    sandbox: SandboxRecord
+    sample: CgroupStats | None
+    nano_cores: int | None
+    containers: tuple[ContainerStats, ...]

@@ -32,6 +32,7 @@ from shim.model import SANDBOX_READY
 from shim.nri.hooks import NriHooks
 from shim.nri.host import NriHost
 from shim.periodic import Periodic
+from shim.pods import Pods
 from shim.proxy.downstream import Downstream, DownstreamUnavailable
 from shim.proxy.ids import DownstreamIds
 from shim.proxy.service import Proxy
@@ -47,7 +48,7 @@ from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.layers import Limits
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.profile_loader import default_profiles, load_profiles
-from vmsandbox.errors import InfrastructureError, InvalidArgument, VmSandboxError
+from vmsandbox.errors import InfrastructureError, InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -196,14 +197,9 @@ def start(config: ShimConfig) -> Running:
     if config.nri.enable:  # after the reconcile: plugins synchronize with the pods we have
         hooks.host = NriHost(config.nri, RUNTIME_NAME, __version__, hooks.snapshot, hooks.apply_updates)
         hooks.host.start()
-    host_ports = HostPorts(backends.dial)
-    for record in sandboxes.list_sandboxes():  # host-network pods this shim ran before a restart
-        if record.state == SANDBOX_READY:
-            try:
-                host_ports.open(record.id, record.namespaces, record.port_mappings)
-            except VmSandboxError as exc:
-                log.error("sandbox %s: its node ports are not relayed: %s", record.id[:12], exc)
-    runtime = RuntimeServicer(sandboxes, containers, streaming, hooks, host_ports)
+    pods = Pods(sandboxes, containers, hooks, HostPorts(backends.dial))
+    pods.resume_node_ports()  # host-network pods this shim ran before a restart
+    runtime = RuntimeServicer(pods, streaming)
     image_servicer = ImageServicer(images, config.state_dir, containers.writable_usage)
     downstream = None
     if config.downstream_endpoint:

@@ -16,12 +16,17 @@ from typing import Any
 
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.model import (
+    Condition,
+    ContainerFilter,
     ContainerRecord,
     ContainerSpec,
+    ContainerStats,
     MountRequest,
     PodMeta,
+    SandboxFilter,
     SandboxRecord,
     SandboxSpec,
+    SandboxStats,
 )
 from vmsandbox import oci_spec, validation
 from vmsandbox.agent_protocol import CgroupStats
@@ -524,10 +529,11 @@ def _profile_text(p: pb.SecurityProfile) -> str:
 
 
 def container_request(
-    config: pb.ContainerConfig, hostname: str, sysctls: Mapping[str, str]
+    config: pb.ContainerConfig, sysctls: Mapping[str, str]
 ) -> tuple[oci_spec.ContainerRequest, str, str]:
     """(what to run, the user spec to resolve against the image, the stop signal name or "");
-    ``sysctls`` are the pod's (LinuxPodSandboxConfig.sysctls)."""
+    ``sysctls`` are the pod's (LinuxPodSandboxConfig.sysctls). The hostname is the pod's, which
+    the owner of the pod fills in."""
     sc = config.linux.security_context
     res = config.linux.resources
     user = ""
@@ -550,7 +556,6 @@ def container_request(
         # as containerd's JSON encoding of the spec does
         env=tuple((kv.key, kv.value.decode("utf-8", errors="replace")) for kv in config.envs),
         working_dir=config.working_dir,
-        hostname=hostname,
         readonly_rootfs=sc.readonly_rootfs,
         privileged=sc.privileged,
         add_capabilities=tuple(sc.capabilities.add_capabilities),
@@ -627,11 +632,10 @@ def memory_usage(s: CgroupStats) -> pb.MemoryUsage:
     )
 
 
-def container_stats(
-    c: ContainerRecord, s: CgroupStats | None, nano_cores: int | None, layer_mountpoint: str
-) -> pb.ContainerStats:
+def container_stats(cs: ContainerStats, layer_mountpoint: str) -> pb.ContainerStats:
     """A container's stats; its writable layer (in guest memory) is reported on ``layer_mountpoint``,
     the host directory ImageFsInfo names as the container file system, which the kubelet can stat."""
+    c, s, nano_cores = cs.container, cs.sample, cs.nano_cores
     out = pb.ContainerStats(
         attributes=pb.ContainerAttributes(
             id=c.id, metadata=container_metadata(c), labels=c.labels, annotations=c.annotations
@@ -651,10 +655,9 @@ def container_stats(
     return out
 
 
-def pod_sandbox_stats(
-    r: SandboxRecord, s: CgroupStats | None, nano_cores: int | None, containers: list[pb.ContainerStats]
-) -> pb.PodSandboxStats:
-    linux = pb.LinuxPodSandboxStats(containers=containers)
+def pod_sandbox_stats(ss: SandboxStats, layer_mountpoint: str) -> pb.PodSandboxStats:
+    r, s, nano_cores = ss.sandbox, ss.sample, ss.nano_cores
+    linux = pb.LinuxPodSandboxStats(containers=[container_stats(c, layer_mountpoint) for c in ss.containers])
     if s is not None:
         linux.cpu.CopyFrom(cpu_usage(s, nano_cores))
         linux.memory.CopyFrom(memory_usage(s))
@@ -664,3 +667,29 @@ def pod_sandbox_stats(
         ),
         linux=linux,
     )
+
+
+def _state_name(enum: Any, value: int) -> str:
+    """A filter's state as the records spell it; a value the enum does not define matches nothing."""
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        return f"undefined state {value}"
+
+
+def sandbox_filter(f: pb.PodSandboxFilter | pb.PodSandboxStatsFilter) -> SandboxFilter:
+    state = None
+    if isinstance(f, pb.PodSandboxFilter) and f.HasField("state"):
+        state = _state_name(pb.PodSandboxState, f.state.state)
+    return SandboxFilter(id_prefix=f.id, state=state, labels=dict(f.label_selector))
+
+
+def container_filter(f: pb.ContainerFilter | pb.ContainerStatsFilter) -> ContainerFilter:
+    state = None
+    if isinstance(f, pb.ContainerFilter) and f.HasField("state"):
+        state = _state_name(pb.ContainerState, f.state.state)
+    return ContainerFilter(id_prefix=f.id, sandbox_id=f.pod_sandbox_id, state=state, labels=dict(f.label_selector))
+
+
+def runtime_condition(c: Condition) -> pb.RuntimeCondition:
+    return pb.RuntimeCondition(type=c.type, status=c.status, reason=c.reason, message=c.message)

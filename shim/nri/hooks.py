@@ -1,4 +1,4 @@
-"""``NriHooks``: the one call per CRI event the servicer makes into NRI, and what NRI asks back.
+"""``NriHooks``: the one call per CRI event the owner of pods (``shim.pods``) makes into NRI, and what NRI asks back.
 
 It turns the shim's records into NRI's PodSandbox and Container, calls the plugins through
 ``NriHost`` and carries out their answers through the owners: a CreateContainer adjustment
@@ -78,27 +78,10 @@ class NriHooks:
         return failed
 
     # -- pod events -------------------------------------------------------------------------------
-    def sandbox_started(self, sandbox_id: str) -> str:
-        if self.host is None:
-            return sandbox_id
-        record = self.sandboxes.get(sandbox_id)
-        try:
-            self.host.run_pod_sandbox(translate.pod(record))
-        except VmSandboxError:
-            self._teardown(record)
-            raise
-        return sandbox_id
-
-    def _teardown(self, record: SandboxRecord) -> None:
-        try:
-            self.sandboxes.stop(record.id)
-            self.containers.sandbox_stopped(record.id)
-            self.containers.sandbox_removed(record.id)
-            self.sandboxes.remove(record.id)
-        except VmSandboxError as exc:
-            log.error(
-                "NRI: tearing down refused sandbox %s failed (the reconcile finishes it): %s", record.id[:12], exc
-            )
+    def sandbox_started(self, sandbox_id: str) -> None:
+        """Raises the plugins' refusal; the pod's owner (``shim.pods``) then tears the new VM down."""
+        if self.host is not None:
+            self.host.run_pod_sandbox(translate.pod(self.sandboxes.get(sandbox_id)))
 
     def sandbox_stopped(self, record: SandboxRecord) -> None:
         """After the pod's teardown: StopContainer for each of its containers plugins were not

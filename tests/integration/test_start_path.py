@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.runtime_service import HOST_SETUP_CONDITION
+from shim.pods import HOST_SETUP_CONDITION
 from tests.integration.conftest import Shim, pod, q
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

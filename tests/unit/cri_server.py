@@ -28,6 +28,7 @@ from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.image_service import ImageServicer
 from shim.images import ImageStore
 from shim.model import SANDBOX_READY, ContainerRecord, PodMeta, SandboxRecord
+from shim.pods import Pods
 from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -179,7 +180,7 @@ def cri_server() -> Iterator[Server]:
         images = ImageStore(root / "images")
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         containers = Containers(config.state_dir, sb, images, hypervisor)
-        runtime = RuntimeServicer(sb, containers)
+        runtime = RuntimeServicer(Pods(sb, containers))
         status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
         status.add_servicer(
             server, pb.DESCRIPTOR.services_by_name["ImageService"], ImageServicer(images, str(root / "state"))

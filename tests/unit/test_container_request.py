@@ -7,7 +7,7 @@ import pytest
 
 from shim import translate
 from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.model import CONTAINER_CREATED, ContainerRecord, MountRequest
+from shim.model import CONTAINER_CREATED, ContainerRecord, ContainerStats, MountRequest
 from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.resources import ContainerResources, Mount
@@ -30,14 +30,14 @@ def _config(**security: object) -> pb.ContainerConfig:
 
 
 def test_command_env_resources_signal() -> None:
-    request, user, signal = translate.container_request(_config(), "web-0", {"kernel.shm_rmid_forced": "1"})
+    request, user, signal = translate.container_request(_config(), {"kernel.shm_rmid_forced": "1"})
     assert (request.command, request.args, request.env, request.working_dir) == (
         ("sh",),
         ("-c", "true"),
         (("A", "1"),),
         "/srv",
     )
-    assert (request.hostname, user, signal) == ("web-0", "", "SIGQUIT")
+    assert (request.hostname, user, signal) == ("", "", "SIGQUIT")  # the pod's hostname comes from its owner
     assert request.resources.memory_limit_bytes == 1 << 26 and request.resources.cpu_quota_us == 50_000
     assert request.sysctls == {"kernel.shm_rmid_forced": "1"}
 
@@ -52,7 +52,7 @@ def test_command_env_resources_signal() -> None:
     ],
 )
 def test_user_spec(security: dict[str, object], user: str) -> None:
-    assert translate.container_request(_config(**security), "", {})[1] == user
+    assert translate.container_request(_config(**security), {})[1] == user
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_user_spec(security: dict[str, object], user: str) -> None:
     ],
 )
 def test_seccomp_profiles(profile: pb.SecurityProfile, expected: str) -> None:
-    request, _, _ = translate.container_request(_config(seccomp=profile), "", {})
+    request, _, _ = translate.container_request(_config(seccomp=profile), {})
     assert request.seccomp == expected
 
 
@@ -76,13 +76,13 @@ def test_stats_carry_cpu_memory_and_writable_layer() -> None:
         id="c" * 64, sandbox_id="s" * 64, name="app", attempt=0, state="CONTAINER_RUNNING", created_ns=1
     )
     s = CgroupStats(5, 2_000_000, 300, 200, 100, 7, 1, 2, 4096, 3)
-    out = translate.container_stats(c, s, 1500, "/var/lib/vmsandbox/state")
+    out = translate.container_stats(ContainerStats(c, s, 1500), "/var/lib/vmsandbox/state")
     assert out.attributes.id == c.id and out.attributes.metadata.name == "app"
     assert (out.cpu.usage_core_nano_seconds.value, out.cpu.usage_nano_cores.value) == (2_000_000, 1500)
     assert (out.memory.working_set_bytes.value, out.memory.usage_bytes.value) == (200, 300)
     assert (out.writable_layer.used_bytes.value, out.writable_layer.inodes_used.value) == (4096, 3)
     assert out.writable_layer.fs_id.mountpoint == "/var/lib/vmsandbox/state"
-    empty = translate.container_stats(c, None, None, "/var/lib/vmsandbox/state")
+    empty = translate.container_stats(ContainerStats(c, None, None), "/var/lib/vmsandbox/state")
     assert not empty.HasField("cpu") and not empty.HasField("memory")
 
 

@@ -299,7 +299,7 @@ def test_env_value_need_not_be_utf8(server: Server) -> None:
     code, details, _ = create(server, config)
     assert code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), details
     assert "env" not in details.lower() and "utf" not in details.lower(), details
-    run, _user, _signal = translate.container_request(config, "host", {})
+    run, _user, _signal = translate.container_request(config, {})
     assert run.env == (("K", "A\ufffd\ufffd"),)  # as containerd's JSON encoding of the spec has it
 
 

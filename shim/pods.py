@@ -1,0 +1,365 @@
+"""``Pods``: the one owner the RuntimeService calls, for a pod and everything in it.
+
+A pod is four parts, each kept by the component that alone knows its storage:
+- its record and VM (``shim.sandboxes``): admission against the declaration, the host resources
+  it holds (through ``ResourceManager``), the libvirt domain, the pod network, and the ledger
+  rows of the sandbox and of its containers;
+- its containers' guest side (``shim.containers``): the agent connection, the shared directory,
+  image holds and image disks, volume binds and log copiers;
+- its node ports, for host-network pods (``shim.host_ports``);
+- what NRI plugins are told of it (``shim.nri.hooks``).
+
+Every RuntimeService RPC makes one call here, with the request already translated; this module
+decides in which order the parts move, and undoes a half-done call: a RunPodSandbox whose node
+ports or NRI plugins refuse it leaves no VM, claim, network or directory behind, and a
+CreateContainer the guest refuses leaves no record. It also keeps the last CPU sample of each
+sandbox and container, from which stats report nano cores.
+
+Locking stays with the parts: record writes go through ``Sandboxes`` (one lock per sandbox for its
+life cycle, one for container rows), a container's guest operations through a lock of its own in
+``Containers``. There is deliberately no lock held across a whole pod for a whole RPC: the kubelet
+stops a pod's containers in parallel, each for up to its grace period, and one lock would add
+those periods up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+
+from shim.containers import Containers
+from shim.host_ports import HostPorts
+from shim.model import (
+    CONTAINER_EXITED,
+    CONTAINER_RUNNING,
+    SANDBOX_READY,
+    Condition,
+    ContainerFilter,
+    ContainerRecord,
+    ContainerSpec,
+    ContainerStats,
+    MountRequest,
+    SandboxFilter,
+    SandboxRecord,
+    SandboxStats,
+)
+from shim.nri.hooks import NriHooks
+from shim.sandboxes import Sandboxes
+from shim.streaming.server import Target
+from vmsandbox import oci_spec, streaming
+from vmsandbox.adapters.host_checks import host_warnings
+from vmsandbox.agent_protocol import CgroupStats, ExecResult
+from vmsandbox.errors import DeadlineExceeded, InvalidArgument, VmSandboxError, WrongState
+from vmsandbox.pod import SandboxSpec
+from vmsandbox.resources import ContainerResources
+from vmsandbox.sizing import LinuxResources
+
+log = logging.getLogger(__name__)
+
+HOST_SETUP_CONDITION = "HostSetupOptimal"
+"""Status condition for host set-up problems (the kubelet acts only on RuntimeReady and NetworkReady)."""
+EXEC_OUTPUT_LIMIT = 16 << 20
+"""Bytes of stdout and of stderr ExecSync returns (the kubelet caps probe output itself)."""
+
+
+class _CpuRates:
+    """The last CPU sample of each sandbox and container, for nano cores between two stats calls."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, int]] = {}  # id -> (timestamp ns, cpu ns)
+        self._lock = threading.Lock()
+
+    def rate(self, key: str, s: CgroupStats | None) -> int | None:
+        if s is None:
+            return None
+        with self._lock:
+            last = self._last.get(key)
+            self._last[key] = (s.timestamp_ns, s.cpu_usage_ns)
+        if last is None or s.timestamp_ns <= last[0]:
+            return None
+        return max(s.cpu_usage_ns - last[1], 0) * 1_000_000_000 // (s.timestamp_ns - last[0])
+
+    def forget(self, *keys: str) -> None:
+        with self._lock:
+            for key in keys:
+                self._last.pop(key, None)
+
+
+class Pods:
+    def __init__(
+        self,
+        sandboxes: Sandboxes,
+        containers: Containers,
+        nri: NriHooks | None = None,
+        host_ports: HostPorts | None = None,
+    ) -> None:
+        self.sandboxes = sandboxes
+        self.containers = containers
+        self.nri = nri if nri is not None else NriHooks(None, sandboxes, containers)
+        self.host_ports = host_ports
+        self._rates = _CpuRates()
+
+    # -- the runtime ---------------------------------------------------------------------------------
+    def conditions(self) -> tuple[list[Condition], str]:
+        """The runtime's conditions and the hypervisor's version ("" when it does not answer)."""
+        try:
+            version = self.sandboxes.hypervisor.version()
+            runtime = Condition("RuntimeReady", True)
+        except VmSandboxError as exc:
+            version = ""
+            runtime = Condition("RuntimeReady", False, "HypervisorUnavailable", str(exc))
+        ready, reason, message = self.sandboxes.network.ready()
+        conditions = [runtime, Condition("NetworkReady", ready, reason, message)]
+        # a set-up flaw that slows every pod but breaks none: a condition of its own, only while it holds
+        warnings = host_warnings(self.sandboxes.hypervisor.uri)
+        if warnings:
+            conditions.append(Condition(HOST_SETUP_CONDITION, False, "KvmDeviceNotAccessible", "; ".join(warnings)))
+        return conditions, version
+
+    def handlers(self) -> list[str]:
+        return sorted(self.sandboxes.profiles)
+
+    def describe(self, hypervisor_version: str) -> dict[str, object]:
+        """What ``Status`` with ``verbose`` reports."""
+        return {
+            "libvirt_uri": self.sandboxes.hypervisor.uri,
+            "libvirt_version": hypervisor_version,
+            "owned_cpus": sorted(self.sandboxes.policy.owned_cpus),
+            "handlers": self.handlers(),
+            "nri_plugins": self.nri.plugins(),
+        }
+
+    def resume_node_ports(self) -> None:
+        """Start-up: the node ports of the host-network pods an earlier process ran."""
+        if self.host_ports is None:
+            return
+        for record in self.sandboxes.list_sandboxes():
+            if record.state == SANDBOX_READY:
+                try:
+                    self.host_ports.open(record.id, record.namespaces, record.port_mappings)
+                except VmSandboxError as exc:
+                    log.error("sandbox %s: its node ports are not relayed: %s", record.id[:12], exc)
+
+    # -- pods ----------------------------------------------------------------------------------------
+    def run(self, spec: SandboxSpec) -> str:
+        """RunPodSandbox: the VM (``Sandboxes.run`` rolls back its own half-done boot), then the node
+        ports, then the plugins; a refusal by either tears the new pod down again."""
+        sandbox_id = self.sandboxes.run(spec)
+        try:
+            if self.host_ports is not None:
+                self.host_ports.open(sandbox_id, spec.namespaces, spec.port_mappings)
+            self.nri.sandbox_started(sandbox_id)
+        except BaseException:
+            self._discard(sandbox_id)
+            raise
+        return sandbox_id
+
+    def _discard(self, sandbox_id: str) -> None:
+        """Undo a RunPodSandbox after its VM booted; what cannot be undone now is left to the
+        reconcile, which tears down every part of a sandbox it finds half there."""
+        try:
+            if self.host_ports is not None:
+                self.host_ports.close(sandbox_id)
+            self.sandboxes.stop(sandbox_id)
+            self.containers.sandbox_stopped(sandbox_id)
+            self.containers.sandbox_removed(sandbox_id)
+            self.sandboxes.remove(sandbox_id)
+        except VmSandboxError as exc:
+            log.error("sandbox %s: tearing down the refused pod failed (the reconcile finishes it): %s",
+                      sandbox_id[:12], exc)  # fmt: skip
+
+    def stop(self, sandbox_id: str) -> None:
+        """StopPodSandbox: unknown ids and repeats succeed."""
+        record = self.sandboxes.find_for_teardown(sandbox_id)
+        if record is None:
+            return
+        if self.host_ports is not None:
+            self.host_ports.close(record.id)
+        self.sandboxes.stop(record.id)
+        self.containers.sandbox_stopped(record.id)
+        self.nri.sandbox_stopped(record)
+
+    def remove(self, sandbox_id: str) -> None:
+        """RemovePodSandbox: stops it first when needed; unknown ids and repeats succeed."""
+        record = self.sandboxes.find_for_teardown(sandbox_id)
+        if record is None:
+            return
+        members = self.sandboxes.containers(record.id)
+        if self.host_ports is not None:
+            self.host_ports.close(record.id)
+        self.containers.sandbox_removed(record.id)
+        self.sandboxes.remove(record.id)
+        self._rates.forget(record.id, *(c.id for c in members))
+        self.nri.sandbox_removed(record, members)
+
+    def sandbox(self, sandbox_id: str) -> SandboxRecord:
+        return self.sandboxes.get(sandbox_id)
+
+    def list_sandboxes(self, f: SandboxFilter) -> list[SandboxRecord]:
+        return [r for r in self.sandboxes.list_sandboxes() if f.matches(r)]
+
+    def update(self, sandbox_id: str, overhead: LinuxResources, resources: LinuxResources) -> None:
+        """UpdatePodSandboxResources: recorded when it fits the VM, then told to the plugins."""
+        self.sandboxes.update_sandbox(sandbox_id, resources)
+        self.nri.sandbox_updated(sandbox_id, overhead, resources)
+
+    # -- containers ----------------------------------------------------------------------------------
+    def create_container(
+        self,
+        sandbox_id: str,
+        spec: ContainerSpec,
+        run: oci_spec.ContainerRequest,
+        user: str,
+        stop_signal: str,
+        mounts: list[MountRequest],
+    ) -> str:
+        """CreateContainer: admitted against the pod's declaration (as the plugins adjust it),
+        recorded, then created in the guest; a guest's refusal removes the record again."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        run = replace(run, hostname=sandbox.hostname)  # the pod's, whatever the request says
+        spec, run, mounts = self.nri.adjust_container(sandbox, spec, run, mounts)
+        self.containers.check_mounts(mounts)
+        cid = self.sandboxes.create_container(sandbox.id, spec)
+        try:
+            self.containers.create(cid, run, user, stop_signal, mounts)
+        except BaseException:
+            self.sandboxes.remove_container(cid)
+            raise
+        self.nri.container_created(cid)
+        return cid
+
+    def start_container(self, container_id: str) -> None:
+        self.nri.container_starting(container_id)
+        self.containers.start(container_id)
+        self.nri.container_started(container_id)
+
+    def stop_container(self, container_id: str, timeout_s: int) -> None:
+        if timeout_s < 0:
+            raise InvalidArgument(f"StopContainer timeout is negative ({timeout_s})")
+        self.containers.stop(container_id, timeout_s)
+        self.nri.container_stopped(container_id)
+
+    def remove_container(self, container_id: str) -> None:
+        """RemoveContainer: unknown ids and repeats succeed."""
+        if not container_id:
+            raise InvalidArgument("container_id is empty")
+        record = self.nri.removing(container_id)
+        removed = self.containers.remove(container_id)
+        self.nri.container_removed(record if removed is not None else None)
+        if removed is not None:
+            self._rates.forget(removed)
+
+    def container(self, container_id: str) -> ContainerRecord:
+        """ContainerStatus: the record, with its guest's word on a live container."""
+        return self.containers.refresh(self.sandboxes.container(container_id).id)
+
+    def list_containers(self, f: ContainerFilter) -> list[ContainerRecord]:
+        """ListContainers: the filter's id and labels first, then the guest's word on the live ones
+        before the state is compared."""
+        out = []
+        for c in self.sandboxes.containers(self._filter_sandbox(f.sandbox_id)):
+            if not f.matches_identity(c):
+                continue
+            c = self._refreshed(c)
+            if f.matches_state(c):
+                out.append(c)
+        return out
+
+    def _filter_sandbox(self, sandbox_id: str) -> str | None:
+        """A filter's sandbox id: a unique prefix names its sandbox, as containerd normalises the
+        filter; anything else matches nothing (an id of no sandbox has no containers)."""
+        if not sandbox_id:
+            return None
+        with contextlib.suppress(VmSandboxError):
+            return self.sandboxes.get(sandbox_id).id
+        return sandbox_id
+
+    def _refreshed(self, c: ContainerRecord) -> ContainerRecord:
+        if c.state == CONTAINER_EXITED:
+            return c
+        try:
+            return self.containers.refresh(c.id)
+        except VmSandboxError as e:
+            log.warning("container %s: status from its guest failed: %s", c.id[:12], e)
+            return c
+
+    def update_container(self, container_id: str, resources: ContainerResources | None, linux: LinuxResources) -> None:
+        """UpdateContainerResources: the plugins' say, the VM's envelope, then the guest's cgroup."""
+        c = self.sandboxes.container(container_id)
+        linux = self.nri.update_container(c.id, linux)
+        self.sandboxes.update_container(c.id, resources, linux)
+        self.containers.update(c.id, self.sandboxes.container(c.id).linux)
+        self.nri.container_updated(c.id)
+
+    def exec_sync(self, container_id: str, argv: Sequence[str], timeout_s: int) -> ExecResult:
+        if timeout_s < 0:
+            raise InvalidArgument(f"ExecSync timeout is negative ({timeout_s})")
+        res = self.containers.exec_sync(
+            self.sandboxes.container(container_id).id, list(argv), timeout_s, EXEC_OUTPUT_LIMIT
+        )
+        if res.timed_out:
+            raise DeadlineExceeded(f"command timed out after {timeout_s} s")
+        return res
+
+    def reopen_log(self, container_id: str) -> None:
+        self.containers.reopen_log(self.sandboxes.container(container_id).id)
+
+    # -- streaming -----------------------------------------------------------------------------------
+    def exec_target(
+        self, container_id: str, cmd: Sequence[str], *, tty: bool, stdin: bool, stdout: bool, stderr: bool
+    ) -> Target:
+        c = self.sandboxes.container(container_id)  # the record: the guest checks again at the start
+        req = streaming.check_stream_request(
+            "Exec", c.id, list(cmd), tty=tty, stdin=stdin, stdout=stdout, stderr=stderr
+        )
+        if c.state != CONTAINER_RUNNING:
+            raise WrongState(f"container {c.id[:12]} is not running: nothing to exec into")
+        return Target("exec", c.sandbox_id, req)
+
+    def attach_target(self, container_id: str, *, tty: bool, stdin: bool, stdout: bool, stderr: bool) -> Target:
+        c = self.sandboxes.container(container_id)  # the record: the guest checks again at the start
+        req = streaming.check_stream_request("Attach", c.id, [], tty=tty, stdin=stdin, stdout=stdout, stderr=stderr)
+        if tty and not c.tty:
+            raise InvalidArgument(
+                f"Attach: container {c.id[:12]} was created without a terminal (tty false): attach without tty"
+            )
+        if c.state != CONTAINER_RUNNING:
+            raise WrongState(f"container {c.id[:12]} is not running: nothing to attach to")
+        return Target("attach", c.sandbox_id, req)
+
+    def port_forward_target(self, sandbox_id: str, ports: Sequence[str]) -> Target:
+        r = self.sandboxes.get(sandbox_id)
+        if r.state != SANDBOX_READY:
+            raise WrongState(f"sandbox {r.id[:12]} is not ready: nothing to forward to")
+        return Target("portforward", r.id, ports=tuple(streaming.parse_port(p) for p in ports))
+
+    # -- stats ---------------------------------------------------------------------------------------
+    def container_stats(self, container_id: str) -> ContainerStats:
+        return self._container_stats(self.sandboxes.container(container_id))
+
+    def list_container_stats(self, f: ContainerFilter) -> list[ContainerStats]:
+        return [
+            self._container_stats(c)
+            for c in self.sandboxes.containers(f.sandbox_id or None)
+            if c.state == CONTAINER_RUNNING and f.matches_identity(c)
+        ]
+
+    def sandbox_stats(self, sandbox_id: str) -> SandboxStats:
+        return self._sandbox_stats(self.sandboxes.get(sandbox_id))
+
+    def list_sandbox_stats(self, f: SandboxFilter) -> list[SandboxStats]:
+        return [self._sandbox_stats(r) for r in self.sandboxes.list_sandboxes() if f.matches_identity(r)]
+
+    def _container_stats(self, c: ContainerRecord) -> ContainerStats:
+        s = self.containers.stats(c.id)
+        return ContainerStats(c, s, self._rates.rate(c.id, s))
+
+    def _sandbox_stats(self, r: SandboxRecord) -> SandboxStats:
+        s = self.containers.sandbox_stats(r.id) if r.state == SANDBOX_READY else None
+        members = tuple(
+            self._container_stats(c) for c in self.sandboxes.containers(r.id) if c.state == CONTAINER_RUNNING
+        )
+        return SandboxStats(r, s, self._rates.rate(r.id, s), members)
