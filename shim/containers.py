@@ -1,9 +1,10 @@
 """``Containers``: runs admitted containers in their pod's guest and owns what that takes on the
-host — the per-sandbox shared directory (``<state>/sandboxes/<id>/shared``, virtio-9p), the hold on
-each container's image and the image's read-only disk in the pod's guest (hot-plugged when the
-pod's first container of that image is created), the agent connection of each guest, the copy of each container's log
-from its guest agent to the kubelet's ``log_directory/log_path`` (through ``shim.log_copy``), and
-the pod's ``resolv.conf`` and ``hostname`` files its containers share.
+host — the hold on each container's image and the image's read-only disk in the pod's guest
+(hot-plugged when the pod's first container of that image is created), the agent connection of
+each guest, each container's place and volume binds in the pod's share (the directory itself is
+``shim.sandbox_dirs``'), the copy of each container's log from its guest agent to the kubelet's
+``log_directory/log_path`` (through ``shim.log_copy``), and the pod's ``resolv.conf`` and
+``hostname`` files its containers share.
 
 Container records (admission, names, state) are kept by ``shim.sandboxes``; this owner moves them
 through their life: created in the guest, running, exited (exit code, reason, times), removed.
@@ -45,7 +46,6 @@ from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTim
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.agent_protocol import (
     PROC_WRITE_MAX,
-    SHARED_TAG,
     UNKNOWN_CONTAINER,
     CgroupStats,
     ContainerState,
@@ -54,7 +54,7 @@ from vmsandbox.agent_protocol import (
     ProcOutput,
     ProtocolError,
 )
-from vmsandbox.domain import AGENT_CHANNEL, IMAGE_DISK_SLOTS, ImageDiskDevice, SharedDir, free_disk_target
+from vmsandbox.domain import AGENT_CHANNEL, IMAGE_DISK_SLOTS, ImageDiskDevice, free_disk_target
 from vmsandbox.domain_xml import read_image_disks, render_image_disk
 from vmsandbox.errors import (
     CannotFit,
@@ -194,9 +194,8 @@ class GuestAttach:
 
 class Containers:
     def __init__(self, state_dir: str, sandboxes: Sandboxes, images: ImageStore, hypervisor: Hypervisor) -> None:
-        # resolved once: below it, paths are taken as written (a guest may have made symlinks there)
-        self.root = Path(os.path.realpath(state_dir)) / "sandboxes"
         self.sandboxes = sandboxes
+        self.dirs = sandboxes.dirs  # each sandbox's directory on the host: made, dropped and swept there
         self.images = images
         self.hypervisor = hypervisor
         self._lock = threading.Lock()
@@ -207,29 +206,6 @@ class Containers:
         self._disk_locks: dict[str, threading.Lock] = {}  # per sandbox: one image-disk change at a time
         # (sandbox, serial): creates in flight with that disk, and containers created with it by this process
         self._disk_users: dict[tuple[str, str], int] = {}
-        sandboxes.shared_dirs_for = self.shared_dirs_for
-        sandboxes.drop_shared_dirs = self.drop_shared_dirs
-        sandboxes.sweep_shared_dirs = self.sweep_shared_dirs
-
-    # -- layout ---------------------------------------------------------------------------------
-    def _shared(self, sandbox_id: str) -> Path:
-        return self.root / sandbox_id / "shared"
-
-    def shared_dirs_for(self, sandbox_id: str, qemu_uid: int) -> tuple[SharedDir, ...]:
-        """The sandbox's shared directory, made before its QEMU starts: the sandbox's directory
-        and the share are QEMU's own (``qemu_uid``, mode 0700), the directories above them only
-        passable (0711), so no other sandbox's QEMU (nor any other unprivileged host user) can
-        open them."""
-        shared = self._shared(sandbox_id)
-        shared.mkdir(parents=True, exist_ok=True)
-        shared_tree.make_dirs(shared, "containers")
-        os.chmod(self.root, 0o711)
-        for d in (self.root / sandbox_id, shared):
-            os.chown(d, qemu_uid, qemu_uid)
-            os.chmod(d, 0o700)
-        # mapped: nothing the guest writes here (volumes included) is a setuid file, a file
-        # capability, a symlink or a device node on the host, nor owned by anyone but QEMU's user
-        return (SharedDir(str(shared), SHARED_TAG, accessmode="mapped"),)
 
     def _attach_image(self, sandbox_id: str, held: HeldImage) -> tuple[str, bool]:
         """Hot-plugs an image's read-only disk into the sandbox's guest unless it has it already, so
@@ -268,9 +244,6 @@ class Containers:
                 self._disk_users[key] = self._disk_users.get(key, 0) + 1
         return f"disks/{held.serial}", attached
 
-    def _disk_dir(self, sandbox_id: str) -> Path:
-        return self.root / sandbox_id / "disks"
-
     def _bind_disk(self, sandbox_id: str, held: HeldImage) -> Path:
         """Makes the image's disk readable to the sandbox's QEMU alone: the store's file (root's,
         0400, in the 0700 store) is bound read-only, idmapped so that root's files are QEMU's uid's,
@@ -280,7 +253,7 @@ class Containers:
         pid = self.hypervisor.emulator_pid(record.domain)
         if pid is None:
             raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
-        disks = self._disk_dir(sandbox_id)
+        disks = self.dirs.disks(sandbox_id)
         disks.mkdir(mode=0o755, exist_ok=True)
         target = disks / f"{held.serial}.erofs"
         if binds.mounts_under(target, Path(f"/proc/{pid}/mountinfo").read_text()):
@@ -313,7 +286,7 @@ class Containers:
                     log.warning("sandbox %s: image disk %s stays attached: %s", sandbox_id[:12], held.serial, exc)
                     return
             with contextlib.suppress(VmSandboxError):  # QEMU closed it; a bind that stays goes with QEMU
-                self._unbind(sandbox_id, self._disk_dir(sandbox_id) / f"{held.serial}.erofs")
+                self._unbind(sandbox_id, self.dirs.disks(sandbox_id) / f"{held.serial}.erofs")
 
     def _qemu_pid(self, sandbox_id: str) -> int | None:
         return self.hypervisor.emulator_pid(self.sandboxes.get(sandbox_id).domain)
@@ -332,7 +305,7 @@ class Containers:
         pid = self._qemu_pid(sandbox_id)
         if pid is None:
             return
-        shared = self._shared(sandbox_id)
+        shared = self.dirs.shared(sandbox_id)
         keep = [
             shared / "containers" / o.id / "mounts"
             for o in self.sandboxes.containers(sandbox_id)
@@ -342,29 +315,14 @@ class Containers:
 
     def _drop_container_dir(self, sandbox_id: str, container_id: str) -> None:
         self._unbind_container(sandbox_id, container_id)
-        binds.remove_tree(self._shared(sandbox_id), f"containers/{container_id}")
+        self.dirs.drop_container(sandbox_id, container_id)
 
-    def drop_shared_dirs(self, sandbox_id: str) -> None:
-        """Remove a sandbox's directory (its guest is gone, and the mounts in its QEMU and the image
-        disks with it)."""
-        binds.remove_tree(self.root, sandbox_id)
+    def _forget_disks(self, sandbox_id: str) -> None:
+        """A removed sandbox's disk bookkeeping goes with it (its QEMU, and the disks, are gone)."""
         with self._lock:
             self._disk_locks.pop(sandbox_id, None)
             for key in [k for k in self._disk_users if k[0] == sandbox_id]:
                 del self._disk_users[key]
-
-    def sweep_shared_dirs(self, keep: set[str]) -> None:
-        """Remove the directories of sandboxes nobody remembers (a crash between tear-down and removal)."""
-        try:
-            dirs = sorted(p for p in self.root.iterdir() if p.is_dir())
-        except OSError:
-            return
-        for d in dirs:
-            sid = d.name
-            if sid in keep or not validation.is_full_id(sid):
-                continue
-            binds.remove_tree(self.root, sid)
-            log.info("reconcile: removed the shared directory of forgotten sandbox %s", sid[:12])
 
     def _forget_lock(self, container_id: str) -> None:
         """A removed container's lock goes with it (the map holds only containers that exist)."""
@@ -519,7 +477,7 @@ class Containers:
                 user_spec or image.user, _image_file_lines(tree, "passwd"), _image_file_lines(tree, "group")
             )
             signal = oci_spec.stop_signal(stop_signal, image_cfg)
-            shared_tree.make_dirs(self._shared(c.sandbox_id), f"containers/{container_id}")
+            shared_tree.make_dirs(self.dirs.shared(c.sandbox_id), f"containers/{container_id}")
             guest_mounts = self._share_mounts(c.sandbox_id, container_id, mounts)
             guest_mounts += self._pod_file_mounts(sandbox, {m.destination for m in guest_mounts})
             guest_mounts += _hugepage_mounts(c.linux, guest_mounts)
@@ -624,7 +582,7 @@ class Containers:
             if pagesize is not None:  # a HugePages emptyDir: the guest's own pages of that size
                 out.append(oci_spec.Mount(container_path, "nodev", readonly, hugepage_size=pagesize))
                 continue
-            shared = self._shared(sandbox_id)
+            shared = self.dirs.shared(sandbox_id)
             rel = f"containers/{container_id}/mounts/{i}"
             shared_tree.make_dirs(shared, f"containers/{container_id}/mounts")
             shared_tree.make_empty(shared, rel, is_dir=real.is_dir())
@@ -644,7 +602,7 @@ class Containers:
         """The pod's resolv.conf and hostname, written once per sandbox into its shared directory and
         mounted read-only into each container whose own mounts leave those paths free (containerd's
         rule: the kubelet's mounts win)."""
-        shared = self._shared(sandbox.id)
+        shared = self.dirs.shared(sandbox.id)
         shared_tree.make_dirs(shared, "pod")
         dns = sandbox.dns
         out = []
@@ -863,7 +821,8 @@ class Containers:
             if c.image_id:
                 self.images.release(c.image_id)
         self._drop_client(sandbox_id)
-        self.drop_shared_dirs(sandbox_id)
+        self.dirs.drop(sandbox_id)
+        self._forget_disks(sandbox_id)
 
     def reopen_log(self, container_id: str) -> None:
         c = self.sandboxes.container(container_id)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from shim.containers import Containers
@@ -221,6 +221,8 @@ class Pods:
         sandbox = self.sandboxes.get(sandbox_id)
         run = replace(run, hostname=sandbox.hostname)  # the pod's, whatever the request says
         spec, run, mounts = self.nri.adjust_container(sandbox, spec, run, mounts)
+        # a host path no pod may have is refused before admission, which would call it undeclared;
+        # Containers checks again when it binds the path, as the path then is
         self.containers.check_mounts(mounts)
         cid = self.sandboxes.create_container(sandbox.id, spec)
         try:
@@ -286,9 +288,13 @@ class Pods:
             log.warning("container %s: status from its guest failed: %s", c.id[:12], e)
             return c
 
-    def update_container(self, container_id: str, resources: ContainerResources | None, linux: LinuxResources) -> None:
-        """UpdateContainerResources: the plugins' say, the VM's envelope, then the guest's cgroup."""
+    def update_container(
+        self, container_id: str, asked: Callable[[str], tuple[ContainerResources | None, LinuxResources]]
+    ) -> None:
+        """UpdateContainerResources: the plugins' say, the VM's envelope, then the guest's cgroup.
+        ``asked`` decodes the request, its errors naming the container as its argument does."""
         c = self.sandboxes.container(container_id)
+        resources, linux = asked(f'container "{c.name}"')
         linux = self.nri.update_container(c.id, linux)
         self.sandboxes.update_container(c.id, resources, linux)
         self.containers.update(c.id, self.sandboxes.container(c.id).linux)

@@ -23,6 +23,8 @@ from shim.status import rpc
 from shim.streaming.server import StreamingServer, Target
 from vmsandbox import __version__
 from vmsandbox.errors import InfrastructureError, InvalidArgument
+from vmsandbox.resources import ContainerResources
+from vmsandbox.sizing import LinuxResources
 
 log = logging.getLogger(__name__)
 
@@ -174,14 +176,15 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     def UpdateContainerResources(
         self, request: pb.UpdateContainerResourcesRequest, context: grpc.ServicerContext
     ) -> pb.UpdateContainerResourcesResponse:
-        where = f"container {request.container_id[:64]!r}"
-        resources = (
-            translate.kubernetes_resources(request.kubernetes_resources, where)
-            if request.HasField("kubernetes_resources")
-            else None
-        )
-        linux = translate.linux_resources(request.linux, f"{where}: linux")
-        self.pods.update_container(request.container_id, resources, linux)
+        def asked(where: str) -> tuple[ContainerResources | None, LinuxResources]:
+            resources = (
+                translate.kubernetes_resources(request.kubernetes_resources, where)
+                if request.HasField("kubernetes_resources")
+                else None
+            )
+            return resources, translate.linux_resources(request.linux, f"{where}: linux")
+
+        self.pods.update_container(request.container_id, asked)
         return pb.UpdateContainerResourcesResponse()
 
     @rpc

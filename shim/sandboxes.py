@@ -42,6 +42,7 @@ from shim.model import (
 )
 from shim.network import Attachment, PodNetworks
 from shim.resources import ResourceManager
+from shim.sandbox_dirs import SandboxDirs
 from shim.snapshots import MakeRequest, Progress, Snapshots, SnapshotUnusable
 from vmsandbox import admission, validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
@@ -137,13 +138,10 @@ class Sandboxes:
         # every sandbox record, decoded once (creating ones too); the ledger is its write-ahead record
         self._records: dict[str, SandboxRecord] = self._load_records()
         self._names: dict[PodMeta, str] = {r.meta: sid for sid, r in self._records.items()}
-        # the directories a guest gets over 9p belong to the owner of containers (shim.containers),
-        # which sets these: it makes them for a boot, drops them when a boot is rolled back, and
-        # sweeps those of sandboxes that no longer exist (given the ids to keep)
-        self.shared_dirs_for: Callable[[str, int], tuple[SharedDir, ...]] = lambda _sandbox_id, _uid: ()
+        # each sandbox's directory (the share its guest mounts over 9p): made for a boot, dropped when
+        # a boot is rolled back or the sandbox removed, swept for sandboxes that no longer exist
+        self.dirs = SandboxDirs(config.state_dir)
         self._uid_lock = threading.Lock()  # held from choosing a QEMU uid until the record holding it is written
-        self.drop_shared_dirs: Callable[[str], None] = lambda _sandbox_id: None
-        self.sweep_shared_dirs: Callable[[set[str]], None] = lambda _keep: None
         first = self.inventory()
         # the one owner of CPUs, pages, memory and devices: its free state is rebuilt from the ledger
         self.resources = resources or ResourceManager.open(config, first, ledger)
@@ -313,7 +311,7 @@ class Sandboxes:
             profile=profile,
             accel=accel,
             console_log=console,
-            shared_dirs=self.shared_dirs_for(record.id, record.qemu_uid),
+            shared_dirs=self.dirs.make(record.id, record.qemu_uid),
             qemu_uid=record.qemu_uid,
             interfaces=(attachment.interface,) if attachment.interface else (),
             guest_nic=nic,
@@ -447,7 +445,7 @@ class Sandboxes:
         try:
             placement = self.resources.reserve(owner, shape, profile)
             try:
-                shared = self.shared_dirs_for(owner, 0)  # a snapshot's guest runs no pod: QEMU as root still
+                shared = self.dirs.make(owner, 0)  # a snapshot's guest runs no pod: QEMU as root still
                 pod_domain = self._snapshot_domain(
                     owner,
                     shape,
@@ -474,7 +472,7 @@ class Sandboxes:
                 )
             finally:
                 self.resources.release(owner)
-                self.drop_shared_dirs(owner)
+                self.dirs.drop(owner)
         finally:
             self._in_flight.discard(owner)
 
@@ -564,7 +562,7 @@ class Sandboxes:
                 "the shim's reconciliation removes it"
             )
         try:
-            self.drop_shared_dirs(sandbox_id)
+            self.dirs.drop(sandbox_id)
         except VmSandboxError as exc:  # the sweep of the next reconcile tries again
             log.error("rollback of %s: shared directory not removed yet: %s", sandbox_id[:12], exc)
         try:
@@ -638,9 +636,7 @@ class Sandboxes:
             self.hypervisor.teardown(record.domain)  # undefine
             self.resources.release(sandbox_id)
             faults.checkpoint("remove:after-release")
-            for c in self.containers(sandbox_id):
-                if c.state != CONTAINER_EXITED:
-                    self._put_container(replace(c, state=CONTAINER_EXITED, reason="SandboxStopped"))
+            self._exit_containers(sandbox_id, reason="SandboxStopped")
             if record.state != SANDBOX_NOTREADY:
                 self._put_sandbox(record.with_state(SANDBOX_NOTREADY))
                 log.info("sandbox %s stopped: domain %s removed, resources released", sandbox_id[:12], record.domain)
@@ -701,6 +697,15 @@ class Sandboxes:
             changed = replace(current, **changes)
             self._put_container(changed)
             return changed
+
+    def _exit_containers(self, sandbox_id: str, **changes: Any) -> None:
+        """Record every container of the sandbox not yet EXITED as EXITED with ``changes``, each as
+        it stands at the write (under the lock ``change_container`` takes), so that an exit the
+        owner of containers records meanwhile, with its code and times, is kept."""
+        with self._container_write_lock:
+            for c in self._index.all(sandbox_id):
+                if c.state != CONTAINER_EXITED:
+                    self._put_container(replace(c, state=CONTAINER_EXITED, **changes))
 
     def reload(self) -> None:
         """Decode the ledger's sandbox rows again (start-up: rows an earlier process wrote)."""
@@ -882,7 +887,7 @@ class Sandboxes:
         foreign = {a.sandbox_id for a in actions if a.step is Step.LEAVE_FOREIGN}
         self._sweep_console_logs(remaining | failed | skipped | busy | foreign)
         try:
-            self.sweep_shared_dirs(remaining | failed | skipped | busy | foreign | set(self._in_flight))
+            self.dirs.sweep(remaining | failed | skipped | busy | foreign | set(self._in_flight))
         except VmSandboxError as exc:
             log.error("reconcile: %s", exc)
         with self._names_lock:
@@ -1036,12 +1041,8 @@ class Sandboxes:
         """Record a READY sandbox as NOTREADY (``guest[key]`` says why) and its containers as EXITED
         with ``reason`` (and ``exit_code`` when given); the caller holds the sandbox's lock."""
         now = self._clock()
-        for c in self.containers(record.id):
-            if c.state != CONTAINER_EXITED:
-                done = replace(c, state=CONTAINER_EXITED, reason=reason, message=message)
-                if exit_code is not None:
-                    done = replace(done, exit_code=exit_code, finished_ns=now)
-                self._put_container(done)
+        lost = {"exit_code": exit_code, "finished_ns": now} if exit_code is not None else {}
+        self._exit_containers(record.id, reason=reason, message=message, **lost)
         dead = replace(record, state=SANDBOX_NOTREADY, guest={**record.guest, key: why, f"{key}_ns": now})
         self._put_sandbox(dead)
 

@@ -162,7 +162,6 @@ def start(config: ShimConfig) -> Running:
     hypervisor = Hypervisor(config.libvirt_uri, observe=metrics.libvirt_event)
     sandboxes = Sandboxes(config, ledger, hypervisor, profiles)
     images = image_store(config)
-    # before the first reconcile, whose sweep of forgotten sandboxes' directories is the containers' work
     containers = Containers(config.state_dir, sandboxes, images, hypervisor)
     for warning in host_warnings(config.libvirt_uri):
         log.warning("host set-up: %s", warning)
