@@ -5,8 +5,8 @@ ordinary pod exist: its socket still accepts, the proxy's connection stays up, a
 answered. VM pod calls go on within their usual time; calls the downstream owns end within
 ``downstream_timeout_s`` (``UNAVAILABLE`` naming the endpoint) or the caller's shorter deadline
 (``DEADLINE_EXCEEDED``), never ``INTERNAL``, never hanging, even when more of them wait at once
-than the proxy lets wait; lists never leave the downstream's pods out. After SIGCONT everything
-answers again without a shim restart.
+than the proxy lets wait; the merged lists answer, the VM side as it is and the downstream's as it
+last listed it. After SIGCONT everything answers again without a shim restart.
 """
 
 from __future__ import annotations
@@ -100,6 +100,9 @@ def test_hung_downstream_leaves_vm_pods_alone_and_bounds_its_own_calls(tmp_path:
             timeout=120,
         ).container_id
         endpoint = ctd.endpoint
+        # what the kubelet's PLEG asks every second: the proxy keeps the downstream's answers
+        rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30)
+        rt.ListContainers(pb.ListContainersRequest(filter=pb.ContainerFilter()), timeout=30)
 
         with ctd.hung():
             # -- VM pod calls: a VM pod made, started and asked about while the downstream hangs --
@@ -160,14 +163,33 @@ def test_hung_downstream_leaves_vm_pods_alone_and_bounds_its_own_calls(tmp_path:
                 lambda: rt.RunPodSandbox(
                     pb.RunPodSandboxRequest(config=_config("plain-2", logs, host_network=True)), timeout=30
                 ),
-                # an unfiltered list without the downstream's pods would tell the kubelet they are gone
-                lambda: rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30),
-                lambda: rt.ListContainers(pb.ListContainersRequest(), timeout=30),
+                # stats are the downstream's figures now or nothing
+                lambda: rt.ListContainerStats(pb.ListContainerStatsRequest(), timeout=30),
             ]
             for call in theirs:
                 answer, took = timed(call)
                 assert endpoint in failed(answer, grpc.StatusCode.UNAVAILABLE)
                 assert took < BOUND_S + SLACK_S, took
+            # merged lists: the VM side as it is, the downstream's as it last listed it (leaving its
+            # pods out would tell the kubelet they are gone), within the bound
+            pods, took = timed(lambda: rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30))
+            assert isinstance(pods, pb.ListPodSandboxResponse), pods
+            assert took < BOUND_S + SLACK_S, took
+            assert {s.id: (s.runtime_handler, s.state) for s in pods.items} == {
+                vm: ("vmsandbox", pb.SANDBOX_READY),
+                plain: ("", pb.SANDBOX_READY),
+            }
+            ctrs, took = timed(lambda: rt.ListContainers(pb.ListContainersRequest(), timeout=30))
+            assert isinstance(ctrs, pb.ListContainersResponse), ctrs
+            assert took < BOUND_S + SLACK_S, took
+            assert {c.id: c.state for c in ctrs.containers} == {
+                vm_ctr: pb.CONTAINER_RUNNING,
+                plain_ctr: pb.CONTAINER_CREATED,
+            }
+            running = pb.ContainerFilter(state=pb.ContainerStateValue(state=pb.CONTAINER_RUNNING))
+            ctrs, took = timed(lambda: rt.ListContainers(pb.ListContainersRequest(filter=running), timeout=30))
+            assert isinstance(ctrs, pb.ListContainersResponse), ctrs
+            assert [c.id for c in ctrs.containers] == [vm_ctr]  # the filter applies to both sides
             # a caller's deadline shorter than the bound is the caller's: DEADLINE_EXCEEDED at that deadline
             answer, took = timed(
                 lambda: rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=plain), timeout=1.0)
