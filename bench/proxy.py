@@ -2,16 +2,24 @@
 
 A containerd of its own (``scripts/containerd.sh``, Debian's containerd and runc) holds N ordinary
 pods (host-network, so no CNI is involved; the sandbox image comes from a local registry) with one
-created container each; a vmsandbox shim process (``python -m shim serve``) has it as its
-``downstream_endpoint``. Each RPC is called alternately through the shim's socket and straight on
-containerd's, one call each in turn, so both see the same noise: ``Version`` (answered by vmsandbox
-itself), ``ContainerStatus`` (routed by id and forwarded as bytes), ``ListPodSandbox`` and
-``ListContainers`` (forwarded and merged with vmsandbox's own, empty, lists).
+created container each; a vmsandbox shim process (``python -m shim serve``, the configuration's
+defaults but for its paths and ``downstream_endpoint``) has it as its downstream. Each RPC is called
+in turn through the shim's socket, through a bare forwarder and straight on containerd's socket,
+one call each, the order rotating, so all three see the same noise: ``Version`` (answered by
+vmsandbox itself, not forwarded), ``ContainerStatus`` (routed by id and forwarded as bytes),
+``ListPodSandbox`` and ``ListContainers`` (forwarded and merged with vmsandbox's own, empty, lists).
 
-Targets with 100 pods: added latency p50 <= 0.3 ms and <= 1.2x direct for each.
+The bare forwarder (``--bare-forwarder``, a process of its own) is the least any Python gRPC proxy
+can add: a grpcio server whose one generic handler sends every call's bytes to containerd on one
+grpcio channel and returns the reply's bytes, with no routing, parsing or merging. Its added
+latency (``floor_added_p50_ms``, ``floor_added_p99_ms``) is the two gRPC hops alone; the shim's minus it is what the
+proxy's own code costs.
 
-    .venv/bin/python bench/proxy.py            # 100 pods, 300 calls per RPC and path
-    .venv/bin/python bench/proxy.py --smoke    # 10 pods, 30 calls; checks the JSON
+Targets with 100 pods: added latency p50 <= 0.3 ms and <= 1.2x direct for each, judged on the
+median over ``--runs`` runs (each run: ``--calls`` calls per RPC and path).
+
+    .venv/bin/python bench/proxy.py            # 100 pods, 3 runs of 300 calls per RPC and path
+    .venv/bin/python bench/proxy.py --smoke    # 10 pods, 1 run of 30 calls; checks the JSON
 """
 
 from __future__ import annotations
@@ -54,6 +62,54 @@ def _registry_with_pause(work: Path) -> tuple[Any, str]:
     return registry, f"{registry.host}/bench/pause:1"
 
 
+def bare_forwarder(sock: str, endpoint: str) -> None:
+    """Serve ``sock`` until killed: every unary call's bytes to ``endpoint`` and the reply's bytes back."""
+    from concurrent import futures
+
+    channel = grpc.insecure_channel(endpoint)
+    calls: dict[str, Any] = {}
+
+    class Forward(grpc.GenericRpcHandler):  # type: ignore[type-arg]
+        def service(self, details: grpc.HandlerCallDetails) -> Any:
+            method = details.method
+            call = calls.get(method)
+            if call is None:
+                call = calls[method] = channel.unary_unary(method, None, None)
+
+            def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
+                reply: bytes = call(request, timeout=context.time_remaining())
+                return reply
+
+            return grpc.unary_unary_rpc_method_handler(forward)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    server.add_generic_rpc_handlers((Forward(),))
+    server.add_insecure_port(f"unix:{sock}")
+    server.start()
+    server.wait_for_termination()
+
+
+def _bare(work: Path, endpoint: str) -> subprocess.Popen[bytes]:
+    sock = work / "bare.sock"
+    process = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--bare-forwarder", str(sock), endpoint],
+        cwd=REPO,
+        stdout=(work / "bare.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    _wait_for(sock, process, work / "bare.log")
+    return process
+
+
+def _wait_for(sock: Path, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise SystemExit(f"{sock.name}: its server did not start:\n{log.read_text()[-2000:]}")
+        time.sleep(0.05)
+
+
 def _shim(work: Path, endpoint: str) -> subprocess.Popen[bytes]:
     config = {
         "socket_path": str(work / "cri.sock"),
@@ -61,7 +117,6 @@ def _shim(work: Path, endpoint: str) -> subprocess.Popen[bytes]:
         "console_dir": str(work / "console"),
         "libvirt_uri": os.environ.get("VMSANDBOX_LIBVIRT_URI", "qemu:///system"),
         "pod_network": "none",
-        "reconcile_interval_s": 0,
         "downstream_endpoint": endpoint,
     }
     (work / "config.yaml").write_text(yaml.safe_dump(config))
@@ -71,12 +126,7 @@ def _shim(work: Path, endpoint: str) -> subprocess.Popen[bytes]:
         stdout=(work / "shim.log").open("wb"),
         stderr=subprocess.STDOUT,
     )
-    deadline = time.monotonic() + 60
-    while not (work / "cri.sock").exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise SystemExit(f"the shim did not start:\n{(work / 'shim.log').read_text()[-2000:]}")
-        time.sleep(0.05)
+    _wait_for(work / "cri.sock", process, work / "shim.log")
     return process
 
 
@@ -106,16 +156,54 @@ def _seed(rt: pb_grpc.RuntimeServiceStub, pods: int, image: str, logs: Path) -> 
     return ids
 
 
-def _p50_ms(samples: list[float]) -> float:
-    return round(statistics.median(samples) * 1e3, 4)
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 4)
 
 
-def measure(pods: int, calls: int) -> dict[str, Any]:
+def _p99(samples: list[float]) -> float:
+    return statistics.quantiles(samples, n=100, method="inclusive")[98]
+
+
+PATHS = ("proxy", "bare", "direct")
+
+
+def one_run(paths: dict[str, Callable[..., Any]], request: Callable[[int], Any], calls: int) -> dict[str, float]:
+    """``calls`` calls on each path, one each in turn, the order rotating: p50 and p99 of each, and
+    what the proxy (and the bare forwarder) add to the direct call."""
+    samples: dict[str, list[float]] = {name: [] for name in PATHS}
+    for i in range(calls):
+        req = request(i)
+        for k in range(len(PATHS)):
+            name = PATHS[(i + k) % len(PATHS)]
+            t = time.perf_counter()
+            paths[name](req, timeout=30)
+            samples[name].append(time.perf_counter() - t)
+    p50 = {name: statistics.median(v) for name, v in samples.items()}
+    p99 = {name: _p99(v) for name, v in samples.items()}
+    return {
+        "proxy_p50_ms": _ms(p50["proxy"]),
+        "proxy_p99_ms": _ms(p99["proxy"]),
+        "direct_p50_ms": _ms(p50["direct"]),
+        "direct_p99_ms": _ms(p99["direct"]),
+        "added_p50_ms": _ms(p50["proxy"] - p50["direct"]),
+        "added_p99_ms": _ms(p99["proxy"] - p99["direct"]),
+        "ratio": round(p50["proxy"] / p50["direct"], 3),
+        "floor_added_p50_ms": _ms(p50["bare"] - p50["direct"]),
+        "floor_added_p99_ms": _ms(p99["bare"] - p99["direct"]),
+    }
+
+
+def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
+    """The median over runs of each figure, and the runs themselves."""
+    return {key: round(statistics.median(r[key] for r in runs), 4) for key in runs[0]} | {"runs": runs}
+
+
+def measure(pods: int, calls: int, runs: int) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="vmsandbox-bench-proxy-"))
     ctd_dir = work / "containerd"
     script = REPO / "scripts" / "containerd.sh"
     registry = None
-    shim = None
+    servers: list[subprocess.Popen[bytes]] = []
     try:
         registry, pause = _registry_with_pause(work)
         subprocess.run(
@@ -133,9 +221,14 @@ def measure(pods: int, calls: int) -> dict[str, Any]:
             ids = _seed(direct, pods, pause, work / "logs")
             seed_s = time.perf_counter() - t0
             (work / "shim").mkdir()
-            shim = _shim(work / "shim", endpoint)
-            with grpc.insecure_channel(f"unix:{work / 'shim' / 'cri.sock'}") as proxy_channel:
+            servers.append(_shim(work / "shim", endpoint))
+            servers.append(_bare(work, endpoint))
+            with (
+                grpc.insecure_channel(f"unix:{work / 'shim' / 'cri.sock'}") as proxy_channel,
+                grpc.insecure_channel(f"unix:{work / 'bare.sock'}") as bare_channel,
+            ):
                 proxy = pb_grpc.RuntimeServiceStub(proxy_channel)
+                bare = pb_grpc.RuntimeServiceStub(bare_channel)
                 assert len(proxy.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items) == pods
                 assert len(proxy.ListContainers(pb.ListContainersRequest(), timeout=30).containers) == pods
                 results: dict[str, Any] = {}
@@ -146,52 +239,43 @@ def measure(pods: int, calls: int) -> dict[str, Any]:
                         "ListPodSandbox": lambda i: pb.ListPodSandboxRequest(),
                         "ListContainers": lambda i: pb.ListContainersRequest(),
                     }[rpc]
-                    via, straight = getattr(proxy, rpc), getattr(direct, rpc)
-                    for i in range(5):  # warm both paths (connections, caches)
-                        via(request(i), timeout=30)
-                        straight(request(i), timeout=30)
-                    through: list[float] = []
-                    alone: list[float] = []
-                    for i in range(calls):
-                        req = request(i)
-                        order = ((via, through), (straight, alone))
-                        for fn, out in order if i % 2 else order[::-1]:
-                            t = time.perf_counter()
-                            fn(req, timeout=30)
-                            out.append(time.perf_counter() - t)
-                    p, d = _p50_ms(through), _p50_ms(alone)
-                    results[rpc] = {
-                        "proxy_p50_ms": p,
-                        "direct_p50_ms": d,
-                        "added_p50_ms": round(p - d, 4),
-                        "ratio": round(p / d, 3),
-                    }
+                    paths = {"proxy": getattr(proxy, rpc), "bare": getattr(bare, rpc), "direct": getattr(direct, rpc)}
+                    for i in range(5):  # warm every path (connections, caches)
+                        for fn in paths.values():
+                            fn(request(i), timeout=30)
+                    results[rpc] = summary([one_run(paths, request, calls) for _ in range(runs)])
             for sid in [s.id for s in direct.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items]:
                 direct.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=60)
                 direct.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=60)
-        return {"pods": pods, "calls": calls, "seed_s": round(seed_s, 2), "rpcs": results}
+        return {"pods": pods, "calls": calls, "runs": runs, "seed_s": round(seed_s, 2), "rpcs": results}
     finally:
-        if shim is not None:
-            shim.terminate()
-            shim.wait(timeout=30)
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=30)
         subprocess.run(["bash", str(script), "down", str(ctd_dir)], capture_output=True, timeout=60)
         if registry is not None:
             registry.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
-RPC_SHAPE = {
+RUN_SHAPE = {
     "proxy_p50_ms": smoke.POSITIVE,
+    "proxy_p99_ms": smoke.POSITIVE,
     "direct_p50_ms": smoke.POSITIVE,
+    "direct_p99_ms": smoke.POSITIVE,
     "added_p50_ms": smoke.FINITE,
+    "added_p99_ms": smoke.FINITE,
     "ratio": smoke.POSITIVE,
+    "floor_added_p50_ms": smoke.FINITE,
+    "floor_added_p99_ms": smoke.FINITE,
 }
 SHAPE: dict[str, Any] = {
     "benchmark": "proxy",
     "pods": smoke.COUNT,
     "calls": smoke.COUNT,
+    "runs": smoke.COUNT,
     "seed_s": smoke.POSITIVE,
-    "rpcs": {rpc: RPC_SHAPE for rpc in RPCS},
+    "rpcs": {rpc: {**RUN_SHAPE, "runs": smoke.Each(RUN_SHAPE)} for rpc in RPCS},
     **{f"ratio_{rpc}": smoke.POSITIVE for rpc in RPCS},
     **{f"added_p50_ms_{rpc}": smoke.FINITE for rpc in RPCS},
     "meets_targets": smoke.BOOL,
@@ -201,16 +285,21 @@ SHAPE: dict[str, Any] = {
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=100, help="ordinary pods on containerd")
-    parser.add_argument("--calls", type=int, default=300, help="calls per RPC and path")
-    parser.add_argument("--smoke", action="store_true", help="10 pods, 30 calls; check the JSON")
+    parser.add_argument("--calls", type=int, default=300, help="calls per RPC and path in each run")
+    parser.add_argument("--runs", type=int, default=3, help="runs (the figures are their medians)")
+    parser.add_argument("--smoke", action="store_true", help="10 pods, 1 run of 30 calls; check the JSON")
+    parser.add_argument("--bare-forwarder", nargs=2, metavar=("SOCKET", "ENDPOINT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.bare_forwarder:
+        bare_forwarder(*args.bare_forwarder)
+        return 0
     smoke.require(
         smoke.missing_tools("containerd", "runc", "containerd-shim-runc-v2"),
         smoke.missing_image_tools(),
         smoke.missing_guest_host(),
     )
-    pods, calls = (10, 30) if args.smoke else (args.pods, args.calls)
-    result = measure(pods, calls)
+    pods, calls, runs = (10, 30, 1) if args.smoke else (args.pods, args.calls, args.runs)
+    result = measure(pods, calls, runs)
     rpcs = result["rpcs"]
     doc: dict[str, Any] = {
         "benchmark": "proxy",

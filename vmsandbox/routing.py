@@ -132,6 +132,39 @@ def filter_side(prefix: str, local: Iterable[str], downstream: Iterable[str]) ->
 
 
 @dataclass(frozen=True)
+class ListFilter:
+    """What a list request asks for, as CRI filters say it (empty: anything)."""
+
+    id: str = ""  # an id prefix
+    pod_sandbox_id: str = ""  # a sandbox id prefix (containers only)
+    state: int | None = None  # the CRI state enum's number, None: any state
+    labels: tuple[tuple[str, str], ...] = ()  # every one of these labels, with this value
+
+
+@dataclass(frozen=True)
+class ListedItem:
+    """What a filter looks at of one listed sandbox or container."""
+
+    id: str
+    pod_sandbox_id: str  # a container's sandbox; "" for a sandbox
+    state: int
+    labels: tuple[tuple[str, str], ...]
+
+
+def list_matches(item: ListedItem, f: ListFilter) -> bool:
+    """Whether ``item`` is one ``f`` asks for, as a CRI runtime filters its own list: ids by prefix,
+    the state exactly, every label of the selector present with its value."""
+    if f.id and not item.id.startswith(f.id):
+        return False
+    if f.pod_sandbox_id and not item.pod_sandbox_id.startswith(f.pod_sandbox_id):
+        return False
+    if f.state is not None and item.state != f.state:
+        return False
+    labels = dict(item.labels)
+    return all(labels.get(k) == v for k, v in f.labels)
+
+
+@dataclass(frozen=True)
 class ImageEntry:
     """What the image merge needs of one side's image: its id, names and size."""
 

@@ -6,8 +6,10 @@ bytes that came in, and its reply returned as the bytes that came back. Calls fo
 decoded and served by its own servicers as without a downstream. List replies are merged by
 concatenating the two sides' serialised replies, which protobuf defines as appending their
 repeated fields: each side has already applied the filter, and nothing of the downstream's reply
-is re-encoded. ``Status`` and the image calls are merged message by message (python protobuf keeps
-fields it does not know when it re-serialises).
+is re-encoded. While the downstream cannot be reached, ``ListPodSandbox`` and ``ListContainers``
+answer its side as it last listed it (``DownstreamIds.last_listed``), so the kubelet neither sees
+its pods vanish nor its PLEG stop. ``Status`` and the image calls are merged message by message
+(python protobuf keeps fields it does not know when it re-serialises).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from google.protobuf import message_factory
 from shim import status
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.proxy.downstream import Downstream, DownstreamUnavailable, Forwarded
-from shim.proxy.ids import DownstreamIds
+from shim.proxy.ids import LISTS, DownstreamIds, list_filter
 from shim.proxy.images import ImageRouter
 from shim.sandboxes import Sandboxes
 from vmsandbox import routing, validation
@@ -262,7 +264,21 @@ class Proxy:
         if side == Side.DOWNSTREAM:
             return self.forward(name, data, context)
         mine: bytes = self.local(name, data, context).SerializeToString()
-        return self.forward(name, data, context) + mine  # concatenated messages: repeated fields appended
+        if name not in LISTS:
+            return self.forward(name, data, context) + mine  # concatenated messages: repeated fields appended
+        try:
+            theirs = self.forward(name, data, context)
+        except DownstreamUnavailable as exc:
+            # the downstream's pods as it last listed them: leaving them out would tell the kubelet
+            # they are gone, and failing the list would stop its PLEG (the node NotReady in 3 min)
+            last = self.ids.last_listed(name, list_filter(f))
+            if last is None:
+                raise
+            log.warning("%s: %s; its side as it last listed it", name, exc)
+            return last + mine
+        if f.ByteSize() == 0:  # what the kubelet's PLEG asks every second: the whole list
+            self.ids.saw_list(name, theirs)
+        return theirs + mine
 
     def _both(self, name: str, data: bytes, context: grpc.ServicerContext) -> bytes:
         self.local(name, data, context)

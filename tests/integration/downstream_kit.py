@@ -4,7 +4,9 @@ nothing needs the internet; on the way out every pod it holds is removed and it 
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -98,6 +100,17 @@ class Containerd:
         """SIGKILL containerd alone (its shims and containers live on, as after a crash)."""
         pid = int((self.dir / "containerd.pid").read_text())
         subprocess.run(["kill", "-KILL", str(pid)], check=True)
+
+    @contextmanager
+    def hung(self) -> Iterator[None]:
+        """containerd stopped (SIGSTOP, by the pid it was started with) for the block, continued after:
+        its socket still accepts connections and its open ones stay up, but nothing is answered."""
+        pid = int((self.dir / "containerd.pid").read_text())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
     @contextmanager
     def runtime(self) -> Iterator[pb_grpc.RuntimeServiceStub]:

@@ -12,7 +12,9 @@ from typing import Any
 import grpc
 import pytest
 
+from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.proxy.downstream import Downstream, DownstreamUnavailable, Forwarded
+from shim.proxy.ids import DownstreamIds, list_filter
 
 METHOD = "/runtime.v1.RuntimeService/ExecSync"
 
@@ -127,3 +129,83 @@ def test_downstream_configuration(data: dict[str, object], error: str | None) ->
         return
     with pytest.raises(InvalidArgument, match=error):
         config_from_mapping(data, "/etc/vmsandbox/config.yaml")
+
+
+# -- the downstream's last lists, for while it cannot be reached ---------------------------------
+
+UNKNOWN = b"\xfa\x3e\x02hi"  # field 999: no CRI message has it
+S1, S2 = "1" * 64, "2" * 64
+C1, C2, C3 = "a" * 64, "b" * 64, "c" * 64
+
+
+def _ids(tmp_path: Path) -> DownstreamIds:
+    return DownstreamIds(Downstream(f"unix://{tmp_path / 'none.sock'}", timeout_s=0.5, max_calls=1))
+
+
+def _with_unknown(message: Any) -> bytes:
+    data: bytes = message.SerializeToString() + UNKNOWN
+    return data
+
+
+def _listed(tmp_path: Path) -> DownstreamIds:
+    ids = _ids(tmp_path)
+    pods = b"".join(
+        b"\x0a" + bytes([len(item)]) + item
+        for item in (
+            _with_unknown(pb.PodSandbox(id=S1, state=pb.SANDBOX_READY, labels={"app": "web"})),
+            _with_unknown(pb.PodSandbox(id=S2, state=pb.SANDBOX_NOTREADY)),
+        )
+    )
+    ctrs = pb.ListContainersResponse(
+        containers=[
+            pb.Container(id=C1, pod_sandbox_id=S1, state=pb.CONTAINER_RUNNING),
+            pb.Container(id=C2, pod_sandbox_id=S1, state=pb.CONTAINER_EXITED),
+            pb.Container(id=C3, pod_sandbox_id=S2, state=pb.CONTAINER_RUNNING),
+        ]
+    ).SerializeToString()
+    ids.saw_list("ListPodSandbox", pods)
+    ids.saw_list("ListContainers", ctrs)
+    for sid in (S1, S2):
+        ids.learn_sandbox(sid, "")
+    for cid, sid in ((C1, S1), (C2, S1), (C3, S2)):
+        ids.learn_container(cid, sid)
+    return ids
+
+
+def _pods(data: bytes | None) -> list[str]:
+    assert data is not None
+    return [p.id for p in pb.ListPodSandboxResponse.FromString(data).items]
+
+
+def _ctrs(data: bytes | None) -> list[str]:
+    assert data is not None
+    return [c.id for c in pb.ListContainersResponse.FromString(data).containers]
+
+
+def test_never_listed_is_none(tmp_path: Path) -> None:
+    assert _ids(tmp_path).last_listed("ListPodSandbox", list_filter(pb.PodSandboxFilter())) is None
+
+
+def test_the_last_list_comes_back_as_the_downstream_sent_it_filtered_like_the_request(tmp_path: Path) -> None:
+    ids = _listed(tmp_path)
+    everything = ids.last_listed("ListPodSandbox", list_filter(pb.PodSandboxFilter()))
+    assert _pods(everything) == [S1, S2]
+    assert everything is not None and everything.count(UNKNOWN) == 2  # each item's unknown field kept
+    ready = pb.PodSandboxFilter(state=pb.PodSandboxStateValue(state=pb.SANDBOX_READY))
+    assert _pods(ids.last_listed("ListPodSandbox", list_filter(ready))) == [S1]
+    assert _pods(ids.last_listed("ListPodSandbox", list_filter(pb.PodSandboxFilter(label_selector={"app": "x"})))) == []
+    running = pb.ContainerFilter(state=pb.ContainerStateValue(state=pb.CONTAINER_RUNNING))
+    assert _ctrs(ids.last_listed("ListContainers", list_filter(running))) == [C1, C3]
+    assert _ctrs(ids.last_listed("ListContainers", list_filter(pb.ContainerFilter(pod_sandbox_id="1")))) == [C1, C2]
+
+
+def test_what_was_removed_through_the_proxy_since_is_left_out_until_listed_again(tmp_path: Path) -> None:
+    ids = _listed(tmp_path)
+    ids.forget_container(C1)
+    ids.forget_sandbox(S2)  # and its container C3
+    assert _pods(ids.last_listed("ListPodSandbox", list_filter(pb.PodSandboxFilter()))) == [S1]
+    assert _ctrs(ids.last_listed("ListContainers", list_filter(pb.ContainerFilter()))) == [C2]
+    # a new list of the sandboxes says what is there now; the containers' list is still the old one
+    ids.saw_list("ListPodSandbox", pb.ListPodSandboxResponse(items=[pb.PodSandbox(id=S2)]).SerializeToString())
+    assert _pods(ids.last_listed("ListPodSandbox", list_filter(pb.PodSandboxFilter()))) == [S2]
+    assert _ctrs(ids.last_listed("ListContainers", list_filter(pb.ContainerFilter()))) == [C2]

@@ -89,6 +89,53 @@ def test_route_id_never_sends_an_id_to_a_side_without_it(local: list[str], downs
         assert not any(i.startswith(prefix) for i in local + downstream)
 
 
+ITEM = routing.ListedItem(id=A, pod_sandbox_id=B, state=1, labels=(("app", "web"), ("tier", "")))
+
+
+@pytest.mark.parametrize(
+    ("f", "matches"),
+    [
+        (routing.ListFilter(), True),  # no filter: everything
+        (routing.ListFilter(id="aa"), True),  # ids by prefix
+        (routing.ListFilter(id=A), True),
+        (routing.ListFilter(id="ab"), False),
+        (routing.ListFilter(pod_sandbox_id="bb"), True),
+        (routing.ListFilter(pod_sandbox_id="a"), False),
+        (routing.ListFilter(state=1), True),
+        (routing.ListFilter(state=0), False),  # state 0 is a state (CREATED, SANDBOX_READY), not "any"
+        (routing.ListFilter(labels=(("app", "web"),)), True),
+        (routing.ListFilter(labels=(("tier", ""),)), True),  # an empty value is a value
+        (routing.ListFilter(labels=(("app", "web"), ("tier", "x"))), False),  # every label must match
+        (routing.ListFilter(labels=(("other", ""),)), False),  # a label it does not have
+        (routing.ListFilter(id="a", state=1, labels=(("app", "web"),)), True),
+        (routing.ListFilter(id="a", state=2), False),
+    ],
+)
+def test_a_list_filter_matches_as_a_runtime_filters_its_own_list(f: routing.ListFilter, matches: bool) -> None:
+    assert routing.list_matches(ITEM, f) == matches
+
+
+@given(
+    st.text("0123456789abcdef", max_size=4),
+    st.one_of(st.none(), st.integers(0, 3)),
+    st.dictionaries(st.sampled_from("abc"), st.sampled_from(["", "x"]), max_size=3),
+    st.dictionaries(st.sampled_from("abc"), st.sampled_from(["", "x"]), max_size=3),
+    st.integers(0, 3),
+)
+def test_a_narrower_filter_never_matches_more(
+    prefix: str, state: int | None, selector: dict[str, str], labels: dict[str, str], item_state: int
+) -> None:
+    item = routing.ListedItem(id=A, pod_sandbox_id="", state=item_state, labels=tuple(labels.items()))
+    narrow = routing.ListFilter(id=prefix, state=state, labels=tuple(selector.items()))
+    if routing.list_matches(item, narrow):
+        for wider in (
+            routing.ListFilter(id=prefix, state=state),
+            routing.ListFilter(id=prefix, labels=tuple(selector.items())),
+            routing.ListFilter(state=state, labels=tuple(selector.items())),
+        ):
+            assert routing.list_matches(item, wider)
+
+
 def test_every_cri_method_has_a_route() -> None:
     for service in ("RuntimeService",):
         for method in pb.DESCRIPTOR.services_by_name[service].methods:
