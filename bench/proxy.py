@@ -112,6 +112,7 @@ def _p50_ms(samples: list[float]) -> float:
 
 def measure(pods: int, calls: int) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="vmsandbox-bench-proxy-"))
+    work.chmod(0o711)  # passable: the shim refuses a state directory its QEMUs' uids cannot reach
     ctd_dir = work / "containerd"
     script = REPO / "scripts" / "containerd.sh"
     registry = None
