@@ -158,9 +158,11 @@ class ImageStore:
         return sorted((r for r in images if not query or matches_filter(r, query)), key=lambda r: r.id)
 
     def usage(self) -> Usage:
-        sizes = self.disk.blob_sizes()
+        """What the images take on disk: blobs, trees and the trees' disks (the kubelet's image GC
+        reads it through ImageFsInfo)."""
+        sizes, disks = self.disk.blob_sizes(), self.disk.disk_sizes()
         with self._lock:
-            return catalogue_usage(self._images, sizes)
+            return catalogue_usage(self._images, sizes, disks)
 
     @property
     def root(self) -> Path:

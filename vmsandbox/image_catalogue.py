@@ -157,15 +157,19 @@ class Usage:
     inodes: int
 
 
-def usage(images: Catalogue, blob_sizes: Mapping[str, int]) -> Usage:
+def usage(images: Catalogue, blob_sizes: Mapping[str, int], disk_sizes: Mapping[str, int] | None = None) -> Usage:
     """Bytes and inodes the images take: each blob they reference once (shared layers are stored
-    once), plus each unpacked tree once (images with the same layers share one). ``blob_sizes``
-    maps digest -> size of the blobs on disk."""
+    once), plus each unpacked tree once (images with the same layers share one), plus each tree's
+    disk once (one file: one inode). ``blob_sizes`` maps digest -> size of the blobs on disk,
+    ``disk_sizes`` tree key -> size of the disks on disk (a tree without one counts none)."""
     blobs = referenced_blobs(images) & blob_sizes.keys()
     trees = {r.tree or r.id: r for r in images.values()}
+    disks = trees.keys() & (disk_sizes or {}).keys()
     return Usage(
-        bytes=sum(blob_sizes[b] for b in blobs) + sum(r.unpacked_bytes for r in trees.values()),
-        inodes=len(blobs) + sum(r.unpacked_inodes for r in trees.values()),
+        bytes=sum(blob_sizes[b] for b in blobs)
+        + sum(r.unpacked_bytes for r in trees.values())
+        + sum((disk_sizes or {})[k] for k in disks),
+        inodes=len(blobs) + sum(r.unpacked_inodes for r in trees.values()) + len(disks),
     )
 
 

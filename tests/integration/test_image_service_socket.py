@@ -26,6 +26,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.image_setup import DockerImage, Pushed, docker_images, pushed  # noqa: F401
 from tests.registry_kit import digest_of, served_manifest
+from vmsandbox.adapters.layers import tree_usage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = pb.AuthConfig(registry_token="a-bearer-token")
@@ -82,6 +83,34 @@ def test_pull_status_list_remove_fsinfo(shim: Shim, pushed: Pushed) -> None:  # 
     shim.images.RemoveImage(pb.RemoveImageRequest(image=spec("never/pulled:1")), timeout=30)
     assert not shim.images.ImageStatus(pb.ImageStatusRequest(image=spec(ref)), timeout=10).HasField("image")
     assert list(shim.images.ListImages(pb.ListImagesRequest(), timeout=10).images) == []
+    assert fs_used(shim) == (bytes0, inodes0)
+
+
+def _store_files(shim: Shim) -> dict[str, set[Path]]:
+    root = shim.state_dir / "images"
+    return {
+        "blobs": set((root / "blobs" / "sha256").iterdir()),
+        "trees": set((root / "trees").iterdir()),
+        "disks": set((root / "disks").iterdir()),
+    }
+
+
+def test_image_fs_usage_counts_each_images_disk(shim: Shim, pushed: Pushed) -> None:  # noqa: F811
+    """The kubelet's image GC reads ImageFsInfo: a pull raises it by everything the image takes on
+    disk, its EROFS disk included (bytes and one inode), and removing the image takes it all back."""
+    bytes0, inodes0 = fs_used(shim)
+    before = _store_files(shim)
+    ref = pushed.ref("uid")
+    shim.images.PullImage(pb.PullImageRequest(image=spec(ref)), timeout=120)
+    added = {kind: files - before[kind] for kind, files in _store_files(shim).items()}
+    assert len(added["disks"]) == 1 and len(added["trees"]) == 1, added
+    disk = next(iter(added["disks"])).stat().st_blocks * 512
+    blobs = sum(f.stat().st_blocks * 512 for f in added["blobs"])
+    tree, tree_inodes = tree_usage(str(next(iter(added["trees"]))))
+    bytes1, inodes1 = fs_used(shim)
+    assert disk > 0 and bytes1 - bytes0 >= disk
+    assert (bytes1 - bytes0, inodes1 - inodes0) == (blobs + tree + disk, len(added["blobs"]) + tree_inodes + 1)
+    shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(pushed.id("uid"))), timeout=30)
     assert fs_used(shim) == (bytes0, inodes0)
 
 

@@ -145,6 +145,19 @@ class ImageDisk:
     def has_disk(self, key: str) -> bool:
         return self.disk_path(key).is_file()
 
+    def disk_sizes(self) -> dict[str, int]:
+        """Bytes on disk of each tree's disk, by the tree's ChainID."""
+        out: dict[str, int] = {}
+        with os.scandir(self._disks) as it:
+            for e in it:
+                name = e.name.removesuffix(".erofs")
+                if len(name) == 64 and name != e.name:
+                    try:
+                        out[f"sha256:{name}"] = e.stat(follow_symlinks=False).st_blocks * 512
+                    except FileNotFoundError:
+                        continue
+        return out
+
     def make_disk(self, key: str, mkfs: str = "mkfs.erofs") -> None:
         """Make the disk of tree ``key`` (uncompressed EROFS: owners, modes, times, xattrs and file
         types as in the tree) in work/ and rename it into place: whole or not at all."""
