@@ -76,26 +76,12 @@ _SECCOMP_MAX = 1 << 20
 _CONNECT_TIMEOUT_S = 30.0
 _LOG_DRAIN_S = 5.0
 """How long an exit waits for the rest of the container's log to reach the kubelet's file."""
-_MAX_PASSWD_BYTES = 1 << 20
 
 
 def _exit_reason(st: ContainerState) -> str:
     if st.oom_killed:
         return "OOMKilled"
     return "Completed" if st.exit_code == 0 else "Error"
-
-
-def _image_file_lines(tree: Path, name: str) -> list[str]:
-    """Lines of ``etc/<name>`` in an image tree; a symlink leading out of the tree reads as empty."""
-    path = tree / "etc" / name
-    try:
-        real = path.resolve(strict=True)
-    except OSError:
-        return []
-    if not real.is_relative_to(tree.resolve()) or not real.is_file():
-        return []
-    with real.open("rb") as f:
-        return f.read(_MAX_PASSWD_BYTES).decode(errors="replace").splitlines()
 
 
 def _host_resolv_conf() -> str:
@@ -503,7 +489,6 @@ class Containers:
         if image is None:
             raise NotFound(f"image {c.image[:256]!r} is not pulled (PullImage it first)")
         held = self.images.acquire(image.id)
-        tree = held.tree
         disk_attached: bool | None = None  # None: the disk is not counted as used by this create
         try:
             spec_img = image.spec
@@ -515,9 +500,7 @@ class Containers:
                 user=image.user,
                 stop_signal=str(spec_img.get("stop_signal", "")),
             )
-            user = oci_spec.parse_user(
-                user_spec or image.user, _image_file_lines(tree, "passwd"), _image_file_lines(tree, "group")
-            )
+            user = oci_spec.parse_user(user_spec or image.user, list(held.passwd), list(held.group))
             signal = oci_spec.stop_signal(stop_signal, image_cfg)
             shared_tree.make_dirs(self._shared(c.sandbox_id), f"containers/{container_id}")
             guest_mounts = self._share_mounts(c.sandbox_id, container_id, mounts)

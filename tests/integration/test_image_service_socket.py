@@ -26,7 +26,6 @@ from tests.integration.conftest import (
 )
 from tests.integration.image_setup import DockerImage, Pushed, docker_images, pushed  # noqa: F401
 from tests.registry_kit import digest_of, served_manifest
-from vmsandbox.adapters.layers import tree_usage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = pb.AuthConfig(registry_token="a-bearer-token")
@@ -103,13 +102,13 @@ def test_image_fs_usage_counts_each_images_disk(shim: Shim, pushed: Pushed) -> N
     ref = pushed.ref("uid")
     shim.images.PullImage(pb.PullImageRequest(image=spec(ref)), timeout=120)
     added = {kind: files - before[kind] for kind, files in _store_files(shim).items()}
-    assert len(added["disks"]) == 1 and len(added["trees"]) == 1, added
-    disk = next(iter(added["disks"])).stat().st_blocks * 512
+    assert sorted(f.suffix for f in added["disks"]) == [".erofs", ".json"] and not added["trees"], added
+    image_disk = next(f for f in added["disks"] if f.suffix == ".erofs").stat().st_blocks * 512
+    disk = sum(f.stat().st_blocks * 512 for f in added["disks"])
     blobs = sum(f.stat().st_blocks * 512 for f in added["blobs"])
-    tree, tree_inodes = tree_usage(str(next(iter(added["trees"]))))
     bytes1, inodes1 = fs_used(shim)
-    assert disk > 0 and bytes1 - bytes0 >= disk
-    assert (bytes1 - bytes0, inodes1 - inodes0) == (blobs + tree + disk, len(added["blobs"]) + tree_inodes + 1)
+    assert image_disk > 0 and bytes1 - bytes0 >= image_disk
+    assert (bytes1 - bytes0, inodes1 - inodes0) == (blobs + disk, len(added["blobs"]) + 2)
     shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(pushed.id("uid"))), timeout=30)
     assert fs_used(shim) == (bytes0, inodes0)
 
@@ -249,6 +248,7 @@ def test_a_shim_killed_mid_pull_restarts_with_no_image(tmp_path: Path, pushed: P
         assert list(second.images.ListImages(pb.ListImagesRequest(), timeout=10).images) == []
         store = second.state_dir / "images"
         assert [p.name for p in (store / "trees").iterdir()] == []
+        assert [p.name for p in (store / "disks").iterdir()] == []
         assert [p.name for p in (store / "blobs/sha256").iterdir()] == []
         answer = second.images.PullImage(pb.PullImageRequest(image=spec(pushed.ref("uid"))), timeout=120)
         assert answer.image_ref == pushed.id("uid")
@@ -258,7 +258,7 @@ def test_a_shim_killed_mid_pull_restarts_with_no_image(tmp_path: Path, pushed: P
 
 
 def test_containers_hold_their_image_across_a_shim_restart(tmp_path: Path) -> None:
-    """After a restart a running container's image is still held: RemoveImage hides it, its tree
+    """After a restart a running container's image is still held: RemoveImage hides it, its disk
     stays (the guest reads it) until the container is removed."""
     require_host()
     (tmp_path / "shim").mkdir()
@@ -280,15 +280,15 @@ def test_containers_hold_their_image_across_a_shim_restart(tmp_path: Path) -> No
     stop_shim(shim)
     shim = start_shim(tmp_path / "shim", pull_busybox=False)
     try:
-        trees = shim.state_dir / "images" / "trees"
+        disks = shim.state_dir / "images" / "disks"
         shim.images.RemoveImage(pb.RemoveImageRequest(image=spec("busybox")), timeout=30)
         assert not shim.images.ImageStatus(pb.ImageStatusRequest(image=spec("busybox")), timeout=10).HasField("image")
-        assert [p for p in trees.iterdir() if (p / "bin").is_dir()], "the running container's tree was freed"
+        assert [p for p in disks.iterdir() if p.suffix == ".erofs"], "the running container's disk was freed"
         done = shim.runtime.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["ls", "/bin"], timeout=60), timeout=90)
         assert done.exit_code == 0 and b"busybox" in done.stdout, done.stderr
         shim.runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1), timeout=60)
         shim.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=60)
-        assert list(trees.iterdir()) == []  # the last holder gone: freed
+        assert list(disks.iterdir()) == []  # the last holder gone: freed
     finally:
         remove_all(shim)
         stop_shim(shim)

@@ -142,8 +142,8 @@ def test_shared_trees_are_counted_once() -> None:
     ("disks", "extra_bytes", "extra_inodes"),
     [
         pytest.param({}, 0, 0, id="no-disks-yet"),
-        pytest.param({h(9): 4096}, 4096, 1, id="the-shared-trees-disk-once"),
-        pytest.param({h(9): 4096, h(8): 8192}, 4096 + 8192, 2, id="each-trees-disk"),
+        pytest.param({h(9): 4096}, 4096, 2, id="the-shared-trees-disk-once"),
+        pytest.param({h(9): 4096, h(8): 8192}, 4096 + 8192, 4, id="each-trees-disk"),
         pytest.param({h(7): 1 << 20}, 0, 0, id="a-disk-of-no-image"),
     ],
 )
