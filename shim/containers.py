@@ -485,6 +485,14 @@ class Containers:
         faults.checkpoint("create:after-admit")
         c = self.sandboxes.container(container_id)
         sandbox = self.sandboxes.get(c.sandbox_id)
+        if sandbox.qemu_uid == 0:
+            # made with QEMU as root and every image tree over 9p, before images were disks: its domain
+            # has no empty PCIe root port to hot-plug a disk into, and a running domain gains none
+            raise WrongState(
+                f"sandbox {sandbox.id[:12]} was started by an earlier version of vmsandbox, whose guests get no "
+                "image disks: it keeps running what it runs, but takes no new container; recreate the pod "
+                "(delete it and let its controller, or the kubelet, start a new sandbox)"
+            )
         image = self.images.get(c.image)
         if image is None:
             raise NotFound(f"image {c.image[:256]!r} is not pulled (PullImage it first)")
