@@ -20,6 +20,7 @@ from tests.integration.conftest import (
     q,
     remove_all,
     require_host,
+    run_to_exit,
     running_shim,
     start_shim,
     stop_shim,
@@ -188,6 +189,33 @@ def test_a_container_runs_from_a_docker_format_image(
         assert st.image_ref == f"{docker_images['docker'].host}/{docker_images['docker'].repo}@" + digest_of(
             served_manifest(docker_images["docker"].host, docker_images["docker"].repo, "1")
         )
+    finally:
+        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+    shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(ref)), timeout=30)
+
+
+def test_a_user_name_resolves_from_the_images_own_passwd(shim: Shim, pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
+    """The image's config names its user ("nobody"): the host resolves it through the image's
+    /etc/passwd and /etc/group, kept with its disk when the pull deleted the tree."""
+    ref = pushed.ref("named")
+    shim.images.PullImage(pb.PullImageRequest(image=spec(ref)), timeout=120)
+    assert not list((shim.state_dir / "images" / "trees").iterdir())
+    res = q({"cpu": "250m", "memory": "32Mi"})
+    config = pod("named-user", containers=[("app", res)])
+    config.log_directory = str(tmp_path)
+    rt = shim.runtime
+    sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+    try:
+        c = pb.ContainerConfig(
+            metadata=pb.ContainerMetadata(name="app"),
+            image=spec(ref),
+            command=["sh", "-c", "id -u; id -g"],
+            log_path="app.log",
+        )
+        c.kubernetes_resources.CopyFrom(res)
+        texts = [text for _, text in run_to_exit(shim, sid, config, c)]
+        assert texts == ["65534", "65534"], shim.log_text()[-3000:]
     finally:
         rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
         rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
