@@ -41,6 +41,7 @@ from tests.integration.test_snapshot_restore import (
     started_by,
     wait_for_snapshot,
 )
+from vmsandbox.domain import domain_name
 from vmsandbox.domain_xml import read_identity
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -125,6 +126,8 @@ def restored_pod_works(shim: Shim, tmp_path: Path, key: str) -> None:
     assert started_by(shim, sid) == {"by": "restore", "snapshot": key}, shim.log_text()[-3000:]
     uid = int(read_ledger(shim.state_dir).rows[sid][1]["qemu_uid"])
     assert FIRST <= uid <= LAST
+    st = _status(int(Path(f"/run/libvirt/qemu/{domain_name(sid)}.pid").read_text()))
+    assert st["Uid"].split() == [str(uid)] * 4 and st["CapEff"] == "0000000000000000", st  # the restored QEMU
     assert_image_is_roots(shim.state_dir / "snapshots" / key, uid)
     lines = probe(shim, sid, config)
     assert lines[2] == "restored-host", lines
