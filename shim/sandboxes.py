@@ -487,7 +487,7 @@ class Sandboxes:
                     console=bool(self.config.console_dir),
                     shared=shared,
                     interfaces=(NetworkInterface(kind, PLACEHOLDER_MAC),) if kind else (),
-                    qemu_uid=0,
+                    qemu_uid=0,  # never started: the snapshot's inputs only (its guest gets a uid below)
                 )
                 refusal = restore_refusal(pod_domain, enabled=True)
                 if refusal:
