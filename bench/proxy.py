@@ -200,6 +200,7 @@ def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
 
 def measure(pods: int, calls: int, runs: int) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="vmsandbox-bench-proxy-"))
+    work.chmod(0o711)  # passable: the shim refuses a state directory its QEMUs' uids cannot reach
     ctd_dir = work / "containerd"
     script = REPO / "scripts" / "containerd.sh"
     registry = None

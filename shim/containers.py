@@ -76,26 +76,12 @@ _SECCOMP_MAX = 1 << 20
 _CONNECT_TIMEOUT_S = 30.0
 _LOG_DRAIN_S = 5.0
 """How long an exit waits for the rest of the container's log to reach the kubelet's file."""
-_MAX_PASSWD_BYTES = 1 << 20
 
 
 def _exit_reason(st: ContainerState) -> str:
     if st.oom_killed:
         return "OOMKilled"
     return "Completed" if st.exit_code == 0 else "Error"
-
-
-def _image_file_lines(tree: Path, name: str) -> list[str]:
-    """Lines of ``etc/<name>`` in an image tree; a symlink leading out of the tree reads as empty."""
-    path = tree / "etc" / name
-    try:
-        real = path.resolve(strict=True)
-    except OSError:
-        return []
-    if not real.is_relative_to(tree.resolve()) or not real.is_file():
-        return []
-    with real.open("rb") as f:
-        return f.read(_MAX_PASSWD_BYTES).decode(errors="replace").splitlines()
 
 
 def _host_resolv_conf() -> str:
@@ -457,11 +443,18 @@ class Containers:
         faults.checkpoint("create:after-admit")
         c = self.sandboxes.container(container_id)
         sandbox = self.sandboxes.get(c.sandbox_id)
+        if sandbox.qemu_uid == 0:
+            # made with QEMU as root and every image tree over 9p, before images were disks: its domain
+            # has no empty PCIe root port to hot-plug a disk into, and a running domain gains none
+            raise WrongState(
+                f"sandbox {sandbox.id[:12]} was started by an earlier version of vmsandbox, whose guests get no "
+                "image disks: it keeps running what it runs, but takes no new container; recreate the pod "
+                "(delete it and let its controller, or the kubelet, start a new sandbox)"
+            )
         image = self.images.get(c.image)
         if image is None:
             raise NotFound(f"image {c.image[:256]!r} is not pulled (PullImage it first)")
         held = self.images.acquire(image.id)
-        tree = held.tree
         disk_attached: bool | None = None  # None: the disk is not counted as used by this create
         try:
             spec_img = image.spec
@@ -473,9 +466,7 @@ class Containers:
                 user=image.user,
                 stop_signal=str(spec_img.get("stop_signal", "")),
             )
-            user = oci_spec.parse_user(
-                user_spec or image.user, _image_file_lines(tree, "passwd"), _image_file_lines(tree, "group")
-            )
+            user = oci_spec.parse_user(user_spec or image.user, list(held.passwd), list(held.group))
             signal = oci_spec.stop_signal(stop_signal, image_cfg)
             shared_tree.make_dirs(self.dirs.shared(c.sandbox_id), f"containers/{container_id}")
             guest_mounts = self._share_mounts(c.sandbox_id, container_id, mounts)

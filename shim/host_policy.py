@@ -4,7 +4,8 @@
 caps, reserved memory, device pools, CDI spec directories) with a host inventory into the pools
 the ResourceManager (``shim.resources``) hands out. RunPodSandbox (``shim.sandboxes``) and
 ``vmsandbox plan`` (``shim.admin.plan``) both place pods through that manager and build domains with
-``domain_for``, so what ``plan`` predicts is what the shim does.
+``domain_for``, so what ``plan`` predicts is what the shim does. ``qemu_reaches`` lists what those
+domains' QEMUs, as unprivileged uids, must reach on this host (checked at start and by ``validate``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Mapping
 
 from shim.config import ShimConfig
 from vmsandbox.adapters.cdi_specs import load_registry
+from vmsandbox.adapters.passable_walk import image_reach, state_reach
 from vmsandbox.claims import Claim
 from vmsandbox.devices import DevicePools, resolve_pools
 from vmsandbox.domain import IMAGE_DISK_SLOTS, Domain, NetworkInterface, SandboxIdentity, SharedDir, build_domain
@@ -22,6 +24,7 @@ from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory, format_cpulist
 from vmsandbox.lifecycle import HostFacts, wants_cdi
 from vmsandbox.network import GuestNic
+from vmsandbox.passable import Reach
 from vmsandbox.placement import HostPools, HugepageBudget, Placement, host_pools
 from vmsandbox.profile import Profile
 from vmsandbox.records import shape_doc
@@ -29,6 +32,9 @@ from vmsandbox.resources import PodDeclaration
 from vmsandbox.sizing import VmShape
 
 log = logging.getLogger(__name__)
+
+GUEST_BOOT_FILES = ("vmlinux", "initramfs.img")
+"""The files of a profile's ``guest.image_dir`` each domain boots (its QEMU opens them)."""
 
 
 class HostPolicy:
@@ -150,8 +156,8 @@ def domain_for(
         emulator_cpus=placement.emulator_cpus,
         hugepage_nodes=tuple(n for n, _, _ in placement.hugepages),
         accel="kvm" if accel == "kvm" else "tcg",
-        kernel=f"{image}/vmlinux",
-        initrd=f"{image}/initramfs.img",
+        kernel=f"{image}/{GUEST_BOOT_FILES[0]}",
+        initrd=f"{image}/{GUEST_BOOT_FILES[1]}",
         machine=profile.machine,
         extra_cmdline=profile.kernel_cmdline,
         shape_json=json.dumps(shape_doc(shape), sort_keys=True),
@@ -166,3 +172,19 @@ def domain_for(
         hotplug_ports=IMAGE_DISK_SLOTS,
         qemu_uid=qemu_uid,
     )
+
+
+def qemu_reaches(state_dir: str, profiles: Iterable[Profile]) -> list[Reach]:
+    """What each sandbox's QEMU opens as its unprivileged uid: directories below the state
+    directory (its own, a snapshot guest's shares) and each profile's kernel and initramfs."""
+    reaches = [state_reach(state_dir)]
+    for image_dir, names in _by_image_dir(profiles).items():
+        reaches.append(image_reach(f"guest.image_dir of profile {', '.join(names)}", image_dir, GUEST_BOOT_FILES))
+    return reaches
+
+
+def _by_image_dir(profiles: Iterable[Profile]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for p in profiles:
+        out.setdefault(p.image_dir.rstrip("/") or "/", []).append(repr(p.name))
+    return out

@@ -1,9 +1,9 @@
 """``runtime.v1.ImageService``: a thin servicer over ``ImageStore``.
 
 Each method translates the request (``shim.translate``), calls the store, translates the answer.
-``ImageFsInfo`` reports the image store (blobs and unpacked trees) as the image file system, and
-as the container one the rest of the state directory plus the containers' writable layers (kept in
-their guests' memory; ``Containers.writable_usage`` asks the guests).
+``ImageFsInfo`` reports the image store (blobs, unpacked trees and their disks) as the image file
+system, and as the container one the rest of the state directory plus the containers' writable
+layers (kept in their guests' memory; ``Containers.writable_usage`` asks the guests).
 """
 
 from __future__ import annotations

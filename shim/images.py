@@ -4,11 +4,19 @@ A pull resolves the reference against the registries configuration (mirrors firs
 manifest (choosing linux/amd64 from an index), and — unless the image is stored already — has
 skopeo bring its blobs, as the registry served them, into the content-addressed store, unpacks the
 layers into a fresh tree under the store's work directory while checking each against its digest
-and the config's ``rootfs.diff_ids``, moves the tree into place under the ChainID of those layers
-and only then writes the catalogue: a pull that dies or is refused half-way leaves nothing visible,
-and its leftovers are deleted (now, or at the next start). Concurrent pulls of one reference share
-one download (single flight); pulls of one image by different names share one unpack; images with
-the same layers share one tree; different images pull in parallel.
+and the config's ``rootfs.diff_ids``, makes the tree's read-only EROFS disk, checks every file of
+it, moves it into place under the ChainID of those layers (with what the host reads of the tree:
+its size, ``/etc/passwd`` and ``/etc/group``), deletes the tree, and only then writes the
+catalogue: a pull that dies or is refused half-way leaves nothing visible, and its leftovers are
+deleted (now, or at the next start). Concurrent pulls of one reference share one download (single
+flight); pulls of one image by different names share one unpack; images with the same layers share
+one disk; different images pull in parallel.
+
+Nothing on the host needs the tree once the disk is made: guests get the disk, CreateContainer
+reads the image's user names from the facts kept with it, and the hostile-image checks run while
+the layers are unpacked. An earlier version unpacked trees into the store and shared them over 9p;
+at start its images get their disks made from those trees, and each tree is deleted once no
+container holds its image (a sandbox of that version may still read it).
 
 A store written before trees were verified (catalogue version 1: trees named by image id) is
 verified at start: each image is unpacked again from its stored blobs with every check, under its
@@ -17,7 +25,7 @@ only while containers started from it before the upgrade hold the image (``colle
 ``release`` delete it), since their guests read it by its old name; no new container gets it.
 
 Containers hold the images they run from with ``acquire``/``release``: RemoveImage of a held image
-hides it at once and frees its tree and blobs when the last holder releases it.
+hides it at once and frees its disk and blobs when the last holder releases it.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from pathlib import Path
 
 from shim import faults, metrics
 from vmsandbox.adapters.image_disk import ImageDisk
-from vmsandbox.adapters.layers import Limits, Tree, tree_usage
+from vmsandbox.adapters.layers import Limits, Tree
 from vmsandbox.adapters.skopeo import Skopeo
 from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, NotFound, VmSandboxError
 from vmsandbox.image_catalogue import (
@@ -87,12 +95,13 @@ def disk_serial(tree_key: str) -> str:
 
 @dataclass(frozen=True)
 class HeldImage:
-    """An image held for a container: its unpacked tree (read on the host: passwd, group) and its
-    read-only disk (the guest's lower layer), with the serial the guest finds it by."""
+    """An image held for a container: its read-only disk (the guest's lower layer), with the serial
+    the guest finds it by, and the lines of its ``/etc/passwd`` and ``/etc/group`` (user names)."""
 
-    tree: Path
     disk: Path
     serial: str
+    passwd: tuple[str, ...]
+    group: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -131,9 +140,15 @@ class ImageStore:
                     continue
                 r = verified
             self._images[r.id] = r
-        gone = [i for i, r in self._images.items() if not self.disk.has_tree(r.tree)]
+        for key in sorted({r.tree for r in self._images.values()}):
+            if not self.disk.has_disk(key) and self.disk.has_tree(key):  # unpacked by an earlier version
+                try:
+                    self.disk.make_disk(self.disk.tree_path(key), key)
+                except (VmSandboxError, OSError) as exc:
+                    log.warning("image layers %s: no disk could be made of the tree: %s", key, exc)
+        gone = [i for i, r in self._images.items() if not self.disk.has_disk(r.tree)]
         for i in gone:
-            log.warning("image %s has no unpacked tree on disk: forgotten", i)
+            log.warning("image %s has no disk in the store: forgotten", i)
             del self._images[i]
         swept = self.disk.sweep(set(referenced_trees(self._images)), set(referenced_blobs(self._images)))
         if gone or changed or version != 2:
@@ -158,9 +173,12 @@ class ImageStore:
         return sorted((r for r in images if not query or matches_filter(r, query)), key=lambda r: r.id)
 
     def usage(self) -> Usage:
-        sizes = self.disk.blob_sizes()
+        """What the images take on disk: blobs, disks and the trees an earlier version left (the
+        kubelet's image GC reads it through ImageFsInfo)."""
+        sizes, disks = self.disk.blob_sizes(), self.disk.disk_sizes()
         with self._lock:
-            return catalogue_usage(self._images, sizes)
+            trees = {k for k in referenced_trees(self._images) if self.disk.has_tree(k)}
+            return catalogue_usage(self._images, sizes, disks, trees)
 
     @property
     def root(self) -> Path:
@@ -168,13 +186,12 @@ class ImageStore:
 
     # -- holders ------------------------------------------------------------------------------------
     def acquire(self, image_id: str) -> HeldImage:
-        """Hold ``image_id`` for a container; returns its read-only tree and disk. NOT_FOUND if not
-        stored.
+        """Hold ``image_id`` for a container; returns its read-only disk and user names. NOT_FOUND
+        if not stored.
 
         An image removed while held can still be acquired by id until ``collect()``: containers
         that ran from it re-acquire it when the shim restarts. New containers find images by name
-        (``get``), which never returns a removed one. The disk of an image pulled by an earlier
-        version (which made none) is made here, on first use."""
+        (``get``), which never returns a removed one."""
         with self._lock:
             record = self._images.get(image_id)
             if record is None:
@@ -182,11 +199,11 @@ class ImageStore:
             self._holders[image_id] += 1
             key = record.tree
         try:
-            self.disk.make_disk(key)
+            facts = self.disk.facts(key)
         except BaseException:
             self.release(image_id)
             raise
-        return HeldImage(self.disk.tree_path(key), self.disk.disk_path(key), disk_serial(key))
+        return HeldImage(self.disk.disk_path(key), disk_serial(key), facts.passwd, facts.group)
 
     def release(self, image_id: str) -> None:
         with self._lock:
@@ -202,6 +219,8 @@ class ImageStore:
                     self._free(record)
                 elif record is not None and record.legacy_tree:
                     self._drop_legacy_trees([record])
+                if record is not None:
+                    self._drop_unheld_trees()
 
     def holders(self, image_id: str) -> int:
         with self._lock:
@@ -218,6 +237,15 @@ class ImageStore:
             for r in doomed:
                 self._free(r)
             self._drop_legacy_trees([r for r in self._images.values() if r.legacy_tree and self._holders[r.id] == 0])
+            self._drop_unheld_trees()
+
+    def _drop_unheld_trees(self) -> None:
+        """Delete the trees an earlier version unpacked (and shared over 9p) of images no container
+        holds: their disks serve every container from now on. Under the lock."""
+        held = {r.tree for r in self._images.values() if self._holders[r.id] > 0}
+        for key in {r.tree for r in self._images.values()} - held:
+            if self.disk.has_disk(key) and self.disk.drop_tree(key):
+                log.info("image layers %s: the tree of an earlier version is deleted (its disk stays)", key)
 
     def _drop_legacy_trees(self, records: Sequence[ImageRecord]) -> None:
         """Delete the earlier version's trees of ``records``, which no container holds. Under the lock."""
@@ -255,7 +283,8 @@ class ImageStore:
             return record.id
 
     def _free(self, record: ImageRecord) -> None:
-        """Delete ``record``'s tree and the blobs no other image (or pull in flight) uses. Under the lock."""
+        """Delete ``record``'s disk (and tree, if an earlier version left one) and the blobs no other
+        image (or pull in flight) uses. Under the lock."""
         if record.tree not in referenced_trees(self._images) and record.tree not in self._inflight_trees:
             self.disk.remove_tree(record.tree)
         if record.legacy_tree:
@@ -316,8 +345,8 @@ class ImageStore:
                 stored = self._images.get(image_id)
             fetched = 0
             held: _Held | None = None
-            # a stored image's tree was verified against its config (its id), whatever manifest names it now
-            if stored is None or not self.disk.has_tree(stored.tree):
+            # a stored image's disk was verified against its config (its id), whatever manifest names it now
+            if stored is None or not self.disk.has_disk(stored.tree):
                 stored, fetched, held = self._fetch(ref, resolved, creds)
             with self._lock:
                 if held is not None:  # given up in the same critical section as the catalogue is written
@@ -404,7 +433,7 @@ class ImageStore:
             with self._lock:
                 self._inflight_trees[key] += 1
                 tree_key = key  # held from here on: released by _unhold
-            used, inodes = self._tree(work, manifest, config, tree_key, what)
+            used, inodes = self._layers_disk(work, manifest, config, tree_key, what)
             faults.checkpoint("pull:after-tree")
             record = _record(image_id, resolved.manifest_digest, manifest, config, tree_key, used, inodes)
             ok = True
@@ -448,28 +477,24 @@ class ImageStore:
                 except FileNotFoundError:
                     raise InfrastructureError(f"{what}: layer {d.digest} did not arrive") from None
 
-    def _tree(self, work: Path, manifest: Manifest, config: ImageConfig, key: str, what: str) -> tuple[int, int]:
-        """Make sure the tree ``key`` of this image's layers is in place; (bytes, inodes) it takes.
+    def _layers_disk(self, work: Path, manifest: Manifest, config: ImageConfig, key: str, what: str) -> tuple[int, int]:
+        """Make sure the disk ``key`` of this image's layers is in place; (bytes, inodes) of its tree.
 
-        The layers are unpacked and verified unless a verified tree of the same layers is stored
-        already; then only this pull's blobs are checked against their digests."""
+        The layers are unpacked (into work/) and verified, the disk made of them and checked, and
+        the tree deleted, unless a verified disk of the same layers is stored already; then only
+        this pull's blobs are checked against their digests."""
         pairs = check_layers(manifest, config, what)
-        if self.disk.has_tree(key):
+        if self.disk.has_disk(key):
             for layer, _ in pairs:
                 self.disk.verify_blob(layer.digest, what)
-            self.disk.make_disk(key)  # a store of an earlier version has trees without disks
-            with self._lock:
-                same = next((r for r in self._images.values() if r.tree == key), None)
-            if same is not None:
-                return same.unpacked_bytes, same.unpacked_inodes
-            return tree_usage(str(self.disk.tree_path(key)))
+            facts = self.disk.facts(key)
+            return facts.unpacked_bytes, facts.unpacked_inodes
         tree_dir = work / "tree"
         tree_dir.mkdir(mode=0o755)
         self._unpack(tree_dir, pairs, what)
-        used, inodes = tree_usage(str(tree_dir))
-        self.disk.commit_tree(tree_dir, key)
-        self.disk.make_disk(key)
-        return used, inodes
+        facts = self.disk.make_disk(tree_dir, key)
+        self.disk.discard(tree_dir)  # the disk holds it now
+        return facts.unpacked_bytes, facts.unpacked_inodes
 
     def _unpack(self, tree_dir: Path, layers: tuple[tuple[Descriptor, str], ...], what: str) -> None:
         tree = Tree(str(tree_dir), self.limits)
@@ -518,7 +543,7 @@ class ImageStore:
                 raise InvalidArgument(f"{what}: its stored manifest {record.manifest} is not the image's")
             config = parse_config(self.disk.read_blob(record.id, MAX_DOCUMENT, what), what)
             key = chain_id(config.diff_ids)
-            used, inodes = self._tree(work, doc, config, key, what)
+            used, inodes = self._layers_disk(work, doc, config, key, what)
         except (VmSandboxError, OSError) as exc:
             log.warning(
                 "image %s (%s), stored by an earlier version, could not be verified and is dropped: %s",

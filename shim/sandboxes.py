@@ -13,13 +13,14 @@ leaves this module.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -91,7 +92,7 @@ from vmsandbox.sizing import (
     running_alongside,
     sidecar_names,
 )
-from vmsandbox.snapshot import PLACEHOLDER_MAC, restore_domain, restore_refusal
+from vmsandbox.snapshot import PLACEHOLDER_MAC, restore_domain, restore_refusal, snapshot_domain_name
 
 log = logging.getLogger(__name__)
 _CONSOLE_TAIL_BYTES = 16 * 1024
@@ -142,6 +143,8 @@ class Sandboxes:
         # a boot is rolled back or the sandbox removed, swept for sandboxes that no longer exist
         self.dirs = SandboxDirs(config.state_dir)
         self._uid_lock = threading.Lock()  # held from choosing a QEMU uid until the record holding it is written
+        # QEMU uids of snapshot guests being made (they run no pod, so no record holds them)
+        self._snapshot_uids: set[int] = set()
         first = self.inventory()
         # the one owner of CPUs, pages, memory and devices: its free state is rebuilt from the ledger
         self.resources = resources or ResourceManager.open(config, first, ledger)
@@ -245,14 +248,7 @@ class Sandboxes:
         )
         try:
             with self._uid_lock:
-                used = {r.qemu_uid for r in list(self._records.values())}  # creating ones too
-                uid = pick_uid(self.config.qemu_uids, used)
-                if uid is None:
-                    raise CannotFit(
-                        f"every uid of qemu_uids ({self.config.qemu_uids}) runs a sandbox's QEMU: "
-                        "remove sandboxes or widen the range"
-                    )
-                record = replace(record, qemu_uid=uid)
+                record = replace(record, qemu_uid=self._pick_uid())
                 self._put_sandbox(record)
             attachment = self.network.attach(
                 sandbox_id, meta, spec.namespaces, spec.port_mappings, dict(spec.annotations)
@@ -271,6 +267,39 @@ class Sandboxes:
         if make_snapshot is not None:
             make_snapshot()
         return sandbox_id
+
+    def _pick_uid(self) -> int:
+        """A uid of ``qemu_uids`` no sandbox (creating ones too) and no snapshot guest has; the
+        caller holds ``_uid_lock`` until whatever holds the uid is recorded."""
+        used = {r.qemu_uid for r in list(self._records.values())} | self._snapshot_uids
+        uid = pick_uid(self.config.qemu_uids, used)
+        if uid is None:
+            raise CannotFit(
+                f"every uid of qemu_uids ({self.config.qemu_uids}) runs a sandbox's or snapshot's QEMU: "
+                "remove sandboxes or widen the range"
+            )
+        return uid
+
+    @contextlib.contextmanager
+    def _snapshot_uid(self, key: str) -> Iterator[int]:
+        """An unprivileged uid of ``qemu_uids`` for the QEMU of snapshot ``key``'s guest, held as a
+        pod's is while the ``with`` block runs; kept held after it when that guest is still there
+        (its removal failed: the next start removes it), so that no pod's QEMU shares its uid."""
+        with self._uid_lock:
+            uid = self._pick_uid()
+            self._snapshot_uids.add(uid)
+        try:
+            yield uid
+        finally:
+            try:
+                gone = not self.hypervisor.is_active(snapshot_domain_name(key))
+            except VmSandboxError:
+                gone = False
+            if gone:
+                with self._uid_lock:
+                    self._snapshot_uids.discard(uid)
+            else:
+                log.error("snapshot %s: its guest is still there; QEMU uid %d stays taken", key[:12], uid)
 
     def _boot(
         self,
@@ -445,7 +474,8 @@ class Sandboxes:
         try:
             placement = self.resources.reserve(owner, shape, profile)
             try:
-                shared = self.dirs.make(owner, 0)  # a snapshot's guest runs no pod: QEMU as root still
+                # the pod's shares give their shape only: the snapshot's guest gets empty ones of its own
+                shared = self.dirs.make(owner, 0)
                 pod_domain = self._snapshot_domain(
                     owner,
                     shape,
@@ -455,6 +485,7 @@ class Sandboxes:
                     console=bool(self.config.console_dir),
                     shared=shared,
                     interfaces=(NetworkInterface(kind, PLACEHOLDER_MAC),) if kind else (),
+                    qemu_uid=0,  # never started: the snapshot's inputs only (its guest gets a uid below)
                 )
                 refusal = restore_refusal(pod_domain, enabled=True)
                 if refusal:
@@ -464,12 +495,14 @@ class Sandboxes:
                 if found is not None and not force:
                     progress(f"snapshot {found.key[:12]} exists already ({inputs.describe()})")
                     return found
-                return self.snapshots.make(
-                    MakeRequest(pod_domain, (), inputs),
-                    lambda dirs: replace(pod_domain, shared_dirs=dirs),
-                    boot_timeout_s=profile.boot_timeout_s,
-                    progress=progress,
-                )
+                with self._snapshot_uid(inputs.key) as uid:
+                    return self.snapshots.make(
+                        MakeRequest(pod_domain, (), inputs),
+                        lambda dirs: replace(pod_domain, shared_dirs=dirs, qemu_uid=uid),
+                        qemu_uid=uid,
+                        boot_timeout_s=profile.boot_timeout_s,
+                        progress=progress,
+                    )
             finally:
                 self.resources.release(owner)
                 self.dirs.drop(owner)
@@ -487,8 +520,10 @@ class Sandboxes:
         console: bool,
         shared: tuple[SharedDir, ...],
         interfaces: tuple[NetworkInterface, ...],
+        qemu_uid: int,
     ) -> Domain:
-        """The domain a snapshot's guest boots in: a pod's of that shape, with no pod's identity."""
+        """The domain a snapshot's guest boots in: a pod's of that shape, with no pod's identity,
+        its QEMU as ``qemu_uid``."""
         return domain_for(
             identity=SandboxIdentity(owner, "", "", "", 0, "", self.ledger.instance_id),
             uuid=str(uuidlib.uuid4()),
@@ -499,6 +534,7 @@ class Sandboxes:
             console_log="snapshot" if console else None,
             shared_dirs=shared,
             interfaces=interfaces,
+            qemu_uid=qemu_uid,
         )
 
     def _make_snapshot(self, request: MakeRequest, profile: Profile, shape: VmShape, accel: str) -> None:
@@ -516,20 +552,23 @@ class Sandboxes:
                     log.info("snapshot %s not made now (the next pod of its shape tries again): %s", key[:12], exc)
                     return
                 try:
-                    self.snapshots.make(
-                        request,
-                        lambda shared: self._snapshot_domain(
-                            key,
-                            shape,
-                            placement,
-                            profile,
-                            accel,
-                            console=bool(request.pod_domain.console),
-                            shared=shared,
-                            interfaces=request.pod_domain.interfaces,
-                        ),
-                        boot_timeout_s=profile.boot_timeout_s,
-                    )
+                    with self._snapshot_uid(key) as uid:
+                        self.snapshots.make(
+                            request,
+                            lambda shared: self._snapshot_domain(
+                                key,
+                                shape,
+                                placement,
+                                profile,
+                                accel,
+                                console=bool(request.pod_domain.console),
+                                shared=shared,
+                                interfaces=request.pod_domain.interfaces,
+                                qemu_uid=uid,
+                            ),
+                            qemu_uid=uid,
+                            boot_timeout_s=profile.boot_timeout_s,
+                        )
                 finally:
                     self.resources.release(key)
             finally:

@@ -25,6 +25,7 @@ from shim.config import ShimConfig
 from shim.containers import Containers
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.health import Health
+from shim.host_policy import qemu_reaches
 from shim.host_ports import HostPorts
 from shim.image_service import ImageServicer
 from shim.images import ImageStore
@@ -49,6 +50,7 @@ from vmsandbox.adapters.layers import Limits
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.profile_loader import default_profiles, load_profiles
 from vmsandbox.errors import InfrastructureError, InvalidArgument
+from vmsandbox.passable import reach_problems
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +153,9 @@ def _open_ledger(state: Path) -> Ledger:
 def start(config: ShimConfig) -> Running:
     gid = preflight(config)
     profiles = load_profiles(config.profile_files) if config.profile_files else default_profiles()
+    unreachable = reach_problems(qemu_reaches(config.state_dir, profiles.values()))
+    if unreachable:  # else every RunPodSandbox fails in libvirt with "Permission denied"
+        raise InvalidArgument("; ".join(unreachable))
     state = Path(config.state_dir)
     _owner_only_dir(state)
     # passable by others (0711): each sandbox's QEMU, as its own user, reaches its own directory

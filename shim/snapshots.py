@@ -28,7 +28,7 @@ from vmsandbox.adapters.snapshot_store import SnapshotStore, StoredSnapshot
 from vmsandbox.agent_protocol import PERSONALIZE_VERSION, GuestReport, report_from_body
 from vmsandbox.domain import AGENT_CHANNEL, Domain, SharedDir
 from vmsandbox.domain_xml import read_identity, render
-from vmsandbox.errors import InfrastructureError, VmSandboxError
+from vmsandbox.errors import InfrastructureError, InternalError, VmSandboxError
 from vmsandbox.network import GuestNic
 from vmsandbox.snapshot import (
     SEED_BYTES,
@@ -110,19 +110,24 @@ class Snapshots:
         request: MakeRequest,
         pod_domain_for: Callable[[tuple[SharedDir, ...]], Domain],
         *,
+        qemu_uid: int,
         boot_timeout_s: float,
         progress: Progress = lambda _line: None,
     ) -> StoredSnapshot:
         """Boot a guest of the request's shape with no pod identity, wait for its agent, save it.
         ``pod_domain_for`` builds the pod-like domain on resources the caller claimed for the
-        snapshot, given the snapshot's own shared directories."""
+        snapshot, given the snapshot's own shared directories; its QEMU runs as ``qemu_uid``, which
+        the caller chose from ``qemu_uids`` as for a pod (never root) and holds until this returns."""
         key = request.inputs.key
         started = time.monotonic()
         making = self.store.making_dir(key)
-        shares = self.store.share_dirs(making, len(request.pod_domain.shared_dirs))
+        shares = self.store.share_dirs(making, len(request.pod_domain.shared_dirs), qemu_uid)
         base = pod_domain_for(
             tuple(replace(s, source=src) for s, src in zip(request.pod_domain.shared_dirs, shares, strict=True))
         )
+        if base.qemu_uid != qemu_uid or qemu_uid <= 0:
+            self.store.abandon(key)
+            raise InternalError(f"a snapshot guest's QEMU must run as its own unprivileged uid, not {base.qemu_uid}")
         domain = snapshot_domain(
             base,
             request.network_args,

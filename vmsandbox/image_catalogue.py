@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -157,15 +158,26 @@ class Usage:
     inodes: int
 
 
-def usage(images: Catalogue, blob_sizes: Mapping[str, int]) -> Usage:
+def usage(
+    images: Catalogue,
+    blob_sizes: Mapping[str, int],
+    disk_sizes: Mapping[str, int] | None = None,
+    trees_on_disk: AbstractSet[str] | None = None,
+) -> Usage:
     """Bytes and inodes the images take: each blob they reference once (shared layers are stored
-    once), plus each unpacked tree once (images with the same layers share one). ``blob_sizes``
-    maps digest -> size of the blobs on disk."""
+    once), plus each layers' disk once (its two files: the disk and its facts), plus each unpacked
+    tree still on disk once (images with the same layers share one). ``blob_sizes`` maps digest ->
+    size of the blobs on disk, ``disk_sizes`` tree key -> size of its disk's files on disk,
+    ``trees_on_disk`` the tree keys whose trees are there (None: every one)."""
     blobs = referenced_blobs(images) & blob_sizes.keys()
     trees = {r.tree or r.id: r for r in images.values()}
+    disks = trees.keys() & (disk_sizes or {}).keys()
+    unpacked = [r for k, r in trees.items() if trees_on_disk is None or k in trees_on_disk]
     return Usage(
-        bytes=sum(blob_sizes[b] for b in blobs) + sum(r.unpacked_bytes for r in trees.values()),
-        inodes=len(blobs) + sum(r.unpacked_inodes for r in trees.values()),
+        bytes=sum(blob_sizes[b] for b in blobs)
+        + sum(r.unpacked_bytes for r in unpacked)
+        + sum((disk_sizes or {})[k] for k in disks),
+        inodes=len(blobs) + sum(r.unpacked_inodes for r in unpacked) + 2 * len(disks),
     )
 
 

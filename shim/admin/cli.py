@@ -172,6 +172,11 @@ def _profile_validate(args: argparse.Namespace) -> int:
     checked, problems = validate.parse_files(args.files)
     inv, cpus, images, pools = _host_for_profiles(args)
     problems += validate.host_problems(checked, inv, cpus, check_images=images, device_pools=pools)
+    if images:  # this host's files (not a fixture's)
+        from shim.host_policy import qemu_reaches
+
+        reaches = qemu_reaches(_config(args.config).state_dir, [c.profile for c in checked])
+        problems += validate.reach_problem_list(reaches, checked, cpus)
     problems.sort(key=lambda p: (args.files.index(p.file) if p.file in args.files else len(args.files), p.line, p.key))
     errors = [p for p in problems if p.severity == "error"]
     if args.format == "json":

@@ -6,8 +6,11 @@ configuration and a host can tell: the config's ``cpu_pool`` is online, a shared
 ``shared_cpus`` to float over, an exclusive profile has CPUs left that are neither shared nor
 housekeeping, the vCPU bounds fit those exclusive CPUs (on one NUMA node under
 ``numa_policy: single-numa-node``), the page size is reserved, ``accel: kvm`` has hardware
-virtualisation, extended resources name device pools that resolve, the guest image exists. Each
-problem is ``file:line: key: problem``, in the profile file or, for the pools, the config file.
+virtualisation, extended resources name device pools that resolve, the guest image exists, and
+each sandbox's unprivileged QEMU can pass every directory above the state directory and the guest
+image (``reach_problems``: the shim refuses to start otherwise). Each problem is
+``file:line: key: problem``, in the profile file or, for the pools and the state directory, the
+config file.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from shim.admin import textout
 from vmsandbox.adapters.profile_loader import _key_lines
 from vmsandbox.devices import DevicePools
 from vmsandbox.host import HostInventory, format_cpulist
+from vmsandbox.passable import Reach, reach_problems
 from vmsandbox.profile import PAGE_4K, Profile, profile_problems
 
 Severity = Literal["error", "warning"]
@@ -200,6 +204,21 @@ def host_problems(
         if inventory is not None:
             problems.extend(_against_host(c, inventory, cpus))
     return problems
+
+
+def reach_problem_list(reaches: list[Reach], checked: list[Checked], cpus: CpuPools) -> list[Problem]:
+    """What the shim's start-up check would refuse (``vmsandbox.passable``), at the config file's
+    ``state_dir`` or, for a guest image only, the first profile naming it."""
+    out = []
+    for reach in reaches:
+        for problem in reach_problems([reach]):
+            if reach.key == "state_dir":
+                out.append(Problem(*cpus.where("state_dir"), "state_dir", problem))
+                continue
+            c = next((c for c in checked if c.profile.image_dir.rstrip("/") == reach.path), None)
+            if c is not None:
+                out.append(Problem(c.file, c.line("guest.image_dir"), "guest.image_dir", problem))
+    return out
 
 
 def _online_owned(inv: HostInventory, cpus: CpuPools) -> frozenset[int]:

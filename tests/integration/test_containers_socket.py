@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -193,11 +195,14 @@ def test_writes_do_not_leak_into_the_image(env: Env) -> None:
     assert st.exit_code == 0
     lines = _log_lines(Path(st.log_path))
     assert ("stdout", "F", "from the host") in lines and ("stdout", "F", "changed") in lines
-    trees = [t for t in (env.shim.state_dir / "images" / "trees").iterdir() if (t / "data").is_dir()]
-    assert len(trees) == 1  # the image's tree, whatever the store names it
-    tree = trees[0]
-    assert (tree / "data" / "original").read_text() == "from the image\n"
-    assert not (tree / "data" / "new").exists()
+    with tempfile.TemporaryDirectory() as tmp:  # the image's files, as its disk holds them
+        tree = Path(tmp) / "tree"
+        for i, disk in enumerate((env.shim.state_dir / "images" / "disks").glob("*.erofs")):
+            subprocess.run(["fsck.erofs", f"--extract={tree}{i}", str(disk)], check=True, capture_output=True)
+        trees = [t for t in Path(tmp).iterdir() if (t / "data").is_dir()]
+        assert len(trees) == 1  # the image's disk, whatever the store names it
+        assert (trees[0] / "data" / "original").read_text() == "from the image\n"
+        assert not (trees[0] / "data" / "new").exists()
 
 
 def test_writable_layers_count_in_image_fs_info(env: Env) -> None:

@@ -20,6 +20,7 @@ from tests.integration.conftest import (
     q,
     remove_all,
     require_host,
+    run_to_exit,
     running_shim,
     start_shim,
     stop_shim,
@@ -82,6 +83,34 @@ def test_pull_status_list_remove_fsinfo(shim: Shim, pushed: Pushed) -> None:  # 
     shim.images.RemoveImage(pb.RemoveImageRequest(image=spec("never/pulled:1")), timeout=30)
     assert not shim.images.ImageStatus(pb.ImageStatusRequest(image=spec(ref)), timeout=10).HasField("image")
     assert list(shim.images.ListImages(pb.ListImagesRequest(), timeout=10).images) == []
+    assert fs_used(shim) == (bytes0, inodes0)
+
+
+def _store_files(shim: Shim) -> dict[str, set[Path]]:
+    root = shim.state_dir / "images"
+    return {
+        "blobs": set((root / "blobs" / "sha256").iterdir()),
+        "trees": set((root / "trees").iterdir()),
+        "disks": set((root / "disks").iterdir()),
+    }
+
+
+def test_image_fs_usage_counts_each_images_disk(shim: Shim, pushed: Pushed) -> None:  # noqa: F811
+    """The kubelet's image GC reads ImageFsInfo: a pull raises it by everything the image takes on
+    disk, its EROFS disk included (bytes and one inode), and removing the image takes it all back."""
+    bytes0, inodes0 = fs_used(shim)
+    before = _store_files(shim)
+    ref = pushed.ref("uid")
+    shim.images.PullImage(pb.PullImageRequest(image=spec(ref)), timeout=120)
+    added = {kind: files - before[kind] for kind, files in _store_files(shim).items()}
+    assert sorted(f.suffix for f in added["disks"]) == [".erofs", ".json"] and not added["trees"], added
+    image_disk = next(f for f in added["disks"] if f.suffix == ".erofs").stat().st_blocks * 512
+    disk = sum(f.stat().st_blocks * 512 for f in added["disks"])
+    blobs = sum(f.stat().st_blocks * 512 for f in added["blobs"])
+    bytes1, inodes1 = fs_used(shim)
+    assert image_disk > 0 and bytes1 - bytes0 >= image_disk
+    assert (bytes1 - bytes0, inodes1 - inodes0) == (blobs + disk, len(added["blobs"]) + 2)
+    shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(pushed.id("uid"))), timeout=30)
     assert fs_used(shim) == (bytes0, inodes0)
 
 
@@ -166,6 +195,33 @@ def test_a_container_runs_from_a_docker_format_image(
     shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(ref)), timeout=30)
 
 
+def test_a_user_name_resolves_from_the_images_own_passwd(shim: Shim, pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
+    """The image's config names its user ("nobody"): the host resolves it through the image's
+    /etc/passwd and /etc/group, kept with its disk when the pull deleted the tree."""
+    ref = pushed.ref("named")
+    shim.images.PullImage(pb.PullImageRequest(image=spec(ref)), timeout=120)
+    assert not list((shim.state_dir / "images" / "trees").iterdir())
+    res = q({"cpu": "250m", "memory": "32Mi"})
+    config = pod("named-user", containers=[("app", res)])
+    config.log_directory = str(tmp_path)
+    rt = shim.runtime
+    sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+    try:
+        c = pb.ContainerConfig(
+            metadata=pb.ContainerMetadata(name="app"),
+            image=spec(ref),
+            command=["sh", "-c", "id -u; id -g"],
+            log_path="app.log",
+        )
+        c.kubernetes_resources.CopyFrom(res)
+        texts = [text for _, text in run_to_exit(shim, sid, config, c)]
+        assert texts == ["65534", "65534"], shim.log_text()[-3000:]
+    finally:
+        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+    shim.images.RemoveImage(pb.RemoveImageRequest(image=spec(ref)), timeout=30)
+
+
 @pytest.mark.parametrize(
     ("image", "auth", "code", "says"),
     [
@@ -220,6 +276,7 @@ def test_a_shim_killed_mid_pull_restarts_with_no_image(tmp_path: Path, pushed: P
         assert list(second.images.ListImages(pb.ListImagesRequest(), timeout=10).images) == []
         store = second.state_dir / "images"
         assert [p.name for p in (store / "trees").iterdir()] == []
+        assert [p.name for p in (store / "disks").iterdir()] == []
         assert [p.name for p in (store / "blobs/sha256").iterdir()] == []
         answer = second.images.PullImage(pb.PullImageRequest(image=spec(pushed.ref("uid"))), timeout=120)
         assert answer.image_ref == pushed.id("uid")
@@ -229,7 +286,7 @@ def test_a_shim_killed_mid_pull_restarts_with_no_image(tmp_path: Path, pushed: P
 
 
 def test_containers_hold_their_image_across_a_shim_restart(tmp_path: Path) -> None:
-    """After a restart a running container's image is still held: RemoveImage hides it, its tree
+    """After a restart a running container's image is still held: RemoveImage hides it, its disk
     stays (the guest reads it) until the container is removed."""
     require_host()
     (tmp_path / "shim").mkdir()
@@ -251,15 +308,15 @@ def test_containers_hold_their_image_across_a_shim_restart(tmp_path: Path) -> No
     stop_shim(shim)
     shim = start_shim(tmp_path / "shim", pull_busybox=False)
     try:
-        trees = shim.state_dir / "images" / "trees"
+        disks = shim.state_dir / "images" / "disks"
         shim.images.RemoveImage(pb.RemoveImageRequest(image=spec("busybox")), timeout=30)
         assert not shim.images.ImageStatus(pb.ImageStatusRequest(image=spec("busybox")), timeout=10).HasField("image")
-        assert [p for p in trees.iterdir() if (p / "bin").is_dir()], "the running container's tree was freed"
+        assert [p for p in disks.iterdir() if p.suffix == ".erofs"], "the running container's disk was freed"
         done = shim.runtime.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["ls", "/bin"], timeout=60), timeout=90)
         assert done.exit_code == 0 and b"busybox" in done.stdout, done.stderr
         shim.runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1), timeout=60)
         shim.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=60)
-        assert list(trees.iterdir()) == []  # the last holder gone: freed
+        assert list(disks.iterdir()) == []  # the last holder gone: freed
     finally:
         remove_all(shim)
         stop_shim(shim)

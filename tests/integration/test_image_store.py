@@ -37,16 +37,22 @@ def blobs(store: ImageStore) -> set[str]:
 
 
 def tree_of(store: ImageStore, image_id: str) -> Path:
-    """Where the unpacked tree of ``image_id`` is (as a container holding it would get it)."""
-    tree = store.acquire(image_id).tree
+    """The files of ``image_id``'s disk, as a container holding it would see them: the disk
+    extracted (``fsck.erofs --extract``, owners and modes kept) beside the store, once per disk."""
+    disk = store.acquire(image_id).disk
     store.release(image_id)
-    return tree
+    out = store.root.parent / "extracted" / disk.name
+    if not out.exists():
+        out.parent.mkdir(exist_ok=True)
+        subprocess.run(["fsck.erofs", f"--extract={out}", str(disk)], check=True, capture_output=True)
+    return out
 
 
 def leftovers(store: ImageStore) -> list[str]:
     root = store.root
     work = [p.name for p in (root / "work").iterdir() if p.name != "skopeo"]
     trees = [p.name for p in (root / "trees").iterdir()] + [p.name for p in (root / "disks").iterdir()]
+
     return work + trees + [p.name for p in (root / "blobs/sha256").iterdir()]
 
 
@@ -66,10 +72,8 @@ def test_each_image_has_a_read_only_erofs_disk_made_at_pull_and_removed_with_it(
     offset, magic = EROFS_MAGIC
     assert held.disk.read_bytes()[offset : offset + 4] == magic
     assert held.serial == record.tree.removeprefix("sha256:")[:20]
-    # a store whose image has no disk (an earlier version's) gets one on first use
-    held.disk.unlink()
-    assert store.acquire(image_id).disk == held.disk and held.disk.is_file()
-    store.release(image_id)
+    assert held.passwd and held.passwd[0].startswith("root:")  # read from the tree before it went
+    assert list((store.root / "trees").iterdir()) == []  # the disk is the only copy of the image's files
     # the guest mounts what the host tree holds: dump.erofs lists the tree's files
     listing = subprocess.run(["dump.erofs", "--path=/bin", "--ls", str(held.disk)], capture_output=True, text=True)
     assert listing.returncode == 0 and "busybox" in listing.stdout, listing.stderr
@@ -110,15 +114,16 @@ def test_pull_names_status_and_remove(pushed: Pushed, store: ImageStore) -> None
     shared = set(record.layers) & set(named.layers)
     assert shared
 
-    assert tree_of(store, named.id) == tree  # the same layers: one tree
+    assert tree_of(store, named.id) == tree  # the same layers: one disk
+    disk = store.root / "disks" / tree.name
 
     assert store.remove(ref) == image_id
     assert store.get(ref) is None and store.get(image_id) is None
-    assert (tree / "bin/busybox").exists()  # still the other image's
+    assert disk.is_file()  # still the other image's
     assert shared <= blobs(store)  # still used by the other image
     assert store.remove(ref) is None  # absent: fine
     store.remove(pushed.ref("named"))
-    assert not tree.exists()
+    assert not disk.exists()
     assert leftovers(store) == []
 
 
@@ -246,17 +251,17 @@ def test_a_store_of_the_previous_version_is_verified_at_start(
     root = tmp_path / "images"
     store = ImageStore(root)
     good, broken = store.pull(pushed.ref("whiteouts")), store.pull(pushed.ref("zstd"))
-    verified_tree = tree_of(store, good)
     broken_layer = store.get(broken).layers[-1]  # type: ignore[union-attr]
     doc = json.loads((root / "catalogue.json").read_text())
-    for record in doc["images"]:
+    for record in doc["images"]:  # that version had trees named by image id, and no disks
         old = root / "trees" / record["id"][7:]
-        shutil.copytree(root / "trees" / record.pop("tree")[7:], old, symlinks=True)
+        shutil.copytree(tree_of(store, record["id"]), old, symlinks=True)
         (old / "planted").write_text("not from any layer")  # what the old version could have served
+        store.disk.remove_tree(record.pop("tree"))
     doc["version"] = 1
     (root / "catalogue.json").write_text(json.dumps(doc))
-    shutil.rmtree(verified_tree)
     store.disk.blob_path(broken_layer).unlink()
+    shutil.rmtree(root.parent / "extracted")
 
     again = ImageStore(root)
     assert [r.id for r in again.list()] == [good]
@@ -264,20 +269,54 @@ def test_a_store_of_the_previous_version_is_verified_at_start(
     assert store.disk.blob_path(broken_layer).exists() is False
     # the old tree stays only for containers started from it before the upgrade, which hold the image
     old = root / "trees" / good[7:]
-    assert {p.name for p in (root / "trees").iterdir()} == {verified_tree.name, old.name}
+    assert {p.name for p in (root / "trees").iterdir()} == {old.name}
     if held:
-        tree = again.acquire(good).tree  # such a container, holding it again at start-up
+        again.acquire(good)  # such a container, holding it again at start-up
         again.collect()
         assert (old / "planted").exists()
         again.release(good)  # the last of them gone
     else:
         again.collect()
-        tree = again.acquire(good).tree
-    assert tree == verified_tree and "planted" not in tree_files(tree) and "o/new" in tree_files(tree)
-    assert {p.name for p in (root / "trees").iterdir()} == {tree.name}
+    tree = tree_of(again, good)
+    assert "planted" not in tree_files(tree) and "o/new" in tree_files(tree)
+    assert list((root / "trees").iterdir()) == []
     third = ImageStore(root)  # a second start finds nothing to do
     third.collect()
     assert [r.id for r in third.list()] == [good] and tree_of(third, good) == tree
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["a-container-holds-it", "nothing-holds-it"])
+def test_trees_of_the_previous_version_go_once_no_container_holds_them(
+    pushed: Pushed,  # noqa: F811
+    tmp_path: Path,
+    held: bool,
+) -> None:
+    """The version before kept each image twice, its tree (shared over 9p to its sandboxes, read for
+    user names) and its disk: at start the disk gets its facts from the tree, and the tree is
+    deleted once no container holds the image (a sandbox of that version may still read it)."""
+    root = tmp_path / "images"
+    store = ImageStore(root)
+    image_id = store.pull(pushed.ref("uid"))
+    record = store.get(image_id)
+    assert record is not None
+    tree = store.disk.tree_path(record.tree)
+    shutil.copytree(tree_of(store, image_id), tree, symlinks=True)
+    facts = store.disk.facts(record.tree)
+    next(root.glob("disks/*.json")).unlink()  # that version kept no facts
+    size_before = ImageStore(root).usage().bytes  # what it counted: the tree too
+
+    again = ImageStore(root)
+    made = again.disk.facts(record.tree)
+    assert (made.passwd, made.group) == (facts.passwd, facts.group) and tree.is_dir()
+    if held:
+        again.acquire(image_id)
+        again.collect()
+        assert tree.is_dir()
+        again.release(image_id)
+    else:
+        again.collect()
+    assert not tree.exists() and again.usage().bytes < size_before
+    assert again.acquire(image_id).passwd == facts.passwd
 
 
 def test_ten_concurrent_pulls_download_each_blob_once(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
@@ -335,16 +374,16 @@ def test_a_removal_between_unpack_and_catalogue_keeps_what_the_pull_uses(
 
 def test_held_images_are_freed_on_last_release(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
     image_id = store.pull(pushed.ref("uid"))
-    tree = store.acquire(image_id).tree
+    disk = store.acquire(image_id).disk
     store.acquire(image_id)
-    assert (tree / "bin/busybox").exists()
+    assert disk.is_file()
     store.remove(image_id)
     assert store.get(image_id) is None and store.list() == []
-    assert (tree / "bin/busybox").exists()  # containers still run from it
+    assert disk.is_file()  # containers still run from it
     store.release(image_id)
-    assert tree.exists()
+    assert disk.exists()
     store.release(image_id)
-    assert not tree.exists() and leftovers(store) == []
+    assert not disk.exists() and leftovers(store) == []
     with pytest.raises(NotFound):
         store.acquire(image_id)
 
@@ -352,15 +391,15 @@ def test_held_images_are_freed_on_last_release(pushed: Pushed, store: ImageStore
 def test_removed_held_image_survives_restart_until_collected(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
     store = ImageStore(tmp_path / "images")
     image_id = store.pull(pushed.ref("uid"))
-    tree = store.acquire(image_id).tree
+    disk = store.acquire(image_id).disk
     store.remove(image_id)
     again = ImageStore(tmp_path / "images")  # a restart: containers re-acquire before collect()
-    assert tree.is_dir() and again.get(image_id) is None
-    assert again.acquire(image_id).tree == tree
+    assert disk.is_file() and again.get(image_id) is None
+    assert again.acquire(image_id).disk == disk
     again.collect()
-    assert tree.is_dir()
+    assert disk.is_file()
     again.release(image_id)
-    assert not tree.exists()
+    assert not disk.exists()
 
 
 @pytest.mark.parametrize(
@@ -489,7 +528,7 @@ def test_a_crash_mid_pull_leaves_no_image_and_no_garbage(pushed: Pushed, tmp_pat
         check=False,
     )
     assert done.returncode == -9, done.stderr.decode()[-2000:]
-    assert any((root / "work").iterdir()) or any((root / "trees").iterdir())  # it died holding something
+    assert any((root / "work").iterdir()) or any((root / "disks").iterdir())  # it died holding something
     (root / "blobs" / "oci-put-blob123").write_bytes(b"half a blob")  # what a killed skopeo leaves
     store = ImageStore(root)
     assert store.list() == [] and store.get(pushed.ref("uid")) is None

@@ -28,6 +28,7 @@ def h(n: int) -> str:
 
 A = "sha256:" + "a1" * 32
 B = "sha256:" + "b2" * 32
+C = "sha256:" + "c3" * 32
 
 
 def rec(image_id: str, layers: tuple[str, ...] = (), **kw: object) -> ImageRecord:
@@ -135,6 +136,27 @@ def test_shared_trees_are_counted_once() -> None:
     assert (u.bytes, u.inodes) == (1000 * len(sizes) + 500, len(sizes) + 5)
     assert referenced_trees(images) == {h(9)}
     assert record_from_doc(record_doc(images[A])).tree == h(9)
+
+
+@pytest.mark.parametrize(
+    ("disks", "extra_bytes", "extra_inodes"),
+    [
+        pytest.param({}, 0, 0, id="no-disks-yet"),
+        pytest.param({h(9): 4096}, 4096, 2, id="the-shared-trees-disk-once"),
+        pytest.param({h(9): 4096, h(8): 8192}, 4096 + 8192, 4, id="each-trees-disk"),
+        pytest.param({h(7): 1 << 20}, 0, 0, id="a-disk-of-no-image"),
+    ],
+)
+def test_each_trees_disk_is_counted_once(disks: dict[str, int], extra_bytes: int, extra_inodes: int) -> None:
+    images = {
+        A: rec(A, (h(1),), tree=h(9), unpacked_bytes=500, unpacked_inodes=5),
+        B: rec(B, (h(1),), tree=h(9), unpacked_bytes=500, unpacked_inodes=5),
+        C: rec(C, (h(2),), tree=h(8), unpacked_bytes=300, unpacked_inodes=3),
+    }
+    sizes = dict.fromkeys(referenced_blobs(images), 1000)
+    without_disks = usage(images, sizes)
+    u = usage(images, sizes, disks)
+    assert (u.bytes - without_disks.bytes, u.inodes - without_disks.inodes) == (extra_bytes, extra_inodes)
 
 
 def test_filter(two: dict[str, ImageRecord]) -> None:

@@ -5,6 +5,7 @@ a truncated image is refused, and a sweep removes what a killed shim left."""
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,11 +18,12 @@ from vmsandbox.snapshot import parse_save_header
 
 SID = "7" * 64
 NAME, UUID = "vmsandbox-" + "7" * 32, "11111111-2222-4333-8444-555555555555"
+QEMU_UID = 2_100_000_123
 
 
 def made(store: SnapshotStore, image: bytes = save_image(stream=b"QEVM" * 1000)) -> str:
     making = store.making_dir(BASE.key)
-    store.share_dirs(making, 2)
+    store.share_dirs(making, 2, QEMU_UID)
     Path(store.image_path(making)).write_bytes(image)
     return store.commit(BASE.key, BASE, making, 1234).key
 
@@ -34,6 +36,35 @@ def test_a_committed_snapshot_is_found_by_its_key_only(tmp_path: Path) -> None:
     assert store.get(replace(BASE, qemu_version="8.0.0").key) is None
     assert [s.key for s in store.all()] == [key]
     assert not list((tmp_path / "snapshots" / "making").iterdir())
+
+
+def test_the_making_qemus_uid_owns_its_shares_only_until_the_snapshot_is_stored(tmp_path: Path) -> None:
+    """The snapshot guest's QEMU (an unprivileged uid) passes down to its shares, which are its own;
+    once stored, nothing of the snapshot is that uid's (a pod's QEMU may get the uid next)."""
+    store = SnapshotStore(tmp_path)
+    making = store.making_dir(BASE.key)
+    shares = store.share_dirs(making, 2, QEMU_UID)
+    root = tmp_path / "snapshots"
+    for d in (root, root / "making", making, making / "share"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o711, d
+    for s in map(Path, shares):
+        st = s.stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (QEMU_UID, QEMU_UID, 0o700)
+    Path(store.image_path(making)).write_bytes(save_image(stream=b"QEVM"))
+    key = store.commit(BASE.key, BASE, making, 1).key
+    stored = root / key
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o700
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in [stored, *stored.rglob("*")]}
+    assert owners == {(0, 0)}, owners
+
+
+def test_a_store_of_an_earlier_version_becomes_passable(tmp_path: Path) -> None:
+    (tmp_path / "snapshots" / "making").mkdir(parents=True, mode=0o700)
+    (tmp_path / "snapshots").chmod(0o700)
+    store = SnapshotStore(tmp_path)
+    store.making_dir(BASE.key)
+    assert stat.S_IMODE((tmp_path / "snapshots").stat().st_mode) == 0o711
+    assert stat.S_IMODE((tmp_path / "snapshots" / "restore").stat().st_mode) == 0o700
 
 
 def test_inputs_that_do_not_hash_to_the_key_are_ignored(tmp_path: Path) -> None:

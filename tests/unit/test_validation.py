@@ -6,7 +6,10 @@ import io
 import json
 import logging
 import os
+import shutil
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -231,6 +234,29 @@ def _config(tmp: Path, **kwargs: object) -> ShimConfig:
     )
 
 
+@pytest.fixture
+def passable_tmp() -> Iterator[Path]:
+    """A temporary directory every user can pass through (pytest's own are below a 0700 one, and
+    the shim refuses a state directory its QEMUs' uids cannot reach)."""
+    d = Path(tempfile.mkdtemp(prefix="vmsandbox-unit-", dir="/var/tmp"))
+    d.chmod(0o711)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_state_dir_qemu_cannot_reach_is_refused_before_any_file_is_made(passable_tmp: Path) -> None:
+    closed = passable_tmp / "closed"
+    closed.mkdir(mode=0o700)
+    closed.chmod(0o700)
+    config = _config(closed)
+    with pytest.raises(InvalidArgument, match=f"directory {closed} \\(mode 0700\\) cannot be passed") as caught:
+        server.start(config)
+    assert f"chmod o+x {closed}'" in str(caught.value)
+    assert list(closed.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "bad_setting",
     [
@@ -246,8 +272,9 @@ def test_bad_configuration_touches_no_file(tmp_path: Path, bad_setting: dict[str
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no socket, no state, no console directory
 
 
-def test_state_is_passable_only_and_console_owner_only(tmp_path: Path) -> None:
+def test_state_is_passable_only_and_console_owner_only(passable_tmp: Path) -> None:
     pytest.importorskip("libvirt")
+    tmp_path = passable_tmp
     (tmp_path / "console").mkdir(mode=0o755)  # left by an older build
     os.chmod(tmp_path / "console", 0o755)
     old = os.umask(0o022)

@@ -1,19 +1,25 @@
-"""The image store on disk: content-addressed blobs, unpacked trees, the catalogue file, work space.
+"""The image store on disk: content-addressed blobs, image disks, the catalogue file, work space.
 
 Layout under the store root (0700), known to this module and its owner ``shim.images`` only::
 
     blobs/sha256/<hex>   blobs by digest, as the registry served them (skopeo's shared blob
                          directory; renamed in after the digest check, so a name is never a
                          half-written blob)
-    trees/<hex>/         an unpacked root file system whose layers' ChainID is sha256:<hex>
-                         (read-only use; images with the same layers share it)
-    disks/<hex>.erofs    the same tree as a read-only EROFS image (``mkfs.erofs``), which pods'
-                         guests get as a virtio-blk disk; made from the tree, removed with it
+    disks/<hex>.erofs    the root file system of the layers whose ChainID is sha256:<hex>, as a
+                         read-only EROFS image (``mkfs.erofs``, checked whole by ``fsck.erofs``),
+                         which pods' guests get as a virtio-blk disk (images with the same layers
+                         share it)
+    disks/<hex>.json     what the host reads of that file system: its unpacked size and inodes, and
+                         its ``/etc/passwd`` and ``/etc/group`` (user names of CreateContainer);
+                         in place before the disk, so a disk in place always has it
+    trees/<hex>/         an unpacked tree, kept only from an earlier version (which shared trees
+                         over 9p) until no container holds its image; a pull unpacks into work/ and
+                         deletes the tree once its disk is made and checked
     catalogue.json       the image records; replaced by rename, so it is always a whole document
     work/                pulls in progress (OCI layouts, trees being unpacked, auth files);
                          whatever is here at start belonged to a pull that died, and is deleted
 
-An image exists once ``catalogue.json`` names it; its tree and blobs are in place before that.
+An image exists once ``catalogue.json`` names it; its disk and blobs are in place before that.
 Catalogue version 2 records the tree of each image; version 1 (trees named by image id, their
 layers never checked against the config's diff ids) is read so that its owner can verify it.
 """
@@ -28,13 +34,42 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vmsandbox.adapters.layers import tree_usage
 from vmsandbox.errors import InfrastructureError, InternalError, InvalidArgument
 
 CATALOGUE_VERSION = 2
 _DIGEST = re.compile(r"^sha256:([a-f0-9]{64})$")
+MAX_ETC_FILE_BYTES = 1 << 20
+"""How much of an image's ``/etc/passwd`` or ``/etc/group`` the host keeps (and reads)."""
+
+
+@dataclass(frozen=True)
+class DiskFacts:
+    """What the host knows of a disk's file system without reading the disk: the unpacked tree's
+    bytes on disk and inodes, and the lines of its ``/etc/passwd`` and ``/etc/group``."""
+
+    unpacked_bytes: int
+    unpacked_inodes: int
+    passwd: tuple[str, ...]
+    group: tuple[str, ...]
+
+
+def etc_lines(tree: Path, name: str) -> tuple[str, ...]:
+    """Lines of ``etc/<name>`` in an image tree (at most MAX_ETC_FILE_BYTES); a symlink leading out
+    of the tree, or anything but a regular file, reads as empty."""
+    path = tree / "etc" / name
+    try:
+        real = path.resolve(strict=True)
+    except OSError:
+        return ()
+    if not real.is_relative_to(tree.resolve()) or not real.is_file():
+        return ()
+    with real.open("rb") as f:
+        return tuple(f.read(MAX_ETC_FILE_BYTES).decode(errors="replace").splitlines())
 
 
 def _hex(digest: str) -> str:
@@ -114,13 +149,8 @@ class ImageDisk:
             self.blob_path(d).unlink(missing_ok=True)
 
     # -- trees ------------------------------------------------------------------------------------
-    @property
-    def trees(self) -> Path:
-        """The directory holding every unpacked tree (shared read-only into guests)."""
-        return self._trees
-
     def tree_path(self, key: str) -> Path:
-        """The tree of layers with ChainID ``key``."""
+        """The tree of layers with ChainID ``key`` an earlier version unpacked."""
         return self._trees / _hex(key)
 
     def has_tree(self, key: str) -> bool:
@@ -129,58 +159,92 @@ class ImageDisk:
     def new_work_dir(self, label: str) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"{label}-", dir=self.work))
 
-    def commit_tree(self, work_tree: Path, key: str) -> None:
-        """Move a finished, verified tree into place under its ChainID (rename: whole or not at all)."""
-        target = self.tree_path(key)
-        if target.exists():
-            self.discard(work_tree)
-            return
-        os.rename(work_tree, target)
-
     # -- disks ------------------------------------------------------------------------------------
     def disk_path(self, key: str) -> Path:
-        """The read-only EROFS image of the tree with ChainID ``key``."""
+        """The read-only EROFS image of the layers with ChainID ``key``."""
         return self._disks / f"{_hex(key)}.erofs"
 
-    def has_disk(self, key: str) -> bool:
-        return self.disk_path(key).is_file()
+    def _facts_path(self, key: str) -> Path:
+        return self._disks / f"{_hex(key)}.json"
 
-    def make_disk(self, key: str, mkfs: str = "mkfs.erofs") -> None:
-        """Make the disk of tree ``key`` (uncompressed EROFS: owners, modes, times, xattrs and file
-        types as in the tree) in work/ and rename it into place: whole or not at all."""
-        target = self.disk_path(key)
-        if target.exists():
-            return
+    def has_disk(self, key: str) -> bool:
+        return self.disk_path(key).is_file() and self._facts_path(key).is_file()
+
+    def facts(self, key: str) -> DiskFacts:
+        """What was read of the disk's tree when the disk was made."""
+        try:
+            doc = json.loads(self._facts_path(key).read_text())
+            return DiskFacts(
+                unpacked_bytes=int(doc["unpacked_bytes"]),
+                unpacked_inodes=int(doc["unpacked_inodes"]),
+                passwd=tuple(str(line) for line in doc["passwd"]),
+                group=tuple(str(line) for line in doc["group"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InfrastructureError(f"image disk {_hex(key)[:12]}: its facts cannot be read ({exc})") from None
+
+    def disk_sizes(self) -> dict[str, int]:
+        """Bytes on disk of each disk (with its facts file), by its layers' ChainID."""
+        out: dict[str, int] = {}
+        with os.scandir(self._disks) as it:
+            for e in it:
+                name, _, suffix = e.name.partition(".")
+                if len(name) == 64 and suffix in ("erofs", "json"):
+                    try:
+                        size = e.stat(follow_symlinks=False).st_blocks * 512
+                    except FileNotFoundError:
+                        continue
+                    out[f"sha256:{name}"] = out.get(f"sha256:{name}", 0) + size
+        return out
+
+    def make_disk(self, tree: Path, key: str, *, mkfs: str = "mkfs.erofs", fsck: str = "fsck.erofs") -> DiskFacts:
+        """Make the disk of ``tree`` (uncompressed EROFS: owners, modes, times, xattrs and file types
+        as in the tree) in work/, check every file of it with ``fsck.erofs``, and move its facts,
+        then it, into place: a disk in place is whole and checked, and has its facts."""
+        used, inodes = tree_usage(str(tree))
+        facts = DiskFacts(used, inodes, etc_lines(tree, "passwd"), etc_lines(tree, "group"))
         fd, tmp = tempfile.mkstemp(prefix="disk-", suffix=".erofs", dir=self.work)
         os.close(fd)
+        facts_tmp = Path(tmp).with_suffix(".json")
         try:
-            done = subprocess.run(
-                [mkfs, "--quiet", tmp, str(self.tree_path(key))],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                check=False,
-            )
-            if done.returncode != 0:
-                out = done.stdout.decode(errors="replace").strip()[-1000:]
-                raise InfrastructureError(f"{mkfs} of image tree {_hex(key)[:12]} failed ({done.returncode}): {out}")
+            for argv, what in (([mkfs, "--quiet", tmp, str(tree)], "making"), ([fsck, "--extract", tmp], "checking")):
+                done = subprocess.run(
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False
+                )
+                if done.returncode != 0:
+                    out = done.stdout.decode(errors="replace").strip()[-1000:]
+                    raise InfrastructureError(
+                        f"{what} the disk of image layers {_hex(key)[:12]} failed ({argv[0]}: {done.returncode}): {out}"
+                    )
             os.chmod(tmp, 0o400)
-            os.rename(tmp, target)
+            doc = {"unpacked_bytes": used, "unpacked_inodes": inodes, "passwd": facts.passwd, "group": facts.group}
+            facts_tmp.write_text(json.dumps(doc))
+            os.rename(facts_tmp, self._facts_path(key))
+            os.rename(tmp, self.disk_path(key))
         except FileNotFoundError as exc:
             raise InfrastructureError(f"cannot make image disks: {exc.filename} is missing (erofs-utils)") from None
         finally:
             Path(tmp).unlink(missing_ok=True)
+            facts_tmp.unlink(missing_ok=True)
+        return facts
 
     def remove_tree(self, key: str) -> None:
-        """Rename into work/ first, so a crash half-way through the delete leaves only work/ garbage.
-        The tree's disk goes with it."""
+        """Remove the disk of ``key`` and, left by an earlier version, its tree (renamed into work/
+        first, so a crash half-way through the delete leaves only work/ garbage)."""
         self.disk_path(key).unlink(missing_ok=True)
+        self._facts_path(key).unlink(missing_ok=True)
+        self.drop_tree(key)
+
+    def drop_tree(self, key: str) -> bool:
+        """Delete the unpacked tree of ``key`` (an earlier version's), keeping its disk; whether
+        there was one."""
         path = self.tree_path(key)
         if not path.exists():
-            return
+            return False
         doomed = Path(tempfile.mkdtemp(prefix="removed-", dir=self.work))
         os.rename(path, doomed / "tree")
         self.discard(doomed)
+        return True
 
     def discard(self, path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
@@ -236,7 +300,7 @@ class ImageDisk:
                 shutil.rmtree(entry, ignore_errors=True)
                 removed["trees"] += 1
         for entry in list(self._disks.iterdir()):
-            if entry.name.removesuffix(".erofs") not in keep_tree_hex:
+            if entry.name.partition(".")[0] not in keep_tree_hex:
                 entry.unlink(missing_ok=True)
                 removed["disks"] = removed.get("disks", 0) + 1
         for entry in list(self.blob_dir.iterdir()):  # skopeo's temporary files of a copy that died

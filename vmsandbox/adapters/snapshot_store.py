@@ -1,12 +1,16 @@
 """The snapshot store: the only module that knows where snapshots live and how they are laid out.
 
-Under ``<state_dir>/snapshots`` (0700):
+Under ``<state_dir>/snapshots`` (0711: passable, so that the unprivileged QEMU of a snapshot
+being made reaches its shared directories; nothing below it can be listed or read by others):
 
-- ``<key>/image.save``: libvirt's save image of a guest with no pod identity, and
-  ``<key>/inputs.json``: the ``SnapshotInputs`` it was made from (the key is their hash, so a
-  directory whose inputs do not hash to its name is refused);
-- ``<key>/share/<n>``: the empty directories the snapshot guest's 9p devices pointed at;
-- ``making/<key>``: a snapshot being made (renamed into place when complete);
+- ``<key>/image.save``: libvirt's save image of a guest with no pod identity (root's, 0600: libvirt
+  writes and reads it as root and hands QEMU the open file), and ``<key>/inputs.json``: the
+  ``SnapshotInputs`` it was made from (the key is their hash, so a directory whose inputs do not
+  hash to its name is refused); ``<key>`` is 0700;
+- ``<key>/share/<n>``: the empty directories the snapshot guest's 9p devices pointed at (root's
+  again once the snapshot is stored);
+- ``making/<key>``: a snapshot being made (renamed into place when complete); passable, its
+  ``share/<n>`` the making QEMU's uid's own (0700);
 - ``restore/<sandbox id>.save``: the copy of an image a restore is reading, its header rewritten
   for the pod's domain (``vmsandbox.snapshot.retarget``); removed when the restore returns, and
   swept at start-up (a shim killed during a restore).
@@ -46,8 +50,9 @@ class SnapshotStore:
         self.root = Path(state_dir) / "snapshots"
 
     def _ensure(self) -> None:
-        for d in (self.root, self.root / "making", self.root / "restore"):
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for d, mode in ((self.root, 0o711), (self.root / "making", 0o711), (self.root / "restore", 0o700)):
+            d.mkdir(mode=mode, parents=True, exist_ok=True)
+            os.chmod(d, mode)  # a store of an earlier version has them 0700
 
     def _dir(self, key: str) -> Path:
         if not validation.is_full_id(key):
@@ -81,18 +86,27 @@ class SnapshotStore:
 
     # -- making ---------------------------------------------------------------------------------
     def making_dir(self, key: str) -> Path:
-        """A fresh directory to make the snapshot ``key`` in (its ``share/<n>`` directories made)."""
+        """A fresh directory to make the snapshot ``key`` in (passable, for its QEMU's shares)."""
         self._ensure()
         d = self.root / "making" / self._dir(key).name
         shutil.rmtree(d, ignore_errors=True)
-        d.mkdir(mode=0o700)
+        d.mkdir(mode=0o711)
+        os.chmod(d, 0o711)  # whatever the umask
         return d
 
-    def share_dirs(self, making: Path, count: int) -> tuple[str, ...]:
+    def share_dirs(self, making: Path, count: int, qemu_uid: int) -> tuple[str, ...]:
+        """The snapshot guest's ``count`` shared directories, empty, owned by the uid (and gid)
+        its QEMU runs as, 0700: no other user opens them. Their real paths: QEMU resolves them
+        as its uid, which may not pass through a link's directory (e.g. to the state directory)."""
+        share = Path(os.path.realpath(making)) / "share"
+        share.mkdir(mode=0o711, exist_ok=True)
+        os.chmod(share, 0o711)
         out = []
         for i in range(count):
-            s = making / "share" / str(i)
-            s.mkdir(mode=0o700, parents=True, exist_ok=True)
+            s = share / str(i)
+            s.mkdir(mode=0o700, exist_ok=True)
+            os.chown(s, qemu_uid, qemu_uid)
+            os.chmod(s, 0o700)
             out.append(str(s))
         return tuple(out)
 
@@ -108,6 +122,11 @@ class SnapshotStore:
             parse_save_header(f.read(_HEAD_READ))
         doc = {"inputs": inputs.to_doc(), "created_ns": time.time_ns(), "make_ms": make_ms}
         (making / "inputs.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
+        # the uid that made it goes back to the range (a pod's QEMU may get it next): nothing kept is its
+        with contextlib.suppress(FileNotFoundError):
+            for s in (making / "share").iterdir():
+                os.lchown(s, 0, 0)
+        os.chmod(making, 0o700)
         target = self._dir(key)
         shutil.rmtree(target, ignore_errors=True)
         os.rename(making, target)
