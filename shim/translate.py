@@ -579,7 +579,12 @@ def container_request(
         supplemental_groups=tuple(int(g) for g in sc.supplemental_groups),
     )
     # upstream's enum names are SIGNAL_SIGTERM etc.; the signal itself is what follows the prefix
-    signal = "" if config.stop_signal == 0 else pb.Signal.Name(config.stop_signal).removeprefix("SIGNAL_")
+    try:
+        signal = "" if config.stop_signal == 0 else pb.Signal.Name(config.stop_signal).removeprefix("SIGNAL_")
+    except ValueError:  # an enum value the CRI does not define (open enums carry any int32)
+        raise InvalidArgument(
+            f"ContainerConfig.stop_signal {config.stop_signal} is not a signal the CRI defines"
+        ) from None
     return request, user, signal
 
 

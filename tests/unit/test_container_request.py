@@ -149,3 +149,11 @@ def test_container_status_reports_the_mounts() -> None:
 def test_mount_propagation(propagation: int, mode: str) -> None:
     config = pb.ContainerConfig(mounts=[pb.Mount(container_path="/a", host_path="/h", propagation=propagation)])  # type: ignore[arg-type]
     assert translate.mount_requests(config) == [MountRequest("/a", "/h", propagation=mode)]
+
+
+@pytest.mark.parametrize("value", [-1, 999])
+def test_a_stop_signal_the_cri_does_not_define_is_invalid(value: int) -> None:
+    config = _config()
+    config.stop_signal = value  # type: ignore[assignment]
+    with pytest.raises(InvalidArgument, match=f"stop_signal {value} is not a signal"):
+        translate.container_request(config, {})
