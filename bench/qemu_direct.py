@@ -13,7 +13,8 @@ what libvirt 9.0 generates for our q35 domain (vmsandbox/domain_xml.py) where it
   on, no default devices, no USB, the virtio-serial controller behind a ``pcie-root-port`` and
   port ``io.vmsandbox.agent.0`` on a unix socket, a serial console on ttyS0 going to a file, no
   memory balloon, vCPUs/memory, kernel/initrd/cmdline; guest RAM from hugetlbfs, preallocated
-  (libvirt's ``<hugepages>``); the process confined to the guest's host CPUs;
+  (libvirt's ``<hugepages>``); the process confined to the guest's host CPUs; 9p shares with the
+  domain's security model (``mapped``: QEMU's ``mapped-xattr``, files 0600, directories 0700);
 - different: no ``-S`` + QMP ``cont`` handshake, no QMP monitor, no seccomp sandbox, no per-thread
   vCPU/emulator pinning, no per-domain cgroups (``cgroup_parent`` puts QEMU beside libvirt's
   guests), no mount namespace or security labels, no virtlogd.
