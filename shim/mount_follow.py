@@ -44,6 +44,7 @@ class _Watch:
     beneath: Path  # the 9p export the bind is below
     root_as: int  # QEMU's uid: host root's files are its own through the copies
     known: dict[int, str] = field(default_factory=dict)  # host mount id -> point, in QEMU's namespace already
+    cloned: frozenset[int] = frozenset()  # the mounts at the source the bind cloned: the bind itself
 
 
 class MountFollower:
@@ -77,7 +78,8 @@ class MountFollower:
     ) -> None:
         """Follow ``source`` into the bind of the container's volume ``index`` at ``bound``;
         ``known``: ``snapshot(source)`` from before the bind."""
-        w = _Watch(qemu_pid, source, bound, beneath, root_as, dict(known))
+        cloned = frozenset(i for i, p in known.items() if p == source)
+        w = _Watch(qemu_pid, source, bound, beneath, root_as, dict(known), cloned)
         with self._lock:
             self._watches[(sandbox_id, container_id, index)] = w
             if self._thread is None:
@@ -114,9 +116,9 @@ class MountFollower:
         added, gone = mount_changes(w.known, now)
         for mount_id, point in gone:
             del w.known[mount_id]
+            if mount_id in w.cloned:
+                continue  # the source's own mount, which the bind is: it keeps what it cloned
             rel = os.path.relpath(point, w.source)
-            if rel == ".":
-                continue  # the source itself: the bind keeps what it cloned
             try:
                 binds.unbind_below(w.qemu_pid, w.bound, rel, beneath=w.beneath)
             except InfrastructureError as exc:

@@ -148,3 +148,21 @@ def test_a_forgotten_volume_is_not_followed(tmp_path: Path, qemu: int, source: P
     mount_private_tmpfs(source / "later")
     follower.catch_up()
     assert "No such file" in owner_inside(qemu, target / "later" / "flag")
+
+
+def test_a_mount_made_over_the_source_itself_comes_and_goes(
+    tmp_path: Path, qemu: int, source: Path, follower: MountFollower
+) -> None:
+    target = bind_followed(follower, qemu, source, tmp_path)
+    mount_private_tmpfs(source)
+    try:
+        follower.catch_up("s1")
+        assert owner_inside(qemu, target / "flag") == str(QEMU_UID)
+    finally:
+        subprocess.run(["umount", str(source)], check=True)
+    follower.catch_up("s1")
+    assert "No such file" in owner_inside(qemu, target / "flag")
+    assert owner_inside(qemu, target / "later") == str(QEMU_UID)  # the volume's own bind stays
+    subprocess.run(["umount", str(source)], check=True)  # the source's own mount, which the bind cloned
+    follower.catch_up("s1")
+    assert owner_inside(qemu, target / "later") == str(QEMU_UID)
