@@ -44,7 +44,9 @@ class _Watch:
     beneath: Path  # the 9p export the bind is below
     root_as: int  # QEMU's uid: host root's files are its own through the copies
     known: dict[int, str] = field(default_factory=dict)  # host mount id -> point, in QEMU's namespace already
-    cloned: frozenset[int] = frozenset()  # the mounts at the source the bind cloned: the bind itself
+    # of those, the ones with no mount of their own there: the source's own mount (which the bind
+    # is) and those whose copy failed; taking them away detaches nothing
+    unplaced: set[int] = field(default_factory=set)
 
 
 class MountFollower:
@@ -78,8 +80,8 @@ class MountFollower:
     ) -> None:
         """Follow ``source`` into the bind of the container's volume ``index`` at ``bound``;
         ``known``: ``snapshot(source)`` from before the bind."""
-        cloned = frozenset(i for i, p in known.items() if p == source)
-        w = _Watch(qemu_pid, source, bound, beneath, root_as, dict(known), cloned)
+        own = {i for i, p in known.items() if p == source}
+        w = _Watch(qemu_pid, source, bound, beneath, root_as, dict(known), own)
         with self._lock:
             self._watches[(sandbox_id, container_id, index)] = w
             if self._thread is None:
@@ -116,8 +118,9 @@ class MountFollower:
         added, gone = mount_changes(w.known, now)
         for mount_id, point in gone:
             del w.known[mount_id]
-            if mount_id in w.cloned:
-                continue  # the source's own mount, which the bind is: it keeps what it cloned
+            if mount_id in w.unplaced:
+                w.unplaced.discard(mount_id)
+                continue
             rel = os.path.relpath(point, w.source)
             try:
                 binds.unbind_below(w.qemu_pid, w.bound, rel, beneath=w.beneath)
@@ -130,6 +133,7 @@ class MountFollower:
                     w.qemu_pid, point, w.bound, os.path.relpath(point, w.source), beneath=w.beneath, root_as=w.root_as
                 )
             except InfrastructureError as exc:
+                w.unplaced.add(mount_id)
                 log.warning("host mount %s does not reach the guest's volume: %s", point[:256], exc)
 
     def _run(self) -> None:

@@ -166,3 +166,19 @@ def test_a_mount_made_over_the_source_itself_comes_and_goes(
     subprocess.run(["umount", str(source)], check=True)  # the source's own mount, which the bind cloned
     follower.catch_up("s1")
     assert owner_inside(qemu, target / "later") == str(QEMU_UID)
+
+
+def test_a_mount_that_could_not_be_copied_detaches_nothing_when_it_goes(
+    tmp_path: Path, qemu: int, source: Path, follower: MountFollower
+) -> None:
+    """proc cannot be idmapped, so a proc the host mounts over the source is not copied; when the
+    host takes it away, the volume's own bind (the topmost mount there) stays."""
+    target = bind_followed(follower, qemu, source, tmp_path)
+    subprocess.run(["mount", "-t", "proc", "proc", str(source)], check=True)
+    try:
+        follower.catch_up("s1")
+        assert "No such file" in owner_inside(qemu, target / "self")
+    finally:
+        subprocess.run(["umount", str(source)], check=True)
+    follower.catch_up("s1")
+    assert owner_inside(qemu, target / "later") == str(QEMU_UID)

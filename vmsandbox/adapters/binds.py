@@ -11,7 +11,9 @@ for the guest (recursively when asked). QEMU runs as an unprivileged uid of its 
 *idmapped* (``mount_setattr`` with ``MOUNT_ATTR_IDMAP``, Linux 5.12+, and a file system that allows
 it): through it, files the host's root owns are QEMU's, and what QEMU creates is root's on the host
 (under 9p's ``mapped`` model always a plain 0600 file or 0700 directory); files of other owners are
-reached only through their "other" permission bits. Nothing is mounted in the host's namespace: the kubelet
+reached only through their "other" permission bits. ``bind_below`` copies one later host mount
+into such a bind, idmapped alike (``shim/mount_follow.py``: the kernel's propagation would bring
+it without the mapping). Nothing is mounted in the host's namespace: the kubelet
 can unmount and delete its volume directories while a container still has them (the copy in
 QEMU's namespace is detached lazily, as for any container runtime's namespace), deleting a
 sandbox's directory can never reach through a bind, and the namespace, with its binds, goes when
