@@ -3,16 +3,22 @@
     VMSANDBOX_IMAGE_DIR=/var/lib/vmsandbox/images/default .venv/bin/python bench/container_start.py --runs 20
     .venv/bin/python bench/container_start.py --smoke   # one run and one exec each; checks the JSON
 
-Two paths time the same work, in this process:
+Two paths time the same work, in this process, run by run in turn (the order turned around every
+other run, so that a change in the host's load reaches both):
 
 - **CRI** (the production path): a shim process on a private socket, a pod from a local registry
   image; CreateContainer + StartContainer until the first line is in the kubelet's log file;
   ExecSync ``true``.
-- **agent** (the baseline): the same guest image booted with a bare QEMU (``bench.qemu_direct``)
-  and driven through ``vmsandbox.adapters.agent_client`` directly: create + start until the first
-  line comes back from the agent (``log_read``); exec ``true``.
+- **agent** (the baseline): the pod's own guest, booted again with a bare QEMU as the pod's live
+  domain says (``bench.qemu_direct.DirectGuest.from_domain_xml``: the same host CPUs, vCPUs,
+  hugepage-backed memory, TCG cache, 9p security model) beside the pod, with an EROFS disk of the
+  same busybox tree, driven through ``vmsandbox.adapters.agent_client`` directly: create + start
+  of the OCI spec the shim sends for that container (the shim's own translation of the same
+  ContainerConfig, with the pod's resolv.conf) until the first line comes back from the agent
+  (``log_read``); exec ``true``.
 
 The ratio is what the CRI layer (gRPC, records, log copy, image lookup) adds over the agent path.
+Each path's time is also split: create, start, and from start's answer to the first line.
 Agent memory: the agent's VmRSS in the guest, idle and with the containers running.
 """
 
@@ -26,6 +32,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +43,17 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
-from bench.qemu_direct import DirectGuest, percentile, qemu_argv
+from bench.qemu_direct import DirectGuest, confined, percentile, qemu_argv
+from bench.sandbox_start import live_xml, machine_cgroup
 from bench.shim_process import shim_process
+from shim import translate
+from shim.containers import GUEST_SHARED_MOUNT
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from tests.registry_kit import Layout, Registry, busybox_entries, push
 from vmsandbox.adapters.agent_client import AgentClient
-from vmsandbox.oci_spec import ContainerRequest, ImageConfig, UserIds, build_spec
+from vmsandbox.network import DnsConfig, pod_files
+from vmsandbox.oci_spec import ContainerRequest, ImageConfig, Mount, UserIds, build_spec
 
 IMAGE_DIR = os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default")
 SCRIPT = ["sh", "-c", "echo ready; sleep 600"]
@@ -165,7 +178,42 @@ def agent_path(
     return {"start": start_s, "exec": exec_s, "idle_rss": idle_rss, "busy_rss": busy_rss, "reads": reads}
 
 
-def cri_path(tmp: Path, runs: int, exec_runs: int) -> dict[str, list[float]]:
+def _ctr_config(i: int, ref: str) -> pb.ContainerConfig:
+    return pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name=f"c{i}"), image=pb.ImageSpec(image=ref), command=SCRIPT, log_path=f"c{i}.log"
+    )
+
+
+def _shim_spec(config: pb.ContainerConfig, shared: Path) -> dict[str, object]:
+    """The OCI spec the shim sends its guest for ``config`` in the bench's pod (no DNS settings, no
+    hostname, no mounts of its own): its own translation, and the pod's resolv.conf (the host's),
+    written into ``shared`` as the shim writes it into the pod's shared directory."""
+    run, _, _ = translate.container_request(config, {})
+    resolv = pod_files(DnsConfig(), "", Path("/etc/resolv.conf").read_text())["/etc/resolv.conf"]
+    (shared / "pod").mkdir(parents=True, exist_ok=True)
+    (shared / "pod" / "resolv.conf").write_text(resolv)
+    mount = Mount("/etc/resolv.conf", f"{GUEST_SHARED_MOUNT}/pod/resolv.conf", readonly=True)
+    return build_spec(replace(run, mounts=(mount,)), ImageConfig(), UserIds(0, 0))
+
+
+class _Split:
+    """One path's samples: create+start to the first line, and its three parts."""
+
+    def __init__(self) -> None:
+        self.total: list[float] = []
+        self.parts: dict[str, list[float]] = {"create": [], "start": [], "first_line": []}
+        self.exec: list[float] = []
+
+    def add(self, t0: float, created: float, started: float, line: float) -> None:
+        self.total.append(line - t0)
+        self.parts["create"].append(created - t0)
+        self.parts["start"].append(started - created)
+        self.parts["first_line"].append(line - started)
+
+
+def paired(tmp: Path, runs: int, exec_runs: int) -> dict[str, Any]:
+    """The CRI path and the agent baseline on a copy of the pod's guest, run by run in turn."""
+    cri, base = _Split(), _Split()
     registry = Registry(tmp / "registry").start()
     try:
         layout = Layout(tmp / "layout")
@@ -186,34 +234,84 @@ def cri_path(tmp: Path, runs: int, exec_runs: int) -> dict[str, list[float]]:
                 linux=pb.LinuxPodSandboxConfig(resources=pb.LinuxContainerResources(memory_limit_in_bytes=192 << 20)),
             )
             sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
-            start_s, last = [], ""
-            for i in range(runs):
-                ctr = pb.ContainerConfig(
-                    metadata=pb.ContainerMetadata(name=f"c{i}"),
-                    image=pb.ImageSpec(image=ref),
-                    command=SCRIPT,
-                    log_path=f"c{i}.log",
-                )
-                t0 = time.monotonic()
-                cid = rt.CreateContainer(
-                    pb.CreateContainerRequest(pod_sandbox_id=sid, config=ctr, sandbox_config=config), timeout=120
-                ).container_id
-                rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
-                _wait_line(logs / f"c{i}.log", t0 + 60)
-                start_s.append(time.monotonic() - t0)
-                if i < runs - 1:
-                    rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=120)
-                last = cid
-            exec_s = []
-            for _ in range(exec_runs):
-                t0 = time.monotonic()
-                rt.ExecSync(pb.ExecSyncRequest(container_id=last, cmd=["true"], timeout=30), timeout=60)
-                exec_s.append(time.monotonic() - t0)
+            status = rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True), timeout=30)
+            domain = json.loads(status.info["info"])["domain"]
+            guest = DirectGuest.from_domain_xml(live_xml(domain), cgroup_parent=machine_cgroup())
+            with _direct_agent(tmp / "agent", replace(guest, shares=())) as (agent, shared, lower):
+                spec = _shim_spec(_ctr_config(0, ref), shared)
+                last = ""
+
+                def cri_run(i: int) -> None:
+                    nonlocal last
+                    t0 = time.monotonic()
+                    ctr = _ctr_config(i, ref)
+                    req = pb.CreateContainerRequest(pod_sandbox_id=sid, config=ctr, sandbox_config=config)
+                    cid = rt.CreateContainer(req, timeout=120).container_id
+                    created = time.monotonic()
+                    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+                    started = time.monotonic()
+                    _wait_line(logs / f"c{i}.log", t0 + 60)
+                    cri.add(t0, created, started, time.monotonic())
+                    if i < runs - 1:
+                        rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=120)
+                    last = cid
+
+                def agent_run(i: int) -> None:
+                    cid = f"bench{i}"
+                    t0 = time.monotonic()
+                    agent.create(cid, lower=lower, spec=spec)
+                    created = time.monotonic()
+                    agent.start(cid)
+                    started = time.monotonic()
+                    while b"\n" not in agent.log_read(cid, 0, 65536, 60).data:
+                        if time.monotonic() > t0 + 60:
+                            raise SystemExit(f"no log line from {cid}")
+                    base.add(t0, created, started, time.monotonic())
+                    if i < runs - 1:
+                        agent.delete(cid)
+
+                for i in range(runs):
+                    for run in (cri_run, agent_run) if i % 2 else (agent_run, cri_run):
+                        run(i)
+                idle_rss = int(str(agent.request("stats", {"id": ""}, 30).get("agent_rss_bytes", 0)))
+                for i in range(exec_runs):
+                    for which in ("cri", "agent") if i % 2 else ("agent", "cri"):
+                        t0 = time.monotonic()
+                        if which == "cri":
+                            req = pb.ExecSyncRequest(container_id=last, cmd=["true"], timeout=30)
+                            rt.ExecSync(req, timeout=60)
+                            cri.exec.append(time.monotonic() - t0)
+                        else:
+                            agent.exec(f"bench{runs - 1}", ["true"], timeout_s=30)
+                            base.exec.append(time.monotonic() - t0)
+                busy_rss = int(str(agent.request("stats", {"id": ""}, 30).get("agent_rss_bytes", 0)))
             rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
             rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
     finally:
         registry.stop()
-    return {"start": start_s, "exec": exec_s}
+    return {"cri": cri, "agent": base, "idle_rss": idle_rss, "busy_rss": busy_rss, "guest": guest}
+
+
+@contextmanager
+def _direct_agent(tmp: Path, guest: DirectGuest) -> Iterator[tuple[AgentClient, Path, str]]:
+    """A bare QEMU of ``guest`` (confined as it says) with a shared directory and an EROFS disk of
+    the busybox tree; yields its agent, the shared directory and the agent's ``lower`` for the disk."""
+    shared = tmp / "shared"
+    shared.mkdir(parents=True)
+    _rootfs_tree(tmp / "rootfs", data=False)
+    _disk("erofs", tmp / "rootfs", tmp / "rootfs.img")
+    sock = str(tmp / "agent.sock")
+    argv = qemu_argv(guest, sock, shared_dir=str(shared), disks=[(str(tmp / "rootfs.img"), "benchrootfs")])
+    with confined(guest) as confine:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=confine
+        )
+        try:
+            with AgentClient.open(sock, 120) as agent:
+                yield agent, shared, "disks/benchrootfs"
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 def _timings(*qs: int) -> dict[str, Any]:
@@ -225,10 +323,20 @@ SHAPE: dict[str, Any] = {
     "image_dir": smoke.TEXT,
     "runs": smoke.COUNT,
     "exec_runs": smoke.COUNT,
+    "load_avg_1m": smoke.NON_NEGATIVE,
+    "agent_baseline_guest": {
+        "vcpus": smoke.COUNT,
+        "host_cpus": smoke.Each(smoke.NON_NEGATIVE),
+        "hugepages": smoke.BOOL,
+    },
     "create_start_first_log_line": {
         "cri": _timings(50, 95),
         "agent_baseline": _timings(50, 95),
         "ratio_p50": smoke.POSITIVE,
+        "split_p50_ms": {
+            "cri": {"create": smoke.POSITIVE, "start": smoke.POSITIVE, "first_line": smoke.POSITIVE},
+            "agent_baseline": {"create": smoke.POSITIVE, "start": smoke.POSITIVE, "first_line": smoke.POSITIVE},
+        },
     },
     "exec_sync_round_trip": {"cri": _timings(50, 99), "agent_baseline": _timings(50, 99), "ratio_p50": smoke.POSITIVE},
     "agent_rss_mib": {"idle": smoke.POSITIVE, "with_containers": smoke.POSITIVE},
@@ -292,37 +400,43 @@ def main() -> int:
         parser.error("--runs and --exec-runs must be at least 1")
     smoke.require(smoke.missing_guest_host(), smoke.missing_image_tools(), smoke.missing_tools("qemu-system-x86_64"))
     with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-ctr-") as tmp:
-        (Path(tmp) / "agent").mkdir()
-        (Path(tmp) / "cri").mkdir()
-        (Path(tmp) / "cri" / "shim").mkdir()
-        base = agent_path(Path(tmp) / "agent", args.runs, args.exec_runs, design=BASELINE_DESIGN)
-        cri = cri_path(Path(tmp) / "cri", args.runs, args.exec_runs)
+        (Path(tmp) / "pair" / "shim").mkdir(parents=True)
+        got = paired(Path(tmp) / "pair", args.runs, args.exec_runs)
         per_design = {}
         for name, image_dir in designs:
             (Path(tmp) / name).mkdir()
-            got = agent_path(Path(tmp) / name, args.design_runs, 3, design=name, image_dir=image_dir, data=True)
-            per_design[name] = _design_figures(image_dir, got)
-    base_start = base["start"]
-    base_exec = base["exec"]
-    assert isinstance(base_start, list) and isinstance(base_exec, list)
+            figures = agent_path(Path(tmp) / name, args.design_runs, 3, design=name, image_dir=image_dir, data=True)
+            per_design[name] = _design_figures(image_dir, figures)
+    cri, base, guest = got["cri"], got["agent"], got["guest"]
+
+    def split(path: _Split) -> dict[str, float]:
+        return {k: round(percentile(v, 50) * 1000, 1) for k, v in path.parts.items()}
+
     result = {
         "benchmark": "container_start",
         "image_dir": IMAGE_DIR,
         "runs": args.runs,
         "exec_runs": args.exec_runs,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "agent_baseline_guest": {
+            "vcpus": guest.vcpus,
+            "host_cpus": list(guest.host_cpus),
+            "hugepages": guest.hugepages_dir is not None,
+        },
         "create_start_first_log_line": {
-            "cri": _stats(cri["start"], 50, 95),
-            "agent_baseline": _stats(base_start, 50, 95),
-            "ratio_p50": round(percentile(cri["start"], 50) / percentile(base_start, 50), 3),
+            "cri": _stats(cri.total, 50, 95),
+            "agent_baseline": _stats(base.total, 50, 95),
+            "ratio_p50": round(percentile(cri.total, 50) / percentile(base.total, 50), 3),
+            "split_p50_ms": {"cri": split(cri), "agent_baseline": split(base)},
         },
         "exec_sync_round_trip": {
-            "cri": _stats(cri["exec"], 50, 99),
-            "agent_baseline": _stats(base_exec, 50, 99),
-            "ratio_p50": round(percentile(cri["exec"], 50) / percentile(base_exec, 50), 3),
+            "cri": _stats(cri.exec, 50, 99),
+            "agent_baseline": _stats(base.exec, 50, 99),
+            "ratio_p50": round(percentile(cri.exec, 50) / percentile(base.exec, 50), 3),
         },
         "agent_rss_mib": {
-            "idle": round(int(str(base["idle_rss"])) / (1 << 20), 1),
-            "with_containers": round(int(str(base["busy_rss"])) / (1 << 20), 1),
+            "idle": round(int(str(got["idle_rss"])) / (1 << 20), 1),
+            "with_containers": round(int(str(got["busy_rss"])) / (1 << 20), 1),
         },
         "rootfs_designs": per_design,
     }

@@ -13,7 +13,8 @@ what libvirt 9.0 generates for our q35 domain (vmsandbox/domain_xml.py) where it
   on, no default devices, no USB, the virtio-serial controller behind a ``pcie-root-port`` and
   port ``io.vmsandbox.agent.0`` on a unix socket, a serial console on ttyS0 going to a file, no
   memory balloon, vCPUs/memory, kernel/initrd/cmdline; guest RAM from hugetlbfs, preallocated
-  (libvirt's ``<hugepages>``); the process confined to the guest's host CPUs;
+  (libvirt's ``<hugepages>``); the process confined to the guest's host CPUs; 9p shares with the
+  domain's security model (``mapped``: QEMU's ``mapped-xattr``, files 0600, directories 0700);
 - different: no ``-S`` + QMP ``cont`` handshake, no QMP monitor, no seccomp sandbox, no per-thread
   vCPU/emulator pinning, no per-domain cgroups (``cgroup_parent`` puts QEMU beside libvirt's
   guests), no mount namespace or security labels, no virtlogd.
@@ -23,6 +24,7 @@ what libvirt 9.0 generates for our q35 domain (vmsandbox/domain_xml.py) where it
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -30,7 +32,8 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,7 @@ class DirectGuest:
     # machine partition, so the baseline competes for CPU from where libvirt's guests do
     cgroup_parent: str | None = None
     shares: tuple[tuple[str, str, bool], ...] = ()  # virtio-9p exports: (host directory, tag, read-only)
+    share_model: str = "passthrough"  # their 9p security model (libvirt's accessmode)
 
     @classmethod
     def from_image(cls, image_dir: str | os.PathLike[str], *, extra_cmdline: str = "", **kw: Any) -> DirectGuest:
@@ -102,6 +106,9 @@ class DirectGuest:
             shares=tuple(
                 (fs.find("source").get("dir", ""), fs.find("target").get("dir", ""), fs.find("readonly") is not None)  # type: ignore[union-attr]
                 for fs in root.iterfind("devices/filesystem")
+            ),
+            share_model=next(
+                (fs.get("accessmode", "passthrough") for fs in root.iterfind("devices/filesystem")), "passthrough"
             ),
         )
 
@@ -151,10 +158,13 @@ def qemu_argv(
         argv += ["-device", "virtio-serial-pci,id=virtio-serial0"]
     argv += ["-device", f"virtserialport,bus=virtio-serial0.0,nr=1,chardev=agent,name={CHANNEL_NAME}"]
     shares = [*guest.shares, *([(shared_dir, SHARED_TAG, False)] if shared_dir else [])]
-    for i, (path, tag, readonly) in enumerate(shares):  # as libvirt's <filesystem accessmode='passthrough'>
+    for i, (path, tag, readonly) in enumerate(shares):  # as libvirt's <filesystem accessmode=...>
         ro = ",readonly=on" if readonly else ""
+        model = guest.share_model
+        if model == "mapped":  # libvirt's mapped share: mapped-xattr, files 0600 and directories 0700
+            model = "mapped-xattr,fmode=0600,dmode=0700"
         argv += [
-            "-fsdev", f"local,id=fsdev{i},path={path},security_model=passthrough,multidevs=remap{ro}",
+            "-fsdev", f"local,id=fsdev{i},path={path},security_model={model},multidevs=remap{ro}",
             "-device", f"virtio-9p-pci,id=fs{i},fsdev=fsdev{i},mount_tag={tag}",
         ]  # fmt: skip
     for i, (path, serial) in enumerate(disks):
@@ -184,20 +194,7 @@ def boot_direct(guest: DirectGuest, *, timeout_s: float = 60.0) -> DirectBoot:
                 os.makedirs(os.path.join(path, "containers"))
             shares.append((path, tag, readonly))
         argv = qemu_argv(replace(guest, shares=tuple(shares)), sock, console_path=console)
-        cpus = set(guest.host_cpus)
-        cgroup = None
-        if guest.cgroup_parent:
-            cgroup = Path(guest.cgroup_parent) / f"vmsandbox-direct-{os.getpid()}"
-            cgroup.mkdir(exist_ok=True)
-        procs = cgroup / ("cgroup.procs" if (cgroup / "cgroup.procs").exists() else "tasks") if cgroup else None
-
-        def confine() -> None:  # in the child, before exec
-            if procs is not None:
-                procs.write_text(str(os.getpid()))
-            if cpus:
-                os.sched_setaffinity(0, cpus)
-
-        with open(os.path.join(tmp, "qemu.stderr"), "w+b") as err:
+        with open(os.path.join(tmp, "qemu.stderr"), "w+b") as err, confined(guest) as confine:
             start = time.monotonic()
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=confine
@@ -216,8 +213,33 @@ def boot_direct(guest: DirectGuest, *, timeout_s: float = 60.0) -> DirectBoot:
             finally:
                 proc.kill()
                 proc.wait()
-                if cgroup is not None:
-                    cgroup.rmdir()
+
+
+@contextmanager
+def confined(guest: DirectGuest) -> Iterator[Callable[[], None]]:
+    """A ``preexec_fn`` that puts a QEMU where the guest says: its host CPUs, and a cgroup of its
+    own below ``cgroup_parent``, which goes when the block ends (the QEMU must be gone by then)."""
+    cpus = set(guest.host_cpus)
+    cgroup = None
+    if guest.cgroup_parent:
+        cgroup = Path(guest.cgroup_parent) / f"vmsandbox-direct-{os.getpid()}-{next(_CGROUPS)}"
+        cgroup.mkdir(exist_ok=True)
+    procs = cgroup / ("cgroup.procs" if (cgroup / "cgroup.procs").exists() else "tasks") if cgroup else None
+
+    def confine() -> None:  # in the child, before exec
+        if procs is not None:
+            procs.write_text(str(os.getpid()))
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    try:
+        yield confine
+    finally:
+        if cgroup is not None:
+            cgroup.rmdir()
+
+
+_CGROUPS = itertools.count()
 
 
 def qemu_memory_kib(pid: int) -> dict[str, int]:

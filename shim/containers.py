@@ -3,8 +3,9 @@ host — the hold on each container's image and the image's read-only disk in th
 (hot-plugged when the pod's first container of that image is created), the agent connection of
 each guest, each container's place and volume binds in the pod's share (the directory itself is
 ``shim.sandbox_dirs``'), the copy of each container's log from its guest agent to the kubelet's
-``log_directory/log_path`` (through ``shim.log_copy``), and the pod's ``resolv.conf`` and
-``hostname`` files its containers share.
+``log_directory/log_path`` (through ``shim.log_copy``), the pod's ``resolv.conf`` and
+``hostname`` files its containers share, and which volumes follow the host's later mounts below
+their sources (through ``shim.mount_follow``).
 
 Container records (admission, names, state) are kept by ``shim.sandboxes``; this owner moves them
 through their life: created in the guest, running, exited (exit code, reason, times), removed.
@@ -38,6 +39,7 @@ from shim.model import (
     MountRequest,
     SandboxRecord,
 )
+from shim.mount_follow import MountFollower
 from shim.sandboxes import Sandboxes
 from vmsandbox import hugetlbfs, oci_spec, validation
 from vmsandbox.adapters import binds, shared_tree
@@ -192,6 +194,7 @@ class Containers:
         self._disk_locks: dict[str, threading.Lock] = {}  # per sandbox: one image-disk change at a time
         # (sandbox, serial): creates in flight with that disk, and containers created with it by this process
         self._disk_users: dict[tuple[str, str], int] = {}
+        self.follow = MountFollower()
 
     def _attach_image(self, sandbox_id: str, held: HeldImage) -> tuple[str, bool]:
         """Hot-plugs an image's read-only disk into the sandbox's guest unless it has it already, so
@@ -288,6 +291,7 @@ class Containers:
         of the share, and a bind moves with its parent, out of the container's own directory; so
         every mount in the share is detached except those in the places of the pod's other
         containers that may still use theirs."""
+        self.follow.forget(sandbox_id, container_id)
         pid = self._qemu_pid(sandbox_id)
         if pid is None:
             return
@@ -303,8 +307,9 @@ class Containers:
         self._unbind_container(sandbox_id, container_id)
         self.dirs.drop_container(sandbox_id, container_id)
 
-    def _forget_disks(self, sandbox_id: str) -> None:
-        """A removed sandbox's disk bookkeeping goes with it (its QEMU, and the disks, are gone)."""
+    def _forget_sandbox(self, sandbox_id: str) -> None:
+        """A removed sandbox's disk bookkeeping and mount watches go with it (its QEMU is gone)."""
+        self.follow.forget(sandbox_id)
         with self._lock:
             self._disk_locks.pop(sandbox_id, None)
             for key in [k for k in self._disk_users if k[0] == sandbox_id]:
@@ -556,7 +561,11 @@ class Containers:
 
         Read-only is the host's bind: in the guest a volume and the host mounts below it are one 9p
         file system, so a read-only mount there would also cover those (the CRI's non-recursive
-        read-only leaves them writable). A recursive one is read-only on both sides."""
+        read-only leaves them writable). A recursive one is read-only on both sides.
+
+        A HostToContainer or Bidirectional volume of an unprivileged QEMU is bound private, and the
+        host's later mounts below its source are copied in idmapped by ``self.follow``: propagated
+        by the kernel, they would arrive without the mapping."""
         self.check_mounts(mounts)
         out = []
         mountinfo = Path("/proc/self/mountinfo").read_text()
@@ -579,7 +588,24 @@ class Containers:
             shared_tree.make_empty(shared, rel, is_dir=real.is_dir())
             if qemu is None:
                 raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
-            binds.bind(qemu, real, shared / rel, readonly, m.recursive, m.propagation, beneath=shared, root_as=qemu_uid)
+            if m.propagation != "private" and qemu_uid:  # later host mounts below it: mount_follow.py
+                known = self.follow.snapshot(str(real))
+                binds.bind(qemu, real, shared / rel, readonly, m.recursive, "private", beneath=shared, root_as=qemu_uid)
+                self.follow.watch(
+                    sandbox_id,
+                    container_id,
+                    i,
+                    qemu_pid=qemu,
+                    source=str(real),
+                    bound=shared / rel,
+                    beneath=shared,
+                    root_as=qemu_uid,
+                    known=known,
+                )
+            else:
+                binds.bind(
+                    qemu, real, shared / rel, readonly, m.recursive, m.propagation, beneath=shared, root_as=qemu_uid
+                )
             out.append(
                 oci_spec.Mount(
                     destination=container_path,
@@ -799,6 +825,7 @@ class Containers:
     def sandbox_stopped(self, sandbox_id: str) -> None:
         """The sandbox's guest is gone (StopPodSandbox): stop copying its logs, drop its connection.
         Image holds stay until its containers (or the sandbox) are removed."""
+        self.follow.forget(sandbox_id)
         self.logs.stop(*(c.id for c in self.sandboxes.containers(sandbox_id)))
         self._drop_client(sandbox_id)
 
@@ -813,7 +840,7 @@ class Containers:
                 self.images.release(c.image_id)
         self._drop_client(sandbox_id)
         self.dirs.drop(sandbox_id)
-        self._forget_disks(sandbox_id)
+        self._forget_sandbox(sandbox_id)
 
     def reopen_log(self, container_id: str) -> None:
         c = self.sandboxes.container(container_id)
@@ -827,6 +854,7 @@ class Containers:
             raise WrongState(f"container {container_id[:12]} is not running: nothing to exec into")
         if not argv:
             raise InvalidArgument("ExecSync: cmd is empty")
+        self.follow.catch_up(c.sandbox_id)  # what the host mounted below its volumes until now is there
         res = self._call(c.sandbox_id, "exec", c.id, argv, timeout_s=timeout_s, max_bytes=max_bytes)
         assert isinstance(res, ExecResult)
         return res
@@ -837,6 +865,7 @@ class Containers:
         c = self.sandboxes.container(container_id)
         if c.state != CONTAINER_RUNNING:
             raise WrongState(f"container {container_id[:12]} is not running: nothing to exec into")
+        self.follow.catch_up(c.sandbox_id)
         client = self._client(c.sandbox_id)
         try:
             proc = client.proc_start(c.id, argv, tty=tty, stdin=stdin)
@@ -916,6 +945,7 @@ class Containers:
             self._call(c.sandbox_id, "update", c.id, files)
 
     def close(self) -> None:
+        self.follow.close()
         self.logs.close()
         with self._lock:
             clients = list(self._clients.values())

@@ -6,6 +6,8 @@ escapes (proc(5)).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 def unescape(field: str) -> str:
     """A mountinfo path field as the path it names."""
@@ -26,3 +28,30 @@ def points_under(mountinfo: str, root: str) -> list[str]:
         if point == root or point.startswith(root.rstrip("/") + "/"):
             found.append(point)
     return sorted(found, key=lambda p: (p.count("/"), p), reverse=True)
+
+
+def mounts_below(mountinfo: str, root: str) -> dict[int, str]:
+    """The mounts at or below ``root`` in ``mountinfo``: mount id (the first field) -> mount point,
+    in the file's order (the order they were attached in). A mount made again at the same point
+    has a new id."""
+    found = {}
+    prefix = root.rstrip("/") + "/"
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) < 5 or not fields[0].isdigit():
+            continue
+        point = unescape(fields[4])
+        if point == root or point.startswith(prefix):
+            found[int(fields[0])] = point
+    return found
+
+
+def mount_changes(
+    known: Mapping[int, str], now: Mapping[int, str]
+) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """(mounts in ``now`` not in ``known``, shallowest first, else in ``now``'s order; mounts of
+    ``known`` gone from ``now``, deepest first, else last first): the order to make them again
+    and to undo them in. A mount moved elsewhere (same id, another point) is both."""
+    added = sorted(((i, p) for i, p in now.items() if known.get(i) != p), key=lambda m: m[1].count("/"))
+    gone = sorted(((i, p) for i, p in known.items() if now.get(i) != p), key=lambda m: m[1].count("/"))
+    return added, gone[::-1]

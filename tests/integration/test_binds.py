@@ -159,3 +159,29 @@ def test_bind_never_mounts_onto_what_a_guest_put_in_place_of_the_target(tmp_path
     for place in (elsewhere, tmp_path / "mounts" / "0"):
         assert inside(qemu, f"cat {place}/secret").returncode != 0
     assert binds.mounts_under(tmp_path, inside(qemu, "cat /proc/self/mountinfo").stdout) == []
+
+
+def test_a_mount_copied_into_a_bind_never_lands_on_what_a_guest_put_there(tmp_path: Path, qemu: int) -> None:
+    """``bind_below`` resolves its place inside the volume without a symlink or ``..``: a volume
+    directory the guest swapped for a symlink to a host path gets nothing mounted, anywhere."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "evil").symlink_to("/etc")
+    (tmp_path / "later").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0700", "none", str(tmp_path / "later")], check=True)
+    try:
+        shared = tmp_path / "shared"
+        target = shared / "mounts" / "0"
+        target.mkdir(parents=True)
+        binds.bind(qemu, volume, target, readonly=False, beneath=shared, root_as=2_000_000_321)
+        before = Path(f"/proc/{qemu}/mountinfo").read_text().count("\n")
+        for rel in ("evil", "../../..", "missing"):
+            with pytest.raises(InfrastructureError, match=r"guest may have changed the target|neither a directory"):
+                binds.bind_below(qemu, tmp_path / "later", target, rel, beneath=shared, root_as=2_000_000_321)
+        assert Path(f"/proc/{qemu}/mountinfo").read_text().count("\n") == before
+        binds.bind_below(qemu, tmp_path / "later", target, ".", beneath=shared, root_as=2_000_000_321)
+        assert inside(qemu, f"stat -c %u {target}").stdout.strip() == "2000000321"
+        binds.unbind_below(qemu, target, ".", beneath=shared)
+        assert Path(f"/proc/{qemu}/mountinfo").read_text().count("\n") == before
+    finally:
+        subprocess.run(["umount", str(tmp_path / "later")], check=True)

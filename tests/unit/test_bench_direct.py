@@ -54,3 +54,14 @@ def test_the_baseline_exports_the_domains_9p_shares_and_its_image_disks() -> Non
     assert "mount_tag=vmsandbox.shared" in argv
     assert "driver=file,filename=/images/disks/ab.erofs,node-name=disk0,read-only=on" in argv
     assert "virtio-blk-pci,drive=disk0,serial=ab12" in argv
+
+
+def test_the_baseline_shares_with_the_domains_9p_security_model() -> None:
+    """A pod's share is libvirt's ``mapped`` one (files 0600, directories 0700 on the host); the
+    baseline's guest reads its share through the same model."""
+    guest = DirectGuest.from_domain_xml((GOLDEN / "shared-4k-tcg.xml").read_text())
+    assert guest.share_model == "mapped"
+    argv = " ".join(qemu_argv(guest, "/tmp/agent.sock", shared_dir="/tmp/shared"))
+    assert "path=/tmp/shared,security_model=mapped-xattr,fmode=0600,dmode=0700,multidevs=remap" in argv
+    plain = " ".join(qemu_argv(DirectGuest("k", "i", "", 1, 256), "/tmp/agent.sock", shared_dir="/tmp/shared"))
+    assert "path=/tmp/shared,security_model=passthrough,multidevs=remap" in plain

@@ -11,7 +11,9 @@ for the guest (recursively when asked). QEMU runs as an unprivileged uid of its 
 *idmapped* (``mount_setattr`` with ``MOUNT_ATTR_IDMAP``, Linux 5.12+, and a file system that allows
 it): through it, files the host's root owns are QEMU's, and what QEMU creates is root's on the host
 (under 9p's ``mapped`` model always a plain 0600 file or 0700 directory); files of other owners are
-reached only through their "other" permission bits. Nothing is mounted in the host's namespace: the kubelet
+reached only through their "other" permission bits. ``bind_below`` copies one later host mount
+into such a bind, idmapped alike (``shim/mount_follow.py``: the kernel's propagation would bring
+it without the mapping). Nothing is mounted in the host's namespace: the kubelet
 can unmount and delete its volume directories while a container still has them (the copy in
 QEMU's namespace is detached lazily, as for any container runtime's namespace), deleting a
 sandbox's directory can never reach through a bind, and the namespace, with its binds, goes when
@@ -148,6 +150,62 @@ def _user_namespace(root_as: int) -> int:
         proc.wait()
 
 
+_IDMAPS_KEPT = 64
+"""User namespaces kept open for idmapping, at most (the least recently made go first)."""
+_idmaps: dict[int, int] = {}
+_idmaps_lock = threading.Lock()
+
+
+def _idmap(root_as: int) -> int:
+    """The user namespace of ``root_as`` (``_user_namespace``), made once and kept open (it says
+    nothing but "host root is ``root_as``", so it serves every bind for that uid): no process is
+    made per bind. Used under ``_idmaps_lock``, so a namespace closed to make room is not in use."""
+    fd = _idmaps.get(root_as)
+    if fd is None:
+        if len(_idmaps) >= _IDMAPS_KEPT:
+            os.close(_idmaps.pop(next(iter(_idmaps))))
+        fd = _idmaps[root_as] = _user_namespace(root_as)
+    return fd
+
+
+def _clone(
+    src: str, what: str, *, subtree: bool, propagation: str, readonly: bool, recursive: bool, root_as: int
+) -> int:
+    """A detached copy of the mount at ``src`` (with ``subtree``, and the mounts below it), with
+    its propagation, read-only and idmapping attributes set; the caller closes it."""
+    flags = OPEN_TREE_CLONE | O_CLOEXEC | (AT_RECURSIVE if subtree else 0)
+    tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, src.encode(), flags), what)
+    try:
+        if PROPAGATION[propagation] != MS_SHARED:  # a clone is a peer of a shared source already
+            _setattr(tree, _MountAttr(propagation=PROPAGATION[propagation]), True, f"{what}: {propagation}")
+        if readonly:
+            _setattr(tree, _MountAttr(attr_set=MOUNT_ATTR_RDONLY), recursive, f"{what}: make it read-only")
+        if root_as:
+            with _idmaps_lock:
+                attr = _MountAttr(attr_set=MOUNT_ATTR_IDMAP, userns_fd=_idmap(root_as))
+                _setattr(tree, attr, True, f"{what}: map host root to uid {root_as}")
+    except BaseException:
+        os.close(tree)
+        raise
+    return tree
+
+
+def _move_onto(tree: int, fd: int, what: str) -> None:
+    """Attach detached mount ``tree`` onto the directory or regular file open as ``fd``."""
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        raise InfrastructureError(f"{what}: the target is neither a directory nor a regular file")
+    flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH
+    _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", fd, b"", flags), what)
+
+
+def _relative(target: str, beneath: str, what: str) -> str:
+    rel = os.path.relpath(os.path.abspath(target), os.path.abspath(beneath))
+    if rel.startswith("..") or os.path.isabs(rel):
+        raise InfrastructureError(f"{what}: the target is not below {beneath}")
+    return rel
+
+
 def bind(
     qemu_pid: int,
     source: str | os.PathLike[str],
@@ -168,24 +226,12 @@ def bind(
     or a peer of the source. ``root_as`` (QEMU's uid): the bind, and every mount below it, is
     idmapped so that files of the host's root are that uid's (see the module docstring)."""
     src, dst = os.fspath(source), os.fspath(target)
-    rel = os.path.relpath(os.path.abspath(dst), os.path.abspath(beneath))
-    if rel.startswith("..") or os.path.isabs(rel):
-        raise InfrastructureError(f"bind {src} onto {dst}: the target is not below {os.fspath(beneath)}")
     what = f"bind {src} onto {dst}"
-    flags = OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE
-    tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, src.encode(), flags), what)
+    rel = _relative(dst, os.fspath(beneath), what)
+    tree = _clone(
+        src, what, subtree=True, propagation=propagation, readonly=readonly, recursive=recursive, root_as=root_as
+    )
     try:
-        if PROPAGATION[propagation] != MS_SHARED:  # a clone is a peer of a shared source already
-            _setattr(tree, _MountAttr(propagation=PROPAGATION[propagation]), True, f"{what}: {propagation}")
-        if readonly:
-            _setattr(tree, _MountAttr(attr_set=MOUNT_ATTR_RDONLY), recursive, f"{what}: make it read-only")
-        if root_as:
-            userns = _user_namespace(root_as)
-            try:
-                attr = _MountAttr(attr_set=MOUNT_ATTR_IDMAP, userns_fd=userns)
-                _setattr(tree, attr, True, f"{what}: map host root to uid {root_as}")
-            finally:
-                os.close(userns)
 
         def attach() -> None:
             try:
@@ -197,17 +243,88 @@ def bind(
             except OSError as exc:
                 raise InfrastructureError(f"{what}: {exc.strerror} (the guest may have changed the target)") from None
             try:
-                mode = os.fstat(fd).st_mode
-                if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-                    raise InfrastructureError(f"{what}: the target is neither a directory nor a regular file")
-                flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH
-                _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", fd, b"", flags), what)
+                _move_onto(tree, fd, what)
             finally:
                 os.close(fd)
 
         _in_namespace(qemu_pid, what, attach)
     finally:
         os.close(tree)
+
+
+def _open_in_bind(beneath: str, bound: str, rel: str, what: str) -> int:
+    """``bound/rel`` (O_PATH) in the current mount namespace, where ``bound`` is the mount point of
+    a bind below ``beneath``: ``bound`` is reached from ``beneath`` without a symlink or a mount
+    crossing, then ``rel`` inside the bind without a symlink or ``..``, crossing only the mounts
+    there (ours: the guest mounts nothing in QEMU's namespace)."""
+    bound_rel = _relative(bound, beneath, what)
+    try:
+        root = os.open(beneath, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            parent = shared_tree.open_beneath(root, os.path.dirname(bound_rel) or ".", O_PATH | os.O_DIRECTORY)
+        finally:
+            os.close(root)
+        try:  # the last step enters the bind
+            top = os.open(os.path.basename(bound_rel), O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        finally:
+            os.close(parent)
+        if rel in ("", "."):
+            return top
+        try:
+            return shared_tree.open_beneath(top, rel, O_PATH | os.O_NOFOLLOW, cross_mounts=True)
+        finally:
+            os.close(top)
+    except OSError as exc:
+        raise InfrastructureError(f"{what}: {exc.strerror} (the guest may have changed the target)") from None
+
+
+def bind_below(
+    qemu_pid: int,
+    point: str | os.PathLike[str],
+    bound: str | os.PathLike[str],
+    rel: str,
+    *,
+    beneath: str | os.PathLike[str],
+    root_as: int,
+) -> None:
+    """Copy the host's mount at ``point`` alone (not those below it), private, idmapped as
+    ``bind`` does, onto ``rel`` inside the bind whose mount point in QEMU's namespace is
+    ``bound`` (below ``beneath``): a mount the host made below a volume's source after it was
+    bound reaches the guest as the bind's own files do."""
+    src = os.fspath(point)
+    what = f"bind {src} onto {os.fspath(bound)}/{rel}"
+    tree = _clone(src, what, subtree=False, propagation="private", readonly=False, recursive=False, root_as=root_as)
+    try:
+
+        def attach() -> None:
+            fd = _open_in_bind(os.fspath(beneath), os.fspath(bound), rel, what)
+            try:
+                _move_onto(tree, fd, what)
+            finally:
+                os.close(fd)
+
+        _in_namespace(qemu_pid, what, attach)
+    finally:
+        os.close(tree)
+
+
+def unbind_below(qemu_pid: int, bound: str | os.PathLike[str], rel: str, *, beneath: str | os.PathLike[str]) -> None:
+    """Detach the topmost mount at ``rel`` inside the bind at ``bound`` (``bind_below``'s) in
+    QEMU's namespace, with what is below it; nothing to do when QEMU or the place is gone."""
+    what = f"unmount {os.fspath(bound)}/{rel}"
+
+    def detach() -> None:
+        try:
+            fd = _open_in_bind(os.fspath(beneath), os.fspath(bound), rel, what)
+        except InfrastructureError:
+            return  # the bind or the place in it is gone (the guest renamed it: it goes with the bind)
+        try:  # the descriptor's own mount, whatever the path now names
+            _libc.umount2(f"/proc/thread-self/fd/{fd}".encode(), MNT_DETACH)
+        finally:
+            os.close(fd)
+
+    if os.path.exists(f"/proc/{qemu_pid}/ns/mnt"):
+        _in_namespace(qemu_pid, what, detach)
 
 
 def unbind_all(qemu_pid: int, path: str | os.PathLike[str], keep: Iterable[str | os.PathLike[str]] = ()) -> None:

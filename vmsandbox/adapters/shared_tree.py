@@ -47,9 +47,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 
-def open_beneath(dir_fd: int, rel: str, flags: int = _DIR_FLAGS) -> int:
-    """``rel`` below ``dir_fd``, resolved without symlinks, ``..`` above it or mount crossings."""
-    how = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE)
+def open_beneath(dir_fd: int, rel: str, flags: int = _DIR_FLAGS, *, cross_mounts: bool = False) -> int:
+    """``rel`` below ``dir_fd``, resolved without symlinks, ``..`` above it or (unless
+    ``cross_mounts``) mount crossings."""
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE & ~_RESOLVE_NO_XDEV if cross_mounts else _RESOLVE)
     fd = _libc.syscall(_SYS_OPENAT2, dir_fd, (rel or ".").encode(), ctypes.byref(how), ctypes.sizeof(how))
     if fd < 0:
         err = ctypes.get_errno()
