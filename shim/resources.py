@@ -106,26 +106,16 @@ class ResourceManager:
         )
 
     def reserve(
-        self,
-        sandbox_id: str,
-        shape: VmShape,
-        profile: Profile,
-        devices: DeviceRequest = NO_DEVICES,
-        *,
-        spare: int = 0,
+        self, sandbox_id: str, shape: VmShape, profile: Profile, devices: DeviceRequest = NO_DEVICES
     ) -> Placement:
         """Place the VM and hold what it needs for ``sandbox_id``, atomically: the ledger records the
-        claim (one transaction) before the free state changes. ``CannotFit`` when it does not fit,
-        or when ``spare`` more VMs of the shape would not fit beside it (work that can wait, such
-        as making a snapshot, gives way to pods that way)."""
+        claim (one transaction) before the free state changes. ``CannotFit`` when it does not fit."""
         if self._ledger is None:
             raise RuntimeError("this ResourceManager is read-only (opened without a ledger)")
         with self._lock:
             for attempt in range(ATTEMPTS):
                 placement = self._decide(shape, profile, devices)
                 claim = placement.claim
-                if spare:
-                    self._check_spare(claim, shape, profile, devices, spare)
                 try:
                     self._ledger.claim(
                         sandbox_id,
@@ -143,23 +133,6 @@ class ResourceManager:
                 self._held[sandbox_id] = self._held[sandbox_id] + claim if sandbox_id in self._held else claim
                 return placement
         raise CannotFit(f"host resources are changing under us; no consistent placement after {ATTEMPTS} attempts")
-
-    def _check_spare(self, claim: Claim, shape: VmShape, profile: Profile, devices: DeviceRequest, n: int) -> None:
-        after = FreeState.from_claims(self.pools, [*self._held.values(), claim])
-        for _ in range(n):
-            try:
-                nxt = decide(
-                    shape,
-                    self.pools,
-                    after,
-                    policy=profile.numa_policy,
-                    emulator=profile.emulator,
-                    devices=devices,
-                    packing=self.packing,
-                )
-            except CannotFit as exc:
-                raise CannotFit(f"another VM of this shape would not fit beside it: {exc}") from None
-            after.take_claim(nxt.claim)
 
     def release(self, sandbox_id: str) -> int:
         """Free everything ``sandbox_id`` holds (ledger first, then the free state); the number of

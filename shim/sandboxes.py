@@ -546,10 +546,9 @@ class Sandboxes:
             self._in_flight.add(key)
             try:
                 try:
-                    # only while a pod of the shape still fits beside it: pods come first
-                    placement = self.resources.reserve(key, shape, profile, spare=1)
+                    placement = self.resources.reserve(key, shape, profile)
                 except VmSandboxError as exc:
-                    log.info("snapshot %s not made now (the next pod of its shape tries again): %s", key[:12], exc)
+                    log.info("snapshot %s not made now: %s", key[:12], exc)
                     return
                 try:
                     with self._snapshot_uid(key) as uid:

@@ -327,27 +327,3 @@ def test_packing_chooses_the_node(packing: Packing, node: int) -> None:
     pools = host_pools(TWO_NODES, range(8), budgets={(n, P2M): HugepageBudget(n, P2M, 100, 100) for n in (0, 1)})
     state = FreeState.from_claims(pools, [Claim(cpus=(4,), pages=((1, P2M, 40),))])
     assert decide(shape(1, 32 * MI), pools, state, packing=packing).nodes == (node,)
-
-
-def test_a_reservation_with_spare_leaves_room_for_that_many_more(ledger: Ledger) -> None:
-    """Work that can wait (a snapshot) claims only while a pod of its shape still fits beside it."""
-    manager = ResourceManager.open(TWO_SOCKET_CONFIG, TWO_SOCKET, ledger)
-    size = shape(8, 512 * MI)
-    n = 0
-    while True:  # fill the host until two more of the shape fit, but not three
-        try:
-            manager.reserve("probe", size, PROFILE, spare=2)
-        except CannotFit:
-            break
-        manager.release("probe")
-        manager.reserve(f"pod-{n}", size, PROFILE)
-        n += 1
-    assert n > 0
-    before = manager.snapshot()
-    with pytest.raises(CannotFit, match="another VM of this shape would not fit beside it"):
-        manager.reserve("snapshot", size, PROFILE, spare=2)
-    assert manager.snapshot() == before and "snapshot" not in ledger.held()  # refused: nothing held
-    manager.reserve("snapshot", size, PROFILE, spare=1)
-    manager.reserve("pod-last", size, PROFILE)  # the pod it left room for
-    with pytest.raises(CannotFit):
-        manager.reserve("one-too-many", size, PROFILE)
