@@ -97,6 +97,8 @@ from vmsandbox.snapshot import PLACEHOLDER_MAC, restore_domain, restore_refusal,
 log = logging.getLogger(__name__)
 _CONSOLE_TAIL_BYTES = 16 * 1024
 _CONSOLE_LINE_CHARS = 300
+_GIVE_WAY_S = 15.0
+"""How long a RunPodSandbox that does not fit waits for a snapshot being made to give its claim up."""
 
 LOST_EXIT_CODE = 255
 LOST_REASON = "Unknown"
@@ -210,7 +212,13 @@ class Sandboxes:
         logs.bind(sandbox_id=sandbox_id)
         name = domain_name(sandbox_id)
         faults.checkpoint("run:before-claim")
-        placement = self.resources.reserve(sandbox_id, shape, profile, devices)
+        try:
+            placement = self.resources.reserve(sandbox_id, shape, profile, devices)
+        except CannotFit:
+            # pods come first: a snapshot being made in the background gives its claim up
+            if not self.snapshots.give_way(_GIVE_WAY_S):
+                raise
+            placement = self.resources.reserve(sandbox_id, shape, profile, devices)
         faults.checkpoint("run:after-claim")
         record = SandboxRecord(
             id=sandbox_id,

@@ -28,7 +28,7 @@ from vmsandbox.adapters.snapshot_store import SnapshotStore, StoredSnapshot
 from vmsandbox.agent_protocol import PERSONALIZE_VERSION, GuestReport, report_from_body
 from vmsandbox.domain import AGENT_CHANNEL, Domain, SharedDir
 from vmsandbox.domain_xml import read_identity, render
-from vmsandbox.errors import InfrastructureError, InternalError, VmSandboxError
+from vmsandbox.errors import InfrastructureError, InternalError, VmSandboxError, WrongState
 from vmsandbox.network import GuestNic
 from vmsandbox.snapshot import (
     SEED_BYTES,
@@ -70,6 +70,8 @@ class Snapshots:
         self._making: set[str] = set()
         self._stopping = False
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a background making ends
+        self._give_way = threading.Event()  # a pod needs what the snapshot being made holds
 
     # -- inputs ---------------------------------------------------------------------------------
     def _host_versions(self) -> tuple[str, str]:
@@ -140,7 +142,10 @@ class Snapshots:
         try:
             log.info("snapshot %s: booting its guest (%s)", key[:12], request.inputs.describe())
             progress(f"booting a {request.inputs.describe()} guest ({domain.name})")
+            self._check_give_way(key)
             self.hypervisor.create_transient(render(domain))
+            # a pod asking between the check above and the start has removed no domain yet
+            self._check_give_way(key)
             faults.checkpoint("snapshot:after-start")
             path = self.hypervisor.channel_path(domain.name, AGENT_CHANNEL)
             with GuestChannel.open(path, boot_timeout_s, f"snapshot {key[:12]}") as channel:
@@ -174,6 +179,25 @@ class Snapshots:
         )
         return stored
 
+    def _check_give_way(self, key: str) -> None:
+        if self._give_way.is_set():
+            raise WrongState(f"snapshot {key[:12]}: given up for a pod that needs its CPUs and pages")
+
+    def give_way(self, timeout_s: float) -> bool:
+        """A pod does not fit while a snapshot is being made in the background: stop making it (its
+        guest removed; the making thread releases its claim as it ends) and wait up to
+        ``timeout_s`` for that. True when a making ended, so the pod may try again; the next pod of
+        that shape makes the snapshot again."""
+        with self._lock:
+            if not self._making:
+                return False
+            self._give_way.set()
+            keys = sorted(self._making)
+        log.info("snapshot %s: giving way to a pod that does not fit beside it", ", ".join(k[:12] for k in keys))
+        self._remove_owned_domains()
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._making, timeout=timeout_s)
+
     def make_in_background(self, key: str, work: Callable[[], object]) -> bool:
         """Run ``work`` (which makes snapshot ``key``) in a thread of its own, unless one is making
         any snapshot already (one at a time: it holds a pod's worth of CPUs and pages). False when
@@ -182,6 +206,7 @@ class Snapshots:
             if self._making or self._stopping:
                 return False
             self._making.add(key)
+            self._give_way.clear()
 
         def run() -> None:
             try:
@@ -191,8 +216,9 @@ class Snapshots:
             except Exception:
                 log.exception("snapshot %s not made", key[:12])
             finally:
-                with self._lock:
+                with self._idle:
                     self._making.discard(key)
+                    self._idle.notify_all()
 
         threading.Thread(target=run, name=f"snapshot-{key[:8]}", daemon=True).start()
         return True

@@ -204,6 +204,36 @@ def test_a_corrupt_snapshot_is_refused_and_the_pod_cold_boots(cni_shim: Shim) ->
     remove(shim, sid)
 
 
+def test_a_snapshot_being_made_gives_way_to_a_pod_that_needs_its_cpu(tmp_path: Path) -> None:
+    """The host hands out two CPUs: a first pod cold-boots and its snapshot's guest takes the other
+    one; a second pod does not fit beside both, so the making stops (its guest removed, its claim
+    released) and the pod boots. Pods come first; the snapshot is made again later."""
+    require_host()
+    shim = start_shim(tmp_path)
+    try:
+        first = run(shim, snap_pod("first"))
+        assert started_by(shim, first)["by"] == "boot"
+        deadline = time.monotonic() + SNAPSHOT_WAIT_S
+        while "booting its guest" not in shim.log_text():
+            assert time.monotonic() < deadline, shim.log_text()[-3000:]
+            time.sleep(0.2)
+        second = run(shim, snap_pod("second"))
+        text = shim.log_text()
+        assert "giving way to a pod that does not fit beside it" in text, text[-3000:]
+        assert started_by(shim, second)["by"] == "boot"
+        conn = libvirt.open(LIBVIRT_URI)
+        try:
+            making = [d.name() for d in conn.listAllDomains() if d.name().startswith("vmsnapshot-")]
+        finally:
+            conn.close()
+        assert making == [], making  # the snapshot's guest is gone, and none fits beside the two pods
+        assert snapshots(shim.state_dir) == []
+        for sid in (first, second):
+            remove(shim, sid)
+    finally:
+        stop_shim(shim)
+
+
 # -- kill -9 during a restore ------------------------------------------------------------------
 RESTORE_POINTS = ("restore:after-define", "restore:after-stage", "restore:after-restore", "restore:after-personalize")
 
