@@ -14,7 +14,7 @@ import libvirt
 import pytest
 
 from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import LIBVIRT_URI, our_domains, pod, require_host, running_shim
+from tests.integration.conftest import LIBVIRT_URI, our_domains, pod, require_host, running_shim, state_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -47,7 +47,7 @@ def test_the_start_up_reconcile_removes_a_leftover_shared_directory(tmp_path: Pa
     # what a shim killed during RunPodSandbox leaves: a sandbox directory no row knows; with no
     # periodic reconcile, only the start-up one can remove it
     require_host()
-    leftover = tmp_path / "state" / "sandboxes" / secrets.token_hex(32)
+    leftover = state_dir(tmp_path) / "sandboxes" / secrets.token_hex(32)  # where the shim's state will be
     (leftover / "shared" / "containers").mkdir(parents=True)
     (leftover / "images").mkdir()
     with running_shim(tmp_path, extra_config={"reconcile_interval_s": 0}, pull_busybox=False):
