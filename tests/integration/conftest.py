@@ -353,3 +353,18 @@ def run_to_exit(
         _, stream, _, text = line.split(" ", 3)
         out.append((stream, text))
     return out
+
+
+@pytest.fixture
+def qemu() -> Iterator[int]:
+    """The pid of a process in a mount namespace of its own, slave to the host's (as libvirt's for
+    QEMU): where the bind tests attach what the shim attaches in a QEMU's namespace."""
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "slave", "sleep", "300"])
+    try:
+        ns = f"/proc/{proc.pid}/ns/mnt"
+        while os.readlink(ns) == os.readlink("/proc/self/ns/mnt"):  # until unshare has run
+            pass
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,20 +19,6 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts need root"),
 ]
-
-
-@pytest.fixture
-def qemu() -> Iterator[int]:
-    """The pid of a process in a mount namespace of its own, slave to the host's."""
-    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "slave", "sleep", "300"])
-    try:
-        ns = f"/proc/{proc.pid}/ns/mnt"
-        while os.readlink(ns) == os.readlink("/proc/self/ns/mnt"):  # until unshare has run
-            pass
-        yield proc.pid
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def inside(pid: int, script: str) -> subprocess.CompletedProcess[str]:

@@ -25,20 +25,6 @@ QEMU_UID = 2_000_000_321
 
 
 @pytest.fixture
-def qemu() -> Iterator[int]:
-    """The pid of a process in a mount namespace of its own, slave to the host's (as libvirt's)."""
-    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "slave", "sleep", "300"])
-    try:
-        ns = f"/proc/{proc.pid}/ns/mnt"
-        while os.readlink(ns) == os.readlink("/proc/self/ns/mnt"):  # until unshare has run
-            pass
-        yield proc.pid
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-@pytest.fixture
 def source(tmp_path: Path) -> Iterator[Path]:
     """A volume source that is an rshared mount of its own (as critest makes it), with a
     directory for a later mount; everything mounted below it is taken away at the end."""
