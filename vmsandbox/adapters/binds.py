@@ -199,6 +199,23 @@ def _move_onto(tree: int, fd: int, what: str) -> None:
     _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", fd, b"", flags), what)
 
 
+def _attach(qemu_pid: int, tree: int, target: Callable[[], int], what: str) -> None:
+    """In QEMU's mount namespace, attach detached mount ``tree`` onto what ``target()`` opens there
+    (O_PATH); both descriptors are closed whatever happens."""
+    try:
+
+        def attach() -> None:
+            fd = target()
+            try:
+                _move_onto(tree, fd, what)
+            finally:
+                os.close(fd)
+
+        _in_namespace(qemu_pid, what, attach)
+    finally:
+        os.close(tree)
+
+
 def _relative(target: str, beneath: str, what: str) -> str:
     rel = os.path.relpath(os.path.abspath(target), os.path.abspath(beneath))
     if rel.startswith("..") or os.path.isabs(rel):
@@ -231,25 +248,18 @@ def bind(
     tree = _clone(
         src, what, subtree=True, propagation=propagation, readonly=readonly, recursive=recursive, root_as=root_as
     )
-    try:
 
-        def attach() -> None:
+    def open_target() -> int:
+        try:
+            root = os.open(beneath, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                root = os.open(beneath, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    fd = shared_tree.open_beneath(root, rel, O_PATH | os.O_NOFOLLOW)
-                finally:
-                    os.close(root)
-            except OSError as exc:
-                raise InfrastructureError(f"{what}: {exc.strerror} (the guest may have changed the target)") from None
-            try:
-                _move_onto(tree, fd, what)
+                return shared_tree.open_beneath(root, rel, O_PATH | os.O_NOFOLLOW)
             finally:
-                os.close(fd)
+                os.close(root)
+        except OSError as exc:
+            raise InfrastructureError(f"{what}: {exc.strerror} (the guest may have changed the target)") from None
 
-        _in_namespace(qemu_pid, what, attach)
-    finally:
-        os.close(tree)
+    _attach(qemu_pid, tree, open_target, what)
 
 
 def _open_in_bind(beneath: str, bound: str, rel: str, what: str) -> int:
@@ -294,18 +304,7 @@ def bind_below(
     src = os.fspath(point)
     what = f"bind {src} onto {os.fspath(bound)}/{rel}"
     tree = _clone(src, what, subtree=False, propagation="private", readonly=False, recursive=False, root_as=root_as)
-    try:
-
-        def attach() -> None:
-            fd = _open_in_bind(os.fspath(beneath), os.fspath(bound), rel, what)
-            try:
-                _move_onto(tree, fd, what)
-            finally:
-                os.close(fd)
-
-        _in_namespace(qemu_pid, what, attach)
-    finally:
-        os.close(tree)
+    _attach(qemu_pid, tree, lambda: _open_in_bind(os.fspath(beneath), os.fspath(bound), rel, what), what)
 
 
 def unbind_below(qemu_pid: int, bound: str | os.PathLike[str], rel: str, *, beneath: str | os.PathLike[str]) -> None:
