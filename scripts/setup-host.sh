@@ -27,7 +27,8 @@ LIBVIRTD_START_TIMEOUT=60
 # libvirtd/virtlogd without libvirt-daemon-system (which brings init scripts, polkit and networks
 # we do not use); libvirt-dev, pkg-config, gcc, libc6-dev, python3-dev: libvirt-python builds from
 # source; python3-venv: venvs for Debian's python3; busybox-static, xz-utils, cpio, kmod, golang-go
-# (builds the guest agent): the guest image recipe; tini: child subreaper for libvirtd. skopeo: the
+# (builds the guest agent): the guest image recipe; golang-golang-x-net-dev (HTTP/2 framing for
+# the CRI front, scripts/build-front.sh); tini: child subreaper for libvirtd. skopeo: the
 # image store's registry transport; docker-registry: the local registry the image tests and
 # benchmark push to (never left running by the package: see below); apache2-utils: htpasswd for the
 # registry-auth tests. containernetworking-plugins (in /usr/lib/cni: bridge, host-local, portmap,
@@ -37,7 +38,7 @@ APT_PACKAGES=(
     qemu-system-x86 qemu-utils
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config
     gcc libc6-dev python3-dev python3-venv
-    busybox-static xz-utils cpio kmod golang-go tini
+    busybox-static xz-utils cpio kmod golang-go golang-golang-x-net-dev tini
     skopeo umoci docker-registry apache2-utils buildah erofs-utils
     containernetworking-plugins iproute2 iptables util-linux
     containerd runc
@@ -313,7 +314,16 @@ else
     fi
 fi
 
-# ---- 8. summary ----------------------------------------------------------------------------------------
+# ---- 8. the CRI front (scripts/build-front.sh is idempotent on its own) ----------------------------
+front_log=$VMSANDBOX_LOG_DIR/front-build.log
+t0=$(now_ms)
+if ! front_said=$(bash "$REPO_ROOT/scripts/build-front.sh" </dev/null 2>"$front_log" 9>&-); then
+    tail_log "$front_log"
+    die "scripts/build-front.sh failed (full log: $front_log)"
+fi
+step 8 "cri front" "$front_said: /usr/local/libexec/vmsandbox/vmsandbox-front ($(secs_since "$t0") s)"
+
+# ---- 9. summary ----------------------------------------------------------------------------------------
 ver=$(virsh -c "$LIBVIRT_URI" version --daemon 2>/dev/null || true)
 daemon_ver=$(sed -n 's/^Running against daemon: *//p' <<<"$ver")
 hv_ver=$(sed -n 's/^Running hypervisor: *//p' <<<"$ver")
@@ -321,6 +331,6 @@ hp_total=$(<"$HUGEPAGES_2M_SYSFS/nr_hugepages")
 hp_free=$(<"$HUGEPAGES_2M_SYSFS/free_hugepages")
 if grep -qwE 'vmx|svm' /proc/cpuinfo; then accel="kvm"; else accel="tcg (no vmx/svm flags)"; fi
 manifest=$(find "$IMAGE_DIR" -maxdepth 1 -name 'manifest*' -print -quit 2>/dev/null || true)
-step 8 "summary" "libvirt ${daemon_ver:-?} ($hv_ver) on $LIBVIRT_URI; accel $accel"
-step 8 "summary" "hugepages 2 MiB total $hp_total free $hp_free at $HUGETLBFS_MOUNT; image manifest ${manifest:-none yet in $IMAGE_DIR}"
+step 9 "summary" "libvirt ${daemon_ver:-?} ($hv_ver) on $LIBVIRT_URI; accel $accel"
+step 9 "summary" "hugepages 2 MiB total $hp_total free $hp_free at $HUGETLBFS_MOUNT; image manifest ${manifest:-none yet in $IMAGE_DIR}"
 echo "host ready in $(secs_since "$T_START") s"

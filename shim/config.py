@@ -39,6 +39,7 @@ from vmsandbox.resources import HUGEPAGE_SIZES
 
 ANY_NODE = -1
 DEFAULT_MEMORY_RESERVED = 1 << 30
+DEFAULT_FRONT_BINARY = "/usr/local/libexec/vmsandbox/vmsandbox-front"  # where scripts/build-front.sh puts it
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ class ShimConfig:
     # a CRI runtime for every handler that is not a profile's (unix:///path); empty: every pod is a VM
     downstream_endpoint: str = ""
     downstream_timeout_s: float = 60.0  # the longest a forwarded call may take when its caller set no deadline
+    # with a downstream: the program that reads the CRI socket first (front/); empty: the shim reads it
+    front_binary: str = DEFAULT_FRONT_BINARY
     extra: dict[str, Any] = field(default_factory=dict)
 
     def memory_reserved_on(self, node: int) -> int:
@@ -149,6 +152,7 @@ _KEYS = {
     "nri",
     "downstream_endpoint",
     "downstream_timeout_s",
+    "front_binary",
 }
 
 _STREAMING_LIMITS = {
@@ -185,6 +189,7 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         "streaming_address",
         "streaming_tls_cert",
         "streaming_tls_key",
+        "front_binary",
     ):
         if key in data:
             if not isinstance(data[key], str):
@@ -199,6 +204,7 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         "seccomp_profile_root",
         "cni_conf_dir",
         "netns_dir",
+        "front_binary",
     ):
         if kwargs.get(key) and not kwargs[key].startswith("/"):
             raise InvalidArgument(f"{source}: {key}: must be an absolute path")

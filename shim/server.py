@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -24,6 +25,7 @@ from shim import metrics, status
 from shim.config import ShimConfig
 from shim.containers import Containers
 from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.front import Front, check_binary, shim_socket
 from shim.health import Health
 from shim.host_policy import qemu_reaches
 from shim.host_ports import HostPorts
@@ -68,8 +70,11 @@ class Running:
     streaming: StreamingServer | None = None
     nri: NriHost | None = None
     downstream: Downstream | None = None
+    front: Front | None = None
 
     def stop(self, grace: float = 5.0) -> None:
+        if self.front is not None:
+            self.front.stop()  # no new calls; the shim still answers those under way
         if self.health is not None:
             self.health.shutting_down()
         self.server.stop(grace).wait()
@@ -130,6 +135,8 @@ def preflight(config: ShimConfig) -> int | None:
     if config.metrics_address:
         metrics.parse_address(config.metrics_address)
     parse_streaming_address(config.streaming_address)
+    if _fronted(config):
+        check_binary(config.front_binary)
     return gid
 
 
@@ -205,9 +212,11 @@ def start(config: ShimConfig) -> Running:
     pods.resume_node_ports()  # host-network pods this shim ran before a restart
     runtime = RuntimeServicer(pods, streaming)
     image_servicer = ImageServicer(images, config.state_dir, containers.writable_usage)
-    downstream = None
+    downstream = proxy = None
     if config.downstream_endpoint:
-        downstream = _proxy(config, server, runtime, image_servicer, sandboxes, frozenset(profiles))
+        downstream, proxy = _proxy(
+            config, server, runtime, image_servicer, sandboxes, frozenset(profiles), _fronted(config)
+        )
     else:
         status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
         status.add_servicer(server, pb.DESCRIPTOR.services_by_name["ImageService"], image_servicer)
@@ -222,16 +231,28 @@ def start(config: ShimConfig) -> Running:
         stop_metrics = metrics.serve(config.metrics_address, collector)
     sock = Path(config.socket_path)
     _prepare_socket(sock)
-    old = os.umask(0o117)
-    try:
-        port = server.add_insecure_port(f"unix:{sock}")
-    finally:
-        os.umask(old)
-    if not port:
-        raise InfrastructureError(f"cannot listen on unix socket {sock}")
+    listener = None
+    if _fronted(config):  # the front reads the CRI socket; the shim serves it on a socket of its own
+        own = shim_socket(config.state_dir)
+        _prepare_socket(own)
+        _listen_grpc(server, own, 0o177)
+        listener = _listen(sock)
+    else:
+        _listen_grpc(server, sock, 0o117)
     server.start()
     health.serving()
     _secure_socket(sock, gid)
+    front = None
+    if listener is not None and proxy is not None:
+        front = Front(
+            config.front_binary,
+            listener,
+            own,
+            config.downstream_endpoint,
+            config.downstream_timeout_s,
+            proxy.local_list,
+        )
+        front.start()
     log.info(
         "vmsandbox listening on %s (libvirt %s, CPUs %s, handlers %s)",
         sock,
@@ -251,7 +272,38 @@ def start(config: ShimConfig) -> Running:
         streaming=streaming,
         nri=hooks.host,
         downstream=downstream,
+        front=front,
     )
+
+
+def _fronted(config: ShimConfig) -> bool:
+    return bool(config.downstream_endpoint and config.front_binary)
+
+
+def _listen_grpc(server: grpc.Server, path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        port = server.add_insecure_port(f"unix:{path}")
+    finally:
+        os.umask(old)
+    if not port:
+        raise InfrastructureError(f"cannot listen on unix socket {path}")
+
+
+def _listen(path: Path) -> socket.socket:
+    """The CRI socket, listening, for the front (mode 0660 as the shim's own would be)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o117)
+    try:
+        listener.bind(str(path))
+    except OSError as exc:
+        listener.close()
+        raise InfrastructureError(f"cannot listen on unix socket {path}: {exc}") from None
+    finally:
+        os.umask(old)
+    listener.listen(512)
+    listener.set_inheritable(True)
+    return listener
 
 
 def _proxy(
@@ -261,7 +313,8 @@ def _proxy(
     images: ImageServicer,
     sandboxes: Sandboxes,
     handlers: frozenset[str],
-) -> Downstream:
+    fronted: bool,
+) -> tuple[Downstream, Proxy]:
     """Route every handler that is not a profile's to the downstream runtime (``shim/proxy``)."""
     downstream = Downstream(config.downstream_endpoint, config.downstream_timeout_s, max(1, config.workers // 2))
     ids = DownstreamIds(downstream)
@@ -275,9 +328,9 @@ def _proxy(
         )
     except DownstreamUnavailable as exc:  # found again by the first call that needs it
         log.warning("%s; its pods are listed again when it answers", exc)
-    proxy = Proxy(runtime, images, sandboxes, downstream, ids, handlers)
+    proxy = Proxy(runtime, images, sandboxes, downstream, ids, handlers, fronted)
     server.add_generic_rpc_handlers(proxy.generic_handlers())
-    return downstream
+    return downstream, proxy
 
 
 def serve(config: ShimConfig) -> None:

@@ -23,7 +23,7 @@ HUGEPAGES_2M_SYSFS=/sys/kernel/mm/hugepages/hugepages-2048kB
 
 # ---- output ----------------------------------------------------------------------------------------
 # One short line per step: "[n/N] name: message".
-STEP_TOTAL=${STEP_TOTAL:-8}
+STEP_TOTAL=${STEP_TOTAL:-9}
 step() { # step N NAME MESSAGE...
     local n=$1 name=$2
     shift 2

@@ -28,8 +28,9 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 16 << 20),  # what the kubelet accepts from a runtime
     ("grpc.max_send_message_length", 16 << 20),
 ]
-# metadata gRPC itself sets on every call; the rest of the caller's goes along
-_OWN_KEYS = ("user-agent", "content-type", "te", "grpc-", ":")
+# metadata gRPC itself sets on every call, and what the front tells the shim; the rest of the
+# caller's goes along
+_OWN_KEYS = ("user-agent", "content-type", "te", "grpc-", ":", "vmsandbox-")
 
 
 class DownstreamUnavailable(InfrastructureError):

@@ -24,6 +24,7 @@ from google.protobuf import message_factory
 
 from shim import status
 from shim.cri.runtime.v1 import api_pb2 as pb
+from shim.proxy import front_headers
 from shim.proxy.downstream import Downstream, DownstreamUnavailable, Forwarded
 from shim.proxy.ids import LISTS, DownstreamIds, list_filter
 from shim.proxy.images import ImageRouter
@@ -84,12 +85,14 @@ class Proxy:
         downstream: Downstream,
         ids: DownstreamIds,
         local_handlers: Iterable[str],
+        fronted: bool = False,
     ) -> None:
         self.runtime = runtime
         self.sandboxes = sandboxes
         self.downstream = downstream
         self.ids = ids
         self.local_handlers = frozenset(local_handlers)
+        self.fronted = fronted  # the front (front/) reads the CRI socket: its headers are honoured
         self.images = ImageRouter(images, downstream, self.side_of_pod)
         self._service = pb.DESCRIPTOR.services_by_name["RuntimeService"]
 
@@ -111,10 +114,14 @@ class Proxy:
             images[method.name] = grpc.unary_unary_rpc_method_handler(
                 guarded(method.name, self.images.handler(method.name))
             )
-        return [
+        handlers = [
             grpc.method_handlers_generic_handler(RUNTIME, runtime),
             grpc.method_handlers_generic_handler(IMAGES, images),
         ]
+        if self.fronted:
+            saw = grpc.unary_unary_rpc_method_handler(guarded("SawList", self._saw_list))
+            handlers.append(grpc.method_handlers_generic_handler(front_headers.SERVICE, {"SawList": saw}))
+        return handlers
 
     def _local_stream(self, method: Any, servicer: Any = None) -> Any:
         request = message_factory.GetMessageClass(method.input_type)
@@ -131,8 +138,33 @@ class Proxy:
         request = status.lenient(message_factory.GetMessageClass(method.input_type))(data)
         return getattr(self.runtime, name)(request, context)
 
+    def local_list(self, name: str, data: bytes, context: Any) -> bytes:
+        """vmsandbox's own side of a list, for the front's list channel (``shim/front.py``)."""
+        reply: bytes = self.local(name, data, context).SerializeToString()
+        return reply
+
     def forward(self, name: str, data: bytes, context: grpc.ServicerContext, cap_s: float | None = None) -> bytes:
+        failed = self._front_header(context, front_headers.DOWNSTREAM)
+        if failed is not None:  # the front has just asked the downstream itself, and it failed
+            raise DownstreamUnavailable(failed)
         return self.downstream.call(f"/{RUNTIME}/{name}", data, context, cap_s)
+
+    def _front_header(self, context: grpc.ServicerContext, key: str) -> str | None:
+        if not self.fronted:
+            return None
+        return front_headers.value(context.invocation_metadata(), key)
+
+    def _tell_front_owner(self, context: grpc.ServicerContext, exact_id: str, downstream_ids: list[str]) -> None:
+        """The front sends later calls naming this id straight to the downstream."""
+        if self.fronted and downstream_ids == [exact_id]:
+            context.send_initial_metadata(((front_headers.OWNER, "downstream"),))
+
+    def _saw_list(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+        name = front_headers.value(context.invocation_metadata(), front_headers.LIST)
+        if name not in LISTS:
+            raise InvalidArgument(f"SawList: not a list the proxy keeps: {validation.quote(name or '')}")
+        self.ids.saw_list(name, data)
+        return b""
 
     def _route(self, method: Any, kind: Kind) -> Callable[[bytes, grpc.ServicerContext], bytes]:
         name = method.name
@@ -220,6 +252,7 @@ class Proxy:
         if side != Side.DOWNSTREAM:  # an id neither side knows: vmsandbox answers as it always has
             reply: bytes = self.local(name, data, context).SerializeToString()
             return reply
+        self._tell_front_owner(context, sandbox_id, self.ids.sandboxes_with_prefix(sandbox_id))
         answer = self.forward(name, data, context)
         if name == "CreateContainer":
             self.ids.learn_container(pb.CreateContainerResponse.FromString(answer).container_id, sandbox_id)
@@ -233,6 +266,7 @@ class Proxy:
         if side != Side.DOWNSTREAM:
             reply: bytes = self.local(name, data, context).SerializeToString()
             return reply
+        self._tell_front_owner(context, container_id, self.ids.containers_with_prefix(container_id))
         answer = self.forward(name, data, context)
         if name == "RemoveContainer":
             self.ids.forget_container(container_id)
@@ -258,7 +292,7 @@ class Proxy:
                     self.sandboxes.ids_with_prefix(f.pod_sandbox_id),
                     self.ids.sandboxes_with_prefix(f.pod_sandbox_id),
                 )
-        if side == Side.LOCAL:
+        if side == Side.LOCAL or self._front_header(context, front_headers.SIDE) == Side.LOCAL.value:
             reply: bytes = self.local(name, data, context).SerializeToString()
             return reply
         if side == Side.DOWNSTREAM:

@@ -1,0 +1,66 @@
+// vmsandbox-front is the CRI socket's first reader when vmsandbox sits in front of a downstream
+// runtime: the calls the kubelet makes all the time for ordinary pods (their status and stats by
+// id, the pod and container lists, Version) are answered without a Python gRPC hop; everything
+// else is relayed to the shim (python -m shim serve), which stays the one place routing is
+// decided and state is held. The shim starts it with the listening socket as a descriptor and
+// its standard input as a pipe: the front exits when the pipe closes, so it never outlives the
+// shim.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"strings"
+	"time"
+)
+
+func main() {
+	listenFD := flag.Int("listen-fd", 3, "descriptor of the listening unix socket")
+	shim := flag.String("shim", "", "the shim's own unix socket")
+	downstream := flag.String("downstream", "", "the downstream runtime's endpoint (unix:// or a path)")
+	listsFD := flag.Int("lists-fd", -1, "descriptor of the shim's list channel (a connected unix socket); -1: none")
+	timeout := flag.Float64("downstream-timeout", 10, "seconds a call sent straight to the downstream may take")
+	flag.Parse()
+	log.SetFlags(0)
+	log.SetPrefix("vmsandbox-front: ")
+	if *shim == "" || *downstream == "" || *timeout <= 0 {
+		fmt.Fprintln(os.Stderr, "usage: vmsandbox-front -listen-fd N -shim PATH -downstream ENDPOINT [-downstream-timeout S]")
+		os.Exit(2)
+	}
+	ln, err := net.FileListener(os.NewFile(uintptr(*listenFD), "listener"))
+	if err != nil {
+		log.Fatalf("descriptor %d is not a listening socket: %v", *listenFD, err)
+	}
+	var lists *localLists
+	if *listsFD >= 0 {
+		nc, err := net.FileConn(os.NewFile(uintptr(*listsFD), "lists"))
+		if err != nil {
+			log.Fatalf("descriptor %d is not a connected socket: %v", *listsFD, err)
+		}
+		lists = newLocalLists(nc)
+	}
+	f := newFront(
+		&upstream{name: "vmsandbox shim", addr: *shim},
+		&upstream{name: *downstream, addr: strings.TrimPrefix(*downstream, "unix://")},
+		lists,
+		time.Duration(*timeout*float64(time.Second)),
+	)
+	go func() { // the shim's end of the pipe: closed when the shim is gone
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}()
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				continue
+			}
+			log.Fatalf("accept: %v", err)
+		}
+		go f.serveConn(nc)
+	}
+}
