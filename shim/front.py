@@ -88,7 +88,7 @@ class ListChannel:
                 data = reader.read(length - (_HEAD.size - 4))
                 if len(data) < length - (_HEAD.size - 4):
                     return
-                self._serve(request_id, _LISTS[op], data)  # EXPERIMENT inline
+                self._pool.submit(self._serve, request_id, _LISTS[op], data)
         finally:
             self._pool.shutdown(wait=False)
             self.sock.close()
