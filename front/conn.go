@@ -55,7 +55,8 @@ type conn struct {
 	enc      *hpack.Encoder
 	hbuf     bytes.Buffer
 	maxFrame uint32
-	initWin  int64
+	initWin  int64 // a new stream's window: 0 until the peer's first SETTINGS says what it is
+	settled  bool  // the peer's first SETTINGS has come
 	connWin  int64
 	out      map[uint32]*outStream
 	dead     bool
@@ -72,7 +73,6 @@ func newConn(nc net.Conn) *conn {
 		nc:       nc,
 		bw:       bufio.NewWriterSize(nc, 32<<10),
 		maxFrame: defaultMaxFrame,
-		initWin:  defaultWindow,
 		connWin:  defaultWindow,
 		out:      map[uint32]*outStream{},
 		closed:   make(chan struct{}),
@@ -269,14 +269,15 @@ func (c *conn) control(f http2.Frame) (bool, error) {
 		}
 		c.wmu.Lock()
 		defer c.wmu.Unlock()
+		initial := c.initWin
+		if !c.settled { // the peer's first: until it came, its streams' windows were unknown (0 here)
+			c.settled = true
+			initial = defaultWindow
+		}
 		err := f.ForeachSetting(func(s http2.Setting) error {
 			switch s.ID {
 			case http2.SettingInitialWindowSize:
-				delta := int64(s.Val) - c.initWin
-				c.initWin = int64(s.Val)
-				for _, o := range c.out {
-					o.window += delta
-				}
+				initial = int64(s.Val)
 			case http2.SettingMaxFrameSize:
 				c.maxFrame = s.Val
 			case http2.SettingHeaderTableSize:
@@ -287,6 +288,10 @@ func (c *conn) control(f http2.Frame) (bool, error) {
 		if err != nil {
 			return true, err
 		}
+		for _, o := range c.out {
+			o.window += initial - c.initWin
+		}
+		c.initWin = initial
 		_ = c.fr.WriteSettingsAck()
 		c.drainLocked()
 		return true, c.bw.Flush()

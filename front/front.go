@@ -4,17 +4,20 @@ package main
 // straight to the downstream when the shim has said the id is the downstream's; a list asked of
 // both sides at once and the replies concatenated (protobuf appends repeated fields of
 // concatenated messages, and each side has applied the filter); Version answered as the shim
-// last answered it. Whenever the downstream cannot answer a call sent straight to it (it cannot
+// last answered it. The shim's side of a list is kept when the shim says it holds for its
+// records' generation, and used again while that generation stands and no call that may change
+// the records has been answered since (its reply passes here before the caller sees it, so a
+// list the caller asks after a change it made never gets the list from before it). Whenever the downstream cannot answer a call sent straight to it (it cannot
 // be reached, resets the call, or is slower than downstream_timeout_s), the call goes to the
 // shim instead, marked so that the shim does not ask the downstream again but answers as it does
 // for an unavailable downstream (UNAVAILABLE naming it, or a list's last listing).
 
 import (
+	"bytes"
 	"fmt"
 	"log"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -24,7 +27,15 @@ import (
 const (
 	maxLearned  = 1 << 17 // ids held per kind; the set starts again beyond it
 	maxVersions = 16      // Version replies kept (one per distinct request)
+	maxKept     = 64      // the shim's list answers kept (one per distinct request)
 )
+
+// kept is the shim's side of a list as it answered it.
+type kept struct {
+	body       []byte // the gRPC body
+	generation uint64 // the shim's records' generation it holds for
+	epoch      uint64 // the front's epoch when it was asked
+}
 
 type front struct {
 	shim       *upstream
@@ -35,15 +46,63 @@ type front struct {
 	mu       sync.Mutex
 	learned  [2]map[string]struct{} // by idKind: ids the shim said are the downstream's
 	versions map[string][]byte      // Version request -> the shim's reply message
-	sawBusy  [2]int32               // a SawList in flight, per list
+	saw      [2]sawWork             // SawList, per list
+
+	generation uint64 // the shim's newest records' generation (0: unknown, nothing kept holds)
+	epoch      uint64 // one more at each reply of a call that may have changed the shim's records
+	kept       map[string]kept
 }
 
-func newFront(shim, downstream *upstream, lists *localLists, timeout time.Duration) *front {
+func newFront(shim, downstream *upstream, timeout time.Duration) *front {
 	return &front{
-		shim: shim, downstream: downstream, lists: lists, timeout: timeout,
+		shim: shim, downstream: downstream, timeout: timeout,
 		learned:  [2]map[string]struct{}{{}, {}},
 		versions: map[string][]byte{},
+		kept:     map[string]kept{},
 	}
+}
+
+// setGeneration is the shim's newest generation, from the list channel.
+func (f *front) setGeneration(g uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.generation = g
+	if g == 0 {
+		f.kept = map[string]kept{}
+	}
+}
+
+// changed is a reply of a call that may have changed the shim's records, on its way to its caller.
+func (f *front) changed() {
+	f.mu.Lock()
+	f.epoch++
+	f.mu.Unlock()
+}
+
+func (f *front) currentEpoch() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.epoch
+}
+
+// keptList is the shim's side of a list if what was kept of it still holds.
+func (f *front) keptList(key string) ([]byte, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k, ok := f.kept[key]
+	if !ok || f.generation == 0 || k.generation != f.generation || k.epoch != f.epoch {
+		return nil, false
+	}
+	return k.body, true
+}
+
+func (f *front) keep(key string, k kept) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.kept) >= maxKept {
+		f.kept = map[string]kept{}
+	}
+	f.kept[key] = k
 }
 
 func (f *front) isDownstreams(k idKind, id string) bool {
@@ -122,7 +181,7 @@ func (f *front) viaShim(s *stream, m method, downstreamDown string) {
 	if downstreamDown != "" {
 		extra = append(extra, hpack.HeaderField{Name: headerDownstream, Value: percentEncode(bound(downstreamDown, 512))})
 	}
-	r := &relay{s: s, f: f}
+	r := &relay{s: s, f: f, readOnly: readOnly(s.path)}
 	if m.path == byID || m.forgets {
 		if msg, ok := grpcMessage(s.body); ok {
 			if id, ok := stringField(msg, 1); ok && id != "" {
@@ -143,12 +202,13 @@ func (f *front) viaShim(s *stream, m method, downstreamDown string) {
 // relay passes the shim's reply to the client as it comes, minus the shim's own headers (which it
 // learns from), and forgets a removed id.
 type relay struct {
-	s       *stream
-	f       *front
-	id      string
-	kind    idKind
-	forgets bool
-	sent    bool // headers have gone to the client
+	s        *stream
+	f        *front
+	id       string
+	kind     idKind
+	forgets  bool
+	readOnly bool // the call changes none of the shim's records
+	sent     bool // headers have gone to the client
 }
 
 func (r *relay) headers(fields []hpack.HeaderField, end bool) {
@@ -169,10 +229,13 @@ func (r *relay) headers(fields []hpack.HeaderField, end bool) {
 	r.forward(item{headers: out, end: end})
 }
 
-func (r *relay) data(p []byte, end bool) { r.forward(item{data: p, end: end}) }
+func (r *relay) data(p []byte, end bool) { r.forward(item{data: append([]byte(nil), p...), end: end}) }
 
 func (r *relay) forward(it item) {
 	if it.end {
+		if !r.readOnly {
+			r.f.changed() // before the caller can ask again
+		}
 		if !r.s.finishing() {
 			return
 		}
@@ -186,6 +249,9 @@ func (r *relay) forward(it item) {
 }
 
 func (r *relay) failed(err error) {
+	if !r.readOnly {
+		r.f.changed()
+	}
 	if r.sent {
 		if r.s.finishing() {
 			r.s.c.reset(r.s.id, http2.ErrCodeInternal) // the reply was cut off
@@ -401,10 +467,10 @@ func (f *front) merged(s *stream, unfiltered bool) {
 			f.viaShim(s, classify(s.path), "")
 			return
 		}
+		s.reply(withoutLength(theirs.hdrs), grpcBody(a, b), theirs.trailers)
 		if unfiltered {
 			f.sawList(s.path, theirs.body)
 		}
-		s.reply(theirs.hdrs, grpcBody(append(append(make([]byte, 0, len(a)+len(b)), a...), b...)), theirs.trailers)
 	}
 	mine := func(r result) {
 		mu.Lock()
@@ -413,14 +479,24 @@ func (f *front) merged(s *stream, unfiltered bool) {
 		both()
 	}
 	msg, _ := grpcMessage(s.body)
-	if !f.lists.ask(s.path, msg, func(r result) {
-		if r.err == errListsDown { // the channel closed under this call: the slower way
+	key := s.path + "\x00" + string(msg)
+	if body, ok := f.keptList(key); ok {
+		own = &result{hdrs: okHeaders(), body: body, trailers: okTrailers()}
+	} else {
+		epoch := f.currentEpoch()
+		asked := f.lists.ask(s.path, msg, func(l listed) {
+			if l.err == errListsDown { // the channel closed under this call: the slower way
+				f.collect(f.shim, s, s.forwardHeaders(hpack.HeaderField{Name: headerSide, Value: "vmsandbox"}), mine)
+				return
+			}
+			if l.generation != 0 && l.ok() {
+				f.keep(key, kept{body: l.body, generation: l.generation, epoch: epoch})
+			}
+			mine(l.result)
+		})
+		if !asked {
 			f.collect(f.shim, s, s.forwardHeaders(hpack.HeaderField{Name: headerSide, Value: "vmsandbox"}), mine)
-			return
 		}
-		mine(r)
-	}) {
-		f.collect(f.shim, s, s.forwardHeaders(hpack.HeaderField{Name: headerSide, Value: "vmsandbox"}), mine)
 	}
 	f.collect(f.downstream, s, s.forwardHeaders(), func(r result) {
 		mu.Lock()
@@ -433,12 +509,35 @@ func (f *front) merged(s *stream, unfiltered bool) {
 var sawListKind = map[string]int{runtimeService + "ListPodSandbox": 0, runtimeService + "ListContainers": 1}
 
 // sawList gives the shim the downstream's unfiltered list (it answers for the downstream's side
-// with it while the downstream cannot), in the background, one at a time per list.
+// with it while the downstream cannot), in the background: only a list that differs from the one
+// it has, one call at a time per list, the newest after the one under way.
 func (f *front) sawList(path string, body []byte) {
 	k, ok := sawListKind[path]
-	if !ok || !atomic.CompareAndSwapInt32(&f.sawBusy[k], 0, 1) {
+	if !ok {
 		return
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w := &f.saw[k]
+	if bytes.Equal(body, w.sent) {
+		return
+	}
+	if w.busy {
+		w.next = append([]byte(nil), body...)
+		return
+	}
+	w.busy = true
+	f.sendSawLocked(path, k, append([]byte(nil), body...))
+}
+
+// sawWork is what the shim has of one of the downstream's lists, and what it is about to get.
+type sawWork struct {
+	sent []byte // the last list the shim took
+	busy bool   // a SawList under way
+	next []byte // the newest list seen meanwhile
+}
+
+func (f *front) sendSawLocked(path string, k int, body []byte) {
 	hdrs := []hpack.HeaderField{
 		{Name: ":method", Value: "POST"},
 		{Name: ":scheme", Value: "http"},
@@ -450,14 +549,39 @@ func (f *front) sawList(path string, body []byte) {
 		{Name: "grpc-timeout", Value: "5S"},
 	}
 	c := &collector{done: func(r result) {
-		atomic.StoreInt32(&f.sawBusy[k], 0)
 		if !r.ok() {
 			log.Printf("SawList: %v %s", r.err, header(r.trailers, "grpc-message"))
 		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		w := &f.saw[k]
+		if r.ok() {
+			w.sent = body
+		}
+		next := w.next
+		w.next = nil
+		if next == nil {
+			w.busy = false
+			return
+		}
+		f.sendSawLocked(path, k, next)
 	}}
-	if _, err := f.shim.start(hdrs, append([]byte(nil), body...), c); err != nil {
-		c.finish(err)
+	go func() { // the shim's connection may need dialling: never under f.mu
+		if _, err := f.shim.start(hdrs, body, c); err != nil {
+			c.finish(err)
+		}
+	}()
+}
+
+// withoutLength is a reply's headers for a body of another length than theirs said.
+func withoutLength(hdrs []hpack.HeaderField) []hpack.HeaderField {
+	out := make([]hpack.HeaderField, 0, len(hdrs))
+	for _, h := range hdrs {
+		if h.Name != "content-length" {
+			out = append(out, h)
+		}
 	}
+	return out
 }
 
 func okHeaders() []hpack.HeaderField {

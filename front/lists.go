@@ -5,8 +5,10 @@ package main
 // a gRPC call into the shim costs several times what the answer does. A frame, either way, is a
 // 4-byte big-endian length of the rest, a 4-byte request id and an op byte, then the payload:
 // to the shim op 1 (ListPodSandbox) or 2 (ListContainers) and the request message; back op 0
-// and the reply message, or op 1 and a status code byte and a message. While the channel is
-// down, the lists go to the shim over gRPC instead.
+// and the reply message, op 1 and a status code byte and a message, or op 2 and an 8-byte
+// generation and the reply message: the answer holds for as long as the shim's records stay at
+// that generation. Op 3 (request id 0) is the shim's newest generation, sent at start and after
+// every change. While the channel is down, the lists go to the shim over gRPC instead.
 
 import (
 	"bufio"
@@ -22,6 +24,8 @@ const (
 	listsAskContainers = 2
 	listsReplyOK       = 0
 	listsReplyError    = 1
+	listsReplyKept     = 2
+	listsGeneration    = 3
 )
 
 var errListsDown = errors.New("the shim's list channel is closed")
@@ -32,24 +36,31 @@ var listsOps = map[string]byte{
 }
 
 type localLists struct {
-	nc net.Conn
+	nc         net.Conn
+	generation func(uint64) // the shim's newest generation; 0 once the channel is down
 
 	mu      sync.Mutex // writes, nextID, pending, err
 	w       *bufio.Writer
 	nextID  uint32
-	pending map[uint32]func(result)
+	pending map[uint32]func(listed)
 	err     error
 }
 
-func newLocalLists(nc net.Conn) *localLists {
-	l := &localLists{nc: nc, w: bufio.NewWriter(nc), pending: map[uint32]func(result){}}
+// listed is the shim's answer: a reply as collected, and the generation it holds for (0: none).
+type listed struct {
+	result
+	generation uint64
+}
+
+func newLocalLists(nc net.Conn, generation func(uint64)) *localLists {
+	l := &localLists{nc: nc, generation: generation, w: bufio.NewWriter(nc), pending: map[uint32]func(listed){}}
 	go l.readLoop()
 	return l
 }
 
 // ask sends a list request; done gets the shim's answer as a gRPC reply would be collected.
 // False: the channel is down (done is not called).
-func (l *localLists) ask(path string, msg []byte, done func(result)) bool {
+func (l *localLists) ask(path string, msg []byte, done func(listed)) bool {
 	op, ok := listsOps[path]
 	if !ok || l == nil {
 		return false
@@ -91,8 +102,15 @@ func (l *localLists) readLoop() {
 			if _, err := io.ReadFull(r, payload); err != nil {
 				return err
 			}
-			l.mu.Lock()
 			id := binary.BigEndian.Uint32(head[4:8])
+			if head[8] == listsGeneration {
+				if id != 0 || len(payload) != 8 {
+					return errors.New("a malformed generation frame")
+				}
+				l.generation(binary.BigEndian.Uint64(payload))
+				continue
+			}
+			l.mu.Lock()
 			done := l.pending[id]
 			delete(l.pending, id)
 			l.mu.Unlock()
@@ -104,21 +122,26 @@ func (l *localLists) readLoop() {
 	l.mu.Lock()
 	l.err = err
 	pending := l.pending
-	l.pending = map[uint32]func(result){}
+	l.pending = map[uint32]func(listed){}
 	l.mu.Unlock()
 	_ = l.nc.Close()
+	l.generation(0) // nothing kept holds any more
 	for _, done := range pending {
-		done(result{err: errListsDown})
+		done(listed{result: result{err: errListsDown}})
 	}
 }
 
-func listsResult(op byte, payload []byte) result {
-	if op == listsReplyOK {
-		return result{hdrs: okHeaders(), body: grpcBody(payload), trailers: okTrailers()}
+func listsResult(op byte, payload []byte) listed {
+	switch {
+	case op == listsReplyOK:
+		return listed{result: result{hdrs: okHeaders(), body: grpcBody(payload), trailers: okTrailers()}}
+	case op == listsReplyKept && len(payload) >= 8:
+		return listed{
+			result:     result{hdrs: okHeaders(), body: grpcBody(payload[8:]), trailers: okTrailers()},
+			generation: binary.BigEndian.Uint64(payload[:8]),
+		}
+	case op == listsReplyError && len(payload) >= 1:
+		return listed{result: result{hdrs: statusOnly(int(payload[0]), string(payload[1:]))}}
 	}
-	code, msg := codeUnavailable, "a malformed answer on the shim's list channel"
-	if op == listsReplyError && len(payload) >= 1 {
-		code, msg = int(payload[0]), string(payload[1:])
-	}
-	return result{hdrs: statusOnly(code, msg)}
+	return listed{result: result{hdrs: statusOnly(codeUnavailable, "a malformed answer on the shim's list channel")}}
 }

@@ -35,32 +35,21 @@ func main() {
 	if err != nil {
 		log.Fatalf("descriptor %d is not a listening socket: %v", *listenFD, err)
 	}
-	var lists *localLists
+	f := newFront(
+		&upstream{name: "vmsandbox shim", addr: *shim},
+		&upstream{name: *downstream, addr: strings.TrimPrefix(*downstream, "unix://")},
+		time.Duration(*timeout*float64(time.Second)),
+	)
 	if *listsFD >= 0 {
 		nc, err := net.FileConn(os.NewFile(uintptr(*listsFD), "lists"))
 		if err != nil {
 			log.Fatalf("descriptor %d is not a connected socket: %v", *listsFD, err)
 		}
-		lists = newLocalLists(nc)
+		f.lists = newLocalLists(nc, f.setGeneration)
 	}
-	f := newFront(
-		&upstream{name: "vmsandbox shim", addr: *shim},
-		&upstream{name: *downstream, addr: strings.TrimPrefix(*downstream, "unix://")},
-		lists,
-		time.Duration(*timeout*float64(time.Second)),
-	)
 	go func() { // the shim's end of the pipe: closed when the shim is gone
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		os.Exit(0)
 	}()
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				continue
-			}
-			log.Fatalf("accept: %v", err)
-		}
-		go f.serveConn(nc)
-	}
+	log.Fatalf("accept: %v", f.accept(ln))
 }

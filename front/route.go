@@ -69,6 +69,22 @@ var methods = map[string]method{
 	runtimeService + "RemovePodSandbox": {path: viaShim, kind: sandboxID, forgets: true},
 }
 
+// readOnlyMethods change none of the shim's records (a list or status that finds a container
+// exited records it, but a record's change moves the generation, which the shim tells the front)
+var readOnlyMethods = map[string]bool{
+	"/runtime.v1.RuntimeService/Version": true, "/runtime.v1.RuntimeService/Status": true,
+	"/runtime.v1.RuntimeService/PodSandboxStatus": true, "/runtime.v1.RuntimeService/ContainerStatus": true,
+	"/runtime.v1.RuntimeService/ListPodSandbox": true, "/runtime.v1.RuntimeService/ListContainers": true,
+	"/runtime.v1.RuntimeService/PodSandboxStats": true, "/runtime.v1.RuntimeService/ContainerStats": true,
+	"/runtime.v1.RuntimeService/ListPodSandboxStats": true, "/runtime.v1.RuntimeService/ListContainerStats": true,
+	"/runtime.v1.RuntimeService/RuntimeConfig": true, "/runtime.v1.RuntimeService/ListMetricDescriptors": true,
+	"/runtime.v1.RuntimeService/ListPodSandboxMetrics": true,
+	"/runtime.v1.ImageService/ListImages":              true, "/runtime.v1.ImageService/ImageStatus": true,
+	"/runtime.v1.ImageService/ImageFsInfo": true, "/grpc.health.v1.Health/Check": true,
+}
+
+func readOnly(p string) bool { return readOnlyMethods[p] }
+
 func classify(p string) method {
 	if m, ok := methods[p]; ok {
 		return m
@@ -197,11 +213,17 @@ func grpcMessage(body []byte) ([]byte, bool) {
 	return body[5:], true
 }
 
-// grpcBody frames msg as one uncompressed gRPC message.
-func grpcBody(msg []byte) []byte {
-	out := make([]byte, 5+len(msg))
-	binary.BigEndian.PutUint32(out[1:5], uint32(len(msg)))
-	copy(out[5:], msg)
+// grpcBody frames the concatenation of parts as one uncompressed gRPC message.
+func grpcBody(parts ...[]byte) []byte {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	out := make([]byte, 5, 5+n)
+	binary.BigEndian.PutUint32(out[1:5], uint32(n))
+	for _, p := range parts {
+		out = append(out, p...)
+	}
 	return out
 }
 

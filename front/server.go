@@ -46,6 +46,20 @@ type stream struct {
 	closed bool    // answered, or cancelled by the client
 }
 
+// accept serves each connection of ln until ln fails.
+func (f *front) accept(ln net.Listener) error {
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		go f.serveConn(nc)
+	}
+}
+
 func (f *front) serveConn(nc net.Conn) {
 	c := &client{conn: newConn(nc), f: f, streams: map[uint32]*stream{}}
 	defer c.shutdown()

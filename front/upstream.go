@@ -18,7 +18,8 @@ import (
 const dialTimeout = time.Second
 
 // sink receives one call's reply: header blocks (the first is the reply's headers, a later one
-// its trailers; end marks the last frame), data, or a failure of the transport, once.
+// its trailers; end marks the last frame), data (only valid during the call), or a failure of
+// the transport, once.
 type sink interface {
 	headers(fields []hpack.HeaderField, end bool)
 	data(p []byte, end bool)
@@ -191,7 +192,7 @@ func (uc *upConn) readLoop() {
 			uc.received(f.StreamID, n, &c.unacked)
 			end := f.StreamEnded()
 			if len(f.Data()) > 0 || end {
-				c.sink.data(append([]byte(nil), f.Data()...), end)
+				c.sink.data(f.Data(), end) // valid until the next frame is read: a sink that keeps it copies it
 			}
 			if end {
 				c.finish(nil)

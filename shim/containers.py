@@ -739,11 +739,16 @@ class Containers:
                 log.warning("container %s: its image %s is not stored any more", c.id[:12], c.image_id)
         return held
 
+    @staticmethod
+    def asks_guest(c: ContainerRecord) -> bool:
+        """Whether ``refresh`` asks the guest about ``c`` (else its record is its whole state)."""
+        return c.state != CONTAINER_EXITED and bool(c.image_id)
+
     def refresh(self, container_id: str) -> ContainerRecord:
         """The record, brought up to date with the guest (exit code, reason, finish time)."""
         c = self.sandboxes.container(container_id)
         container_id = c.id  # the full id, never the client's prefix, goes to the guest
-        if c.state == CONTAINER_EXITED or not c.image_id:
+        if not self.asks_guest(c):
             return c
         try:
             st = self._call(c.sandbox_id, "status", container_id)

@@ -9,8 +9,10 @@ A front that dies is started again (the socket keeps its queue meanwhile).
 
 The front asks vmsandbox's own side of ``ListPodSandbox`` and ``ListContainers`` on a socket pair
 of their own (``ListChannel``), answered here without gRPC: the lists are what the kubelet asks
-most often, and a gRPC call into the shim costs several times what the answer does. The frame
-format is written in ``front/lists.go``.
+most often, and a gRPC call into the shim costs several times what the answer does. An answer
+made from the records alone carries the records' generation (``Sandboxes.generation``), and each
+new generation is sent to the front as it happens: the front answers the same list again from
+what it kept while the generation stands. The frame format is written in ``front/lists.go``.
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ log = logging.getLogger(__name__)
 SHIM_SOCKET = "shim.sock"  # below state_dir: the shim's own gRPC socket when a front reads the CRI socket
 _RESTART_DELAY_S = (0.2, 5.0)  # first and longest wait before a dead front is started again
 _HEAD = struct.Struct(">IIB")  # length of the rest, request id, op
+_GENERATION = struct.Struct(">Q")
 _LISTS = {1: "ListPodSandbox", 2: "ListContainers"}
+_REPLY, _FAILED, _REPLY_KEPT, _GENERATION_NOW = 0, 1, 2, 3  # the shim's ops
 _MAX_REQUEST = 1 << 20  # a list request is a filter: anything longer ends the channel
 _LIST_WORKERS = 4  # lists answered at once (one may wait on a guest's agent)
 
-# answers a list: the method name and the request's bytes to the reply's bytes; aborts like a servicer
-ListAnswer = Callable[[str, bytes, Any], bytes]
+# answers a list: the method name and the request's bytes to the reply's bytes and the generation
+# it holds for (None: ask again each time); aborts like a servicer
+ListAnswer = Callable[[str, bytes, Any], tuple[bytes, int | None]]
 
 
 class Aborted(Exception):
@@ -67,12 +72,37 @@ class _ChannelContext:
 class ListChannel:
     """Serves the front's end of a socket pair until it closes."""
 
-    def __init__(self, sock: socket.socket, answer: ListAnswer) -> None:
+    def __init__(self, sock: socket.socket, answer: ListAnswer, generation: int) -> None:
         self.sock = sock
         self.answer = answer
         self._write = threading.Lock()
         self._pool = futures.ThreadPoolExecutor(_LIST_WORKERS, thread_name_prefix="front-lists")
+        self._generation = generation  # the newest, to be sent by the pusher
+        self._changed = threading.Condition()
+        self._closed = False
         threading.Thread(target=self._read, name="front-lists", daemon=True).start()
+        threading.Thread(target=self._push, name="front-generation", daemon=True).start()
+
+    def generation_changed(self, generation: int) -> None:
+        """A new generation of the records (never blocks: the pusher sends the newest)."""
+        with self._changed:
+            self._generation = max(self._generation, generation)
+            self._changed.notify()
+
+    def _push(self) -> None:
+        sent = 0
+        while True:
+            with self._changed:
+                while self._generation == sent and not self._closed:
+                    self._changed.wait()
+                if self._closed:
+                    return
+                sent = self._generation
+            self._send(0, _GENERATION_NOW, _GENERATION.pack(sent))
+
+    def _send(self, request_id: int, op: int, payload: bytes) -> None:
+        with self._write, contextlib.suppress(OSError):  # the front gone: the reader sees it too
+            self.sock.sendall(_HEAD.pack(len(payload) + _HEAD.size - 4, request_id, op) + payload)
 
     def _read(self) -> None:
         reader = self.sock.makefile("rb")
@@ -90,22 +120,26 @@ class ListChannel:
                     return
                 self._pool.submit(self._serve, request_id, _LISTS[op], data)
         finally:
+            with self._changed:
+                self._closed = True
+                self._changed.notify()
             self._pool.shutdown(wait=False)
             self.sock.close()
 
     def _serve(self, request_id: int, name: str, data: bytes) -> None:
         try:
-            payload, op = self.answer(name, data, _ChannelContext()), 0
+            reply, generation = self.answer(name, data, _ChannelContext())
         except Aborted as exc:
-            payload, op = bytes([exc.code.value[0]]) + exc.details.encode()[:4096], 1
+            self._send(request_id, _FAILED, bytes([exc.code.value[0]]) + exc.details.encode()[:4096])
         except Exception as exc:  # a servicer's own errors abort; anything else is a bug
             log.exception("front list channel: %s failed", name)
-            payload, op = (
-                bytes([grpc.StatusCode.INTERNAL.value[0]]) + f"{name}: internal error: {exc}".encode()[:4096],
-                1,
-            )
-        with self._write, contextlib.suppress(OSError):  # the front gone: the reader sees it too
-            self.sock.sendall(_HEAD.pack(len(payload) + _HEAD.size - 4, request_id, op) + payload)
+            message = f"{name}: internal error: {exc}".encode()[:4096]
+            self._send(request_id, _FAILED, bytes([grpc.StatusCode.INTERNAL.value[0]]) + message)
+        else:
+            if generation is None:
+                self._send(request_id, _REPLY, reply)
+            else:
+                self._send(request_id, _REPLY_KEPT, _GENERATION.pack(generation) + reply)
 
 
 def shim_socket(state_dir: str) -> Path:
@@ -124,10 +158,19 @@ def check_binary(path: str) -> None:
 
 class Front:
     def __init__(
-        self, binary: str, listener: socket.socket, shim: Path, endpoint: str, timeout_s: float, lists: ListAnswer
+        self,
+        binary: str,
+        listener: socket.socket,
+        shim: Path,
+        endpoint: str,
+        timeout_s: float,
+        lists: ListAnswer,
+        generation: Callable[[], int],
     ) -> None:
         self.listener = listener
         self.lists = lists
+        self.generation = generation
+        self._channel: ListChannel | None = None
         self.argv = [
             binary,
             "-listen-fd",
@@ -162,10 +205,17 @@ class Front:
             raise InfrastructureError(f"cannot start the front {self.argv[0]}: {exc}") from None
         finally:
             theirs.close()
-        ListChannel(mine, self.lists)
+        channel = ListChannel(mine, self.lists, self.generation())
         with self._lock:
+            self._channel = channel
             self._process = process
         log.info("front %s started (pid %d)", self.argv[0], process.pid)
+
+    def generation_changed(self, generation: int) -> None:
+        with self._lock:
+            channel = self._channel
+        if channel is not None:
+            channel.generation_changed(generation)
 
     @property
     def pid(self) -> int | None:

@@ -270,6 +270,11 @@ class Pods:
                 out.append(c)
         return out
 
+    def lists_settled(self) -> bool:
+        """Whether the list answers follow from the records alone, and so stay true for as long as
+        ``Sandboxes.generation`` does: no container's state waits on its guest's word."""
+        return not any(self.containers.asks_guest(c) for c in self.sandboxes.containers())
+
     def _filter_sandbox(self, sandbox_id: str) -> str | None:
         """A filter's sandbox id: a unique prefix names its sandbox, as containerd normalises the
         filter; anything else matches nothing (an id of no sandbox has no containers)."""

@@ -140,6 +140,11 @@ class Sandboxes:
         self._in_flight: set[str] = set()  # sandboxes whose RunPodSandbox is running (periodic reconcile skips them)
         # every sandbox record, decoded once (creating ones too); the ledger is its write-ahead record
         self._records: dict[str, SandboxRecord] = self._load_records()
+        # counts changes to the records above: bumped after each, so that an answer made from the
+        # records at generation G stays true while it is still G (the CRI front keeps lists by it)
+        self._generation = 1
+        self._generation_lock = threading.Lock()
+        self._generation_watchers: list[Callable[[int], None]] = []
         self._names: dict[PodMeta, str] = {r.meta: sid for sid, r in self._records.items()}
         # each sandbox's directory (the share its guest mounts over 9p): made for a boot, dropped when
         # a boot is rolled back or the sandbox removed, swept for sandboxes that no longer exist
@@ -757,6 +762,25 @@ class Sandboxes:
     def reload(self) -> None:
         """Decode the ledger's sandbox rows again (start-up: rows an earlier process wrote)."""
         self._records = self._load_records()
+        self._changed()
+
+    @property
+    def generation(self) -> int:
+        """The records' generation: read it before reading them."""
+        with self._generation_lock:
+            return self._generation
+
+    def watch_generation(self, watcher: Callable[[int], None]) -> None:
+        """``watcher`` hears each new generation (from the thread that made the change; it must not block)."""
+        with self._generation_lock:
+            self._generation_watchers.append(watcher)
+
+    def _changed(self) -> None:
+        with self._generation_lock:
+            self._generation += 1
+            generation, watchers = self._generation, list(self._generation_watchers)
+        for watcher in watchers:
+            watcher(generation)
 
     def _load_records(self) -> dict[str, SandboxRecord]:
         """The ledger's sandbox rows, decoded; a row that does not decode is left to reconcile (which
@@ -772,16 +796,19 @@ class Sandboxes:
     def _put_sandbox(self, record: SandboxRecord) -> None:
         self.ledger.put_sandbox(record.id, record.state, record.created_ns, record.to_doc())
         self._records[record.id] = record  # after the ledger took it
+        self._changed()
 
     def _put_container(self, c: ContainerRecord) -> None:
         self.ledger.put_container(c.id, c.sandbox_id, c.name, c.attempt, c.state, c.created_ns, c.to_doc())
         self._index.put(c)  # after the ledger took it: a refused write (a duplicate name) changes nothing
+        self._changed()
 
     def _delete_sandbox_rows(self, sandbox_id: str) -> None:
         """Forget a sandbox, its containers and its claims in the ledger, and its containers here."""
         self.ledger.delete_sandbox(sandbox_id)
         self._records.pop(sandbox_id, None)
         self._index.drop_sandbox(sandbox_id)
+        self._changed()
 
     def create_container(self, sandbox_id: str, spec: ContainerSpec) -> str:
         if not spec.name:
@@ -834,6 +861,7 @@ class Sandboxes:
             return  # removing an unknown container succeeds, as containerd answers
         self.ledger.delete_container(container_id)
         self._index.drop(container_id)
+        self._changed()
 
     def update_container(self, container_id: str, resources: ContainerResources | None, linux: LinuxResources) -> None:
         c = self.container(container_id)

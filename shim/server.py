@@ -251,7 +251,9 @@ def start(config: ShimConfig) -> Running:
             config.downstream_endpoint,
             config.downstream_timeout_s,
             proxy.local_list,
+            lambda: sandboxes.generation,
         )
+        sandboxes.watch_generation(front.generation_changed)
         front.start()
     log.info(
         "vmsandbox listening on %s (libvirt %s, CPUs %s, handlers %s)",

@@ -138,10 +138,13 @@ class Proxy:
         request = status.lenient(message_factory.GetMessageClass(method.input_type))(data)
         return getattr(self.runtime, name)(request, context)
 
-    def local_list(self, name: str, data: bytes, context: Any) -> bytes:
-        """vmsandbox's own side of a list, for the front's list channel (``shim/front.py``)."""
+    def local_list(self, name: str, data: bytes, context: Any) -> tuple[bytes, int | None]:
+        """vmsandbox's own side of a list, for the front's list channel (``shim/front.py``), and the
+        records' generation it holds for, unless a container's state waits on its guest's word."""
+        generation = self.sandboxes.generation  # before the records are read
         reply: bytes = self.local(name, data, context).SerializeToString()
-        return reply
+        settled = name == "ListPodSandbox" or self.runtime.pods.lists_settled()
+        return reply, generation if settled else None
 
     def forward(self, name: str, data: bytes, context: grpc.ServicerContext, cap_s: float | None = None) -> bytes:
         failed = self._front_header(context, front_headers.DOWNSTREAM)

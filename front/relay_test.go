@@ -1,0 +1,358 @@
+package main
+
+// The front between a client and two upstreams, in one process: x/net's HTTP/2 server stands in
+// for the shim and the downstream (each a plain handler), x/net's transport or a raw framer for
+// the client. What the relay must do with frames: flow control both ways, streaming, cancels,
+// the shim's headers, and the paths of route.go.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// upstreamServer serves h on a unix socket with HTTP/2 (prior knowledge), as gRPC servers do.
+func upstreamServer(t *testing.T, h http.HandlerFunc, window uint32) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "up.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	srv := &http2.Server{MaxUploadBufferPerStream: int32(window), MaxUploadBufferPerConnection: int32(window)}
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go srv.ServeConn(nc, &http2.ServeConnOpts{Handler: h})
+		}
+	}()
+	return sock
+}
+
+// grpcReply answers one gRPC message with OK, and extra headers first.
+func grpcReply(w http.ResponseWriter, msg []byte, extra map[string]string) {
+	for k, v := range extra {
+		w.Header().Set(k, v)
+	}
+	w.Header().Set("Content-Type", "application/grpc")
+	w.Header().Set("Trailer", "Grpc-Status")
+	w.WriteHeader(200)
+	w.Write(grpcBody(msg))
+	w.Header().Set("Grpc-Status", "0")
+}
+
+func startFront(t *testing.T, shim, down string) (*front, string) {
+	t.Helper()
+	f := newFront(&upstream{name: "shim", addr: shim}, &upstream{name: "unix:///down.sock", addr: down}, 2*time.Second)
+	sock := filepath.Join(t.TempDir(), "cri.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go f.accept(ln)
+	return f, sock
+}
+
+type reply struct {
+	status  string // grpc-status
+	message string
+	msg     []byte
+	header  http.Header
+}
+
+func h2client(sock string) *http.Client {
+	return &http.Client{Transport: &http2.Transport{
+		AllowHTTP: true,
+		DialTLS:   func(string, string, *tls.Config) (net.Conn, error) { return net.Dial("unix", sock) },
+	}}
+}
+
+func rpc(t *testing.T, c *http.Client, path string, msg []byte, hdr map[string]string) reply {
+	t.Helper()
+	req, _ := http.NewRequest("POST", "http://cri"+path, bytes.NewReader(grpcBody(msg)))
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("Te", "trailers")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	r := reply{header: resp.Header, status: resp.Trailer.Get("Grpc-Status"), message: resp.Trailer.Get("Grpc-Message")}
+	if r.status == "" { // trailers-only
+		r.status, r.message = resp.Header.Get("Grpc-Status"), resp.Header.Get("Grpc-Message")
+	}
+	if len(body) > 0 {
+		m, ok := grpcMessage(body)
+		if !ok {
+			t.Fatalf("%s: not one gRPC message: %d bytes", path, len(body))
+		}
+		r.msg = m
+	}
+	return r
+}
+
+func readMsg(r *http.Request) []byte {
+	b, _ := io.ReadAll(r.Body)
+	m, _ := grpcMessage(b)
+	return m
+}
+
+func TestLargeRequestAndReplyCrossSmallWindows(t *testing.T) {
+	big := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB
+	shim := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) {
+		got := readMsg(r)
+		grpcReply(w, append([]byte(fmt.Sprintf("%d:", len(got))), big...), nil)
+	}, 16<<10)
+	_, sock := startFront(t, shim, filepath.Join(t.TempDir(), "none.sock"))
+	r := rpc(t, h2client(sock), runtimeService+"RunPodSandbox", big[:300<<10], nil)
+	if r.status != "0" || !bytes.Equal(r.msg, append([]byte("307200:"), big...)) {
+		t.Fatalf("status %q %q, %d bytes back", r.status, r.message, len(r.msg))
+	}
+}
+
+// a client that reads slowly: the front sends no more than the client's window allows
+func TestReplyWaitsForTheClientsWindow(t *testing.T) {
+	big := bytes.Repeat([]byte("x"), 200<<10)
+	shim := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) { grpcReply(w, big, nil) }, 1<<20)
+	_, sock := startFront(t, shim, filepath.Join(t.TempDir(), "none.sock"))
+	nc, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	bw := bufio.NewWriter(nc)
+	fr := http2.NewFramer(bw, nc)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	bw.WriteString(clientPreface)
+	const window = 1000
+	fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: window})
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", runtimeService + "RunPodSandbox"},
+		{":authority", "cri"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true})
+	fr.WriteData(1, true, grpcBody(nil))
+	bw.Flush()
+	var got []byte
+	granted := window // what the stream's window has allowed so far (the connection's is 65535)
+	for {
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", len(got), err)
+		}
+		switch f := f.(type) {
+		case *http2.DataFrame:
+			got = append(got, f.Data()...)
+			if len(got) > granted {
+				t.Fatalf("%d bytes sent, the window allowed %d", len(got), granted)
+			}
+			if len(got) == granted { // read it all: give the window back, connection and stream
+				fr.WriteWindowUpdate(0, window)
+				fr.WriteWindowUpdate(1, window)
+				bw.Flush()
+				granted += window
+			}
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				fr.WriteSettingsAck()
+				bw.Flush()
+			}
+		case *http2.MetaHeadersFrame:
+			if f.StreamEnded() {
+				if m, ok := grpcMessage(got); !ok || !bytes.Equal(m, big) || f.PseudoValue("status") != "" && false {
+					t.Fatalf("got %d bytes", len(got))
+				}
+				return
+			}
+		}
+	}
+}
+
+func TestServerStreamingIsRelayedAsItComes(t *testing.T) {
+	second := make(chan struct{})
+	shim := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/grpc")
+		w.Header().Set("Trailer", "Grpc-Status")
+		w.WriteHeader(200)
+		w.Write(grpcBody([]byte("one")))
+		w.(http.Flusher).Flush()
+		<-second
+		w.Write(grpcBody([]byte("two")))
+		w.Header().Set("Grpc-Status", "0")
+	}, 1<<20)
+	_, sock := startFront(t, shim, filepath.Join(t.TempDir(), "none.sock"))
+	req, _ := http.NewRequest("POST", "http://cri"+runtimeService+"GetContainerEvents", bytes.NewReader(grpcBody(nil)))
+	req.Header.Set("Content-Type", "application/grpc")
+	resp, err := h2client(sock).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make([]byte, 8)
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first[5:]) != "one" {
+		t.Fatalf("the first message before the second is written: %q %v", first, err)
+	}
+	close(second)
+	rest, _ := io.ReadAll(resp.Body)
+	if string(rest[5:]) != "two" || resp.Trailer.Get("Grpc-Status") != "0" {
+		t.Fatalf("rest %q, trailer %v", rest, resp.Trailer)
+	}
+}
+
+func TestAClientsCancelReachesTheShim(t *testing.T) {
+	cancelled := make(chan struct{})
+	shim := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		close(cancelled)
+	}, 1<<20)
+	_, sock := startFront(t, shim, filepath.Join(t.TempDir(), "none.sock"))
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://cri"+runtimeService+"StopPodSandbox", bytes.NewReader(grpcBody(nil)))
+	req.Header.Set("Content-Type", "application/grpc")
+	go func() { time.Sleep(200 * time.Millisecond); cancel() }()
+	h2client(sock).Do(req)
+	select {
+	case <-cancelled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the shim's handler was not cancelled")
+	}
+}
+
+// the shim says an id is the downstream's: later calls for it go there, and the shim's own
+// headers never reach the client; when the downstream fails, the shim answers, told why
+func TestAnIDTheShimNamesGoesStraightToTheDownstream(t *testing.T) {
+	id := []byte(strings.Repeat("c", 64))
+	var mu sync.Mutex
+	var shimSaw []string
+	shim := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		shimSaw = append(shimSaw, r.URL.Path+" "+r.Header.Get(headerDownstream)+" "+r.Header.Get(headerSide))
+		mu.Unlock()
+		grpcReply(w, []byte("from-shim"), map[string]string{headerOwner: "downstream"})
+	}, 1<<20)
+	downSock := filepath.Join(t.TempDir(), "down.sock")
+	downLn, err := net.Listen("unix", downSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http2.Server{}
+	downSaw := 0
+	go func() {
+		for {
+			nc, err := downLn.Accept()
+			if err != nil {
+				return
+			}
+			go srv.ServeConn(nc, &http2.ServeConnOpts{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				downSaw++
+				mu.Unlock()
+				if r.Header.Get(headerSide) != "" || r.Header.Get(headerDownstream) != "" {
+					t.Errorf("a client's vmsandbox- header reached the downstream")
+				}
+				grpcReply(w, append([]byte("from-downstream:"), readMsg(r)...), nil)
+			})})
+		}
+	}()
+	_, sock := startFront(t, shim, downSock)
+	c := h2client(sock)
+	req := lenField(1, id)
+	first := rpc(t, c, runtimeService+"ContainerStatus", req, nil)
+	if string(first.msg) != "from-shim" || first.header.Get(headerOwner) != "" {
+		t.Fatalf("first: %q, owner header %q", first.msg, first.header.Get(headerOwner))
+	}
+	second := rpc(t, c, runtimeService+"ContainerStatus", req, map[string]string{headerSide: "vmsandbox", headerDownstream: "x"})
+	if !bytes.HasPrefix(second.msg, []byte("from-downstream:")) || !bytes.Equal(second.msg[16:], req) {
+		t.Fatalf("second: %q", second.msg)
+	}
+	// a sandbox id is another kind: the shim still answers
+	if r := rpc(t, c, runtimeService+"PodSandboxStatus", req, nil); string(r.msg) != "from-shim" {
+		t.Fatalf("PodSandboxStatus: %q", r.msg)
+	}
+	downLn.Close()
+	srv = nil
+	// the downstream gone: the shim answers, told why
+	f2, sock2 := startFront(t, shim, filepath.Join(t.TempDir(), "gone.sock"))
+	f2.learn(containerID, string(id))
+	r := rpc(t, h2client(sock2), runtimeService+"ContainerStatus", req, nil)
+	mu.Lock()
+	last := shimSaw[len(shimSaw)-1]
+	mu.Unlock()
+	if string(r.msg) != "from-shim" || !strings.Contains(last, "downstream CRI runtime unix:///down.sock") {
+		t.Fatalf("fallback: %q, the shim saw %q", r.msg, last)
+	}
+	// removing it through the shim forgets it
+	rpc(t, c, runtimeService+"RemoveContainer", req, nil)
+	if r := rpc(t, c, runtimeService+"ContainerStatus", req, nil); string(r.msg) != "from-shim" {
+		t.Fatalf("after RemoveContainer: %q", r.msg)
+	}
+}
+
+// without a list channel: the shim's own side over gRPC, marked, and the replies concatenated
+func TestListsAreMergedFromBothSides(t *testing.T) {
+	shim := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == sawListPath {
+			grpcReply(w, nil, nil)
+			return
+		}
+		if r.Header.Get(headerSide) != "vmsandbox" {
+			t.Errorf("the shim's side was asked without %s", headerSide)
+		}
+		grpcReply(w, lenField(1, []byte("vm")), nil)
+	}, 1<<20)
+	down := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) {
+		grpcReply(w, lenField(1, []byte("runc")), nil)
+	}, 1<<20)
+	_, sock := startFront(t, shim, down)
+	r := rpc(t, h2client(sock), runtimeService+"ListPodSandbox", nil, nil)
+	want := append(lenField(1, []byte("runc")), lenField(1, []byte("vm"))...)
+	if r.status != "0" || !bytes.Equal(r.msg, want) {
+		t.Fatalf("merged: %q %q", r.status, r.msg)
+	}
+}
+
+func TestTheInternalServiceIsNotForClients(t *testing.T) {
+	shim := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("the shim was asked %s", r.URL.Path)
+	}, 1<<20)
+	_, sock := startFront(t, shim, filepath.Join(t.TempDir(), "none.sock"))
+	if r := rpc(t, h2client(sock), sawListPath, nil, nil); r.status != "12" {
+		t.Fatalf("status %q", r.status)
+	}
+}
+
+func TestTheShimGoneIsUnavailable(t *testing.T) {
+	_, sock := startFront(t, filepath.Join(t.TempDir(), "gone.sock"), filepath.Join(t.TempDir(), "none.sock"))
+	r := rpc(t, h2client(sock), runtimeService+"Version", nil, nil)
+	if r.status != "14" || !strings.Contains(r.message, "vmsandbox shim") {
+		t.Fatalf("status %q %q", r.status, r.message)
+	}
+}
