@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -354,5 +355,100 @@ func TestTheShimGoneIsUnavailable(t *testing.T) {
 	r := rpc(t, h2client(sock), runtimeService+"Version", nil, nil)
 	if r.status != "14" || !strings.Contains(r.message, "vmsandbox shim") {
 		t.Fatalf("status %q %q", r.status, r.message)
+	}
+}
+
+// fakeLists is the shim's end of the list channel: it answers every list with the records'
+// generation it is at, and counts what it was asked.
+type fakeLists struct {
+	mu         sync.Mutex
+	nc         net.Conn
+	generation uint64
+	asked      int
+}
+
+func (l *fakeLists) push(g uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.generation = g
+	var frame [17]byte
+	binary.BigEndian.PutUint32(frame[0:4], 13)
+	frame[8] = listsGeneration
+	binary.BigEndian.PutUint64(frame[9:], g)
+	l.nc.Write(frame[:])
+}
+
+func (l *fakeLists) serve() {
+	var head [9]byte
+	for {
+		if _, err := io.ReadFull(l.nc, head[:]); err != nil {
+			return
+		}
+		req := make([]byte, binary.BigEndian.Uint32(head[0:4])-5)
+		io.ReadFull(l.nc, req)
+		l.mu.Lock()
+		l.asked++
+		msg := lenField(1, []byte(fmt.Sprintf("vm@%d", l.generation)))
+		out := make([]byte, 9+8, 9+8+len(msg))
+		binary.BigEndian.PutUint32(out[0:4], uint32(5+8+len(msg)))
+		copy(out[4:8], head[4:8])
+		out[8] = listsReplyKept
+		binary.BigEndian.PutUint64(out[9:17], l.generation)
+		l.nc.Write(append(out, msg...))
+		l.mu.Unlock()
+	}
+}
+
+func (l *fakeLists) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.asked
+}
+
+func TestTheShimsSideOfAListIsKeptWhileItsGenerationStands(t *testing.T) {
+	shim := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) { grpcReply(w, nil, nil) }, 1<<20)
+	down := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) {
+		grpcReply(w, lenField(1, []byte("runc")), nil)
+	}, 1<<20)
+	f, sock := startFront(t, shim, down)
+	mine, theirs := net.Pipe()
+	fake := &fakeLists{nc: theirs}
+	go fake.serve()
+	f.lists = newLocalLists(mine, f.setGeneration)
+	fake.push(5)
+	c := h2client(sock)
+	list := func() string {
+		r := rpc(t, c, runtimeService+"ListPodSandbox", nil, nil)
+		fs, err := fields(r.msg)
+		if err != nil || len(fs) != 2 || string(fs[0].bytes) != "runc" {
+			t.Fatalf("merged: %q", r.msg)
+		}
+		return string(fs[1].bytes)
+	}
+	steps := []struct {
+		name  string
+		do    func()
+		want  string
+		asked int // the channel asked so far
+	}{
+		{"first: asked", func() {}, "vm@5", 1},
+		{"again: kept", func() {}, "vm@5", 1},
+		{"a new generation: asked", func() { fake.push(6) }, "vm@6", 2},
+		{"kept at it", func() {}, "vm@6", 2},
+		{"a call that may change the records: asked", func() { rpc(t, c, runtimeService+"StopPodSandbox", nil, nil) }, "vm@6", 3},
+		{"a read-only one keeps it", func() { rpc(t, c, runtimeService+"PodSandboxStatus", nil, nil) }, "vm@6", 3},
+	}
+	for _, s := range steps {
+		s.do()
+		time.Sleep(20 * time.Millisecond) // the push is read by another goroutine
+		if got := list(); got != s.want || fake.count() != s.asked {
+			t.Fatalf("%s: %q, asked %d times", s.name, got, fake.count())
+		}
+	}
+	theirs.Close() // the channel gone: nothing kept holds, the shim is asked over gRPC
+	time.Sleep(20 * time.Millisecond)
+	r := rpc(t, c, runtimeService+"ListPodSandbox", nil, nil)
+	if !bytes.Equal(r.msg, lenField(1, []byte("runc"))) {
+		t.Fatalf("without the channel: %q", r.msg)
 	}
 }
