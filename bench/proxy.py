@@ -3,17 +3,20 @@
 A containerd of its own (``scripts/containerd.sh``, Debian's containerd and runc) holds N ordinary
 pods (host-network, so no CNI is involved; the sandbox image comes from a local registry) with one
 created container each; a vmsandbox shim process (``python -m shim serve``, the configuration's
-defaults but for its paths and ``downstream_endpoint``) has it as its downstream. Each RPC is called
-in turn through the shim's socket, through a bare forwarder and straight on containerd's socket,
-one call each, the order rotating, so all three see the same noise: ``Version`` (answered by
-vmsandbox itself, not forwarded), ``ContainerStatus`` (routed by id and forwarded as bytes),
-``ListPodSandbox`` and ``ListContainers`` (forwarded and merged with vmsandbox's own, empty, lists).
+defaults but for its paths and ``downstream_endpoint``) has it as its downstream, with its front
+(``front/``, the default ``front_binary``) reading the CRI socket as in production. Each RPC is
+called in turn on four paths, one call each, the order rotating, so all see the same noise:
+``proxy`` (the shim's socket: the front, and the shim where the front asks it), ``python`` (a
+second shim with ``front_binary: ''``: the shim alone, as before the front), ``splice`` and
+``direct`` (containerd's own socket). The RPCs: ``Version`` (vmsandbox's own answer, kept by the
+front), ``ContainerStatus`` (an id the shim has said is the downstream's: the front sends it
+straight there), ``ListPodSandbox`` and ``ListContainers`` (both sides at once, concatenated;
+vmsandbox's side, empty here, kept by the front while its records do not change).
 
-The bare forwarder (``--bare-forwarder``, a process of its own) is the least any Python gRPC proxy
-can add: a grpcio server whose one generic handler sends every call's bytes to containerd on one
-grpcio channel and returns the reply's bytes, with no routing, parsing or merging. Its added
-latency (``floor_added_p50_ms``, ``floor_added_p99_ms``) is the two gRPC hops alone; the shim's minus it is what the
-proxy's own code costs.
+The splice (``bench/splice``, Go, built here with Debian's go) relays each connection to
+containerd byte for byte without reading it: the least any process between the client and the
+runtime can add, whatever it is written in. Its added latency (``floor_added_p50_ms``,
+``floor_added_p99_ms``) is that floor; the proxy's minus it is what routing costs.
 
 Targets with 100 pods: added latency p50 <= 0.3 ms and <= 1.2x direct for each, judged on the
 median over ``--runs`` runs (each run: ``--calls`` calls per RPC and path).
@@ -43,6 +46,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
+from shim.config import DEFAULT_FRONT_BINARY
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 
@@ -62,42 +66,20 @@ def _registry_with_pause(work: Path) -> tuple[Any, str]:
     return registry, f"{registry.host}/bench/pause:1"
 
 
-def bare_forwarder(sock: str, endpoint: str) -> None:
-    """Serve ``sock`` until killed: every unary call's bytes to ``endpoint`` and the reply's bytes back."""
-    from concurrent import futures
-
-    channel = grpc.insecure_channel(endpoint)
-    calls: dict[str, Any] = {}
-
-    class Forward(grpc.GenericRpcHandler):  # type: ignore[type-arg]
-        def service(self, details: grpc.HandlerCallDetails) -> Any:
-            method = details.method
-            call = calls.get(method)
-            if call is None:
-                call = calls[method] = channel.unary_unary(method, None, None)
-
-            def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
-                reply: bytes = call(request, timeout=context.time_remaining())
-                return reply
-
-            return grpc.unary_unary_rpc_method_handler(forward)
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-    server.add_generic_rpc_handlers((Forward(),))
-    server.add_insecure_port(f"unix:{sock}")
-    server.start()
-    server.wait_for_termination()
-
-
-def _bare(work: Path, endpoint: str) -> subprocess.Popen[bytes]:
-    sock = work / "bare.sock"
+def _splice(work: Path, endpoint: str) -> subprocess.Popen[bytes]:
+    """bench/splice, built into ``work`` and relaying ``work/splice.sock`` to ``endpoint``."""
+    binary = work / "splice"
+    env = {**os.environ, "GO111MODULE": "off", "CGO_ENABLED": "0", "GOFLAGS": ""}
+    subprocess.run(
+        ["go", "build", "-o", str(binary), "."], cwd=REPO / "bench" / "splice", env=env, check=True, timeout=300
+    )
+    sock = work / "splice.sock"
     process = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "--bare-forwarder", str(sock), endpoint],
-        cwd=REPO,
-        stdout=(work / "bare.log").open("wb"),
+        [str(binary), str(sock), endpoint.removeprefix("unix://")],
+        stdout=(work / "splice.log").open("wb"),
         stderr=subprocess.STDOUT,
     )
-    _wait_for(sock, process, work / "bare.log")
+    _wait_for(sock, process, work / "splice.log")
     return process
 
 
@@ -110,7 +92,7 @@ def _wait_for(sock: Path, process: subprocess.Popen[bytes], log: Path) -> None:
         time.sleep(0.05)
 
 
-def _shim(work: Path, endpoint: str) -> subprocess.Popen[bytes]:
+def _shim(work: Path, endpoint: str, **extra: Any) -> subprocess.Popen[bytes]:
     config = {
         "socket_path": str(work / "cri.sock"),
         "state_dir": str(work / "state"),
@@ -118,6 +100,7 @@ def _shim(work: Path, endpoint: str) -> subprocess.Popen[bytes]:
         "libvirt_uri": os.environ.get("VMSANDBOX_LIBVIRT_URI", "qemu:///system"),
         "pod_network": "none",
         "downstream_endpoint": endpoint,
+        **extra,
     }
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     process = subprocess.Popen(
@@ -164,12 +147,12 @@ def _p99(samples: list[float]) -> float:
     return statistics.quantiles(samples, n=100, method="inclusive")[98]
 
 
-PATHS = ("proxy", "bare", "direct")
+PATHS = ("proxy", "python", "splice", "direct")
 
 
 def one_run(paths: dict[str, Callable[..., Any]], request: Callable[[int], Any], calls: int) -> dict[str, float]:
     """``calls`` calls on each path, one each in turn, the order rotating: p50 and p99 of each, and
-    what the proxy (and the bare forwarder) add to the direct call."""
+    what the proxy (the shim alone, the splice) adds to the direct call."""
     samples: dict[str, list[float]] = {name: [] for name in PATHS}
     for i in range(calls):
         req = request(i)
@@ -188,8 +171,11 @@ def one_run(paths: dict[str, Callable[..., Any]], request: Callable[[int], Any],
         "added_p50_ms": _ms(p50["proxy"] - p50["direct"]),
         "added_p99_ms": _ms(p99["proxy"] - p99["direct"]),
         "ratio": round(p50["proxy"] / p50["direct"], 3),
-        "floor_added_p50_ms": _ms(p50["bare"] - p50["direct"]),
-        "floor_added_p99_ms": _ms(p99["bare"] - p99["direct"]),
+        "python_added_p50_ms": _ms(p50["python"] - p50["direct"]),
+        "python_ratio": round(p50["python"] / p50["direct"], 3),
+        "floor_added_p50_ms": _ms(p50["splice"] - p50["direct"]),
+        "floor_added_p99_ms": _ms(p99["splice"] - p99["direct"]),
+        "floor_ratio": round(p50["splice"] / p50["direct"], 3),
     }
 
 
@@ -222,14 +208,18 @@ def measure(pods: int, calls: int, runs: int) -> dict[str, Any]:
             ids = _seed(direct, pods, pause, work / "logs")
             seed_s = time.perf_counter() - t0
             (work / "shim").mkdir()
+            (work / "python").mkdir()
             servers.append(_shim(work / "shim", endpoint))
-            servers.append(_bare(work, endpoint))
+            servers.append(_shim(work / "python", endpoint, front_binary=""))
+            servers.append(_splice(work, endpoint))
             with (
                 grpc.insecure_channel(f"unix:{work / 'shim' / 'cri.sock'}") as proxy_channel,
-                grpc.insecure_channel(f"unix:{work / 'bare.sock'}") as bare_channel,
+                grpc.insecure_channel(f"unix:{work / 'python' / 'cri.sock'}") as python_channel,
+                grpc.insecure_channel(f"unix:{work / 'splice.sock'}") as splice_channel,
             ):
                 proxy = pb_grpc.RuntimeServiceStub(proxy_channel)
-                bare = pb_grpc.RuntimeServiceStub(bare_channel)
+                python = pb_grpc.RuntimeServiceStub(python_channel)
+                splice = pb_grpc.RuntimeServiceStub(splice_channel)
                 assert len(proxy.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items) == pods
                 assert len(proxy.ListContainers(pb.ListContainersRequest(), timeout=30).containers) == pods
                 results: dict[str, Any] = {}
@@ -240,8 +230,13 @@ def measure(pods: int, calls: int, runs: int) -> dict[str, Any]:
                         "ListPodSandbox": lambda i: pb.ListPodSandboxRequest(),
                         "ListContainers": lambda i: pb.ListContainersRequest(),
                     }[rpc]
-                    paths = {"proxy": getattr(proxy, rpc), "bare": getattr(bare, rpc), "direct": getattr(direct, rpc)}
-                    for i in range(5):  # warm every path (connections, caches)
+                    paths = {
+                        "proxy": getattr(proxy, rpc),
+                        "python": getattr(python, rpc),
+                        "splice": getattr(splice, rpc),
+                        "direct": getattr(direct, rpc),
+                    }
+                    for i in range(len(ids) + 5):  # warm every path (connections; the front learns each id)
                         for fn in paths.values():
                             fn(request(i), timeout=30)
                     results[rpc] = summary([one_run(paths, request, calls) for _ in range(runs)])
@@ -267,8 +262,11 @@ RUN_SHAPE = {
     "added_p50_ms": smoke.FINITE,
     "added_p99_ms": smoke.FINITE,
     "ratio": smoke.POSITIVE,
+    "python_added_p50_ms": smoke.FINITE,
+    "python_ratio": smoke.POSITIVE,
     "floor_added_p50_ms": smoke.FINITE,
     "floor_added_p99_ms": smoke.FINITE,
+    "floor_ratio": smoke.POSITIVE,
 }
 SHAPE: dict[str, Any] = {
     "benchmark": "proxy",
@@ -289,13 +287,10 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=300, help="calls per RPC and path in each run")
     parser.add_argument("--runs", type=int, default=3, help="runs (the figures are their medians)")
     parser.add_argument("--smoke", action="store_true", help="10 pods, 1 run of 30 calls; check the JSON")
-    parser.add_argument("--bare-forwarder", nargs=2, metavar=("SOCKET", "ENDPOINT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.bare_forwarder:
-        bare_forwarder(*args.bare_forwarder)
-        return 0
     smoke.require(
-        smoke.missing_tools("containerd", "runc", "containerd-shim-runc-v2"),
+        smoke.missing_tools("containerd", "runc", "containerd-shim-runc-v2", "go"),
+        smoke.missing_files(DEFAULT_FRONT_BINARY),
         smoke.missing_image_tools(),
         smoke.missing_guest_host(),
     )

@@ -4,7 +4,9 @@ The configuration is checked before anything touches the filesystem (``preflight
 group exists, the metrics address parses). The socket is created with mode 0660 (umask set around
 the bind, then chmod), owned by root and the configured group; the state directory and the console
 log directory are 0700 and the state database 0600 (SQLite gives its -wal and -shm files the
-database's mode).
+database's mode). With a downstream runtime and a ``front_binary``, the shim binds and secures the
+CRI socket the same way and hands it to its front (``shim/front.py``), serving gRPC itself on
+``<state_dir>/shim.sock`` (0600).
 """
 
 from __future__ import annotations
