@@ -26,8 +26,9 @@ const (
 	recvConnWindow   = 1 << 24
 	defaultWindow    = 65535 // RFC 9113 6.9.2
 	defaultMaxFrame  = 16384
-	maxHeaderList    = 64 << 10 // a header block larger than this ends the connection
-	maxPendingBytes  = 32 << 20 // a stream whose peer stops reading is reset beyond this
+	maxHeaderList    = 64 << 10  // a header block larger than this ends the connection
+	maxPendingBytes  = 32 << 20  // a stream whose peer stops reading is reset beyond this
+	maxConnPending   = 256 << 20 // and any stream that would take a connection's waiting bytes beyond this
 	handshakeTimeout = 5 * time.Second
 )
 
@@ -59,6 +60,7 @@ type conn struct {
 	settled  bool  // the peer's first SETTINGS has come
 	connWin  int64
 	out      map[uint32]*outStream
+	queued   int // data waiting for window, all streams
 	dead     bool
 
 	// receive side, read loop only
@@ -138,8 +140,15 @@ func (c *conn) openLocked(id uint32) {
 // forget drops a stream's send state (its frames still waiting are dropped with it).
 func (c *conn) forget(id uint32) {
 	c.wmu.Lock()
-	delete(c.out, id)
+	c.dropLocked(id)
 	c.wmu.Unlock()
+}
+
+func (c *conn) dropLocked(id uint32) {
+	if s := c.out[id]; s != nil {
+		c.queued -= s.queued
+		delete(c.out, id)
+	}
 }
 
 // send writes a stream's items in order, as far as the peer's windows allow; the rest waits for
@@ -164,15 +173,18 @@ func (c *conn) sendLocked(id uint32, items ...item) bool {
 		if len(s.pending) > 0 {
 			s.pending = append(s.pending, it)
 			s.queued += len(it.data)
+			c.queued += len(it.data)
 			continue
 		}
 		if rest, done := c.writeItem(id, s, it); !done {
 			s.pending = append(s.pending, rest)
 			s.queued += len(rest.data)
+			c.queued += len(rest.data)
 		}
 	}
-	if s.queued > maxPendingBytes {
+	if s.queued > maxPendingBytes || c.queued > maxConnPending {
 		_ = c.fr.WriteRSTStream(id, http2.ErrCodeEnhanceYourCalm)
+		c.queued -= s.queued
 		delete(c.out, id)
 		return false
 	}
@@ -246,11 +258,14 @@ func (c *conn) drainLocked() {
 		for len(s.pending) > 0 {
 			rest, done := c.writeItem(id, s, s.pending[0])
 			if !done {
-				s.queued -= len(s.pending[0].data) - len(rest.data)
+				sent := len(s.pending[0].data) - len(rest.data)
+				s.queued -= sent
+				c.queued -= sent
 				s.pending[0] = rest
 				break
 			}
 			s.queued -= len(s.pending[0].data)
+			c.queued -= len(s.pending[0].data)
 			end := s.pending[0].end
 			s.pending = s.pending[1:]
 			if end && len(s.pending) == 0 {
@@ -354,7 +369,7 @@ func (c *conn) received(id uint32, n uint32, streamUnacked *uint32) {
 func (c *conn) reset(id uint32, code http2.ErrCode) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	delete(c.out, id)
+	c.dropLocked(id)
 	if c.dead {
 		return
 	}

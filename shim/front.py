@@ -43,6 +43,7 @@ _LISTS = {1: "ListPodSandbox", 2: "ListContainers"}
 _REPLY, _FAILED, _REPLY_KEPT, _GENERATION_NOW = 0, 1, 2, 3  # the shim's ops
 _MAX_REQUEST = 1 << 20  # a list request is a filter: anything longer ends the channel
 _LIST_WORKERS = 4  # lists answered at once (one may wait on a guest's agent)
+_MAX_LOG_LINE = 2048
 
 # answers a list: the method name and the request's bytes to the reply's bytes and the generation
 # it holds for (None: ask again each time); aborts like a servicer
@@ -142,6 +143,14 @@ class ListChannel:
                 self._send(request_id, _REPLY_KEPT, _GENERATION.pack(generation) + reply)
 
 
+def _relay_log(process: subprocess.Popen[bytes]) -> None:
+    """The front's lines into the shim's log (its format and level), each bounded."""
+    assert process.stderr is not None
+    stderr = process.stderr
+    for line in iter(lambda: stderr.readline(_MAX_LOG_LINE), b""):
+        log.warning("front (pid %d): %s", process.pid, line.decode(errors="replace").rstrip())
+
+
 def shim_socket(state_dir: str) -> Path:
     return Path(state_dir) / SHIM_SOCKET
 
@@ -198,6 +207,7 @@ class Front:
             process = subprocess.Popen(
                 [*self.argv, "-lists-fd", str(theirs.fileno())],
                 stdin=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 pass_fds=(self.listener.fileno(), theirs.fileno()),
             )
         except OSError as exc:
@@ -205,6 +215,7 @@ class Front:
             raise InfrastructureError(f"cannot start the front {self.argv[0]}: {exc}") from None
         finally:
             theirs.close()
+        threading.Thread(target=_relay_log, args=(process,), name="front-log", daemon=True).start()
         channel = ListChannel(mine, self.lists, self.generation())
         with self._lock:
             self._channel = channel

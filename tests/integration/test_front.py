@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -152,6 +153,28 @@ def test_a_client_cannot_speak_for_the_front(env: Env) -> None:
     finally:
         shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=60)
         shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=60)
+
+
+def test_a_client_breaking_http2_loses_its_connection_and_is_logged(env: Env) -> None:
+    def h2frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:  # RFC 9113 4.1
+        return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(env.shim.socket))
+        # the preface, empty settings, then HEADERS on an even stream (a server's, not a client's)
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2frame(4, 0, 0, b"") + h2frame(1, 0x4, 2, b"\x83"))
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    kinds = []
+    while len(got) >= 9:
+        length = int.from_bytes(got[:3], "big")
+        kinds.append(got[3])
+        got = got[9 + length :]
+    assert 7 in kinds, kinds  # GOAWAY, then the connection closed
+    eventually(lambda: "client connection: stream 2: not a new client stream" in env.shim.log_text(), 5, "not logged")
+    env.shim.runtime.Version(pb.VersionRequest(), timeout=10)  # the others carry on
 
 
 def test_a_list_larger_than_any_window_crosses_intact(env: Env) -> None:
