@@ -452,3 +452,118 @@ func TestTheShimsSideOfAListIsKeptWhileItsGenerationStands(t *testing.T) {
 		t.Fatalf("without the channel: %q", r.msg)
 	}
 }
+
+// raw is a client that writes frames as it likes.
+type raw struct {
+	nc  net.Conn
+	bw  *bufio.Writer
+	fr  *http2.Framer
+	hb  bytes.Buffer
+	enc *hpack.Encoder
+}
+
+func dialRaw(t *testing.T, sock string) *raw {
+	t.Helper()
+	nc, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	r := &raw{nc: nc, bw: bufio.NewWriter(nc)}
+	r.fr = http2.NewFramer(r.bw, nc)
+	r.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	r.enc = hpack.NewEncoder(&r.hb)
+	r.bw.WriteString(clientPreface)
+	r.fr.WriteSettings()
+	r.bw.Flush()
+	return r
+}
+
+func (r *raw) headers(id uint32, end bool, fields ...[2]string) {
+	r.hb.Reset()
+	for _, f := range fields {
+		r.enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hb.Bytes(), EndHeaders: true, EndStream: end})
+	r.bw.Flush()
+}
+
+func request(method string) [][2]string {
+	return [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", runtimeService + method},
+		{":authority", "cri"}, {"content-type", "application/grpc"}}
+}
+
+// until reads frames until one of stream id that ends it (a reset, or an end of stream).
+func (r *raw) until(t *testing.T, id uint32) http2.Frame {
+	t.Helper()
+	for {
+		r.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		f, err := r.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("waiting on stream %d: %v", id, err)
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				r.fr.WriteSettingsAck()
+				r.bw.Flush()
+			}
+		case *http2.RSTStreamFrame:
+			if f.StreamID == id {
+				return f
+			}
+		case *http2.MetaHeadersFrame:
+			if f.StreamID == id && f.StreamEnded() {
+				return f
+			}
+		case *http2.DataFrame:
+			if f.StreamID == id && f.StreamEnded() {
+				return f
+			}
+		}
+	}
+}
+
+func TestAMisbehavingStreamIsResetAndTheConnectionGoesOn(t *testing.T) {
+	served := make(chan string, 16)
+	shim := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) {
+		served <- r.URL.Path
+		grpcReply(w, []byte("v"), nil)
+	}, 1<<20)
+	_, sock := startFront(t, shim, filepath.Join(t.TempDir(), "none.sock"))
+	r := dialRaw(t, sock)
+	// a header name in capitals (RFC 9113 8.2.1): the framer's stream error; that stream only
+	r.headers(1, true, append(request("StopPodSandbox"), [2]string{"X-Capital", "1"})...)
+	if f, ok := r.until(t, 1).(*http2.RSTStreamFrame); !ok || f.ErrCode != http2.ErrCodeProtocol {
+		t.Fatalf("stream 1: %#v", f)
+	}
+	// a whole request, then data after its end: served once, then reset
+	r.headers(3, false, request("StopContainer")...)
+	r.fr.WriteData(3, true, grpcBody(nil))
+	r.fr.WriteData(3, true, grpcBody(nil))
+	r.bw.Flush()
+	switch f := r.until(t, 3).(type) { // its answer, or the reset if the extra data came first
+	case *http2.RSTStreamFrame:
+		if f.ErrCode != http2.ErrCodeStreamClosed {
+			t.Fatalf("stream 3: %v", f.ErrCode)
+		}
+	case *http2.MetaHeadersFrame:
+	default:
+		t.Fatalf("stream 3: %#v", f)
+	}
+	// and the connection still serves
+	r.headers(5, false, request("RemoveContainer")...)
+	r.fr.WriteData(5, true, grpcBody(nil))
+	r.bw.Flush()
+	if f, ok := r.until(t, 5).(*http2.MetaHeadersFrame); !ok || f.PseudoValue("status") == "" && header(f.Fields, "grpc-status") != "0" {
+		t.Fatalf("stream 5: %#v", f)
+	}
+	close(served)
+	paths := map[string]bool{}
+	for p := range served {
+		paths[p] = true
+	}
+	if paths[runtimeService+"StopPodSandbox"] || !paths[runtimeService+"RemoveContainer"] {
+		t.Fatalf("the shim served %v: never stream 1's, always stream 5's", paths)
+	}
+}

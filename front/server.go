@@ -40,6 +40,7 @@ type stream struct {
 	body    []byte
 	unacked uint32
 	started time.Time
+	ended   bool // the request is whole and on its way (under client.mu)
 
 	mu     sync.Mutex
 	ups    []*call // what it waits on
@@ -68,6 +69,19 @@ func (f *front) serveConn(nc net.Conn) {
 	}
 	for {
 		fr, err := c.fr.ReadFrame()
+		if se, ok := err.(http2.StreamError); ok { // one stream's fault (a malformed header): that stream ends
+			c.mu.Lock()
+			s := c.streams[se.StreamID]
+			if se.StreamID > c.lastID {
+				c.lastID = se.StreamID
+			}
+			c.mu.Unlock()
+			if s != nil {
+				s.abandon()
+			}
+			c.reset(se.StreamID, se.Code)
+			continue
+		}
 		if err != nil {
 			if ce, ok := err.(http2.ConnectionError); ok {
 				c.goAway(http2.ErrCode(ce))
@@ -116,8 +130,11 @@ func (c *client) frame(fr http2.Frame) error {
 		id := fr.StreamID
 		c.mu.Lock()
 		if s := c.streams[id]; s != nil { // trailers of a request: CRI calls send none, but they end it
+			ended := s.ended
 			c.mu.Unlock()
-			if fr.StreamEnded() {
+			if ended {
+				c.reset(id, http2.ErrCodeStreamClosed)
+			} else if fr.StreamEnded() {
 				c.dispatch(s)
 			}
 			return nil
@@ -145,6 +162,12 @@ func (c *client) frame(fr http2.Frame) error {
 		c.mu.Lock()
 		s := c.streams[fr.StreamID]
 		n := len(fr.Data())
+		if s != nil && s.ended { // data after the request's end: the stream is closed to it
+			c.mu.Unlock()
+			c.received(fr.StreamID, fr.Length, nil)
+			c.reset(fr.StreamID, http2.ErrCodeStreamClosed)
+			return nil
+		}
 		over := s != nil && (len(s.body)+n > maxMessage+5 || c.buffered+n > maxConnBuffers)
 		if s != nil && !over {
 			s.body = append(s.body, fr.Data()...)
@@ -179,6 +202,7 @@ func (c *client) frame(fr http2.Frame) error {
 func (c *client) dispatch(s *stream) {
 	c.mu.Lock()
 	c.buffered -= len(s.body)
+	s.ended = true // the request is whole: nothing more of it is read
 	c.mu.Unlock()
 	c.f.serve(s)
 }
@@ -187,6 +211,10 @@ func (c *client) dispatch(s *stream) {
 func (s *stream) done() {
 	c := s.c
 	c.mu.Lock()
+	if !s.ended { // given up before its request was whole: its bytes are no longer held
+		c.buffered -= len(s.body)
+		s.ended = true
+	}
 	delete(c.streams, s.id)
 	c.mu.Unlock()
 }
