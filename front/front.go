@@ -189,11 +189,7 @@ func (f *front) viaShim(s *stream, m method, downstreamDown string) {
 			}
 		}
 	}
-	up, err := f.shim.start(s.forwardHeaders(extra...), s.body, r)
-	if err != nil {
-		s.answer(codeUnavailable, fmt.Sprintf("vmsandbox shim at %s is unavailable: %v", f.shim.addr, err))
-		return
-	}
+	up := f.shim.start(s.forwardHeaders(extra...), s.body, r)
 	if !s.wait(up) {
 		up.cancel()
 	}
@@ -353,11 +349,7 @@ func (f *front) collect(up *upstream, s *stream, hdrs []hpack.HeaderField, done 
 		tmu.Unlock()
 		done(r)
 	}}
-	call, err := up.start(hdrs, s.body, c)
-	if err != nil {
-		c.finish(err)
-		return
-	}
+	call := up.start(hdrs, s.body, c)
 	if !s.wait(call) {
 		call.cancel()
 		return
@@ -566,11 +558,7 @@ func (f *front) sendSawLocked(path string, k int, body []byte) {
 		}
 		f.sendSawLocked(path, k, next)
 	}}
-	go func() { // the shim's connection may need dialling: never under f.mu
-		if _, err := f.shim.start(hdrs, body, c); err != nil {
-			c.finish(err)
-		}
-	}()
+	go f.shim.start(hdrs, body, c) // never under f.mu: its reply may come at once and take it
 }
 
 // withoutLength is a reply's headers for a body of another length than theirs said.

@@ -30,8 +30,9 @@ type upstream struct {
 	name string // for messages: what the caller knows it by
 	addr string // its unix socket
 
-	mu  sync.Mutex
-	cur *upConn
+	mu   sync.Mutex // cur
+	cur  *upConn
+	dial sync.Mutex // one dial at a time
 }
 
 type upConn struct {
@@ -46,19 +47,32 @@ type upConn struct {
 }
 
 type call struct {
-	id      uint32
-	uc      *upConn
 	sink    sink
-	unacked uint32
+	unacked uint32 // the connection's read loop only
 	once    sync.Once
+
+	mu        sync.Mutex
+	uc        *upConn // nil until the call is on a connection
+	id        uint32
+	cancelled bool
 }
 
-// conn is the live connection, dialled if there is none.
-func (u *upstream) connection() (*upConn, error) {
+// live is the connection if there is a usable one (never dials).
+func (u *upstream) live() *upConn {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.cur != nil && u.cur.usable() {
-		return u.cur, nil
+		return u.cur
+	}
+	return nil
+}
+
+// connection is the live connection, dialled if there is none (one dial at a time).
+func (u *upstream) connection() (*upConn, error) {
+	u.dial.Lock()
+	defer u.dial.Unlock()
+	if uc := u.live(); uc != nil {
+		return uc, nil
 	}
 	nc, err := net.DialTimeout("unix", u.addr, dialTimeout)
 	if err != nil {
@@ -69,7 +83,9 @@ func (u *upstream) connection() (*upConn, error) {
 		_ = nc.Close()
 		return nil, err
 	}
+	u.mu.Lock()
 	u.cur = uc
+	u.mu.Unlock()
 	go uc.readLoop()
 	return uc, nil
 }
@@ -80,20 +96,44 @@ func (uc *upConn) usable() bool {
 	return uc.err == nil && !uc.goingAw && uc.nextID < 1<<30
 }
 
-// start sends a request (headers and the whole body) on a new stream; its reply goes to s.
-func (u *upstream) start(hdrs []hpack.HeaderField, body []byte, s sink) (*call, error) {
-	uc, err := u.connection()
-	if err != nil {
-		return nil, err
+// start sends a request (headers and the whole body) on a new stream; its reply, or the failure
+// to send it, goes to s. It never waits: a connection that must be dialled first is dialled
+// by a goroutine of its own, so a caller's read loop is never held by a peer that does not accept.
+func (u *upstream) start(hdrs []hpack.HeaderField, body []byte, s sink) *call {
+	c := &call{sink: s}
+	if uc := u.live(); uc != nil && uc.open(c, hdrs, body) == nil {
+		return c
 	}
-	uc.wmu.Lock() // stream ids must reach the peer in the order they are taken
+	go func() {
+		uc, err := u.connection()
+		if err == nil {
+			err = uc.open(c, hdrs, body)
+		}
+		if err != nil {
+			c.finish(err)
+		}
+	}()
+	return c
+}
+
+// open puts the call on the connection: a stream id (in the order the peer must see them), its
+// headers and body. A call cancelled meanwhile is not sent.
+func (uc *upConn) open(c *call, hdrs []hpack.HeaderField, body []byte) error {
+	uc.wmu.Lock()
+	defer uc.wmu.Unlock()
 	uc.mu.Lock()
 	if uc.err != nil || uc.goingAw {
 		uc.mu.Unlock()
-		uc.wmu.Unlock()
-		return nil, errors.New("connection closing")
+		return errors.New("connection closing")
 	}
-	c := &call{id: uc.nextID, uc: uc, sink: s}
+	c.mu.Lock()
+	if c.cancelled {
+		c.mu.Unlock()
+		uc.mu.Unlock()
+		return nil
+	}
+	c.uc, c.id = uc, uc.nextID
+	c.mu.Unlock()
 	uc.nextID += 2
 	uc.calls[c.id] = c
 	uc.mu.Unlock()
@@ -102,32 +142,46 @@ func (u *upstream) start(hdrs []hpack.HeaderField, body []byte, s sink) (*call, 
 	if len(body) > 0 {
 		uc.sendLocked(c.id, item{data: body, end: true})
 	}
-	err = uc.bw.Flush()
-	uc.wmu.Unlock()
-	if err != nil {
-		uc.fail(err)
-		return nil, err
+	if err := uc.bw.Flush(); err != nil {
+		uc.dead = true
+		go uc.fail(err) // takes wmu, held here
 	}
-	return c, nil
+	return nil
+}
+
+// placed is the call's connection and stream id (nil before it is on one).
+func (c *call) placed() (*upConn, uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.uc, c.id
 }
 
 // cancel gives up a call: the peer is told (RST_STREAM CANCEL) and the sink hears nothing more.
 func (c *call) cancel() {
 	c.once.Do(func() {
-		c.uc.mu.Lock()
-		delete(c.uc.calls, c.id)
-		c.uc.mu.Unlock()
-		c.uc.reset(c.id, http2.ErrCodeCancel)
+		c.mu.Lock()
+		c.cancelled = true
+		c.mu.Unlock()
+		uc, id := c.placed()
+		if uc == nil {
+			return
+		}
+		uc.mu.Lock()
+		delete(uc.calls, id)
+		uc.mu.Unlock()
+		uc.reset(id, http2.ErrCodeCancel)
 	})
 }
 
 // finish removes a call whose reply is complete, or that failed, and tells its sink the failure.
 func (c *call) finish(err error) {
 	c.once.Do(func() {
-		c.uc.mu.Lock()
-		delete(c.uc.calls, c.id)
-		c.uc.mu.Unlock()
-		c.uc.forget(c.id)
+		if uc, id := c.placed(); uc != nil {
+			uc.mu.Lock()
+			delete(uc.calls, id)
+			uc.mu.Unlock()
+			uc.forget(id)
+		}
 		if err != nil {
 			c.sink.failed(err)
 		}

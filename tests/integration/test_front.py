@@ -9,10 +9,12 @@ than any flow-control window crosses it intact.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -193,6 +195,37 @@ def test_a_list_larger_than_any_window_crosses_intact(env: Env) -> None:
     finally:
         shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=60)
         shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=60)
+
+
+def test_crictl_lists_both_kinds_of_pods_with_their_handler(env: Env) -> None:
+    crictl = os.environ.get("CRICTL") or shutil.which("crictl")
+    if not crictl:
+        pytest.skip("crictl not found (set CRICTL or put cri-tools' crictl on PATH)")
+    shim = env.shim
+    plain = shim.runtime.RunPodSandbox(
+        pb.RunPodSandboxRequest(config=host_network("crictl-plain")), timeout=120
+    ).pod_sandbox_id
+    config = pod("crictl-vm", containers=[("app", q({"cpu": "1", "memory": "64Mi"}))])
+    vm = shim.runtime.RunPodSandbox(
+        pb.RunPodSandboxRequest(config=config, runtime_handler="vmsandbox"), timeout=180
+    ).pod_sandbox_id
+    try:
+        endpoint = f"unix://{shim.socket}"
+        listed = subprocess.run(
+            [crictl, "--runtime-endpoint", endpoint, "pods", "-o", "json"], capture_output=True, text=True, timeout=60
+        )
+        assert listed.returncode == 0, listed.stderr
+        handlers = {p["id"]: p["runtimeHandler"] for p in json.loads(listed.stdout)["items"]}
+        assert handlers == {plain: "", vm: "vmsandbox"}
+        table = subprocess.run(
+            [crictl, "--runtime-endpoint", endpoint, "pods"], capture_output=True, text=True, timeout=60
+        ).stdout
+        rows = {line.split()[0]: line.split()[-1] for line in table.splitlines()[1:]}
+        assert rows == {plain[:13]: "(default)", vm[:13]: "vmsandbox"}, table
+    finally:
+        for sid in (plain, vm):
+            shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+            shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
 
 
 def test_the_lists_follow_every_change_of_the_vm_side(env: Env) -> None:
