@@ -12,7 +12,8 @@ The rule (README, "Sharing the node"):
   credentials the kubelet last gave for that repository; the container then starts on an image of
   its own store. The cost: the first container of an image on the side that lacks it waits for
   that pull inside ``CreateContainer``; an image both kinds of pods use is stored twice.
-  With the downstream unreachable ``ImageStatus`` answers from vmsandbox's store alone.
+  With the downstream unreachable ``ImageStatus`` answers from vmsandbox's store alone, and a
+  ``PullImage`` for both stores succeeds with vmsandbox's pull.
 - ``ListImages`` is one entry per image id (both stores name an image by its config digest): the
   downstream's entry, with vmsandbox's names added. ``RemoveImage`` removes from both stores;
   each store keeps what its containers still use as it does alone. ``ImageFsInfo`` lists both
@@ -152,10 +153,18 @@ class ImageRouter:
             return self._theirs("PullImage", data, context)
         theirs = self._beside.submit(self._theirs, "PullImage", data, context)  # an unknown pod: both stores
         try:
-            self._mine("PullImage", pb.PullImageRequest, data, context)
-        finally:
-            answer = theirs.result()  # waited for even when vmsandbox's pull failed
-        return answer
+            mine = self._mine("PullImage", pb.PullImageRequest, data, context)
+        except BaseException:
+            futures.wait([theirs])  # waited for even when vmsandbox's pull failed
+            raise
+        try:
+            return theirs.result()
+        except DownstreamUnavailable as exc:
+            # the image is in vmsandbox's store; a container of the downstream's that needs it has
+            # it copied there first (``ensure``), as for any image the other side pulled
+            log.warning("PullImage: %s; pulled into vmsandbox's store only", exc)
+            reply = mine.SerializeToString()
+            return reply
 
     def _ImageStatus(self, data: bytes, context: grpc.ServicerContext) -> bytes:
         mine = self._mine("ImageStatus", pb.ImageStatusRequest, data, context)

@@ -250,6 +250,9 @@ def test_downstream_killed_then_back_vm_pods_untouched(env: Env) -> None:
         # the merged list: containerd's pods as it last listed them, not left out
         listed = shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items
         assert {s.id for s in listed} == {env.ids["plain"], env.ids["vm"]}
+        # a pull for no pod it knows goes to both stores: vmsandbox's alone is enough now
+        pulled = shim.images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")), timeout=120)
+        assert pulled.image_ref.startswith("sha256:")
     finally:
         ctd.up()
     # back, without a shim restart
@@ -265,7 +268,12 @@ def test_downstream_killed_then_back_vm_pods_untouched(env: Env) -> None:
                 raise
             time.sleep(0.2)
     assert status.id == env.ids["plain-container"]
-    assert _conditions(shim)["DownstreamRuntimeReady"].status
+    # the shim's own channel to it reconnects within its backoff (at most a second), whatever
+    # the front found meanwhile
+    deadline = time.monotonic() + 5
+    while not _conditions(shim)["DownstreamRuntimeReady"].status:
+        assert time.monotonic() < deadline, "Status never saw the downstream back"
+        time.sleep(0.2)
 
 
 def test_restarted_shim_finds_the_same_routing(env: Env) -> None:
