@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -31,6 +32,12 @@ const (
 	maxConnPending   = 256 << 20 // and any stream that would take a connection's waiting bytes beyond this
 	handshakeTimeout = 5 * time.Second
 )
+
+// a peer that takes no bytes for this long loses its connection: whoever writes to it (the read
+// loop of another connection, say) is never held longer
+var writeTimeout atomic.Int64 // nanoseconds (tests shorten it)
+
+func init() { writeTimeout.Store(int64(5 * time.Second)) }
 
 var errConnClosed = errors.New("connection closed")
 
@@ -122,6 +129,21 @@ func (c *conn) handshake(server bool) error {
 	return c.bw.Flush()
 }
 
+// flushLocked writes what is buffered, within writeTimeout; a peer that does not take it in time
+// is cut off (its read loop then ends the connection). Called with wmu held.
+func (c *conn) flushLocked() error {
+	if c.dead {
+		return errConnClosed
+	}
+	_ = c.nc.SetWriteDeadline(time.Now().Add(time.Duration(writeTimeout.Load())))
+	err := c.bw.Flush()
+	if err != nil {
+		c.dead = true
+		_ = c.nc.Close()
+	}
+	return err
+}
+
 func (c *conn) close() {
 	c.closeOnce.Do(func() {
 		c.wmu.Lock()
@@ -157,8 +179,7 @@ func (c *conn) send(id uint32, items ...item) bool {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	ok := c.sendLocked(id, items...)
-	if err := c.bw.Flush(); err != nil {
-		c.dead = true
+	if c.flushLocked() != nil {
 		return false
 	}
 	return ok
@@ -309,7 +330,7 @@ func (c *conn) control(f http2.Frame) (bool, error) {
 		c.initWin = initial
 		_ = c.fr.WriteSettingsAck()
 		c.drainLocked()
-		return true, c.bw.Flush()
+		return true, c.flushLocked()
 	case *http2.WindowUpdateFrame:
 		c.wmu.Lock()
 		defer c.wmu.Unlock()
@@ -319,7 +340,7 @@ func (c *conn) control(f http2.Frame) (bool, error) {
 			s.window += int64(f.Increment)
 		}
 		c.drainLocked()
-		return true, c.bw.Flush()
+		return true, c.flushLocked()
 	case *http2.PingFrame:
 		if f.IsAck() {
 			return true, nil
@@ -327,7 +348,7 @@ func (c *conn) control(f http2.Frame) (bool, error) {
 		c.wmu.Lock()
 		defer c.wmu.Unlock()
 		_ = c.fr.WritePing(true, f.Data)
-		return true, c.bw.Flush()
+		return true, c.flushLocked()
 	case *http2.PriorityFrame:
 		return true, nil
 	}
@@ -362,7 +383,7 @@ func (c *conn) received(id uint32, n uint32, streamUnacked *uint32) {
 	if stream > 0 {
 		_ = c.fr.WriteWindowUpdate(id, stream)
 	}
-	_ = c.bw.Flush()
+	_ = c.flushLocked()
 }
 
 // reset ends a stream with RST_STREAM.
@@ -374,5 +395,5 @@ func (c *conn) reset(id uint32, code http2.ErrCode) {
 		return
 	}
 	_ = c.fr.WriteRSTStream(id, code)
-	_ = c.bw.Flush()
+	_ = c.flushLocked()
 }

@@ -567,3 +567,39 @@ func TestAMisbehavingStreamIsResetAndTheConnectionGoesOn(t *testing.T) {
 		t.Fatalf("the shim served %v: never stream 1's, always stream 5's", paths)
 	}
 }
+
+// a client that stops reading its socket holds no one else: the shim's connection, which carries
+// every client's calls, writes to it for writeTimeout at most
+func TestAClientThatStopsReadingHoldsNoOneElse(t *testing.T) {
+	was := writeTimeout.Swap(int64(300 * time.Millisecond))
+	defer writeTimeout.Store(was)
+	big := bytes.Repeat([]byte("x"), 8<<20)
+	shim := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/StopPodSandbox") {
+			grpcReply(w, big, nil)
+			return
+		}
+		grpcReply(w, []byte("small"), nil)
+	}, 1<<20)
+	_, sock := startFront(t, shim, filepath.Join(t.TempDir(), "none.sock"))
+	stuck := dialRaw(t, sock)
+	stuck.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1})
+	stuck.fr.WriteWindowUpdate(0, 1<<31-1-65535)
+	stuck.headers(1, false, request("StopPodSandbox")...)
+	stuck.fr.WriteData(1, true, grpcBody(nil))
+	stuck.bw.Flush() // and never reads again
+	time.Sleep(100 * time.Millisecond)
+	c := h2client(sock)
+	for i := 0; i < 3; i++ {
+		done := make(chan reply, 1)
+		go func() { done <- rpc(t, c, runtimeService+"StopContainer", nil, nil) }()
+		select {
+		case r := <-done:
+			if string(r.msg) != "small" {
+				t.Fatalf("call %d: %q", i, r.msg)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("call %d waits behind the client that stopped reading", i)
+		}
+	}
+}

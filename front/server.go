@@ -109,7 +109,7 @@ func (c *client) goAway(code http2.ErrCode) {
 	last := c.lastID
 	c.mu.Unlock()
 	_ = c.fr.WriteGoAway(last, code, nil)
-	_ = c.bw.Flush()
+	_ = c.flushLocked()
 }
 
 // shutdown cancels what the connection's calls still wait on.

@@ -142,8 +142,7 @@ func (uc *upConn) open(c *call, hdrs []hpack.HeaderField, body []byte) error {
 	if len(body) > 0 {
 		uc.sendLocked(c.id, item{data: body, end: true})
 	}
-	if err := uc.bw.Flush(); err != nil {
-		uc.dead = true
+	if err := uc.flushLocked(); err != nil {
 		go uc.fail(err) // takes wmu, held here
 	}
 	return nil
