@@ -321,7 +321,11 @@ if ! front_said=$(bash "$REPO_ROOT/scripts/build-front.sh" </dev/null 2>"$front_
     tail_log "$front_log"
     die "scripts/build-front.sh failed (full log: $front_log)"
 fi
-step 8 "cri front" "$front_said: /usr/local/libexec/vmsandbox/vmsandbox-front ($(secs_since "$t0") s)"
+if [[ $front_said == "up to date" ]]; then
+    step 8 "cri front" "already done (/usr/local/libexec/vmsandbox/vmsandbox-front up to date)"
+else
+    step 8 "cri front" "built /usr/local/libexec/vmsandbox/vmsandbox-front in $(secs_since "$t0") s"
+fi
 
 # ---- 9. summary ----------------------------------------------------------------------------------------
 ver=$(virsh -c "$LIBVIRT_URI" version --daemon 2>/dev/null || true)
