@@ -255,7 +255,7 @@ func (r *relay) failed(err error) {
 		}
 		return
 	}
-	r.s.answer(codeUnavailable, fmt.Sprintf("vmsandbox shim at %s: %v", r.f.shim.addr, err))
+	r.f.shimUnavailable(r.s, err)
 }
 
 // result is a whole reply, or why there is none.
@@ -389,10 +389,15 @@ func (f *front) answer(s *stream, r result) {
 				return
 			}
 		}
-		s.answer(codeUnavailable, fmt.Sprintf("vmsandbox shim at %s: %v", f.shim.addr, r.err))
+		f.shimUnavailable(s, r.err)
 		return
 	}
 	s.reply(r.hdrs, r.body, r.trailers)
+}
+
+// shimUnavailable answers a call the shim could not be asked, or did not answer.
+func (f *front) shimUnavailable(s *stream, err error) {
+	s.answer(codeUnavailable, fmt.Sprintf("vmsandbox shim at %s: %v", f.shim.addr, err))
 }
 
 // downstreamFailed says why a call sent straight to the downstream did not get its answer
@@ -470,6 +475,9 @@ func (f *front) merged(s *stream, unfiltered bool) {
 		own = &r
 		both()
 	}
+	overGRPC := func() { // vmsandbox's side without the list channel
+		f.collect(f.shim, s, s.forwardHeaders(hpack.HeaderField{Name: headerSide, Value: "vmsandbox"}), mine)
+	}
 	msg, _ := grpcMessage(s.body)
 	key := s.path + "\x00" + string(msg)
 	if body, ok := f.keptList(key); ok {
@@ -478,7 +486,7 @@ func (f *front) merged(s *stream, unfiltered bool) {
 		epoch := f.currentEpoch()
 		asked := f.lists.ask(s.path, msg, func(l listed) {
 			if l.err == errListsDown { // the channel closed under this call: the slower way
-				f.collect(f.shim, s, s.forwardHeaders(hpack.HeaderField{Name: headerSide, Value: "vmsandbox"}), mine)
+				overGRPC()
 				return
 			}
 			if l.generation != 0 && l.ok() {
@@ -487,7 +495,7 @@ func (f *front) merged(s *stream, unfiltered bool) {
 			mine(l.result)
 		})
 		if !asked {
-			f.collect(f.shim, s, s.forwardHeaders(hpack.HeaderField{Name: headerSide, Value: "vmsandbox"}), mine)
+			overGRPC()
 		}
 	}
 	f.collect(f.downstream, s, s.forwardHeaders(), func(r result) {

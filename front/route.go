@@ -14,6 +14,7 @@ import (
 
 const (
 	runtimeService = "/runtime.v1.RuntimeService/"
+	imageService   = "/runtime.v1.ImageService/"
 	internalPrefix = "/vmsandbox.internal."
 	// the one method of the shim's internal service: the downstream's last unfiltered list
 	sawListPath = "/vmsandbox.internal.Front/SawList"
@@ -72,15 +73,15 @@ var methods = map[string]method{
 // readOnlyMethods change none of the shim's records (a list or status that finds a container
 // exited records it, but a record's change moves the generation, which the shim tells the front)
 var readOnlyMethods = map[string]bool{
-	"/runtime.v1.RuntimeService/Version": true, "/runtime.v1.RuntimeService/Status": true,
-	"/runtime.v1.RuntimeService/PodSandboxStatus": true, "/runtime.v1.RuntimeService/ContainerStatus": true,
-	"/runtime.v1.RuntimeService/ListPodSandbox": true, "/runtime.v1.RuntimeService/ListContainers": true,
-	"/runtime.v1.RuntimeService/PodSandboxStats": true, "/runtime.v1.RuntimeService/ContainerStats": true,
-	"/runtime.v1.RuntimeService/ListPodSandboxStats": true, "/runtime.v1.RuntimeService/ListContainerStats": true,
-	"/runtime.v1.RuntimeService/RuntimeConfig": true, "/runtime.v1.RuntimeService/ListMetricDescriptors": true,
-	"/runtime.v1.RuntimeService/ListPodSandboxMetrics": true,
-	"/runtime.v1.ImageService/ListImages":              true, "/runtime.v1.ImageService/ImageStatus": true,
-	"/runtime.v1.ImageService/ImageFsInfo": true, "/grpc.health.v1.Health/Check": true,
+	runtimeService + "Version": true, runtimeService + "Status": true,
+	runtimeService + "PodSandboxStatus": true, runtimeService + "ContainerStatus": true,
+	runtimeService + "ListPodSandbox": true, runtimeService + "ListContainers": true,
+	runtimeService + "PodSandboxStats": true, runtimeService + "ContainerStats": true,
+	runtimeService + "ListPodSandboxStats": true, runtimeService + "ListContainerStats": true,
+	runtimeService + "RuntimeConfig": true, runtimeService + "ListMetricDescriptors": true,
+	runtimeService + "ListPodSandboxMetrics": true,
+	imageService + "ListImages":              true, imageService + "ImageStatus": true,
+	imageService + "ImageFsInfo": true, "/grpc.health.v1.Health/Check": true,
 }
 
 func readOnly(p string) bool { return readOnlyMethods[p] }
