@@ -7,7 +7,8 @@ the mapping (a mount's idmapping can be set only while it is detached), so QEMU'
 enter it where it is root's and 0700. So such a volume is bound private, and this owner copies
 each later host mount below its source itself: it waits on ``/proc/self/mountinfo`` (``poll``:
 the kernel marks it whenever the mount table changes), and for each new mount below a watched
-source attaches an idmapped, private copy of that mount alone at the same place inside the bind;
+source attaches an idmapped, private, nosuid and nodev copy of that mount alone at the same place
+inside the bind, read-only when the volume is;
 a mount the host takes away is detached there again. Before an exec into a container, the
 caller catches up at once (``catch_up``), so a mount made before the exec is seen by it.
 
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from vmsandbox.adapters import binds
 from vmsandbox.errors import InfrastructureError
-from vmsandbox.mountinfo import mount_changes, mounts_below
+from vmsandbox.mountinfo import mount_changes, mounts_below, options_at
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,20 @@ class _Watch:
     bound: Path  # the bind's mount point in QEMU's namespace
     beneath: Path  # the 9p export the bind is below
     root_as: int  # QEMU's uid: host root's files are its own through the copies
+    readonly: bool  # the volume is read-only: so is every copy
     known: dict[int, str] = field(default_factory=dict)  # host mount id -> point, in QEMU's namespace already
     # of those, the ones with no mount of their own there: the source's own mount (which the bind
     # is) and those whose copy failed; taking them away detaches nothing
     unplaced: set[int] = field(default_factory=set)
+
+
+def _mounted_read_only(qemu_pid: int, bound: Path) -> bool:
+    """Whether the bind at ``bound`` in QEMU's namespace is read-only (so when unknown)."""
+    try:
+        options = options_at(Path(f"/proc/{qemu_pid}/mountinfo").read_text(), str(bound))
+    except OSError:
+        return True
+    return options is None or "ro" in options
 
 
 class MountFollower:
@@ -77,11 +88,16 @@ class MountFollower:
         beneath: Path,
         root_as: int,
         known: dict[int, str],
+        readonly: bool | None = None,
     ) -> None:
         """Follow ``source`` into the bind of the container's volume ``index`` at ``bound``;
-        ``known``: ``snapshot(source)`` from before the bind."""
+        ``known``: ``snapshot(source)`` from before the bind; ``readonly``: whether the volume is
+        (None: as the bind at ``bound`` is mounted in QEMU's namespace, read-only when that
+        cannot be read)."""
+        if readonly is None:
+            readonly = _mounted_read_only(qemu_pid, bound)
         own = {i for i, p in known.items() if p == source}
-        w = _Watch(qemu_pid, source, bound, beneath, root_as, dict(known), own)
+        w = _Watch(qemu_pid, source, bound, beneath, root_as, readonly, dict(known), own)
         with self._lock:
             self._watches[(sandbox_id, container_id, index)] = w
             if self._thread is None:
@@ -130,7 +146,13 @@ class MountFollower:
             w.known[mount_id] = point  # tried once: a mount that cannot be copied is not tried again
             try:
                 binds.bind_below(
-                    w.qemu_pid, point, w.bound, os.path.relpath(point, w.source), beneath=w.beneath, root_as=w.root_as
+                    w.qemu_pid,
+                    point,
+                    w.bound,
+                    os.path.relpath(point, w.source),
+                    beneath=w.beneath,
+                    root_as=w.root_as,
+                    readonly=w.readonly,
                 )
             except InfrastructureError as exc:
                 w.unplaced.add(mount_id)

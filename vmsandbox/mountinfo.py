@@ -1,7 +1,8 @@
-"""Reading /proc/<pid>/mountinfo (pure): the mount points a namespace has, as plain paths.
+"""Reading /proc/<pid>/mountinfo (pure): the mount points a namespace has, as plain paths, and
+a mount's own options.
 
 Each line's fifth field is a mount point, with space, tab, newline and backslash written as octal
-escapes (proc(5)).
+escapes (proc(5)); the sixth is the mount's options (``ro``, ``nosuid``, ...).
 """
 
 from __future__ import annotations
@@ -55,3 +56,14 @@ def mount_changes(
     added = sorted(((i, p) for i, p in now.items() if known.get(i) != p), key=lambda m: m[1].count("/"))
     gone = sorted(((i, p) for i, p in known.items() if now.get(i) != p), key=lambda m: m[1].count("/"))
     return added, gone[::-1]
+
+
+def options_at(mountinfo: str, point: str) -> frozenset[str] | None:
+    """The per-mount options of the topmost mount at ``point`` in ``mountinfo`` (the last one
+    attached there); None when nothing is mounted there."""
+    found = None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) >= 6 and unescape(fields[4]) == point:
+            found = frozenset(fields[5].split(","))
+    return found

@@ -162,11 +162,46 @@ def test_a_mount_copied_into_a_bind_never_lands_on_what_a_guest_put_there(tmp_pa
         before = Path(f"/proc/{qemu}/mountinfo").read_text().count("\n")
         for rel in ("evil", "../../..", "missing"):
             with pytest.raises(InfrastructureError, match=r"guest may have changed the target|neither a directory"):
-                binds.bind_below(qemu, tmp_path / "later", target, rel, beneath=shared, root_as=2_000_000_321)
+                binds.bind_below(
+                    qemu, tmp_path / "later", target, rel, beneath=shared, root_as=2_000_000_321, readonly=False
+                )
         assert Path(f"/proc/{qemu}/mountinfo").read_text().count("\n") == before
-        binds.bind_below(qemu, tmp_path / "later", target, ".", beneath=shared, root_as=2_000_000_321)
+        binds.bind_below(qemu, tmp_path / "later", target, ".", beneath=shared, root_as=2_000_000_321, readonly=False)
         assert inside(qemu, f"stat -c %u {target}").stdout.strip() == "2000000321"
         binds.unbind_below(qemu, target, ".", beneath=shared)
         assert Path(f"/proc/{qemu}/mountinfo").read_text().count("\n") == before
     finally:
         subprocess.run(["umount", str(tmp_path / "later")], check=True)
+
+
+def mount_options(pid: int, point: Path) -> set[str]:
+    """The per-mount options of the topmost mount at ``point`` in the namespace of ``pid``."""
+    found: set[str] = set()
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        if fields[4] == str(point):
+            found = set(fields[5].split(","))
+    assert found, f"nothing mounted at {point}"
+    return found
+
+
+def test_every_bind_is_nosuid_and_nodev_and_a_setuid_file_made_through_it_grants_nothing(
+    tmp_path: Path, qemu: int
+) -> None:
+    """An escaped QEMU writes through its binds; what it writes there must never run setuid (nor
+    open a device) through them, at any depth of the bind."""
+    source = tmp_path / "volume"
+    (source / "below").mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(source / "below")], check=True)
+    try:
+        target = tmp_path / "target"
+        target.mkdir()
+        binds.bind(qemu, source, target, readonly=False, beneath=tmp_path)
+        for point in (target, target / "below"):
+            assert {"nosuid", "nodev"} <= mount_options(qemu, point), point
+        made = inside(qemu, f"cp /usr/bin/id {target}/id && chmod 4755 {target}/id && ls -l {target}/id")
+        assert made.returncode == 0 and made.stdout.startswith("-rwsr-xr-x"), made
+        ran = inside(qemu, f"setpriv --reuid=65534 --regid=65534 --clear-groups {target}/id -u")
+        assert ran.stdout.strip() == "65534", ran  # not 0: the setuid bit does nothing through the bind
+    finally:
+        subprocess.run(["umount", str(source / "below")], capture_output=True)

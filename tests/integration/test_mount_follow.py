@@ -168,3 +168,40 @@ def test_a_mount_that_could_not_be_copied_detaches_nothing_when_it_goes(
         subprocess.run(["umount", str(source)], check=True)
     follower.catch_up("s1")
     assert owner_inside(qemu, target / "later") == str(QEMU_UID)
+
+
+def bind_read_only(follower: MountFollower, qemu: int, src: Path, tmp_path: Path, *, say: bool) -> Path:
+    shared = tmp_path / "shared"
+    target = shared / "containers" / "c1" / "mounts" / "0"
+    target.mkdir(parents=True)
+    known = follower.snapshot(str(src))
+    binds.bind(qemu, src, target, readonly=True, propagation="private", beneath=shared, root_as=QEMU_UID)
+    if say:
+        follower.watch("s1", "c1", 0, qemu_pid=qemu, source=str(src), bound=target, beneath=shared,
+                       root_as=QEMU_UID, known=known, readonly=True)  # fmt: skip
+    else:  # as a caller that does not say: the bind's own read-only flag is followed
+        follower.watch("s1", "c1", 0, qemu_pid=qemu, source=str(src), bound=target, beneath=shared,
+                       root_as=QEMU_UID, known=known)  # fmt: skip
+    return target
+
+
+@pytest.mark.parametrize("say", [True, False])
+def test_a_later_mount_below_a_read_only_volume_is_read_only_nosuid_and_nodev(
+    tmp_path: Path, qemu: int, source: Path, follower: MountFollower, say: bool
+) -> None:
+    target = bind_read_only(follower, qemu, source, tmp_path, say=say)
+    mount_private_tmpfs(source / "later")
+    follower.catch_up("s1")
+    assert owner_inside(qemu, target / "later" / "flag") == str(QEMU_UID)  # it arrived
+    wrote = subprocess.run(
+        ["nsenter", "-t", str(qemu), "-m", "sh", "-c", f"echo x >> {target}/later/flag"],
+        capture_output=True,
+        text=True,
+    )
+    assert wrote.returncode != 0 and "Read-only" in wrote.stderr, wrote
+    assert (source / "later" / "flag").read_text() == "mounted after the bind\n"
+    options: set[str] = set()
+    for line in Path(f"/proc/{qemu}/mountinfo").read_text().splitlines():
+        if line.split(" ")[4] == str(target / "later"):
+            options = set(line.split(" ")[5].split(","))
+    assert {"ro", "nosuid", "nodev"} <= options, options

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vmsandbox.mountinfo import mount_changes, mounts_below, points_under, unescape
+from vmsandbox.mountinfo import mount_changes, mounts_below, options_at, points_under, unescape
 
 
 def test_mountinfo_paths_are_unescaped() -> None:
@@ -80,3 +80,22 @@ def test_following_the_changes_turns_known_into_now(known: dict[int, str], now: 
     for seq, deeper_later in ((added, True), (gone, False)):
         depths = [p.count("/") for _, p in seq]
         assert depths == sorted(depths, reverse=not deeper_later)
+
+
+_OPTIONS = (
+    "30 1 0:26 / /v rw,relatime shared:1 - tmpfs none rw\n"
+    "31 30 0:27 / /v/a\\040b ro,nosuid,nodev - tmpfs none rw\n"
+    "32 30 0:28 / /v rw - tmpfs none rw\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("point", "want"),
+    [
+        ("/v", frozenset({"rw"})),  # the topmost mount there: the last attached
+        ("/v/a b", frozenset({"ro", "nosuid", "nodev"})),
+        ("/w", None),
+    ],
+)
+def test_options_at(point: str, want: frozenset[str] | None) -> None:
+    assert options_at(_OPTIONS, point) == want

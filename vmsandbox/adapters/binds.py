@@ -2,7 +2,8 @@
 
 libvirt runs each QEMU in a mount namespace of its own. A container's volume is cloned from the
 host (``open_tree``: a detached copy of the path and the mounts below it), given its read-only
-and propagation attributes (``mount_setattr``), and attached below the sandbox's 9p export *in
+and propagation attributes and, on every mount of the copy, nosuid and nodev (``mount_setattr``),
+and attached below the sandbox's 9p export *in
 that namespace* (a short-lived thread that leaves the shim's file-system context, ``setns`` into
 QEMU's namespace, ``move_mount``). Linux 5.12 or later.
 
@@ -52,6 +53,8 @@ AT_FDCWD = -100
 AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
 MOUNT_ATTR_IDMAP = 0x00100000
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 MOVE_MOUNT_T_EMPTY_PATH = 0x40
@@ -172,10 +175,13 @@ def _clone(
     src: str, what: str, *, subtree: bool, propagation: str, readonly: bool, recursive: bool, root_as: int
 ) -> int:
     """A detached copy of the mount at ``src`` (with ``subtree``, and the mounts below it), with
-    its propagation, read-only and idmapping attributes set; the caller closes it."""
+    its propagation, read-only and idmapping attributes set, and nosuid and nodev on every mount
+    of it; the caller closes it."""
     flags = OPEN_TREE_CLONE | O_CLOEXEC | (AT_RECURSIVE if subtree else 0)
     tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, src.encode(), flags), what)
     try:
+        # nothing QEMU writes or finds through a bind runs setuid or opens a device through it
+        _setattr(tree, _MountAttr(attr_set=MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV), True, f"{what}: nosuid, nodev")
         if PROPAGATION[propagation] != MS_SHARED:  # a clone is a peer of a shared source already
             _setattr(tree, _MountAttr(propagation=PROPAGATION[propagation]), True, f"{what}: {propagation}")
         if readonly:
@@ -296,14 +302,15 @@ def bind_below(
     *,
     beneath: str | os.PathLike[str],
     root_as: int,
+    readonly: bool,
 ) -> None:
     """Copy the host's mount at ``point`` alone (not those below it), private, idmapped as
     ``bind`` does, onto ``rel`` inside the bind whose mount point in QEMU's namespace is
     ``bound`` (below ``beneath``): a mount the host made below a volume's source after it was
-    bound reaches the guest as the bind's own files do."""
+    bound reaches the guest as the bind's own files do, read-only when the volume is."""
     src = os.fspath(point)
     what = f"bind {src} onto {os.fspath(bound)}/{rel}"
-    tree = _clone(src, what, subtree=False, propagation="private", readonly=False, recursive=False, root_as=root_as)
+    tree = _clone(src, what, subtree=False, propagation="private", readonly=readonly, recursive=False, root_as=root_as)
     _attach(qemu_pid, tree, lambda: _open_in_bind(os.fspath(beneath), os.fspath(bound), rel, what), what)
 
 
