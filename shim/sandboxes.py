@@ -97,8 +97,6 @@ from vmsandbox.snapshot import PLACEHOLDER_MAC, restore_domain, restore_refusal,
 log = logging.getLogger(__name__)
 _CONSOLE_TAIL_BYTES = 16 * 1024
 _CONSOLE_LINE_CHARS = 300
-_GIVE_WAY_S = 15.0
-"""How long a RunPodSandbox that does not fit waits for a snapshot being made to give its claim up."""
 
 LOST_EXIT_CODE = 255
 LOST_REASON = "Unknown"
@@ -157,7 +155,7 @@ class Sandboxes:
         self.resources = resources or ResourceManager.open(config, first, ledger)
         self.policy = self.resources.policy
         # the one owner of snapshots (their making, storing and restoring)
-        self.snapshots = Snapshots(config.state_dir, hypervisor, ledger.instance_id)
+        self.snapshots = Snapshots(config.state_dir, hypervisor, ledger.instance_id, self.resources)
         for problem in self.policy.problems(first, profiles.values()):
             log.warning("%s", problem)
 
@@ -220,8 +218,8 @@ class Sandboxes:
         try:
             placement = self.resources.reserve(sandbox_id, shape, profile, devices)
         except CannotFit:
-            # pods come first: a snapshot being made in the background gives its claim up
-            if not self.snapshots.give_way(_GIVE_WAY_S):
+            # pods come first: a snapshot being made in the background gives its claim back
+            if not self.snapshots.give_way():
                 raise
             placement = self.resources.reserve(sandbox_id, shape, profile, devices)
         faults.checkpoint("run:after-claim")
@@ -552,37 +550,30 @@ class Sandboxes:
 
     def _make_snapshot(self, request: MakeRequest, profile: Profile, shape: VmShape, accel: str) -> None:
         """Make the snapshot of ``request``'s shape in the background, on CPUs and pages claimed for
-        it like a pod's (under the snapshot's key, kept from the periodic reconcile while it runs)."""
+        it like a pod's (under the snapshot's key, kept from the periodic reconcile while it runs;
+        given back to a pod that needs them: ``Snapshots.give_way``)."""
         key = request.inputs.key
 
         def work() -> None:
             self._in_flight.add(key)
             try:
-                try:
-                    placement = self.resources.reserve(key, shape, profile)
-                except VmSandboxError as exc:
-                    log.info("snapshot %s not made now: %s", key[:12], exc)
-                    return
-                try:
-                    with self._snapshot_uid(key) as uid:
-                        self.snapshots.make(
-                            request,
-                            lambda shared: self._snapshot_domain(
-                                key,
-                                shape,
-                                placement,
-                                profile,
-                                accel,
-                                console=bool(request.pod_domain.console),
-                                shared=shared,
-                                interfaces=request.pod_domain.interfaces,
-                                qemu_uid=uid,
-                            ),
+                with self.snapshots.claimed(key, shape, profile) as placement, self._snapshot_uid(key) as uid:
+                    self.snapshots.make(
+                        request,
+                        lambda shared: self._snapshot_domain(
+                            key,
+                            shape,
+                            placement,
+                            profile,
+                            accel,
+                            console=bool(request.pod_domain.console),
+                            shared=shared,
+                            interfaces=request.pod_domain.interfaces,
                             qemu_uid=uid,
-                            boot_timeout_s=profile.boot_timeout_s,
-                        )
-                finally:
-                    self.resources.release(key)
+                        ),
+                        qemu_uid=uid,
+                        boot_timeout_s=profile.boot_timeout_s,
+                    )
             finally:
                 self._in_flight.discard(key)
 

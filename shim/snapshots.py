@@ -7,6 +7,10 @@ guest image's digest, the QEMU and libvirt versions, ...), makes snapshots in do
 them: a copy of the image retargeted to the pod's domain, libvirt's restore with the pod's own XML,
 then the agent's ``personalize``. Where snapshots are kept belongs to
 ``vmsandbox.adapters.snapshot_store``.
+
+A snapshot made in the background never keeps a pod out: its claim is taken here only while no pod
+is asking for room, and a pod that does not fit beside it takes the making's guest down and its
+claim back (``give_way``) before that pod is placed again.
 """
 
 from __future__ import annotations
@@ -17,19 +21,24 @@ import os
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shim import faults
+from shim.resources import ResourceManager
 from vmsandbox.adapters.guest_channel import GuestChannel
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.snapshot_store import SnapshotStore, StoredSnapshot
 from vmsandbox.agent_protocol import PERSONALIZE_VERSION, GuestReport, report_from_body
 from vmsandbox.domain import AGENT_CHANNEL, Domain, SharedDir
 from vmsandbox.domain_xml import read_identity, render
-from vmsandbox.errors import InfrastructureError, InternalError, VmSandboxError, WrongState
+from vmsandbox.errors import CannotFit, InfrastructureError, InternalError, VmSandboxError, WrongState
 from vmsandbox.network import GuestNic
+from vmsandbox.placement import Placement
+from vmsandbox.profile import Profile
+from vmsandbox.sizing import VmShape
 from vmsandbox.snapshot import (
     SEED_BYTES,
     SNAPSHOT_DOMAIN_PREFIX,
@@ -61,16 +70,19 @@ class SnapshotUnusable(InfrastructureError):
 
 
 class Snapshots:
-    def __init__(self, state_dir: str, hypervisor: Hypervisor, owner: str) -> None:
+    def __init__(self, state_dir: str, hypervisor: Hypervisor, owner: str, resources: ResourceManager) -> None:
         self.store = SnapshotStore(state_dir)
         self.hypervisor = hypervisor
         self.owner = owner  # the state database's instance id: snapshot domains carry it
+        self.resources = resources  # where a background making's claim is held, under the snapshot's key
         self._versions: tuple[str, str] | None = None
         self._digests: dict[tuple[str, int, int, int], str] = {}
         self._making: set[str] = set()
         self._stopping = False
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)  # notified when a background making ends
+        self._lock = threading.Lock()  # guards the above; held while a making takes its claim
+        # held while a snapshot guest is started and while a give-way removes them: a guest is either
+        # started before the give-way looks (and removed by it) or not started at all
+        self._starting = threading.Lock()
         self._give_way = threading.Event()  # a pod needs what the snapshot being made holds
 
     # -- inputs ---------------------------------------------------------------------------------
@@ -142,10 +154,9 @@ class Snapshots:
         try:
             log.info("snapshot %s: booting its guest (%s)", key[:12], request.inputs.describe())
             progress(f"booting a {request.inputs.describe()} guest ({domain.name})")
-            self._check_give_way(key)
-            self.hypervisor.create_transient(render(domain))
-            # a pod asking between the check above and the start has removed no domain yet
-            self._check_give_way(key)
+            with self._starting:
+                self._check_give_way(key)
+                self.hypervisor.create_transient(render(domain))
             faults.checkpoint("snapshot:after-start")
             path = self.hypervisor.channel_path(domain.name, AGENT_CHANNEL)
             with GuestChannel.open(path, boot_timeout_s, f"snapshot {key[:12]}") as channel:
@@ -183,25 +194,42 @@ class Snapshots:
         if self._give_way.is_set():
             raise WrongState(f"snapshot {key[:12]}: given up for a pod that needs its CPUs and pages")
 
-    def give_way(self, timeout_s: float) -> bool:
-        """A pod does not fit while a snapshot is being made in the background: stop making it (its
-        guest removed; the making thread releases its claim as it ends) and wait up to
-        ``timeout_s`` for that. True when a making ended, so the pod may try again; the next pod of
-        that shape makes the snapshot again."""
+    @contextmanager
+    def claimed(self, key: str, shape: VmShape, profile: Profile) -> Iterator[Placement]:
+        """Hold a pod's worth of resources of ``shape`` for making snapshot ``key`` while the ``with``
+        block runs. Refused (``WrongState``) once a pod has asked the making to give way, so the
+        claim is never taken after ``give_way`` looked; ``CannotFit`` when it does not fit."""
+        with self._lock:
+            self._check_give_way(key)
+            placement = self.resources.reserve(key, shape, profile)
+        try:
+            yield placement
+        finally:
+            self.resources.release(key)  # nothing left to release when a give-way took it back
+
+    def give_way(self) -> bool:
+        """A pod does not fit while a snapshot is being made in the background: stop making it and
+        take its claim back now, before the pod is placed again (the making thread ends on its
+        own; the next pod of that shape makes the snapshot again). True when a making was stopped
+        and holds nothing any more, so the pod may try again; False when none was being made or its
+        guest could not be removed (it then still runs on what it holds)."""
         with self._lock:
             if not self._making:
                 return False
             self._give_way.set()
             keys = sorted(self._making)
         log.info("snapshot %s: giving way to a pod that does not fit beside it", ", ".join(k[:12] for k in keys))
-        self._remove_owned_domains()
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._making, timeout=timeout_s)
+        if not self._remove_guests():
+            return False
+        for key in keys:
+            if self.resources.release(key):
+                log.info("snapshot %s: its claim released for the pod", key[:12])
+        return True
 
     def make_in_background(self, key: str, work: Callable[[], object]) -> bool:
-        """Run ``work`` (which makes snapshot ``key``) in a thread of its own, unless one is making
-        any snapshot already (one at a time: it holds a pod's worth of CPUs and pages). False when
-        nothing was started."""
+        """Run ``work`` (which makes snapshot ``key``, holding ``claimed``) in a thread of its own,
+        unless one is making any snapshot already (one at a time: it holds a pod's worth of CPUs and
+        pages). False when nothing was started."""
         with self._lock:
             if self._making or self._stopping:
                 return False
@@ -211,25 +239,48 @@ class Snapshots:
         def run() -> None:
             try:
                 work()
+            except CannotFit as exc:
+                log.info("snapshot %s not made now: %s", key[:12], exc)
             except VmSandboxError as exc:
                 log.warning("snapshot %s not made: %s", key[:12], exc)
             except Exception:
                 log.exception("snapshot %s not made", key[:12])
             finally:
-                with self._idle:
+                with self._lock:
                     self._making.discard(key)
-                    self._idle.notify_all()
+                    if not self._making:
+                        self._give_way.clear()  # a later ``snapshot make`` in this process is not refused
 
         threading.Thread(target=run, name=f"snapshot-{key[:8]}", daemon=True).start()
         return True
 
-    def _remove_owned_domains(self) -> None:
+    def _remove_guests(self) -> bool:
+        """Remove the guests of snapshots being made, with none starting meanwhile (the caller set
+        ``_give_way`` or ``_stopping`` first); True when none of ours is left."""
+        with self._starting:
+            try:
+                self._remove_owned_domains()
+                left = self._owned_domains()
+            except VmSandboxError as exc:
+                log.error("snapshot domains not listed: %s", exc)
+                return False
+        if left:
+            log.error("snapshot domains %s still there: their claims stay held", ", ".join(left))
+        return not left
+
+    def _owned_domains(self) -> list[str]:
+        """Our snapshot domains (other vmsandbox states' on the same libvirt are left alone)."""
+        out = []
         for info in self.hypervisor.list_domains(SNAPSHOT_DOMAIN_PREFIX):
             ident = read_identity(info.xml)
-            if ident is None or ident.owner != self.owner:
-                continue
-            log.warning("removing snapshot domain %s", info.name)
-            self._remove_domain(info.name)
+            if ident is not None and ident.owner == self.owner:
+                out.append(info.name)
+        return out
+
+    def _remove_owned_domains(self) -> None:
+        for name in self._owned_domains():
+            log.warning("removing snapshot domain %s", name)
+            self._remove_domain(name)
 
     def _remove_domain(self, name: str) -> None:
         try:
@@ -289,9 +340,10 @@ class Snapshots:
         hold its CPUs and pages until the next start); the half-made files go at the next start."""
         with self._lock:
             self._stopping = True
+            self._give_way.set()  # a making between its claim and its guest's start starts none
             making = bool(self._making)
         if making:
-            self._remove_owned_domains()
+            self._remove_guests()
 
     # -- start-up -------------------------------------------------------------------------------
     def sweep(self, keep_restores: set[str]) -> None:

@@ -234,6 +234,40 @@ def test_a_snapshot_being_made_gives_way_to_a_pod_that_needs_its_cpu(tmp_path: P
         stop_shim(shim)
 
 
+def test_a_pod_that_fits_without_the_snapshot_is_not_refused_while_its_guest_boots(tmp_path: Path) -> None:
+    """Two host CPUs: the first pod holds one and the snapshot of its shape, once its guest is
+    running, the other. A second pod fits only without the snapshot: it is placed (its guest removed,
+    its claim released before the pod is placed), in much less than the making's boot timeout."""
+    require_host()
+    before = set(snapshot_domains())
+    shim = start_shim(tmp_path)
+    try:
+        first = run(shim, snap_pod("first"))
+        assert started_by(shim, first)["by"] == "boot"
+        deadline = time.monotonic() + SNAPSHOT_WAIT_S
+        consoles = shim.state_dir / "snapshots" / "making"
+        # the snapshot's guest runs on the other CPU and its kernel is booting: the making waits for its agent
+        while not (set(snapshot_domains()) - before and any(c.stat().st_size for c in consoles.glob("*/console.log"))):
+            assert time.monotonic() < deadline, shim.log_text()[-3000:]
+            assert not snapshots(shim.state_dir), "the snapshot was made before the test could ask"
+            time.sleep(0.05)
+        held = read_ledger(shim.state_dir).claims
+        assert len(held) == 2 and first in held, held  # the pod's claim and the snapshot's
+        started = time.monotonic()
+        second = run(shim, snap_pod("second"))
+        took = time.monotonic() - started
+        text = shim.log_text()
+        assert "giving way to a pod that does not fit beside it" in text, text[-3000:]
+        assert started_by(shim, second)["by"] == "boot"
+        assert took < 60, f"the pod waited {took:.1f} s for the snapshot to give way"
+        assert set(snapshot_domains()) <= before
+        assert set(read_ledger(shim.state_dir).claims) == {first, second}
+        for sid in (first, second):
+            remove(shim, sid)
+    finally:
+        stop_shim(shim)
+
+
 # -- kill -9 during a restore ------------------------------------------------------------------
 RESTORE_POINTS = ("restore:after-define", "restore:after-stage", "restore:after-restore", "restore:after-personalize")
 
