@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Build the CRI front (front/: Go, its standard library and Debian's golang.org/x/net, which
-# golang-golang-x-net-dev installs below /usr/share/gocode) into OUT, by default
-# /usr/local/libexec/vmsandbox/vmsandbox-front (the shim's default front_binary). Builds again
-# only when its sources, Go or x/net changed. Prints "built" or "up to date".
+# Build the CRI front (front/: a Go module, its dependencies pinned by front/go.mod and go.sum and
+# fetched through the Go module proxy into the module cache) into OUT, by default
+# /usr/local/libexec/vmsandbox/vmsandbox-front (the shim's default front_binary). Uses
+# /usr/local/go/bin/go, else the go on PATH, and needs Go 1.26 or newer. Builds again only when
+# its sources, go.mod, go.sum or Go changed. Prints "built" or "up to date".
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${1:-/usr/local/libexec/vmsandbox/vmsandbox-front}
-GOPATH_DEBIAN=/usr/share/gocode
-if [[ ! -d $GOPATH_DEBIAN/src/golang.org/x/net/http2/hpack ]]; then
-    echo "build-front.sh: $GOPATH_DEBIAN/src/golang.org/x/net/http2 is missing (apt-get install golang-golang-x-net-dev)" >&2
+GO=/usr/local/go/bin/go
+[[ -x $GO ]] || GO=$(command -v go || true)
+[[ -n $GO ]] || { echo "build-front.sh: go is missing (Go 1.26 or newer, in /usr/local/go or on PATH)" >&2; exit 1; }
+# the go command may not fetch another toolchain, nor change go.mod
+export GOTOOLCHAIN=local GO111MODULE=on GOFLAGS=-mod=readonly CGO_ENABLED=0
+export HOME=${HOME:-/root}
+version=$("$GO" env GOVERSION)
+if [[ ! $version =~ ^go1\.([0-9]+) ]] || ((BASH_REMATCH[1] < 26)); then
+    echo "build-front.sh: $GO is $version; the front needs Go 1.26 or newer" >&2
     exit 1
 fi
-command -v go >/dev/null || { echo "build-front.sh: go is missing (apt-get install golang-go)" >&2; exit 1; }
-stamp=$( (cat front/*.go; go version; dpkg-query -W golang-golang-x-net-dev 2>/dev/null || true) | sha256sum | cut -d' ' -f1)
+stamp=$( (cat front/go.mod front/go.sum front/*.go; echo "$version") | sha256sum | cut -d' ' -f1)
 if [[ -x $OUT && $(cat "$OUT.stamp" 2>/dev/null || true) == "$stamp" ]]; then
     echo "up to date"
     exit 0
@@ -20,9 +26,7 @@ fi
 mkdir -p "$(dirname "$OUT")"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# GOPATH mode: the one dependency is Debian's source tree, no module download
-(cd front && GO111MODULE=off GOPATH=$GOPATH_DEBIAN CGO_ENABLED=0 GOFLAGS= \
-    go build -trimpath -ldflags='-s -w' -o "$tmp/vmsandbox-front" .)
+(cd front && "$GO" build -trimpath -ldflags='-s -w' -o "$tmp/vmsandbox-front" .)
 install -m 0755 "$tmp/vmsandbox-front" "$OUT"
 echo "$stamp" >"$OUT.stamp"
 echo "built"

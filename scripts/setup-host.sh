@@ -27,8 +27,8 @@ LIBVIRTD_START_TIMEOUT=60
 # libvirtd/virtlogd without libvirt-daemon-system (which brings init scripts, polkit and networks
 # we do not use); libvirt-dev, pkg-config, gcc, libc6-dev, python3-dev: libvirt-python builds from
 # source; python3-venv: venvs for Debian's python3; busybox-static, xz-utils, cpio, kmod, golang-go
-# (builds the guest agent): the guest image recipe; golang-golang-x-net-dev (HTTP/2 framing for
-# the CRI front, scripts/build-front.sh); tini: child subreaper for libvirtd. skopeo: the
+# (builds the guest agent): the guest image recipe (the CRI front is built with the machine's Go
+# 1.26 and its own go.mod, scripts/build-front.sh); tini: child subreaper for libvirtd. skopeo: the
 # image store's registry transport; docker-registry: the local registry the image tests and
 # benchmark push to (never left running by the package: see below); apache2-utils: htpasswd for the
 # registry-auth tests. containernetworking-plugins (in /usr/lib/cni: bridge, host-local, portmap,
@@ -38,7 +38,7 @@ APT_PACKAGES=(
     qemu-system-x86 qemu-utils
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config
     gcc libc6-dev python3-dev python3-venv
-    busybox-static xz-utils cpio kmod golang-go golang-golang-x-net-dev tini
+    busybox-static xz-utils cpio kmod golang-go tini
     skopeo umoci docker-registry apache2-utils buildah erofs-utils
     containernetworking-plugins iproute2 iptables util-linux
     containerd runc
