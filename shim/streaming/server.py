@@ -3,11 +3,15 @@
 The CRI RPC stores what it validated under a single-use token and answers
 ``<base>/{exec|portforward}/<token>``; the client (the kubelet, crictl) connects here and upgrades to
 SPDY/3.1 or WebSocket. Threads, as the rest of the shim: one thread per connection (the reader),
-plus one per output direction (a guest process's output, a forwarded port's replies). Every
+plus one per output direction (a guest process's output, a forwarded port's replies); a connection
+gets its thread only while fewer than ``max_pending`` connections are still before their token
+check (beyond that, it is answered 503 and closed at once), and has ``head_deadline_s`` in all,
+from its accept, to send its request head (and, with TLS, finish its handshake) and be admitted
+with a valid token: the watchdog closes it then, however slowly its bytes trickle in. Every
 blocking step applies back-pressure (a slow client stops the poll of the guest; a guest that does
 not read stdin stops the reading of the client), so memory per connection is bounded by the
-frame and chunk limits, and connections are capped in total and per pod. One watchdog thread
-closes connections idle for ``streaming_idle_timeout_s``.
+frame and chunk limits, and admitted connections are capped in total and per pod. One watchdog
+thread closes connections idle for ``streaming_idle_timeout_s``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ from vmsandbox.streaming import StreamRequest
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 16 << 10
-HEAD_TIMEOUT_S = 10.0
+HEAD_DEADLINE_S = 10.0
+"""From a connection's accept to its admission with a valid token, at most (not per read)."""
+MAX_PENDING = 64
+"""Connections not yet admitted with a valid token, all together; more are refused at once."""
+_WATCH_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -93,28 +101,31 @@ class BadRequest(Exception):
         self.status = status
 
 
-_REASONS = {400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 429: "Too Many Requests",
-            431: "Request Header Fields Too Large", 500: "Internal Server Error"}  # fmt: skip
+_REASONS = {400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+            429: "Too Many Requests", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+            503: "Service Unavailable"}  # fmt: skip
 
 
-def read_head(sock: socket.socket) -> Head:
-    """The request line and headers, at most MAX_HEAD_BYTES, within HEAD_TIMEOUT_S."""
-    sock.settimeout(HEAD_TIMEOUT_S)
+def read_head(sock: socket.socket, deadline: float) -> Head:
+    """The request line and headers, at most MAX_HEAD_BYTES, by ``deadline`` (monotonic)."""
     buf = b""
     while b"\r\n\r\n" not in buf:
         if len(buf) > MAX_HEAD_BYTES:
             raise BadRequest(431, f"request head over {MAX_HEAD_BYTES} bytes")
+        left = deadline - time.monotonic()
         try:
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
             chunk = sock.recv(4096)
         except TimeoutError:
-            raise BadRequest(400, "request head not received in time") from None
+            raise BadRequest(408, "request head not received in time") from None
         if not chunk:
             raise BadRequest(400, "connection closed before the request head ended")
         buf += chunk
     end = buf.index(b"\r\n\r\n") + 4
     if end > MAX_HEAD_BYTES:
         raise BadRequest(431, f"request head over {MAX_HEAD_BYTES} bytes")
-    sock.settimeout(None)
     try:
         lines = buf[:end].decode("latin-1").split("\r\n")
         method, target, version = lines[0].split(" ")
@@ -136,6 +147,19 @@ def read_head(sock: socket.socket) -> Head:
     return Head(method, url.path, url.query, headers, buf)
 
 
+def _refuse(sock: socket.socket, message: str) -> None:
+    """Answer 503 without waiting on the client (what does not fit its socket buffer is dropped)."""
+    with contextlib.suppress(OSError):
+        sock.setblocking(False)
+        body = message.encode() + b"\n"
+        sock.send(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+    sock.close()
+
+
 def send_error(sock: socket.socket, status: int, message: str) -> None:
     body = (message[:500].replace("\r", " ").replace("\n", " ") + "\n").encode("utf-8", "replace")
     head = (
@@ -153,6 +177,8 @@ class StreamingServer:
         self.idle_timeout_s = config.streaming_idle_timeout_s
         self.max_total = config.streaming_max_streams
         self.max_per_pod = config.streaming_max_streams_per_pod
+        self.max_pending = MAX_PENDING
+        self.head_deadline_s = HEAD_DEADLINE_S
         host, port = parse_address(config.streaming_address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -168,6 +194,7 @@ class StreamingServer:
         self.base_url = f"{'https' if self._tls else 'http'}://{shown}:{bound[1]}"
         self._lock = threading.Lock()
         self._live: dict[int, _Live] = {}
+        self._pending: dict[int, tuple[socket.socket, float]] = {}  # not yet admitted: socket, deadline
         self._ids = itertools.count(1)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -211,35 +238,50 @@ class StreamingServer:
                     return
                 time.sleep(0.05)
                 continue
-            threading.Thread(target=self._connection, args=(sock,), name="streaming-conn", daemon=True).start()
+            deadline = time.monotonic() + self.head_deadline_s
+            with self._lock:
+                key = None if len(self._pending) >= self.max_pending else next(self._ids)
+                if key is not None:
+                    self._pending[key] = (sock, deadline)
+            if key is None:
+                _refuse(sock, f"too many connections waiting for their request ({self.max_pending}); retry")
+                continue
+            threading.Thread(
+                target=self._connection, args=(sock, key, deadline), name="streaming-conn", daemon=True
+            ).start()
 
     def _watchdog(self) -> None:
-        while not self._stopping.wait(1.0):
+        while not self._stopping.wait(_WATCH_S):
             now = time.monotonic()
             with self._lock:
+                late = [sock for sock, deadline in self._pending.values() if now > deadline]
                 idle = [i for i in self._live.values() if now - i.transport.last_activity > self.idle_timeout_s]
+            for sock in late:  # its thread sees the connection end and lets it go
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
             for item in idle:
                 log.info("streaming: closing a connection of sandbox %s idle for %d s", item.sandbox_id[:12],
                          self.idle_timeout_s)  # fmt: skip
                 item.transport.close()
 
-    def _admit(self, sandbox_id: str, transport: SocketTransport | WebSocketTransport) -> int | None:
+    def _admit(self, pending: int, sandbox_id: str, transport: SocketTransport | WebSocketTransport) -> bool:
+        """Connection ``pending`` becomes live (its deadline no longer applies) if there is room."""
         with self._lock:
             if len(self._live) >= self.max_total:
-                return None
+                return False
             if sum(1 for i in self._live.values() if i.sandbox_id == sandbox_id) >= self.max_per_pod:
-                return None
-            key = next(self._ids)
-            self._live[key] = _Live(sandbox_id, transport)
-            return key
+                return False
+            del self._pending[pending]
+            self._live[pending] = _Live(sandbox_id, transport)
+            return True
 
-    def _connection(self, raw: socket.socket) -> None:
+    def _connection(self, raw: socket.socket, key: int, deadline: float) -> None:
         sock: socket.socket = raw
         try:
             if self._tls is not None:
-                raw.settimeout(HEAD_TIMEOUT_S)
+                raw.settimeout(max(deadline - time.monotonic(), 0.001))  # the watchdog bounds the whole
                 sock = self._tls.wrap_socket(raw, server_side=True)
-            self._serve(sock)
+            self._serve(sock, key, deadline)
         except BadRequest as e:
             send_error(sock, e.status, e.args[0])
         except (OSError, ssl.SSLError) as e:
@@ -248,11 +290,13 @@ class StreamingServer:
             log.exception("streaming: connection failed")
             send_error(sock, 500, "internal error of the streaming server")
         finally:
+            with self._lock:
+                self._pending.pop(key, None)
             with contextlib.suppress(OSError):
                 sock.close()
 
-    def _serve(self, sock: socket.socket) -> None:
-        head = read_head(sock)
+    def _serve(self, sock: socket.socket, key: int, deadline: float) -> None:
+        head = read_head(sock, deadline)
         parts = head.path.strip("/").split("/")
         if len(parts) != 2 or parts[0] not in ("exec", "portforward", "attach"):
             raise BadRequest(404, f"no such streaming endpoint {head.path[:100]!r}")
@@ -269,10 +313,10 @@ class StreamingServer:
             transport = SocketTransport(sock)
         else:
             raise BadRequest(400, "expected an upgrade to SPDY/3.1 or websocket")
-        key = self._admit(target.sandbox_id, transport)
-        if key is None:
+        if not self._admit(key, target.sandbox_id, transport):
             raise BadRequest(429, f"too many streaming connections (at most {self.max_total} in all, "
                                   f"{self.max_per_pod} per pod); close one and retry")  # fmt: skip
+        sock.settimeout(None)
         try:
             if isinstance(transport, WebSocketTransport):
                 self._serve_websocket(transport, head, target)

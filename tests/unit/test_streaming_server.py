@@ -211,6 +211,88 @@ def test_connections_are_capped_per_pod_and_in_all(server: tuple[StreamingServer
         w.close()
 
 
+def _address(s: StreamingServer) -> tuple[str, int]:
+    host, port = s.base_url.split("/")[2].rsplit(":", 1)
+    return host, int(port)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bytes | None:
+    """What the server sent before it closed ``sock`` within ``seconds``; None if it did not."""
+    sock.settimeout(0.05)
+    got, deadline = b"", time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return got
+        if not chunk:
+            return got
+        got += chunk
+    return None
+
+
+def test_a_client_trickling_its_head_is_cut_at_the_deadline_not_per_read(
+    server: tuple[StreamingServer, Backends],
+) -> None:
+    """A byte every 0.2 s keeps a per-read timeout waiting for ever; the deadline counts from
+    the accept to a valid token."""
+    s, _ = server
+    s.head_deadline_s = 1.0
+    path = "/" + _exec(s, ["true"]).split("/", 3)[3]
+    head = f"GET {path} HTTP/1.1\r\nUpgrade: websocket\r\n".encode() + b"X-Slow: " + b"a" * 100
+    start = time.monotonic()
+    with socket.create_connection(_address(s), timeout=5) as sock:
+        sock.settimeout(0.2)
+        closed = False
+        for byte in head:
+            try:
+                sock.sendall(bytes([byte]))
+                if sock.recv(4096) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+                break
+            closed = True  # it answered (408) and closes
+            break
+        assert closed, "the trickling client kept its connection"
+    assert time.monotonic() - start < 3
+
+
+def test_connections_before_their_token_are_capped_and_refused_at_once(
+    server: tuple[StreamingServer, Backends],
+) -> None:
+    s, _ = server
+    s.max_pending = 4
+    idle = [socket.create_connection(_address(s), timeout=5) for _ in range(4)]
+    try:
+        deadline = time.monotonic() + 5
+        while sum(t.name == "streaming-conn" for t in threading.enumerate()) < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with socket.create_connection(_address(s), timeout=5) as fifth:
+            answer = _closed_within(fifth, 1.0)
+        assert answer is not None and answer.startswith(b"HTTP/1.1 503"), answer
+        assert sum(t.name == "streaming-conn" for t in threading.enumerate()) == 4  # no thread for it
+    finally:
+        for c in idle:
+            c.close()
+    deadline = time.monotonic() + 5
+    while True:  # the idle ones gone, a client with a token is served again
+        ws = None
+        with contextlib.suppress(websocket.WebSocketBadStatusException, ConnectionResetError):
+            ws = _ws(_exec(s, ["echo", "again"]))
+        if ws is not None:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert _drain(ws)[0] == b"again\n"
+
+
 def _spdy_connect(url: str, protocol: str) -> socket.socket:
     host = url.split("/")[2]
     h, p = host.rsplit(":", 1)
