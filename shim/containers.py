@@ -40,8 +40,9 @@ from shim.model import (
     SandboxRecord,
 )
 from shim.mount_follow import MountFollower
+from shim.pod_volumes import PodVolumes
 from shim.sandboxes import Sandboxes
-from vmsandbox import hugetlbfs, oci_spec, validation
+from vmsandbox import hugetlbfs, kubelet_volumes, oci_spec, validation
 from vmsandbox.adapters import binds, shared_tree
 from vmsandbox.adapters.agent_client import AgentClient, AgentLost
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
@@ -195,6 +196,7 @@ class Containers:
         # (sandbox, serial): creates in flight with that disk, and containers created with it by this process
         self._disk_users: dict[tuple[str, str], int] = {}
         self.follow = MountFollower()
+        self.volumes = PodVolumes(self._call)
 
     def _attach_image(self, sandbox_id: str, held: HeldImage) -> tuple[str, bool]:
         """Hot-plugs an image's read-only disk into the sandbox's guest unless it has it already, so
@@ -308,8 +310,10 @@ class Containers:
         self.dirs.drop_container(sandbox_id, container_id)
 
     def _forget_sandbox(self, sandbox_id: str) -> None:
-        """A removed sandbox's disk bookkeeping and mount watches go with it (its QEMU is gone)."""
+        """A removed sandbox's disk bookkeeping, mount watches and volume copies go with it (its
+        QEMU is gone)."""
         self.follow.forget(sandbox_id)
+        self.volumes.forget_sandbox(sandbox_id)
         with self._lock:
             self._disk_locks.pop(sandbox_id, None)
             for key in [k for k in self._disk_users if k[0] == sandbox_id]:
@@ -500,6 +504,7 @@ class Containers:
             if disk_attached is not None:
                 self._detach_unused(c.sandbox_id, held, disk_attached)
             self.images.release(image.id)
+            self.volumes.release(c.sandbox_id, container_id)
             self._drop_container_dir(c.sandbox_id, container_id)
             raise
         ref = image.repo_digests[0] if image.repo_digests else image.id
@@ -513,6 +518,7 @@ class Containers:
                 tty=request.tty,
                 reason="Created",
                 message="",
+                volume_copies=self.volumes.used_by(c.sandbox_id, container_id),
             )
         )
 
@@ -539,18 +545,19 @@ class Containers:
         except ValueError as exc:
             raise InvalidArgument(f"seccomp profile {shown} is not JSON: {str(exc)[:200]}") from None
 
-    def check_mounts(self, mounts: list[MountRequest]) -> None:
-        """INVALID_ARGUMENT naming the first host path outside the kubelet's pod directory and the
-        admin's allowlist (symlinks resolved)."""
-        allowed = [Path(p) for p in self.sandboxes.config.mount_allowlist] + [
-            Path(self.sandboxes.config.kubelet_pods_dir)
-        ]
+    def check_mounts(self, mounts: list[MountRequest], pod_uid: str) -> None:
+        """INVALID_ARGUMENT naming the first host path outside the pod's own directory in the
+        kubelet's pod directory (``<kubelet_pods_dir>/<pod uid>/``: another pod's volumes are not
+        this pod's) and the admin's allowlist (symlinks resolved)."""
+        allowed = [Path(p) for p in self.sandboxes.config.mount_allowlist]
+        if validation.path_component(pod_uid):
+            allowed.append(Path(os.path.realpath(self.sandboxes.config.kubelet_pods_dir)) / pod_uid)
         for m in mounts:
             host_path = m.host_path
             if host_path and not any(Path(os.path.realpath(host_path)).is_relative_to(a) for a in allowed):
                 raise InvalidArgument(
                     f"mount of host path {host_path[:256]!r} is not allowed: only paths under "
-                    f"{', '.join(str(a) for a in allowed)} are shared into pods"
+                    f"{', '.join(str(a) for a in allowed) or '(none)'} are shared into this pod"
                 )
 
     def _share_mounts(
@@ -566,11 +573,13 @@ class Containers:
         A HostToContainer or Bidirectional volume of an unprivileged QEMU is bound private, and the
         host's later mounts below its source are copied in idmapped by ``self.follow``: propagated
         by the kernel, they would arrive without the mapping."""
-        self.check_mounts(mounts)
+        sandbox = self.sandboxes.get(sandbox_id)
+        self.check_mounts(mounts, sandbox.meta.uid)
         out = []
         mountinfo = Path("/proc/self/mountinfo").read_text()
         qemu = self._qemu_pid(sandbox_id) if any(m.host_path for m in mounts) else None
-        qemu_uid = self.sandboxes.get(sandbox_id).qemu_uid
+        qemu_uid = sandbox.qemu_uid
+        pods_dir = os.path.realpath(self.sandboxes.config.kubelet_pods_dir)
         for i, m in enumerate(mounts):
             container_path, host_path, readonly = m.container_path, m.host_path, m.readonly
             if not host_path:
@@ -581,6 +590,10 @@ class Containers:
             pagesize = hugetlbfs.mount_pagesize(mountinfo, str(real))
             if pagesize is not None:  # a HugePages emptyDir: the guest's own pages of that size
                 out.append(oci_spec.Mount(container_path, "nodev", readonly, hugepage_size=pagesize))
+                continue
+            if kubelet_volumes.is_atomic_volume(str(real), pods_dir):  # a copy in the guest, kept current
+                source = self.volumes.attach(sandbox_id, container_id, str(real))
+                out.append(oci_spec.Mount(destination=container_path, source=source, readonly=readonly))
                 continue
             shared = self.dirs.shared(sandbox_id)
             rel = f"containers/{container_id}/mounts/{i}"
@@ -725,6 +738,18 @@ class Containers:
                     log.info("container %s: its guest had started it; it is running", c.id[:12])
         return report
 
+    def resume_volumes(self) -> int:
+        """At start-up: the copies of atomic-writer volumes that running guests keep for their
+        containers (as the records say) are kept current again; returns how many containers use one."""
+        ready = {s.id for s in self.sandboxes.list_sandboxes() if s.state == SANDBOX_READY}
+        users = 0
+        for c in self.sandboxes.containers():
+            if c.volume_copies and c.sandbox_id in ready:
+                self.volumes.adopt(c.sandbox_id, c.id, c.volume_copies)
+                users += 1
+        self.volumes.start()
+        return users
+
     def hold_images(self) -> int:
         """At start-up: every container the ledger keeps holds its image again, as it did in the shim
         that ran before (RemoveContainer, or its sandbox's removal, releases it); returns how many."""
@@ -820,6 +845,7 @@ class Containers:
             with contextlib.suppress(GuestRequestFailed, GuestChannelClosed, GuestChannelTimeout, InfrastructureError):
                 self._call(c.sandbox_id, "delete", container_id)
         self.logs.forget(container_id)
+        self.volumes.release(c.sandbox_id, container_id)
         self._drop_container_dir(c.sandbox_id, container_id)
         self.sandboxes.remove_container(container_id)
         if c.image_id:
@@ -831,6 +857,7 @@ class Containers:
         """The sandbox's guest is gone (StopPodSandbox): stop copying its logs, drop its connection.
         Image holds stay until its containers (or the sandbox) are removed."""
         self.follow.forget(sandbox_id)
+        self.volumes.forget_sandbox(sandbox_id)
         self.logs.stop(*(c.id for c in self.sandboxes.containers(sandbox_id)))
         self._drop_client(sandbox_id)
 
@@ -951,6 +978,7 @@ class Containers:
 
     def close(self) -> None:
         self.follow.close()
+        self.volumes.close()
         self.logs.close()
         with self._lock:
             clients = list(self._clients.values())

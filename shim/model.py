@@ -238,6 +238,9 @@ class ContainerRecord:
     guest_clock_offset_ns: int = 0
     exit_code: int = 0
     tty: bool = False  # created with a terminal (ContainerConfig.tty)
+    net_bind_service: bool = False  # holds CAP_NET_BIND_SERVICE: its pod's privileged node ports open
+    # host paths of the atomic-writer volumes its guest keeps copies of for it (shim.pod_volumes)
+    volume_copies: tuple[str, ...] = ()
 
     def to_doc(self) -> dict[str, Any]:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -253,6 +256,7 @@ class ContainerRecord:
         args = {k: v for k, v in doc.items() if k in known}
         args["resources"] = records.resources_from_doc(doc.get("resources") or {}, f"container {doc.get('id', '')}")
         args["linux"] = records.linux_from_doc(doc.get("linux") or {})
+        args["volume_copies"] = tuple(str(p) for p in doc.get("volume_copies") or ())
         return ContainerRecord(**args)
 
 
@@ -310,6 +314,10 @@ class ContainerStats:
     container: ContainerRecord
     sample: CgroupStats | None
     nano_cores: int | None
+    # its part of what the sandbox's guest wrote on the host (shared_storage.split), reported in
+    # its writable layer so that the kubelet counts it against the pod's ephemeral-storage
+    shared_bytes: int = 0
+    shared_inodes: int = 0
 
 
 @dataclass(frozen=True)

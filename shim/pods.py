@@ -6,7 +6,9 @@ A pod is four parts, each kept by the component that alone knows its storage:
   rows of the sandbox and of its containers;
 - its containers' guest side (``shim.containers``): the agent connection, the shared directory,
   image holds and image disks, volume binds and log copiers;
-- its node ports, for host-network pods (``shim.host_ports``);
+- its node ports, for host-network pods (``shim.host_ports``): those below the node's first
+  unprivileged port open once a container holding CAP_NET_BIND_SERVICE is created (recorded on
+  the container, so a restarted shim opens them again);
 - what NRI plugins are told of it (``shim.nri.hooks``).
 
 Every RuntimeService RPC makes one call here, with the request already translated; this module
@@ -49,10 +51,11 @@ from shim.model import (
 from shim.nri.hooks import NriHooks
 from shim.sandboxes import Sandboxes
 from shim.streaming.server import Target
-from vmsandbox import oci_spec, streaming
+from vmsandbox import oci_spec, shared_storage, streaming
 from vmsandbox.adapters.host_checks import host_warnings
 from vmsandbox.agent_protocol import CgroupStats, ExecResult
 from vmsandbox.errors import DeadlineExceeded, InvalidArgument, VmSandboxError, WrongState
+from vmsandbox.network import NET_BIND_SERVICE
 from vmsandbox.pod import SandboxSpec
 from vmsandbox.resources import ContainerResources
 from vmsandbox.sizing import LinuxResources
@@ -138,8 +141,9 @@ class Pods:
             return
         for record in self.sandboxes.list_sandboxes():
             if record.state == SANDBOX_READY:
+                privileged = any(c.net_bind_service for c in self.sandboxes.containers(record.id))
                 try:
-                    self.host_ports.open(record.id, record.namespaces, record.port_mappings)
+                    self.host_ports.open(record.id, record.namespaces, record.port_mappings, privileged=privileged)
                 except VmSandboxError as exc:
                     log.error("sandbox %s: its node ports are not relayed: %s", record.id[:12], exc)
 
@@ -217,19 +221,23 @@ class Pods:
         mounts: list[MountRequest],
     ) -> str:
         """CreateContainer: admitted against the pod's declaration (as the plugins adjust it),
-        recorded, then created in the guest; a guest's refusal removes the record again."""
+        recorded, then created in the guest; a guest's refusal removes the record again. A
+        container holding CAP_NET_BIND_SERVICE opens a host-network pod's privileged node ports."""
         sandbox = self.sandboxes.get(sandbox_id)
         run = replace(run, hostname=sandbox.hostname)  # the pod's, whatever the request says
         spec, run, mounts = self.nri.adjust_container(sandbox, spec, run, mounts)
         # a host path no pod may have is refused before admission, which would call it undeclared;
         # Containers checks again when it binds the path, as the path then is
-        self.containers.check_mounts(mounts)
+        self.containers.check_mounts(mounts, sandbox.meta.uid)
         cid = self.sandboxes.create_container(sandbox.id, spec)
         try:
             self.containers.create(cid, run, user, stop_signal, mounts)
         except BaseException:
             self.sandboxes.remove_container(cid)
             raise
+        if self.host_ports is not None and oci_spec.has_capability(run, NET_BIND_SERVICE):
+            self.sandboxes.change_container(cid, net_bind_service=True)
+            self.host_ports.grant_privileged(sandbox.id)
         self.nri.container_created(cid)
         return cid
 
@@ -349,14 +357,19 @@ class Pods:
 
     # -- stats ---------------------------------------------------------------------------------------
     def container_stats(self, container_id: str) -> ContainerStats:
-        return self._container_stats(self.sandboxes.container(container_id))
+        c = self.sandboxes.container(container_id)
+        return self._container_stats(c, self._shared_parts(c.sandbox_id).get(c.id, (0, 0)))
 
     def list_container_stats(self, f: ContainerFilter) -> list[ContainerStats]:
-        return [
-            self._container_stats(c)
+        chosen = [
+            c
             for c in self.sandboxes.containers(f.sandbox_id or None)
             if c.state == CONTAINER_RUNNING and f.matches_identity(c)
         ]
+        parts: dict[str, tuple[int, int]] = {}
+        for sid in {c.sandbox_id for c in chosen}:
+            parts.update(self._shared_parts(sid))
+        return [self._container_stats(c, parts.get(c.id, (0, 0))) for c in chosen]
 
     def sandbox_stats(self, sandbox_id: str) -> SandboxStats:
         return self._sandbox_stats(self.sandboxes.get(sandbox_id))
@@ -364,13 +377,28 @@ class Pods:
     def list_sandbox_stats(self, f: SandboxFilter) -> list[SandboxStats]:
         return [self._sandbox_stats(r) for r in self.sandboxes.list_sandboxes() if f.matches_identity(r)]
 
-    def _container_stats(self, c: ContainerRecord) -> ContainerStats:
+    def _container_stats(self, c: ContainerRecord, shared: tuple[int, int] = (0, 0)) -> ContainerStats:
         s = self.containers.stats(c.id)
-        return ContainerStats(c, s, self._rates.rate(c.id, s))
+        return ContainerStats(c, s, self._rates.rate(c.id, s), *shared)
+
+    def _shared_parts(self, sandbox_id: str) -> dict[str, tuple[int, int]]:
+        """What the sandbox's guest wrote on the host (one statvfs), split among its running
+        containers by their ephemeral-storage limits: container id -> (bytes, inodes)."""
+        running = [c for c in self.sandboxes.containers(sandbox_id) if c.state == CONTAINER_RUNNING]
+        usage = self.sandboxes.dirs.usage(sandbox_id) if running else None
+        if usage is None:
+            return {}
+        weights = shared_storage.container_weights(c.resources for c in running)
+        split_bytes = shared_storage.split(usage.used_bytes, weights)
+        split_inodes = shared_storage.split(usage.used_inodes, weights)
+        return {c.id: (b, i) for c, b, i in zip(running, split_bytes, split_inodes, strict=True)}
 
     def _sandbox_stats(self, r: SandboxRecord) -> SandboxStats:
         s = self.containers.sandbox_stats(r.id) if r.state == SANDBOX_READY else None
+        parts = self._shared_parts(r.id)
         members = tuple(
-            self._container_stats(c) for c in self.sandboxes.containers(r.id) if c.state == CONTAINER_RUNNING
+            self._container_stats(c, parts.get(c.id, (0, 0)))
+            for c in self.sandboxes.containers(r.id)
+            if c.state == CONTAINER_RUNNING
         )
         return SandboxStats(r, s, self._rates.rate(r.id, s), members)

@@ -192,6 +192,9 @@ def start(config: ShimConfig) -> Running:
     if any(agreed.values()):
         log.info("containers reconciled with their guests: %s", {k: len(v) for k, v in agreed.items()})
     resumed = containers.resume_logs()
+    adopted = containers.resume_volumes()
+    if adopted:
+        log.info("volume copies kept current again for %d containers", adopted)
     if resumed:
         log.info("log copying resumed for %d running containers", resumed)
     # the agents of adopted guests: the same instance carries on, one that started over is a lost agent

@@ -29,13 +29,16 @@ from typing import NamedTuple, TypeAlias
 from vmsandbox import validation
 from vmsandbox.errors import InfrastructureError
 
-VERSION = 5
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5})
+VERSION = 6
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
 TTY_VERSION = 4
 """The first protocol whose agents give a container created with ``tty`` a terminal (older ones
 only joined its stderr to its stdout)."""
 PERSONALIZE_VERSION = 5
 """The first protocol version with the ``personalize`` op (a guest restored from a snapshot)."""
+VOLUMES_VERSION = 6
+"""The first protocol version with the ``volume_*`` ops (copies of the kubelet's atomic-writer
+volumes: ``vmsandbox.kubelet_volumes``)."""
 CHANNEL_NAME = "io.vmsandbox.agent.0"
 """Name of the virtio-serial port the guest agent listens on."""
 SHARED_TAG = "vmsandbox.shared"

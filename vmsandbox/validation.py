@@ -224,6 +224,12 @@ def uid(value: str, field: str) -> None:
     )
 
 
+def path_component(value: str) -> bool:
+    """Whether ``value`` names one entry of a directory (not ``.`` or ``..``, no ``/`` or NUL): a
+    pod uid the kubelet's pod directory may be joined with."""
+    return value not in ("", ".", "..") and "/" not in value and "\x00" not in value
+
+
 def text(value: str, field: str, limit: int = TEXT_LIMIT) -> None:
     """Free text (an image name, a hostname, a path): bounded and free of control characters."""
     if len(value) <= limit and _UNSAFE.search(value) is None:

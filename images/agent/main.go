@@ -25,8 +25,9 @@ const maxLine = 1 << 20
 
 // protocolVersion is what this agent sends; it also reads requests of every earlier version. Version 4:
 // `create` with `tty` gives the container a terminal (before, it only joined stderr to stdout),
-// and attach_resize. Version 5: personalize (a guest restored from a snapshot).
-const protocolVersion = 5
+// and attach_resize. Version 5: personalize (a guest restored from a snapshot). Version 6: the
+// volume_* ops (copies of the kubelet's atomic-writer volumes, volumes.go).
+const protocolVersion = 6
 
 // instance names this agent process: random, made at start and reported in hello and report, so
 // that the host tells an agent that restarted (and lost its containers) from one it reconnects to.

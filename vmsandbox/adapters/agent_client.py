@@ -32,6 +32,7 @@ from vmsandbox.adapters.guest_channel import (
 from vmsandbox.agent_protocol import (
     EXEC_OUTPUT_MAX,
     TTY_VERSION,
+    VOLUMES_VERSION,
     Ack,
     CgroupStats,
     ContainerState,
@@ -277,6 +278,38 @@ class AgentClient:
     def update(self, cid: str, files: Mapping[str, str], timeout_s: float = 30) -> None:
         """Writes cgroup limit files ("memory.max", "cpu.max", ...) of a container."""
         self.request("update", {"id": cid, "files": dict(files)}, timeout_s)
+
+    # ---- copies of the kubelet's atomic-writer volumes (vmsandbox.kubelet_volumes) -------------
+
+    def _volumes_spoken(self) -> None:
+        if self.report.protocol < VOLUMES_VERSION:
+            raise WrongState(
+                f"the guest agent on {self.label} speaks protocol {self.report.protocol}, which takes no ConfigMap, "
+                f"Secret, projected or downward API volume; those need protocol {VOLUMES_VERSION} (a guest image "
+                "built from this release: recreate the pod)"
+            )
+
+    def volume_begin(self, vid: str, version: str, timeout_s: float = 30) -> bool:
+        """Starts putting ``version`` of volume ``vid`` into the guest; True when the guest has it
+        already (nothing to send)."""
+        self._volumes_spoken()
+        body = self.request("volume_begin", {"volume": vid, "version": version}, timeout_s)
+        current = body.get("current")
+        if not isinstance(current, bool):
+            raise ProtocolError("volume_begin response: 'current' must be a boolean")
+        return current
+
+    def volume_write(self, args: Mapping[str, object], timeout_s: float = 60) -> None:
+        """One batch of a version's directories and file parts (``kubelet_volumes.write_batches``)."""
+        self.request("volume_write", args, timeout_s)
+
+    def volume_commit(self, args: Mapping[str, object], timeout_s: float = 30) -> None:
+        """Makes the staged version the volume's (``kubelet_volumes.commit_args``)."""
+        self.request("volume_commit", args, timeout_s)
+
+    def volume_remove(self, vid: str, timeout_s: float = 30) -> None:
+        self._volumes_spoken()
+        self.request("volume_remove", {"volume": vid}, timeout_s)
 
     # ---- streamed processes (the CRI's streaming Exec) ---------------------------------------
 
