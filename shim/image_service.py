@@ -2,8 +2,12 @@
 
 Each method translates the request (``shim.translate``), calls the store, translates the answer.
 ``ImageFsInfo`` reports the image store (blobs, unpacked trees and their disks) as the image file
-system, and as the container one the rest of the state directory plus the containers' writable
-layers (kept in their guests' memory; ``Containers.writable_usage`` asks the guests).
+system, and as the container one what the sandboxes' guests wrote on the host (each sandbox's
+directory is a file system of its own: one ``statvfs`` each, ``SandboxDirs.total_usage``), the
+containers' writable layers (kept in their guests' memory; ``Containers.writable_usage`` asks the
+guests) and the state directory's own files. Nothing a guest can write is walked: a guest shapes
+those trees as it likes (nested past any recursion limit, millions of entries), and the kubelet's
+image garbage collection and eviction wait on this call.
 """
 
 from __future__ import annotations
@@ -22,29 +26,45 @@ from shim.images import ImageStore
 from shim.status import rpc
 from vmsandbox.errors import InvalidArgument
 
+_MAX_TOP_ENTRIES = 4096
+"""Entries of the state directory looked at, at most (it holds a few: the database, directories)."""
 
-def _usage_outside(root: Path, skip: Path) -> tuple[int, int]:
+
+def _own_files(root: Path) -> tuple[int, int]:
+    """(bytes, inodes) of the regular files directly in ``root`` (the state database and its
+    journal): one directory read, nothing below it."""
     used = inodes = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        if Path(dirpath) == skip.parent and skip.name in dirnames:
-            dirnames.remove(skip.name)
-        for name in (*dirnames, *filenames):
-            try:
-                used += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-                inodes += 1
-            except OSError:
-                continue
+    try:
+        with os.scandir(root) as entries:
+            for i, e in enumerate(entries):
+                if i >= _MAX_TOP_ENTRIES:
+                    break
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if e.is_file(follow_symlinks=False):
+                    used += st.st_blocks * 512
+                    inodes += 1
+    except OSError:
+        pass
     return used, inodes
 
 
 class ImageServicer(pb_grpc.ImageServiceServicer):
     def __init__(
-        self, store: ImageStore, state_dir: str, writable_layers: Callable[[], tuple[int, int]] = lambda: (0, 0)
+        self,
+        store: ImageStore,
+        state_dir: str,
+        writable_layers: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        shares: Callable[[], tuple[int, int]] = lambda: (0, 0),
     ) -> None:
         self.store = store
         self.state_dir = Path(state_dir)
         # (bytes, inodes) of the containers' writable layers, which live in their guests' memory
         self.writable_layers = writable_layers
+        # (bytes, inodes) the sandboxes' guests wrote on the host, each in its own file system
+        self.shares = shares
 
     @rpc
     def PullImage(self, request: pb.PullImageRequest, context: grpc.ServicerContext) -> pb.PullImageResponse:
@@ -78,9 +98,9 @@ class ImageServicer(pb_grpc.ImageServiceServicer):
     def ImageFsInfo(self, request: pb.ImageFsInfoRequest, context: grpc.ServicerContext) -> pb.ImageFsInfoResponse:
         now = time.time_ns()
         images = self.store.usage()
-        used, inodes = _usage_outside(self.state_dir, self.store.root)
-        layers, layer_inodes = self.writable_layers()
-        used, inodes = used + layers, inodes + layer_inodes
+        used, inodes = _own_files(self.state_dir)
+        for more, more_inodes in (self.shares(), self.writable_layers()):
+            used, inodes = used + more, inodes + more_inodes
         return pb.ImageFsInfoResponse(
             image_filesystems=[translate.filesystem_usage(str(self.store.root), images.bytes, images.inodes, now)],
             container_filesystems=[translate.filesystem_usage(str(self.state_dir), used, inodes, now)],

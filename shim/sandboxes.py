@@ -266,7 +266,9 @@ class Sandboxes:
             )
             faults.checkpoint("run:after-network")
             record = replace(record, network=attachment.network)
-            record, make_snapshot = self._boot(record, profile, shape, placement, accel, attachment)
+            record, make_snapshot = self._boot(
+                record, profile, shape, placement, accel, attachment, plan.shared_storage_bytes
+            )
         except BaseException as exc:
             outcome = self._rollback(sandbox_id, name)
             if isinstance(exc, VmSandboxError):
@@ -320,6 +322,7 @@ class Sandboxes:
         placement: Placement,
         accel: str,
         attachment: Attachment,
+        storage_bytes: int,
     ) -> tuple[SandboxRecord, Callable[[], None] | None]:
         """Start the pod's guest: restored from the snapshot of its shape when there is one (a
         restore that fails is rolled back, logged with its cause, and the pod cold-boots), else
@@ -351,7 +354,7 @@ class Sandboxes:
             profile=profile,
             accel=accel,
             console_log=console,
-            shared_dirs=self.dirs.make(record.id, record.qemu_uid),
+            shared_dirs=self.dirs.make(record.id, record.qemu_uid, storage_bytes),
             qemu_uid=record.qemu_uid,
             interfaces=(attachment.interface,) if attachment.interface else (),
             guest_nic=nic,
@@ -486,7 +489,7 @@ class Sandboxes:
             placement = self.resources.reserve(owner, shape, profile)
             try:
                 # the pod's shares give their shape only: the snapshot's guest gets empty ones of its own
-                shared = self.dirs.make(owner, 0)
+                shared = self.dirs.make(owner, 0, None)
                 pod_domain = self._snapshot_domain(
                     owner,
                     shape,

@@ -216,7 +216,7 @@ def start(config: ShimConfig) -> Running:
     pods = Pods(sandboxes, containers, hooks, HostPorts(backends.dial))
     pods.resume_node_ports()  # host-network pods this shim ran before a restart
     runtime = RuntimeServicer(pods, streaming)
-    image_servicer = ImageServicer(images, config.state_dir, containers.writable_usage)
+    image_servicer = ImageServicer(images, config.state_dir, containers.writable_usage, sandboxes.dirs.total_usage)
     downstream = proxy = None
     if config.downstream_endpoint:
         downstream, proxy = _proxy(

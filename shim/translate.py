@@ -638,8 +638,11 @@ def memory_usage(s: CgroupStats) -> pb.MemoryUsage:
 
 
 def container_stats(cs: ContainerStats, layer_mountpoint: str) -> pb.ContainerStats:
-    """A container's stats; its writable layer (in guest memory) is reported on ``layer_mountpoint``,
-    the host directory ImageFsInfo names as the container file system, which the kubelet can stat."""
+    """A container's stats; its writable layer (in guest memory) and its part of what the guest
+    wrote in the sandbox's directory on the host (the CRI has no pod-level file system, and the
+    kubelet adds the writable layers up against the pod's ephemeral-storage) are reported on
+    ``layer_mountpoint``, the host directory ImageFsInfo names as the container file system, which
+    the kubelet can stat."""
     c, s, nano_cores = cs.container, cs.sample, cs.nano_cores
     out = pb.ContainerStats(
         attributes=pb.ContainerAttributes(
@@ -653,8 +656,8 @@ def container_stats(cs: ContainerStats, layer_mountpoint: str) -> pb.ContainerSt
             pb.FilesystemUsage(
                 timestamp=s.timestamp_ns,
                 fs_id=pb.FilesystemIdentifier(mountpoint=layer_mountpoint),
-                used_bytes=_u64(s.writable_bytes),
-                inodes_used=_u64(s.writable_inodes),
+                used_bytes=_u64(s.writable_bytes + cs.shared_bytes),
+                inodes_used=_u64(s.writable_inodes + cs.shared_inodes),
             )
         )
     return out

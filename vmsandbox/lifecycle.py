@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol, TypeVar
 
-from vmsandbox import admission, validation
+from vmsandbox import admission, shared_storage, validation
 from vmsandbox.cdi import CdiRegistry
 from vmsandbox.devices import NO_DEVICES, DevicePools, DeviceRequest, request_devices
 from vmsandbox.errors import AlreadyExists, Diverged, InvalidArgument
@@ -170,6 +170,8 @@ class SandboxPlan:
     shape: VmShape
     devices: DeviceRequest
     accel: str
+    # what the guest may write on the host: the sandbox directory's file system (vmsandbox.shared_storage)
+    shared_storage_bytes: int
 
 
 def wants_cdi(declaration: PodDeclaration | None) -> bool:
@@ -228,7 +230,8 @@ def plan_sandbox(
         )
     shape = shape_for(demand, profile)
     accel = choose_accel(profile.accel, host.hw_virt, host.kvm_device)
-    return SandboxPlan(profile, handler, chosen, demand, shape, devices, accel)
+    storage = shared_storage.capacity(decl, chosen, profile.shared_storage_bytes)
+    return SandboxPlan(profile, handler, chosen, demand, shape, devices, accel, storage)
 
 
 # -- whether a container is admitted ----------------------------------------------------------------

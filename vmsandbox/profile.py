@@ -29,6 +29,9 @@ PROFILE_ANNOTATION = "io.vmsandbox/profile"
 #: Pod annotation naming the init containers that are sidecars (read by ``vmsandbox.sizing``).
 SIDECARS_ANNOTATION = "io.vmsandbox/sidecars"
 PAGE_SIZES: Mapping[str, int] = {"4Ki": PAGE_4K, **HUGEPAGE_SIZES}
+#: Bounds of what a sandbox's guest may write on the host (``shared_storage``, ``vmsandbox.shared_storage``).
+SHARED_STORAGE_MIN = 8 * 1024 * 1024
+SHARED_STORAGE_MAX = 1 << 50
 
 
 class ProfileError(InvalidArgument):
@@ -67,6 +70,8 @@ class Profile:
     emulator: EmulatorPolicy = "vcpus"
     # restore pods from per-shape snapshots (made on first use); false: every pod cold-boots
     snapshots: bool = True
+    # what a sandbox's guest may write on the host when its pod declares no ephemeral-storage limit
+    shared_storage_bytes: int = 1 << 30
 
     @property
     def pinning(self) -> bool:
@@ -89,6 +94,7 @@ _KEYS = {
     "numa_policy",
     "emulator",
     "snapshots",
+    "shared_storage",
 }
 #: keys earlier versions read, and why they are refused now
 RETIRED_KEYS: Mapping[str, str] = {
@@ -277,6 +283,14 @@ def profile_problems(data: Mapping[str, Any], *, source: str) -> tuple[Profile |
         return value
 
     read("snapshots", snapshots)
+
+    def shared_storage() -> int:
+        amount = quantity("shared_storage", data.get("shared_storage", "1Gi"))
+        if not SHARED_STORAGE_MIN <= amount <= SHARED_STORAGE_MAX:
+            raise fail("shared_storage", f"must be between 8Mi and 1Pi, got {amount} bytes")
+        return amount
+
+    read("shared_storage_bytes", shared_storage)
     if problems:
         return None, problems
     return Profile(**values), []

@@ -183,7 +183,9 @@ def cri_server() -> Iterator[Server]:
         runtime = RuntimeServicer(Pods(sb, containers))
         status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
         status.add_servicer(
-            server, pb.DESCRIPTOR.services_by_name["ImageService"], ImageServicer(images, str(root / "state"))
+            server,
+            pb.DESCRIPTOR.services_by_name["ImageService"],
+            ImageServicer(images, str(root / "state"), shares=sb.dirs.total_usage),
         )
         sock = root / "cri.sock"
         assert server.add_insecure_port(f"unix:{sock}")

@@ -15,7 +15,7 @@ FORGOTTEN = "b" * 64
 
 def test_make_gives_the_directory_to_qemus_uid_alone(tmp_path: Path) -> None:
     dirs = SandboxDirs(str(tmp_path))
-    (share,) = dirs.make(KNOWN, 4242)
+    (share,) = dirs.make(KNOWN, 4242, None)
     assert share.source == str(dirs.shared(KNOWN)) and share.accessmode == "mapped"
     for d in (dirs.root / KNOWN, dirs.shared(KNOWN)):
         st = d.stat()
@@ -27,7 +27,7 @@ def test_make_gives_the_directory_to_qemus_uid_alone(tmp_path: Path) -> None:
 def test_sweep_removes_only_forgotten_sandboxes(tmp_path: Path) -> None:
     dirs = SandboxDirs(str(tmp_path))
     for sid in (KNOWN, FORGOTTEN):
-        dirs.make(sid, os.getuid())
+        dirs.make(sid, os.getuid(), None)
         (dirs.shared(sid) / "containers" / "f").write_text("x")
     (dirs.root / "not-an-id").mkdir()
     dirs.sweep({KNOWN})
@@ -39,7 +39,7 @@ def test_the_reconcile_sweeps_the_directories_of_forgotten_sandboxes() -> None:
     else start-up has built by then."""
     with cri_server() as server:
         sb = server.sandboxes
-        sb.dirs.make(FORGOTTEN, os.getuid())
-        sb.dirs.make(SEED_SANDBOXES[0], os.getuid())
+        sb.dirs.make(FORGOTTEN, os.getuid(), None)
+        sb.dirs.make(SEED_SANDBOXES[0], os.getuid(), None)
         sb.reconcile()
         assert not (sb.dirs.root / FORGOTTEN).exists()
