@@ -147,6 +147,8 @@ class Sandboxes:
         # each sandbox's directory (the share its guest mounts over 9p): made for a boot, dropped when
         # a boot is rolled back or the sandbox removed, swept for sandboxes that no longer exist
         self.dirs = SandboxDirs(config.state_dir)
+        # the state directory as each domain's metadata names it (the real path, links resolved)
+        self._state_path = os.path.realpath(config.state_dir)
         self._uid_lock = threading.Lock()  # held from choosing a QEMU uid until the record holding it is written
         # QEMU uids of snapshot guests being made (they run no pod, so no record holds them)
         self._snapshot_uids: set[int] = set()
@@ -347,6 +349,7 @@ class Sandboxes:
                 attempt=record.meta.attempt,
                 runtime_handler=record.runtime_handler,
                 owner=self.ledger.instance_id,
+                state_dir=self._state_path,
             ),
             uuid=str(uuidlib.uuid4()),
             shape=shape,
@@ -539,7 +542,7 @@ class Sandboxes:
         """The domain a snapshot's guest boots in: a pod's of that shape, with no pod's identity,
         its QEMU as ``qemu_uid``."""
         return domain_for(
-            identity=SandboxIdentity(owner, "", "", "", 0, "", self.ledger.instance_id),
+            identity=SandboxIdentity(owner, "", "", "", 0, "", self.ledger.instance_id, self._state_path),
             uuid=str(uuidlib.uuid4()),
             shape=shape,
             placement=placement,

@@ -34,6 +34,9 @@ class SandboxIdentity:
     attempt: int
     runtime_handler: str
     owner: str = ""  # the instance id of the state database that owns the domain (ledger.instance_id)
+    # the directory of that state database: a domain whose state directory is gone has no shim left
+    # to own it (``vmsandbox.domain_xml.read_identity``; ``make stop-host`` removes such domains)
+    state_dir: str = ""
 
 
 @dataclass(frozen=True)

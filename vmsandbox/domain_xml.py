@@ -41,6 +41,8 @@ def _metadata(parent: ET.Element, domain: Domain) -> None:
     _sub(sandbox, f"{{{METADATA_NS}}}handler", ident.runtime_handler)
     if ident.owner:
         _sub(sandbox, f"{{{METADATA_NS}}}owner", ident.owner)
+    if ident.state_dir:
+        _sub(sandbox, f"{{{METADATA_NS}}}state", ident.state_dir)
     _sub(sandbox, f"{{{METADATA_NS}}}shape", domain.shape_json)
 
 
@@ -215,7 +217,14 @@ def read_identity(xml: str) -> SandboxIdentity | None:
         attempt=int(attempt) if attempt.isdigit() else 0,
         runtime_handler=sandbox.findtext(f"{{{METADATA_NS}}}handler", ""),
         owner=sandbox.findtext(f"{{{METADATA_NS}}}owner", ""),
+        state_dir=sandbox.findtext(f"{{{METADATA_NS}}}state", ""),
     )
+
+
+def read_shared_dirs(xml: str) -> tuple[str, ...]:
+    """The host directories the domain shares into its guest (``<filesystem>`` sources): they are
+    under the state directory of the shim that made it."""
+    return tuple(s.get("dir", "") for s in ET.fromstring(xml).iterfind("devices/filesystem/source") if s.get("dir"))
 
 
 def read_channel_path(xml: str, name: str) -> str | None:

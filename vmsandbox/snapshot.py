@@ -164,7 +164,14 @@ def snapshot_domain(
     of the pod's kind with the placeholder MAC (an ethernet NIC on a tap libvirt makes, connected to
     nothing), empty shared directories of its own."""
     identity = SandboxIdentity(
-        sandbox_id=key, pod_name="", pod_namespace="", pod_uid="", attempt=0, runtime_handler="", owner=owner
+        sandbox_id=key,
+        pod_name="",
+        pod_namespace="",
+        pod_uid="",
+        attempt=0,
+        runtime_handler="",
+        owner=owner,
+        state_dir=pod_domain.identity.state_dir,
     )
     nics = tuple(NetworkInterface(kind=nic.kind, mac=PLACEHOLDER_MAC) for nic in pod_domain.interfaces)
     return replace(

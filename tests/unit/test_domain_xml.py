@@ -34,6 +34,7 @@ from vmsandbox.domain_xml import (
     read_hostdevs,
     read_identity,
     read_image_disks,
+    read_shared_dirs,
     read_vcpu_pins,
     render,
     render_image_disk,
@@ -227,6 +228,15 @@ def test_metadata_round_trips(name: str) -> None:
     assert read_channel_path(xml, AGENT_CHANNEL) is None  # libvirt picks the path
     shape_text = ET.fromstring(xml).findtext(f"metadata/{{{METADATA_NS}}}sandbox/{{{METADATA_NS}}}shape")
     assert shape_text is not None and json.loads(shape_text) == shape_doc(case.shape)
+
+
+def test_the_owner_and_state_directory_round_trip_and_the_shared_directories_are_read() -> None:
+    case = CASES["shared-4k-tcg"]
+    identity = replace(case.identity, owner="ab" * 16, state_dir="/var/lib/vmsandbox/state")
+    xml = render(replace(case.domain(), identity=identity))
+    assert "<vmsandbox:state>/var/lib/vmsandbox/state</vmsandbox:state>" in xml
+    assert read_identity(xml) == identity
+    assert read_shared_dirs(xml) == ("/var/lib/vmsandbox/state/sandboxes/fedcba98/shared",)
 
 
 def test_pod_name_is_escaped_not_pasted() -> None:
