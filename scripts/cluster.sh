@@ -503,27 +503,26 @@ stop_named() { # NAME SECONDS
     rm -f "$RUN/$1.pid" "$RUN/$1.exe"
 }
 
+DOWN_PROBLEMS=()
+problem() { # MESSAGE: `down` goes on, and says at the end that it did not finish cleanly
+    warn "$*"
+    DOWN_PROBLEMS+=("$*")
+}
+
 # Every sandbox the cluster's shim still holds (the kubelet is stopped first, so none is made
 # meanwhile): StopPodSandbox + RemovePodSandbox over its socket, which destroys the VM and
-# releases its CPUs, hugepages, network namespace and CNI allocation.
+# releases its CPUs, hugepages, network namespace and CNI allocation. The shim's own (VM) sandboxes
+# go first and a failure (a downstream that is down) never stops the rest; each is one line.
 remove_sandboxes() {
     [[ -S $SOCKET ]] || return 0
-    "$PY" - "$SOCKET" <<'EOF'
-import sys
+    "$PY" -m shim.admin.teardown sandboxes "$SOCKET" --state-dir "$SHIM/state"
+}
 
-import grpc
-
-from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
-
-with grpc.insecure_channel(f"unix:{sys.argv[1]}") as channel:
-    rt = pb_grpc.RuntimeServiceStub(channel)
-    for s in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
-        name = f"{s.metadata.namespace}/{s.metadata.name}"
-        print(f"removing sandbox {s.id[:13]} ({name})", flush=True)
-        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=s.id), timeout=180)
-        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=s.id), timeout=180)
-EOF
+# The shim is stopped: any domain of its state that libvirt still has (the shim could not remove it,
+# or was not there to) is destroyed by its metadata, before the state that names it goes.
+remove_state_domains() {
+    [[ -f $SHIM/state/state.db ]] || return 0
+    "$PY" -m shim.admin.teardown domains --state-dir "$SHIM/state"
 }
 
 down() {
@@ -535,7 +534,8 @@ down() {
         # shellcheck disable=SC1091
         source "$RUN/settings"
     fi
-    stop_named kubelet 30
+    # each step in a subshell: one that fails (even by `die`) is reported and the next one runs
+    (stop_named kubelet 30) || problem "the kubelet did not stop"
     if ! running shim >/dev/null && [[ -f $SHIM/state/state.db ]] &&
         [[ $("$PY" -m shim ls --state-dir "$SHIM/state" --format json 2>/dev/null) != "[]" ]]; then
         # the shim died and left sandboxes (their VMs run on in libvirtd): start it again, on its own,
@@ -545,21 +545,24 @@ down() {
         unshare -m --propagation private -- "$SELF" _shim || warn "the shim did not start again (see $LOGS/shim.log)"
     fi
     if running shim >/dev/null; then
-        remove_sandboxes || warn "could not remove every sandbox through the shim (see $LOGS/shim.log)"
+        remove_sandboxes || problem "not every sandbox was removed through the shim (above; see $LOGS/shim.log)"
     fi
-    stop_named shim 60
+    (stop_named shim 60) || problem "the shim did not stop"
+    local vms_gone=1
+    remove_state_domains || { vms_gone=""; problem "VMs of the shim's state may still run (above)"; }
     if [[ -f $CONTAINERD/containerd.pid ]]; then
         log "stopping containerd"
-        bash "$REPO_ROOT/scripts/containerd.sh" down "$CONTAINERD" || warn "containerd did not stop cleanly"
+        bash "$REPO_ROOT/scripts/containerd.sh" down "$CONTAINERD" || problem "containerd did not stop cleanly"
     fi
-    stop_named scheduler 20
-    stop_named controller-manager 20
-    stop_named apiserver 30
-    stop_named etcd 20
-    stop_named registry 10
+    local name secs
+    for name in scheduler:20 controller-manager:20 apiserver:30 etcd:20 registry:10; do
+        secs=${name##*:}
+        name=${name%:*}
+        (stop_named "$name" "$secs") || problem "$name did not stop"
+    done
     if [[ -n ${POD_BRIDGE:-} ]] && ip link show dev "$POD_BRIDGE" >/dev/null 2>&1; then
         log "removing the bridge $POD_BRIDGE"
-        ip link del dev "$POD_BRIDGE"
+        ip link del dev "$POD_BRIDGE" || problem "the bridge $POD_BRIDGE was not removed"
     fi
     if [[ -r $RUN/iptables-chains ]]; then
         # chains named KUBE-* that appeared since `up` are the kubelet's (no kube-proxy runs here)
@@ -572,7 +575,7 @@ down() {
         done <<<"$new"
     fi
     if [[ -r $RUN/ip_forward ]]; then
-        cat "$RUN/ip_forward" >/proc/sys/net/ipv4/ip_forward
+        cat "$RUN/ip_forward" >/proc/sys/net/ipv4/ip_forward || problem "ip_forward not put back"
     fi
     if [[ -r $RUN/made-dirs ]]; then
         while read -r d; do
@@ -581,10 +584,19 @@ down() {
     fi
     # the private mount namespace went away with its last process; nothing of ours is mounted here
     if grep -qF " $CLUSTER_DIR/" /proc/self/mountinfo; then
-        die "something is still mounted under $CLUSTER_DIR; not removing it"
+        problem "something is still mounted under $CLUSTER_DIR; not removing it"
+    elif [[ -z $vms_gone ]]; then
+        # the state names the VMs that may still run: `down` again removes them once libvirt answers
+        problem "$CLUSTER_DIR kept: it is how '$0 down' finds those VMs again"
+    else
+        rm -rf --one-file-system "$CLUSTER_DIR"
+        log "cluster down; $CLUSTER_DIR removed"
     fi
-    rm -rf --one-file-system "$CLUSTER_DIR"
-    log "cluster down; $CLUSTER_DIR removed"
+    if ((${#DOWN_PROBLEMS[@]})); then
+        printf 'cluster down with %d problem(s):\n' "${#DOWN_PROBLEMS[@]}" >&2
+        printf '  %s\n' "${DOWN_PROBLEMS[@]}" >&2
+        return 1
+    fi
 }
 
 case ${1:-} in
