@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from dataclasses import replace
@@ -597,28 +598,46 @@ class Containers:
                 continue
             shared = self.dirs.shared(sandbox_id)
             rel = f"containers/{container_id}/mounts/{i}"
-            shared_tree.make_dirs(shared, f"containers/{container_id}/mounts")
-            shared_tree.make_empty(shared, rel, is_dir=real.is_dir())
             if qemu is None:
                 raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
-            if m.propagation != "private" and qemu_uid:  # later host mounts below it: mount_follow.py
-                known = self.follow.snapshot(str(real))
-                binds.bind(qemu, real, shared / rel, readonly, m.recursive, "private", beneath=shared, root_as=qemu_uid)
-                self.follow.watch(
-                    sandbox_id,
-                    container_id,
-                    i,
-                    qemu_pid=qemu,
-                    source=str(real),
-                    bound=shared / rel,
-                    beneath=shared,
-                    root_as=qemu_uid,
-                    known=known,
-                )
-            else:
-                binds.bind(
-                    qemu, real, shared / rel, readonly, m.recursive, m.propagation, beneath=shared, root_as=qemu_uid
-                )
+            try:  # what was checked is what is bound: the bind takes this descriptor, not the path again
+                src_fd = binds.resolve(str(real))
+            except OSError as exc:
+                raise InvalidArgument(
+                    f"mount of host path {host_path[:256]!r}: {exc.strerror} (it changed while being resolved)"
+                ) from None
+            try:
+                shared_tree.make_dirs(shared, f"containers/{container_id}/mounts")
+                shared_tree.make_empty(shared, rel, is_dir=stat.S_ISDIR(os.fstat(src_fd).st_mode))
+                if m.propagation != "private" and qemu_uid:  # later host mounts below it: mount_follow.py
+                    known = self.follow.snapshot(str(real))
+                    binds.bind(
+                        qemu, src_fd, shared / rel, readonly, m.recursive, "private", beneath=shared, root_as=qemu_uid
+                    )
+                    self.follow.watch(
+                        sandbox_id,
+                        container_id,
+                        i,
+                        qemu_pid=qemu,
+                        source=str(real),
+                        bound=shared / rel,
+                        beneath=shared,
+                        root_as=qemu_uid,
+                        known=known,
+                    )
+                else:
+                    binds.bind(
+                        qemu,
+                        src_fd,
+                        shared / rel,
+                        readonly,
+                        m.recursive,
+                        m.propagation,
+                        beneath=shared,
+                        root_as=qemu_uid,
+                    )
+            finally:
+                os.close(src_fd)
             out.append(
                 oci_spec.Mount(
                     destination=container_path,

@@ -205,3 +205,34 @@ def test_every_bind_is_nosuid_and_nodev_and_a_setuid_file_made_through_it_grants
         assert ran.stdout.strip() == "65534", ran  # not 0: the setuid bit does nothing through the bind
     finally:
         subprocess.run(["umount", str(source / "below")], capture_output=True)
+
+
+def test_a_resolved_source_binds_what_was_checked_whatever_the_path_names_later(tmp_path: Path, qemu: int) -> None:
+    checked, other = tmp_path / "pod" / "volume", tmp_path / "other-pod" / "secret"
+    checked.mkdir(parents=True)
+    other.mkdir(parents=True)
+    (checked / "mine").write_text("mine\n")
+    (other / "theirs").write_text("theirs\n")
+    fd = binds.resolve(str(checked))
+    try:
+        # the path is swapped for a symlink to another pod's volume after it was checked
+        checked.rename(tmp_path / "pod" / "moved")
+        (tmp_path / "pod" / "volume").symlink_to(other)
+        target = tmp_path / "sandbox" / "target"
+        target.mkdir(parents=True)
+        binds.bind(qemu, fd, target, readonly=True, beneath=tmp_path)
+    finally:
+        os.close(fd)
+    assert inside(qemu, f"ls {target}").stdout == "mine\n"
+    binds.unbind_all(qemu, tmp_path / "sandbox")
+
+
+def test_a_path_that_holds_a_symlink_is_not_resolved(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(OSError, match="symbolic links"):
+        binds.resolve(str(tmp_path / "link"))
+    with pytest.raises(OSError, match="not an absolute path"):
+        binds.resolve("relative")
+    fd = binds.resolve(str(tmp_path / "real"))
+    os.close(fd)

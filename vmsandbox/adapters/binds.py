@@ -171,14 +171,40 @@ def _idmap(root_as: int) -> int:
     return fd
 
 
+def resolve(path: str) -> int:
+    """An ``O_PATH`` descriptor of host path ``path``, which must be absolute and hold no symlink
+    (a ``realpath``): resolved with ``RESOLVE_NO_SYMLINKS``, so a component replaced by a symlink
+    since the path was checked fails (OSError ``ELOOP``) instead of being followed, and the
+    descriptor's own path is checked to still be ``path``. A bind of that descriptor
+    (``bind(source=fd)``) then binds exactly what was checked: no second lookup. The caller
+    closes it."""
+    if not os.path.isabs(path):
+        raise OSError(22, "not an absolute path", path)
+    root = os.open("/", O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = shared_tree.open_beneath(root, path.lstrip("/") or ".", O_PATH, cross_mounts=True)
+    finally:
+        os.close(root)
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}") != path:
+            raise OSError(116, "moved while it was being resolved", path)  # ESTALE
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _clone(
-    src: str, what: str, *, subtree: bool, propagation: str, readonly: bool, recursive: bool, root_as: int
+    src: str | int, what: str, *, subtree: bool, propagation: str, readonly: bool, recursive: bool, root_as: int
 ) -> int:
-    """A detached copy of the mount at ``src`` (with ``subtree``, and the mounts below it), with
-    its propagation, read-only and idmapping attributes set, and nosuid and nodev on every mount
-    of it; the caller closes it."""
+    """A detached copy of the mount at ``src`` (a path, or a descriptor from ``resolve``; with
+    ``subtree``, and the mounts below it), with its propagation, read-only and idmapping
+    attributes set, and nosuid and nodev on every mount of it; the caller closes it."""
     flags = OPEN_TREE_CLONE | O_CLOEXEC | (AT_RECURSIVE if subtree else 0)
-    tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, src.encode(), flags), what)
+    if isinstance(src, int):
+        tree = _check(_libc.syscall(SYS_OPEN_TREE, src, b"", flags | AT_EMPTY_PATH), what)
+    else:
+        tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, src.encode(), flags), what)
     try:
         # nothing QEMU writes or finds through a bind runs setuid or opens a device through it
         _setattr(tree, _MountAttr(attr_set=MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV), True, f"{what}: nosuid, nodev")
@@ -231,7 +257,7 @@ def _relative(target: str, beneath: str, what: str) -> str:
 
 def bind(
     qemu_pid: int,
-    source: str | os.PathLike[str],
+    source: str | os.PathLike[str] | int,
     target: str | os.PathLike[str],
     readonly: bool,
     recursive: bool = False,
@@ -240,7 +266,8 @@ def bind(
     beneath: str | os.PathLike[str],
     root_as: int = 0,
 ) -> None:
-    """Bind host path ``source`` (and the mounts below it) onto ``target`` in QEMU's mount
+    """Bind host path ``source`` (or what the descriptor ``source`` from ``resolve`` names; and
+    the mounts below it) onto ``target`` in QEMU's mount
     namespace; ``target`` is an existing directory or regular file of the same kind below
     ``beneath`` (the 9p export, which the guest can change: it is resolved from ``beneath``
     without following a symlink, and nothing else is mounted onto). Read-only when asked
@@ -248,8 +275,9 @@ def bind(
     mounts the host makes below ``source`` later reach the bind: never (private), or as a slave
     or a peer of the source. ``root_as`` (QEMU's uid): the bind, and every mount below it, is
     idmapped so that files of the host's root are that uid's (see the module docstring)."""
-    src, dst = os.fspath(source), os.fspath(target)
-    what = f"bind {src} onto {dst}"
+    src = source if isinstance(source, int) else os.fspath(source)
+    dst = os.fspath(target)
+    what = f"bind {os.readlink(f'/proc/self/fd/{src}') if isinstance(src, int) else src} onto {dst}"
     rel = _relative(dst, os.fspath(beneath), what)
     tree = _clone(
         src, what, subtree=True, propagation=propagation, readonly=readonly, recursive=recursive, root_as=root_as
