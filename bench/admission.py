@@ -51,6 +51,7 @@ from shim import translate
 from shim.cri.apimachinery.resource.generated_pb2 import Quantity as PbQuantity
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from tests import interrupts
 from tests.registry_kit import Layout, Registry, busybox_entries, push
 from vmsandbox.admission import Existing, admit_declared
 from vmsandbox.errors import AlreadyExists, Diverged
@@ -407,4 +408,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interrupts.run_main(main))

@@ -50,6 +50,7 @@ from shim import translate
 from shim.containers import GUEST_SHARED_MOUNT
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from tests import interrupts
 from tests.registry_kit import Layout, Registry, busybox_entries, push
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.network import DnsConfig, pod_files
@@ -445,4 +446,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interrupts.run_main(main))

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
 from bench.qemu_direct import DEFAULT_IMAGE_DIR, DirectGuest, percentile, qemu_argv
+from tests import interrupts
 
 VCPU_PATH = "/machine/unattached/device[0]"  # libvirt's QOM path for vCPU 0 without hot-pluggable CPUs
 
@@ -145,4 +146,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interrupts.run_main(main))

@@ -44,6 +44,7 @@ from shim.model import CONTAINER_CREATED, SANDBOX_READY, ContainerRecord, PodMet
 from shim.pods import Pods
 from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
+from tests import interrupts
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
@@ -224,4 +225,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(interrupts.run_main(main))

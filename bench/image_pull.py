@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
 from shim.images import ImageStore
+from tests import interrupts
 from tests.registry_kit import Layout, Registry, busybox_entries, file, push
 
 TARGET_RATIO = 1.2
@@ -234,4 +235,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupts.run_main(main))

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import smoke
 from shim.nri.host import NriHost
 from shim.nri.pb import api_pb2 as api
+from tests import interrupts
 from vmsandbox import nri
 
 HERE = Path(__file__).resolve().parent
@@ -142,4 +143,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupts.run_main(main))

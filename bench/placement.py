@@ -50,6 +50,7 @@ import contextlib
 from bench import smoke
 from shim.config import ShimConfig
 from shim.resources import ResourceManager
+from tests import interrupts
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.claims import Claim
 from vmsandbox.devices import NO_DEVICES, DeviceRequest
@@ -439,4 +440,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(interrupts.run_main(main))

@@ -39,6 +39,7 @@ from bench.qemu_direct import percentile
 from bench.shim_process import shim_process
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from tests import interrupts
 from tests.integration.cni_kit import PLUGIN_DIR, bridge_conflist
 from tests.registry_kit import Layout, Registry, busybox_entries, push
 
@@ -287,4 +288,4 @@ def _throughput(tmp: Path, rt: pb_grpc.RuntimeServiceStub, ref: str, runs: int, 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interrupts.run_main(main))

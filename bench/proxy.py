@@ -49,6 +49,7 @@ from bench import smoke
 from shim.config import DEFAULT_FRONT_BINARY
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from tests import interrupts
 
 REPO = Path(__file__).resolve().parents[1]
 RPCS = ("Version", "ContainerStatus", "ListPodSandbox", "ListContainers")
@@ -311,4 +312,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(interrupts.run_main(main))

@@ -41,6 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
+from tests import interrupts
 from vmsandbox.adapters.guest_channel import wait_for_hello
 from vmsandbox.agent_protocol import CHANNEL_NAME, SHARED_TAG
 from vmsandbox.host import parse_cpulist
@@ -325,4 +326,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interrupts.run_main(main))

@@ -38,6 +38,7 @@ from bench.qemu_direct import DirectGuest, boot_direct, percentile, qemu_memory_
 from bench.shim_process import shim_process
 from shim.cri.apimachinery.resource.generated_pb2 import Quantity
 from shim.cri.runtime.v1 import api_pb2 as pb
+from tests import interrupts
 
 LIBVIRT_URI = "qemu:///system"  # the shim's default
 IMAGE_DIR = os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default")
@@ -351,4 +352,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interrupts.run_main(main))

@@ -1,8 +1,12 @@
 """A real shim process on a private socket and state directory, for the benchmarks.
 
 ``with shim_process(tmp, "--profile", path) as runtime:`` starts ``python -m shim serve``, waits
-for its socket, checks it answers ``Version`` and yields a RuntimeService stub; the process is
-stopped (SIGTERM) when the block ends.
+for its socket, checks it answers ``Version`` and yields a RuntimeService stub. When the block
+ends, however it ends (an error, SIGTERM or SIGINT: ``tests.interrupts``), every sandbox the shim
+still holds is removed through it, the shim is stopped (SIGTERM), and any guest of its state that
+libvirt still has (one it was still starting) is removed by its metadata. The shim runs in a
+session of its own, so a signal to the benchmark's process group reaches the benchmark only and the
+shim is stopped after the sandboxes, not before.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import grpc
 
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from tests import interrupts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,8 +54,9 @@ def shim_process(
         *(("--pod-network", pod_network) if pod_network else ()),
         *serve_args,
     ]
+    interrupts.install()
     with open(log_path, "wb") as log:
-        shim = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        shim = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + 60
             while not sock.exists():
@@ -60,7 +66,31 @@ def shim_process(
             with grpc.insecure_channel(f"unix:{sock}") as channel:
                 runtime = pb_grpc.RuntimeServiceStub(channel)
                 runtime.Version(pb.VersionRequest(), timeout=30)
-                yield runtime
+                try:
+                    yield runtime
+                finally:
+                    if shim.poll() is None:
+                        _remove_sandboxes(runtime)
         finally:
             shim.terminate()
-            shim.wait(timeout=30)
+            try:
+                shim.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                shim.kill()
+                shim.wait()
+            interrupts.remove_guests(tmp / "state")
+
+
+def _remove_sandboxes(runtime: pb_grpc.RuntimeServiceStub) -> None:
+    """Every sandbox the shim holds, removed (each failure printed; the next one is still tried)."""
+    try:
+        sandboxes = runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items
+    except grpc.RpcError as exc:
+        print(f"clean-up: ListPodSandbox failed: {exc.code().name}", file=sys.stderr)
+        return
+    for s in sandboxes:
+        try:
+            runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=s.id), timeout=120)
+            runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=s.id), timeout=120)
+        except grpc.RpcError as exc:
+            print(f"clean-up: sandbox {s.id[:12]} not removed: {exc.code().name}", file=sys.stderr)

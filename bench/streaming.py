@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.qemu_direct import percentile
 from shim.cri.runtime.v1 import api_pb2 as pb
+from tests import interrupts
 from tests.integration.cni_kit import cni_env
 from tests.integration.conftest import container, pod, q, running_shim
 from tests.registry_kit import Layout, Registry, busybox_entries, push
@@ -217,4 +218,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupts.run_main(main))

@@ -4,6 +4,11 @@ The shim runs as a subprocess (``python -m shim serve``) against the host's libv
 private state directory and profile file. Prerequisites come from ``scripts/setup-host.sh``;
 when they are missing the tests skip locally and fail under CI, so a broken set-up never
 passes silently.
+
+A test run told to stop (SIGTERM as well as Ctrl-C: ``tests.interrupts``) tears its fixtures down
+as pytest does on Ctrl-C; the shims run in sessions of their own, so they are still there to
+remove their sandboxes, and when the run ends every guest left of its states is removed before the
+states themselves (``state_dir``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ import yaml
 from shim.cri.apimachinery.resource.generated_pb2 import Quantity
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from tests import interrupts
+
+interrupts.install()
 
 IMAGE_DIR = Path(os.environ.get("VMSANDBOX_IMAGE_DIR", "/var/lib/vmsandbox/images/default"))
 _BUSYBOX_REGISTRY: list[str] = []  # host:port of the session's registry serving docker.io/library/busybox
@@ -187,7 +195,8 @@ pass through every directory above its sandbox's, and pytest keeps its temporary
 
 def state_dir(tmp: Path) -> Path:
     """``tmp/state``: a link to a directory of this test's below STATE_ROOT (made once, so that a
-    restarted shim finds the same state; deleted when the test process ends)."""
+    restarted shim finds the same state; when the test process ends, the guests libvirt still has
+    of it are removed, then the directory)."""
     link = tmp / "state"
     if link.is_symlink() or link.exists():
         return link
@@ -196,8 +205,13 @@ def state_dir(tmp: Path) -> Path:
     real = Path(tempfile.mkdtemp(prefix="state-", dir=STATE_ROOT))
     real.chmod(0o711)
     link.symlink_to(real)
-    atexit.register(shutil.rmtree, real, True)
+    atexit.register(_remove_state, real)
     return link
+
+
+def _remove_state(real: Path) -> None:
+    interrupts.remove_guests(real)
+    shutil.rmtree(real, ignore_errors=True)
 
 
 def start_shim(
@@ -235,6 +249,7 @@ def start_shim(
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env={**os.environ, **env} if env else None,
+        start_new_session=True,  # a signal to the test run's group leaves it to remove its sandboxes
     )
     deadline = time.monotonic() + 60
     while not sock.exists():

@@ -6,7 +6,8 @@ Every ``bench/*.py`` is a benchmark unless it is listed in ``HELPERS`` with the 
 benchmark is covered the day it lands, and one without ``--smoke`` fails here. A benchmark the host
 cannot run exits 77 naming what is missing (``bench/smoke.py``'s ``require``): that skips locally
 and fails under CI, like the other integration tests. Benchmarks run one after another (most boot
-guests), each under ``TIMEOUT_S``; ``-s`` shows how long each took.
+guests), each under ``TIMEOUT_S``; ``-s`` shows how long each took. A benchmark stopped by SIGTERM
+(what ``timeout`` sends to its process group) once its guest runs leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from bench.smoke import SKIPPED
+from tests.integration.conftest import LIBVIRT_URI, require_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -99,3 +101,74 @@ def _run(script: Path) -> tuple[int | None, str, str]:
             os.killpg(proc.pid, signal.SIGKILL)  # it is still alive: its group is its own
             stdout, stderr = proc.communicate()
         return None, stdout, stderr
+
+
+def _bench_guests() -> dict[str, Path]:
+    """The running vmsandbox guests of benchmark runs: domain name -> the run's directory (its
+    metadata names its state directory, ``<run>/shim/state``)."""
+    import libvirt
+
+    from vmsandbox.domain_xml import read_identity
+
+    conn = libvirt.open(LIBVIRT_URI)
+    try:
+        out = {}
+        for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+            try:
+                ident = read_identity(d.XMLDesc(0))
+            except libvirt.libvirtError:
+                continue  # gone while we looked
+            if ident is not None and "/vmsandbox-bench-" in ident.state_dir:
+                out[d.name()] = Path(ident.state_dir).parents[1]
+        return out
+    finally:
+        conn.close()
+
+
+def _processes_naming(path: Path) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(path) in text:
+            found.append(f"{cmdline.parent.name}: {text[:200]}")
+    return found
+
+
+def test_a_benchmark_stopped_by_sigterm_leaves_nothing_behind() -> None:
+    """``timeout`` stops a benchmark with SIGTERM to its process group: once its guest runs, the
+    benchmark (a shim, a registry, a guest) exits 143 with no domain, process or directory left."""
+    require_host()
+    before = set(_bench_guests())
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCH / "admission.py"), "--smoke"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (new := {n: w for n, w in _bench_guests().items() if n not in before}):
+            if proc.poll() is not None:
+                _, stderr = proc.communicate()
+                if proc.returncode == SKIPPED and not os.environ.get("CI"):
+                    pytest.skip(stderr.strip()[-1000:])
+                pytest.fail(f"the benchmark ended (exit {proc.returncode}) before its guest ran\n{stderr[-3000:]}")
+            assert time.monotonic() < deadline, "no guest of the benchmark's appeared"
+            time.sleep(0.1)
+        ((domain, work),) = new.items()
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "interrupted by SIGTERM" in stderr, stderr[-3000:]
+    assert domain not in _bench_guests(), stderr[-3000:]
+    assert _processes_naming(work) == [], stderr[-3000:]
+    assert not work.exists(), sorted(str(p) for p in work.rglob("*"))[:20]

@@ -94,3 +94,36 @@ def test_the_vms_of_a_dead_shim_are_removed_by_their_metadata(tmp_path: Path) ->
     assert done.returncode == 0, done
     assert done.stdout.strip() == f"removed domain {domain} (state {shim.state_dir})"
     assert our_domains(shim) == []
+
+
+def test_a_vm_whose_state_directory_is_gone_is_removed_as_an_orphan(tmp_path: Path) -> None:
+    """What ``make stop-host`` runs: a domain whose metadata names a state directory without a state
+    database has no shim left to own it, and goes; the guests of live states stay."""
+    require_host()
+    shim = start_shim(tmp_path, pull_busybox=False)
+    try:
+        vm_pod(shim, "vm")
+        (domain,) = our_domains(shim)
+    finally:
+        stop_shim(shim, kill=True)
+    real = shim.state_dir.resolve()
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    databases = [p for p in real.iterdir() if p.name.startswith("state.db")]
+    for p in databases:
+        p.rename(aside / p.name)  # the state is gone, as far as anyone can tell
+    try:
+        done = teardown("orphans")
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done
+        assert f"removed domain {domain} (its state directory is gone)" in done.stdout.splitlines(), done.stdout
+    finally:
+        for p in databases:
+            (aside / p.name).rename(p)
+    after = start_shim(tmp_path, pull_busybox=False)  # its state back: it forgets the guest that went
+    try:
+        assert our_domains(after) == []
+        for s in after.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+            after.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=s.id), timeout=120)
+            after.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=s.id), timeout=120)
+    finally:
+        stop_shim(after)
