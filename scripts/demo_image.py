@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests import interrupts
 from tests.registry_kit import Layout, Registry, busybox_entries, push
 
 
@@ -18,15 +19,19 @@ def main() -> int:
         return 2
     registry = Registry(Path(sys.argv[1])).start()
     assert registry.process is not None
-    with tempfile.TemporaryDirectory(prefix="vmsandbox-demo-image-") as tmp:
-        layout = Layout(Path(tmp))
-        applets = ("sh", "echo", "cat", "id", "uname", "sleep", "hostname")
-        layout.tag("demo", layout.image([layout.layer(busybox_entries(applets))], cmd=("sh",)))
-        ref = f"{registry.host}/demo/busybox:1"
-        push(layout, "demo", ref)
+    try:
+        with tempfile.TemporaryDirectory(prefix="vmsandbox-demo-image-") as tmp:
+            layout = Layout(Path(tmp))
+            applets = ("sh", "echo", "cat", "id", "uname", "sleep", "hostname")
+            layout.tag("demo", layout.image([layout.layer(busybox_entries(applets))], cmd=("sh",)))
+            ref = f"{registry.host}/demo/busybox:1"
+            push(layout, "demo", ref)
+    except BaseException:  # failed or interrupted: the caller is never told of the registry
+        registry.stop()
+        raise
     print(json.dumps({"image": ref, "registry_pid": registry.process.pid}))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interrupts.run_main(main))

@@ -22,9 +22,11 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
+from tests import interrupts
 from tests.registry_kit import (
     BUSYBOX,
     Entry,
@@ -156,8 +158,13 @@ def main() -> None:
     if args.start_registry:
         registry = Registry(Path(args.start_registry)).start()
         host = registry.host
-    with tempfile.TemporaryDirectory(prefix="critest-images-") as tmp:
-        refs = push_all(host, Path(tmp))
+    try:
+        with tempfile.TemporaryDirectory(prefix="critest-images-") as tmp:
+            refs = push_all(host, Path(tmp))
+    except BaseException:  # failed or interrupted: the registry is left up only for a caller told of it
+        if registry is not None:
+            registry.stop()
+        raise
     out: dict[str, object] = {"registry": host, "pushed": len(refs), "registries": registries_config(host)}
     if registry is not None and registry.process is not None:
         out["registry_pid"] = registry.process.pid
@@ -166,4 +173,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(interrupts.run_main(main))

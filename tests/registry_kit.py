@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests import interrupts
+
 BUSYBOX = Path("/bin/busybox")
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -344,6 +346,10 @@ class Registry:
         return self.root / "registry.log"
 
     def start(self) -> Registry:
+        """Start it and wait until it answers; stopped again if that fails or is interrupted (SIGTERM
+        and SIGINT are exceptions from here on: ``tests.interrupts``), so the caller stops only a
+        registry it was handed."""
+        interrupts.install()
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         config: dict[str, Any] = {
@@ -370,19 +376,24 @@ class Registry:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 20
+        try:
+            self._wait_answering(self.process, time.monotonic() + 20)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_answering(self, process: subprocess.Popen[bytes], deadline: float) -> None:
         while True:
             try:
                 urllib.request.urlopen(f"http://{self.host}/v2/", timeout=1).close()
-                break
+                return
             except urllib.error.HTTPError:
-                break  # 401 with auth on: it answers
+                return  # 401 with auth on: it answers
             except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
+                if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"docker-registry did not start: {self.log_path.read_text()[-2000:]}") from None
                 time.sleep(0.05)
-        return self
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -134,8 +134,8 @@ def containerd(tmp: Path, conf_dir: Path) -> Iterator[Containerd]:
     if registry is None:
         pytest.skip("no local registry (docker-registry, skopeo, busybox-static)")
     c = Containerd(tmp, conf_dir, registry)
-    c.up()
     try:
+        c.up()  # inside: one interrupted while it starts is stopped as well
         yield c
     finally:
         try:
