@@ -9,6 +9,13 @@ connection to the same port inside the guest through the agent, as PortForward d
 (``shim.streaming.backends``). Nothing else of the node is exposed: the node port is one the pod
 declared, as a ``hostPort`` would be. UDP and SCTP mappings are not relayed (logged).
 
+The shim listens as root, so it grants only what a runc container of the same pod could take on
+the node's network (``vmsandbox.network.node_ports``): an address of the node's or the wildcard
+(another is refused, ``InvalidArgument``); a port below the node's
+``net.ipv4.ip_unprivileged_port_start`` only once a container of the pod holding
+``CAP_NET_BIND_SERVICE`` is created (``grant_privileged``; the default capability set has it),
+held back until then; once opened, it stays open while the pod runs.
+
 A port another process holds refuses the RunPodSandbox that asks for it (``AlreadyExists``), with
 nothing left listening; ``close`` stops listening and cuts the pod's relayed connections.
 """
@@ -16,14 +23,15 @@ nothing left listening; ``close`` stops listening and cuts the pod's relayed con
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vmsandbox.errors import AlreadyExists, VmSandboxError
-from vmsandbox.network import NamespaceOptions, PortMapping
+from vmsandbox.errors import AlreadyExists, InfrastructureError, InvalidArgument, VmSandboxError
+from vmsandbox.network import NamespaceOptions, NodePort, PortMapping, node_ports
 
 MAX_CONNECTIONS_PER_POD = 32  # relayed at once; more are closed as they come
 CHUNK = 64 << 10
@@ -31,12 +39,23 @@ CHUNK = 64 << 10
 log = logging.getLogger(__name__)
 
 Dial = Callable[[str, int], socket.socket]
+UNPRIVILEGED_PORT_START = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
+
+
+def unprivileged_port_start() -> int:
+    """The node's first port a process without CAP_NET_BIND_SERVICE may bind (1024 if unreadable)."""
+    try:
+        with open(UNPRIVILEGED_PORT_START) as f:
+            return int(f.read(16))
+    except (OSError, ValueError):
+        return 1024
 
 
 @dataclass
 class _Pod:
     listeners: list[socket.socket] = field(default_factory=list)
     connections: set[socket.socket] = field(default_factory=set)
+    held: list[NodePort] = field(default_factory=list)  # privileged ports not yet granted
     closed: bool = False
 
 
@@ -45,61 +64,117 @@ def node_address(m: PortMapping) -> tuple[str, int]:
     return (m.host_ip or "0.0.0.0", m.host_port or m.container_port)
 
 
+def _listen(p: NodePort) -> socket.socket:
+    """A listener at ``p``; AlreadyExists when another holds it, InvalidArgument when the node has
+    no such address."""
+    sock = socket.socket(socket.AF_INET6 if ":" in p.address else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((p.address, p.port))
+        sock.listen(16)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise AlreadyExists(
+                f"host-network pod: port {p.port} on {p.address} of the node is taken ({exc.strerror})"
+            ) from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise InvalidArgument(
+                f"port_mappings: host_ip {p.address} (port {p.port}) is not an address of this node: a "
+                "host-network pod listens only on the node's own addresses (leave host_ip empty for all of them)"
+            ) from None
+        raise InfrastructureError(
+            f"host-network pod: cannot listen on {p.address} port {p.port}: {exc.strerror}"
+        ) from None
+    return sock
+
+
 class HostPorts:
-    def __init__(self, dial: Dial) -> None:
+    def __init__(self, dial: Dial, first_unprivileged: Callable[[], int] = unprivileged_port_start) -> None:
         self._dial = dial
+        self._first_unprivileged = first_unprivileged
         self._lock = threading.Lock()
         self._pods: dict[str, _Pod] = {}
 
     def open(
-        self, sandbox_id: str, namespaces: NamespaceOptions, mappings: tuple[PortMapping, ...]
+        self,
+        sandbox_id: str,
+        namespaces: NamespaceOptions,
+        mappings: tuple[PortMapping, ...],
+        *,
+        privileged: bool = False,
     ) -> list[tuple[str, int]]:
         """Listen on the node for each TCP mapping of ``sandbox_id`` when it is a host-network pod
-        (other pods' mappings are CNI's); the addresses listened on. Raises AlreadyExists (nothing
-        left listening) when one of them is taken."""
+        (other pods' mappings are CNI's); the addresses listened on. A privileged port is held
+        back for ``grant_privileged`` unless ``privileged`` (a container of the pod holds
+        CAP_NET_BIND_SERVICE already). Raises, with nothing left listening, InvalidArgument for an
+        address no host-network pod could listen on, AlreadyExists when one is taken."""
         if not namespaces.host_network or not mappings:
             return []
+        for m in mappings:
+            if m.protocol != "tcp":
+                log.warning(
+                    "sandbox %s: %s port %d of a host-network VM pod is not reachable on the node (TCP only)",
+                    sandbox_id[:12],
+                    m.protocol,
+                    m.container_port,
+                )
         pod = _Pod()
-        seen: set[tuple[str, int]] = set()
-        bound: list[tuple[socket.socket, int]] = []  # listener, guest port
+        now: list[NodePort] = []
+        for p in node_ports(mappings, self._first_unprivileged()):
+            (now if privileged or not p.privileged else pod.held).append(p)
+        bound: list[tuple[socket.socket, NodePort]] = []
         try:
-            for m in mappings:
-                if m.protocol != "tcp":
-                    log.warning(
-                        "sandbox %s: %s port %d of a host-network VM pod is not reachable on the node (TCP only)",
-                        sandbox_id[:12],
-                        m.protocol,
-                        m.container_port,
-                    )
-                    continue
-                where = node_address(m)
-                if where in seen:
-                    continue
-                seen.add(where)
-                sock = socket.socket(socket.AF_INET6 if ":" in where[0] else socket.AF_INET, socket.SOCK_STREAM)
-                pod.listeners.append(sock)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind(where)
-                except OSError as exc:
-                    raise AlreadyExists(
-                        f"host-network pod: port {where[1]} on {where[0]} of the node is taken ({exc.strerror})"
-                    ) from None
-                sock.listen(16)
-                bound.append((sock, m.container_port))
+            for p in now:
+                bound.append((_listen(p), p))
         except BaseException:
-            for s in pod.listeners:
-                s.close()
+            for sock, _ in bound:
+                sock.close()
             raise
         with self._lock:
+            pod.listeners.extend(sock for sock, _ in bound)
             self._pods[sandbox_id] = pod
-        for sock, port in bound:
+        self._serve_all(sandbox_id, pod, bound)
+        if pod.held:
+            log.info("sandbox %s: node ports %s wait for a container with CAP_NET_BIND_SERVICE",
+                     sandbox_id[:12], sorted(p.port for p in pod.held))  # fmt: skip
+        return sorted((p.address, p.port) for _, p in bound)
+
+    def grant_privileged(self, sandbox_id: str) -> list[tuple[str, int]]:
+        """A container of the pod holding CAP_NET_BIND_SERVICE was created: listen on the ports
+        held back; the addresses listened on now. One that is taken, or no address of the node's,
+        stays held (logged), as such a container's own bind would have failed."""
+        with self._lock:
+            pod = self._pods.get(sandbox_id)
+            held = [] if pod is None or pod.closed else list(pod.held)
+        if pod is None:
+            return []
+        bound: list[tuple[socket.socket, NodePort]] = []
+        for p in held:
+            try:
+                bound.append((_listen(p), p))
+            except VmSandboxError as exc:
+                log.warning("sandbox %s: node port not relayed: %s", sandbox_id[:12], exc)
+        with self._lock:
+            if pod.closed:
+                for sock, _ in bound:
+                    sock.close()
+                return []
+            pod.listeners.extend(sock for sock, _ in bound)
+            for _, p in bound:
+                pod.held.remove(p)
+        self._serve_all(sandbox_id, pod, bound)
+        return sorted((p.address, p.port) for _, p in bound)
+
+    def _serve_all(self, sandbox_id: str, pod: _Pod, bound: list[tuple[socket.socket, NodePort]]) -> None:
+        for sock, p in bound:
             threading.Thread(
-                target=self._accept, args=(sandbox_id, pod, sock, port), name="host-port", daemon=True
+                target=self._accept, args=(sandbox_id, pod, sock, p.guest_port), name="host-port", daemon=True
             ).start()
-        if seen:
-            log.info("sandbox %s: node ports %s relayed into the guest", sandbox_id[:12], sorted(p for _, p in seen))
-        return sorted(seen)
+        if bound:
+            log.info(
+                "sandbox %s: node ports %s relayed into the guest", sandbox_id[:12], sorted(p.port for _, p in bound)
+            )
 
     def close(self, sandbox_id: str) -> None:
         with self._lock:

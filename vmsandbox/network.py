@@ -48,6 +48,51 @@ class PortMapping:
     host_ip: str = ""
 
 
+NET_BIND_SERVICE = "CAP_NET_BIND_SERVICE"
+
+
+@dataclass(frozen=True)
+class NodePort:
+    """Where the node listens for a TCP mapping of a host-network VM pod, relayed to the guest."""
+
+    address: str
+    port: int
+    guest_port: int
+    privileged: bool
+    """Below the node's first unprivileged port: only for a pod a container of which holds
+    ``CAP_NET_BIND_SERVICE`` (as a runc container on the node's network would need it)."""
+
+
+def node_ports(mappings: tuple[PortMapping, ...], unprivileged_start: int) -> tuple[NodePort, ...]:
+    """The node listeners of a host-network pod's TCP mappings, one per address and port (the
+    first mapping's guest port wins); others' protocols are the caller's to report.
+
+    What a runc container on the node's network could listen on: the wildcard (empty
+    ``host_ip``), or one unicast address of the node, loopback included (whether the node has it,
+    only the bind can tell); a port below ``unprivileged_start`` (the node's
+    ``net.ipv4.ip_unprivileged_port_start``) is ``privileged``. Raises InvalidArgument for a
+    multicast or broadcast address, or a scoped IPv6 address, which no listener can take."""
+    out: dict[tuple[str, int], NodePort] = {}
+    for m in mappings:
+        if m.protocol != "tcp":
+            continue
+        address = m.host_ip or "0.0.0.0"
+        port = m.host_port or m.container_port
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            raise InvalidArgument(
+                f"port_mappings: host_ip {address[:64]!r} is not an IP address: give one of the node's, or none"
+            ) from None
+        if "%" in address or ip.is_multicast or address == "255.255.255.255":
+            raise InvalidArgument(
+                f"port_mappings: host_ip {address[:64]} (port {port}) is not a unicast address of the node: a "
+                "host-network pod listens only on the node's own addresses (leave host_ip empty for all of them)"
+            )
+        out.setdefault((address, port), NodePort(address, port, m.container_port, port < unprivileged_start))
+    return tuple(out.values())
+
+
 @dataclass(frozen=True)
 class DnsConfig:
     """``DNSConfig``: what the containers' ``/etc/resolv.conf`` holds (empty: the guest default)."""

@@ -226,6 +226,12 @@ def merged_env(request: ContainerRequest, image: ImageConfig) -> tuple[str, ...]
     return tuple(f"{k}={v}" for k, v in env.items())
 
 
+def has_capability(request: ContainerRequest, name: str) -> bool:
+    """Whether the container's process holds capability ``name`` ("CAP_...") as its spec grants
+    them (the runtime's defaults, drops, adds; every one when privileged)."""
+    return name in _capabilities(request)
+
+
 def _capabilities(request: ContainerRequest) -> list[str]:
     if request.privileged:
         return list(ALL_CAPABILITIES)

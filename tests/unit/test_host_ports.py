@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from shim.host_ports import HostPorts, node_address
-from vmsandbox.errors import AlreadyExists, InfrastructureError
-from vmsandbox.network import NamespaceOptions, PortMapping
+from vmsandbox.errors import AlreadyExists, InfrastructureError, InvalidArgument
+from vmsandbox.network import NamespaceOptions, NodePort, PortMapping, node_ports
 
 SID = "a" * 64
 NODE = NamespaceOptions(network="NODE")
@@ -144,4 +144,54 @@ def test_a_pod_with_its_own_network_gets_no_node_port(echo: int) -> None:
     ports = HostPorts(dial_to(echo, []))
     node = free_port()
     assert ports.open(SID, NamespaceOptions(), (PortMapping("tcp", 1, node, "127.0.0.1"),)) == []
+    assert ports.sandboxes() == set()
+
+
+@pytest.mark.parametrize(
+    ("mapping", "want"),
+    [
+        (PortMapping("tcp", 8080), NodePort("0.0.0.0", 8080, 8080, False)),
+        (PortMapping("tcp", 80), NodePort("0.0.0.0", 80, 80, True)),
+        (PortMapping("tcp", 8080, 443, "10.0.0.5"), NodePort("10.0.0.5", 443, 8080, True)),
+        (PortMapping("tcp", 80, 1024, "127.0.0.1"), NodePort("127.0.0.1", 1024, 80, False)),  # loopback: as runc
+        (PortMapping("tcp", 22, 0, "::1"), NodePort("::1", 22, 22, True)),
+        (PortMapping("tcp", 80, 0, "224.0.0.1"), "not a unicast address of the node"),
+        (PortMapping("tcp", 80, 0, "ff02::1"), "not a unicast address of the node"),
+        (PortMapping("tcp", 80, 0, "255.255.255.255"), "not a unicast address of the node"),
+        (PortMapping("tcp", 80, 0, "fe80::1%eth0"), "not a unicast address of the node"),
+        (PortMapping("tcp", 80, 0, "localhost"), "is not an IP address"),
+    ],
+)
+def test_node_ports_follow_what_a_runc_host_network_container_could_listen_on(
+    mapping: PortMapping, want: NodePort | str
+) -> None:
+    if isinstance(want, str):
+        with pytest.raises(InvalidArgument, match=want) as e:
+            node_ports((mapping,), 1024)
+        assert (len(str(e.value)) < 300 and "host_ip empty" in str(e.value)) or "give one" in str(e.value)
+    else:
+        assert node_ports((mapping,), 1024) == (want,)
+
+
+def test_a_privileged_port_waits_for_a_container_with_net_bind_service(echo: int) -> None:
+    """Every port counts as privileged here (as if the node's first unprivileged port were 65536)."""
+    ports = HostPorts(dial_to(echo, []), first_unprivileged=lambda: 65536)
+    node = free_port()
+    try:
+        assert ports.open(SID, NODE, (PortMapping("tcp", 1, node, "127.0.0.1"),)) == []
+        assert ports.sandboxes() == {SID}
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", node), timeout=5)
+        assert ports.grant_privileged(SID) == [("127.0.0.1", node)]
+        assert talk(node, b"now") == b"NOW"
+        assert ports.grant_privileged(SID) == []  # once
+    finally:
+        ports.close(SID)
+    assert ports.grant_privileged(SID) == []  # a closed pod opens nothing
+
+
+def test_an_address_the_node_lacks_is_refused_as_invalid(echo: int) -> None:
+    ports = HostPorts(dial_to(echo, []))
+    with pytest.raises(InvalidArgument, match=r"192\.0\.2\.1 .* is not an address of this node"):
+        ports.open(SID, NODE, (PortMapping("tcp", 8080, free_port(), "192.0.2.1"),))
     assert ports.sandboxes() == set()

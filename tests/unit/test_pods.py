@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -156,6 +157,66 @@ def test_a_taken_node_port_tears_the_new_pod_down(server: Server) -> None:
     assert pods.host_ports is not None and sid not in pods.host_ports.sandboxes()
     assert not (server.root / "state" / "sandboxes" / sid).exists()
     assert_no_leak(server.sandboxes)
+
+
+@pytest.mark.parametrize(
+    ("security", "listens"),
+    [
+        (pb.LinuxContainerSecurityContext(), True),  # the default set has NET_BIND_SERVICE
+        (pb.LinuxContainerSecurityContext(capabilities=pb.Capability(drop_capabilities=["NET_BIND_SERVICE"])), False),
+        (pb.LinuxContainerSecurityContext(capabilities=pb.Capability(drop_capabilities=["ALL"])), False),
+        (
+            pb.LinuxContainerSecurityContext(
+                capabilities=pb.Capability(drop_capabilities=["ALL"], add_capabilities=["NET_BIND_SERVICE"])
+            ),
+            True,
+        ),
+        (
+            pb.LinuxContainerSecurityContext(privileged=True, capabilities=pb.Capability(drop_capabilities=["ALL"])),
+            True,
+        ),
+    ],
+)
+def test_a_privileged_node_port_opens_with_a_container_that_could_bind_it(
+    server: Server, security: pb.LinuxContainerSecurityContext, listens: bool
+) -> None:
+    sid = SEED_SANDBOXES[2]
+    assert server.containers is not None
+    sb = server.sandboxes
+    sb.run = lambda spec: sid  # type: ignore[method-assign]
+    pods = Pods(sb, server.containers, host_ports=HostPorts(lambda s, p: socket.socket(), lambda: 65536))
+    server.containers.create = lambda *args: None  # type: ignore[method-assign]  # no guest here
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    pods.run(_host_network_spec(port))
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="web"), image=pb.ImageSpec(image="x"),
+                                    linux=pb.LinuxContainerConfig(security_context=security))  # fmt: skip
+        run, user, stop_signal = translate.container_request(config, {})
+        cid = pods.create_container(sid, translate.container_spec(config), run, user, stop_signal, [])
+        assert server.sandboxes.container(cid).net_bind_service is listens
+        if listens:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        else:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        assert pods.host_ports is not None
+        pods.host_ports.close(sid)  # a shim started again opens them as the container's record says
+        spec = _host_network_spec(port)
+        record = replace(sb.get(sid), namespaces=spec.namespaces, port_mappings=spec.port_mappings)
+        sb.list_sandboxes = lambda: [record]  # type: ignore[method-assign]  # as the pod was run
+        pods.resume_node_ports()
+        if listens:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        else:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        assert pods.host_ports is not None
+        pods.host_ports.close(sid)
 
 
 def test_a_plugin_refusal_tears_the_new_pod_down_and_closes_its_node_ports(server: Server) -> None:
