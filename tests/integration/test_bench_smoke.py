@@ -12,6 +12,7 @@ guests), each under ``TIMEOUT_S``; ``-s`` shows how long each took. A benchmark 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from bench.smoke import SKIPPED
+from tests import interrupts
 from tests.integration.conftest import LIBVIRT_URI, require_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -80,8 +82,9 @@ def test_benchmark_smoke_run(name: str) -> None:
 def _run(script: Path) -> tuple[int | None, str, str]:
     """``script --smoke``: (exit status, stdout, stderr); status None when it ran over ``TIMEOUT_S``.
     Then it is interrupted (SIGINT, so its own clean-up stops the sandboxes, shims and registries it
-    started) and, if it still runs a minute later, killed with its process group (its shim, its
-    registry)."""
+    started) and, if it still runs a minute later, killed with its process group (its registry);
+    its shims, in sessions of their own, are stopped and their guests removed after it."""
+    before = set(_bench_guests())
     proc = subprocess.Popen(
         [sys.executable, str(script), "--smoke"],
         cwd=REPO,
@@ -100,12 +103,13 @@ def _run(script: Path) -> tuple[int | None, str, str]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # it is still alive: its group is its own
             stdout, stderr = proc.communicate()
+            _remove_leftovers(before)
         return None, stdout, stderr
 
 
 def _bench_guests() -> dict[str, Path]:
-    """The running vmsandbox guests of benchmark runs: domain name -> the run's directory (its
-    metadata names its state directory, ``<run>/shim/state``)."""
+    """The running vmsandbox guests of benchmark runs: domain name -> the state directory its
+    metadata names (``<run>/.../state``, the run's directory a ``vmsandbox-bench-`` one)."""
     import libvirt
 
     from vmsandbox.domain_xml import read_identity
@@ -119,10 +123,25 @@ def _bench_guests() -> dict[str, Path]:
             except libvirt.libvirtError:
                 continue  # gone while we looked
             if ident is not None and "/vmsandbox-bench-" in ident.state_dir:
-                out[d.name()] = Path(ident.state_dir).parents[1]
+                out[d.name()] = Path(ident.state_dir)
         return out
     finally:
         conn.close()
+
+
+def _run_dir(state: Path) -> Path:
+    return next(p for p in state.parents if p.name.startswith("vmsandbox-bench-"))
+
+
+def _remove_leftovers(before: set[str]) -> None:
+    """What a benchmark killed with SIGKILL left of its runs: the processes naming its run
+    directory (its shims) are stopped, then its guests are removed by their metadata."""
+    for state in set(v for k, v in _bench_guests().items() if k not in before):
+        for line in _processes_naming(_run_dir(state)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split(":", 1)[0]), signal.SIGTERM)
+        time.sleep(5)
+        interrupts.remove_guests(state)
 
 
 def _processes_naming(path: Path) -> list[str]:
@@ -160,7 +179,8 @@ def test_a_benchmark_stopped_by_sigterm_leaves_nothing_behind() -> None:
                 pytest.fail(f"the benchmark ended (exit {proc.returncode}) before its guest ran\n{stderr[-3000:]}")
             assert time.monotonic() < deadline, "no guest of the benchmark's appeared"
             time.sleep(0.1)
-        ((domain, work),) = new.items()
+        ((domain, state),) = new.items()
+        work = _run_dir(state)
         os.killpg(proc.pid, signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
     finally:
