@@ -5,9 +5,12 @@ guest), so that a shim that restarts carries on where the last one stopped.
 
 Nothing here opens a path a guest can write. What the guest sends is bounded: one chunk of at
 most ``CHUNK_BYTES`` in hand per container, whole lines only written (``vmsandbox.log_copy``), at
-``log_rate_bytes`` per second on average per container. An answer that lies (an offset going
-back, more than asked, bad base64) stops that container's copy with a warning; nothing a guest
-sends raises out of a copy thread.
+``log_rate_bytes`` per second on average per container. The guest writes the CRI records, so each
+is checked before it is written (``check_records``: a line that is no record is dropped, a time far
+from the host's clock is replaced by it, a terminal's output is stdout, a chain of partial records
+ends at 1 MiB); what was fixed is counted (``vmsandbox_log_records_fixed``) and logged. An answer
+that lies (an offset going back, more than asked, bad base64) stops that container's copy with a
+warning; nothing a guest sends raises out of a copy thread.
 
 At least once: a chunk is appended to the kubelet's file, then its end recorded, then asked past
 (which lets the guest drop it); a shim killed in between copies that chunk again.
@@ -24,12 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from shim import metrics
 from vmsandbox import validation
 from vmsandbox.adapters.agent_client import AgentLost
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
 from vmsandbox.agent_protocol import LogChunk, ProtocolError
 from vmsandbox.errors import VmSandboxError
-from vmsandbox.log_copy import TokenBucket, whole_lines
+from vmsandbox.log_copy import RecordState, TokenBucket, check_records, whole_lines
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +48,23 @@ _RETRY_S = 1.0
 """Pause after the channel failed (the guest reboots, the shim reconnects)."""
 _DRAIN_S = 60.0
 """After its container exited, a copy goes on until the guest says the log ends, at most this long."""
-_OFFSET_MAX_BYTES = 32
+_PROGRESS_MAX_BYTES = 96
 
 Reader = Callable[[int, int, float], LogChunk]
 """``read(offset, max_bytes, wait_s)``: the container's log from ``offset`` (agent ``log_read``)."""
 
 
 class _Copy:
-    def __init__(self, cid: str, dst: Path | None, read: Reader, progress: LogCopies) -> None:
+    def __init__(self, cid: str, dst: Path | None, read: Reader, progress: LogCopies, tty: bool) -> None:
         self.cid = cid
         self.dst = dst
+        self.tty = tty
         self._read = read
         self._progress = progress
         self._stop = threading.Event()
         self._finish_by: float | None = None
         self._lock = threading.Lock()
-        self._offset = progress.offset(cid)
+        self._offset, self._records = progress.progress(cid)
         self._out: BinaryIO | None = None
         if dst is not None:
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -113,13 +118,17 @@ class _Copy:
                 )
                 self._offset = chunk.offset
             cut = whole_lines(chunk.data, chunk.eof, CHUNK_BYTES)
-            if cut.text and self._out is not None:
-                with self._lock:
-                    self._out.write(cut.text)
-                    self._out.flush()
+            if cut.text:
+                checked = check_records(cut.text, self._records, time.time_ns(), tty=self.tty)
+                self._records = checked.state
+                self._report(checked.fixes)
+                if checked.text and self._out is not None:
+                    with self._lock:
+                        self._out.write(checked.text)
+                        self._out.flush()
             if cut.consumed:
                 self._offset += cut.consumed
-                self._progress.record(self.cid, self._offset)
+                self._progress.record(self.cid, self._offset, self._records)
             if chunk.eof and cut.consumed == len(chunk.data):
                 return
             delay = 0.0
@@ -129,6 +138,14 @@ class _Copy:
                 delay = _PARTIAL_WAIT_S
             if delay:
                 self._stop.wait(delay)
+
+    def _report(self, fixes: dict[str, int]) -> None:
+        fixed = {k: n for k, n in fixes.items() if n}
+        if fixed:
+            for fix, n in fixed.items():
+                metrics.log_records_fixed(fix, n)
+            log.warning("container %s: log records from its guest fixed: %s", self.cid[:12],
+                        ", ".join(f"{n} {fix}" for fix, n in sorted(fixed.items())))  # fmt: skip
 
     def reopen(self) -> None:
         with self._lock:
@@ -163,19 +180,28 @@ class LogCopies:
             raise ValueError(f"not a container id: {cid[:80]!r}")
         return self.root / cid
 
-    def offset(self, cid: str) -> int:
-        """Where the copy of ``cid`` stands (0 when it never started)."""
+    def progress(self, cid: str) -> tuple[int, RecordState]:
+        """Where the copy of ``cid`` stands, and its record checks (offset 0 and a check state
+        starting now when it never started; an offset alone is what an earlier version wrote)."""
+        now = time.time_ns()
         try:
             with self._mark(cid).open("rb") as f:
-                return max(0, int(f.read(_OFFSET_MAX_BYTES)))
+                fields = [int(x) for x in f.read(_PROGRESS_MAX_BYTES).split()]
         except (FileNotFoundError, ValueError):
-            return 0
+            return 0, RecordState(now)
+        if len(fields) == 4 and all(x >= 0 for x in fields):
+            return fields[0], RecordState(fields[1], fields[2], fields[3])
+        return (max(0, fields[0]) if fields else 0), RecordState(now)
 
-    def record(self, cid: str, offset: int) -> None:
+    def offset(self, cid: str) -> int:
+        """Where the copy of ``cid`` stands (0 when it never started)."""
+        return self.progress(cid)[0]
+
+    def record(self, cid: str, offset: int, records: RecordState) -> None:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         mark = self._mark(cid)
         tmp = mark.with_name(f".{cid}.tmp")
-        tmp.write_text(str(offset))
+        tmp.write_text(f"{offset} {records.first_ns} {records.last_ns} {records.chain}")
         os.replace(tmp, mark)
 
     def forget(self, cid: str) -> None:
@@ -196,13 +222,14 @@ class LogCopies:
                     (self.root / name).unlink()
 
     # -- copies ---------------------------------------------------------------------------------
-    def start(self, cid: str, dst: Path | None, read: Reader) -> None:
+    def start(self, cid: str, dst: Path | None, read: Reader, *, tty: bool = False) -> None:
         """Copies ``cid``'s log to ``dst``; with None (a container without a log path), reads and
-        drops it, so that the container's writes do not block on a log nobody takes."""
+        drops it, so that the container's writes do not block on a log nobody takes. ``tty``: the
+        container has a terminal, so all its records are stdout's."""
         with self._lock:
             if cid in self._copies and not self._copies[cid].ended.is_set():
                 return
-            self._copies[cid] = _Copy(cid, dst, read, self)
+            self._copies[cid] = _Copy(cid, dst, read, self, tty)
 
     def finish(self, cid: str, wait_s: float = 5.0) -> None:
         """``cid`` exited: its copy runs on until its log ends; returns after at most ``wait_s``."""

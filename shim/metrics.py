@@ -1,7 +1,8 @@
 """Prometheus metrics of the shim, served over HTTP when ``metrics_address`` is configured.
 
 Events are counted where they happen with one-line calls (``observe_start`` in the orchestrator,
-``rejected`` in the RPC wrapper, ``image_pull`` in the image store, ``libvirt_event`` from the
+``rejected`` in the RPC wrapper, ``image_pull`` in the image store, ``log_records_fixed`` in the
+log copy, ``libvirt_event`` from the
 hypervisor adapter's hook); the host's state (guests running, CPUs, hugepages and ordinary memory
 allocated vs free per NUMA node) is read from the ResourceManager and the sysfs inventory at scrape
 time by ``HostCollector``. The core
@@ -70,6 +71,12 @@ IMAGE_PULL_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
     registry=REGISTRY,
 )
+LOG_RECORDS_FIXED = Counter(
+    "vmsandbox_log_records_fixed",
+    "Container log records from guests the host dropped or repaired, by fix (vmsandbox.log_copy.check_records)",
+    ["fix"],
+    registry=REGISTRY,
+)
 
 
 def observe_start(handler: str, seconds: float) -> None:
@@ -84,6 +91,10 @@ def image_pull(result: str, fetched_bytes: int, seconds: float) -> None:
     IMAGE_PULLS.labels(result=result).inc()
     IMAGE_PULL_BYTES.inc(fetched_bytes)
     IMAGE_PULL_SECONDS.observe(seconds)
+
+
+def log_records_fixed(fix: str, count: int) -> None:
+    LOG_RECORDS_FIXED.labels(fix=fix).inc(count)
 
 
 def image_pull_shared() -> None:

@@ -6,7 +6,9 @@ shim's memory measured while it is fed."""
 from __future__ import annotations
 
 import base64
+import calendar
 import logging
+import re
 import subprocess
 import sys
 import threading
@@ -21,7 +23,17 @@ from shim.log_copy import CHUNK_BYTES, LogCopies
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
 from vmsandbox.agent_protocol import LogChunk, ProtocolError, log_chunk_from_body
-from vmsandbox.log_copy import LineCut, TokenBucket, whole_lines
+from vmsandbox.log_copy import (
+    MAX_PARTIAL_CHAIN,
+    RECORD_AHEAD_NS,
+    RECORD_BEHIND_NS,
+    LineCut,
+    RecordState,
+    TokenBucket,
+    check_records,
+    render_time,
+    whole_lines,
+)
 
 CID = "c" * 64
 MiB = 1 << 20
@@ -103,6 +115,112 @@ def test_token_bucket_refuses_nonsense() -> None:
         TokenBucket.full(0, 10, 0)
 
 
+NOW = 1_790_000_000_123_456_789  # the host's clock in these tests (2026-09-21)
+FIRST = NOW - 3600 * 10**9  # the copy of the log began an hour ago
+S = RecordState(FIRST)
+_T = b"2026-09-21T14:13:20.123456789Z"  # NOW as the guest writes it
+_RECORD = rb"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{0,8}[1-9])?Z (stdout|stderr) [PF] [^\n]*\n"  # RFC3339Nano UTC
+
+
+def _fixed(got: dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in got.items() if v}
+
+
+@pytest.mark.parametrize(
+    ("line", "tty", "written", "fixed"),
+    [
+        (_T + b" stdout F hello", False, _T + b" stdout F hello\n", {}),
+        (_T + b" stderr P ", False, _T + b" stderr P \n", {}),  # an empty part
+        (b"2026-09-21T16:13:20.123456789+02:00 stdout F tz", False, _T + b" stdout F tz\n", {}),  # as UTC
+        (b"2026-09-21T14:13:20Z stdout F whole second", False, b"2026-09-21T14:13:20Z stdout F whole second\n", {}),
+        # forged times: far ahead of the host, long before the copy began, not a date: the host's clock
+        (b"2099-01-01T00:00:00Z stdout F ahead", False, _T + b" stdout F ahead\n", {"restamped": 1}),
+        (b"2001-01-01T00:00:00Z stdout F behind", False, _T + b" stdout F behind\n", {"restamped": 1}),
+        (b"2026-02-30T00:00:00Z stdout F no date", False, _T + b" stdout F no date\n", {"restamped": 1}),
+        (b"2026-09-21T14:13:20+24:00 stdout F no zone", False, _T + b" stdout F no zone\n", {"restamped": 1}),
+        (_T + b" stderr F on a terminal", True, _T + b" stdout F on a terminal\n", {"restreamed": 1}),
+        # not records: dropped
+        (b"hello", False, b"", {"dropped": 1}),
+        (_T + b" stdin F x", False, b"", {"dropped": 1}),
+        (_T + b" stdout X x", False, b"", {"dropped": 1}),
+        (_T + b" stdout F", False, b"", {"dropped": 1}),
+        (b"2026-09-21 14:13:20Z stdout F x", False, b"", {"dropped": 1}),
+        (b"2026-09-21T14:13:20.1234567890Z stdout F x", False, b"", {"dropped": 1}),
+        (b" " + _T + b" stdout F x", False, b"", {"dropped": 1}),
+    ],
+)
+def test_check_records(line: bytes, tty: bool, written: bytes, fixed: dict[str, int]) -> None:
+    got = check_records(line + b"\n", S, NOW, tty=tty)
+    assert (got.text, _fixed(got.fixes)) == (written, fixed)
+
+
+def test_a_record_earlier_than_the_one_before_takes_its_time() -> None:
+    before = render_time(NOW - 10**9)
+    got = check_records(_T + b" stdout F a\n" + before + b" stderr F b\n", S, NOW, tty=False)
+    assert got.text == _T + b" stdout F a\n" + _T + b" stderr F b\n"
+    assert (_fixed(got.fixes), got.state.last_ns) == ({"reordered": 1}, NOW)
+
+
+def test_a_chain_of_partial_records_ends_at_its_bound_across_chunks() -> None:
+    part = b"x" * (MAX_PARTIAL_CHAIN // 4)
+    state, tags = S, []
+    for _ in range(6):  # one P record per chunk
+        got = check_records(_T + b" stdout P " + part + b"\n", state, NOW, tty=False)
+        state = got.state
+        tags.append(got.text.split(b" ")[2])
+    assert tags == [b"P", b"P", b"P", b"F", b"P", b"P"]
+    assert state.chain == 2 * len(part)
+
+
+_contents = st.binary(max_size=30).map(lambda b: b.replace(b"\n", b""))
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(-RECORD_BEHIND_NS, 3600 * 10**9), st.sampled_from([b"stdout", b"stderr"]),
+                  st.sampled_from([b"P", b"F"]), _contents),
+        max_size=20,
+    )
+)  # fmt: skip
+def test_honest_records_are_written_as_they_are(records: list[tuple[int, bytes, bytes, bytes]]) -> None:
+    """What the agent writes (times from the copy's start on, in order, UTC) passes unchanged."""
+    records.sort(key=lambda r: r[0])
+    lines = b"".join(b"%s %s %s %s\n" % (render_time(FIRST + d), s, t, c) for d, s, t, c in records)
+    got = check_records(lines, S, NOW, tty=False)
+    assert (got.text, _fixed(got.fixes)) == (lines, {})
+
+
+@given(st.lists(st.one_of(_contents, st.tuples(st.integers(0, 2**64), _contents)), max_size=30), st.booleans())
+def test_whatever_the_guest_sends_the_host_writes_records_it_can_stand_behind(
+    lines: list[bytes | tuple[int, bytes]], tty: bool
+) -> None:
+    """Any bytes, and records with any time: every line written is a CRI record of a stream the
+    container has, at a time within the plausible window and never going back."""
+    data = b"".join(
+        (b"%s stderr F %s\n" % (str(x[0]).encode()[:4].rjust(4, b"0") + _T[4:], x[1]))
+        if isinstance(x, tuple)
+        else x + b"\n"
+        for x in lines
+    )
+    got = check_records(data, S, NOW, tty=tty)
+    written = got.text.split(b"\n")[:-1]
+    assert len(written) + got.fixes["dropped"] == len(lines)
+    times = []
+    for line in written:
+        assert re.fullmatch(_RECORD, line + b"\n"), line
+        assert not (tty and b" stderr " in line[:40])
+        times.append(_ns(line.split(b" ")[0]))
+    assert times == sorted(times)
+    assert all(FIRST - RECORD_BEHIND_NS <= t <= NOW + RECORD_AHEAD_NS for t in times)
+
+
+def _ns(stamp: bytes) -> int:
+    """An RFC3339Nano UTC time (as the host writes them) in ns since the epoch."""
+    whole, _, fraction = stamp.rstrip(b"Z").partition(b".")
+    seconds = calendar.timegm(time.strptime(whole.decode(), "%Y-%m-%dT%H:%M:%S"))
+    return seconds * 10**9 + int(fraction.ljust(9, b"0"))
+
+
 class Stream:
     """A container's log as an honest agent serves it: an offset-addressed byte stream,
     answered from ``offset`` up to ``max_bytes``."""
@@ -130,59 +248,107 @@ def wait_until(check: object, timeout_s: float = 10) -> None:
         time.sleep(0.01)
 
 
+def rec(text: bytes, stream: bytes = b"stdout", tag: bytes = b"F") -> bytes:
+    """A CRI record of now, as the agent writes it."""
+    return b"%s %s %s %s\n" % (render_time(time.time_ns()), stream, tag, text)
+
+
 def test_copies_whole_lines_and_records_progress(tmp_path: Path) -> None:
-    stream = Stream(b"one\ntwo\nthr")
+    one, two, three, four = rec(b"one"), rec(b"two"), rec(b"three"), rec(b"four")
+    stream = Stream(one + two + three[:-3])
     logs = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
     dst = tmp_path / "k" / "c.log"
     logs.start(CID, dst, stream.read)
-    wait_until(lambda: logs.offset(CID) == 8)  # recorded after the write
-    assert dst.read_bytes() == b"one\ntwo\n"
+    wait_until(lambda: logs.offset(CID) == len(one + two))  # recorded after the write
+    assert dst.read_bytes() == one + two
     with stream.lock:
-        stream.data += b"ee\nfour\n"
+        stream.data += three[-3:] + four
         stream.eof = True
     logs.finish(CID, 5)
-    assert dst.read_bytes() == b"one\ntwo\nthree\nfour\n"
+    assert dst.read_bytes() == one + two + three + four
     assert logs.offset(CID) == len(stream.data)
     # the progress is host-only state: under the state directory, nowhere near a guest's share
-    assert (tmp_path / "state" / "logs" / CID).read_text() == str(len(stream.data))
+    assert (tmp_path / "state" / "logs" / CID).read_text().split()[0] == str(len(stream.data))
     logs.close()
 
 
-def test_a_new_copy_resumes_from_the_recorded_offset(tmp_path: Path) -> None:
-    stream = Stream(b"a\nb\n")
+def test_the_guests_records_are_checked_before_the_kubelet_reads_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A guest of a container with a terminal forges a time, a stream and a line that is no record."""
+    honest = rec(b"honest")
+    stream = Stream(honest + b"2099-01-01T00:00:00Z stdout F from the future\n" + b"no record\n"
+                    + rec(b"to stderr", b"stderr"), eof=True)  # fmt: skip
+    logs = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
+    dst = tmp_path / "c.log"
+    with caplog.at_level(logging.WARNING, logger="shim.log_copy"):
+        logs.start(CID, dst, stream.read, tty=True)
+        logs.finish(CID, 5)
+    written = dst.read_bytes().split(b"\n")[:-1]
+    assert len(written) == 3 and written[0] + b"\n" == honest
+    assert not written[1].startswith(b"2099") and written[1].endswith(b" stdout F from the future")
+    assert written[2].endswith(b" stdout F to stderr")
+    assert "1 dropped, 1 reordered, 1 restamped, 1 restreamed" in caplog.text  # the last: after the host's time
+    logs.close()
+
+
+def test_a_record_time_is_checked_against_when_the_copy_began_even_after_a_restart(tmp_path: Path) -> None:
+    stream = Stream(rec(b"a"))
     dst = tmp_path / "c.log"
     first = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
     first.start(CID, dst, stream.read)
-    wait_until(lambda: first.offset(CID) == 4)
+    wait_until(lambda: first.offset(CID) == len(stream.data))
+    first.close()
+    began = first.progress(CID)[1].first_ns
+    with stream.lock:  # a time long before the copy began: not taken, however long the shim was away
+        stream.data += render_time(began - 2 * RECORD_BEHIND_NS) + b" stdout F b\n"
+    second = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
+    assert second.progress(CID)[1].first_ns == began
+    second.start(CID, dst, stream.read)
+    wait_until(lambda: dst.read_bytes().endswith(b" stdout F b\n"))
+    assert not dst.read_bytes().split(b"\n")[1].startswith(render_time(began - 2 * RECORD_BEHIND_NS))
+    second.close()
+
+
+def test_a_new_copy_resumes_from_the_recorded_offset(tmp_path: Path) -> None:
+    a, b, c = rec(b"a"), rec(b"b"), rec(b"c")
+    stream = Stream(a + b)
+    dst = tmp_path / "c.log"
+    first = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
+    first.start(CID, dst, stream.read)
+    wait_until(lambda: first.offset(CID) == len(a + b))
     first.close()
     with stream.lock:
-        stream.data += b"c\n"
+        stream.data += c
     second = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
     second.start(CID, dst, stream.read)
-    wait_until(lambda: dst.read_bytes() == b"a\nb\nc\n")
-    assert stream.asked[-1] >= 4 and 0 not in stream.asked[stream.asked.index(4) :]
+    wait_until(lambda: dst.read_bytes() == a + b + c)
+    at = len(a + b)
+    assert stream.asked[-1] >= at and 0 not in stream.asked[stream.asked.index(at) :]
     second.forget(CID)
     assert not (tmp_path / "state" / "logs" / CID).exists()
     second.close()
 
 
 def test_reopen_moves_to_a_new_file(tmp_path: Path) -> None:
-    stream = Stream(b"old\n")
+    old, new = rec(b"old"), rec(b"new")
+    stream = Stream(old)
     dst = tmp_path / "c.log"
     logs = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
     logs.start(CID, dst, stream.read)
-    wait_until(lambda: dst.exists() and dst.read_bytes() == b"old\n")
+    wait_until(lambda: dst.exists() and dst.read_bytes() == old)
     dst.rename(tmp_path / "c.log.1")
     logs.reopen(CID)
     with stream.lock:
-        stream.data += b"new\n"
-    wait_until(lambda: dst.exists() and dst.read_bytes() == b"new\n")
-    assert (tmp_path / "c.log.1").read_bytes() == b"old\n"
+        stream.data += new
+    wait_until(lambda: dst.exists() and dst.read_bytes() == new)
+    assert (tmp_path / "c.log.1").read_bytes() == old
     logs.close()
 
 
 def test_rate_limit_per_container(tmp_path: Path) -> None:
-    stream = Stream((b"x" * 1023 + b"\n") * 16 * 1024)  # 16 MiB waiting
+    line = rec(b"x")
+    stream = Stream(rec(b"x" * (1024 - len(line))) * 16 * 1024)  # 16 MiB waiting
     dst = tmp_path / "c.log"
     rate = 1 * MiB
     logs = LogCopies(tmp_path / "state", rate, CHUNK_BYTES)
@@ -221,7 +387,7 @@ def test_a_lying_answer_stops_that_copy_with_a_warning(
         wait_until(lambda: problem in caplog.text)
     time.sleep(0.2)
     assert calls == [0, 6]  # stopped: never asked again
-    assert dst.read_bytes() == b"ok\nok\n"
+    assert dst.read_bytes() == b""  # "ok" is no CRI record: dropped
     logs.close()
 
 
