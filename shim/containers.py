@@ -624,6 +624,7 @@ class Containers:
                         beneath=shared,
                         root_as=qemu_uid,
                         known=known,
+                        readonly=readonly,
                     )
                 else:
                     binds.bind(
@@ -700,7 +701,7 @@ class Containers:
             assert isinstance(chunk, LogChunk)
             return chunk
 
-        self.logs.start(cid, dst, read)
+        self.logs.start(cid, dst, read, tty=c.tty)
 
     def resume_logs(self) -> int:
         """At start-up: copying of every running container's log carries on from where the shim
