@@ -1,19 +1,20 @@
 package main
 
-// One HTTP/2 connection, in either role: the framer, the write side (one lock, one HPACK encoder,
-// the peer's flow-control windows, frames that wait for window), and receive-side window refills.
-// Frames are read by one goroutine per connection (its owner's read loop); everything written
-// goes through send, under the write lock, and is flushed at once so that one call's frames
-// leave in one write.
+// One HTTP/2 connection, in either role: the framer (reading through blockGuard), the write side
+// (one lock, one HPACK encoder, the peer's flow-control windows held to 2^31-1, frames that wait
+// for window or for room in the peer's queue), the peer's SETTINGS checked against RFC 9113, and
+// receive-side window refills. Frames are read by one goroutine per connection (its owner's read
+// loop); everything written goes through the write lock into the peer's own queue (writer.go), so
+// that no caller ever waits on the peer's socket.
 
 import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -26,20 +27,40 @@ const (
 	recvStreamWindow = 1 << 20
 	recvConnWindow   = 1 << 24
 	defaultWindow    = 65535 // RFC 9113 6.9.2
+	maxWindow        = 1<<31 - 1
 	defaultMaxFrame  = 16384
-	maxHeaderList    = 64 << 10  // a header block larger than this ends the connection
-	maxPendingBytes  = 32 << 20  // a stream whose peer stops reading is reset beyond this
-	maxConnPending   = 256 << 20 // and any stream that would take a connection's waiting bytes beyond this
+	maxFrameLimit    = 1<<24 - 1
+	maxHeaderList    = 64 << 10 // a larger header block ends its stream (or, past maxBlockBytes, the connection)
+	maxPendingBytes  = 32 << 20 // a stream whose peer stops reading is reset beyond this
 	handshakeTimeout = 5 * time.Second
 )
 
-// a peer that takes no bytes for this long loses its connection: whoever writes to it (the read
-// loop of another connection, say) is never held longer
-var writeTimeout atomic.Int64 // nanoseconds (tests shorten it)
+// connErr ends a connection with a GOAWAY of its code.
+type connErr struct {
+	code http2.ErrCode
+	why  string
+}
 
-func init() { writeTimeout.Store(int64(5 * time.Second)) }
+func (e connErr) Error() string { return fmt.Sprintf("%v: %s", e.code, e.why) }
 
-var errConnClosed = errors.New("connection closed")
+// goAwayCode is the GOAWAY a read error calls for; false: none (the peer is gone, or was cut).
+func goAwayCode(err error) (http2.ErrCode, bool) {
+	var ce connErr
+	var ne net.Error
+	switch {
+	case errors.As(err, &ce):
+		return ce.code, true
+	case errors.Is(err, http2.ErrFrameTooLarge):
+		return http2.ErrCodeFrameSize, true
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),
+		errors.Is(err, errConnClosed), errors.As(err, &ne):
+		return 0, false
+	}
+	if code, ok := err.(http2.ConnectionError); ok {
+		return http2.ErrCode(code), true
+	}
+	return http2.ErrCodeProtocol, true // the framer's own errors: a frame that breaks the protocol
+}
 
 // item is one frame's worth of a stream's output: a header block or data.
 type item struct {
@@ -54,12 +75,26 @@ type outStream struct {
 	queued  int // bytes of data in pending
 }
 
+// limits of one connection's output
+type outLimits struct {
+	queueMax   int     // bytes in the peer's write queue beyond this cut it
+	queueSoft  int     // DATA is queued only while the queue holds less than this
+	pendingMax int     // data waiting for window, all streams (0: no bound of its own)
+	budget     *budget // counts that data too (nil: not counted)
+}
+
+var (
+	clientOut   = outLimits{queueMax: 1 << 20, queueSoft: 256 << 10, pendingMax: 64 << 20}
+	upstreamOut = outLimits{queueMax: 64 << 20, queueSoft: 1 << 20} // what it is sent is the clients' requests, counted there
+)
+
 type conn struct {
-	nc net.Conn
-	fr *http2.Framer // ReadFrame only from the read loop; writes under wmu
+	nc  net.Conn
+	fr  *http2.Framer // ReadFrame only from the read loop; writes under wmu
+	lim outLimits
 
 	wmu      sync.Mutex
-	bw       *bufio.Writer
+	w        *peerWriter // the peer's queue (under wmu)
 	enc      *hpack.Encoder
 	hbuf     bytes.Buffer
 	maxFrame uint32
@@ -67,26 +102,24 @@ type conn struct {
 	settled  bool  // the peer's first SETTINGS has come
 	connWin  int64
 	out      map[uint32]*outStream
-	queued   int // data waiting for window, all streams
-	dead     bool
+	queued   int  // data waiting for window, all streams
+	blocked  bool // data waits for room in the queue
 
 	// receive side, read loop only
 	connUnacked uint32
-
-	closed    chan struct{}
-	closeOnce sync.Once
 }
 
-func newConn(nc net.Conn) *conn {
+func newConn(nc net.Conn, lim outLimits) *conn {
 	c := &conn{
 		nc:       nc,
-		bw:       bufio.NewWriterSize(nc, 32<<10),
+		lim:      lim,
 		maxFrame: defaultMaxFrame,
 		connWin:  defaultWindow,
 		out:      map[uint32]*outStream{},
-		closed:   make(chan struct{}),
 	}
-	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 32<<10))
+	c.w = newPeerWriter(nc, &c.wmu, lim.queueMax)
+	c.w.room = c.roomLocked
+	c.fr = http2.NewFramer(c.w, &blockGuard{r: bufio.NewReaderSize(nc, 32<<10)})
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	c.fr.MaxHeaderListSize = maxHeaderList
 	c.fr.SetMaxReadFrameSize(defaultMaxFrame)
@@ -94,22 +127,23 @@ func newConn(nc net.Conn) *conn {
 	return c
 }
 
-// handshake sends our preface (client role) and settings; a server first reads the client's preface.
+// handshake starts the writer and queues our preface (client role) and settings; a server first
+// reads the client's preface.
 func (c *conn) handshake(server bool) error {
-	_ = c.nc.SetDeadline(time.Now().Add(handshakeTimeout))
-	defer func() { _ = c.nc.SetDeadline(time.Time{}) }()
+	c.w.start()
 	if server {
+		_ = c.nc.SetReadDeadline(time.Now().Add(handshakeTimeout))
 		buf := make([]byte, len(clientPreface))
-		if _, err := io.ReadFull(c.nc, buf); err != nil || string(buf) != clientPreface {
+		_, err := io.ReadFull(c.nc, buf)
+		_ = c.nc.SetReadDeadline(time.Time{})
+		if err != nil || string(buf) != clientPreface {
 			return errors.New("not an HTTP/2 client (bad preface)")
 		}
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if !server {
-		if _, err := c.bw.WriteString(clientPreface); err != nil {
-			return err
-		}
+		_, _ = c.w.Write([]byte(clientPreface))
 	}
 	settings := []http2.Setting{
 		{ID: http2.SettingInitialWindowSize, Val: recvStreamWindow},
@@ -120,38 +154,22 @@ func (c *conn) handshake(server bool) error {
 	} else {
 		settings = append(settings, http2.Setting{ID: http2.SettingEnablePush, Val: 0})
 	}
-	if err := c.fr.WriteSettings(settings...); err != nil {
-		return err
-	}
-	if err := c.fr.WriteWindowUpdate(0, recvConnWindow-defaultWindow); err != nil {
-		return err
-	}
-	return c.bw.Flush()
+	_ = c.fr.WriteSettings(settings...)
+	_ = c.fr.WriteWindowUpdate(0, recvConnWindow-defaultWindow)
+	return c.flushLocked()
 }
 
-// flushLocked writes what is buffered, within writeTimeout; a peer that does not take it in time
-// is cut off (its read loop then ends the connection). Called with wmu held.
-func (c *conn) flushLocked() error {
-	if c.dead {
-		return errConnClosed
-	}
-	_ = c.nc.SetWriteDeadline(time.Now().Add(time.Duration(writeTimeout.Load())))
-	err := c.bw.Flush()
-	if err != nil {
-		c.dead = true
-		_ = c.nc.Close()
-	}
-	return err
-}
+// flushLocked hands what was queued to the peer's writer; an error if the peer is gone, or its
+// queue is past its bound (it is then cut). Called with wmu held.
+func (c *conn) flushLocked() error { return c.w.kick() }
 
-func (c *conn) close() {
-	c.closeOnce.Do(func() {
-		c.wmu.Lock()
-		c.dead = true
-		c.wmu.Unlock()
-		_ = c.nc.Close()
-		close(c.closed)
-	})
+func (c *conn) dead() bool { return c.w.stoppedLocked() }
+
+// cut ends the connection without writing more.
+func (c *conn) cut() {
+	c.wmu.Lock()
+	c.w.cutLocked()
+	c.wmu.Unlock()
 }
 
 // open registers a stream for sending, with the peer's initial window. Called with wmu held.
@@ -168,13 +186,30 @@ func (c *conn) forget(id uint32) {
 
 func (c *conn) dropLocked(id uint32) {
 	if s := c.out[id]; s != nil {
-		c.queued -= s.queued
+		c.unpend(s, s.queued)
 		delete(c.out, id)
 	}
 }
 
-// send writes a stream's items in order, as far as the peer's windows allow; the rest waits for
-// its WINDOW_UPDATE. False: the stream is gone, or its peer stopped reading (it is then reset).
+// pend holds n more bytes of s's data until the windows allow them; false if that passes a bound.
+func (c *conn) pend(s *outStream, n int) bool {
+	if s.queued+n > maxPendingBytes || c.lim.pendingMax > 0 && c.queued+n > c.lim.pendingMax || !c.lim.budget.take(n) {
+		return false
+	}
+	s.queued += n
+	c.queued += n
+	return true
+}
+
+func (c *conn) unpend(s *outStream, n int) {
+	s.queued -= n
+	c.queued -= n
+	c.lim.budget.give(n)
+}
+
+// send queues a stream's items in order, as far as the peer's windows and queue allow; the rest
+// waits for its WINDOW_UPDATE or for room. False: the stream is gone, or its peer stopped
+// reading (the stream is then reset), or the peer is gone.
 func (c *conn) send(id uint32, items ...item) bool {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -187,27 +222,23 @@ func (c *conn) send(id uint32, items ...item) bool {
 
 func (c *conn) sendLocked(id uint32, items ...item) bool {
 	s := c.out[id]
-	if s == nil || c.dead {
+	if s == nil || c.dead() {
 		return false
 	}
 	for _, it := range items {
-		if len(s.pending) > 0 {
-			s.pending = append(s.pending, it)
-			s.queued += len(it.data)
-			c.queued += len(it.data)
-			continue
+		if len(s.pending) == 0 {
+			rest, done := c.writeItem(id, s, it)
+			if done {
+				continue
+			}
+			it = rest
 		}
-		if rest, done := c.writeItem(id, s, it); !done {
-			s.pending = append(s.pending, rest)
-			s.queued += len(rest.data)
-			c.queued += len(rest.data)
+		if !c.pend(s, len(it.data)) {
+			_ = c.fr.WriteRSTStream(id, http2.ErrCodeEnhanceYourCalm)
+			c.dropLocked(id)
+			return false
 		}
-	}
-	if s.queued > maxPendingBytes || c.queued > maxConnPending {
-		_ = c.fr.WriteRSTStream(id, http2.ErrCodeEnhanceYourCalm)
-		c.queued -= s.queued
-		delete(c.out, id)
-		return false
+		s.pending = append(s.pending, it)
 	}
 	if len(s.pending) == 0 && len(items) > 0 && items[len(items)-1].end {
 		delete(c.out, id) // everything of ours on this stream has been sent
@@ -215,7 +246,8 @@ func (c *conn) sendLocked(id uint32, items ...item) bool {
 	return true
 }
 
-// writeItem writes what the windows allow of it; returns what is left and whether it all went.
+// writeItem queues what the windows and the queue allow of it; returns what is left and whether
+// it all went.
 func (c *conn) writeItem(id uint32, s *outStream, it item) (item, bool) {
 	if it.headers != nil {
 		c.writeHeaders(id, it.headers, it.end)
@@ -223,16 +255,12 @@ func (c *conn) writeItem(id uint32, s *outStream, it item) (item, bool) {
 	}
 	data := it.data
 	for len(data) > 0 {
-		n := int64(len(data))
-		if n > int64(c.maxFrame) {
-			n = int64(c.maxFrame)
+		room := int64(c.lim.queueSoft - c.w.queuedLocked())
+		if room <= 0 {
+			c.blocked = true
+			return item{data: data, end: it.end}, false
 		}
-		if n > c.connWin {
-			n = c.connWin
-		}
-		if n > s.window {
-			n = s.window
-		}
+		n := min(int64(len(data)), int64(c.maxFrame), c.connWin, s.window, room)
 		if n <= 0 {
 			return item{data: data, end: it.end}, false
 		}
@@ -256,10 +284,7 @@ func (c *conn) writeHeaders(id uint32, fields []hpack.HeaderField, end bool) {
 	block := c.hbuf.Bytes()
 	first := true
 	for first || len(block) > 0 {
-		n := len(block)
-		if n > int(c.maxFrame) {
-			n = int(c.maxFrame)
-		}
+		n := min(len(block), int(c.maxFrame)) // maxFrame is at least 16384 (control checks it)
 		chunk, rest := block[:n], block[n:]
 		if first {
 			_ = c.fr.WriteHeaders(http2.HeadersFrameParam{
@@ -273,35 +298,67 @@ func (c *conn) writeHeaders(id uint32, fields []hpack.HeaderField, end bool) {
 	}
 }
 
-// drainLocked sends what waits on every stream the windows now allow.
+// roomLocked: the writer has written what it had; data that waited for room goes now.
+func (c *conn) roomLocked() {
+	if c.blocked {
+		c.blocked = false
+		c.drainLocked()
+		_ = c.flushLocked()
+	}
+}
+
+// drainLocked queues what waits on every stream as far as the windows and the queue allow.
 func (c *conn) drainLocked() {
 	for id, s := range c.out {
 		for len(s.pending) > 0 {
 			rest, done := c.writeItem(id, s, s.pending[0])
 			if !done {
-				sent := len(s.pending[0].data) - len(rest.data)
-				s.queued -= sent
-				c.queued -= sent
+				c.unpend(s, len(s.pending[0].data)-len(rest.data))
 				s.pending[0] = rest
 				break
 			}
-			s.queued -= len(s.pending[0].data)
-			c.queued -= len(s.pending[0].data)
+			c.unpend(s, len(s.pending[0].data))
 			end := s.pending[0].end
 			s.pending = s.pending[1:]
 			if end && len(s.pending) == 0 {
 				delete(c.out, id)
 			}
 		}
+		if c.blocked {
+			return
+		}
 	}
 }
 
-// control handles the frames that concern the connection itself; false: not one of those.
+// checkSetting holds a peer's setting to RFC 9113 6.5.2.
+func checkSetting(s http2.Setting) error {
+	switch s.ID {
+	case http2.SettingEnablePush, http2.SettingEnableConnectProtocol, http2.SettingNoRFC7540Priorities:
+		if s.Val > 1 {
+			return connErr{http2.ErrCodeProtocol, fmt.Sprintf("SETTINGS %v %d (0 or 1)", s.ID, s.Val)}
+		}
+	case http2.SettingInitialWindowSize:
+		if s.Val > maxWindow {
+			return connErr{http2.ErrCodeFlowControl, fmt.Sprintf("SETTINGS %v %d", s.ID, s.Val)}
+		}
+	case http2.SettingMaxFrameSize:
+		if s.Val < defaultMaxFrame || s.Val > maxFrameLimit {
+			return connErr{http2.ErrCodeProtocol, fmt.Sprintf("SETTINGS %v %d", s.ID, s.Val)}
+		}
+	}
+	return nil
+}
+
+// control handles the frames that concern the connection itself; false: not one of those. Its
+// error is a connErr, or an http2.StreamError for a stream's window beyond its maximum.
 func (c *conn) control(f http2.Frame) (bool, error) {
 	switch f := f.(type) {
 	case *http2.SettingsFrame:
 		if f.IsAck() {
 			return true, nil
+		}
+		if err := f.ForeachSetting(checkSetting); err != nil {
+			return true, err
 		}
 		c.wmu.Lock()
 		defer c.wmu.Unlock()
@@ -310,7 +367,7 @@ func (c *conn) control(f http2.Frame) (bool, error) {
 			c.settled = true
 			initial = defaultWindow
 		}
-		err := f.ForeachSetting(func(s http2.Setting) error {
+		_ = f.ForeachSetting(func(s http2.Setting) error {
 			switch s.ID {
 			case http2.SettingInitialWindowSize:
 				initial = int64(s.Val)
@@ -321,11 +378,11 @@ func (c *conn) control(f http2.Frame) (bool, error) {
 			}
 			return nil
 		})
-		if err != nil {
-			return true, err
-		}
 		for _, o := range c.out {
 			o.window += initial - c.initWin
+			if o.window > maxWindow {
+				return true, connErr{http2.ErrCodeFlowControl, "INITIAL_WINDOW_SIZE takes a stream's window beyond 2^31-1"}
+			}
 		}
 		c.initWin = initial
 		_ = c.fr.WriteSettingsAck()
@@ -334,10 +391,18 @@ func (c *conn) control(f http2.Frame) (bool, error) {
 	case *http2.WindowUpdateFrame:
 		c.wmu.Lock()
 		defer c.wmu.Unlock()
+		inc := int64(f.Increment)
 		if f.StreamID == 0 {
-			c.connWin += int64(f.Increment)
+			if c.connWin+inc > maxWindow {
+				return true, connErr{http2.ErrCodeFlowControl, "WINDOW_UPDATE takes the connection's window beyond 2^31-1"}
+			}
+			c.connWin += inc
 		} else if s := c.out[f.StreamID]; s != nil {
-			s.window += int64(f.Increment)
+			if s.window+inc > maxWindow {
+				c.dropLocked(f.StreamID)
+				return true, http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeFlowControl}
+			}
+			s.window += inc
 		}
 		c.drainLocked()
 		return true, c.flushLocked()
@@ -355,7 +420,8 @@ func (c *conn) control(f http2.Frame) (bool, error) {
 	return false, nil
 }
 
-// received accounts n bytes of DATA on a stream and refills the windows once half is used.
+// received accounts n bytes of DATA on a stream and refills the windows once half is used (at
+// once: the front's bounds on what it holds are the request and budget bounds, not the windows).
 // streamUnacked belongs to the stream's owner; nil: the stream is gone (the connection only).
 func (c *conn) received(id uint32, n uint32, streamUnacked *uint32) {
 	if n == 0 {
@@ -391,9 +457,20 @@ func (c *conn) reset(id uint32, code http2.ErrCode) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.dropLocked(id)
-	if c.dead {
+	if c.dead() {
 		return
 	}
 	_ = c.fr.WriteRSTStream(id, code)
+	_ = c.flushLocked()
+}
+
+// goAway queues a GOAWAY (the connection is then closed by its owner).
+func (c *conn) goAway(last uint32, code http2.ErrCode) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.dead() {
+		return
+	}
+	_ = c.fr.WriteGoAway(last, code, nil)
 	_ = c.flushLocked()
 }

@@ -14,10 +14,12 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -42,6 +44,10 @@ type front struct {
 	downstream *upstream
 	lists      *localLists   // nil: the lists' own side goes to the shim over gRPC
 	timeout    time.Duration // downstream_timeout_s
+	maxConns   int           // client connections at once
+	budget     *budget       // bytes held for all clients at once (limits.go)
+	conns      atomic.Int64  // client connections open
+	lastLog    atomic.Int64  // when logf last wrote (unix nanoseconds)
 
 	mu       sync.Mutex
 	learned  [2]map[string]struct{} // by idKind: ids the shim said are the downstream's
@@ -56,10 +62,21 @@ type front struct {
 func newFront(shim, downstream *upstream, timeout time.Duration) *front {
 	return &front{
 		shim: shim, downstream: downstream, timeout: timeout,
+		maxConns: defaultMaxConns, budget: newBudget(defaultMaxBuffered),
 		learned:  [2]map[string]struct{}{{}, {}},
 		versions: map[string][]byte{},
 		kept:     map[string]kept{},
 	}
+}
+
+// logf logs a client's misbehaviour, one line a second at most: clients cannot flood the log.
+func (f *front) logf(format string, args ...any) {
+	now := time.Now().UnixNano()
+	last := f.lastLog.Load()
+	if now-last < int64(time.Second) || !f.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	log.Printf(format, args...)
 }
 
 // setGeneration is the shim's newest generation, from the list channel.
@@ -281,11 +298,15 @@ func (r result) status() int {
 
 func (r result) ok() bool { return r.err == nil && r.status() == codeOK }
 
-// collector gathers a reply whole (bounded) and hands it on once.
+// collector gathers a reply whole (bounded, its bytes counted in the front's budget while it
+// holds them) and hands it on once.
 type collector struct {
+	b    *budget
 	mu   sync.Mutex
 	r    result
-	n    int
+	held int   // bytes taken from b
+	over error // the reply is not kept whole: why
+	fin  bool  // handed on: what comes after is dropped
 	done func(result)
 	once sync.Once
 }
@@ -305,9 +326,15 @@ func (c *collector) headers(fields []hpack.HeaderField, end bool) {
 
 func (c *collector) data(p []byte, end bool) {
 	c.mu.Lock()
-	c.n += len(p)
-	if c.n <= maxMessage+5 {
+	switch {
+	case c.over != nil || c.fin:
+	case len(c.r.body)+len(p) > maxMessage+5:
+		c.over = fmt.Errorf("reply larger than %d bytes", maxMessage)
+	case !c.b.take(len(p)):
+		c.over = errors.New("the front holds as many bytes as it takes")
+	default:
 		c.r.body = append(c.r.body, p...)
+		c.held += len(p)
 	}
 	c.mu.Unlock()
 	if end {
@@ -323,11 +350,14 @@ func (c *collector) finish(err error) {
 		r := c.r
 		if err != nil {
 			r.err = err
-		} else if c.n > maxMessage+5 {
-			r.err = fmt.Errorf("reply larger than %d bytes", maxMessage)
+		} else if c.over != nil {
+			r.err = c.over
 		}
+		c.fin = true
+		held := c.held
 		c.mu.Unlock()
-		c.done(r)
+		c.done(r) // the body is queued for the client (and counted there) or dropped
+		c.b.give(held)
 	})
 }
 
@@ -340,7 +370,7 @@ func (f *front) collect(up *upstream, s *stream, hdrs []hpack.HeaderField, done 
 		timer *time.Timer
 		over  bool
 	)
-	c := &collector{done: func(r result) {
+	c := &collector{b: f.budget, done: func(r result) {
 		tmu.Lock()
 		over = true
 		if timer != nil {
@@ -548,7 +578,7 @@ func (f *front) sendSawLocked(path string, k int, body []byte) {
 		{Name: headerList, Value: path[len(runtimeService):]},
 		{Name: "grpc-timeout", Value: "5S"},
 	}
-	c := &collector{done: func(r result) {
+	c := &collector{b: f.budget, done: func(r result) {
 		if !r.ok() {
 			log.Printf("SawList: %v %s", r.err, header(r.trailers, "grpc-message"))
 		}

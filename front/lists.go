@@ -8,7 +8,9 @@ package main
 // and the reply message, op 1 and a status code byte and a message, or op 2 and an 8-byte
 // generation and the reply message: the answer holds for as long as the shim's records stay at
 // that generation. Op 3 (request id 0) is the shim's newest generation, sent at start and after
-// every change. While the channel is down, the lists go to the shim over gRPC instead.
+// every change. While the channel is down, the lists go to the shim over gRPC instead. Requests
+// are queued for the channel's own writer (writer.go): a shim that stops reading it holds no
+// client, and loses the channel after writeTimeout.
 
 import (
 	"bufio"
@@ -26,6 +28,9 @@ const (
 	listsReplyError    = 1
 	listsReplyKept     = 2
 	listsGeneration    = 3
+
+	maxListAsk    = 64 << 10 // a list request larger than this goes over gRPC
+	listsQueueMax = 1 << 20  // requests queued for the shim beyond this cut the channel
 )
 
 var errListsDown = errors.New("the shim's list channel is closed")
@@ -39,8 +44,8 @@ type localLists struct {
 	nc         net.Conn
 	generation func(uint64) // the shim's newest generation; 0 once the channel is down
 
-	mu      sync.Mutex // writes, nextID, pending, err
-	w       *bufio.Writer
+	mu      sync.Mutex // w, nextID, pending, err
+	w       *peerWriter
 	nextID  uint32
 	pending map[uint32]func(listed)
 	err     error
@@ -53,7 +58,9 @@ type listed struct {
 }
 
 func newLocalLists(nc net.Conn, generation func(uint64)) *localLists {
-	l := &localLists{nc: nc, generation: generation, w: bufio.NewWriter(nc), pending: map[uint32]func(listed){}}
+	l := &localLists{nc: nc, generation: generation, pending: map[uint32]func(listed){}}
+	l.w = newPeerWriter(nc, &l.mu, listsQueueMax)
+	l.w.start()
 	go l.readLoop()
 	return l
 }
@@ -62,12 +69,12 @@ func newLocalLists(nc net.Conn, generation func(uint64)) *localLists {
 // False: the channel is down (done is not called).
 func (l *localLists) ask(path string, msg []byte, done func(listed)) bool {
 	op, ok := listsOps[path]
-	if !ok || l == nil {
+	if !ok || l == nil || len(msg) > maxListAsk {
 		return false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.err != nil {
+	if l.err != nil || l.w.stoppedLocked() {
 		return false
 	}
 	l.nextID++
@@ -78,8 +85,7 @@ func (l *localLists) ask(path string, msg []byte, done func(listed)) bool {
 	head[8] = op
 	_, _ = l.w.Write(head[:])
 	_, _ = l.w.Write(msg)
-	if err := l.w.Flush(); err != nil {
-		l.err = err
+	if err := l.w.kick(); err != nil {
 		return false
 	}
 	l.pending[id] = done
@@ -121,6 +127,7 @@ func (l *localLists) readLoop() {
 	}()
 	l.mu.Lock()
 	l.err = err
+	l.w.cutLocked()
 	pending := l.pending
 	l.pending = map[uint32]func(listed){}
 	l.mu.Unlock()

@@ -4,7 +4,8 @@
 // else is relayed to the shim (python -m shim serve), which stays the one place routing is
 // decided and state is held. The shim starts it with the listening socket as a descriptor and
 // its standard input as a pipe: the front exits when the pipe closes, so it never outlives the
-// shim.
+// shim. What any one client can make it hold or do is bounded (limits.go, server.go, conn.go,
+// guard.go), and no peer's socket can hold a loop that serves others (writer.go).
 package main
 
 import (
@@ -24,11 +25,14 @@ func main() {
 	downstream := flag.String("downstream", "", "the downstream runtime's endpoint (unix:// or a path)")
 	listsFD := flag.Int("lists-fd", -1, "descriptor of the shim's list channel (a connected unix socket); -1: none")
 	timeout := flag.Float64("downstream-timeout", 10, "seconds a call sent straight to the downstream may take")
+	maxConns := flag.Int("max-conns", defaultMaxConns, "client connections at once; one more is refused (GOAWAY)")
+	maxBuffered := flag.Int("max-buffered-mib", defaultMaxBuffered>>20,
+		"MiB the front holds for all clients at once: requests, replies collected whole, replies waiting for a client")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("vmsandbox-front: ")
-	if *shim == "" || *downstream == "" || *timeout <= 0 {
-		fmt.Fprintln(os.Stderr, "usage: vmsandbox-front -listen-fd N -shim PATH -downstream ENDPOINT [-downstream-timeout S]")
+	if *shim == "" || *downstream == "" || *timeout <= 0 || *maxConns <= 0 || *maxBuffered <= 0 {
+		fmt.Fprintln(os.Stderr, "usage: vmsandbox-front -listen-fd N -shim PATH -downstream ENDPOINT [-downstream-timeout S] [-max-conns N] [-max-buffered-mib M]")
 		os.Exit(2)
 	}
 	ln, err := net.FileListener(os.NewFile(uintptr(*listenFD), "listener"))
@@ -40,6 +44,8 @@ func main() {
 		&upstream{name: *downstream, addr: strings.TrimPrefix(*downstream, "unix://")},
 		time.Duration(*timeout*float64(time.Second)),
 	)
+	f.maxConns = *maxConns
+	f.budget = newBudget(int64(*maxBuffered) << 20)
 	if *listsFD >= 0 {
 		nc, err := net.FileConn(os.NewFile(uintptr(*listsFD), "lists"))
 		if err != nil {

@@ -26,7 +26,7 @@ import (
 )
 
 // upstreamServer serves h on a unix socket with HTTP/2 (prior knowledge), as gRPC servers do.
-func upstreamServer(t *testing.T, h http.HandlerFunc, window uint32) string {
+func upstreamServer(t testing.TB, h http.HandlerFunc, window uint32) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "up.sock")
 	ln, err := net.Listen("unix", sock)
@@ -61,7 +61,16 @@ func grpcReply(w http.ResponseWriter, msg []byte, extra map[string]string) {
 
 func startFront(t *testing.T, shim, down string) (*front, string) {
 	t.Helper()
+	return startFrontWith(t, shim, down, nil)
+}
+
+// startFrontWith is startFront with set (if not nil) changing the front before it accepts.
+func startFrontWith(t testing.TB, shim, down string, set func(*front)) (*front, string) {
+	t.Helper()
 	f := newFront(&upstream{name: "shim", addr: shim}, &upstream{name: "unix:///down.sock", addr: down}, 2*time.Second)
+	if set != nil {
+		set(f)
+	}
 	sock := filepath.Join(t.TempDir(), "cri.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -455,11 +464,24 @@ func TestTheShimsSideOfAListIsKeptWhileItsGenerationStands(t *testing.T) {
 
 // raw is a client that writes frames as it likes.
 type raw struct {
-	nc  net.Conn
-	bw  *bufio.Writer
-	fr  *http2.Framer
-	hb  bytes.Buffer
-	enc *hpack.Encoder
+	nc   net.Conn
+	bw   *bufio.Writer
+	fr   *http2.Framer
+	hb   bytes.Buffer
+	enc  *hpack.Encoder
+	read counted // what the front sent
+}
+
+// counted reads from a connection and counts the bytes.
+type counted struct {
+	r io.Reader
+	n int64
+}
+
+func (c *counted) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 func dialRaw(t *testing.T, sock string) *raw {
@@ -469,8 +491,8 @@ func dialRaw(t *testing.T, sock string) *raw {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { nc.Close() })
-	r := &raw{nc: nc, bw: bufio.NewWriter(nc)}
-	r.fr = http2.NewFramer(r.bw, nc)
+	r := &raw{nc: nc, bw: bufio.NewWriter(nc), read: counted{r: nc}}
+	r.fr = http2.NewFramer(r.bw, &r.read)
 	r.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	r.enc = hpack.NewEncoder(&r.hb)
 	r.bw.WriteString(clientPreface)

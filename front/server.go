@@ -3,13 +3,16 @@ package main
 // The kubelet's side (HTTP/2 server role): each connection's streams, read whole, then sent on
 // the path route.go picks for them. A request is complete before it goes anywhere (every CRI call
 // has one request message), so a stream is dispatched once, from the connection's read loop.
+// What a client may make the front hold is bounded: streams and request bytes per connection,
+// request bytes against the front's budget (limits.go), and streams it resets per second.
 
 import (
+	"errors"
 	"fmt"
-	"log"
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -17,18 +20,24 @@ import (
 )
 
 const (
-	maxStreams     = 1000      // at once on one connection
-	maxConnBuffers = 256 << 20 // request bytes held at once on one connection
+	maxStreams     = 1000     // at once on one connection
+	maxConnBuffers = 64 << 20 // request bytes (header lists and bodies) held at once on one connection
+	maxResets      = 100      // streams a client may reset while they are served, per resetWindow
+	resetWindow    = time.Second
 )
 
 type client struct {
 	*conn
 	f *front
 
-	mu       sync.Mutex
-	streams  map[uint32]*stream
-	lastID   uint32
-	buffered int
+	mu      sync.Mutex
+	streams map[uint32]*stream
+	lastID  uint32
+	held    int // request bytes of its streams (their stream.held)
+
+	// read loop only
+	resets      int
+	resetsSince time.Time
 }
 
 // stream is one call of a client: its request as read, then the call it was sent on.
@@ -41,13 +50,15 @@ type stream struct {
 	unacked uint32
 	started time.Time
 	ended   bool // the request is whole and on its way (under client.mu)
+	held    int  // its bytes counted in client.held and the front's budget (under client.mu)
+	gone    bool // done: held was given back (under client.mu)
 
 	mu     sync.Mutex
 	ups    []*call // what it waits on
 	closed bool    // answered, or cancelled by the client
 }
 
-// accept serves each connection of ln until ln fails.
+// accept serves each connection of ln until ln fails; one beyond maxConns is refused.
 func (f *front) accept(ln net.Listener) error {
 	for {
 		nc, err := ln.Accept()
@@ -55,66 +66,85 @@ func (f *front) accept(ln net.Listener) error {
 			if ne, ok := err.(net.Error); ok && ne.Timeout() {
 				continue
 			}
+			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+				errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) {
+				time.Sleep(100 * time.Millisecond) // out of descriptors: the connections we have end first
+				continue
+			}
 			return err
+		}
+		if f.conns.Add(1) > int64(f.maxConns) {
+			f.conns.Add(-1)
+			refuse(nc)
+			f.logf("a connection beyond %d refused", f.maxConns)
+			continue
 		}
 		go f.serveConn(nc)
 	}
 }
 
 func (f *front) serveConn(nc net.Conn) {
-	c := &client{conn: newConn(nc), f: f, streams: map[uint32]*stream{}}
+	lim := clientOut
+	lim.budget = f.budget
+	c := &client{conn: newConn(nc, lim), f: f, streams: map[uint32]*stream{}}
+	c.w.onDone = func() { f.conns.Add(-1) } // its socket is closed: the slot is free
 	defer c.shutdown()
 	if err := c.handshake(true); err != nil {
 		return
 	}
+	err := c.readLoop()
+	if code, ok := goAwayCode(err); ok {
+		c.mu.Lock()
+		last := c.lastID
+		c.mu.Unlock()
+		c.goAway(last, code)
+		f.logf("client connection: %v", err)
+	}
+}
+
+// readLoop reads the client's frames until its connection ends; the error says why.
+func (c *client) readLoop() error {
+	first := true
 	for {
 		fr, err := c.fr.ReadFrame()
-		if se, ok := err.(http2.StreamError); ok { // one stream's fault (a malformed header): that stream ends
-			c.mu.Lock()
-			s := c.streams[se.StreamID]
-			if se.StreamID > c.lastID {
-				c.lastID = se.StreamID
+		if err == nil && first { // RFC 9113 3.4: the preface ends with SETTINGS
+			if sf, ok := fr.(*http2.SettingsFrame); !ok || sf.IsAck() {
+				return connErr{http2.ErrCodeProtocol, "no SETTINGS after the preface"}
 			}
-			c.mu.Unlock()
-			if s != nil {
-				s.abandon()
+			first = false
+		}
+		if err == nil {
+			var handled bool
+			if handled, err = c.control(fr); !handled {
+				err = c.frame(fr)
 			}
-			c.reset(se.StreamID, se.Code)
+		}
+		var se http2.StreamError
+		if errors.As(err, &se) { // one stream's fault (a malformed header, say): that stream ends
+			c.streamError(se)
 			continue
 		}
 		if err != nil {
-			if ce, ok := err.(http2.ConnectionError); ok {
-				c.goAway(http2.ErrCode(ce))
-			}
-			return
-		}
-		if handled, err := c.control(fr); handled {
-			if err != nil {
-				return
-			}
-			continue
-		}
-		if err := c.frame(fr); err != nil {
-			log.Printf("client connection: %v", err)
-			c.goAway(http2.ErrCodeProtocol)
-			return
+			return err
 		}
 	}
 }
 
-func (c *client) goAway(code http2.ErrCode) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
+func (c *client) streamError(se http2.StreamError) {
 	c.mu.Lock()
-	last := c.lastID
+	s := c.streams[se.StreamID]
+	if se.StreamID > c.lastID && se.StreamID%2 == 1 {
+		c.lastID = se.StreamID
+	}
 	c.mu.Unlock()
-	_ = c.fr.WriteGoAway(last, code, nil)
-	_ = c.flushLocked()
+	if s != nil {
+		s.abandon()
+	}
+	c.reset(se.StreamID, se.Code)
 }
 
-// shutdown cancels what the connection's calls still wait on.
+// shutdown cancels what the connection's calls still wait on, and closes it.
 func (c *client) shutdown() {
-	c.close()
 	c.mu.Lock()
 	streams := c.streams
 	c.streams = map[uint32]*stream{}
@@ -122,98 +152,158 @@ func (c *client) shutdown() {
 	for _, s := range streams {
 		s.abandon()
 	}
+	c.wmu.Lock()
+	for id := range c.out { // replies of streams already answered, waiting for window
+		c.dropLocked(id)
+	}
+	c.w.closeLocked()
+	c.wmu.Unlock()
+}
+
+// headerSize is what a header list counts for (RFC 9113 6.5.2: 32 bytes a field besides its own).
+func headerSize(fields []hpack.HeaderField) int {
+	n := 0
+	for _, f := range fields {
+		n += int(f.Size())
+	}
+	return n
 }
 
 func (c *client) frame(fr http2.Frame) error {
 	switch fr := fr.(type) {
 	case *http2.MetaHeadersFrame:
-		id := fr.StreamID
-		c.mu.Lock()
-		if s := c.streams[id]; s != nil { // trailers of a request: CRI calls send none, but they end it
-			ended := s.ended
-			c.mu.Unlock()
-			if ended {
-				c.reset(id, http2.ErrCodeStreamClosed)
-			} else if fr.StreamEnded() {
-				c.dispatch(s)
-			}
-			return nil
-		}
-		if id%2 == 0 || id <= c.lastID {
-			c.mu.Unlock()
-			return fmt.Errorf("stream %d: not a new client stream", id)
-		}
-		c.lastID = id
-		if len(c.streams) >= maxStreams {
-			c.mu.Unlock()
-			c.reset(id, http2.ErrCodeRefusedStream)
-			return nil
-		}
-		s := &stream{id: id, c: c, hdrs: fr.Fields, path: fr.PseudoValue("path"), started: time.Now()}
-		c.streams[id] = s
-		c.mu.Unlock()
-		c.wmu.Lock()
-		c.openLocked(id)
-		c.wmu.Unlock()
-		if fr.StreamEnded() {
-			c.dispatch(s)
-		}
+		return c.headers(fr)
 	case *http2.DataFrame:
-		c.mu.Lock()
-		s := c.streams[fr.StreamID]
-		n := len(fr.Data())
-		if s != nil && s.ended { // data after the request's end: the stream is closed to it
-			c.mu.Unlock()
-			c.received(fr.StreamID, fr.Length, nil)
-			c.reset(fr.StreamID, http2.ErrCodeStreamClosed)
-			return nil
-		}
-		over := s != nil && (len(s.body)+n > maxMessage+5 || c.buffered+n > maxConnBuffers)
-		if s != nil && !over {
-			s.body = append(s.body, fr.Data()...)
-			c.buffered += n
-		}
-		c.mu.Unlock()
-		if s == nil {
-			c.received(fr.StreamID, fr.Length, nil)
-			return nil
-		}
-		c.received(fr.StreamID, fr.Length, &s.unacked)
-		if over {
-			s.answer(codeResourceExhausted, fmt.Sprintf("request larger than %d bytes", maxMessage))
-			return nil
-		}
-		if fr.StreamEnded() {
-			c.dispatch(s)
-		}
+		return c.data(fr)
 	case *http2.RSTStreamFrame:
 		c.mu.Lock()
 		s := c.streams[fr.StreamID]
+		idle := fr.StreamID > c.lastID
 		c.mu.Unlock()
-		if s != nil {
-			s.abandon()
+		if idle {
+			return connErr{http2.ErrCodeProtocol, fmt.Sprintf("RST_STREAM on idle stream %d", fr.StreamID)}
 		}
+		if s == nil {
+			return nil // a stream that is over: nothing to cancel
+		}
+		s.abandon()
+		now := time.Now()
+		if now.Sub(c.resetsSince) >= resetWindow {
+			c.resetsSince, c.resets = now, 0
+		}
+		if c.resets++; c.resets > maxResets {
+			return connErr{http2.ErrCodeEnhanceYourCalm, fmt.Sprintf("more than %d streams reset in %v", maxResets, resetWindow)}
+		}
+	case *http2.PushPromiseFrame:
+		return connErr{http2.ErrCodeProtocol, "PUSH_PROMISE from a client"}
 	case *http2.GoAwayFrame:
 		// the client sends nothing new; what it has sent is still answered
 	}
 	return nil
 }
 
+func (c *client) headers(fr *http2.MetaHeadersFrame) error {
+	id := fr.StreamID
+	c.mu.Lock()
+	if s := c.streams[id]; s != nil { // trailers of a request: CRI calls send none, but they end it
+		ended := s.ended
+		c.mu.Unlock()
+		switch {
+		case ended:
+			c.reset(id, http2.ErrCodeStreamClosed)
+		case fr.Truncated:
+			s.answer(codeResourceExhausted, fmt.Sprintf("request trailers larger than %d bytes", maxHeaderList))
+		case fr.StreamEnded():
+			c.dispatch(s)
+		}
+		return nil
+	}
+	if id%2 == 0 || id <= c.lastID {
+		c.mu.Unlock()
+		return connErr{http2.ErrCodeProtocol, fmt.Sprintf("stream %d: not a new client stream", id)}
+	}
+	c.lastID = id
+	size := headerSize(fr.Fields)
+	if len(c.streams) >= maxStreams || c.held+size > maxConnBuffers || !c.f.budget.take(size) {
+		c.mu.Unlock()
+		c.reset(id, http2.ErrCodeRefusedStream)
+		return nil
+	}
+	c.held += size
+	s := &stream{id: id, c: c, hdrs: fr.Fields, path: fr.PseudoValue("path"), started: time.Now(), held: size}
+	c.streams[id] = s
+	c.mu.Unlock()
+	c.wmu.Lock()
+	c.openLocked(id)
+	c.wmu.Unlock()
+	switch {
+	case fr.Truncated: // what was kept of it is not the request: it goes nowhere
+		s.answer(codeResourceExhausted, fmt.Sprintf("request header list larger than %d bytes", maxHeaderList))
+	case fr.StreamEnded():
+		c.dispatch(s)
+	}
+	return nil
+}
+
+func (c *client) data(fr *http2.DataFrame) error {
+	id := fr.StreamID
+	c.mu.Lock()
+	if id > c.lastID {
+		c.mu.Unlock()
+		return connErr{http2.ErrCodeProtocol, fmt.Sprintf("DATA on idle stream %d", id)}
+	}
+	s := c.streams[id]
+	if s != nil && s.ended { // data after the request's end: the stream is closed to it
+		c.mu.Unlock()
+		c.received(id, fr.Length, nil)
+		c.reset(id, http2.ErrCodeStreamClosed)
+		return nil
+	}
+	n := len(fr.Data())
+	why := ""
+	if s != nil {
+		switch {
+		case len(s.body)+n > maxMessage+5:
+			why = fmt.Sprintf("request larger than %d bytes", maxMessage)
+		case c.held+n > maxConnBuffers || !c.f.budget.take(n):
+			why = "the front holds as many request bytes as it takes; try again"
+		default:
+			s.body = append(s.body, fr.Data()...)
+			c.held += n
+			s.held += n
+		}
+	}
+	c.mu.Unlock()
+	if s == nil {
+		c.received(id, fr.Length, nil)
+		return nil
+	}
+	c.received(id, fr.Length, &s.unacked)
+	if why != "" {
+		s.answer(codeResourceExhausted, why)
+		return nil
+	}
+	if fr.StreamEnded() {
+		c.dispatch(s)
+	}
+	return nil
+}
+
 func (c *client) dispatch(s *stream) {
 	c.mu.Lock()
-	c.buffered -= len(s.body)
 	s.ended = true // the request is whole: nothing more of it is read
 	c.mu.Unlock()
 	c.f.serve(s)
 }
 
-// done forgets a stream that has been answered or given up.
+// done forgets a stream that has been answered or given up; its bytes are no longer held.
 func (s *stream) done() {
 	c := s.c
 	c.mu.Lock()
-	if !s.ended { // given up before its request was whole: its bytes are no longer held
-		c.buffered -= len(s.body)
-		s.ended = true
+	if !s.gone {
+		s.gone, s.ended = true, true
+		c.held -= s.held
+		c.f.budget.give(s.held)
 	}
 	delete(c.streams, s.id)
 	c.mu.Unlock()

@@ -2,7 +2,8 @@ package main
 
 // The front's connections to the shim and to the downstream runtime (HTTP/2 client role): one
 // connection each, dialled when first needed and again after it fails, many calls at once on it.
-// A call's reply goes to its sink frame by frame, from the connection's read loop.
+// A call's reply goes to its sink frame by frame, from the connection's read loop; a reply that
+// breaks the protocol (a header list past maxHeaderList, DATA past its window) fails its call.
 
 import (
 	"errors"
@@ -78,9 +79,9 @@ func (u *upstream) connection() (*upConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	uc := &upConn{conn: newConn(nc), up: u, nextID: 1, calls: map[uint32]*call{}}
+	uc := &upConn{conn: newConn(nc, upstreamOut), up: u, nextID: 1, calls: map[uint32]*call{}}
 	if err := uc.handshake(false); err != nil {
-		_ = nc.Close()
+		uc.cut()
 		return nil, err
 	}
 	u.mu.Lock()
@@ -138,12 +139,14 @@ func (uc *upConn) open(c *call, hdrs []hpack.HeaderField, body []byte) error {
 	uc.calls[c.id] = c
 	uc.mu.Unlock()
 	uc.openLocked(c.id)
-	uc.sendLocked(c.id, item{headers: hdrs, end: len(body) == 0})
-	if len(body) > 0 {
-		uc.sendLocked(c.id, item{data: body, end: true})
+	ok := uc.sendLocked(c.id, item{headers: hdrs, end: len(body) == 0})
+	if ok && len(body) > 0 {
+		ok = uc.sendLocked(c.id, item{data: body, end: true})
 	}
 	if err := uc.flushLocked(); err != nil {
 		go uc.fail(err) // takes wmu, held here
+	} else if !ok {
+		go c.finish(errors.New("the request could not be queued"))
 	}
 	return nil
 }
@@ -193,6 +196,14 @@ func (uc *upConn) lookup(id uint32) *call {
 	return uc.calls[id]
 }
 
+// abort ends a call the peer got wrong: the peer is told (RST_STREAM), the sink hears err.
+func (c *call) abort(code http2.ErrCode, err error) {
+	if uc, id := c.placed(); uc != nil {
+		uc.reset(id, code)
+	}
+	c.finish(err)
+}
+
 // fail ends the connection and every call on it.
 func (uc *upConn) fail(err error) {
 	uc.mu.Lock()
@@ -204,7 +215,12 @@ func (uc *upConn) fail(err error) {
 		calls = append(calls, c)
 	}
 	uc.mu.Unlock()
-	uc.close()
+	uc.wmu.Lock()
+	for id := range uc.out {
+		uc.dropLocked(id)
+	}
+	uc.w.closeLocked() // what is queued (a GOAWAY) still goes
+	uc.wmu.Unlock()
 	for _, c := range calls {
 		c.finish(err)
 	}
@@ -213,60 +229,79 @@ func (uc *upConn) fail(err error) {
 func (uc *upConn) readLoop() {
 	for {
 		f, err := uc.fr.ReadFrame()
-		if err != nil {
-			uc.fail(fmt.Errorf("connection lost: %v", err))
-			return
+		if err == nil {
+			var handled bool
+			if handled, err = uc.control(f); !handled {
+				err = uc.frame(f)
+			}
 		}
-		if handled, err := uc.control(f); handled {
-			if err != nil {
-				uc.fail(err)
-				return
+		var se http2.StreamError
+		if errors.As(err, &se) { // one call's fault
+			if c := uc.lookup(se.StreamID); c != nil {
+				c.abort(se.Code, fmt.Errorf("%s broke the protocol on its stream (%v)", uc.up.name, se.Code))
+			} else {
+				uc.reset(se.StreamID, se.Code)
 			}
 			continue
 		}
-		switch f := f.(type) {
-		case *http2.MetaHeadersFrame:
-			c := uc.lookup(f.StreamID)
-			if c == nil {
-				continue
+		if err != nil {
+			if code, ok := goAwayCode(err); ok {
+				uc.goAway(0, code)
 			}
-			end := f.StreamEnded()
-			c.sink.headers(f.Fields, end)
-			if end {
-				c.finish(nil)
-			}
-		case *http2.DataFrame:
-			c := uc.lookup(f.StreamID)
-			n := uint32(f.Length)
-			if c == nil {
-				uc.received(f.StreamID, n, nil)
-				continue
-			}
-			uc.received(f.StreamID, n, &c.unacked)
-			end := f.StreamEnded()
-			if len(f.Data()) > 0 || end {
-				c.sink.data(f.Data(), end) // valid until the next frame is read: a sink that keeps it copies it
-			}
-			if end {
-				c.finish(nil)
-			}
-		case *http2.RSTStreamFrame:
-			if c := uc.lookup(f.StreamID); c != nil {
-				c.finish(fmt.Errorf("stream reset by %s (%v)", uc.up.name, f.ErrCode))
-			}
-		case *http2.GoAwayFrame:
-			uc.mu.Lock()
-			uc.goingAw = true
-			var lost []*call
-			for id, c := range uc.calls {
-				if id > f.LastStreamID {
-					lost = append(lost, c)
-				}
-			}
-			uc.mu.Unlock()
-			for _, c := range lost {
-				c.finish(fmt.Errorf("%s is going away (%v)", uc.up.name, f.ErrCode))
-			}
+			uc.fail(fmt.Errorf("connection lost: %v", err))
+			return
 		}
 	}
+}
+
+func (uc *upConn) frame(f http2.Frame) error {
+	switch f := f.(type) {
+	case *http2.MetaHeadersFrame:
+		c := uc.lookup(f.StreamID)
+		if c == nil {
+			return nil
+		}
+		if f.Truncated { // never passed on cut short
+			c.abort(http2.ErrCodeCancel, fmt.Errorf("%s sent a header list larger than %d bytes", uc.up.name, maxHeaderList))
+			return nil
+		}
+		end := f.StreamEnded()
+		c.sink.headers(f.Fields, end)
+		if end {
+			c.finish(nil)
+		}
+	case *http2.DataFrame:
+		c := uc.lookup(f.StreamID)
+		n := uint32(f.Length)
+		if c == nil {
+			uc.received(f.StreamID, n, nil)
+			return nil
+		}
+		uc.received(f.StreamID, n, &c.unacked)
+		end := f.StreamEnded()
+		if len(f.Data()) > 0 || end {
+			c.sink.data(f.Data(), end) // valid until the next frame is read: a sink that keeps it copies it
+		}
+		if end {
+			c.finish(nil)
+		}
+	case *http2.RSTStreamFrame:
+		if c := uc.lookup(f.StreamID); c != nil {
+			c.finish(fmt.Errorf("stream reset by %s (%v)", uc.up.name, f.ErrCode))
+		}
+	case *http2.GoAwayFrame:
+		uc.mu.Lock()
+		uc.goingAw = true
+		var lost []*call
+		for id, c := range uc.calls {
+			if id > f.LastStreamID {
+				lost = append(lost, c)
+			}
+		}
+		uc.mu.Unlock()
+		for _, c := range lost {
+			c.finish(fmt.Errorf("%s is going away (%v)", uc.up.name, f.ErrCode))
+		}
+	}
+	return nil
 }
