@@ -1,10 +1,11 @@
 """The CRI front's own checks (front/, a Go module): go vet, its tests (its wire formats, its
 relay between an HTTP/2 client and two HTTP/2 upstreams in one process, and hostile clients) with
-the race detector."""
+the race detector, and a short run of each of its fuzz targets (its framing, fed arbitrary bytes)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 FRONT = REPO / "front"
+FUZZ_TIME = "15s"  # per target; CI runs every target this long
 
 
 def go() -> str:
@@ -42,3 +44,13 @@ def test_front_go_vet() -> None:
 def test_front_go_tests_pass() -> None:
     out = run("test", "-race", "-count=1", "./...")
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+
+
+def test_front_fuzz_targets_find_nothing() -> None:
+    listed = run("test", "-list", "^Fuzz", ".")
+    assert listed.returncode == 0, listed.stdout[-4000:] + listed.stderr[-4000:]
+    targets = re.findall(r"^(Fuzz\w+)$", listed.stdout, re.MULTILINE)
+    assert targets, f"no fuzz target in front/: {listed.stdout}"
+    for target in targets:
+        out = run("test", "-run=^$", f"-fuzz=^{target}$", f"-fuzztime={FUZZ_TIME}", ".")
+        assert out.returncode == 0, f"{target}:\n" + out.stdout[-4000:] + out.stderr[-4000:]
