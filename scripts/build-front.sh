@@ -10,8 +10,8 @@ OUT=${1:-/usr/local/libexec/vmsandbox/vmsandbox-front}
 GO=/usr/local/go/bin/go
 [[ -x $GO ]] || GO=$(command -v go || true)
 [[ -n $GO ]] || { echo "build-front.sh: go is missing (Go 1.26 or newer, in /usr/local/go or on PATH)" >&2; exit 1; }
-# the go command may not fetch another toolchain, nor change go.mod
-export GOTOOLCHAIN=local GO111MODULE=on GOFLAGS=-mod=readonly CGO_ENABLED=0
+# the go command may not fetch another toolchain nor change go.mod; the binary carries no VCS state
+export GOTOOLCHAIN=local GO111MODULE=on GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
 export HOME=${HOME:-/root}
 version=$("$GO" env GOVERSION)
 if [[ ! $version =~ ^go1\.([0-9]+) ]] || ((BASH_REMATCH[1] < 26)); then
