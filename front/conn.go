@@ -41,7 +41,7 @@ type connErr struct {
 	why  string
 }
 
-func (e connErr) Error() string { return fmt.Sprintf("%v: %s", e.code, e.why) }
+func (e connErr) Error() string { return fmt.Sprintf("%s (%v)", e.why, e.code) }
 
 // goAwayCode is the GOAWAY a read error calls for; false: none (the peer is gone, or was cut).
 func goAwayCode(err error) (http2.ErrCode, bool) {
