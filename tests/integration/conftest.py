@@ -35,6 +35,7 @@ import yaml
 from shim.cri.apimachinery.resource.generated_pb2 import Quantity
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from shim.sandbox_dirs import SandboxDirs
 from tests import interrupts
 
 interrupts.install()
@@ -211,6 +212,9 @@ def state_dir(tmp: Path) -> Path:
 
 def _remove_state(real: Path) -> None:
     interrupts.remove_guests(real)
+    # each sandbox's directory is a file system of its own: unmounted and its image deleted, never
+    # deleted through (a shim stopped with sandboxes left them mounted)
+    SandboxDirs(str(real)).sweep(set())
     shutil.rmtree(real, ignore_errors=True)
 
 

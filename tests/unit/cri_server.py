@@ -196,5 +196,6 @@ def cri_server() -> Iterator[Server]:
         finally:
             channel.close()
             server.stop(None).wait()
+            sb.dirs.sweep(set())  # a sandbox directory a test left is a mount: never rmtree through it
             hypervisor.close()
             ledger.close()
