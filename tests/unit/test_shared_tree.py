@@ -149,3 +149,41 @@ def test_write_once_never_writes_through_a_guest_link(tmp_path: Path, host: Path
     with pytest.raises(InfrastructureError):
         shared_tree.write_once(share, "pod/resolv.conf", b"pwned\n")
     assert not (host / "resolv.conf").exists()
+
+
+def _nest(top: Path, depth: int) -> None:
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for i in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        if i % 100 == 0:
+            os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(fd)
+
+
+def test_remove_tree_of_a_nesting_deeper_than_the_recursion_limit(tmp_path: Path) -> None:
+    """A guest nests 1,500 directories: the removal keeps its own stack (no RecursionError) and
+    never holds more than a bounded number of descriptors."""
+    share = tmp_path / "share"
+    (share / "containers" / "c1").mkdir(parents=True)
+    _nest(share / "containers" / "c1", 1500)
+    shared_tree.remove_tree(share, "containers/c1")
+    assert list((share / "containers").iterdir()) == []
+
+
+def test_remove_tree_lists_a_bounded_number_of_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its budget of entries a removal stops and leaves the rest (for the next removal, or the
+    sandbox's file system going whole), without an error."""
+    share = tmp_path / "share"
+    wide = share / "containers" / "c1"
+    wide.mkdir(parents=True)
+    for i in range(50):
+        (wide / f"f{i}").write_text("x")
+    monkeypatch.setattr(shared_tree, "_MAX_ENTRIES", 20)
+    shared_tree.remove_tree(share, "containers/c1")
+    assert len(list(wide.iterdir())) == 30
+    monkeypatch.setattr(shared_tree, "_MAX_ENTRIES", 1000)
+    shared_tree.remove_tree(share, "containers/c1")
+    assert not wide.exists()

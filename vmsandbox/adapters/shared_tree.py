@@ -36,7 +36,8 @@ _O_PATH = getattr(os, "O_PATH", 0o10000000)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _MAX_DEPTH = 32
 """Directories deeper than this are moved up to the top of the tree being removed (so neither
-descriptors nor path lengths grow with a guest's nesting)."""
+descriptors nor path lengths grow with a guest's nesting; the walk keeps its own stack, so
+nothing recurses either)."""
 
 
 class _OpenHow(ctypes.Structure):
@@ -145,44 +146,75 @@ def write_once(root: str | os.PathLike[str], rel: str | os.PathLike[str], data: 
 
 
 _moved = itertools.count()
-_MAX_SPILLS = 100_000
-"""A guest nesting directories faster than they are removed is left to the next removal."""
+_MAX_ENTRIES = 1_000_000
+"""Entries one removal lists at most (so at most that many names are held at once); what is left
+stays for the next removal. A sandbox's share is a file system of its own (``share_image``), which
+bounds how many entries a guest can make and goes whole with its image when the sandbox goes."""
 
 
-def _empty(top: int, fd: int, depth: int, spill: list[str]) -> None:
-    """Deletes everything in directory ``fd``; directories found at ``_MAX_DEPTH`` are renamed
-    into ``top`` (names added to ``spill``) to be emptied from there."""
+def _listing(fd: int, budget: list[int]) -> list[tuple[str, bool]]:
+    """The entries of directory ``fd`` as (name, is a directory), each taking one of ``budget[0]``."""
+    out = []
     with os.scandir(fd) as entries:
-        names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
-    for name, is_dir in names:
-        if not is_dir:
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=fd)
-            continue
-        if depth >= _MAX_DEPTH:
-            moved = f".vmsandbox-deep-{os.getpid()}-{next(_moved)}"
-            with contextlib.suppress(OSError):
-                os.rename(name, moved, src_dir_fd=fd, dst_dir_fd=top)
-                spill.append(moved)
-            continue
-        try:
-            child = open_beneath(fd, name)
-        except OSError as exc:
-            if exc.errno in (errno.ENOTDIR, errno.ELOOP):  # replaced by a file or a symlink meanwhile
+        for e in entries:
+            if budget[0] <= 0:
+                break
+            budget[0] -= 1
+            out.append((e.name, e.is_dir(follow_symlinks=False)))
+    return out
+
+
+def _empty(top: int, start: int, spill: list[str], budget: list[int]) -> None:
+    """Deletes everything in directory ``start``, iteratively: at most ``_MAX_DEPTH`` descriptors
+    are open at once, and directories found that deep are renamed into ``top`` (names added to
+    ``spill``) to be emptied from there. Each entry listed takes one from ``budget``; once it is
+    spent, what was not listed stays."""
+    # each level: its descriptor, the entries still to delete, its name in the level above
+    stack: list[tuple[int, list[tuple[str, bool]], str]] = [(start, _listing(start, budget), "")]
+    try:
+        while stack:
+            fd, names, own = stack[-1]
+            if not names:
+                stack.pop()
+                if stack:  # a subdirectory is empty now (unless the budget ran out): close, remove it
+                    os.close(fd)
+                    with contextlib.suppress(OSError):
+                        os.rmdir(own, dir_fd=stack[-1][0])
+                continue
+            name, is_dir = names.pop()
+            if not is_dir:
                 with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=fd)
-            continue  # gone, or a mount point (EXDEV): left alone
-        try:
-            _empty(top, child, depth + 1, spill)
-        finally:
-            os.close(child)
-        with contextlib.suppress(OSError):
-            os.rmdir(name, dir_fd=fd)
+                continue
+            if len(stack) > _MAX_DEPTH:
+                moved = f".vmsandbox-deep-{os.getpid()}-{next(_moved)}"
+                with contextlib.suppress(OSError):
+                    os.rename(name, moved, src_dir_fd=fd, dst_dir_fd=top)
+                    spill.append(moved)
+                continue
+            try:
+                child = open_beneath(fd, name)
+            except OSError as exc:
+                if exc.errno in (errno.ENOTDIR, errno.ELOOP):  # replaced by a file or a symlink meanwhile
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=fd)
+                continue  # gone, or a mount point (EXDEV): left alone
+            try:
+                listed = _listing(child, budget)
+            except BaseException:
+                os.close(child)
+                raise
+            stack.append((child, listed, name))
+    finally:
+        for fd, _, _ in stack[1:]:
+            os.close(fd)
 
 
 def remove_tree(root: str | os.PathLike[str], rel: str | os.PathLike[str]) -> None:
     """Deletes ``root/rel`` and everything below it, whatever it is (a symlink or a file is
-    unlinked, never followed or opened). Mount points below it are not entered (they stay)."""
+    unlinked, never followed or opened). Mount points below it are not entered (they stay).
+    Iterative and bounded: at most ``_MAX_DEPTH`` descriptors open and ``_MAX_ENTRIES`` entries
+    listed, however deep or wide the guest made the tree (the rest stays for the next removal)."""
     *parent, name = _parts(rel)
     try:
         with directory(root, os.path.join(*parent) if parent else ".") as pfd:
@@ -206,17 +238,16 @@ def _remove_entry(pfd: int, name: str) -> None:
         return
     try:
         spill: list[str] = []
-        _empty(top, top, 0, spill)
-        for _ in range(_MAX_SPILLS):
-            if not spill:
-                break
+        budget = [_MAX_ENTRIES]
+        _empty(top, top, spill, budget)
+        while spill and budget[0] > 0:
             deep = spill.pop()
             try:
                 fd = open_beneath(top, deep)
             except OSError:
                 continue
             try:
-                _empty(top, fd, 0, spill)
+                _empty(top, fd, spill, budget)
             finally:
                 os.close(fd)
             with contextlib.suppress(OSError):
