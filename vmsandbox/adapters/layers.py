@@ -420,20 +420,29 @@ class Tree:
 
 
 def tree_usage(root: str) -> tuple[int, int]:
-    """(bytes on disk, inodes) of a tree; hard links counted once."""
+    """(bytes on disk, inodes) of a tree an image unpacked (its entries bounded by
+    ``image_max_entries``); hard links counted once. Iterative: an image may nest directories past
+    Python's recursion limit (``os.walk`` recurses)."""
     seen: set[int] = set()
     used = inodes = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in (*dirnames, *filenames):
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-            except OSError:
-                continue
-            if st.st_ino in seen:
-                continue
-            seen.add(st.st_ino)
-            used += st.st_blocks * 512
-            inodes += 1
+    pending = [root]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as entries:
+                for e in entries:
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if e.is_dir(follow_symlinks=False):
+                        pending.append(e.path)
+                    if st.st_ino in seen:
+                        continue
+                    seen.add(st.st_ino)
+                    used += st.st_blocks * 512
+                    inodes += 1
+        except OSError:
+            continue
     return used, inodes
 
 
