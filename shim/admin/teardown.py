@@ -25,15 +25,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shim.admin.inspect_state import DB_NAME, open_state, read_sandboxes
 from vmsandbox.adapters.hypervisor import DomainInfo, Hypervisor
 from vmsandbox.domain import DOMAIN_PREFIX
 from vmsandbox.domain_xml import read_identity, read_shared_dirs
-from vmsandbox.errors import VmSandboxError
+from vmsandbox.errors import InfrastructureError, VmSandboxError
 from vmsandbox.snapshot import SNAPSHOT_DOMAIN_PREFIX
 
 DEFAULT_URI = "qemu:///system"
 PREFIXES = (DOMAIN_PREFIX, SNAPSHOT_DOMAIN_PREFIX)  # a pod's guest; a snapshot's guest being made
-STATE_DB = "state.db"
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def orphaned(domains: Iterable[DomainInfo], exists: Callable[[str], bool] = os.p
         if ident is None:
             continue
         if ident.state_dir:
-            if not exists(os.path.join(ident.state_dir, STATE_DB)):
+            if not exists(os.path.join(ident.state_dir, DB_NAME)):
                 out.append(d)
             continue
         shared = read_shared_dirs(d.xml)
@@ -91,31 +91,21 @@ def orphaned(domains: Iterable[DomainInfo], exists: Callable[[str], bool] = os.p
 # -- the shell ----------------------------------------------------------------------------------------
 def state_owner(state_dir: str | Path) -> str | None:
     """The instance id of the state database in ``state_dir`` (read-only); None when there is none."""
-    path = Path(state_dir) / STATE_DB
-    if not path.is_file():
+    if not (Path(state_dir) / DB_NAME).is_file():
         return None
-    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-    try:
-        row = db.execute("SELECT value FROM meta WHERE key = 'instance_id'").fetchone()
-    except sqlite3.Error:
-        return None  # a state the shim never initialised defined no domain
-    finally:
-        db.close()
+    with open_state(state_dir) as db:
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key = 'instance_id'").fetchone()
+        except sqlite3.Error as exc:
+            raise InfrastructureError(f"state database in {state_dir}: {exc}") from exc
     return str(row[0]) if row else None
 
 
 def state_sandbox_ids(state_dir: str | Path) -> set[str]:
-    """The sandboxes the state database holds (every one of them is a VM)."""
-    path = Path(state_dir) / STATE_DB
-    if not path.is_file():
+    """The sandboxes the state database holds (every one of them is a VM); none without one."""
+    if not (Path(state_dir) / DB_NAME).is_file():
         return set()
-    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-    try:
-        return {str(r[0]) for r in db.execute("SELECT id FROM sandboxes")}
-    except sqlite3.Error:
-        return set()
-    finally:
-        db.close()
+    return {v.id for v in read_sandboxes(state_dir)}
 
 
 def remove_domains(hypervisor: Hypervisor, domains: Iterable[DomainInfo], why: str) -> Outcome:
@@ -132,7 +122,10 @@ def remove_domains(hypervisor: Hypervisor, domains: Iterable[DomainInfo], why: s
 
 def remove_state_domains(state_dir: str | Path, uri: str = DEFAULT_URI) -> Outcome:
     """Destroy and undefine every domain of the state in ``state_dir`` (its shim stopped)."""
-    owner = state_owner(state_dir)
+    try:
+        owner = state_owner(state_dir)
+    except VmSandboxError as exc:
+        return Outcome(problems=(f"the domains of state {state_dir} not looked for: {exc}",))
     if owner is None:
         return Outcome()
     hypervisor = Hypervisor(uri, attempts=2)
@@ -216,7 +209,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = f"teardown {args.command}"
     try:
         if args.command == "sandboxes":
-            outcome = remove_through_shim(args.socket, state_sandbox_ids(args.state_dir))
+            try:
+                ids, unread = state_sandbox_ids(args.state_dir), Outcome()
+            except VmSandboxError as exc:  # the shim still lists them
+                ids, unread = set(), Outcome(problems=(f"the state's sandboxes not read: {exc}",))
+            outcome = unread + remove_through_shim(args.socket, ids)
         elif args.command == "domains":
             outcome = remove_state_domains(args.state_dir, args.libvirt_uri)
         else:
