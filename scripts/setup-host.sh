@@ -33,14 +33,14 @@ LIBVIRTD_START_TIMEOUT=60
 # benchmark push to (never left running by the package: see below); apache2-utils: htpasswd for the
 # registry-auth tests. containernetworking-plugins (in /usr/lib/cni: bridge, host-local, portmap,
 # ...), iproute2, iptables (portmap's rules) and util-linux (unshare/nsenter): the pod network and
-# its tests.
+# its tests. e2fsprogs (mkfs.ext4): each sandbox's directory is an ext4 image of its own.
 APT_PACKAGES=(
     qemu-system-x86 qemu-utils
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config
     gcc libc6-dev python3-dev python3-venv
     busybox-static xz-utils cpio kmod golang-go tini
     skopeo umoci docker-registry apache2-utils buildah erofs-utils
-    containernetworking-plugins iproute2 iptables util-linux
+    containernetworking-plugins iproute2 iptables util-linux e2fsprogs
     containerd runc
 )
 
