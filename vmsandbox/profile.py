@@ -31,7 +31,7 @@ SIDECARS_ANNOTATION = "io.vmsandbox/sidecars"
 PAGE_SIZES: Mapping[str, int] = {"4Ki": PAGE_4K, **HUGEPAGE_SIZES}
 #: Bounds of what a sandbox's guest may write on the host (``shared_storage``, ``vmsandbox.shared_storage``).
 SHARED_STORAGE_MIN = 8 * 1024 * 1024
-SHARED_STORAGE_MAX = 1 << 50
+SHARED_STORAGE_MAX = 8 << 40  # its image stays below ext4's largest file (16 TiB)
 
 
 class ProfileError(InvalidArgument):
@@ -287,7 +287,7 @@ def profile_problems(data: Mapping[str, Any], *, source: str) -> tuple[Profile |
     def shared_storage() -> int:
         amount = quantity("shared_storage", data.get("shared_storage", "1Gi"))
         if not SHARED_STORAGE_MIN <= amount <= SHARED_STORAGE_MAX:
-            raise fail("shared_storage", f"must be between 8Mi and 1Pi, got {amount} bytes")
+            raise fail("shared_storage", f"must be between 8Mi and 8Ti, got {amount} bytes")
         return amount
 
     read("shared_storage_bytes", shared_storage)

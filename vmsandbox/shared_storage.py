@@ -29,12 +29,14 @@ MIB = 1024 * 1024
 MIN_CAPACITY = SHARED_STORAGE_MIN
 """The least a sandbox's file system holds, whatever the pod declares."""
 MAX_CAPACITY = SHARED_STORAGE_MAX
-"""The most (1 PiB), whatever the pod declares."""
+"""The most (8 TiB), whatever the pod declares: the image stays a file the host's ext4 can hold."""
 BLOCK = 4096
 BYTES_PER_INODE = 16384
 """mkfs's ``-i``: one inode per 16 KiB of the image (65,536 per GiB), so the guest runs out of
 inodes (``ENOSPC`` too) only with files of 16 KiB on average."""
 INODE_SIZE = 256
+_GROUP_BYTES = 8 * BLOCK * BLOCK
+"""An ext4 block group: as many blocks as one bitmap block has bits (128 MiB)."""
 _RESERVE_MAX = 4096 * BLOCK
 """ext4 keeps min(2 %, 4096 blocks) free for delayed allocation (``s_resv_clusters``)."""
 
@@ -70,14 +72,40 @@ def _round_up(value: int, unit: int) -> int:
     return -(-value // unit) * unit
 
 
+def _copies(groups: int) -> int:
+    """How many block groups hold a superblock and the group descriptors (``sparse_super``: group
+    0 and 1 and the powers of 3, 5 and 7)."""
+    count = min(groups, 2)
+    for base in (3, 5, 7):
+        power = base
+        while power < groups:
+            count += 1
+            power *= base
+    return count
+
+
 def image_bytes(capacity_bytes: int) -> int:
     """The size of the sparse image file whose ext4 (made as ``share_image.make`` does) leaves at
-    least ``capacity_bytes`` free to an unprivileged writer: the capacity, its inode tables (256
-    bytes per 16 KiB), 1 MiB for superblocks, bitmaps and the root, and ext4's delayed-allocation
-    reserve on top."""
-    base = capacity_bytes + capacity_bytes * INODE_SIZE // BYTES_PER_INODE + MIB
-    reserve = min(base // 49 + BLOCK, _RESERVE_MAX)  # 2 % of the whole image, rounded up
-    return _round_up(base + reserve, MIB)
+    least ``capacity_bytes`` free to an unprivileged writer: the capacity, 1 MiB for the root and
+    slack, and what ext4 keeps out of its free count, which grows with the whole image: inode
+    tables (256 bytes per 16 KiB), block and inode bitmaps (two blocks per 128 MiB group), the
+    copies of the superblock and group descriptors, and the delayed-allocation reserve (2 %, at
+    most 16 MiB). The image's own share
+    of those is found by iterating to the fixed point (each round adds ~4 % of the last)."""
+    size = capacity_bytes + MIB
+    for _ in range(8):
+        grown = (
+            capacity_bytes
+            + MIB
+            + size * INODE_SIZE // BYTES_PER_INODE
+            + size // _GROUP_BYTES * 2 * BLOCK
+            + _copies(size // _GROUP_BYTES + 1) * (_round_up((size // _GROUP_BYTES + 1) * 64, BLOCK) + BLOCK)
+            + min(size // 50 + BLOCK, _RESERVE_MAX)
+        )
+        if grown <= size:
+            break
+        size = grown
+    return _round_up(size, MIB)
 
 
 def split(total: int, weights: Sequence[int]) -> tuple[int, ...]:

@@ -100,6 +100,8 @@ def make(image: str | os.PathLike[str], size_bytes: int, owner: int, *, mkfs: st
     try:
         try:
             os.ftruncate(fd, size_bytes)
+        except OSError as exc:
+            raise InfrastructureError(f"cannot size {path} to {size_bytes} bytes: {exc.strerror}") from None
         finally:
             os.close(fd)
         argv = [
