@@ -344,6 +344,15 @@ func (c *collector) data(p []byte, end bool) {
 
 func (c *collector) failed(err error) { c.finish(err) }
 
+// release drops what was collected of a call given up (its reply is never handed on).
+func (c *collector) release() {
+	c.mu.Lock()
+	held := c.held
+	c.fin, c.held, c.r.body = true, 0, nil
+	c.mu.Unlock()
+	c.b.give(held)
+}
+
 func (c *collector) finish(err error) {
 	c.once.Do(func() {
 		c.mu.Lock()
@@ -355,6 +364,7 @@ func (c *collector) finish(err error) {
 		}
 		c.fin = true
 		held := c.held
+		c.held = 0 // a cancel racing this finish gives nothing back twice
 		c.mu.Unlock()
 		c.done(r) // the body is queued for the client (and counted there) or dropped
 		c.b.give(held)

@@ -175,6 +175,12 @@ func clientConnCase(t *testing.T, fr *front, data []byte) {
 		if bad != nil {
 			t.Fatalf("%v after %d bytes (bound %d)", bad, got.n, limit)
 		}
+		for i := 0; fr.budget.used.Load() != 0; i++ { // all it held is given back
+			if i == 200 {
+				t.Fatalf("%d bytes still held after the connection's end", fr.budget.used.Load())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 }
 

@@ -413,3 +413,48 @@ func TestAnOversizedHeaderBlockIsNotForwarded(t *testing.T) {
 		t.Fatalf("the next call: %q", got)
 	}
 }
+
+// a call its client gives up while its reply is being collected gives the reply's bytes back
+func TestAGivenUpCallGivesItsBytesBack(t *testing.T) {
+	started := make(chan struct{}, 1)
+	shim := upstreamServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/grpc")
+		w.WriteHeader(200)
+		w.Write(make([]byte, 100<<10)) // part of a reply, and then nothing
+		w.(http.Flusher).Flush()
+		started <- struct{}{}
+		<-r.Context().Done()
+	}, 1<<20)
+	f, sock := startFront(t, shim, filepath.Join(t.TempDir(), "none.sock"))
+	r := dialRaw(t, sock)
+	r.headers(1, false, request("Version")...) // collected whole before it is answered
+	r.fr.WriteData(1, true, grpcBody(nil))
+	r.bw.Flush()
+	<-started
+	for i := 0; f.budget.used.Load() < 100<<10; i++ {
+		if i == 100 {
+			t.Fatalf("the reply's bytes are not counted: %d", f.budget.used.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r.fr.WriteRSTStream(1, http2.ErrCodeCancel)
+	r.bw.Flush()
+	for i := 0; f.budget.used.Load() != 0; i++ {
+		if i == 100 {
+			t.Fatalf("%d bytes still held", f.budget.used.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// a reply collected whole and a cancel of its call at the same time give its bytes back once
+func TestACollectorGivesItsBytesBackOnce(t *testing.T) {
+	b := newBudget(1 << 20)
+	c := &collector{b: b, done: func(result) {}}
+	c.data(make([]byte, 100), false)
+	c.headers(okTrailers(), true) // the reply's end, from the upstream's read loop
+	c.release()                   // the client's cancel, before the call is marked finished
+	if n := b.used.Load(); n != 0 {
+		t.Fatalf("%d bytes counted", n)
+	}
+}

@@ -158,12 +158,16 @@ func (c *call) placed() (*upConn, uint32) {
 	return c.uc, c.id
 }
 
-// cancel gives up a call: the peer is told (RST_STREAM CANCEL) and the sink hears nothing more.
+// cancel gives up a call: the peer is told (RST_STREAM CANCEL) and the sink hears nothing more
+// (but a sink that holds bytes, a collector, lets them go).
 func (c *call) cancel() {
 	c.once.Do(func() {
 		c.mu.Lock()
 		c.cancelled = true
 		c.mu.Unlock()
+		if r, ok := c.sink.(interface{ release() }); ok {
+			r.release()
+		}
 		uc, id := c.placed()
 		if uc == nil {
 			return
