@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # bench/sandbox_start.py reports beside its own figures, and run alone on demand
 BENCHMARKS := sandbox_start admission placement image_pull pod_network container_start cri_scale
 
-.PHONY: setup demo test lint unit integration bench bench-smoke stop-host proto cluster cluster-down
+.PHONY: setup demo test lint unit integration bench bench-smoke stop-host proto cluster cluster-down k8s-tools
 
 setup:
 	scripts/setup-host.sh
@@ -49,6 +49,12 @@ cluster: setup
 
 cluster-down:
 	scripts/cluster.sh down
+
+# Kubernetes, etcd, containerd and cri-tools built from the Go modules pinned in tools/k8s/ into
+# /var/cache/vmsandbox/k8s/PIN/bin (only what a changed pin needs); `make k8s-tools K8S_PIN=1.34`
+# for the oldest supported minor. The last line printed is the bin directory.
+k8s-tools:
+	scripts/build-k8s.sh $(K8S_PIN)
 
 proto:
 	scripts/gen-proto.sh
