@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -201,3 +204,61 @@ def test_an_image_is_copied_by_its_digest_before_its_tag(
     digests: list[str], tags: list[str], source: str | None
 ) -> None:
     assert routing.copy_source(digests, tags) == source
+
+
+# ---- the front's table (front/route.go) and this one agree -------------------------------------
+
+_GO_ENTRY = re.compile(r'^\s*(runtimeService|imageService) \+ "(\w+)":\s*\{(.*)\},\s*$', re.M)
+_GO_PATHS = {"byID", "mergedList", "cachedAnswer", "viaShim"}
+
+
+def go_methods(source: str) -> dict[str, dict[str, str]]:
+    """The entries of the ``methods`` map in front/route.go: method name -> its fields as written."""
+    table = source[source.index("var methods = map[string]method{") :]
+    table = table[: table.index("\n}\n")]
+    out = {}
+    for service, name, body in _GO_ENTRY.findall(table):
+        assert service == "runtimeService", f"{name}: the front routes only RuntimeService calls by table"
+        fields = dict(part.split(":", 1) for part in re.split(r",\s*(?![^{]*\})", body.strip()) if part)
+        out[name] = {k.strip(): v.strip() for k, v in fields.items()}
+    return out
+
+
+def disagreements(go: dict[str, dict[str, str]], methods: dict[str, routing.Kind]) -> list[str]:
+    """What the front's table says of a method that the shim's does not."""
+    wrong = []
+    kinds = {"sandboxID": routing.Kind.SANDBOX, "containerID": routing.Kind.CONTAINER}
+    for name, f in sorted(go.items()):
+        path = f.get("path", "viaShim")
+        kind = methods.get(name)
+        if path not in _GO_PATHS or kind is None:
+            wrong.append(f"{name}: path {path}, shim kind {kind}")
+        elif path == "byID" and kind != kinds.get(f.get("kind", "sandboxID")):
+            wrong.append(f"{name}: the front sends it by a {f.get('kind', 'sandboxID')}, the shim routes it {kind}")
+        elif path == "mergedList" and kind != routing.Kind.MERGE:
+            wrong.append(f"{name}: the front merges it, the shim routes it {kind}")
+        elif path == "cachedAnswer" and kind != routing.Kind.LOCAL:
+            wrong.append(f"{name}: the front keeps vmsandbox's answer, the shim routes it {kind}")
+        elif f.get("forgets") == "true" and kind != kinds.get(f.get("kind", "sandboxID")):
+            wrong.append(f"{name}: the front forgets a {f.get('kind', 'sandboxID')} on it, the shim routes it {kind}")
+    return wrong
+
+
+def test_the_fronts_route_table_agrees_with_the_shims() -> None:
+    go = go_methods((Path(__file__).resolve().parents[2] / "front" / "route.go").read_text())
+    assert {"ContainerStatus", "PodSandboxStatus", "ListContainers", "Version", "RemovePodSandbox"} <= set(go)
+    assert disagreements(go, routing.METHODS) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("ContainerStatus", routing.Kind.SANDBOX),  # the front would route a container id as a sandbox's
+        ("ListContainers", routing.Kind.CONTAINER),
+        ("Version", routing.Kind.DOWNSTREAM),
+        ("RemovePodSandbox", routing.Kind.CONTAINER),
+    ],
+)
+def test_the_agreement_test_fails_when_the_tables_differ(name: str, kind: routing.Kind) -> None:
+    go = go_methods((Path(__file__).resolve().parents[2] / "front" / "route.go").read_text())
+    assert disagreements(go, {**routing.METHODS, name: kind})
