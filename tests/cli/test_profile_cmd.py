@@ -196,7 +196,7 @@ def test_deploy_profiles_are_valid_on_a_numa_host() -> None:
     assert done.returncode == 0, done.stdout
     assert done.stdout.splitlines() == [
         # 64 CPUs on two nodes, 8 of each node's 32 shared: 24 exclusive CPUs on one node
-        f"{DEPLOY / 'profiles.yaml'}:68: vcpu.max: warning: 32 exceeds the shim's 24 exclusive CPUs on one NUMA node: "
+        f"{DEPLOY / 'profiles.yaml'}:71: vcpu.max: warning: 32 exceeds the shim's 24 exclusive CPUs on one NUMA node: "
         "pods needing more than 24 vCPUs will be refused",
         f"{DEPLOY / 'profiles.yaml'}: 4 profiles OK (small -> vmsandbox, medium -> vmsandbox-medium, "
         "dedicated -> vmsandbox-dedicated, hugepages -> vmsandbox-hugepages)",
