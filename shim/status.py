@@ -36,6 +36,7 @@ from vmsandbox.errors import (
     NotFound,
     PermissionDenied,
     Unauthenticated,
+    Unsupported,
     VmSandboxError,
     WrongState,
 )
@@ -54,6 +55,7 @@ CODES: dict[type[VmSandboxError], grpc.StatusCode] = {
     InternalError: grpc.StatusCode.INTERNAL,
     WrongState: grpc.StatusCode.FAILED_PRECONDITION,
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Unsupported: grpc.StatusCode.UNIMPLEMENTED,
 }
 
 

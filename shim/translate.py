@@ -30,7 +30,7 @@ from shim.model import (
 )
 from vmsandbox import oci_spec, validation
 from vmsandbox.agent_protocol import CgroupStats
-from vmsandbox.errors import InvalidArgument
+from vmsandbox.errors import InvalidArgument, Unsupported
 from vmsandbox.image_catalogue import ImageRecord
 from vmsandbox.network import (
     HOSTNAME_MAX,
@@ -196,6 +196,15 @@ def namespace_options(msg: pb.NamespaceOption, where: str) -> NamespaceOptions:
     )
     if msg.target_id:
         validation.id_prefix(msg.target_id, f"{where}.target_id")
+    if msg.HasField("userns_options"):  # unset: the pod shares the node's user namespace, as before
+        mode = msg.userns_options.mode
+        if mode == pb.POD:
+            raise Unsupported(
+                f"{where}.userns_options: a user namespace of the pod's own (hostUsers: false) is not supported in "
+                "VM pods yet; the VM already separates the pod from the node (leave hostUsers unset or true)"
+            )
+        if mode != pb.NODE:
+            raise InvalidArgument(f"{where}.userns_options.mode is {mode}, not POD or NODE")
     return options
 
 
@@ -603,6 +612,12 @@ def mount_requests(config: pb.ContainerConfig) -> list[MountRequest]:
         shown = validation.quote(m.container_path)
         if m.propagation not in _PROPAGATION:
             raise InvalidArgument(f"mount {shown}: propagation {m.propagation} is not a MountPropagation")
+        if m.image.image or m.image_sub_path:
+            raise Unsupported(f"mount {shown}: image volumes (Mount.image) are not supported in VM pods yet")
+        if m.uidMappings or m.gidMappings:
+            raise Unsupported(f"mount {shown}: idmapped mounts (uidMappings, gidMappings) are not supported in VM pods")
+        if m.mount_options:
+            raise Unsupported(f"mount {shown}: mount_options are not supported in VM pods")
         if m.recursive_read_only and not m.readonly:
             raise InvalidArgument(f"mount {shown}: recursive_read_only needs readonly")
         if m.recursive_read_only and m.propagation != pb.PROPAGATION_PRIVATE:

@@ -64,6 +64,11 @@ class PermissionDenied(VmSandboxError):
     """The credentials were accepted but do not allow this, or configuration forbids it (PERMISSION_DENIED)."""
 
 
+class Unsupported(VmSandboxError):
+    """A CRI feature vmsandbox does not implement for VM pods (UNIMPLEMENTED): refused by name,
+    never ignored."""
+
+
 class WrongState(VmSandboxError):
     """The object is not in a state that allows the operation (a stopped container, FAILED_PRECONDITION)."""
 

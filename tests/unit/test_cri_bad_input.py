@@ -371,3 +371,52 @@ def test_a_removed_container_leaves_no_lock_behind(server: Server) -> None:
     code, _, _ = server.rpc("RemoveContainer", pb.RemoveContainerRequest(container_id=SEED_CONTAINER))
     assert code == grpc.StatusCode.OK
     assert SEED_CONTAINER not in server.containers._container_locks
+
+
+def _userns(mode: int) -> pb.RunPodSandboxRequest:
+    request = run_request()
+    ns = request.config.linux.security_context.namespace_options
+    ns.userns_options.mode = mode
+    if mode == pb.POD:  # what a kubelet sends for hostUsers: false
+        ns.userns_options.uids.add(host_id=65536, container_id=0, length=65536)
+        ns.userns_options.gids.add(host_id=65536, container_id=0, length=65536)
+    return request
+
+
+def test_a_pod_user_namespace_is_refused_by_name_and_the_nodes_is_accepted(server: Server) -> None:
+    code, details, _ = server.rpc("RunPodSandbox", _userns(pb.POD))
+    assert code == grpc.StatusCode.UNIMPLEMENTED, details
+    assert "userns_options" in details and "hostUsers: false" in details
+    assert_no_leak(server.sandboxes)
+    code, details, _ = server.rpc("RunPodSandbox", _userns(pb.CONTAINER))
+    assert code == INVALID and "userns_options.mode" in details
+    code, details, _ = server.rpc("RunPodSandbox", _userns(pb.NODE))
+    assert code == grpc.StatusCode.UNAVAILABLE and "rolled back" in details  # no guest image: past validation
+    assert_no_leak(server.sandboxes)
+
+
+@pytest.mark.parametrize(
+    ("mount", "needle"),
+    [
+        pytest.param(
+            pb.Mount(container_path="/data", image=pb.ImageSpec(image="registry.local/data:1")),
+            "image volumes (Mount.image)",
+            id="image-volume",
+        ),
+        pytest.param(
+            pb.Mount(container_path="/data", host_path="/tmp", uidMappings=[pb.IDMapping(host_id=1, length=1)]),
+            "idmapped mounts",
+            id="idmapped-mount",
+        ),
+        pytest.param(
+            pb.Mount(container_path="/data", host_path="/tmp", mount_options=["noexec"]),
+            "mount_options",
+            id="mount-options",
+        ),
+    ],
+)
+def test_mount_fields_not_implemented_are_refused_not_ignored(server: Server, mount: pb.Mount, needle: str) -> None:
+    config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="web"), mounts=[mount])
+    code, details, _ = create(server, config)
+    assert code == grpc.StatusCode.UNIMPLEMENTED, details
+    assert needle in details
