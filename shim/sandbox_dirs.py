@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from vmsandbox import shared_storage, validation
@@ -32,9 +33,11 @@ log = logging.getLogger(__name__)
 
 
 class SandboxDirs:
-    def __init__(self, state_dir: str) -> None:
+    def __init__(self, state_dir: str, namespace_pid: Callable[[], int | None] = lambda: None) -> None:
         # resolved once: below it, paths are taken as written (a guest may have made symlinks there)
         self.root = Path(os.path.realpath(state_dir)) / "sandboxes"
+        # the hypervisor daemon, whose mount namespace QEMU's are copied from (share_image.mount)
+        self.namespace_pid = namespace_pid
 
     def shared(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id / "shared"
@@ -63,7 +66,7 @@ class SandboxDirs:
             if capacity_bytes is not None:
                 image = self.image(sandbox_id)
                 share_image.make(image, shared_storage.image_bytes(capacity_bytes), qemu_uid)
-                share_image.mount(image, top)
+                share_image.mount(image, top, namespace_pid=self.namespace_pid())
                 with contextlib.suppress(FileNotFoundError):
                     os.rmdir(top / "lost+found")
             shared = self.shared(sandbox_id)
@@ -84,10 +87,16 @@ class SandboxDirs:
         disks with it): its file system is detached, the directory below (empty: the mount point)
         removed, its image deleted. A QEMU that still holds the file system keeps it until it exits."""
         top = self.root / sandbox_id
-        share_image.unmount(top)
+        share_image.unmount(top, namespace_pid=self.namespace_pid())
         binds.remove_tree(self.root, sandbox_id)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.image(sandbox_id))
+
+    def adopt(self, sandbox_ids: set[str]) -> int:
+        """At start-up, in a mount namespace other than the hypervisor daemon's: the file systems of
+        these running sandboxes are seen here again (``share_image.adopt``); returns how many."""
+        pid = self.namespace_pid()
+        return sum(share_image.adopt(self.root / sid, pid) for sid in sorted(sandbox_ids))
 
     def usage(self, sandbox_id: str) -> share_image.Usage | None:
         """What the sandbox's guest has written on the host (one ``statvfs``), or None for a

@@ -146,7 +146,7 @@ class Sandboxes:
         self._names: dict[PodMeta, str] = {r.meta: sid for sid, r in self._records.items()}
         # each sandbox's directory (the share its guest mounts over 9p): made for a boot, dropped when
         # a boot is rolled back or the sandbox removed, swept for sandboxes that no longer exist
-        self.dirs = SandboxDirs(config.state_dir)
+        self.dirs = SandboxDirs(config.state_dir, hypervisor.daemon_pid)
         # the state directory as each domain's metadata names it (the real path, links resolved)
         self._state_path = os.path.realpath(config.state_dir)
         self._uid_lock = threading.Lock()  # held from choosing a QEMU uid until the record holding it is written
@@ -960,6 +960,10 @@ class Sandboxes:
         self._sweep_console_logs(remaining | failed | skipped | busy | foreign)
         try:
             self.dirs.sweep(remaining | failed | skipped | busy | foreign | set(self._in_flight))
+            if not periodic:  # a shim started in a mount namespace of its own sees its guests' files again
+                adopted = self.dirs.adopt(remaining)
+                if adopted:
+                    log.info("reconcile: the file systems of %d sandboxes are seen here again", adopted)
         except VmSandboxError as exc:
             log.error("reconcile: %s", exc)
         with self._names_lock:

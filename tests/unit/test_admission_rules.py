@@ -417,6 +417,9 @@ def test_mixed_pod_on_a_host_without_1g_pages_names_the_shortfall() -> None:
 class FakeHypervisor:
     uri = "test:///fake"
 
+    def daemon_pid(self) -> int | None:
+        return None  # no daemon: guests see this process's mounts
+
     def destroy(self, name: str) -> None:
         pass
 

@@ -364,6 +364,9 @@ class RecordingHypervisor:
     def __init__(self) -> None:
         self.defined: list[str] = []
 
+    def daemon_pid(self) -> int | None:
+        return None  # no daemon: guests see this process's mounts
+
     def define(self, xml: str) -> None:
         libvirt = pytest.importorskip("libvirt")
         libvirt.registerErrorHandler(lambda _ctx, _err: None, None)

@@ -57,6 +57,9 @@ class FakeLibvirt:
     def list_ours(self) -> list[DomainInfo]:
         return [DomainInfo(n, d.sandbox_id, d.active, "<domain/>", d.owner) for n, d in sorted(self.domains.items())]
 
+    def daemon_pid(self) -> int | None:
+        return None  # no daemon: guests see this process's mounts
+
     def list_domains(self, prefix: str) -> list[DomainInfo]:
         return [d for d in self.list_ours() if d.name.startswith(prefix)]
 

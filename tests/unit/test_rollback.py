@@ -38,6 +38,9 @@ class FailingHypervisor:
     def version(self) -> str:
         return "9.0.0"
 
+    def daemon_pid(self) -> int | None:
+        return None  # no daemon: guests see this process's mounts
+
     def qemu_version(self) -> str:
         return "7.2.22"
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,8 +258,8 @@ def test_a_failed_run_pod_sandbox_leaves_no_mount_loop_device_or_image(
     mounted: list[int] = []
     real_mount = share_image.mount
 
-    def mount(image: Path, target: Path) -> None:
-        real_mount(image, target)
+    def mount(image: Path, target: Path, *, namespace_pid: int | None = None) -> None:
+        real_mount(image, target, namespace_pid=namespace_pid)
         mounted.append(os.stat(image).st_size)
 
     monkeypatch.setattr(share_image, "mount", mount)
@@ -275,3 +277,61 @@ def test_a_failed_run_pod_sandbox_leaves_no_mount_loop_device_or_image(
     assert sorted(p.name for p in root.iterdir()) == []
     assert mounts_below(root) == [] and loops_backed_by(root) == []
     assert_no_leak(server.sandboxes)
+
+
+def _in_mount_namespace_of(pid: int, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["nsenter", "-t", str(pid), "-m", *argv], capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def daemon() -> Iterator[int]:
+    """A process in a mount namespace of its own, standing in for the hypervisor daemon whose
+    namespace each QEMU's is copied from (libvirtd, when the shim runs in a namespace of its own)."""
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "120"])
+    try:
+        ours = os.readlink("/proc/self/ns/mnt")
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{proc.pid}/ns/mnt") == ours:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_shim_in_a_namespace_of_its_own_mounts_where_the_guest_sees_it(tmp_path: Path, daemon: int) -> None:
+    dirs = SandboxDirs(str(tmp_path / "state"), lambda: daemon)
+    try:
+        dirs.make(SID, QEMU_UID, 16 * MI)
+        top = dirs.root / SID
+        # one file system, seen here and where QEMU's namespace is copied from
+        assert share_image.is_mount(top)
+        assert _in_mount_namespace_of(daemon, "mountpoint", "-q", str(top)).returncode == 0
+        (dirs.shared(SID) / "from-the-shim").write_text("seen\n")
+        assert _in_mount_namespace_of(daemon, "cat", str(dirs.shared(SID) / "from-the-shim")).stdout == "seen\n"
+        assert len(loops_backed_by(dirs.root)) == 1  # cloned, not mounted twice
+        # a shim that starts again in a new namespace of its own sees it again
+        script = (
+            "import sys; from vmsandbox.adapters import share_image; "
+            f"share_image._unmount_here({str(top)!r}); "
+            f"assert not share_image.is_mount({str(top)!r}); "
+            f"assert share_image.adopt({str(top)!r}, {daemon}); "
+            f"print(open({str(dirs.shared(SID) / 'from-the-shim')!r}).read(), end='')"
+        )
+        again = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert again.stdout == "seen\n", again.stderr
+    finally:
+        dirs.drop(SID)
+    assert not share_image.is_mount(dirs.root / SID)
+    assert _in_mount_namespace_of(daemon, "mountpoint", "-q", str(dirs.root / SID)).returncode != 0
+    deadline = time.monotonic() + 10
+    while loops_backed_by(dirs.root):  # the loop device lets go once the last mount is gone
+        assert time.monotonic() < deadline, loops_backed_by(dirs.root)
+        time.sleep(0.05)

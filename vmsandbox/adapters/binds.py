@@ -93,7 +93,7 @@ def mounts_under(path: str | os.PathLike[str], mountinfo: str | None = None) -> 
     return points_under(mountinfo, os.path.abspath(path))
 
 
-def _in_namespace(pid: int, what: str, work: Callable[[], None]) -> None:
+def in_namespace(pid: int, what: str, work: Callable[[], None]) -> None:
     """Run ``work`` in the mount namespace of process ``pid``, in a thread of its own (a thread
     must leave the process's shared file-system context before it may change namespace, and is
     not used again after)."""
@@ -222,6 +222,18 @@ def _clone(
     return tree
 
 
+def clone_mount(path: str) -> int:
+    """A detached copy of the mount at ``path`` alone (its file system, not a new mount of its
+    device), as this thread's namespace has it; the caller closes it."""
+    return _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, path.encode(), OPEN_TREE_CLONE | O_CLOEXEC), f"clone {path}")
+
+
+def attach_here(tree: int, path: str) -> None:
+    """Attach detached mount ``tree`` onto directory ``path`` in this thread's mount namespace."""
+    flags = MOVE_MOUNT_F_EMPTY_PATH
+    _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, path.encode(), flags), f"attach a mount onto {path}")
+
+
 def _move_onto(tree: int, fd: int, what: str) -> None:
     """Attach detached mount ``tree`` onto the directory or regular file open as ``fd``."""
     mode = os.fstat(fd).st_mode
@@ -243,7 +255,7 @@ def _attach(qemu_pid: int, tree: int, target: Callable[[], int], what: str) -> N
             finally:
                 os.close(fd)
 
-        _in_namespace(qemu_pid, what, attach)
+        in_namespace(qemu_pid, what, attach)
     finally:
         os.close(tree)
 
@@ -358,7 +370,7 @@ def unbind_below(qemu_pid: int, bound: str | os.PathLike[str], rel: str, *, bene
             os.close(fd)
 
     if os.path.exists(f"/proc/{qemu_pid}/ns/mnt"):
-        _in_namespace(qemu_pid, what, detach)
+        in_namespace(qemu_pid, what, detach)
 
 
 def unbind_all(qemu_pid: int, path: str | os.PathLike[str], keep: Iterable[str | os.PathLike[str]] = ()) -> None:
@@ -380,7 +392,7 @@ def unbind_all(qemu_pid: int, path: str | os.PathLike[str], keep: Iterable[str |
 
     if not os.path.exists(f"/proc/{qemu_pid}/ns/mnt"):
         return
-    _in_namespace(qemu_pid, f"unmount {where}", detach)
+    in_namespace(qemu_pid, f"unmount {where}", detach)
 
 
 def remove_tree(root: str | os.PathLike[str], rel: str | os.PathLike[str]) -> None:

@@ -76,6 +76,14 @@ class DomainInfo:
     owner: str = ""  # instance id of the state database that defined it ("" before schema 2)
 
 
+_DAEMON_PIDFILES = (
+    ("/run/libvirtd.pid", ("libvirtd",)),
+    ("/run/libvirt/virtqemud.pid", ("virtqemud",)),
+    ("/run/virtqemud.pid", ("virtqemud",)),
+)
+"""Where the system instance's daemon writes its pid (monolithic, then modular), and its name."""
+
+
 class Hypervisor:
     """One libvirt connection, shared by threads, reopened when it dies."""
 
@@ -174,6 +182,22 @@ class Hypervisor:
             return int(Path(QEMU_RUN_DIR, f"{name}.pid").read_text().strip())
         except (OSError, ValueError):
             return None
+
+    def daemon_pid(self) -> int | None:
+        """The pid of the libvirt daemon that starts this URI's QEMUs (``libvirtd`` or
+        ``virtqemud`` of the system instance, by its pid file), or None when there is none to
+        find (an embedded or test driver, a daemon without a pid file): each QEMU's mount
+        namespace is a copy of that daemon's, so what a guest must see mounted is mounted there."""
+        if not self.uri.startswith("qemu:///system"):
+            return None
+        for pidfile, names in _DAEMON_PIDFILES:
+            try:
+                pid = int(Path(pidfile).read_text().strip())
+                if Path(f"/proc/{pid}/comm").read_text().strip() in names:
+                    return pid
+            except (OSError, ValueError):
+                continue
+        return None
 
     def channel_path(self, name: str, channel: str) -> str:
         path = read_channel_path(self.live_xml(name), channel)

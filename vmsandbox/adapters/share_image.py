@@ -30,6 +30,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from vmsandbox.adapters import binds
 from vmsandbox.errors import InfrastructureError
 
 LOOP_CTL_GET_FREE = 0x4C82
@@ -185,9 +186,75 @@ def _loop_device(backing: int) -> int:
         os.close(ctl)
 
 
-def mount(image: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+def _other_namespace(pid: int | None) -> bool:
+    """Whether process ``pid`` (None: none) lives in a mount namespace other than this thread's."""
+    if pid is None:
+        return False
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/thread-self/ns/mnt")
+    except OSError as exc:
+        raise InfrastructureError(f"the hypervisor daemon (pid {pid}) is gone: {exc.strerror}") from None
+
+
+def mount(image: str | os.PathLike[str], target: str | os.PathLike[str], *, namespace_pid: int | None = None) -> None:
     """Mount the image ``make`` made onto directory ``target`` through a loop device that frees
-    itself (see the module docstring); on failure nothing is attached or mounted."""
+    itself (see the module docstring); on failure nothing is attached or mounted.
+
+    ``namespace_pid``: the process (the hypervisor's daemon) whose mount namespace QEMU's is copied
+    from. When it is not this thread's (a shim in a mount namespace of its own), the file system is
+    mounted there, so that a QEMU started afterwards serves it, and a clone of that mount (the same
+    file system, not a second mount of the image) is attached at ``target`` here, so that this
+    process sees what the guest sees."""
+    if not _other_namespace(namespace_pid):
+        _mount_here(image, target)
+        return
+    assert namespace_pid is not None
+    where = os.fspath(target)
+    clone: list[int] = []
+
+    def there() -> None:
+        _mount_here(image, where)
+        try:
+            clone.append(binds.clone_mount(where))
+        except BaseException:
+            unmount(where)
+            raise
+
+    binds.in_namespace(namespace_pid, f"mount {os.fspath(image)}", there)
+    try:
+        binds.attach_here(clone[0], where)
+    except BaseException:
+        unmount(where, namespace_pid=namespace_pid)
+        raise
+    finally:
+        os.close(clone[0])
+
+
+def adopt(target: str | os.PathLike[str], namespace_pid: int | None) -> bool:
+    """A shim that starts in a mount namespace other than the hypervisor daemon's sees the file
+    systems of running sandboxes again: one mounted on ``target`` there is cloned here; whether one
+    was. Nothing to do when it is visible here already or mounted nowhere."""
+    where = os.fspath(target)
+    if is_mount(where) or not _other_namespace(namespace_pid):
+        return False
+    assert namespace_pid is not None
+    clone: list[int] = []
+
+    def there() -> None:
+        if is_mount(where):
+            clone.append(binds.clone_mount(where))
+
+    binds.in_namespace(namespace_pid, f"look at {where}", there)
+    if not clone:
+        return False
+    try:
+        binds.attach_here(clone[0], where)
+    finally:
+        os.close(clone[0])
+    return True
+
+
+def _mount_here(image: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
     path, where = os.fspath(image), os.fspath(target)
     try:
         backing = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -217,9 +284,19 @@ def is_mount(path: str | os.PathLike[str]) -> bool:
     return stat.S_ISDIR(here.st_mode) and (here.st_dev != parent.st_dev or here.st_ino == parent.st_ino)
 
 
-def unmount(target: str | os.PathLike[str]) -> bool:
-    """Lazily detach every mount stacked on ``target``; whether one was there. InfrastructureError
-    when one stays."""
+def unmount(target: str | os.PathLike[str], *, namespace_pid: int | None = None) -> bool:
+    """Lazily detach every mount stacked on ``target``, here and (``namespace_pid``) in the
+    hypervisor daemon's mount namespace; whether one was there. InfrastructureError when one stays."""
+    found = _unmount_here(target)
+    if _other_namespace(namespace_pid):
+        assert namespace_pid is not None
+        there: list[bool] = []
+        binds.in_namespace(namespace_pid, f"unmount {os.fspath(target)}", lambda: there.append(_unmount_here(target)))
+        found = found or there[0]
+    return found
+
+
+def _unmount_here(target: str | os.PathLike[str]) -> bool:
     where = os.fspath(target)
     found = False
     for _ in range(_ATTEMPTS):
