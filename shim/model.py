@@ -22,12 +22,13 @@ from vmsandbox.pod import SandboxSpec as SandboxSpec
 from vmsandbox.resources import ContainerResources, PodDeclaration
 from vmsandbox.sizing import LinuxResources, VmShape
 
-SANDBOX_READY = "SANDBOX_READY"
-SANDBOX_NOTREADY = "SANDBOX_NOTREADY"
-CONTAINER_CREATED = "CONTAINER_CREATED"
-CONTAINER_RUNNING = "CONTAINER_RUNNING"
-CONTAINER_EXITED = "CONTAINER_EXITED"
-CONTAINER_UNKNOWN = "CONTAINER_UNKNOWN"
+# the state names' one home is vmsandbox.states; the shim's modules take them from here too
+from vmsandbox.states import CONTAINER_CREATED as CONTAINER_CREATED
+from vmsandbox.states import CONTAINER_EXITED as CONTAINER_EXITED
+from vmsandbox.states import CONTAINER_RUNNING as CONTAINER_RUNNING
+from vmsandbox.states import CONTAINER_UNKNOWN as CONTAINER_UNKNOWN
+from vmsandbox.states import SANDBOX_NOTREADY as SANDBOX_NOTREADY
+from vmsandbox.states import SANDBOX_READY as SANDBOX_READY
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from shim.model import (
     SandboxSpec,
     SandboxStats,
 )
-from vmsandbox import oci_spec, validation
+from vmsandbox import oci_spec, states, validation
 from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.errors import InvalidArgument, Unsupported
 from vmsandbox.image_catalogue import ImageRecord
@@ -308,7 +308,7 @@ def container_spec(config: pb.ContainerConfig) -> ContainerSpec:
 
 # -- outbound -------------------------------------------------------------------------------------
 def sandbox_state(state: str) -> int:
-    return int(pb.SANDBOX_READY if state == "SANDBOX_READY" else pb.SANDBOX_NOTREADY)
+    return int(pb.SANDBOX_READY if state == states.SANDBOX_READY else pb.SANDBOX_NOTREADY)
 
 
 def container_state(state: str) -> int:

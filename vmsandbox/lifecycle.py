@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol, TypeVar
 
-from vmsandbox import admission, shared_storage, validation
+from vmsandbox import admission, shared_storage, states, validation
 from vmsandbox.cdi import CdiRegistry
 from vmsandbox.devices import NO_DEVICES, DevicePools, DeviceRequest, request_devices
 from vmsandbox.errors import AlreadyExists, Diverged, InvalidArgument
@@ -49,8 +49,8 @@ from vmsandbox.sizing import (
     sidecars_from_annotations,
 )
 
-STATE_CREATING = "creating"
-STATE_READY = "SANDBOX_READY"
+STATE_CREATING = states.SANDBOX_CREATING
+STATE_READY = states.SANDBOX_READY
 
 
 @dataclass(frozen=True)

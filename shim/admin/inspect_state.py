@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shim.admin import textout
+from vmsandbox import states
 from vmsandbox.adapters.ledger import SCHEMA_VERSION, read_claims
 from vmsandbox.claims import Claim
 from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound
@@ -119,7 +120,8 @@ def find(views: list[SandboxView], wanted: str) -> SandboxView:
 
 # -- rendering ------------------------------------------------------------------------------------
 def _state_label(state: str) -> str:
-    return {"SANDBOX_READY": "READY", "SANDBOX_NOTREADY": "NOTREADY", "creating": "CREATING"}.get(state, state)
+    shown = {states.SANDBOX_READY: "READY", states.SANDBOX_NOTREADY: "NOTREADY", states.SANDBOX_CREATING: "CREATING"}
+    return shown.get(state, state)
 
 
 def _pod(record: Mapping[str, Any]) -> str:
