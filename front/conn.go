@@ -89,9 +89,10 @@ var (
 )
 
 type conn struct {
-	nc  net.Conn
-	fr  *http2.Framer // ReadFrame only from the read loop; writes under wmu
-	lim outLimits
+	nc       net.Conn
+	fr       *http2.Framer // ReadFrame only from the read loop; writes under wmu
+	lim      outLimits
+	asClient bool // our role on it (set by handshake, before the read loop starts)
 
 	wmu      sync.Mutex
 	w        *peerWriter // the peer's queue (under wmu)
@@ -130,6 +131,7 @@ func newConn(nc net.Conn, lim outLimits) *conn {
 // handshake starts the writer and queues our preface (client role) and settings; a server first
 // reads the client's preface.
 func (c *conn) handshake(server bool) error {
+	c.asClient = !server
 	c.w.start()
 	if server {
 		_ = c.nc.SetReadDeadline(time.Now().Add(handshakeTimeout))
@@ -330,10 +332,14 @@ func (c *conn) drainLocked() {
 	}
 }
 
-// checkSetting holds a peer's setting to RFC 9113 6.5.2.
-func checkSetting(s http2.Setting) error {
+// checkSetting holds a peer's setting to RFC 9113 6.5.2; fromServer: the peer is the server
+// (we are its client).
+func checkSetting(s http2.Setting, fromServer bool) error {
 	switch s.ID {
 	case http2.SettingEnablePush, http2.SettingEnableConnectProtocol, http2.SettingNoRFC7540Priorities:
+		if s.ID == http2.SettingEnablePush && fromServer && s.Val != 0 { // a client MUST treat it so
+			return connErr{http2.ErrCodeProtocol, fmt.Sprintf("SETTINGS %v %d from a server (0 only)", s.ID, s.Val)}
+		}
 		if s.Val > 1 {
 			return connErr{http2.ErrCodeProtocol, fmt.Sprintf("SETTINGS %v %d (0 or 1)", s.ID, s.Val)}
 		}
@@ -357,7 +363,7 @@ func (c *conn) control(f http2.Frame) (bool, error) {
 		if f.IsAck() {
 			return true, nil
 		}
-		if err := f.ForeachSetting(checkSetting); err != nil {
+		if err := f.ForeachSetting(func(s http2.Setting) error { return checkSetting(s, c.asClient) }); err != nil {
 			return true, err
 		}
 		c.wmu.Lock()

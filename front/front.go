@@ -272,7 +272,26 @@ func (r *relay) failed(err error) {
 		}
 		return
 	}
+	if tooLarge(r.s, err) {
+		return
+	}
 	r.f.shimUnavailable(r.s, err)
+}
+
+// errTooLarge: an upstream's reply is larger than the front passes on (a header list past
+// maxHeaderList): that call fails RESOURCE_EXHAUSTED, as gRPC fails a reply past its limits.
+type errTooLarge struct{ why string }
+
+func (e errTooLarge) Error() string { return e.why }
+
+// tooLarge answers the stream RESOURCE_EXHAUSTED if err is an errTooLarge.
+func tooLarge(s *stream, err error) bool {
+	var e errTooLarge
+	if !errors.As(err, &e) {
+		return false
+	}
+	s.answer(codeResourceExhausted, e.why)
+	return true
 }
 
 // result is a whole reply, or why there is none.
@@ -428,6 +447,9 @@ func (f *front) answer(s *stream, r result) {
 				s.answer(codeDeadlineExceeded, "deadline exceeded")
 				return
 			}
+		}
+		if tooLarge(s, r.err) {
+			return
 		}
 		f.shimUnavailable(s, r.err)
 		return

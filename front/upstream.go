@@ -266,7 +266,7 @@ func (uc *upConn) frame(f http2.Frame) error {
 			return nil
 		}
 		if f.Truncated { // never passed on cut short
-			c.abort(http2.ErrCodeCancel, fmt.Errorf("%s sent a header list larger than %d bytes", uc.up.name, maxHeaderList))
+			c.abort(http2.ErrCodeCancel, errTooLarge{fmt.Sprintf("%s sent a header list larger than %d bytes", uc.up.name, maxHeaderList)})
 			return nil
 		}
 		end := f.StreamEnded()
