@@ -32,7 +32,9 @@ const (
 	maxFrameLimit    = 1<<24 - 1
 	maxHeaderList    = 64 << 10 // a larger header block ends its stream (or, past maxBlockBytes, the connection)
 	maxPendingBytes  = 32 << 20 // a stream whose peer stops reading is reset beyond this
-	handshakeTimeout = 5 * time.Second
+	// data waiting for a client's window, all its streams: the largest reply the kubelet takes,
+	// and room for a few small ones beside it
+	maxConnPending = maxMessage + 1<<20
 )
 
 // connErr ends a connection with a GOAWAY of its code.
@@ -67,6 +69,7 @@ type item struct {
 	headers []hpack.HeaderField // nil: data
 	data    []byte
 	end     bool
+	at      time.Time // when it began to wait (pending items only)
 }
 
 type outStream struct {
@@ -81,10 +84,13 @@ type outLimits struct {
 	queueSoft  int     // DATA is queued only while the queue holds less than this
 	pendingMax int     // data waiting for window, all streams (0: no bound of its own)
 	budget     *budget // counts that data too (nil: not counted)
+	// a stream whose output has waited this long (for the peer's window, or for room in its
+	// queue) is reset, and what it held given back (0: it may wait as long as the connection lasts)
+	stall time.Duration
 }
 
 var (
-	clientOut   = outLimits{queueMax: 1 << 20, queueSoft: 256 << 10, pendingMax: 64 << 20}
+	clientOut   = outLimits{queueMax: 1 << 20, queueSoft: 256 << 10, pendingMax: maxConnPending}
 	upstreamOut = outLimits{queueMax: 64 << 20, queueSoft: 1 << 20} // what it is sent is the clients' requests, counted there
 )
 
@@ -93,6 +99,8 @@ type conn struct {
 	fr       *http2.Framer // ReadFrame only from the read loop; writes under wmu
 	lim      outLimits
 	asClient bool // our role on it (set by handshake, before the read loop starts)
+	// stalled, when set, hears (outside wmu) the streams reset for output that waited lim.stall
+	stalled func(ids []uint32)
 
 	wmu      sync.Mutex
 	w        *peerWriter // the peer's queue (under wmu)
@@ -103,8 +111,9 @@ type conn struct {
 	settled  bool  // the peer's first SETTINGS has come
 	connWin  int64
 	out      map[uint32]*outStream
-	queued   int  // data waiting for window, all streams
-	blocked  bool // data waits for room in the queue
+	queued   int         // data waiting for window, all streams
+	blocked  bool        // data waits for room in the queue
+	stallT   *time.Timer // armed while output waits and lim.stall is set
 
 	// receive side, read loop only
 	connUnacked uint32
@@ -129,15 +138,13 @@ func newConn(nc net.Conn, lim outLimits) *conn {
 }
 
 // handshake starts the writer and queues our preface (client role) and settings; a server first
-// reads the client's preface.
+// reads the client's preface (within the read deadline its owner set).
 func (c *conn) handshake(server bool) error {
 	c.asClient = !server
 	c.w.start()
 	if server {
-		_ = c.nc.SetReadDeadline(time.Now().Add(handshakeTimeout))
 		buf := make([]byte, len(clientPreface))
 		_, err := io.ReadFull(c.nc, buf)
-		_ = c.nc.SetReadDeadline(time.Time{})
 		if err != nil || string(buf) != clientPreface {
 			return errors.New("not an HTTP/2 client (bad preface)")
 		}
@@ -240,7 +247,9 @@ func (c *conn) sendLocked(id uint32, items ...item) bool {
 			c.dropLocked(id)
 			return false
 		}
+		it.at = time.Now()
 		s.pending = append(s.pending, it)
+		c.armStallLocked(c.lim.stall)
 	}
 	if len(s.pending) == 0 && len(items) > 0 && items[len(items)-1].end {
 		delete(c.out, id) // everything of ours on this stream has been sent
@@ -316,6 +325,7 @@ func (c *conn) drainLocked() {
 			rest, done := c.writeItem(id, s, s.pending[0])
 			if !done {
 				c.unpend(s, len(s.pending[0].data)-len(rest.data))
+				rest.at = s.pending[0].at // it has waited since its first byte did
 				s.pending[0] = rest
 				break
 			}
@@ -329,6 +339,61 @@ func (c *conn) drainLocked() {
 		if c.blocked {
 			return
 		}
+	}
+}
+
+// armStallLocked makes sure the stall check runs within d while output waits (wmu held).
+func (c *conn) armStallLocked(d time.Duration) {
+	if c.lim.stall <= 0 || c.stallT != nil {
+		return
+	}
+	c.stallT = time.AfterFunc(d, c.checkStalls)
+}
+
+// checkStalls resets each stream whose output has waited lim.stall or longer: RST_STREAM CANCEL
+// (the peer broke no rule: withholding window is its right, but the front does not hold a reply
+// for it without end), and what the stream held is given back to the budget at once.
+func (c *conn) checkStalls() {
+	c.wmu.Lock()
+	c.stallT = nil
+	if c.dead() {
+		c.wmu.Unlock()
+		return
+	}
+	now := time.Now()
+	var ids []uint32
+	var next time.Time
+	for id, s := range c.out {
+		if len(s.pending) == 0 {
+			continue
+		}
+		if since := s.pending[0].at; now.Sub(since) >= c.lim.stall {
+			ids = append(ids, id)
+		} else if next.IsZero() || since.Before(next) {
+			next = since
+		}
+	}
+	for _, id := range ids {
+		_ = c.fr.WriteRSTStream(id, http2.ErrCodeCancel)
+		c.dropLocked(id)
+	}
+	if !next.IsZero() {
+		c.armStallLocked(next.Add(c.lim.stall).Sub(now))
+	}
+	if len(ids) > 0 {
+		_ = c.flushLocked()
+	}
+	c.wmu.Unlock()
+	if len(ids) > 0 && c.stalled != nil {
+		c.stalled(ids)
+	}
+}
+
+// stopTimersLocked: the connection is ending (wmu held).
+func (c *conn) stopTimersLocked() {
+	if c.stallT != nil {
+		c.stallT.Stop()
+		c.stallT = nil
 	}
 }
 

@@ -46,8 +46,14 @@ type front struct {
 	timeout    time.Duration // downstream_timeout_s
 	maxConns   int           // client connections at once
 	budget     *budget       // bytes held for all clients at once (limits.go)
-	conns      atomic.Int64  // client connections open
-	lastLog    atomic.Int64  // when logf last wrote (unix nanoseconds)
+	// per client connection (limits.go): replies waiting for its window at once, how long one may
+	// wait, how long it may stay idle, and how long its preface and SETTINGS may take
+	connPending      int
+	windowTimeout    time.Duration
+	idleTimeout      time.Duration
+	handshakeTimeout time.Duration
+	conns            atomic.Int64 // client connections open
+	lastLog          atomic.Int64 // when logf last wrote (unix nanoseconds)
 
 	mu       sync.Mutex
 	learned  [2]map[string]struct{} // by idKind: ids the shim said are the downstream's
@@ -63,6 +69,8 @@ func newFront(shim, downstream *upstream, timeout time.Duration) *front {
 	return &front{
 		shim: shim, downstream: downstream, timeout: timeout,
 		maxConns: defaultMaxConns, budget: newBudget(defaultMaxBuffered),
+		connPending: maxConnPending, windowTimeout: defaultWindowTimeout,
+		idleTimeout: defaultIdleTimeout, handshakeTimeout: defaultHandshakeTimeout,
 		learned:  [2]map[string]struct{}{{}, {}},
 		versions: map[string][]byte{},
 		kept:     map[string]kept{},

@@ -3,7 +3,9 @@ package main
 // What the front holds for all its clients at once: connections (a cap; one more is refused with
 // a GOAWAY) and bytes (one budget: requests being read and served, replies collected whole, and
 // replies waiting for a client's window). Per connection, the bounds of server.go and conn.go
-// apply as well, so that no one connection takes the whole budget.
+// apply as well, so that no one connection takes the whole budget, and time bounds how long a
+// connection may hold what it holds: a reply waits for its client's window windowTimeout at
+// most, a connection stays idle idleTimeout at most, and its handshake takes handshakeTimeout.
 
 import (
 	"bytes"
@@ -17,6 +19,12 @@ import (
 const (
 	defaultMaxConns    = 256
 	defaultMaxBuffered = 256 << 20
+	// a reply that waits this long for a client's window is reset (RST_STREAM CANCEL)
+	defaultWindowTimeout = 10 * time.Second
+	// a connection with no open stream and no frame from its client this long gets GOAWAY NO_ERROR
+	defaultIdleTimeout = 5 * time.Minute
+	// a connection whose preface and first SETTINGS have not come within this is closed
+	defaultHandshakeTimeout = 10 * time.Second
 )
 
 // budget is a count of bytes held against a maximum, shared by every connection.

@@ -28,11 +28,19 @@ func main() {
 	maxConns := flag.Int("max-conns", defaultMaxConns, "client connections at once; one more is refused (GOAWAY)")
 	maxBuffered := flag.Int("max-buffered-mib", defaultMaxBuffered>>20,
 		"MiB the front holds for all clients at once: requests, replies collected whole, replies waiting for a client")
+	windowTimeout := flag.Float64("window-timeout", defaultWindowTimeout.Seconds(),
+		"seconds a reply may wait for its client's flow-control window; then its stream is reset")
+	idleTimeout := flag.Float64("idle-timeout", defaultIdleTimeout.Seconds(),
+		"seconds a client connection may go without an open stream or a frame; then GOAWAY and closed")
+	handshakeTimeout := flag.Float64("handshake-timeout", defaultHandshakeTimeout.Seconds(),
+		"seconds a client connection may take to send its preface and SETTINGS; then closed")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("vmsandbox-front: ")
-	if *shim == "" || *downstream == "" || *timeout <= 0 || *maxConns <= 0 || *maxBuffered <= 0 {
-		fmt.Fprintln(os.Stderr, "usage: vmsandbox-front -listen-fd N -shim PATH -downstream ENDPOINT [-downstream-timeout S] [-max-conns N] [-max-buffered-mib M]")
+	if *shim == "" || *downstream == "" || *timeout <= 0 || *maxConns <= 0 || *maxBuffered <= 0 ||
+		*windowTimeout <= 0 || *idleTimeout <= 0 || *handshakeTimeout <= 0 {
+		fmt.Fprintln(os.Stderr, "usage: vmsandbox-front -listen-fd N -shim PATH -downstream ENDPOINT [-downstream-timeout S] "+
+			"[-max-conns N] [-max-buffered-mib M] [-window-timeout S] [-idle-timeout S] [-handshake-timeout S]")
 		os.Exit(2)
 	}
 	ln, err := net.FileListener(os.NewFile(uintptr(*listenFD), "listener"))
@@ -42,10 +50,13 @@ func main() {
 	f := newFront(
 		&upstream{name: "vmsandbox shim", addr: *shim},
 		&upstream{name: *downstream, addr: strings.TrimPrefix(*downstream, "unix://")},
-		time.Duration(*timeout*float64(time.Second)),
+		seconds(*timeout),
 	)
 	f.maxConns = *maxConns
 	f.budget = newBudget(int64(*maxBuffered) << 20)
+	f.windowTimeout = seconds(*windowTimeout)
+	f.idleTimeout = seconds(*idleTimeout)
+	f.handshakeTimeout = seconds(*handshakeTimeout)
 	if *listsFD >= 0 {
 		nc, err := net.FileConn(os.NewFile(uintptr(*listsFD), "lists"))
 		if err != nil {
@@ -59,3 +70,5 @@ func main() {
 	}()
 	log.Fatalf("accept: %v", f.accept(ln))
 }
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

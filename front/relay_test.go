@@ -97,6 +97,15 @@ func h2client(sock string) *http.Client {
 
 func rpc(t *testing.T, c *http.Client, path string, msg []byte, hdr map[string]string) reply {
 	t.Helper()
+	r, err := tryRPC(c, path, msg, hdr)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return r
+}
+
+// tryRPC is rpc whose transport's failure (a reset stream, say) is the caller's to judge.
+func tryRPC(c *http.Client, path string, msg []byte, hdr map[string]string) (reply, error) {
 	req, _ := http.NewRequest("POST", "http://cri"+path, bytes.NewReader(grpcBody(msg)))
 	req.Header.Set("Content-Type", "application/grpc")
 	req.Header.Set("Te", "trailers")
@@ -105,12 +114,12 @@ func rpc(t *testing.T, c *http.Client, path string, msg []byte, hdr map[string]s
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		t.Fatalf("%s: %v", path, err)
+		return reply{}, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("%s: %v", path, err)
+		return reply{}, err
 	}
 	r := reply{header: resp.Header, status: resp.Trailer.Get("Grpc-Status"), message: resp.Trailer.Get("Grpc-Message")}
 	if r.status == "" { // trailers-only
@@ -119,11 +128,11 @@ func rpc(t *testing.T, c *http.Client, path string, msg []byte, hdr map[string]s
 	if len(body) > 0 {
 		m, ok := grpcMessage(body)
 		if !ok {
-			t.Fatalf("%s: not one gRPC message: %d bytes", path, len(body))
+			return r, fmt.Errorf("not one gRPC message: %d bytes", len(body))
 		}
 		r.msg = m
 	}
-	return r
+	return r, nil
 }
 
 func readMsg(r *http.Request) []byte {

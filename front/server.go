@@ -4,7 +4,8 @@ package main
 // the path route.go picks for them. A request is complete before it goes anywhere (every CRI call
 // has one request message), so a stream is dispatched once, from the connection's read loop.
 // What a client may make the front hold is bounded: streams and request bytes per connection,
-// request bytes against the front's budget (limits.go), and streams it resets per second.
+// request bytes against the front's budget (limits.go), and streams it resets per second; and
+// for how long: its handshake, and a connection idle (no stream, no frame) ends with a GOAWAY.
 
 import (
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,7 +35,11 @@ type client struct {
 	mu      sync.Mutex
 	streams map[uint32]*stream
 	lastID  uint32
-	held    int // request bytes of its streams (their stream.held)
+	held    int  // request bytes of its streams (their stream.held)
+	idle    bool // told to go away for being idle: no new stream is served
+
+	lastActive atomic.Int64 // unix nanoseconds: its last frame, or the end of its last stream
+	idleT      *time.Timer  // under wmu
 
 	// read loop only
 	resets      int
@@ -86,9 +92,14 @@ func (f *front) accept(ln net.Listener) error {
 func (f *front) serveConn(nc net.Conn) {
 	lim := clientOut
 	lim.budget = f.budget
+	lim.pendingMax = f.connPending
+	lim.stall = f.windowTimeout
 	c := &client{conn: newConn(nc, lim), f: f, streams: map[uint32]*stream{}}
+	c.stalled = c.stalledStreams
 	c.w.onDone = func() { f.conns.Add(-1) } // its socket is closed: the slot is free
 	defer c.shutdown()
+	// the preface and the SETTINGS after it come within handshakeTimeout, or the connection ends
+	_ = nc.SetReadDeadline(time.Now().Add(f.handshakeTimeout))
 	if err := c.handshake(true); err != nil {
 		return
 	}
@@ -107,11 +118,15 @@ func (c *client) readLoop() error {
 	first := true
 	for {
 		fr, err := c.fr.ReadFrame()
+		if err == nil {
+			c.lastActive.Store(time.Now().UnixNano())
+		}
 		if err == nil && first { // RFC 9113 3.4: the preface ends with SETTINGS
 			if sf, ok := fr.(*http2.SettingsFrame); !ok || sf.IsAck() {
 				return connErr{http2.ErrCodeProtocol, "no SETTINGS after the preface"}
 			}
 			first = false
+			c.settledIn()
 		}
 		if err == nil {
 			var handled bool
@@ -128,6 +143,62 @@ func (c *client) readLoop() error {
 			return err
 		}
 	}
+}
+
+// settledIn: the client's preface and SETTINGS have come; from now it may be idle.
+func (c *client) settledIn() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.dead() {
+		return
+	}
+	_ = c.nc.SetReadDeadline(time.Time{})
+	if c.f.idleTimeout > 0 {
+		c.idleT = time.AfterFunc(c.f.idleTimeout, c.idleCheck)
+	}
+}
+
+// idleCheck ends the connection with GOAWAY NO_ERROR once it has had no open stream (a reply
+// still waiting for window counts as open) and no frame from the client for idleTimeout; a
+// connection that carries calls, as the kubelet's does every few seconds, is never idle.
+func (c *client) idleCheck() {
+	now := time.Now()
+	c.mu.Lock()
+	busy := len(c.streams) > 0
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.dead() {
+		c.mu.Unlock()
+		return
+	}
+	if busy || len(c.out) > 0 {
+		c.lastActive.Store(now.UnixNano())
+	}
+	if left := c.f.idleTimeout - now.Sub(time.Unix(0, c.lastActive.Load())); left > 0 {
+		c.mu.Unlock()
+		c.idleT.Reset(left)
+		return
+	}
+	c.idle = true // a stream it opens from now is refused: the GOAWAY names the last one served
+	last := c.lastID
+	c.mu.Unlock()
+	_ = c.fr.WriteGoAway(last, http2.ErrCodeNo, []byte("idle"))
+	_ = c.flushLocked()
+	c.w.closeLocked()
+}
+
+// stalledStreams: the streams were reset for a reply that waited too long for the client's
+// window; what they wait on is cancelled.
+func (c *client) stalledStreams(ids []uint32) {
+	for _, id := range ids {
+		c.mu.Lock()
+		s := c.streams[id]
+		c.mu.Unlock()
+		if s != nil {
+			s.abandon()
+		}
+	}
+	c.f.logf("client connection: %d stream(s) reset, their replies waited %v for its window", len(ids), c.lim.stall)
 }
 
 func (c *client) streamError(se http2.StreamError) {
@@ -155,6 +226,10 @@ func (c *client) shutdown() {
 	c.wmu.Lock()
 	for id := range c.out { // replies of streams already answered, waiting for window
 		c.dropLocked(id)
+	}
+	c.stopTimersLocked()
+	if c.idleT != nil {
+		c.idleT.Stop()
 	}
 	c.w.closeLocked()
 	c.wmu.Unlock()
@@ -224,7 +299,7 @@ func (c *client) headers(fr *http2.MetaHeadersFrame) error {
 	}
 	c.lastID = id
 	size := headerSize(fr.Fields)
-	if len(c.streams) >= maxStreams || c.held+size > maxConnBuffers || !c.f.budget.take(size) {
+	if c.idle || len(c.streams) >= maxStreams || c.held+size > maxConnBuffers || !c.f.budget.take(size) {
 		c.mu.Unlock()
 		c.reset(id, http2.ErrCodeRefusedStream)
 		return nil
@@ -306,6 +381,7 @@ func (s *stream) done() {
 		c.f.budget.give(s.held)
 	}
 	delete(c.streams, s.id)
+	c.lastActive.Store(time.Now().UnixNano()) // an idle connection's time starts at its last stream's end
 	c.mu.Unlock()
 }
 
