@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the one-node cluster's Kubernetes, etcd, containerd and cri-tools binaries from Go modules.
+# Build the one-node cluster's Kubernetes, etcd, containerd, cri-tools and CoreDNS binaries from Go
+# modules.
 #
 #   scripts/build-k8s.sh [PIN]        PIN: 1.37 (default) or 1.34; also K8S_PIN=1.34
 #   KUBE_BIN=$(scripts/build-k8s.sh | tail -1)
@@ -11,6 +12,7 @@
 #   etcd/        etcd
 #   containerd/  containerd containerd-shim-runc-v2 ctr
 #   cri-tools/   crictl critest (a test binary: go test -c)
+#   coredns/     coredns (main.go: the stock server with the plugins the cluster's Corefile uses)
 # Each module is built on its own, so every command gets the dependency versions its own release
 # was built with (one module would raise them all to the highest any of them asks for).
 #
@@ -30,7 +32,7 @@ PIN=${PIN#v}
 TOOLS=$ROOT/tools/k8s/v$PIN
 CACHE=${K8S_CACHE:-/var/cache/vmsandbox/k8s}/$PIN
 BIN=$CACHE/bin
-MODULES=(kubernetes etcd containerd cri-tools)
+MODULES=(kubernetes etcd containerd cri-tools coredns)
 
 say() { echo "build-k8s.sh: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -67,6 +69,7 @@ binaries() {
     etcd) echo etcd ;;
     containerd) echo containerd containerd-shim-runc-v2 ctr ;;
     cri-tools) echo crictl critest ;;
+    coredns) echo coredns ;;
     esac
 }
 
@@ -141,6 +144,14 @@ build_cri-tools() {
     CGO_ENABLED=0 gom test -c -trimpath -ldflags "$ld" -o "$OUT/critest" $p/cmd/critest
 }
 
+build_coredns() {
+    local v p=github.com/coredns/coredns
+    v=$(modversion $p)
+    fetch .
+    # CoreDNS's Makefile stamps the commit the same way; the module has none, so its version
+    CGO_ENABLED=0 gom build -trimpath -ldflags "-s -w -X $p/coremain.GitCommit=$v" -o "$OUT/coredns" .
+}
+
 # bring the modules the packages need into the module cache first, so that the download is timed
 # on its own
 fetch() {
@@ -157,6 +168,7 @@ versions() {
         case $b in
         kubectl) out=$("$BIN/$b" version --client 2>&1) ;;
         containerd-shim-runc-v2) out=$("$BIN/$b" -v 2>&1) ;;
+        coredns) out=$("$BIN/$b" -version 2>&1 | tr '\n' ' ') ;;
         *) out=$("$BIN/$b" --version 2>&1) ;;
         esac || die "$BIN/$b does not run: $out"
         [[ $b != critest ]] || out=$(grep -m1 version <<<"$out")
