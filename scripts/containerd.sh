@@ -4,8 +4,11 @@
 #   scripts/containerd.sh up DIR [SANDBOX_IMAGE [CNI_CONF_DIR [REGISTRY]]]
 #   scripts/containerd.sh down DIR
 #
-# `up` writes DIR/config.toml and starts Debian's containerd (with runc) with its own root, state
-# and socket, DIR/containerd.sock, and waits for the CRI plugin to answer. Its CRI plugin takes
+# `up` writes DIR/config.toml and starts containerd (with runc) with its own root, state and socket,
+# DIR/containerd.sock, and waits for the CRI plugin to answer. The containerd is Debian's (1.6,
+# configuration version 2) unless CONTAINERD_BIN_DIR names a directory holding `containerd` and
+# `containerd-shim-runc-v2` (scripts/build-k8s.sh's bin directory: 2.4, configuration version 3),
+# which then comes first on containerd's PATH, where it finds its shim; runc is Debian's either way. Its CRI plugin takes
 # CNI plugins from /usr/lib/cni (Debian's containernetworking-plugins, the same ones vmsandbox
 # uses) and its configuration from CNI_CONF_DIR (default DIR/net.d): give it vmsandbox's
 # cni_conf_dir and both runtimes attach pods to the same bridge and share its host-local IPAM
@@ -22,19 +25,19 @@ cmd=${1:-}
 dir=${2:-}
 [[ -n $cmd && -n $dir ]] || die "usage: $0 up DIR [SANDBOX_IMAGE [CNI_CONF_DIR [REGISTRY]]] | down DIR"
 dir=$(realpath -m "$dir")
+if [[ -n ${CONTAINERD_BIN_DIR:-} ]]; then
+    for b in containerd containerd-shim-runc-v2; do
+        [[ -x $CONTAINERD_BIN_DIR/$b ]] || die "CONTAINERD_BIN_DIR: no $CONTAINERD_BIN_DIR/$b"
+    done
+    export PATH=$CONTAINERD_BIN_DIR:$PATH
+fi
 
 # alive PID: running and not a zombie (whoever is pid 1 here may not reap orphans)
 alive() { [[ -r /proc/$1/stat ]] && [[ $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
 
-up() {
-    local image=${1:-registry.k8s.io/pause:3.6} conf=${2:-$dir/net.d} registry=${3:-}
-    command -v containerd >/dev/null && command -v runc >/dev/null \
-        || die "containerd and runc are not installed (scripts/setup-host.sh installs them)"
-    mkdir -p "$dir/root" "$dir/state" "$conf"
-    if [[ -f $dir/containerd.pid ]] && alive "$(cat "$dir/containerd.pid")"; then
-        die "a containerd already runs for $dir (pid $(cat "$dir/containerd.pid"))"
-    fi
-    local mirrors="" upstream
+# containerd 1.x (Debian's 1.6): configuration version 2, mirrors inline
+config_v2() {
+    local image=$1 conf=$2 registry=$3 mirrors="" upstream
     if [[ -n $registry ]]; then
         for upstream in "$registry" docker.io registry.k8s.io k8s.gcr.io gcr.io; do
             mirrors+="
@@ -42,7 +45,7 @@ up() {
   endpoint = [\"http://$registry\"]"
         done
     fi
-    cat > "$dir/config.toml" <<TOML
+    cat <<TOML
 version = 2
 root = "$dir/root"
 state = "$dir/state"
@@ -74,6 +77,88 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   conf_dir = "$conf"
   max_conf_num = 1$mirrors
 TOML
+}
+
+# containerd 2.x: configuration version 3 (the CRI plugin split into io.containerd.cri.v1.images and
+# io.containerd.cri.v1.runtime; the sandbox image is a pinned image; registry hosts come from
+# hosts.toml files under DIR/certs.d). NRI is off (2.x turns it on, on a host-wide socket), and
+# network namespaces are mounted under DIR/state rather than the host's /var/run/netns.
+config_v3() {
+    local image=$1 conf=$2 registry=$3 upstream server
+    rm -rf "$dir/certs.d"
+    mkdir -p "$dir/certs.d"
+    if [[ -n $registry ]]; then
+        for upstream in "$registry" docker.io registry.k8s.io k8s.gcr.io gcr.io; do
+            mkdir -p "$dir/certs.d/$upstream"
+            case $upstream in
+            "$registry") server=http://$registry ;;
+            docker.io) server=https://registry-1.docker.io ;;
+            *) server=https://$upstream ;;
+            esac
+            cat >"$dir/certs.d/$upstream/hosts.toml" <<TOML
+server = "$server"
+[host."http://$registry"]
+  capabilities = ["pull", "resolve"]
+TOML
+        done
+    fi
+    cat <<TOML
+version = 3
+root = "$dir/root"
+state = "$dir/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri"]
+imports = [] # none of the host's drop-ins (2.x reads /etc/containerd/conf.d/*.toml by default)
+[grpc]
+  address = "$dir/containerd.sock"
+[ttrpc]
+  address = "$dir/containerd.sock.ttrpc"
+[debug]
+  address = "$dir/debug.sock"
+  level = "info"
+[metrics]
+  address = ""
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = 'overlayfs'
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = '$image'
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = '$dir/certs.d'
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_selinux = false
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = 'runc'
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = 'io.containerd.runc.v2'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ['/usr/lib/cni']
+    conf_dir = '$conf'
+    max_conf_num = 1
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = '127.0.0.1'
+  stream_server_port = '0'
+TOML
+}
+
+up() {
+    local image=${1:-registry.k8s.io/pause:3.6} conf=${2:-$dir/net.d} registry=${3:-}
+    command -v containerd >/dev/null && command -v runc >/dev/null \
+        || die "containerd and runc are not installed (scripts/setup-host.sh installs them)"
+    mkdir -p "$dir/root" "$dir/state" "$conf"
+    if [[ -f $dir/containerd.pid ]] && alive "$(cat "$dir/containerd.pid")"; then
+        die "a containerd already runs for $dir (pid $(cat "$dir/containerd.pid"))"
+    fi
+    local major
+    major=$(containerd --version | awk '{sub(/^v/, "", $3); split($3, v, "."); print v[1]}')
+    [[ $major =~ ^[0-9]+$ ]] || die "cannot tell containerd's version from: $(containerd --version)"
+    if ((major >= 2)); then
+        config_v3 "$image" "$conf" "$registry" >"$dir/config.toml"
+    else
+        config_v2 "$image" "$conf" "$registry" >"$dir/config.toml"
+    fi
     rm -f "$dir/containerd.sock"
     local booted; booted=$(grep -c "containerd successfully booted" "$dir/containerd.log" 2>/dev/null || true)
     setsid containerd --config "$dir/config.toml" >>"$dir/containerd.log" 2>&1 < /dev/null &
