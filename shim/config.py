@@ -96,6 +96,12 @@ class ShimConfig:
     downstream_timeout_s: float = 60.0  # the longest a forwarded call may take when its caller set no deadline
     # with a downstream: the program that reads the CRI socket first (front/); empty: the shim reads it
     front_binary: str = DEFAULT_FRONT_BINARY
+    # the front's bounds for all its clients (its flags' defaults): client connections at once, and
+    # MiB it holds for them (requests, replies collected whole, replies waiting for a client's window)
+    front_max_conns: int = 256
+    front_max_buffered_mib: int = 256
+    front_window_timeout_s: float = 10.0  # a reply that waits this long for its client's window is reset
+    front_idle_timeout_s: float = 300.0  # a client connection without a stream or a frame this long is closed
     extra: dict[str, Any] = field(default_factory=dict)
 
     def memory_reserved_on(self, node: int) -> int:
@@ -153,7 +159,14 @@ _KEYS = {
     "downstream_endpoint",
     "downstream_timeout_s",
     "front_binary",
+    "front_max_conns",
+    "front_max_buffered_mib",
+    "front_window_timeout_s",
+    "front_idle_timeout_s",
 }
+
+_FRONT_COUNTS = {"front_max_conns": (1, 65536), "front_max_buffered_mib": (1, 65536)}
+_FRONT_SECONDS = {"front_window_timeout_s": 3600, "front_idle_timeout_s": 86400}
 
 _STREAMING_LIMITS = {
     "streaming_idle_timeout_s": (1, 7 * 86400),
@@ -302,6 +315,18 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
             raise InvalidArgument(f"{source}: downstream_timeout_s: must be a number of seconds from 0 to 3600")
         kwargs["downstream_timeout_s"] = float(value)
+    for key, (low, high) in _FRONT_COUNTS.items():
+        if key in data:
+            value = data[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise InvalidArgument(f"{source}: {key}: must be an integer from {low} to {high}")
+            kwargs[key] = value
+    for key, most in _FRONT_SECONDS.items():
+        if key in data:
+            value = data[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= most:
+                raise InvalidArgument(f"{source}: {key}: must be a number of seconds from 0 to {most}")
+            kwargs[key] = float(value)
     if "profile_files" in data:
         files = data["profile_files"]
         if not isinstance(files, list) or not all(isinstance(f, str) for f in files):

@@ -26,12 +26,16 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from vmsandbox.errors import InfrastructureError, InvalidArgument
+
+if TYPE_CHECKING:
+    from shim.config import ShimConfig
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +147,38 @@ class ListChannel:
                 self._send(request_id, _REPLY_KEPT, _GENERATION.pack(generation) + reply)
 
 
+@dataclass(frozen=True)
+class FrontLimits:
+    """What the front holds for its clients, passed as its flags; the defaults are the flags' own
+    (``front/limits.go``) and the configuration's (``front_max_conns``, ...)."""
+
+    max_conns: int = 256  # client connections at once; one more gets GOAWAY
+    max_buffered_mib: int = 256  # requests, replies collected whole and replies waiting, all clients
+    window_timeout_s: float = 10.0  # a reply waiting this long for its client's window is reset
+    idle_timeout_s: float = 300.0  # a connection with no stream and no frame this long gets GOAWAY
+
+    @classmethod
+    def of(cls, config: ShimConfig) -> FrontLimits:
+        return cls(
+            max_conns=config.front_max_conns,
+            max_buffered_mib=config.front_max_buffered_mib,
+            window_timeout_s=config.front_window_timeout_s,
+            idle_timeout_s=config.front_idle_timeout_s,
+        )
+
+    def flags(self) -> list[str]:
+        return [
+            "-max-conns",
+            str(self.max_conns),
+            "-max-buffered-mib",
+            str(self.max_buffered_mib),
+            "-window-timeout",
+            repr(float(self.window_timeout_s)),
+            "-idle-timeout",
+            repr(float(self.idle_timeout_s)),
+        ]
+
+
 def _relay_log(process: subprocess.Popen[bytes]) -> None:
     """The front's lines into the shim's log (its format and level), each bounded."""
     assert process.stderr is not None
@@ -175,6 +211,7 @@ class Front:
         timeout_s: float,
         lists: ListAnswer,
         generation: Callable[[], int],
+        limits: FrontLimits | None = None,
     ) -> None:
         self.listener = listener
         self.lists = lists
@@ -190,6 +227,7 @@ class Front:
             endpoint,
             "-downstream-timeout",
             repr(timeout_s),
+            *(limits or FrontLimits()).flags(),
         ]
         self._process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()

@@ -27,7 +27,7 @@ from shim import metrics, status
 from shim.config import ShimConfig
 from shim.containers import Containers
 from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.front import Front, check_binary, shim_socket
+from shim.front import Front, FrontLimits, check_binary, shim_socket
 from shim.health import Health
 from shim.host_policy import qemu_reaches
 from shim.host_ports import HostPorts
@@ -257,6 +257,7 @@ def start(config: ShimConfig) -> Running:
             config.downstream_timeout_s,
             proxy.local_list,
             lambda: sandboxes.generation,
+            FrontLimits.of(config),
         )
         sandboxes.watch_generation(front.generation_changed)
         front.start()
