@@ -9,6 +9,7 @@ their way out.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -16,6 +17,7 @@ from vmsandbox import records
 from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.devices import DeviceGroup
 from vmsandbox.errors import NotFound
+from vmsandbox.lifecycle import Sibling
 from vmsandbox.network import DnsConfig, NamespaceOptions, PodNetwork, PortMapping
 from vmsandbox.pod import PodMeta as PodMeta
 from vmsandbox.pod import SandboxSpec as SandboxSpec
@@ -327,3 +329,8 @@ class SandboxStats:
     sample: CgroupStats | None
     nano_cores: int | None
     containers: tuple[ContainerStats, ...]
+
+
+def siblings_of(containers: Iterable[ContainerRecord]) -> list[Sibling]:
+    """What the envelope rule (``lifecycle.check_fits_beside``) reads of a pod's containers."""
+    return [Sibling(c.name, c.attempt, c.linux, c.state == CONTAINER_EXITED) for c in containers]

@@ -40,6 +40,7 @@ from shim.model import (
     PodMeta,
     SandboxRecord,
     SandboxSpec,
+    siblings_of,
 )
 from shim.network import Attachment, PodNetworks
 from shim.resources import ResourceManager
@@ -74,10 +75,9 @@ from vmsandbox.lifecycle import (
     Guest,
     Row,
     SandboxPlan,
-    Sibling,
     Step,
     admit_container,
-    live_attempts,
+    check_fits_beside,
     plan_sandbox,
     reconcile_actions,
 )
@@ -89,8 +89,6 @@ from vmsandbox.resources import ContainerResources, hugepage_resource
 from vmsandbox.sizing import (
     LinuxResources,
     VmShape,
-    running_alongside,
-    sidecar_names,
 )
 from vmsandbox.snapshot import PLACEHOLDER_MAC, restore_domain, restore_refusal, snapshot_domain_name
 
@@ -842,8 +840,7 @@ class Sandboxes:
 
     def _admit(self, record: SandboxRecord, spec: ContainerSpec, existing: list[ContainerRecord]) -> Admitted:
         ask = ContainerAsk(spec.name, spec.attempt, spec.resources, spec.attachments, spec.linux)
-        siblings = [Sibling(c.name, c.attempt, c.linux, c.state == CONTAINER_EXITED) for c in existing]
-        return admit_container(record.declaration, record.sized_shape(), ask, siblings)
+        return admit_container(record.declaration, record.sized_shape(), ask, siblings_of(existing), record.annotations)
 
     @staticmethod
     def _usage(resources: ContainerResources | None, linux: LinuxResources) -> admission.Usage:
@@ -864,20 +861,16 @@ class Sandboxes:
         c = self.container(container_id)
         with self._lock_for(c.sandbox_id):
             record = self.get(c.sandbox_id)
-            shape = record.sized_shape()
-            # the containers that may run beside it, phase by phase (KEP-753: sidecars stay, init containers end)
-            inits = list(record.init_container_names)
-            sidecars = frozenset(sidecar_names(record.annotations))  # checked at RunPodSandbox
-            live = {
-                o.name: o
-                for o in live_attempts(self.containers(c.sandbox_id), {c.name}, lambda o: o.state == CONTAINER_EXITED)
-            }
             new_linux = admission.implied_linux(resources) if resources is not None and linux.empty else linux
-            for phase in running_alongside(c.name, inits, sidecars, live):
-                others = [self._usage(None, live[n].linux) for n in phase if n in live]
-                admission.check_envelope(
-                    shape.demand, others, self._usage(resources, linux), who=f'update of "{c.name}"'
-                )
+            check_fits_beside(
+                record.sized_shape().demand,
+                c.name,
+                self._usage(resources, linux),
+                siblings_of(self.containers(c.sandbox_id)),
+                init_order=record.init_container_names,
+                annotations=record.annotations,
+                who=f'update of "{c.name}"',
+            )
             changes: dict[str, Any] = {"linux": new_linux}
             if resources is not None:
                 changes["resources"] = replace(c.resources, requests=resources.requests, limits=resources.limits)

@@ -45,7 +45,9 @@ from vmsandbox.sizing import (
     VmShape,
     demand_from_declaration,
     demand_from_linux,
+    running_alongside,
     shape_for,
+    sidecar_names,
     sidecars_from_annotations,
 )
 
@@ -287,8 +289,35 @@ def live_attempts(
     return [c for c in latest.values() if not exited(c)]
 
 
+def check_fits_beside(
+    demand: PodDemand,
+    name: str,
+    usage: admission.Usage,
+    siblings: Iterable[Sibling],
+    *,
+    init_order: Sequence[str] = (),
+    annotations: Mapping[str, str] | None = None,
+    who: str,
+) -> None:
+    """The envelope rule, written once (CreateContainer, UpdateContainerResources and NRI
+    plugins' adjustments of either are held to it): container ``name`` using ``usage`` fits the
+    VM's ``demand`` beside every set of its siblings that may run with it, phase by phase
+    (KEP-753: sidecars stay, plain init containers end; ``init_order`` and the sidecar annotations
+    say which is which). A sibling counts as its latest attempt, and not once it exited;
+    CannotFit naming ``who`` otherwise."""
+    live = {o.name: o for o in live_attempts(siblings, {name}, lambda o: o.exited)}
+    sidecars = frozenset(sidecar_names(annotations or {}))
+    for phase in running_alongside(name, init_order, sidecars, live):
+        others = [admission.Usage.of_linux(live[n].linux) for n in sorted(phase) if n in live]
+        admission.check_envelope(demand, others, usage, who=who)
+
+
 def admit_container(
-    declaration: PodDeclaration | None, shape: VmShape, ask: ContainerAsk, siblings: Sequence[Sibling]
+    declaration: PodDeclaration | None,
+    shape: VmShape,
+    ask: ContainerAsk,
+    siblings: Sequence[Sibling],
+    annotations: Mapping[str, str] | None = None,
 ) -> Admitted:
     """Admit a CreateContainer or raise Diverged / AlreadyExists naming every difference.
 
@@ -331,6 +360,5 @@ def admit_container(
         if ask.resources is not None
         else admission.Usage.of_linux(ask.linux)
     )
-    others = [admission.Usage.of_linux(c.linux) for c in live_attempts(siblings, {ask.name}, lambda c: c.exited)]
-    admission.check_envelope(shape.demand, others, usage, who=f'container "{ask.name}"')
+    check_fits_beside(shape.demand, ask.name, usage, siblings, annotations=annotations, who=f'container "{ask.name}"')
     return Admitted(requested, linux)

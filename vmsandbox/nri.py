@@ -17,14 +17,14 @@ naming the plugin, rather than being dropped silently.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vmsandbox import admission
 from vmsandbox.errors import Diverged, InvalidArgument
 from vmsandbox.resources import ContainerResources
-from vmsandbox.sizing import LinuxResources, PodDemand
+from vmsandbox.sizing import LinuxResources
 from vmsandbox.validation import quote
 
 # containerd/nri pkg/api: DefaultPluginRegistrationTimeout, DefaultPluginRequestTimeout,
@@ -335,14 +335,14 @@ def resource_divergence(
     target: Target,
     before: LinuxResources,
     declared: ContainerResources | None,
-    demand: PodDemand,
-    others: Sequence[admission.Usage],
+    fits: Callable[[admission.Usage, str], None],
 ) -> None:
     """Raise Diverged, naming the plugins, when their resource adjustments leave what the pod
     declared for the container (declared pods) or what the VM holds (pods sized without one).
 
-    The comparison is CreateContainer's own (``admission.linux_differences`` and
-    ``admission.check_envelope``); only differences the plugins introduced count, so a container
+    The comparison is CreateContainer's own (``admission.linux_differences``, and ``fits``: the
+    envelope rule ``lifecycle.check_fits_beside`` for this container, called with its usage after
+    the plugins and who to name); only differences the plugins introduced count, so a container
     the kubelet sent within its declaration is refused for the plugins' change alone.
     """
     after = target.linux
@@ -359,6 +359,4 @@ def resource_divergence(
                 "and cannot grow): " + "; ".join(new)
             )
         return
-    admission.check_envelope(
-        demand, others, admission.Usage.of_linux(after), who=f'container "{target.name}" as {who} adjusted it'
-    )
+    fits(admission.Usage.of_linux(after), f'container "{target.name}" as {who} adjusted it')

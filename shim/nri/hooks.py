@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 
 from shim.containers import Containers
 from shim.model import (
-    CONTAINER_EXITED,
     ContainerRecord,
     ContainerSpec,
     MountRequest,
     SandboxRecord,
+    siblings_of,
 )
 from shim.nri import translate
 from shim.nri.host import NriHost
@@ -37,6 +38,7 @@ from shim.nri.pb import api_pb2 as api
 from shim.sandboxes import Sandboxes
 from vmsandbox import admission, nri, oci_spec, validation
 from vmsandbox.errors import VmSandboxError
+from vmsandbox.lifecycle import check_fits_beside
 from vmsandbox.sizing import LinuxResources
 
 log = logging.getLogger(__name__)
@@ -179,12 +181,25 @@ class NriHooks:
         if sandbox.declaration is not None:
             found = sandbox.declaration.find(spec.name)
             declared = found.resources if found is not None else None
-        others = [
-            admission.Usage.of_linux(c.linux)
-            for c in self.sandboxes.containers(sandbox.id)
-            if c.state != CONTAINER_EXITED and c.name != spec.name
-        ]
-        nri.resource_divergence(target, before, declared, sandbox.sized_shape().demand, others)
+        nri.resource_divergence(target, before, declared, self._fits(sandbox, spec.name))
+
+    def _fits(self, sandbox: SandboxRecord, name: str) -> Callable[[admission.Usage, str], None]:
+        """The envelope rule for container ``name`` of ``sandbox``, as CreateContainer and
+        UpdateContainerResources hold it (``lifecycle.check_fits_beside``)."""
+        siblings = siblings_of(self.sandboxes.containers(sandbox.id))
+
+        def fits(usage: admission.Usage, who: str) -> None:
+            check_fits_beside(
+                sandbox.sized_shape().demand,
+                name,
+                usage,
+                siblings,
+                init_order=sandbox.init_container_names,
+                annotations=sandbox.annotations,
+                who=who,
+            )
+
+        return fits
 
     def _event(self, container_id: str) -> tuple[api.PodSandbox, api.Container] | None:
         try:
@@ -219,12 +234,7 @@ class NriHooks:
                 self.apply_updates(plugin, [u])
         if target.resource_plugins:  # an update is held to the VM's envelope; a refusal names the plugins
             record = self.sandboxes.get(ev[1].pod_sandbox_id)
-            others = [
-                admission.Usage.of_linux(c.linux)
-                for c in self.sandboxes.containers(record.id)
-                if c.state != CONTAINER_EXITED and c.id != container_id
-            ]
-            nri.resource_divergence(target, linux, None, record.sized_shape().demand, others)
+            nri.resource_divergence(target, linux, None, self._fits(record, ev[1].name))
         return target.linux
 
     def container_updated(self, container_id: str) -> None:

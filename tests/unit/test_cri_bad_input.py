@@ -373,7 +373,7 @@ def test_a_removed_container_leaves_no_lock_behind(server: Server) -> None:
     assert SEED_CONTAINER not in server.containers._container_locks
 
 
-def _userns(mode: int) -> pb.RunPodSandboxRequest:
+def _userns(mode: pb.NamespaceMode.ValueType) -> pb.RunPodSandboxRequest:
     request = run_request()
     ns = request.config.linux.security_context.namespace_options
     ns.userns_options.mode = mode

@@ -3,6 +3,8 @@ an adjustment does to a VM pod's container, and the divergence admission of its 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -195,6 +197,10 @@ BEFORE = admission.implied_linux(DECLARED)
 DEMAND = PodDemand(cpu_millis=1000, memory_bytes=256 * MI)
 
 
+def _fits(others: list[admission.Usage]) -> Callable[[admission.Usage, str], None]:
+    return lambda usage, who: admission.check_envelope(DEMAND, others, usage, who=who)
+
+
 @pytest.mark.parametrize(
     ("limit", "refused"),
     [
@@ -207,10 +213,10 @@ DEMAND = PodDemand(cpu_millis=1000, memory_bytes=256 * MI)
 def test_declared_pod_divergence(limit: int, refused: bool) -> None:
     target = _apply(nri.Target(name="app", linux=BEFORE), "20-grow", _mem(limit))
     if not refused:
-        nri.resource_divergence(target, BEFORE, DECLARED, DEMAND, [])
+        nri.resource_divergence(target, BEFORE, DECLARED, _fits([]))
         return
     with pytest.raises(Diverged) as err:
-        nri.resource_divergence(target, BEFORE, DECLARED, DEMAND, [])
+        nri.resource_divergence(target, BEFORE, DECLARED, _fits([]))
     assert str(err.value).startswith('NRI plugin "20-grow" adjusted resources that diverge from the pod\'s declaration')
     assert 'container "app": limits.memory declared 32Mi, requested' in str(err.value)
 
@@ -219,10 +225,10 @@ def test_undeclared_pod_must_stay_inside_the_vm() -> None:
     before = LinuxResources(memory_limit_bytes=64 * MI)
     others = [admission.Usage(memory_bytes=128 * MI)]
     fits = _apply(nri.Target(name="app", linux=before), "20-grow", _mem(128 * MI))
-    nri.resource_divergence(fits, before, None, DEMAND, others)
+    nri.resource_divergence(fits, before, None, _fits(others))
     grows = _apply(nri.Target(name="app", linux=before), "20-grow", _mem(256 * MI))
     with pytest.raises(Diverged, match=r'container "app" as NRI plugin "20-grow" adjusted it does not fit in the VM'):
-        nri.resource_divergence(grows, before, None, DEMAND, others)
+        nri.resource_divergence(grows, before, None, _fits(others))
 
 
 @settings(max_examples=200, deadline=None)
@@ -231,7 +237,7 @@ def test_no_plugin_grows_a_declared_container(limit: int) -> None:
     """Whatever memory limit a plugin sets, the container ends within its declaration or is refused."""
     target = _apply(nri.Target(name="app", linux=BEFORE), "20-p", _mem(limit))
     try:
-        nri.resource_divergence(target, BEFORE, DECLARED, DEMAND, [])
+        nri.resource_divergence(target, BEFORE, DECLARED, _fits([]))
     except Diverged:
         return
     assert target.linux.memory_limit_bytes == 32 * MI
