@@ -13,7 +13,7 @@ from vmsandbox.profile import SIDECARS_ANNOTATION
 from vmsandbox.sizing import LinuxResources, PodDemand
 
 MI = 1 << 20
-DEMAND = PodDemand(cpu_millis=2000, memory_bytes=256 * MI, mode="linux")
+DEMAND = PodDemand(cpu_millis=2000, memory_bytes=256 * MI, mode="linux-resources")
 
 
 def mem(mib: int) -> LinuxResources:
