@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
+import posixpath
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -94,7 +94,7 @@ class VolumeTree:
 def is_atomic_volume(real_path: str, pods_dir: str) -> bool:
     """Whether ``real_path`` (symlinks resolved) is a volume directory the kubelet's atomic writer
     keeps: ``<pods_dir>/<pod uid>/volumes/<plugin>/<name>`` for a plugin of ``PLUGINS``."""
-    rel = os.path.relpath(real_path, pods_dir)
+    rel = posixpath.relpath(real_path, pods_dir)
     parts = rel.split("/")
     return (
         len(parts) == 4

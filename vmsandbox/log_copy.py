@@ -14,7 +14,6 @@ from __future__ import annotations
 import calendar
 import datetime
 import re
-import time
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -119,7 +118,7 @@ def _record_ns(m: re.Match[bytes]) -> int | None:
 def render_time(ns: int) -> bytes:
     """``ns`` since the epoch as Go's RFC3339Nano in UTC (trailing zeros of the fraction dropped)."""
     seconds, fraction = divmod(ns, 10**9)
-    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    text = datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
     if fraction:
         text += "." + f"{fraction:09d}".rstrip("0")
     return (text + "Z").encode()
