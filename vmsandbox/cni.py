@@ -223,6 +223,10 @@ def pod_network(result: Mapping[str, Any], mac: str, mtu: int = 0) -> PodNetwork
     if not isinstance(ips, list):
         raise CniError("CNI result: ips is not a list")
     routes: list[Route] = []
+    # each family's gateway (the first eth0 address of that family that names one): a route without
+    # "gw" goes through it, as the plugins themselves configure such a route on eth0 (CNI's
+    # ipam.ConfigureIface); left on-link, the guest would ARP for every address off its subnet
+    gateways: dict[int, str] = {}
     for entry in ips:
         if not isinstance(entry, dict):
             raise CniError("CNI result: an ips entry is not an object")
@@ -233,6 +237,12 @@ def pod_network(result: Mapping[str, Any], mac: str, mtu: int = 0) -> PodNetwork
             addresses.append(ipaddress.ip_interface(str(entry.get("address"))).with_prefixlen)
         except ValueError:
             raise CniError(f"CNI result: address {str(entry.get('address'))[:64]!r} is not a CIDR") from None
+        if entry.get("gateway"):
+            try:
+                gateway = ipaddress.ip_address(str(entry["gateway"]))
+            except ValueError:
+                raise CniError(f"CNI result: gateway {str(entry['gateway'])[:64]!r} is not an address") from None
+            gateways.setdefault(gateway.version, str(gateway))
     route_list = _list(result, "routes")
     if not isinstance(route_list, list):
         raise CniError("CNI result: routes is not a list")
@@ -240,11 +250,11 @@ def pod_network(result: Mapping[str, Any], mac: str, mtu: int = 0) -> PodNetwork
         if not isinstance(entry, dict):
             raise CniError("CNI result: a routes entry is not an object")
         try:
-            dst = ipaddress.ip_network(str(entry.get("dst")), strict=False).with_prefixlen
-            gw = str(ipaddress.ip_address(entry["gw"])) if entry.get("gw") else ""
+            network = ipaddress.ip_network(str(entry.get("dst")), strict=False)
+            gw = str(ipaddress.ip_address(entry["gw"])) if entry.get("gw") else gateways.get(network.version, "")
         except ValueError:
             raise CniError(f"CNI result: route {json.dumps(entry)[:128]} is not a route") from None
-        routes.append(Route(dst, gw))
+        routes.append(Route(network.with_prefixlen, gw))
     if not addresses:
         raise CniError("CNI result: the pod's eth0 got no IP address")
     ordered = sorted(addresses, key=lambda a: ipaddress.ip_interface(a).version)

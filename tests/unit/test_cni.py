@@ -142,7 +142,7 @@ RESULT = {
         {"address": "10.0.0.5/24", "gateway": "10.0.0.1", "interface": 2},
         {"address": "192.168.9.9/24", "interface": 0},  # the bridge's, not the pod's
     ],
-    "routes": [{"dst": "0.0.0.0/0", "gw": "10.0.0.1"}, {"dst": "10.96.0.0/12"}],
+    "routes": [{"dst": "0.0.0.0/0", "gw": "10.0.0.9"}, {"dst": "10.96.0.0/12"}, {"dst": "::/0"}],
 }
 
 
@@ -151,10 +151,18 @@ def test_the_result_becomes_the_guests_nic_with_ipv4_first() -> None:
         nic=GuestNic(
             "0a:58:0a:00:00:05",
             ("10.0.0.5/24", "fd00::5/64"),
-            (Route("0.0.0.0/0", "10.0.0.1"), Route("10.96.0.0/12")),
+            # a route without "gw" goes through its family's gateway, as the plugins configure eth0
+            (Route("0.0.0.0/0", "10.0.0.9"), Route("10.96.0.0/12", "10.0.0.1"), Route("::/0", "fd00::1")),
             mtu=1450,
         ),
         ips=("10.0.0.5", "fd00::5"),
+    )
+
+
+def test_a_route_without_gw_stays_on_link_when_no_address_names_a_gateway() -> None:
+    result = {"ips": [{"address": "10.0.0.5/24"}], "routes": [{"dst": "0.0.0.0/0"}]}
+    assert pod_network(result, "0a:58:0a:00:00:05").nic == GuestNic(
+        "0a:58:0a:00:00:05", ("10.0.0.5/24",), (Route("0.0.0.0/0"),)
     )
 
 
@@ -165,6 +173,7 @@ def test_the_result_becomes_the_guests_nic_with_ipv4_first() -> None:
         ({"ips": "x"}, "ips is not a list"),
         ({"ips": [{"address": "nope"}]}, "not a CIDR"),
         ({"ips": [{"address": "10.0.0.5/24"}], "routes": [{"dst": "x"}]}, "is not a route"),
+        ({"ips": [{"address": "10.0.0.5/24", "gateway": "x"}]}, "is not an address"),
         ({"routes": 5}, "routes is not a list"),
         ({"interfaces": {}}, "interfaces is not a list"),
     ],
