@@ -40,12 +40,13 @@ bench-smoke: setup
 stop-host:
 	scripts/stop-host.sh
 
-# A one-node Kubernetes cluster on vmsandbox: `make cluster KUBE_BIN=DIR` (DIR holds kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubelet and kubectl), `make cluster-down` to stop it.
+# A one-node Kubernetes cluster on vmsandbox: `make cluster` (Kubernetes, etcd, containerd, cri-tools and
+# CoreDNS of pin K8S_PIN, default 1.37, built by scripts/build-k8s.sh when missing; KUBE_BIN=DIR takes
+# them from DIR instead), `make cluster-down` to stop it.
 KUBE_BIN ?=
+K8S_PIN ?=
 cluster: setup
-	@test -n "$(KUBE_BIN)" || { echo "usage: make cluster KUBE_BIN=DIR (the Kubernetes binaries)" >&2; exit 2; }
-	scripts/cluster.sh up "$(KUBE_BIN)"
+	K8S_PIN=$(K8S_PIN) scripts/cluster.sh up $(KUBE_BIN)
 
 cluster-down:
 	scripts/cluster.sh down

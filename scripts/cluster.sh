@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # A one-node Kubernetes cluster on vmsandbox, for node admins and CI:
 #
-#   scripts/cluster.sh up KUBE_BIN_DIR   # etcd, kube-apiserver, controller-manager, scheduler, a local
-#                                        # registry, containerd, a vmsandbox shim in front of it and a
-#                                        # kubelet; waits for node Ready
+#   scripts/cluster.sh up [KUBE_BIN_DIR] # etcd, kube-apiserver, controller-manager, scheduler, a local
+#                                        # registry, containerd, a vmsandbox shim in front of it, a
+#                                        # kubelet, kube-proxy and CoreDNS; waits for node Ready
 #   scripts/cluster.sh down              # stops all of it by pid and removes what `up` made
 #
-# KUBE_BIN_DIR (or $KUBE_BIN) holds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
-# and kubectl. Everything lives in $CLUSTER_DIR (default /var/lib/vmsandbox-cluster): certificates,
+# KUBE_BIN_DIR (or $KUBE_BIN; default: what scripts/build-k8s.sh builds, pin $K8S_PIN or 1.37) holds
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl. What else it holds
+# is used when there: etcd (else the etcd on PATH, else Debian's etcd-server), containerd with
+# containerd-shim-runc-v2 (else Debian's containerd), kube-proxy (iptables mode: Services) and
+# coredns (cluster DNS, a host process behind the kube-dns Service). Everything lives in $CLUSTER_DIR (default /var/lib/vmsandbox-cluster): certificates,
 # etcd's data, the shim's state, the kubelet's root directory, logs, pid files. The kubelet and the
 # shim share one private mount namespace (`unshare -m`): the kubelet's volume mounts (tmpfs for
 # service-account tokens) must be visible to the runtime that shares them into the guests, and the
@@ -18,7 +21,8 @@
 # The kubelet talks to vmsandbox only. Pods with a vmsandbox RuntimeClass get a VM; every other pod
 # (host-network ones included) goes to the cluster's own containerd (scripts/containerd.sh, runc),
 # which runs in the same mount namespace and on the same CNI bridge. CLUSTER_DOWNSTREAM=none leaves
-# containerd out: vmsandbox is then the only runtime and every pod is a VM.
+# containerd out: vmsandbox is then the only runtime and every pod is a VM. kube-proxy and CoreDNS
+# run in the host's namespaces: kube-proxy's chains are what `down` removes with the kubelet's.
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SELF=$REPO_ROOT/scripts/cluster.sh
@@ -48,6 +52,15 @@ POD_SUBNET=${CLUSTER_POD_SUBNET:-10.236.0.0/24}
 SHARED_CPUS=${CLUSTER_SHARED_CPUS:-}
 READY_TIMEOUT_S=${CLUSTER_READY_TIMEOUT_S:-240}
 DOWNSTREAM=${CLUSTER_DOWNSTREAM:-containerd} # or none
+KUBE_PROXY_HEALTHZ_PORT=${CLUSTER_KUBE_PROXY_HEALTHZ_PORT:-11256}
+KUBE_PROXY_METRICS_PORT=${CLUSTER_KUBE_PROXY_METRICS_PORT:-11249}
+# CoreDNS listens on the node's address at DNS_PORT; pods ask the kube-dns Service at DNS_IP:53,
+# which kube-proxy sends there
+DNS_IP=${CLUSTER_DNS_IP:-10.0.0.10}
+DNS_PORT=${CLUSTER_DNS_PORT:-10053}
+DNS_READY_PORT=${CLUSTER_DNS_READY_PORT:-18181}
+# how often the kubelet syncs each pod (and so refreshes its ConfigMap and Secret volumes)
+SYNC_FREQUENCY=${CLUSTER_SYNC_FREQUENCY:-1m}
 
 PKI=$CLUSTER_DIR/pki
 RUN=$CLUSTER_DIR/run     # pid files, and what `up` changed on the host (for `down`)
@@ -65,9 +78,10 @@ NODE_SYSCTLS=(kernel/panic kernel/panic_on_oops vm/overcommit_memory)
 
 usage() {
     cat <<EOF
-usage: $0 up KUBE_BIN_DIR | down
+usage: $0 up [KUBE_BIN_DIR] | down
 
-  up    start a one-node cluster on vmsandbox (state in \$CLUSTER_DIR, default /var/lib/vmsandbox-cluster)
+  up    start a one-node cluster on vmsandbox (state in \$CLUSTER_DIR, default /var/lib/vmsandbox-cluster);
+        the binaries: KUBE_BIN_DIR, else \$KUBE_BIN, else scripts/build-k8s.sh's
   down  stop everything 'up' started (by pid) and remove what it made
 EOF
     exit 2
@@ -117,10 +131,11 @@ kubectl() { "$KUBE_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
 # ---- packages -----------------------------------------------------------------------------------------
 install_packages() {
     local need=()
-    command -v etcd >/dev/null || need+=(etcd-server)
+    [[ -x $KUBE_BIN/etcd ]] || command -v etcd >/dev/null || need+=(etcd-server)
     command -v openssl >/dev/null || need+=(openssl)
     local tools=(unshare ss iptables docker-registry)
-    [[ $DOWNSTREAM == none ]] || tools+=(containerd runc buildah)
+    [[ $DOWNSTREAM == none ]] || tools+=(runc buildah)
+    [[ $DOWNSTREAM == none || -n $CONTAINERD_BIN_DIR ]] || tools+=(containerd)
     for tool in "${tools[@]}"; do
         command -v "$tool" >/dev/null || die "$tool not found: run scripts/setup-host.sh first"
     done
@@ -171,6 +186,10 @@ make_pki() {
     cert scheduler "/CN=system:kube-scheduler" "$client"
     cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "$client"
     cert kubelet-serving "/O=system:nodes/CN=system:node:$NODE_NAME" "$server\nsubjectAltName=IP:$NODE_IP,DNS:$NODE_NAME"
+    # system:kube-proxy is bound to system:node-proxier by the API server's bootstrap policy;
+    # system:coredns gets its role from $CLUSTER_DIR/dns.yaml
+    cert kube-proxy "/CN=system:kube-proxy" "$client"
+    cert coredns "/CN=system:coredns" "$client"
     new_key "$PKI/sa.key"
     openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
     chmod 0600 "$PKI"/*.key
@@ -200,6 +219,8 @@ write_configs() {
     kubeconfig "$PKI/controller-manager.kubeconfig" system:kube-controller-manager controller-manager
     kubeconfig "$PKI/scheduler.kubeconfig" system:kube-scheduler scheduler
     kubeconfig "$PKI/kubelet.kubeconfig" "system:node:$NODE_NAME" kubelet
+    kubeconfig "$PKI/kube-proxy.kubeconfig" system:kube-proxy kube-proxy
+    kubeconfig "$PKI/coredns.kubeconfig" system:coredns coredns
 
     mkdir -p "$CLUSTER_DIR/net.d" "$CLUSTER_DIR/netns" "$CLUSTER_DIR/ipam" "$SHIM" "$CLUSTER_DIR/registry"
     cat >"$CLUSTER_DIR/net.d/10-vmsandbox-cluster.conflist" <<EOF
@@ -254,9 +275,16 @@ authentication:
 authorization: {mode: Webhook}
 containerRuntimeEndpoint: unix://$SOCKET
 imageServiceEndpoint: unix://$SOCKET
+# a 1.34+ kubelet takes the driver from the runtime's RuntimeConfig (vmsandbox answers cgroupfs, or
+# passes the downstream's answer on); older ones use this
 cgroupDriver: cgroupfs
+# this host is cgroup v1 (hybrid); a 1.35+ kubelet refuses it unless told (older ones ignore the key)
+failCgroupV1: false
 clusterDomain: cluster.local
-# the kubelet leaves iptables alone (no kube-proxy runs here)
+$([[ -z $DNS ]] || echo "clusterDNS: [$DNS_IP]")
+syncFrequency: $SYNC_FREQUENCY
+configMapAndSecretChangeDetectionStrategy: Watch
+# the kubelet leaves iptables alone: kube-proxy makes its own chains
 makeIPTablesUtilChains: false
 # a development node: evict only when the disk is really full
 evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}
@@ -304,7 +332,7 @@ node_namespace() {
     done
     if [[ $DOWNSTREAM == containerd ]]; then
         # its sandbox image comes from the cluster's registry, which also stands in for docker.io
-        bash "$REPO_ROOT/scripts/containerd.sh" up "$CONTAINERD" "127.0.0.1:$REGISTRY_PORT/vmsandbox/pause:1" \
+        CONTAINERD_BIN_DIR=$CONTAINERD_BIN_DIR bash "$REPO_ROOT/scripts/containerd.sh" up "$CONTAINERD" "127.0.0.1:$REGISTRY_PORT/vmsandbox/pause:1" \
             "$CLUSTER_DIR/net.d" "127.0.0.1:$REGISTRY_PORT" >>"$LOGS/containerd-up.log" 2>&1 ||
             die "containerd did not start (see $LOGS/containerd-up.log, $CONTAINERD/containerd.log)"
     fi
@@ -317,6 +345,132 @@ node_namespace() {
 }
 
 # ---- up -----------------------------------------------------------------------------------------------
+ETCD="" PROXY="" DNS=""
+# `_node` (a process of its own) finds it in the environment `up` exports
+CONTAINERD_BIN_DIR=${CONTAINERD_BIN_DIR:-}
+# what KUBE_BIN holds besides the five it must: each is used when there
+choose_binaries() {
+    ETCD=etcd CONTAINERD_BIN_DIR=""
+    [[ ! -x $KUBE_BIN/etcd ]] || ETCD=$KUBE_BIN/etcd
+    if [[ $DOWNSTREAM == containerd && -x $KUBE_BIN/containerd && -x $KUBE_BIN/containerd-shim-runc-v2 ]]; then
+        CONTAINERD_BIN_DIR=$KUBE_BIN
+    fi
+    if [[ -x $KUBE_BIN/kube-proxy ]]; then
+        PROXY=1
+    else
+        warn "no $KUBE_BIN/kube-proxy: Services will not reach pods"
+    fi
+    if [[ -x $KUBE_BIN/coredns && -n $PROXY ]]; then
+        DNS=1
+    else
+        warn "no $KUBE_BIN/coredns (or no kube-proxy): no cluster DNS; pods get the host's resolv.conf"
+    fi
+}
+
+# kube-proxy in iptables mode, in the host's network namespace. It leaves the host's sysctls alone:
+# no conntrack limits or timeouts (0), no oom_score_adj change (this host refuses lowering it), no
+# route_localnet (localhostNodePorts false). masqueradeAll: a pod reaching a Service whose endpoint
+# is on the same bridge gets its answer back through the host's NAT even where bridged traffic
+# skips iptables (br_netfilter off).
+write_proxy_config() {
+    cat >"$CLUSTER_DIR/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $PKI/kube-proxy.kubeconfig}
+hostnameOverride: $NODE_NAME
+mode: iptables
+clusterCIDR: $POD_SUBNET
+healthzBindAddress: 127.0.0.1:$KUBE_PROXY_HEALTHZ_PORT
+metricsBindAddress: 127.0.0.1:$KUBE_PROXY_METRICS_PORT
+oomScoreAdj: 0
+iptables: {masqueradeAll: true, localhostNodePorts: false}
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+nodePortAddresses: ["$NODE_IP/32"]
+EOF
+}
+
+# CoreDNS answers for cluster.local from the API server (the `kubernetes` plugin, with a client
+# certificate of its own) and forwards the rest to the host's resolvers. The kube-dns Service has
+# no selector: its one endpoint is this process, on the node's address.
+write_dns_config() {
+    cat >"$CLUSTER_DIR/Corefile" <<EOF
+.:$DNS_PORT {
+    bind $NODE_IP
+    ready 127.0.0.1:$DNS_READY_PORT
+    errors
+    log
+    cache 30
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig $PKI/coredns.kubeconfig vmsandbox
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }
+    forward . /etc/resolv.conf
+}
+EOF
+    cat >"$CLUSTER_DIR/dns.yaml" <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "vmsandbox:coredns"}
+rules:
+- apiGroups: [""]
+  resources: [endpoints, services, pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "vmsandbox:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "vmsandbox:coredns"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:coredns"}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  clusterIP: $DNS_IP
+  ports:
+  - {name: dns, port: 53, protocol: UDP, targetPort: $DNS_PORT}
+  - {name: dns-tcp, port: 53, protocol: TCP, targetPort: $DNS_PORT}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kube-dns-node
+  namespace: kube-system
+  labels: {kubernetes.io/service-name: kube-dns, endpointslice.kubernetes.io/managed-by: vmsandbox-cluster}
+addressType: IPv4
+ports:
+- {name: dns, port: $DNS_PORT, protocol: UDP}
+- {name: dns-tcp, port: $DNS_PORT, protocol: TCP}
+endpoints:
+- addresses: [$NODE_IP]
+  conditions: {ready: true}
+  nodeName: $NODE_NAME
+EOF
+}
+
+start_proxy_and_dns() {
+    if [[ -n $PROXY ]]; then
+        log "kube-proxy (iptables mode)"
+        write_proxy_config
+        start kube-proxy kube-proxy "$LOGS/kube-proxy.log" "$KUBE_BIN/kube-proxy" --config="$CLUSTER_DIR/kube-proxy.yaml"
+        wait_for 60 kube-proxy curl -sf "http://127.0.0.1:$KUBE_PROXY_HEALTHZ_PORT/healthz" ||
+            die "kube-proxy was not healthy within 60 s (see $LOGS/kube-proxy.log)"
+    fi
+    if [[ -n $DNS ]]; then
+        log "CoreDNS on $NODE_IP:$DNS_PORT, the kube-dns Service $DNS_IP:53"
+        write_dns_config
+        kubectl apply -f "$CLUSTER_DIR/dns.yaml" >/dev/null
+        start coredns coredns "$LOGS/coredns.log" "$KUBE_BIN/coredns" -conf "$CLUSTER_DIR/Corefile"
+        wait_for 60 CoreDNS curl -sf "http://127.0.0.1:$DNS_READY_PORT/ready" ||
+            die "CoreDNS was not ready within 60 s (see $LOGS/coredns.log)"
+    fi
+}
+
 node_ready() {
     [[ $(kubectl get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == True ]]
 }
@@ -325,11 +479,15 @@ up() {
     local t0
     t0=$(now_ms)
     require_root
-    [[ -n ${KUBE_BIN:-} ]] || usage
+    if [[ -z ${KUBE_BIN:-} ]]; then
+        log "Kubernetes, etcd, containerd and CoreDNS from scripts/build-k8s.sh (pin ${K8S_PIN:-1.37}; builds what is missing)"
+        KUBE_BIN=$("$REPO_ROOT/scripts/build-k8s.sh" | tail -n 1) || die "scripts/build-k8s.sh failed"
+    fi
     KUBE_BIN=$(cd "$KUBE_BIN" && pwd) || die "KUBE_BIN: no directory $KUBE_BIN"
     for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
         [[ -x $KUBE_BIN/$b ]] || die "$KUBE_BIN/$b is missing or not executable"
     done
+    choose_binaries
     if [[ -d $RUN ]]; then
         for name in "$RUN"/*.pid; do
             [[ -e $name ]] || continue
@@ -356,7 +514,8 @@ up() {
         fi
     fi
     for p in "$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$CONTROLLER_MANAGER_PORT" "$SCHEDULER_PORT" \
-        "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT" "$REGISTRY_PORT"; do
+        "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT" "$REGISTRY_PORT" "$KUBE_PROXY_HEALTHZ_PORT" "$KUBE_PROXY_METRICS_PORT" \
+        "$DNS_PORT" "$DNS_READY_PORT"; do
         port_in_use "$p" && die "port $p is in use (set the CLUSTER_*_PORT variables to free ones)"
     done
     ip link show dev "$POD_BRIDGE" >/dev/null 2>&1 && die "the bridge $POD_BRIDGE exists already (set CLUSTER_POD_BRIDGE)"
@@ -379,6 +538,7 @@ up() {
     done
     {
         echo "KUBE_BIN=$KUBE_BIN"
+        echo "CONTAINERD_BIN_DIR=$CONTAINERD_BIN_DIR"
         echo "NODE_NAME=$NODE_NAME"
         echo "NODE_IP=$NODE_IP"
         echo "POD_BRIDGE=$POD_BRIDGE"
@@ -396,7 +556,7 @@ up() {
     fi
 
     log "etcd on 127.0.0.1:$ETCD_PORT"
-    start etcd etcd "$LOGS/etcd.log" etcd --name vmsandbox-cluster --data-dir "$CLUSTER_DIR/etcd" \
+    start etcd etcd "$LOGS/etcd.log" "$ETCD" --name vmsandbox-cluster --data-dir "$CLUSTER_DIR/etcd" \
         --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
         --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
         --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
@@ -442,7 +602,7 @@ up() {
         --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --leader-elect=false --profiling=false
 
     log "${DOWNSTREAM/none/no downstream}, vmsandbox shim and kubelet (node $NODE_NAME) in a private mount namespace"
-    export CLUSTER_DIR KUBE_BIN NODE_NAME NODE_IP PY DOWNSTREAM REGISTRY_PORT
+    export CLUSTER_DIR KUBE_BIN NODE_NAME NODE_IP PY DOWNSTREAM REGISTRY_PORT CONTAINERD_BIN_DIR
     unshare -m --propagation private -- "$SELF" _node
     wait_for "$READY_TIMEOUT_S" "node Ready" node_ready ||
         die "node $NODE_NAME was not Ready within ${READY_TIMEOUT_S} s (see $LOGS/kubelet.log, $LOGS/shim.log)"
@@ -450,6 +610,7 @@ up() {
     ready_s=$(secs_since "$t0")
     log "node $NODE_NAME Ready ${ready_s} s after start"
     kubectl apply -f "$REPO_ROOT/deploy/runtimeclass.yaml" >/dev/null
+    start_proxy_and_dns
     # pods are refused until the controller-manager has made their namespace's default service account
     wait_for 60 "the default service account" kubectl -n default get serviceaccount default ||
         die "no default service account within 60 s (see $LOGS/kube-controller-manager.log)"
@@ -494,6 +655,29 @@ iptables_chains() { # "family table chain" for every chain of the filter, nat an
     done
 }
 
+# The chains named KUBE-* that appeared since `up` (the kubelet's and kube-proxy's) go, in one
+# iptables-restore per table: the rules of older chains that jump to them, then their own rules,
+# then the chains themselves (chains that jump to each other can only go in that order).
+remove_new_chains() {
+    local new family table chains rc=0
+    new=$(iptables_chains | grep -vxF -f "$RUN/iptables-chains" | awk '$3 ~ /^KUBE-/' || true)
+    [[ -n $new ]] || return 0
+    while read -r family table; do
+        chains=$(awk -v f="$family" -v t="$table" '$1 == f && $2 == t {print $3}' <<<"$new")
+        log "removing the $family $table chains ${chains//$'\n'/ }"
+        {
+            echo "*$table"
+            "$family" -w 5 -t "$table" -S | awk -v list="$chains" '
+                BEGIN { n = split(list, c, " "); for (i = 1; i <= n; i++) mine[c[i]] = 1 }
+                $1 == "-A" && !($2 in mine) { for (i = 3; i < NF; i++) if (($i == "-j" || $i == "-g") && ($(i + 1) in mine)) { sub(/^-A/, "-D"); print; next } }'
+            for c in $chains; do echo "-F $c"; done
+            for c in $chains; do echo "-X $c"; done
+            echo COMMIT
+        } | "$family-restore" -w 5 --noflush || rc=1
+    done < <(awk '{print $1, $2}' <<<"$new" | sort -u)
+    return "$rc"
+}
+
 stop_named() { # NAME SECONDS
     local pid
     if pid=$(running "$1"); then
@@ -530,7 +714,7 @@ down() {
     [[ -d $CLUSTER_DIR ]] || { log "no cluster in $CLUSTER_DIR"; return 0; }
     [[ $CLUSTER_DIR != / ]] || die "CLUSTER_DIR is /"
     if [[ -r $RUN/settings ]]; then
-        local KUBE_BIN NODE_NAME NODE_IP POD_BRIDGE # the values `up` used
+        local KUBE_BIN NODE_NAME NODE_IP POD_BRIDGE CONTAINERD_BIN_DIR # the values `up` used
         # shellcheck disable=SC1091
         source "$RUN/settings"
     fi
@@ -552,10 +736,10 @@ down() {
     remove_state_domains || { vms_gone=""; problem "VMs of the shim's state may still run (above)"; }
     if [[ -f $CONTAINERD/containerd.pid ]]; then
         log "stopping containerd"
-        bash "$REPO_ROOT/scripts/containerd.sh" down "$CONTAINERD" || problem "containerd did not stop cleanly"
+        CONTAINERD_BIN_DIR=${CONTAINERD_BIN_DIR:-} bash "$REPO_ROOT/scripts/containerd.sh" down "$CONTAINERD" || problem "containerd did not stop cleanly"
     fi
     local name secs
-    for name in scheduler:20 controller-manager:20 apiserver:30 etcd:20 registry:10; do
+    for name in coredns:10 kube-proxy:20 scheduler:20 controller-manager:20 apiserver:30 etcd:20 registry:10; do
         secs=${name##*:}
         name=${name%:*}
         (stop_named "$name" "$secs") || problem "$name did not stop"
@@ -565,14 +749,7 @@ down() {
         ip link del dev "$POD_BRIDGE" || problem "the bridge $POD_BRIDGE was not removed"
     fi
     if [[ -r $RUN/iptables-chains ]]; then
-        # chains named KUBE-* that appeared since `up` are the kubelet's (no kube-proxy runs here)
-        local new
-        new=$(iptables_chains | grep -vxF -f "$RUN/iptables-chains" || true)
-        while read -r family table chain; do
-            [[ $chain == KUBE-* ]] || continue
-            log "removing the $family chain $chain ($table)"
-            "$family" -w 5 -t "$table" -F "$chain" && "$family" -w 5 -t "$table" -X "$chain" || true
-        done <<<"$new"
+        remove_new_chains || problem "not every KUBE-* chain was removed (see above)"
     fi
     if [[ -r $RUN/ip_forward ]]; then
         cat "$RUN/ip_forward" >/proc/sys/net/ipv4/ip_forward || problem "ip_forward not put back"
