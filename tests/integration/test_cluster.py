@@ -1,162 +1,64 @@
 """A one-node Kubernetes cluster on vmsandbox (``scripts/cluster.sh``): a real API server, scheduler,
-controller-manager and kubelet, the shim the kubelet's only endpoint, with the cluster's containerd
-behind it for pods without a vmsandbox RuntimeClass. A Deployment whose image is a Docker schema 2
-image (built by Debian's buildah, pushed to the cluster's registry) must run in a VM sized from its
-resources, show its output through ``kubectl logs``, and leave nothing behind when deleted; a
-host-network pod and an ordinary pod must run under runc beside a VM pod, the ordinary pod talking
-TCP to the VM pod; ``down`` must stop and remove everything ``up`` made.
+controller-manager, kubelet, kube-proxy and CoreDNS, the shim the kubelet's only endpoint, with the
+cluster's containerd behind it for pods without a vmsandbox RuntimeClass.
 
-The Kubernetes binaries (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl)
-come from the directory $KUBE_BIN; the test skips without it. It takes the script's ports and bridge
-(``CLUSTER_*`` variables in scripts/cluster.sh, defaults unless set), so beside a running cluster
-it needs other ones."""
+- A Deployment whose image is a Docker schema 2 image (built by Debian's buildah, pushed to the
+  cluster's registry) runs in a VM sized from its resources and shows its output through
+  ``kubectl logs``.
+- A host-network pod and an ordinary pod run under runc beside a VM pod; the ordinary pod talks TCP
+  to the VM pod.
+- ClusterIP Services reach pods by name both ways (runc pod -> VM pod, VM pod -> runc pod), through
+  kube-proxy and the cluster DNS.
+- ``kubectl exec`` (stdin, exit code), ``attach``, ``port-forward`` and ``logs`` into a VM pod.
+- From inside a VM pod, its service-account token and CA authenticate it to the API server.
+- ConfigMap and Secret volumes are read in a VM pod, and a ConfigMap update reaches it running.
+- ``kubectl delete`` leaves nothing behind; ``down`` stops and removes everything ``up`` made.
+
+The binaries come from $KUBE_BIN, else from ``scripts/build-k8s.sh`` (its cache makes that instant;
+cold it builds for about 10 minutes). The test takes the script's ports and bridge (``CLUSTER_*``
+variables in scripts/cluster.sh, defaults unless set), so beside a running cluster it needs other
+ones."""
 
 from __future__ import annotations
 
 import json
-import os
+import re
 import shutil
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 import yaml
 
-from shim.admin.inspect_state import claims, read_sandboxes
+from shim.admin.inspect_state import read_sandboxes
 from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
-from tests.integration.conftest import LIBVIRT_URI, REPO, require_host
+from tests.integration.cluster_support import (
+    Cluster,
+    host_state,
+    kube_bin,
+    push_image,
+    script,
+    shim_domains,
+)
+from tests.integration.conftest import require_host
 from tests.integration.image_setup import require_image_tools
-from tests.registry_kit import BUSYBOX, DOCKER_MANIFEST, Buildah, served_manifest
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1800)]
 
-KUBE_BIN = os.environ.get("KUBE_BIN", "")
-SCRIPT = REPO / "scripts" / "cluster.sh"
-# the cluster's registry and pod bridge, as scripts/cluster.sh reads them from the environment
-REGISTRY = f"127.0.0.1:{os.environ.get('CLUSTER_REGISTRY_PORT', '15000')}"
-BRIDGE = os.environ.get("CLUSTER_POD_BRIDGE", "vmsbr-k8s0")
 MiB = 1 << 20
 # the Deployment's container; deploy/profiles.yaml's `medium` profile (RuntimeClass vmsandbox-medium)
 # backs guest RAM with 2 MiB hugepages and adds its 64Mi overhead (also the RuntimeClass overhead)
 CPU, MEMORY_MIB, OVERHEAD_MIB = "1", 256, 64
-
-
-@dataclass
-class Cluster:
-    dir: Path
-    up_seconds: float
-    host_before: dict[str, Any]
-    figures: dict[str, float] = field(default_factory=dict)
-
-    def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        argv = [str(Path(KUBE_BIN) / "kubectl"), "--kubeconfig", str(self.dir / "admin.kubeconfig"), *args]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        if check:
-            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}\n{self.logs_tail()}"
-        return done
-
-    def logs_tail(self) -> str:
-        out = []
-        for name in ("shim.log", "kubelet.log"):
-            path = self.dir / "logs" / name
-            if path.is_file():
-                out.append(f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:]))
-        return "\n".join(out)
-
-    @property
-    def state_dir(self) -> Path:
-        return self.dir / "shim" / "state"
-
-    def sandboxes(self) -> list[pb.PodSandbox]:
-        with grpc.insecure_channel(f"unix:{self.dir / 'shim' / 'cri.sock'}") as channel:
-            rt = pb_grpc.RuntimeServiceStub(channel)
-            return list(rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items)
-
-    def leftovers(self) -> dict[str, object]:
-        """What a pod may leave behind: VMs of this shim, network namespaces, host-local
-        allocations, hugepage/CPU/memory claims, ports on the pod bridge."""
-        brif = Path("/sys/class/net", BRIDGE, "brif")
-        return {
-            "domains": shim_domains(self.state_dir),
-            "namespaces": sorted(p.name for p in (self.dir / "netns").iterdir()),
-            "allocations": sorted(
-                p.name for p in (self.dir / "ipam").glob("*/*") if p.name[0].isdigit() and p.name.count(".") == 3
-            ),
-            "claims": sorted(claims(self.state_dir)),
-            "bridge ports": sorted(p.name for p in brif.iterdir()) if brif.is_dir() else [],
-        }
-
-
-def shim_domains(state_dir: Path) -> list[str]:
-    """libvirt domains defined by the shim whose state database is in ``state_dir``."""
-    import sqlite3
-
-    import libvirt
-
-    from vmsandbox.domain_xml import read_identity
-
-    db = sqlite3.connect(f"{(state_dir / 'state.db').resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-    try:
-        owner = str(db.execute("SELECT value FROM meta WHERE key = 'instance_id'").fetchone()[0])
-    finally:
-        db.close()
-    conn = libvirt.open(LIBVIRT_URI)
-    try:
-        names = []
-        for d in conn.listAllDomains(0):
-            try:
-                ident = read_identity(d.XMLDesc(0))
-            except libvirt.libvirtError:
-                continue  # gone while we looked
-            if ident is not None and ident.owner == owner:
-                names.append(d.name())
-        return names
-    finally:
-        conn.close()
-
-
-def iptables_chains() -> set[str]:
-    out = set()
-    for family in ("iptables", "ip6tables"):
-        for table in ("filter", "nat", "mangle"):
-            done = subprocess.run([family, "-w", "5", "-t", table, "-S"], capture_output=True, text=True, check=False)
-            out |= {
-                f"{family} {table} {line.split()[1]}" for line in done.stdout.splitlines() if line.startswith("-N ")
-            }
-    return out
-
-
-def host_state() -> dict[str, Any]:
-    """What ``up`` changes on the host and ``down`` must put back."""
-    return {
-        "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text(),
-        "bridge": Path("/sys/class/net", BRIDGE).exists(),
-        "kubelet paths": [p for p in ("/var/lib/kubelet", "/var/log/pods", "/var/log/containers") if Path(p).exists()],
-        "iptables": iptables_chains(),
-    }
-
-
-def script(cluster_dir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CLUSTER_DIR": str(cluster_dir), "KUBE_BIN": KUBE_BIN}
-    return subprocess.run(
-        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
-    )
+PROBE = "/bin/probe"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    if not KUBE_BIN:
-        pytest.skip(
-            "KUBE_BIN not set (a directory with kube-apiserver, kube-controller-manager, kube-scheduler, "
-            "kubelet and kubectl v1.28)"
-        )
+    bin_dir = kube_bin()
     require_host()
     require_image_tools()
     # not below pytest's own 0700 directory: each sandbox's QEMU, as a uid of its own, must pass
@@ -166,38 +68,31 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cluster_dir = tmp / "c"
     before = host_state()
     t0 = time.monotonic()
-    up = script(cluster_dir, "up")
+    up = script(cluster_dir, bin_dir, "up")
     up_seconds = time.monotonic() - t0
     assert up.returncode == 0, f"cluster.sh up failed:\n{up.stdout[-3000:]}\n{up.stderr[-6000:]}"
     ready = [line for line in up.stdout.splitlines() if " Ready " in line]
     print(f"\ncluster: up in {up_seconds:.1f} s ({ready[-1] if ready else 'no Ready line'})")
-    running = Cluster(cluster_dir, up_seconds, before)
+    running = Cluster(cluster_dir, bin_dir, up_seconds, before)
     try:
         yield running
     finally:
         if cluster_dir.exists():
             # keep the logs for a look afterwards; `down` removes the cluster's directory
             shutil.copytree(cluster_dir / "logs", tmp / "logs", dirs_exist_ok=True)
-            done = script(cluster_dir, "down")
+            done = script(cluster_dir, bin_dir, "down")
             assert done.returncode == 0, f"cluster.sh down failed:\n{done.stdout}\n{done.stderr}"
 
 
-def _image(tmp: Path) -> str:
-    """A Docker schema 2 image built by buildah and pushed to the cluster's registry; the reference
-    pods use (docker.io, which the cluster's shim mirrors from its registry)."""
-    buildah = Buildah(tmp / "buildah")
-    busybox = BUSYBOX.read_bytes()
-    passwd = b"root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/:/bin/sh\n"
-    buildah.image(
-        "hello",
-        [{"bin/busybox": busybox, "bin/sh": busybox, "etc/passwd": passwd}],
-        cmd='["/bin/sh", "-c", "echo hello from a docker image; id -u; exec /bin/busybox sleep 3600"]',
-        user="1000",
-    )
-    buildah.push("hello", f"{REGISTRY}/vmsandbox-test/hello:1")
-    manifest = json.loads(served_manifest(REGISTRY, "vmsandbox-test/hello", "1", accept=DOCKER_MANIFEST))
-    assert manifest["mediaType"] == DOCKER_MANIFEST, manifest
-    return "docker.io/vmsandbox-test/hello:1"
+@pytest.fixture(scope="module")
+def image(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return push_image(tmp_path_factory.mktemp("image"))
+
+
+def _apply(cluster: Cluster, tmp: Path, *docs: dict[str, Any]) -> None:
+    manifest = tmp / f"apply-{time.monotonic_ns()}.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    cluster.kubectl("apply", "-f", str(manifest))
 
 
 def _deployment(image: str) -> dict[str, Any]:
@@ -223,9 +118,29 @@ def _deployment(image: str) -> dict[str, Any]:
     }
 
 
-def _pod(cluster: Cluster) -> dict[str, Any] | None:
+def _hello_pod(cluster: Cluster) -> dict[str, Any] | None:
     items = json.loads(cluster.kubectl("get", "pods", "-l", "app=hello", "-o", "json").stdout)["items"]
     return items[0] if items else None
+
+
+def _running(cluster: Cluster, name: str, deadline: float) -> dict[str, Any]:
+    while True:
+        pod: dict[str, Any] = json.loads(cluster.kubectl("get", "pod", name, "-o", "json").stdout)
+        if pod["status"].get("phase") == "Running":
+            return pod
+        assert time.monotonic() < deadline, f"{name} not Running: {json.dumps(pod['status'])}\n{cluster.logs_tail()}"
+        time.sleep(0.5)
+
+
+def _until(what: str, deadline_s: float, probe: Any) -> Any:
+    """Call ``probe`` every second until it returns something true; that value."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        got = probe()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what}: not within {deadline_s} s (last: {got!r})"
+        time.sleep(1)
 
 
 def test_node_is_ready_with_vmsandbox_as_its_runtime(cluster: Cluster) -> None:
@@ -235,19 +150,17 @@ def test_node_is_ready_with_vmsandbox_as_its_runtime(cluster: Cluster) -> None:
     assert ready == "True"
     assert node[0]["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("vmsandbox://")
     assert node[0]["metadata"]["labels"]["vmsandbox.dev/runtime"] == "true"
+    print(f"\ncluster: kubelet {node[0]['status']['nodeInfo']['kubeletVersion']}")
     classes = cluster.kubectl("get", "runtimeclass", "-o", "name").stdout.split()
     assert "runtimeclass.node.k8s.io/vmsandbox-medium" in classes
 
 
-def test_docker_format_deployment_runs_in_a_vm(cluster: Cluster, tmp_path: Path) -> None:
-    image = _image(tmp_path)
-    manifest = tmp_path / "deployment.yaml"
-    manifest.write_text(yaml.safe_dump(_deployment(image)))
+def test_docker_format_deployment_runs_in_a_vm(cluster: Cluster, image: str, tmp_path: Path) -> None:
     t0 = time.monotonic()
-    cluster.kubectl("apply", "-f", str(manifest))
+    _apply(cluster, tmp_path, _deployment(image))
     deadline = t0 + 300
     while True:
-        pod = _pod(cluster)
+        pod = _hello_pod(cluster)
         if pod is not None and pod["status"].get("phase") == "Running":
             break
         assert time.monotonic() < deadline, f"not Running: {json.dumps(pod and pod['status'])}\n{cluster.logs_tail()}"
@@ -268,110 +181,282 @@ def test_docker_format_deployment_runs_in_a_vm(cluster: Cluster, tmp_path: Path)
     assert shim_domains(cluster.state_dir) != []
 
     # kubectl logs: the container's output, through the API server, the kubelet and the shim
-    deadline = time.monotonic() + 60
-    while "hello from a docker image" not in (logs := cluster.kubectl("logs", name, check=False).stdout):
-        assert time.monotonic() < deadline, logs
-        time.sleep(0.5)
+    def output() -> str:
+        out = cluster.kubectl("logs", name, check=False).stdout
+        return out if "hello from a docker image" in out else ""
+
+    logs = _until("the Deployment's output in kubectl logs", 60, output)
     assert logs.splitlines()[:2] == ["hello from a docker image", "1000"], logs
+
+    # its CPU back for the pods below (test_delete_leaves_nothing_behind checks what it left)
+    cluster.kubectl("delete", "deployment", "hello", "--wait=true", timeout=180)
+    cluster.kubectl("wait", "--for=delete", "pod", "-l", "app=hello", "--timeout=120s", timeout=180)
+
+
+# ---- a VM pod and runc pods side by side, with Services, DNS, volumes and streaming ------------------
+def _pod(name: str, image: str, containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    # small: the node has 2 CPUs, and the Deployment's pod may not be gone from the scheduler's count
+    resources = {"cpu": "100m", "memory": "64Mi"}
+    for c in containers:
+        c.setdefault("image", image)
+        c["resources"] = {"requests": resources, "limits": resources}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": name, "group": "side-by-side"}},
+        "spec": {"terminationGracePeriodSeconds": 2, "containers": containers, **spec},
+    }
+
+
+def _service(name: str, app: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": "default", "labels": {"group": "side-by-side"}},
+        "spec": {"selector": {"app": app}, "ports": [{"port": 8080, "targetPort": 8080}]},
+    }
+
+
+def _config_map(greeting: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "vm-config", "namespace": "default"},
+        "data": {"greeting": greeting},
+    }
+
+
+@pytest.fixture(scope="module")
+def pods(cluster: Cluster, image: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """vm-app (a VM: serves `from-the-vm` on 8080, a ConfigMap and a Secret mounted, a second
+    container for attach), runc-app (runc: serves `from-runc` on 8080), host-net (runc, host
+    network), each of the first two behind a ClusterIP Service; all Running."""
+    if not (cluster.dir / "containerd" / "containerd.sock").exists():
+        pytest.skip("the cluster runs without containerd (CLUSTER_DOWNSTREAM=none)")
+    tmp = tmp_path_factory.mktemp("pods")
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "vm-secret", "namespace": "default"},
+        "stringData": {"password": "s3cret-in-a-vm"},
+    }
+    vm = _pod(
+        "vm-app",
+        image,
+        [
+            {
+                "name": "main",
+                "command": [PROBE, "serve", "8080", "from-the-vm"],
+                "volumeMounts": [
+                    {"name": "config", "mountPath": "/config", "readOnly": True},
+                    {"name": "secret", "mountPath": "/secret", "readOnly": True},
+                ],
+            },
+            {
+                # reads one line from an attached stdin, answers it and exits (and is restarted)
+                "name": "echo",
+                "command": ["/bin/busybox", "sh", "-c", 'read line; echo "got $line"'],
+                "stdin": True,
+                "stdinOnce": True,
+            },
+        ],
+        runtimeClassName="vmsandbox",
+        volumes=[
+            {"name": "config", "configMap": {"name": "vm-config"}},
+            {"name": "secret", "secret": {"secretName": "vm-secret"}},
+        ],
+    )
+    runc = _pod("runc-app", image, [{"name": "main", "command": [PROBE, "serve", "8080", "from-runc"]}])
+    host = _pod(
+        "host-net",
+        image,
+        [{"name": "main", "command": ["/bin/busybox", "sh", "-c", "echo on the host network; exec sleep 3600"]}],
+        hostNetwork=True,
+    )
+    t0 = time.monotonic()
+    _apply(
+        cluster,
+        tmp,
+        _config_map("hello from a config map"),
+        secret,
+        _service("vm-svc", "vm-app"),
+        _service("runc-svc", "runc-app"),
+        vm,
+        runc,
+        host,
+    )
+    running = {name: _running(cluster, name, t0 + 300) for name in ("vm-app", "runc-app", "host-net")}
+    cluster.figures["three pods Running"] = time.monotonic() - t0
+    print(f"\ncluster: vm-app, runc-app and host-net Running {cluster.figures['three pods Running']:.1f} s after apply")
+    return running
+
+
+def _exec(cluster: Cluster, pod: str, *argv: str, container: str = "main") -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("exec", pod, "-c", container, "--", *argv, check=False, timeout=60)
+
+
+def _dial(cluster: Cluster, pod: str, address: str, want: str) -> str:
+    done = _exec(cluster, pod, PROBE, "dial", address)
+    return done.stdout if want in done.stdout else ""
+
+
+def test_ordinary_and_host_network_pods_run_under_runc_beside_a_vm_pod(
+    cluster: Cluster, pods: dict[str, dict[str, Any]]
+) -> None:
+    # each pod's sandbox, with its runtime handler, in the one list the kubelet sees
+    handlers = {s.metadata.name: s.runtime_handler for s in cluster.sandboxes() if s.state == pb.SANDBOX_READY}
+    assert handlers.get("vm-app") == "vmsandbox", handlers
+    assert handlers.get("runc-app") == "" and handlers.get("host-net") == "", handlers
+    vms = {v.record["meta"]["name"] for v in read_sandboxes(cluster.state_dir)}
+    assert "vm-app" in vms and not {"runc-app", "host-net"} & vms  # only the VM pod is vmsandbox's
+
+    # the ordinary pod reaches the VM pod over TCP by its address, across the shared bridge
+    vm_ip = pods["vm-app"]["status"]["podIP"]
+    _until("runc-app -> vm-app by pod IP", 60, lambda: _dial(cluster, "runc-app", f"{vm_ip}:8080", "from-the-vm"))
+
+    # kubectl logs for all three
+    expect = {"runc-app": "serving on :8080", "host-net": "on the host network", "vm-app": "serving on :8080"}
+    for name, text in expect.items():
+        _until(f"kubectl logs {name}", 60, lambda n=name, t=text: t in cluster.kubectl("logs", n, "-c", "main").stdout)
+
+
+def test_services_reach_pods_by_name_both_ways(cluster: Cluster, pods: dict[str, dict[str, Any]]) -> None:
+    # both pods are ClusterFirst: their resolv.conf names the kube-dns Service (CoreDNS behind it)
+    for name in ("vm-app", "runc-app"):
+        resolv = _exec(cluster, name, "/bin/busybox", "cat", "/etc/resolv.conf").stdout
+        assert "nameserver 10.0.0.10" in resolv and "default.svc.cluster.local" in resolv, (name, resolv)
+    t0 = time.monotonic()
+    # a runc pod to the VM pod, by the Service's short name (search domains) and its full one
+    _until("runc-app -> vm-svc", 90, lambda: _dial(cluster, "runc-app", "vm-svc:8080", "from-the-vm"))
+    _until(
+        "runc-app -> vm-svc FQDN",
+        30,
+        lambda: _dial(cluster, "runc-app", "vm-svc.default.svc.cluster.local:8080", "from-the-vm"),
+    )
+    # and the VM pod to the runc pod
+    _until("vm-app -> runc-svc", 90, lambda: _dial(cluster, "vm-app", "runc-svc:8080", "from-runc"))
+    print(f"\ncluster: Services reached by name both ways after {time.monotonic() - t0:.1f} s")
+
+
+def test_exec_attach_port_forward_and_logs_into_a_vm_pod(cluster: Cluster, pods: dict[str, dict[str, Any]]) -> None:
+    # exec with stdin, and the command's exit code passed back through kubectl
+    done = cluster.kubectl(
+        "exec",
+        "-i",
+        "vm-app",
+        "-c",
+        "main",
+        "--",
+        "/bin/busybox",
+        "sh",
+        "-c",
+        'read x; echo "in the vm: $x"; exit 3',
+        check=False,
+        input="over stdin\n",
+    )
+    assert (done.returncode, done.stdout) == (3, "in the vm: over stdin\n"), done
+    assert _exec(cluster, "vm-app", "/bin/busybox", "true").returncode == 0
+
+    # attach: a line to the `echo` container's stdin comes back on its stdout; it then exits
+    done = cluster.kubectl("attach", "-i", "vm-app", "-c", "echo", check=False, input="through attach\n", timeout=90)
+    assert "got through attach" in done.stdout, done
+
+    # port-forward from this host to the VM pod's port 8080
+    forward = subprocess.Popen(
+        cluster.kubectl_argv("port-forward", "pod/vm-app", ":8080"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()
+        match = re.search(r"127\.0\.0\.1:(\d+) -> 8080", line)
+        assert match, line
+        import socket
+
+        with socket.create_connection(("127.0.0.1", int(match.group(1))), timeout=30) as conn:
+            conn.settimeout(30)
+            answer = b""
+            while chunk := conn.recv(4096):
+                answer += chunk
+        assert answer == b"from-the-vm\n", answer
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)
+
+    # logs: the serving container's own output, and the attached one's answer
+    assert "serving on :8080" in cluster.kubectl("logs", "vm-app", "-c", "main").stdout
+    _until(
+        "kubectl logs of the attached container",
+        30,
+        lambda: (
+            "got through attach"
+            in (
+                cluster.kubectl("logs", "vm-app", "-c", "echo", check=False).stdout
+                + cluster.kubectl("logs", "vm-app", "-c", "echo", "--previous", check=False).stdout
+            )
+        ),
+    )
+
+
+def test_service_account_token_calls_the_api_server_from_a_vm_pod(
+    cluster: Cluster, pods: dict[str, dict[str, Any]]
+) -> None:
+    # by the `kubernetes` Service's name (cluster DNS, kube-proxy to the API server), verified with
+    # the pod's CA, authenticated with the pod's token
+    def version() -> str:
+        out = _exec(cluster, "vm-app", PROBE, "api", "https://kubernetes.default.svc/version").stdout
+        return out if out.startswith("status ") else ""
+
+    api = _until("GET /version from vm-app", 60, version)
+    assert api.startswith("status 200"), api
+    assert json.loads(api.split("\n", 1)[1])["gitVersion"].startswith("v"), api
+    # the token is the pod's service account: listing pods is not granted to it
+    denied = _exec(cluster, "vm-app", PROBE, "api", "https://10.0.0.1/api/v1/namespaces/default/pods").stdout
+    assert denied.startswith("status 403"), denied
+    assert 'User \\"system:serviceaccount:default:default\\" cannot list resource \\"pods\\"' in denied, denied
+
+
+def test_config_map_and_secret_volumes_in_a_vm_pod_follow_updates(
+    cluster: Cluster, pods: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    read = _exec(cluster, "vm-app", "/bin/busybox", "cat", "/config/greeting", "/secret/password")
+    assert read.stdout == "hello from a config map" + "s3cret-in-a-vm", read
+    t0 = time.monotonic()
+    _apply(cluster, tmp_path, _config_map("an update while it runs"))
+    _until(
+        "the ConfigMap update in the VM pod",
+        120,
+        lambda: _exec(cluster, "vm-app", "/bin/busybox", "cat", "/config/greeting").stdout == "an update while it runs",
+    )
+    print(f"\ncluster: ConfigMap update seen in the VM pod {time.monotonic() - t0:.1f} s after apply")
 
 
 def test_delete_leaves_nothing_behind(cluster: Cluster) -> None:
-    assert _pod(cluster) is not None, "the Deployment's pod is not there"
-    cluster.kubectl("delete", "deployment", "hello", "--wait=true", timeout=180)
-    # the kubelet stops the sandbox when the pod goes and removes it at its next garbage collection
+    cluster.kubectl("delete", "deployment", "hello", "--ignore-not-found", "--wait=true", timeout=180)
+    cluster.kubectl("delete", "pod,service", "-l", "group=side-by-side", "--wait=true", timeout=180)
+    cluster.kubectl("delete", "configmap/vm-config", "secret/vm-secret", "--ignore-not-found")
+    # the kubelet stops each sandbox when its pod goes and removes it at its next garbage collection
     # (every minute)
     deadline = time.monotonic() + 180
     empty: dict[str, object] = {"domains": [], "namespaces": [], "allocations": [], "claims": [], "bridge ports": []}
     while (left := cluster.leftovers()) != empty or cluster.sandboxes():
         assert time.monotonic() < deadline, f"left behind: {left}, sandboxes {cluster.sandboxes()}"
         time.sleep(1)
-    assert _pod(cluster) is None
-
-
-def _bare_pod(name: str, command: str, **spec: Any) -> dict[str, Any]:
-    resources = {"cpu": "500m", "memory": "64Mi"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": "side-by-side"}},
-        "spec": {
-            "terminationGracePeriodSeconds": 2,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "docker.io/vmsandbox-test/hello:1",
-                    "command": ["/bin/busybox", "sh", "-c", command],
-                    "resources": {"requests": resources, "limits": resources},
-                }
-            ],
-            **spec,
-        },
-    }
-
-
-def _running(cluster: Cluster, name: str, deadline: float) -> dict[str, Any]:
-    while True:
-        pod: dict[str, Any] = json.loads(cluster.kubectl("get", "pod", name, "-o", "json").stdout)
-        if pod["status"].get("phase") == "Running":
-            return pod
-        assert time.monotonic() < deadline, f"{name} not Running: {json.dumps(pod['status'])}\n{cluster.logs_tail()}"
-        time.sleep(0.5)
-
-
-def test_ordinary_and_host_network_pods_run_under_runc_beside_a_vm_pod(cluster: Cluster, tmp_path: Path) -> None:
-    if not (cluster.dir / "containerd" / "containerd.sock").exists():
-        pytest.skip("the cluster runs without containerd (CLUSTER_DOWNSTREAM=none)")
-    _image(tmp_path)  # pushed again: the Deployment's test may not have run
-    t0 = time.monotonic()
-    server = _bare_pod(
-        "vm-server",
-        "echo serving; echo from-the-vm | /bin/busybox nc -l -p 8080; exec /bin/busybox sleep 3600",
-        runtimeClassName="vmsandbox",
-    )
-    host = _bare_pod("host-net", "echo on the host network; exec /bin/busybox sleep 3600", hostNetwork=True)
-    manifest = tmp_path / "pods.yaml"
-    manifest.write_text(yaml.safe_dump_all([server, host]))
-    cluster.kubectl("apply", "-f", str(manifest))
-    vm_pod = _running(cluster, "vm-server", t0 + 300)
-    vm_ip = vm_pod["status"]["podIP"]
-    client = _bare_pod(
-        "plain-client",
-        f"for i in $(/bin/busybox seq 90); do /bin/busybox nc {vm_ip} 8080 && break; /bin/busybox sleep 1; done; "
-        "exec /bin/busybox sleep 3600",
-    )
-    manifest.write_text(yaml.safe_dump(client))
-    cluster.kubectl("apply", "-f", str(manifest))
-    for name in ("host-net", "plain-client"):
-        _running(cluster, name, t0 + 300)
-    cluster.figures["three pods Running"] = time.monotonic() - t0
-
-    # each pod's sandbox, with its runtime handler, in the one list the kubelet sees
-    handlers = {s.metadata.name: s.runtime_handler for s in cluster.sandboxes() if s.state == pb.SANDBOX_READY}
-    assert handlers.get("vm-server") == "vmsandbox", handlers
-    assert handlers.get("plain-client") == "" and handlers.get("host-net") == "", handlers
-    vms = {v.record["meta"]["name"] for v in read_sandboxes(cluster.state_dir)}
-    assert "vm-server" in vms and not {"plain-client", "host-net"} & vms  # only the VM pod is vmsandbox's
-
-    # kubectl logs for all three; the ordinary pod got the VM pod's answer over TCP
-    expect = {"plain-client": "from-the-vm", "host-net": "on the host network", "vm-server": "serving"}
-    deadline = time.monotonic() + 120
-    for name, text in expect.items():
-        while text not in (logs := cluster.kubectl("logs", name, check=False).stdout):
-            assert time.monotonic() < deadline, f"{name}: {logs!r}\n{cluster.logs_tail()}"
-            time.sleep(1)
-
-    cluster.kubectl("delete", "pod", "-l", "app=side-by-side", "--wait=true", timeout=180)
-    deadline = time.monotonic() + 180
-    while any(s.metadata.name in expect for s in cluster.sandboxes()):
-        assert time.monotonic() < deadline, [s.metadata.name for s in cluster.sandboxes()]
-        time.sleep(1)
-    assert shim_domains(cluster.state_dir) == []
+    assert json.loads(cluster.kubectl("get", "pods", "-o", "json").stdout)["items"] == []
 
 
 def test_down_removes_everything_up_made(cluster: Cluster) -> None:
     run = cluster.dir / "run"
     pids = {p.stem: (int(p.read_text()), (run / f"{p.stem}.exe").read_text().strip()) for p in run.glob("*.pid")}
-    assert set(pids) == {"etcd", "registry", "apiserver", "controller-manager", "scheduler", "shim", "kubelet"}
+    expect = {"etcd", "registry", "apiserver", "controller-manager", "scheduler", "shim", "kubelet"}
+    if (Path(cluster.bin) / "kube-proxy").exists():
+        expect.add("kube-proxy")
+        if (Path(cluster.bin) / "coredns").exists():
+            expect.add("coredns")
+    assert set(pids) == expect
     containerd_pid = cluster.dir / "containerd" / "containerd.pid"
     if containerd_pid.exists():
         pids["containerd"] = (int(containerd_pid.read_text()), "containerd")
@@ -379,13 +464,13 @@ def test_down_removes_everything_up_made(cluster: Cluster) -> None:
     # `up` recorded ip_forward before its bridge turned it on (other users of the host may have
     # changed it since the test started: compare with what up saw)
     forward = (run / "ip_forward").read_text()
-    done = script(cluster.dir, "down")
+    done = script(cluster.dir, cluster.bin, "down")
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     assert not cluster.dir.exists()
     for name, (pid, exe) in pids.items():
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            same = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)").rsplit("/", 1)[-1] == exe
+            same = Path(f"/proc/{pid}/exe").readlink().name.removesuffix(" (deleted)") == exe
         except OSError:
             continue  # gone
         assert state == "Z" or not same, f"{name} (pid {pid}) still runs"
