@@ -213,10 +213,16 @@ def repository(name: str) -> str:
     return name[:colon] if colon > slash else name
 
 
-def copy_source(repo_digests: Iterable[str], repo_tags: Iterable[str]) -> str | None:
+def copy_source(repo_digests: Iterable[str], repo_tags: Iterable[str], named: str = "") -> str | None:
     """The name to pull an image held by one store into the other: a repo digest names exactly
-    that manifest, so it is preferred to a tag, which may have moved since."""
-    for name in (*repo_digests, *repo_tags):
+    that manifest, so it is preferred to a tag, which may have moved since. But when the container
+    names the image by one of its tags (``named``: crictl, critest; the kubelet names the image id),
+    that tag: pulled by its digest, the other store would not know the image by the name the
+    container then asks for."""
+    tags = tuple(repo_tags)
+    if named and named in tags:
+        return named
+    for name in (*repo_digests, *tags):
         if name:
             return name
     return None

@@ -114,7 +114,9 @@ class ImageRouter:
         except DownstreamUnavailable:
             return  # nothing to copy from: the create answers as the side alone would
         source = (
-            routing.copy_source(there.image.repo_digests, there.image.repo_tags) if there.HasField("image") else None
+            routing.copy_source(there.image.repo_digests, there.image.repo_tags, image)
+            if there.HasField("image")
+            else None
         )
         if source is None:
             return

@@ -192,18 +192,22 @@ def test_repository_of_an_image_name(name: str, repo: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("digests", "tags", "source"),
+    ("digests", "tags", "named", "source"),
     [
-        (["r/a@sha256:1"], ["r/a:1"], "r/a@sha256:1"),  # the digest names exactly that manifest
-        ([], ["r/a:1", "r/a:2"], "r/a:1"),
-        ([], [], None),
-        ([""], [""], None),
+        (["r/a@sha256:1"], ["r/a:1"], "", "r/a@sha256:1"),  # the digest names exactly that manifest
+        (["r/a@sha256:1"], ["r/a:1"], "sha256:c0ffee", "r/a@sha256:1"),  # the kubelet names the id
+        ([], ["r/a:1", "r/a:2"], "", "r/a:1"),
+        ([], [], "", None),
+        ([""], [""], "", None),
+        # a container naming one of its tags gets it by that tag, so the store knows that name
+        (["r/a@sha256:1"], ["r/a:1", "r/a:2"], "r/a:2", "r/a:2"),
+        (["r/a@sha256:1"], ["r/a:1"], "r/a:3", "r/a@sha256:1"),  # not a tag of it: by digest
     ],
 )
 def test_an_image_is_copied_by_its_digest_before_its_tag(
-    digests: list[str], tags: list[str], source: str | None
+    digests: list[str], tags: list[str], named: str, source: str | None
 ) -> None:
-    assert routing.copy_source(digests, tags) == source
+    assert routing.copy_source(digests, tags, named) == source
 
 
 # ---- the front's table (front/route.go) and this one agree -------------------------------------
