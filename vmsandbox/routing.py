@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from vmsandbox import validation
+from vmsandbox import image_ref, validation
 from vmsandbox.errors import InvalidArgument
 
 
@@ -213,6 +213,16 @@ def repository(name: str) -> str:
     return name[:colon] if colon > slash else name
 
 
+def _tagged(name: str) -> str:
+    """``name`` normalised as ``domain/path:tag`` (no tag: ``latest``); empty for an id, a digest
+    reference or what does not parse."""
+    try:
+        ref = image_ref.parse_reference(name)
+    except InvalidArgument:
+        return ""
+    return "" if ref.digest else ref.tagged
+
+
 def copy_source(repo_digests: Iterable[str], repo_tags: Iterable[str], named: str = "") -> str | None:
     """The name to pull an image held by one store into the other: a repo digest names exactly
     that manifest, so it is preferred to a tag, which may have moved since. But when the container
@@ -220,8 +230,9 @@ def copy_source(repo_digests: Iterable[str], repo_tags: Iterable[str], named: st
     that tag: pulled by its digest, the other store would not know the image by the name the
     container then asks for."""
     tags = tuple(repo_tags)
-    if named and named in tags:
-        return named
+    wanted = _tagged(named)
+    if wanted and wanted in {_tagged(t) for t in tags}:
+        return wanted
     for name in (*repo_digests, *tags):
         if name:
             return name

@@ -200,8 +200,17 @@ def test_repository_of_an_image_name(name: str, repo: str) -> None:
         ([], [], "", None),
         ([""], [""], "", None),
         # a container naming one of its tags gets it by that tag, so the store knows that name
-        (["r/a@sha256:1"], ["r/a:1", "r/a:2"], "r/a:2", "r/a:2"),
+        (["reg.io/a@sha256:1"], ["reg.io/a:1", "reg.io/a:2"], "reg.io/a:2", "reg.io/a:2"),
         (["r/a@sha256:1"], ["r/a:1"], "r/a:3", "r/a@sha256:1"),  # not a tag of it: by digest
+        # names compare normalised: no tag is `latest`, a short name is docker.io's
+        (["reg.io/a@sha256:1"], ["reg.io/a:latest"], "reg.io/a", "reg.io/a:latest"),
+        (
+            ["docker.io/library/busybox@sha256:1"],
+            ["docker.io/library/busybox:1"],
+            "busybox:1",
+            "docker.io/library/busybox:1",
+        ),
+        (["r/a@sha256:1"], ["r/a:1"], "r/a@sha256:1", "r/a@sha256:1"),
     ],
 )
 def test_an_image_is_copied_by_its_digest_before_its_tag(
