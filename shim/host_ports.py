@@ -217,11 +217,13 @@ class HostPorts:
             self._drop(pod, client)
             return
         with self._lock:
-            if pod.closed:
-                guest.close()
-                self._drop(pod, client)
-                return
-            pod.connections.add(guest)
+            closed = pod.closed
+            if not closed:
+                pod.connections.add(guest)
+        if closed:  # the pod's ports closed while the guest was dialled (outside the lock: _drop takes it)
+            guest.close()
+            self._drop(pod, client)
+            return
         done = threading.Event()
 
         def pump(src: socket.socket, dst: socket.socket) -> None:

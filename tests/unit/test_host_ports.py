@@ -195,3 +195,33 @@ def test_an_address_the_node_lacks_is_refused_as_invalid(echo: int) -> None:
     with pytest.raises(InvalidArgument, match=r"192\.0\.2\.1 .* is not an address of this node"):
         ports.open(SID, NODE, (PortMapping("tcp", 8080, free_port(), "192.0.2.1"),))
     assert ports.sandboxes() == set()
+
+
+def test_a_connection_dialled_while_the_pod_closes_is_dropped_without_a_deadlock(echo: int) -> None:
+    """The guest end is dialled outside the lock; a pod closed meanwhile drops both ends and leaves
+    the lock free (it once took it twice, hanging close and every later RunPodSandbox)."""
+    dialling, closed = threading.Event(), threading.Event()
+
+    def slow_dial(sandbox_id: str, port: int) -> socket.socket:
+        dialling.set()
+        closed.wait(10)
+        return socket.create_connection(("127.0.0.1", echo), timeout=5)
+
+    hp = HostPorts(slow_dial)
+    port = free_port()
+    hp.open(SID, NODE, (PortMapping("tcp", port, port),))
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)
+    assert dialling.wait(10)
+    hp.close(SID)
+    closed.set()
+    done = threading.Event()
+
+    def open_again() -> None:
+        hp.open(SID, NODE, (PortMapping("tcp", port, port),))
+        done.set()
+
+    threading.Thread(target=open_again, daemon=True).start()
+    assert done.wait(10), "the lock stayed taken"
+    assert client.recv(1) == b""  # dropped
+    client.close()
+    hp.close(SID)
