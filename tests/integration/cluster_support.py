@@ -38,6 +38,20 @@ def _go() -> str | None:
     return str(GO) if GO.is_file() else shutil.which("go")
 
 
+def built_crictl() -> str | None:
+    """crictl for the tests that drive it: $CRICTL, else one on PATH, else the one
+    ``scripts/build-k8s.sh`` keeps for its pin (K8S_CACHE, K8S_PIN as the script reads them) when
+    it has been built; None (those tests skip) otherwise. Nothing is built here."""
+    if os.environ.get("CRICTL"):
+        return os.environ["CRICTL"]
+    on_path = shutil.which("crictl")
+    if on_path:
+        return on_path
+    pin = os.environ.get("K8S_PIN", "1.37").removeprefix("v")
+    cached = Path(os.environ.get("K8S_CACHE", "/var/cache/vmsandbox/k8s")) / pin / "bin" / "crictl"
+    return str(cached) if os.access(cached, os.X_OK) else None
+
+
 def kube_bin() -> str:
     """$KUBE_BIN, else the bin directory of ``scripts/build-k8s.sh`` (instant when its cache is up
     to date, about 10 minutes cold). Skipped without Go, except under CI, where that fails."""

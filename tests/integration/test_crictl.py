@@ -7,8 +7,6 @@ test skips without it."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.cluster_support import built_crictl
 from tests.integration.conftest import Shim, require_host, running_shim
 from tests.integration.image_setup import require_image_tools
 from tests.registry_kit import Layout, Registry, busybox_entries, push
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-CRICTL = os.environ.get("CRICTL") or shutil.which("crictl")
+CRICTL = built_crictl()
 
 
 @dataclass

@@ -25,6 +25,7 @@ import pytest
 
 from shim.config import DEFAULT_FRONT_BINARY
 from shim.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.cluster_support import built_crictl
 from tests.integration.conftest import (
     LIBVIRT_URI,
     Shim,
@@ -198,7 +199,7 @@ def test_a_list_larger_than_any_window_crosses_intact(env: Env) -> None:
 
 
 def test_crictl_lists_both_kinds_of_pods_with_their_handler(env: Env) -> None:
-    crictl = os.environ.get("CRICTL") or shutil.which("crictl")
+    crictl = built_crictl()
     if not crictl:
         pytest.skip("crictl not found (set CRICTL or put cri-tools' crictl on PATH)")
     shim = env.shim

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -25,6 +24,7 @@ import pytest
 import websocket  # websocket-client
 
 from shim.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.cluster_support import built_crictl
 from tests.integration.cni_kit import cni_env
 from tests.integration.conftest import Shim, container, pod, q, require_host, running_shim
 from tests.registry_kit import Layout, Registry, busybox_entries, push
@@ -32,7 +32,7 @@ from vmsandbox import spdy
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-CRICTL = os.environ.get("CRICTL") or shutil.which("crictl")
+CRICTL = built_crictl()
 SMALL = q({"cpu": "250m", "memory": "32Mi"})
 TINY = q({"cpu": "50m", "memory": "32Mi"})
 """The tty containers': the streaming pod keeps to one host CPU, leaving the other to the host-network pod."""
