@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from shim.admin.inspect_state import claims
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
-from tests.integration.conftest import LIBVIRT_URI, REPO
+from tests.integration.conftest import REPO, state_domains
 from tests.registry_kit import BUSYBOX, DOCKER_MANIFEST, Buildah, served_manifest
 
 SCRIPT = REPO / "scripts" / "cluster.sh"
@@ -112,7 +111,7 @@ class Cluster:
         allocations, hugepage/CPU/memory claims, ports on the pod bridge."""
         brif = Path("/sys/class/net", BRIDGE, "brif")
         return {
-            "domains": shim_domains(self.state_dir),
+            "domains": state_domains(self.state_dir),
             "namespaces": sorted(p.name for p in (self.dir / "netns").iterdir()),
             "allocations": sorted(
                 p.name for p in (self.dir / "ipam").glob("*/*") if p.name[0].isdigit() and p.name.count(".") == 3
@@ -120,32 +119,6 @@ class Cluster:
             "claims": sorted(claims(self.state_dir)),
             "bridge ports": sorted(p.name for p in brif.iterdir()) if brif.is_dir() else [],
         }
-
-
-def shim_domains(state_dir: Path) -> list[str]:
-    """libvirt domains defined by the shim whose state database is in ``state_dir``."""
-    import libvirt
-
-    from vmsandbox.domain_xml import read_identity
-
-    db = sqlite3.connect(f"{(state_dir / 'state.db').resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-    try:
-        owner = str(db.execute("SELECT value FROM meta WHERE key = 'instance_id'").fetchone()[0])
-    finally:
-        db.close()
-    conn = libvirt.open(LIBVIRT_URI)
-    try:
-        names = []
-        for d in conn.listAllDomains(0):
-            try:
-                ident = read_identity(d.XMLDesc(0))
-            except libvirt.libvirtError:
-                continue  # gone while we looked
-            if ident is not None and ident.owner == owner:
-                names.append(d.name())
-        return names
-    finally:
-        conn.close()
 
 
 def iptables_chains() -> set[str]:

@@ -37,6 +37,7 @@ from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.sandbox_dirs import SandboxDirs
 from tests import interrupts
+from vmsandbox.domain import DOMAIN_PREFIX
 
 interrupts.install()
 
@@ -289,35 +290,43 @@ def stop_shim(shim: Shim, *, kill: bool = False) -> None:
             shim.process.wait()
 
 
-def our_domains(shim: Shim | None = None) -> list[str]:
-    """vmsandbox domains on libvirt; with ``shim``, only those its state database defined (other
-    test runs may share this libvirt)."""
+def state_domains(state_dir: Path) -> list[str]:
+    """libvirt domains, of any name, defined by the shim whose state database is in ``state_dir``
+    (told by the owner its metadata names)."""
     import libvirt
 
     from vmsandbox.domain_xml import read_identity
 
-    owner = ""
-    if shim is not None:
-        db = sqlite3.connect(f"{(shim.state_dir / 'state.db').resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-        try:
-            owner = str(db.execute("SELECT value FROM meta WHERE key = 'instance_id'").fetchone()[0])
-        finally:
-            db.close()
+    db = sqlite3.connect(f"{(state_dir / 'state.db').resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    try:
+        owner = str(db.execute("SELECT value FROM meta WHERE key = 'instance_id'").fetchone()[0])
+    finally:
+        db.close()
     conn = libvirt.open(LIBVIRT_URI)
     try:
         names = []
         for d in conn.listAllDomains(0):
-            if not d.name().startswith("vmsandbox-"):
-                continue
-            if owner:
-                try:
-                    ident = read_identity(d.XMLDesc(0))
-                except libvirt.libvirtError:
-                    continue  # gone while we looked
-                if ident is None or ident.owner != owner:
-                    continue
-            names.append(d.name())
+            try:
+                ident = read_identity(d.XMLDesc(0))
+            except libvirt.libvirtError:
+                continue  # gone while we looked
+            if ident is not None and ident.owner == owner:
+                names.append(d.name())
         return names
+    finally:
+        conn.close()
+
+
+def our_domains(shim: Shim | None = None) -> list[str]:
+    """vmsandbox domains on libvirt; with ``shim``, only those its state database defined (other
+    test runs may share this libvirt)."""
+    if shim is not None:
+        return [n for n in state_domains(shim.state_dir) if n.startswith(DOMAIN_PREFIX)]
+    import libvirt
+
+    conn = libvirt.open(LIBVIRT_URI)
+    try:
+        return [d.name() for d in conn.listAllDomains(0) if d.name().startswith(DOMAIN_PREFIX)]
     finally:
         conn.close()
 

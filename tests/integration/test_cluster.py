@@ -42,9 +42,8 @@ from tests.integration.cluster_support import (
     kube_bin,
     push_image,
     script,
-    shim_domains,
 )
-from tests.integration.conftest import require_host
+from tests.integration.conftest import require_host, state_domains
 from tests.integration.image_setup import require_image_tools
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -178,7 +177,7 @@ def test_docker_format_deployment_runs_in_a_vm(cluster: Cluster, image: str, tmp
     guest_mib = MEMORY_MIB + OVERHEAD_MIB
     assert (shape["vcpus"], shape["memory_bytes"]) == (1, guest_mib * MiB), shape
     assert sum(count for _, size, count in views[0].claims.pages if size == 2 * MiB) == guest_mib // 2, views[0].claims
-    assert shim_domains(cluster.state_dir) != []
+    assert state_domains(cluster.state_dir) != []
 
     # kubectl logs: the container's output, through the API server, the kubelet and the shim
     def output() -> str:
