@@ -4,7 +4,7 @@ named and recorded.
 
 A pod that is not host-network gets a namespace (``<netns_dir>/vmsandbox-<sandbox id>``), CNI ADD
 of the configuration chosen from ``cni_conf_dir`` with ``eth0`` as the interface, and a passthru
-macvtap on that ``eth0`` moved to the host namespace for libvirt (why: the README's
+macvtap on that ``eth0`` moved to the host namespace for libvirt (why: docs/network.md,
 "Pod network"). What was done is recorded in ``<state_dir>/network/<sandbox id>.json`` before it is
 done, so DEL (at StopPodSandbox, retried until it succeeds) and the clean-up of a shim that died
 half-way (``reconcile``) use the same configuration and the ADD result. A host-network pod gets

@@ -39,7 +39,7 @@ _LAYER_TYPES = {
     "application/vnd.oci.image.layer.v1.tar": LAYER_TAR,
     "application/vnd.oci.image.layer.v1.tar+gzip": LAYER_GZIP,
     "application/vnd.oci.image.layer.v1.tar+zstd": LAYER_ZSTD,
-    # non-distributable (foreign) layers are pulled and unpacked like the others (see README, Images)
+    # non-distributable (foreign) layers are pulled and unpacked like the others (see docs/images.md)
     "application/vnd.oci.image.layer.nondistributable.v1.tar": LAYER_TAR,
     "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip": LAYER_GZIP,
     "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd": LAYER_ZSTD,

@@ -1,6 +1,6 @@
 """ImageService over two image stores: vmsandbox's (VM pods) and the downstream's (ordinary pods).
 
-The rule (README, "Sharing the node"):
+The rule (docs/sharing-the-node.md, "Images"):
 
 - ``PullImage`` whose ``sandbox_config`` names a pod the proxy has routed pulls on that pod's side
   only; without a pod it knows (``crictl pull``, an unknown uid) it pulls on both sides.

@@ -617,7 +617,7 @@ def test_plan_unwraps_a_list(tmp_path: Path) -> None:
     ],
 )
 def test_plan_cannot_plan_exits_2(args: tuple[str, ...], message: str) -> None:
-    """README and --help: 0 fits, 1 refused, 2 bad input (no plan could be made)."""
+    """docs/install.md and --help: 0 fits, 1 refused, 2 bad input (no plan could be made)."""
     done = vmsandbox("plan", MANIFESTS / "guaranteed-pod.yaml", "--host-sysfs", TWO_SOCKET, *args)
     assert (done.returncode, done.stdout) == (2, "")
     assert message in done.stderr

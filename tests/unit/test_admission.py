@@ -1,4 +1,4 @@
-"""Tests of vmsandbox.admission: what "diverge" means (the README's "Admission")."""
+"""Tests of vmsandbox.admission: what "diverge" means (docs/sizing-and-admission.md, "Admission")."""
 
 from __future__ import annotations
 

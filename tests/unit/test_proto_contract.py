@@ -1,7 +1,7 @@
 """The CRI wire contract: field numbers, services, unknown fields, generated code.
 
 The numbers below are the ones k8s.io/cri-api (runtime.v1) uses, plus the KEP-4112
-extension described in the README and proto/. A kubelet, crictl or critest only
+extension described in docs/sizing-and-admission.md and proto/. A kubelet, crictl or critest only
 interoperates with us if these match, so a change here is a change of the wire format.
 """
 

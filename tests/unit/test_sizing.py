@@ -1,5 +1,5 @@
 """Tests of vmsandbox.sizing: effective pod demand (declared and legacy) and the VM shape
-(the README's "How a pod is sized")."""
+(docs/sizing-and-admission.md, "How a pod is sized")."""
 
 from __future__ import annotations
 
