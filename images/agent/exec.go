@@ -255,9 +255,12 @@ func opStats(raw json.RawMessage) (interface{}, error) {
 		return nil, err
 	}
 	s := cgroupStats(c.cgroup)
-	used, inodes := dirBytes(filepath.Join(stateDir, c.ID, "upper"))
+	upper := filepath.Join(stateDir, c.ID, "upper")
+	used, inodes := dirBytes(upper)
 	s["writable_bytes"] = used
 	s["writable_inodes"] = inodes
+	cgroupMetrics(cgroupBase+c.cgroup, s)
+	writableFS(upper, s)
 	return s, nil
 }
 
