@@ -23,7 +23,7 @@ import binascii
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import NamedTuple, TypeAlias
 
 from vmsandbox import validation
@@ -528,6 +528,78 @@ def exec_result_from_body(body: Mapping[str, object], where: str = "exec") -> Ex
     )
 
 
+IO_DEVICES_MAX = 32
+"""Devices of ``io.stat`` one stats body may list."""
+HUGETLB_SIZES_MAX = 8
+"""Hugepage sizes one stats body may list."""
+_HUGETLB_SIZE = re.compile(r"[0-9]{1,6}[KMG]B")
+
+
+@dataclass(frozen=True)
+class IoDevice:
+    """One line of a cgroup's ``io.stat``: a block device of the guest and what was done on it."""
+
+    major: int
+    minor: int
+    rbytes: int
+    wbytes: int
+    rios: int
+    wios: int
+
+
+@dataclass(frozen=True)
+class CgroupReadings:
+    """What a container's cgroup v2 files, its processes and its writable layer's file system say
+    beyond the basic usage: each field is None when the agent did not send it (agents before this
+    field, a kernel without the file, or a limit that is "max")."""
+
+    # cpu.stat
+    cpu_user_usec: int | None = None
+    cpu_system_usec: int | None = None
+    cpu_nr_periods: int | None = None
+    cpu_nr_throttled: int | None = None
+    cpu_throttled_usec: int | None = None
+    # memory.stat, memory.events, memory.peak, memory.swap.current
+    memory_file: int | None = None
+    memory_file_mapped: int | None = None
+    memory_kernel: int | None = None
+    memory_active_file: int | None = None
+    memory_inactive_file: int | None = None
+    memory_events_max: int | None = None
+    memory_events_oom: int | None = None
+    memory_peak: int | None = None
+    memory_swap_current: int | None = None
+    # limits: memory.max, memory.low, memory.swap.max, cpu.weight, cpu.max, pids.max (0: none)
+    memory_max: int | None = None
+    memory_low: int | None = None
+    memory_swap_max: int | None = None
+    cpu_weight: int | None = None
+    cpu_max_quota_usec: int | None = None
+    cpu_max_period_usec: int | None = None
+    pids_max: int | None = None
+    # pressure stall totals (cpu.pressure, memory.pressure, io.pressure)
+    psi_cpu_some_usec: int | None = None
+    psi_cpu_full_usec: int | None = None
+    psi_memory_some_usec: int | None = None
+    psi_memory_full_usec: int | None = None
+    psi_io_some_usec: int | None = None
+    psi_io_full_usec: int | None = None
+    # the processes of cgroup.procs and their open descriptors
+    processes: int | None = None
+    file_descriptors: int | None = None
+    sockets: int | None = None
+    # statfs of the file system holding the writable layer
+    fs_bytes: int | None = None
+    fs_inodes: int | None = None
+    fs_inodes_free: int | None = None
+    io: tuple[IoDevice, ...] | None = None
+    hugetlb: tuple[tuple[str, int], ...] | None = None
+    """(page size as the kernel names it, "2MB"; bytes in use) per hugetlb.<size>.current."""
+
+
+_READING_COUNTS = tuple(f.name for f in fields(CgroupReadings) if f.name not in ("io", "hugetlb"))
+
+
 @dataclass(frozen=True)
 class CgroupStats:
     """Usage of one container's cgroup (or of the whole guest) at ``timestamp_ns``."""
@@ -542,6 +614,52 @@ class CgroupStats:
     pids: int
     writable_bytes: int
     writable_inodes: int
+    oom_kills: int | None = None
+    """``oom_kill`` of memory.events (None: not sent)."""
+    readings: CgroupReadings = field(default_factory=CgroupReadings)
+
+
+def _io_devices(body: Mapping[str, object], where: str) -> tuple[IoDevice, ...]:
+    raw = _field(body, "io", list, where)
+    assert isinstance(raw, list)
+    if len(raw) > IO_DEVICES_MAX:
+        raise ProtocolError(f"{where}: field 'io' lists more than {IO_DEVICES_MAX} devices")
+    out = []
+    for i, entry in enumerate(raw):
+        at = f"{where}: io[{i}]"
+        if not isinstance(entry, dict):
+            raise ProtocolError(f"{at} must be an object")
+        out.append(
+            IoDevice(
+                major=_count(entry, "major", at, INT32_MAX),
+                minor=_count(entry, "minor", at, INT32_MAX),
+                rbytes=_count(entry, "rbytes", at),
+                wbytes=_count(entry, "wbytes", at),
+                rios=_count(entry, "rios", at),
+                wios=_count(entry, "wios", at),
+            )
+        )
+    return tuple(out)
+
+
+def _hugetlb(body: Mapping[str, object], where: str) -> tuple[tuple[str, int], ...]:
+    raw = _object(body, "hugetlb", where)
+    if len(raw) > HUGETLB_SIZES_MAX:
+        raise ProtocolError(f"{where}: field 'hugetlb' lists more than {HUGETLB_SIZES_MAX} page sizes")
+    for size in raw:
+        if not _HUGETLB_SIZE.fullmatch(size):
+            raise ProtocolError(f"{where}: hugetlb page size {_clip(size, 20)} is not one the kernel names")
+    return tuple(sorted((size, _count(raw, size, f"{where}: hugetlb")) for size in raw))
+
+
+def readings_from_body(body: Mapping[str, object], where: str = "stats") -> CgroupReadings:
+    """The optional readings of a stats body: each field present is checked, each absent is None."""
+    counts = {name: _count(body, name, where) for name in _READING_COUNTS if name in body}
+    return CgroupReadings(
+        **counts,
+        io=_io_devices(body, where) if "io" in body else None,
+        hugetlb=_hugetlb(body, where) if "hugetlb" in body else None,
+    )
 
 
 def stats_from_body(body: Mapping[str, object], where: str = "stats") -> CgroupStats:
@@ -556,6 +674,8 @@ def stats_from_body(body: Mapping[str, object], where: str = "stats") -> CgroupS
         pids=_count(body, "pids", where),
         writable_bytes=_count(body, "writable_bytes", where) if "writable_bytes" in body else 0,
         writable_inodes=_count(body, "writable_inodes", where) if "writable_inodes" in body else 0,
+        oom_kills=_count(body, "oom_kills", where) if "oom_kills" in body else None,
+        readings=readings_from_body(body, where),
     )
 
 
