@@ -24,8 +24,8 @@ from typing import Any
 
 from shim import faults
 from shim.config import ShimConfig
-from vmsandbox import cni
-from vmsandbox.adapters import cni_exec, netns
+from vmsandbox import cni, cri_metrics
+from vmsandbox.adapters import cni_exec, netns, sysfs
 from vmsandbox.domain import NetworkInterface
 from vmsandbox.errors import VmSandboxError, WrongState
 from vmsandbox.network import GuestNic, NamespaceOptions, PodNetwork, PortMapping, Route
@@ -64,6 +64,7 @@ class PodNetworks:
         self._seen: tuple[tuple[str, int, int], ...] | None = None
         self._network: cni.NetworkConfig | None = None
         self._skipped: list[str] = []
+        self.sys_root = "/sys"  # where the macvtaps' counters are read (tests point it at a tree)
 
     # -- the configuration ----------------------------------------------------------------------
     def _current(self) -> tuple[cni.NetworkConfig | None, list[str]]:
@@ -131,6 +132,19 @@ class PodNetworks:
             log.error("pod network record of %s is unreadable, treated as absent: %s", sandbox_id[:12], exc)
             return None
         return doc if isinstance(doc, dict) else None
+
+    # -- counters -------------------------------------------------------------------------------
+    def link_counters(self, sandbox_id: str) -> tuple[tuple[str, cri_metrics.LinkCounters], ...]:
+        """The pod's network counters as the pod sees them, by the interface name CNI gave it in
+        the pod's namespace: those of its macvtap, which carries every frame of its guest's NIC
+        (none for a pod without a CNI attachment, or whose macvtap is gone)."""
+        doc = self._read(sandbox_id)
+        if doc is None or doc.get("state") != "attached" or not isinstance(doc.get("macvtap"), str):
+            return ()
+        host = sysfs.link_counters(doc["macvtap"], self.sys_root)
+        if host is None:
+            return ()
+        return ((cni.IFNAME, cri_metrics.pod_side("macvtap", host)),)
 
     # -- attach / detach ------------------------------------------------------------------------
     def attach(

@@ -13,8 +13,11 @@ import os
 import re
 from pathlib import Path
 
+from vmsandbox.cri_metrics import LinkCounters
 from vmsandbox.host import HostCpu, HostInventory, HugepagePool, PciFunction, parse_cpulist, parse_pci_address
 
+_LINK_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,14}")  # a kernel interface name (IFNAMSIZ - 1)
+_COUNTER_BYTES = 24  # a u64 in decimal and its newline fit
 _PAGES_DIR = re.compile(r"^hugepages-(\d+)kB$")
 _MEM_TOTAL = re.compile(r"^(?:Node \d+ )?MemTotal:\s+(\d+) kB$", re.MULTILINE)
 
@@ -141,3 +144,38 @@ def read_inventory(sys_root: str | Path = "/sys", proc_root: str | Path = "/proc
 def hugepages_free(sys_root: str | Path = "/sys") -> dict[tuple[int, int], int]:
     """Free pages right now per (node, page size in bytes)."""
     return {(p.node, p.page_size): p.free for p in read_inventory(sys_root).hugepages}
+
+
+def link_counters(name: str, sys_root: str | Path = "/sys") -> LinkCounters | None:
+    """The counters of network device ``name`` of this network namespace, as its ``statistics/``
+    files say (None: no such device, or a file that does not read as a count). The one symlink
+    passed is sysfs's own ``class/net/<name>``; each counter is opened without following one and
+    read at most ``_COUNTER_BYTES``."""
+    if not _LINK_NAME.fullmatch(name):
+        return None
+    base = Path(sys_root) / "class" / "net" / name / "statistics"
+    values: dict[str, int] = {}
+    for counter in (
+        "rx_bytes",
+        "rx_packets",
+        "rx_errors",
+        "rx_dropped",
+        "tx_bytes",
+        "tx_packets",
+        "tx_errors",
+        "tx_dropped",
+    ):
+        try:
+            fd = os.open(base / counter, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            text = os.read(fd, _COUNTER_BYTES).decode("ascii", "replace").strip()
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if not text.isdigit() or len(text) > 20 or int(text) >= 1 << 64:
+            return None
+        values[counter] = int(text)
+    return LinkCounters(**values)
