@@ -51,7 +51,7 @@ from shim.model import (
 from shim.nri.hooks import NriHooks
 from shim.sandboxes import Sandboxes
 from shim.streaming.server import Target
-from vmsandbox import oci_spec, shared_storage, streaming
+from vmsandbox import cri_metrics, oci_spec, shared_storage, streaming
 from vmsandbox.adapters.host_checks import host_warnings
 from vmsandbox.agent_protocol import CgroupStats, ExecResult
 from vmsandbox.errors import DeadlineExceeded, InvalidArgument, VmSandboxError, WrongState
@@ -376,6 +376,38 @@ class Pods:
 
     def list_sandbox_stats(self, f: SandboxFilter) -> list[SandboxStats]:
         return [self._sandbox_stats(r) for r in self.sandboxes.list_sandboxes() if f.matches_identity(r)]
+
+    def list_sandbox_metrics(self, clock: Callable[[], int]) -> list[cri_metrics.PodMetrics]:
+        """The CRI metrics of every READY pod: its network, and each running container's values
+        from its guest (a container whose guest does not answer is left out, as containerd leaves
+        out one whose task does not). ``clock``: the host's time in ns, read as each part is."""
+        out: list[cri_metrics.PodMetrics] = []
+        for r in self.sandboxes.list_sandboxes():
+            if r.state != SANDBOX_READY:
+                continue
+            pod = cri_metrics.PodIdentity(r.meta.name, r.meta.namespace, r.id)
+            links = self.sandboxes.network.link_counters(r.id)
+            read_ns = clock()
+            running = [c for c in self.sandboxes.containers(r.id) if c.state == CONTAINER_RUNNING]
+            parts = self._shared_parts(r.id) if running else {}
+            members: list[cri_metrics.ContainerMetrics] = []
+            for c in running:
+                try:
+                    s = self.containers.stats(c.id)
+                except VmSandboxError as exc:
+                    log.info("metrics: container %s left out: %s", c.id[:12], exc)
+                    continue
+                if s is None:
+                    continue
+                shared = parts.get(c.id, (0, 0))
+                used = (s.writable_bytes + shared[0], s.writable_inodes + shared[1])
+                ident = cri_metrics.ContainerIdentity(c.name, c.id, c.image, c.started_ns)
+                now_ns = clock()
+                values = cri_metrics.container_values(pod, ident, s, now_ns, used, c.linux.cpu_shares)
+                members.append(cri_metrics.ContainerMetrics(c.id, now_ns, tuple(values)))
+            pod_values = tuple(cri_metrics.pod_values(pod, links))
+            out.append(cri_metrics.PodMetrics(r.id, read_ns, pod_values, tuple(members)))
+        return out
 
     def _container_stats(self, c: ContainerRecord, shared: tuple[int, int] = (0, 0)) -> ContainerStats:
         s = self.containers.stats(c.id)

@@ -220,6 +220,19 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         )
 
     @rpc
+    def ListMetricDescriptors(
+        self, request: pb.ListMetricDescriptorsRequest, context: grpc.ServicerContext
+    ) -> pb.ListMetricDescriptorsResponse:
+        return pb.ListMetricDescriptorsResponse(descriptors=translate.metric_descriptors())
+
+    @rpc
+    def ListPodSandboxMetrics(
+        self, request: pb.ListPodSandboxMetricsRequest, context: grpc.ServicerContext
+    ) -> pb.ListPodSandboxMetricsResponse:
+        metrics = self.pods.list_sandbox_metrics(time.time_ns)
+        return pb.ListPodSandboxMetricsResponse(pod_metrics=[translate.pod_sandbox_metrics(m) for m in metrics])
+
+    @rpc
     def ExecSync(self, request: pb.ExecSyncRequest, context: grpc.ServicerContext) -> pb.ExecSyncResponse:
         res = self.pods.exec_sync(request.container_id, request.cmd, int(request.timeout))
         return pb.ExecSyncResponse(stdout=res.stdout, stderr=res.stderr, exit_code=res.exit_code)
@@ -275,8 +288,6 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     CheckpointPod = _not_built("CheckpointPod", "checkpointing is not supported")
     RestorePod = _not_built("RestorePod", "checkpointing is not supported")
     GetContainerEvents = _not_built("GetContainerEvents", "container events are not streamed yet")
-    ListMetricDescriptors = _not_built("ListMetricDescriptors", "metrics are not exported over CRI yet")
-    ListPodSandboxMetrics = _not_built("ListPodSandboxMetrics", "metrics are not exported over CRI yet")
     StreamPodSandboxes = _not_built("StreamPodSandboxes", "streaming list RPCs are not served yet")
     StreamContainers = _not_built("StreamContainers", "streaming list RPCs are not served yet")
     StreamContainerStats = _not_built("StreamContainerStats", "streaming list RPCs are not served yet")

@@ -28,7 +28,7 @@ from shim.model import (
     SandboxSpec,
     SandboxStats,
 )
-from vmsandbox import oci_spec, states, validation
+from vmsandbox import cri_metrics, oci_spec, states, validation
 from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.errors import InvalidArgument, Unsupported
 from vmsandbox.image_catalogue import ImageRecord
@@ -689,6 +689,37 @@ def pod_sandbox_stats(ss: SandboxStats, layer_mountpoint: str) -> pb.PodSandboxS
             id=r.id, metadata=pod_metadata(r), labels=r.labels, annotations=r.annotations
         ),
         linux=linux,
+    )
+
+
+def metric_descriptors() -> list[pb.MetricDescriptor]:
+    return [pb.MetricDescriptor(name=d.name, help=d.help, label_keys=d.label_keys) for d in cri_metrics.DESCRIPTORS]
+
+
+_METRIC_TYPES = {cri_metrics.COUNTER: pb.COUNTER, cri_metrics.GAUGE: pb.GAUGE}
+
+
+def _metrics(values: Iterable[cri_metrics.Value], timestamp_ns: int) -> list[pb.Metric]:
+    return [
+        pb.Metric(
+            name=v.name,
+            timestamp=timestamp_ns,
+            metric_type=_METRIC_TYPES[v.kind],
+            label_values=v.labels,
+            value=_u64(v.value),
+        )
+        for v in values
+    ]
+
+
+def pod_sandbox_metrics(m: cri_metrics.PodMetrics) -> pb.PodSandboxMetrics:
+    return pb.PodSandboxMetrics(
+        pod_sandbox_id=m.sandbox_id,
+        metrics=_metrics(m.values, m.timestamp_ns),
+        container_metrics=[
+            pb.ContainerMetrics(container_id=c.container_id, metrics=_metrics(c.values, c.timestamp_ns))
+            for c in m.containers
+        ],
     )
 
 
