@@ -57,6 +57,9 @@ type method struct {
 	forgets bool
 }
 
+// Methods not in the table go to the shim as they came. Among them the lists the shim merges
+// itself: the stats lists and ListPodSandboxMetrics, whose answers change with every reading, so
+// none can be kept for as long as the records' generation stands as mergedList answers are.
 var methods = map[string]method{
 	runtimeService + "Version":          {path: cachedAnswer},
 	runtimeService + "ContainerStatus":  {path: byID, kind: containerID},

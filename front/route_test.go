@@ -120,3 +120,12 @@ func TestPercentEncode(t *testing.T) {
 		t.Errorf("percentEncode: %q", got)
 	}
 }
+
+func TestListsOfReadingsGoToTheShim(t *testing.T) {
+	// their answers change without the records' generation moving: the shim merges them fresh
+	for _, name := range []string{"ListPodSandboxStats", "ListContainerStats", "ListPodSandboxMetrics", "ListMetricDescriptors"} {
+		if m := classify(runtimeService + name); m.path != viaShim {
+			t.Errorf("%s: path %v, want viaShim", name, m.path)
+		}
+	}
+}

@@ -33,7 +33,7 @@ class Kind(Enum):
     BOTH = "both"  # both sides must accept (UpdateRuntimeConfig)
     STATUS = "status"  # both sides, one condition set per side
     LOCAL = "local"  # vmsandbox answers alone (Version, streaming list RPCs)
-    DOWNSTREAM = "downstream"  # the downstream answers alone (RuntimeConfig, CRI metrics)
+    DOWNSTREAM = "downstream"  # the downstream answers alone (RuntimeConfig, the metric descriptors)
     IMAGE = "image"  # ImageService: see the image rule in shim/proxy/images.py
 
 
@@ -66,8 +66,10 @@ METHODS: dict[str, Kind] = {
     "UpdateRuntimeConfig": Kind.BOTH,
     "Status": Kind.STATUS,
     "RuntimeConfig": Kind.DOWNSTREAM,
+    # the node's descriptors are the downstream's (vmsandbox's are containerd 2.4's, and critest's
+    # few more); every side reports its own pods' values
     "ListMetricDescriptors": Kind.DOWNSTREAM,
-    "ListPodSandboxMetrics": Kind.DOWNSTREAM,
+    "ListPodSandboxMetrics": Kind.MERGE,
     # server-streaming: vmsandbox serves none of them, and containerd 1.6 none either; one answer
     "GetContainerEvents": Kind.LOCAL,
     "StreamPodSandboxes": Kind.LOCAL,

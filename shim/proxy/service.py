@@ -275,33 +275,38 @@ class Proxy:
             self.ids.forget_container(container_id)
         return answer
 
-    def _merged(self, name: str, cls: Any, data: bytes, context: grpc.ServicerContext) -> bytes:
-        request = _parse(cls, data)
-        f = request.filter
-        side = None
+    def _list_side(self, name: str, f: Any) -> Side | None:
+        """The one side a list's filter can match, when it names an id (prefix) only that side has."""
         if name in ("ListPodSandbox", "ListPodSandboxStats"):
             if f.id:
-                side = routing.filter_side(
+                return routing.filter_side(
                     f.id, self.sandboxes.ids_with_prefix(f.id), self.ids.sandboxes_with_prefix(f.id)
                 )
         else:  # ListContainers, ListContainerStats: by container id, else by sandbox id
             if f.id:
-                side = routing.filter_side(
+                return routing.filter_side(
                     f.id, self.sandboxes.container_ids_with_prefix(f.id), self.ids.containers_with_prefix(f.id)
                 )
             elif f.pod_sandbox_id:
-                side = routing.filter_side(
+                return routing.filter_side(
                     f.pod_sandbox_id,
                     self.sandboxes.ids_with_prefix(f.pod_sandbox_id),
                     self.ids.sandboxes_with_prefix(f.pod_sandbox_id),
                 )
+        return None
+
+    def _merged(self, name: str, cls: Any, data: bytes, context: grpc.ServicerContext) -> bytes:
+        request = _parse(cls, data)
+        # ListPodSandboxMetrics has no filter: both sides' pods
+        f = request.filter if "filter" in cls.DESCRIPTOR.fields_by_name else None
+        side = self._list_side(name, f) if f is not None else None
         if side == Side.LOCAL or self._front_header(context, front_headers.SIDE) == Side.LOCAL.value:
             reply: bytes = self.local(name, data, context).SerializeToString()
             return reply
         if side == Side.DOWNSTREAM:
             return self.forward(name, data, context)
         mine: bytes = self.local(name, data, context).SerializeToString()
-        if name not in LISTS:
+        if name not in LISTS or f is None:
             return self.forward(name, data, context) + mine  # concatenated messages: repeated fields appended
         try:
             theirs = self.forward(name, data, context)
