@@ -945,12 +945,15 @@ class Containers:
         return self._client(self.sandboxes.get(sandbox_id).id)
 
     def stats(self, container_id: str) -> CgroupStats | None:
+        """The running container's usage; None when it is not running or its guest gives no valid
+        answer (one guest's refusal or malformed answer must not fail a list of every pod's stats)."""
         c = self.sandboxes.container(container_id)
         if c.state != CONTAINER_RUNNING:
             return None
         try:
             res = self._call(c.sandbox_id, "stats", c.id)
-        except GuestRequestFailed:
+        except (GuestRequestFailed, InfrastructureError) as exc:
+            log.info("container %s: no usage: %s", c.id[:12], exc)
             return None
         assert isinstance(res, CgroupStats)
         return res
@@ -973,8 +976,13 @@ class Containers:
             inodes += s.writable_inodes
         return used, inodes
 
-    def sandbox_stats(self, sandbox_id: str) -> CgroupStats:
-        res = self._call(sandbox_id, "stats", "")
+    def sandbox_stats(self, sandbox_id: str) -> CgroupStats | None:
+        """The whole guest's usage; None when its guest gives no valid answer (as ``stats``)."""
+        try:
+            res = self._call(sandbox_id, "stats", "")
+        except (GuestRequestFailed, InfrastructureError) as exc:
+            log.info("sandbox %s: no usage: %s", sandbox_id[:12], exc)
+            return None
         assert isinstance(res, CgroupStats)
         return res
 

@@ -266,3 +266,24 @@ def test_teardown_of_unknown_ids_succeeds_and_bad_input_is_refused(server: Serve
         pods.exec_sync(SEED_CONTAINER, ["true"], -1)
     with pytest.raises(InvalidArgument):
         pods.remove_container("")
+
+
+def test_pods_whose_guests_give_no_valid_answer_are_listed_without_usage(server: Server) -> None:
+    """One guest that does not answer (here: none of the seeded pods has one) must not fail the
+    node's stats lists: the kubelet's eviction and summary API read them for every pod."""
+    running = replace(
+        ContainerRecord(
+            id="ef" * 32, sandbox_id=SEED_SANDBOXES[1], name="web", attempt=0, state=CONTAINER_CREATED, created_ns=2
+        ),
+        state="CONTAINER_RUNNING",
+        image_id="sha256:" + "0" * 64,
+    )
+    server.sandboxes.save_container(running)
+    code, details, body = server.rpc("ListPodSandboxStats", pb.ListPodSandboxStatsRequest())
+    assert code.name == "OK", details
+    stats = pb.ListPodSandboxStatsResponse.FromString(body).stats
+    assert {s.attributes.id for s in stats} == set(SEED_SANDBOXES)
+    assert all(not s.linux.HasField("cpu") for s in stats)
+    code, details, body = server.rpc("ListContainerStats", pb.ListContainerStatsRequest())
+    assert code.name == "OK", details
+    assert [s.attributes.id for s in pb.ListContainerStatsResponse.FromString(body).stats] == [running.id]
