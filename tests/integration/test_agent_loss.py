@@ -28,7 +28,7 @@ from tests.integration.conftest import (
 from tests.integration.state_check import assert_consistent, vmsandbox_free_baseline
 from tests.registry_kit import BUSYBOX
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 RES = q({"cpu": "250m", "memory": "32Mi"})
 # busybox ash without pidof: find the agent by its command name, wait until the shim saw the start

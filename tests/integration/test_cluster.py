@@ -46,7 +46,7 @@ from tests.integration.cluster_support import (
 from tests.integration.conftest import require_host, state_domains
 from tests.integration.image_setup import require_image_tools
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(1800)]
 
 MiB = 1 << 20
 # the Deployment's container; deploy/profiles.yaml's `medium` profile (RuntimeClass vmsandbox-medium)

@@ -26,7 +26,7 @@ from vmsandbox.adapters.profile_loader import load_profiles
 from vmsandbox.resources import ContainerDeclaration, ContainerResources, PodDeclaration, ResourceList
 from vmsandbox.sizing import demand_from_declaration, shape_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 CALLS = 10
 FITS = 4

@@ -27,7 +27,7 @@ from tests.integration.conftest import LIBVIRT_URI, Shim, container, pod, q, req
 from tests.integration.state_check import assert_consistent, read_domains, read_ledger, vmsandbox_free_baseline
 from vmsandbox.domain_xml import read_identity
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 RUN_POINTS = ("run:before-claim", "run:after-claim", "run:after-define", "run:after-start", "run:after-ready")
 REMOVE_POINTS = ("remove:after-destroy", "remove:after-release")

@@ -35,7 +35,7 @@ from tests.integration.conftest import (
 from tests.unit.test_cri_metrics import CRITEST_EXPECTED, CRITEST_OPTIONAL, CRITEST_UNIMPLEMENTED
 from vmsandbox.cri_metrics import BY_NAME
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive]
 
 K8S_BIN = Path(os.environ.get("VMSANDBOX_K8S_BIN", "/var/cache/vmsandbox/k8s/1.37/bin"))
 BURN = q({"cpu": "500m", "memory": "64Mi"})  # cpu.max 50000 100000: the loop is throttled

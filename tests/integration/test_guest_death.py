@@ -16,7 +16,7 @@ import pytest
 from shim.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.conftest import LIBVIRT_URI, Shim, container, hugepages_free, pod, q
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 
 def _qemu_pid(sandbox_id: str) -> int:

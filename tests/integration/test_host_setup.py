@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SETUP = REPO_ROOT / "scripts" / "setup-host.sh"

@@ -16,7 +16,7 @@ import pytest
 from shim.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.conftest import LIBVIRT_URI, Shim, container, hugepages_free, our_domains, pod, q
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 
 def status_info(shim: Shim, sandbox_id: str) -> dict[str, Any]:

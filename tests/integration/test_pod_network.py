@@ -30,7 +30,7 @@ from tests.integration.conftest import (
     stop_shim,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive]
 
 SMALL = q({"cpu": "250m", "memory": "32Mi"})
 HOST_PORT = 18080

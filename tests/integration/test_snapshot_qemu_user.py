@@ -44,7 +44,7 @@ from tests.integration.test_snapshot_restore import (
 from vmsandbox.domain import domain_name
 from vmsandbox.domain_xml import read_identity
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 FIRST, LAST = 2_100_000_200, 2_100_000_299
 UIDS: dict[str, object] = {"qemu_uids": f"{FIRST}-{LAST}"}

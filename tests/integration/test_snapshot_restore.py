@@ -39,7 +39,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.state_check import assert_consistent, read_ledger, vmsandbox_free_baseline
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 RPC_TIMEOUT = 120
 SNAPSHOT_WAIT_S = 180

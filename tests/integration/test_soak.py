@@ -25,7 +25,7 @@ from tests.integration.conftest import Shim, container, pod, q, require_host, st
 from tests.integration.state_check import assert_consistent, vmsandbox_free_baseline
 from tests.integration.test_crash_recovery import fresh_pod_fits, remove_everything
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 ROUNDS = int(os.environ.get("VMSANDBOX_SOAK_ROUNDS", "4"))
 APP = q({"cpu": "500m", "memory": "32Mi"})
