@@ -84,10 +84,10 @@ def _seed(ledger: Ledger, sb: Sandboxes, pods: int) -> list[str]:
             shape=shape,
         )
         ledger.put_sandbox(sid, SANDBOX_READY, n, record.to_doc())
-        sb.reload()
+        sb.records.reload()
         for i in range(PER_POD):
             cid = f"{n:08x}{i:08x}" + "c" * 48
-            sb.save_container(
+            sb.records.save_container(
                 ContainerRecord(
                     id=cid,
                     sandbox_id=sid,

@@ -1,6 +1,6 @@
 """``ContainerIndex``: the container records of the ledger, decoded once and kept in memory.
 
-``Sandboxes`` owns the container rows; every write it makes to the ledger is mirrored here after
+``Records`` (``shim.records``) owns the container rows; every write it makes to the ledger is mirrored here after
 the ledger accepted it, so the index answers lookups (an id, a unique id prefix, a sandbox's
 containers, every container in creation order) without reading or decoding a row. It is built from
 the ledger at start-up. Records are frozen dataclasses, shared as they are.

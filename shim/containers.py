@@ -7,7 +7,7 @@ each guest, each container's place and volume binds in the pod's share (the dire
 ``hostname`` files its containers share, and which volumes follow the host's later mounts below
 their sources (through ``shim.mount_follow``).
 
-Container records (admission, names, state) are kept by ``shim.sandboxes``; this owner moves them
+Container records (admission, names, state) are kept by ``shim.records``; this owner moves them
 through their life: created in the guest, running, exited (exit code, reason, times), removed.
 
 It also holds the guest's word against the records: a connection to an agent instance other than
@@ -185,6 +185,7 @@ class GuestAttach:
 class Containers:
     def __init__(self, state_dir: str, sandboxes: Sandboxes, images: ImageStore, hypervisor: Hypervisor) -> None:
         self.sandboxes = sandboxes
+        self.records = sandboxes.records
         self.dirs = sandboxes.dirs  # each sandbox's directory on the host: made, dropped and swept there
         self.images = images
         self.hypervisor = hypervisor
@@ -204,7 +205,7 @@ class Containers:
         a guest holds the disks of its own containers' images and no other tenant's; returns the
         agent's ``lower`` for it and whether this call attached it. Counts this create as a user of
         the disk (until the pod goes, or ``_detach_unused`` when the create fails)."""
-        name = self.sandboxes.get(sandbox_id).domain
+        name = self.records.get(sandbox_id).domain
         with self._lock:
             lock = self._disk_locks.setdefault(sandbox_id, threading.Lock())
         key = (sandbox_id, held.serial)
@@ -241,7 +242,7 @@ class Containers:
         0400, in the 0700 store) is bound read-only, idmapped so that root's files are QEMU's uid's,
         onto ``<sandbox>/disks/<serial>.erofs`` inside that QEMU's mount namespace (on the host the
         path is an empty placeholder); returns the path QEMU opens."""
-        record = self.sandboxes.get(sandbox_id)
+        record = self.records.get(sandbox_id)
         pid = self.hypervisor.emulator_pid(record.domain)
         if pid is None:
             raise WrongState(f"sandbox {sandbox_id[:12]}: its guest is not running")
@@ -269,7 +270,7 @@ class Containers:
                     self._disk_users.pop(key, None)
             if not attached or left > 0:
                 return
-            name = self.sandboxes.get(sandbox_id).domain
+            name = self.records.get(sandbox_id).domain
             disk = read_image_disks(self.hypervisor.live_xml(name)).get(held.serial)
             if disk is not None:
                 try:
@@ -281,7 +282,7 @@ class Containers:
                 self._unbind(sandbox_id, self.dirs.disks(sandbox_id) / f"{held.serial}.erofs")
 
     def _qemu_pid(self, sandbox_id: str) -> int | None:
-        return self.hypervisor.emulator_pid(self.sandboxes.get(sandbox_id).domain)
+        return self.hypervisor.emulator_pid(self.records.get(sandbox_id).domain)
 
     def _unbind(self, sandbox_id: str, path: Path) -> None:
         """Detach the mounts at or below ``path`` in the guest's QEMU (if it runs)."""
@@ -301,7 +302,7 @@ class Containers:
         shared = self.dirs.shared(sandbox_id)
         keep = [
             shared / "containers" / o.id / "mounts"
-            for o in self.sandboxes.containers(sandbox_id)
+            for o in self.records.containers(sandbox_id)
             if o.id != container_id and o.state != CONTAINER_EXITED
         ]
         binds.unbind_all(pid, shared, keep=keep)
@@ -346,7 +347,7 @@ class Containers:
             return self._open_client(sandbox_id, timeout_s)
 
     def _open_client(self, sandbox_id: str, timeout_s: float) -> AgentClient:
-        record = self.sandboxes.get(sandbox_id)
+        record = self.records.get(sandbox_id)
         path = self.hypervisor.channel_path(record.domain, AGENT_CHANNEL)
         client = AgentClient.open(
             path, timeout_s, label=f"sandbox {sandbox_id[:12]}", on_lost=lambda why: self._agent_lost(sandbox_id, why)
@@ -412,7 +413,7 @@ class Containers:
         if not container_id:
             return  # an op on the whole guest
         try:
-            c = self.sandboxes.container(container_id)
+            c = self.records.container(container_id)
         except VmSandboxError:
             return
         if c.image_id and c.state in (CONTAINER_CREATED, CONTAINER_RUNNING):
@@ -428,9 +429,9 @@ class Containers:
         when a connection went away), so that an agent that started over is noticed without waiting
         for an RPC; the same agent instance reconnecting is adoption, another one is a lost agent.
         Returns how many agents were connected."""
-        live = {c.sandbox_id for c in self.sandboxes.containers() if c.image_id and c.state != CONTAINER_EXITED}
+        live = {c.sandbox_id for c in self.records.containers() if c.image_id and c.state != CONTAINER_EXITED}
         connected = 0
-        for s in self.sandboxes.list_sandboxes():
+        for s in self.records.list_sandboxes():
             if s.state != SANDBOX_READY or s.id not in live:
                 continue
             try:
@@ -451,8 +452,8 @@ class Containers:
     ) -> None:
         """Creates an admitted container in its guest (its record exists, state CREATED)."""
         faults.checkpoint("create:after-admit")
-        c = self.sandboxes.container(container_id)
-        sandbox = self.sandboxes.get(c.sandbox_id)
+        c = self.records.container(container_id)
+        sandbox = self.records.get(c.sandbox_id)
         if sandbox.qemu_uid == 0:
             # made with QEMU as root and every image tree over 9p, before images were disks: its domain
             # has no empty PCIe root port to hot-plug a disk into, and a running domain gains none
@@ -509,7 +510,7 @@ class Containers:
             self._drop_container_dir(c.sandbox_id, container_id)
             raise
         ref = image.repo_digests[0] if image.repo_digests else image.id
-        self.sandboxes.save_container(
+        self.records.save_container(
             replace(
                 c,
                 image_id=image.id,
@@ -574,7 +575,7 @@ class Containers:
         A HostToContainer or Bidirectional volume of an unprivileged QEMU is bound private, and the
         host's later mounts below its source are copied in idmapped by ``self.follow``: propagated
         by the kernel, they would arrive without the mapping."""
-        sandbox = self.sandboxes.get(sandbox_id)
+        sandbox = self.records.get(sandbox_id)
         self.check_mounts(mounts, sandbox.meta.uid)
         out = []
         mountinfo = Path("/proc/self/mountinfo").read_text()
@@ -666,9 +667,9 @@ class Containers:
         return tuple(out)
 
     def start(self, container_id: str) -> None:
-        container_id = self.sandboxes.container(container_id).id  # a client's prefix names one lock, one path
+        container_id = self.records.container(container_id).id  # a client's prefix names one lock, one path
         with self._lock_for(container_id):
-            c = self.sandboxes.container(container_id)
+            c = self.records.container(container_id)
             if c.state != CONTAINER_CREATED:
                 raise WrongState(f"container {container_id[:12]} is {c.state}, not created: it can start only once")
             if not c.image_id:
@@ -681,7 +682,7 @@ class Containers:
             # reported to the kubelet are the host's, so that created <= started <= finished holds
             started = time.time_ns()
             offset = started - st.started_at_ns if st.started_at_ns else 0
-            self.sandboxes.change_container(
+            self.records.change_container(
                 container_id,
                 expect_state=CONTAINER_CREATED,
                 state=CONTAINER_RUNNING,
@@ -706,10 +707,10 @@ class Containers:
     def resume_logs(self) -> int:
         """At start-up: copying of every running container's log carries on from where the shim
         that ran before stopped (the guest kept the containers and their output); returns how many."""
-        ready = {s.id for s in self.sandboxes.list_sandboxes() if s.state == SANDBOX_READY}
+        ready = {s.id for s in self.records.list_sandboxes() if s.state == SANDBOX_READY}
         resumed = 0
-        self.logs.sweep({c.id for c in self.sandboxes.containers()})
-        for c in self.sandboxes.containers():
+        self.logs.sweep({c.id for c in self.records.containers()})
+        for c in self.records.containers():
             if c.state == CONTAINER_RUNNING and c.sandbox_id in ready:
                 self._start_pump(c)
                 resumed += 1
@@ -723,10 +724,10 @@ class Containers:
         one its guest started is RUNNING. Returns the ids of each kind."""
         report: dict[str, list[str]] = {"forgotten": [], "started": []}
         pending: dict[str, list[ContainerRecord]] = {}
-        for c in self.sandboxes.containers():
+        for c in self.records.containers():
             if c.state == CONTAINER_CREATED:
                 pending.setdefault(c.sandbox_id, []).append(c)
-        ready = {s.id for s in self.sandboxes.list_sandboxes() if s.state == SANDBOX_READY}
+        ready = {s.id for s in self.records.list_sandboxes() if s.state == SANDBOX_READY}
         for sandbox_id, containers in pending.items():
             if sandbox_id not in ready:
                 continue
@@ -746,7 +747,7 @@ class Containers:
                 elif st is not None and st.state != "created":
                     started = time.time_ns()
                     offset = started - st.started_at_ns if st.started_at_ns else 0
-                    self.sandboxes.change_container(
+                    self.records.change_container(
                         c.id,
                         expect_state=CONTAINER_CREATED,
                         state=CONTAINER_RUNNING,
@@ -761,9 +762,9 @@ class Containers:
     def resume_volumes(self) -> int:
         """At start-up: the copies of atomic-writer volumes that running guests keep for their
         containers (as the records say) are kept current again; returns how many containers use one."""
-        ready = {s.id for s in self.sandboxes.list_sandboxes() if s.state == SANDBOX_READY}
+        ready = {s.id for s in self.records.list_sandboxes() if s.state == SANDBOX_READY}
         users = 0
-        for c in self.sandboxes.containers():
+        for c in self.records.containers():
             if c.volume_copies and c.sandbox_id in ready:
                 self.volumes.adopt(c.sandbox_id, c.id, c.volume_copies)
                 users += 1
@@ -774,7 +775,7 @@ class Containers:
         """At start-up: every container the ledger keeps holds its image again, as it did in the shim
         that ran before (RemoveContainer, or its sandbox's removal, releases it); returns how many."""
         held = 0
-        for c in self.sandboxes.containers():
+        for c in self.records.containers():
             if not c.image_id:
                 continue
             try:
@@ -791,17 +792,17 @@ class Containers:
 
     def refresh(self, container_id: str) -> ContainerRecord:
         """The record, brought up to date with the guest (exit code, reason, finish time)."""
-        c = self.sandboxes.container(container_id)
+        c = self.records.container(container_id)
         container_id = c.id  # the full id, never the client's prefix, goes to the guest
         if not self.asks_guest(c):
             return c
         try:
             st = self._call(c.sandbox_id, "status", container_id)
         except VmSandboxError as e:
-            now = self.sandboxes.container(container_id)  # its guest's death or a lost agent may be recorded
+            now = self.records.container(container_id)  # its guest's death or a lost agent may be recorded
             if now.state == CONTAINER_EXITED:
                 return now
-            if self.sandboxes.get(c.sandbox_id).state == SANDBOX_READY:
+            if self.records.get(c.sandbox_id).state == SANDBOX_READY:
                 if isinstance(e, ProtocolError):
                     raise  # the guest answered, with garbage: say so (UNAVAILABLE), do not guess
                 # the guest does not answer; if it died, libvirt's event marks the sandbox soon
@@ -826,7 +827,7 @@ class Containers:
         done = replace(
             c, state=CONTAINER_EXITED, exit_code=code, reason=reason, message=message, finished_ns=at or time.time_ns()
         )
-        self.sandboxes.save_container(done)
+        self.records.save_container(done)
         return done
 
     def stop(self, container_id: str, timeout_s: int) -> None:
@@ -857,7 +858,7 @@ class Containers:
         if not validation.teardown_id(container_id, "container_id"):
             return None  # not an id of ours
         try:
-            c = self.sandboxes.container(container_id)
+            c = self.records.container(container_id)
         except NotFound:
             return None
         container_id = c.id  # the full id, never the client's prefix, names the guest's container and our paths
@@ -867,7 +868,7 @@ class Containers:
         self.logs.forget(container_id)
         self.volumes.release(c.sandbox_id, container_id)
         self._drop_container_dir(c.sandbox_id, container_id)
-        self.sandboxes.remove_container(container_id)
+        self.records.remove_container(container_id)
         if c.image_id:
             self.images.release(c.image_id)
         self._forget_lock(container_id)
@@ -878,14 +879,14 @@ class Containers:
         Image holds stay until its containers (or the sandbox) are removed."""
         self.follow.forget(sandbox_id)
         self.volumes.forget_sandbox(sandbox_id)
-        self.logs.stop(*(c.id for c in self.sandboxes.containers(sandbox_id)))
+        self.logs.stop(*(c.id for c in self.records.containers(sandbox_id)))
         self._drop_client(sandbox_id)
 
     def sandbox_removed(self, sandbox_id: str) -> None:
         """Forget a removed sandbox's guest: its connection, log copies and shared directory."""
         with self._lock:
             self._opening.pop(sandbox_id, None)
-        for c in self.sandboxes.containers(sandbox_id):
+        for c in self.records.containers(sandbox_id):
             self._forget_lock(c.id)
             self.logs.forget(c.id)
             if c.image_id:
@@ -895,7 +896,7 @@ class Containers:
         self._forget_sandbox(sandbox_id)
 
     def reopen_log(self, container_id: str) -> None:
-        c = self.sandboxes.container(container_id)
+        c = self.records.container(container_id)
         if c.state != CONTAINER_RUNNING:
             raise WrongState(f"container {c.id[:12]} is not running: its log is not being written")
         self.logs.reopen(c.id)
@@ -914,7 +915,7 @@ class Containers:
     def proc_start(self, container_id: str, argv: list[str], *, tty: bool, stdin: bool) -> GuestProcess:
         """A process started in the running container for a streaming Exec (``shim.streaming``).
         The record's state is enough here: the agent refuses a container that is not running."""
-        c = self.sandboxes.container(container_id)
+        c = self.records.container(container_id)
         if c.state != CONTAINER_RUNNING:
             raise WrongState(f"container {container_id[:12]} is not running: nothing to exec into")
         self.follow.catch_up(c.sandbox_id)
@@ -928,7 +929,7 @@ class Containers:
         return GuestProcess(client, proc)
 
     def attach_start(self, container_id: str) -> GuestAttach:
-        c = self.sandboxes.container(container_id)
+        c = self.records.container(container_id)
         if c.state != CONTAINER_RUNNING:
             raise WrongState(f"container {container_id[:12]} is not running: nothing to attach to")
         client = self._client(c.sandbox_id)
@@ -942,12 +943,12 @@ class Containers:
 
     def guest_agent(self, sandbox_id: str) -> AgentClient:
         """The agent connection of a READY sandbox's guest (streaming relays use it directly)."""
-        return self._client(self.sandboxes.get(sandbox_id).id)
+        return self._client(self.records.get(sandbox_id).id)
 
     def stats(self, container_id: str) -> CgroupStats | None:
         """The running container's usage; None when it is not running or its guest gives no valid
         answer (one guest's refusal or malformed answer must not fail a list of every pod's stats)."""
-        c = self.sandboxes.container(container_id)
+        c = self.records.container(container_id)
         if c.state != CONTAINER_RUNNING:
             return None
         try:
@@ -962,8 +963,8 @@ class Containers:
         """(bytes, inodes) of every container's writable layer (in its guest's memory), created,
         running or exited, until it is removed; guests that do not answer are left out."""
         used = inodes = 0
-        ready = {s.id for s in self.sandboxes.list_sandboxes() if s.state == SANDBOX_READY}
-        for c in self.sandboxes.containers():
+        ready = {s.id for s in self.records.list_sandboxes() if s.state == SANDBOX_READY}
+        for c in self.records.containers():
             if not c.image_id or c.sandbox_id not in ready:
                 continue  # not created in a guest, or its guest is gone
             try:
@@ -988,7 +989,7 @@ class Containers:
 
     def update(self, container_id: str, linux: LinuxResources) -> None:
         """Applies a container's (admitted) cgroup limits in the guest."""
-        c = self.sandboxes.container(container_id)
+        c = self.records.container(container_id)
         if c.state not in (CONTAINER_RUNNING, CONTAINER_CREATED) or not c.image_id:
             return
         files: dict[str, str] = {}

@@ -10,7 +10,7 @@ A front that dies is started again (the socket keeps its queue meanwhile).
 The front asks vmsandbox's own side of ``ListPodSandbox`` and ``ListContainers`` on a socket pair
 of their own (``ListChannel``), answered here without gRPC: the lists are what the kubelet asks
 most often, and a gRPC call into the shim costs several times what the answer does. An answer
-made from the records alone carries the records' generation (``Sandboxes.generation``), and each
+made from the records alone carries the records' generation (``Records.generation``), and each
 new generation is sent to the front as it happens: the front answers the same list again from
 what it kept while the generation stands. The frame format is written in ``front/lists.go``.
 """

@@ -3,7 +3,7 @@
 A pod is four parts, each kept by the component that alone knows its storage:
 - its record and VM (``shim.sandboxes``): admission against the declaration, the host resources
   it holds (through ``ResourceManager``), the libvirt domain, the pod network, and the ledger
-  rows of the sandbox and of its containers;
+  rows of the sandbox and of its containers (``shim.records``, read here directly);
 - its containers' guest side (``shim.containers``): the agent connection, the shared directory,
   image holds and image disks, volume binds and log copiers;
 - its node ports, for host-network pods (``shim.host_ports``): those below the node's first
@@ -17,11 +17,11 @@ ports or NRI plugins refuse it leaves no VM, claim, network or directory behind,
 CreateContainer the guest refuses leaves no record. It also keeps the last CPU sample of each
 sandbox and container, from which stats report nano cores.
 
-Locking stays with the parts: record writes go through ``Sandboxes`` (one lock per sandbox for its
-life cycle, one for container rows), a container's guest operations through a lock of its own in
-``Containers``. There is deliberately no lock held across a whole pod for a whole RPC: the kubelet
-stops a pod's containers in parallel, each for up to its grace period, and one lock would add
-those periods up.
+Locking stays with the parts: a sandbox's life cycle runs under its lock (``SandboxLocks``),
+record writes go through ``Records`` (one lock for container rows), a container's guest
+operations through a lock of its own in ``Containers``. There is deliberately no lock held
+across a whole pod for a whole RPC: the kubelet stops a pod's containers in parallel, each for
+up to its grace period, and one lock would add those periods up.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ class Pods:
         host_ports: HostPorts | None = None,
     ) -> None:
         self.sandboxes = sandboxes
+        self.records = sandboxes.records
         self.containers = containers
         self.nri = nri if nri is not None else NriHooks(None, sandboxes, containers)
         self.host_ports = host_ports
@@ -139,9 +140,9 @@ class Pods:
         """Start-up: the node ports of the host-network pods an earlier process ran."""
         if self.host_ports is None:
             return
-        for record in self.sandboxes.list_sandboxes():
+        for record in self.records.list_sandboxes():
             if record.state == SANDBOX_READY:
-                privileged = any(c.net_bind_service for c in self.sandboxes.containers(record.id))
+                privileged = any(c.net_bind_service for c in self.records.containers(record.id))
                 try:
                     self.host_ports.open(record.id, record.namespaces, record.port_mappings, privileged=privileged)
                 except VmSandboxError as exc:
@@ -177,7 +178,7 @@ class Pods:
 
     def stop(self, sandbox_id: str) -> None:
         """StopPodSandbox: unknown ids and repeats succeed."""
-        record = self.sandboxes.find_for_teardown(sandbox_id)
+        record = self.records.find_for_teardown(sandbox_id)
         if record is None:
             return
         if self.host_ports is not None:
@@ -188,10 +189,10 @@ class Pods:
 
     def remove(self, sandbox_id: str) -> None:
         """RemovePodSandbox: stops it first when needed; unknown ids and repeats succeed."""
-        record = self.sandboxes.find_for_teardown(sandbox_id)
+        record = self.records.find_for_teardown(sandbox_id)
         if record is None:
             return
-        members = self.sandboxes.containers(record.id)
+        members = self.records.containers(record.id)
         if self.host_ports is not None:
             self.host_ports.close(record.id)
         self.containers.sandbox_removed(record.id)
@@ -200,10 +201,10 @@ class Pods:
         self.nri.sandbox_removed(record, members)
 
     def sandbox(self, sandbox_id: str) -> SandboxRecord:
-        return self.sandboxes.get(sandbox_id)
+        return self.records.get(sandbox_id)
 
     def list_sandboxes(self, f: SandboxFilter) -> list[SandboxRecord]:
-        return [r for r in self.sandboxes.list_sandboxes() if f.matches(r)]
+        return [r for r in self.records.list_sandboxes() if f.matches(r)]
 
     def update(self, sandbox_id: str, overhead: LinuxResources, resources: LinuxResources) -> None:
         """UpdatePodSandboxResources: recorded when it fits the VM, then told to the plugins."""
@@ -223,7 +224,7 @@ class Pods:
         """CreateContainer: admitted against the pod's declaration (as the plugins adjust it),
         recorded, then created in the guest; a guest's refusal removes the record again. A
         container holding CAP_NET_BIND_SERVICE opens a host-network pod's privileged node ports."""
-        sandbox = self.sandboxes.get(sandbox_id)
+        sandbox = self.records.get(sandbox_id)
         run = replace(run, hostname=sandbox.hostname)  # the pod's, whatever the request says
         spec, run, mounts = self.nri.adjust_container(sandbox, spec, run, mounts)
         # a host path no pod may have is refused before admission, which would call it undeclared;
@@ -233,10 +234,10 @@ class Pods:
         try:
             self.containers.create(cid, run, user, stop_signal, mounts)
         except BaseException:
-            self.sandboxes.remove_container(cid)
+            self.records.remove_container(cid)
             raise
         if self.host_ports is not None and oci_spec.has_capability(run, NET_BIND_SERVICE):
-            self.sandboxes.change_container(cid, net_bind_service=True)
+            self.records.change_container(cid, net_bind_service=True)
             self.host_ports.grant_privileged(sandbox.id)
         self.nri.container_created(cid)
         return cid
@@ -264,13 +265,13 @@ class Pods:
 
     def container(self, container_id: str) -> ContainerRecord:
         """ContainerStatus: the record, with its guest's word on a live container."""
-        return self.containers.refresh(self.sandboxes.container(container_id).id)
+        return self.containers.refresh(self.records.container(container_id).id)
 
     def list_containers(self, f: ContainerFilter) -> list[ContainerRecord]:
         """ListContainers: the filter's id and labels first, then the guest's word on the live ones
         before the state is compared."""
         out = []
-        for c in self.sandboxes.containers(self._filter_sandbox(f.sandbox_id)):
+        for c in self.records.containers(self._filter_sandbox(f.sandbox_id)):
             if not f.matches_identity(c):
                 continue
             c = self._refreshed(c)
@@ -280,8 +281,8 @@ class Pods:
 
     def lists_settled(self) -> bool:
         """Whether the list answers follow from the records alone, and so stay true for as long as
-        ``Sandboxes.generation`` does: no container's state waits on its guest's word."""
-        return not any(self.containers.asks_guest(c) for c in self.sandboxes.containers())
+        ``Records.generation`` does: no container's state waits on its guest's word."""
+        return not any(self.containers.asks_guest(c) for c in self.records.containers())
 
     def _filter_sandbox(self, sandbox_id: str) -> str | None:
         """A filter's sandbox id: a unique prefix names its sandbox, as containerd normalises the
@@ -289,7 +290,7 @@ class Pods:
         if not sandbox_id:
             return None
         with contextlib.suppress(VmSandboxError):
-            return self.sandboxes.get(sandbox_id).id
+            return self.records.get(sandbox_id).id
         return sandbox_id
 
     def _refreshed(self, c: ContainerRecord) -> ContainerRecord:
@@ -306,31 +307,31 @@ class Pods:
     ) -> None:
         """UpdateContainerResources: the plugins' say, the VM's envelope, then the guest's cgroup.
         ``asked`` decodes the request, its errors naming the container as its argument does."""
-        c = self.sandboxes.container(container_id)
+        c = self.records.container(container_id)
         resources, linux = asked(f'container "{c.name}"')
         linux = self.nri.update_container(c.id, linux)
         self.sandboxes.update_container(c.id, resources, linux)
-        self.containers.update(c.id, self.sandboxes.container(c.id).linux)
+        self.containers.update(c.id, self.records.container(c.id).linux)
         self.nri.container_updated(c.id)
 
     def exec_sync(self, container_id: str, argv: Sequence[str], timeout_s: int) -> ExecResult:
         if timeout_s < 0:
             raise InvalidArgument(f"ExecSync timeout is negative ({timeout_s})")
         res = self.containers.exec_sync(
-            self.sandboxes.container(container_id).id, list(argv), timeout_s, EXEC_OUTPUT_LIMIT
+            self.records.container(container_id).id, list(argv), timeout_s, EXEC_OUTPUT_LIMIT
         )
         if res.timed_out:
             raise DeadlineExceeded(f"command timed out after {timeout_s} s")
         return res
 
     def reopen_log(self, container_id: str) -> None:
-        self.containers.reopen_log(self.sandboxes.container(container_id).id)
+        self.containers.reopen_log(self.records.container(container_id).id)
 
     # -- streaming -----------------------------------------------------------------------------------
     def exec_target(
         self, container_id: str, cmd: Sequence[str], *, tty: bool, stdin: bool, stdout: bool, stderr: bool
     ) -> Target:
-        c = self.sandboxes.container(container_id)  # the record: the guest checks again at the start
+        c = self.records.container(container_id)  # the record: the guest checks again at the start
         req = streaming.check_stream_request(
             "Exec", c.id, list(cmd), tty=tty, stdin=stdin, stdout=stdout, stderr=stderr
         )
@@ -339,7 +340,7 @@ class Pods:
         return Target("exec", c.sandbox_id, req)
 
     def attach_target(self, container_id: str, *, tty: bool, stdin: bool, stdout: bool, stderr: bool) -> Target:
-        c = self.sandboxes.container(container_id)  # the record: the guest checks again at the start
+        c = self.records.container(container_id)  # the record: the guest checks again at the start
         req = streaming.check_stream_request("Attach", c.id, [], tty=tty, stdin=stdin, stdout=stdout, stderr=stderr)
         if tty and not c.tty:
             raise InvalidArgument(
@@ -350,20 +351,20 @@ class Pods:
         return Target("attach", c.sandbox_id, req)
 
     def port_forward_target(self, sandbox_id: str, ports: Sequence[str]) -> Target:
-        r = self.sandboxes.get(sandbox_id)
+        r = self.records.get(sandbox_id)
         if r.state != SANDBOX_READY:
             raise WrongState(f"sandbox {r.id[:12]} is not ready: nothing to forward to")
         return Target("portforward", r.id, ports=tuple(streaming.parse_port(p) for p in ports))
 
     # -- stats ---------------------------------------------------------------------------------------
     def container_stats(self, container_id: str) -> ContainerStats:
-        c = self.sandboxes.container(container_id)
+        c = self.records.container(container_id)
         return self._container_stats(c, self._shared_parts(c.sandbox_id).get(c.id, (0, 0)))
 
     def list_container_stats(self, f: ContainerFilter) -> list[ContainerStats]:
         chosen = [
             c
-            for c in self.sandboxes.containers(f.sandbox_id or None)
+            for c in self.records.containers(f.sandbox_id or None)
             if c.state == CONTAINER_RUNNING and f.matches_identity(c)
         ]
         parts: dict[str, tuple[int, int]] = {}
@@ -372,23 +373,23 @@ class Pods:
         return [self._container_stats(c, parts.get(c.id, (0, 0))) for c in chosen]
 
     def sandbox_stats(self, sandbox_id: str) -> SandboxStats:
-        return self._sandbox_stats(self.sandboxes.get(sandbox_id))
+        return self._sandbox_stats(self.records.get(sandbox_id))
 
     def list_sandbox_stats(self, f: SandboxFilter) -> list[SandboxStats]:
-        return [self._sandbox_stats(r) for r in self.sandboxes.list_sandboxes() if f.matches_identity(r)]
+        return [self._sandbox_stats(r) for r in self.records.list_sandboxes() if f.matches_identity(r)]
 
     def list_sandbox_metrics(self, clock: Callable[[], int]) -> list[cri_metrics.PodMetrics]:
         """The CRI metrics of every READY pod: its network, and each running container's values
         from its guest (a container whose guest does not answer is left out, as containerd leaves
         out one whose task does not). ``clock``: the host's time in ns, read as each part is."""
         out: list[cri_metrics.PodMetrics] = []
-        for r in self.sandboxes.list_sandboxes():
+        for r in self.records.list_sandboxes():
             if r.state != SANDBOX_READY:
                 continue
             pod = cri_metrics.PodIdentity(r.meta.name, r.meta.namespace, r.id)
             links = self.sandboxes.network.link_counters(r.id)
             read_ns = clock()
-            running = [c for c in self.sandboxes.containers(r.id) if c.state == CONTAINER_RUNNING]
+            running = [c for c in self.records.containers(r.id) if c.state == CONTAINER_RUNNING]
             parts = self._shared_parts(r.id) if running else {}
             members: list[cri_metrics.ContainerMetrics] = []
             for c in running:
@@ -416,7 +417,7 @@ class Pods:
     def _shared_parts(self, sandbox_id: str) -> dict[str, tuple[int, int]]:
         """What the sandbox's guest wrote on the host (one statvfs), split among its running
         containers by their ephemeral-storage limits: container id -> (bytes, inodes)."""
-        running = [c for c in self.sandboxes.containers(sandbox_id) if c.state == CONTAINER_RUNNING]
+        running = [c for c in self.records.containers(sandbox_id) if c.state == CONTAINER_RUNNING]
         usage = self.sandboxes.dirs.usage(sandbox_id) if running else None
         if usage is None:
             return {}
@@ -430,7 +431,7 @@ class Pods:
         parts = self._shared_parts(r.id)
         members = tuple(
             self._container_stats(c, parts.get(c.id, (0, 0)))
-            for c in self.sandboxes.containers(r.id)
+            for c in self.records.containers(r.id)
             if c.state == CONTAINER_RUNNING
         )
         return SandboxStats(r, s, self._rates.rate(r.id, s), members)

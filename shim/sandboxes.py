@@ -1,10 +1,10 @@
 """Sandbox orchestration: size, place, claim, boot, admit, tear down, reconcile.
 
-It owns the sandbox records and admits containers into them (their records are kept here and
-moved through their life by ``shim.containers``). Records are typed values (``shim.model``), decoded
-once: sandboxes in a map and containers in ``shim.container_index``, both built from the ledger at
-start-up and written through to it (ledger first, then memory) on every change, so a lookup never
-reads or decodes a row. Host resources belong to ``shim.resources``,
+It admits containers into its sandboxes (their records are then moved through their life by
+``shim.containers``). The records themselves, sandboxes' and containers', the pod-name registry
+and the records' generation, belong to ``shim.records``: typed values (``shim.model``) decoded
+once, kept in memory and written through to the ledger (ledger first, then memory), so a lookup
+never reads or decodes a row. Host resources belong to ``shim.resources``,
 images to ``shim.images``, pod networks to ``shim.network``. It speaks core types (``shim.model``)
 and drives the IO adapters (ledger, hypervisor, sysfs, guest channel). RunPodSandbox is transactional: any
 failure after the claim tears the domain down and releases every claim before the error
@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import threading
 import time
 import uuid as uuidlib
@@ -27,7 +26,6 @@ from typing import Any, Literal
 
 from shim import faults, logs, metrics
 from shim.config import ShimConfig
-from shim.container_index import ContainerIndex
 from shim.host_policy import domain_for
 from shim.model import (
     CONTAINER_CREATED,
@@ -37,12 +35,12 @@ from shim.model import (
     ContainerRecord,
     ContainerSpec,
     PassedGroup,
-    PodMeta,
     SandboxRecord,
     SandboxSpec,
     siblings_of,
 )
 from shim.network import Attachment, PodNetworks
+from shim.records import Records, SandboxLocks, new_id
 from shim.resources import ResourceManager
 from shim.sandbox_dirs import SandboxDirs
 from shim.snapshots import MakeRequest, Progress, Snapshots, SnapshotUnusable
@@ -58,12 +56,10 @@ from vmsandbox.devices import NO_DEVICES
 from vmsandbox.domain import AGENT_CHANNEL, Domain, NetworkInterface, SandboxIdentity, SharedDir, domain_name
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import (
-    AlreadyExists,
     CannotFit,
     Diverged,
     InfrastructureError,
     InvalidArgument,
-    NotFound,
     VmSandboxError,
 )
 from vmsandbox.host import HostInventory
@@ -101,10 +97,6 @@ LOST_REASON = "Unknown"
 """Exit code and reason of the containers of a lost agent (containerd's for a task it lost)."""
 
 
-def _new_id() -> str:
-    return secrets.token_hex(32)
-
-
 class Sandboxes:
     def __init__(
         self,
@@ -126,22 +118,9 @@ class Sandboxes:
         self.network = network or PodNetworks(config)  # the one owner of pods' namespaces and CNI attachments
         self.inventory = inventory or (lambda: read_inventory(config.sys_root, config.proc_root))
         self._clock = clock
-        self._sandbox_locks: dict[str, threading.Lock] = {}
-        self._locks_lock = threading.Lock()
-        # pod metadata -> the sandbox holding it, from RunPodSandbox until RemovePodSandbox (as containerd does)
-        self._names_lock = threading.Lock()
-        self._container_write_lock = threading.Lock()
-        # every container record, decoded once; the ledger is its write-ahead record
-        self._index = ContainerIndex(ContainerRecord.from_doc(doc) for *_, doc in self.ledger.containers())
-        self._in_flight: set[str] = set()  # sandboxes whose RunPodSandbox is running (periodic reconcile skips them)
-        # every sandbox record, decoded once (creating ones too); the ledger is its write-ahead record
-        self._records: dict[str, SandboxRecord] = self._load_records()
-        # counts changes to the records above: bumped after each, so that an answer made from the
-        # records at generation G stays true while it is still G (the CRI front keeps lists by it)
-        self._generation = 1
-        self._generation_lock = threading.Lock()
-        self._generation_watchers: list[Callable[[int], None]] = []
-        self._names: dict[PodMeta, str] = {r.meta: sid for sid, r in self._records.items()}
+        self.locks = SandboxLocks()
+        # the one owner of the sandbox and container records (and their ledger rows), pod names and the generation
+        self.records = Records(ledger)
         # each sandbox's directory (the share its guest mounts over 9p): made for a boot, dropped when
         # a boot is rolled back or the sandbox removed, swept for sandboxes that no longer exist
         self.dirs = SandboxDirs(config.state_dir, hypervisor.daemon_pid)
@@ -160,10 +139,6 @@ class Sandboxes:
             log.warning("%s", problem)
 
     # -- helpers --------------------------------------------------------------------------------
-    def _lock_for(self, sandbox_id: str) -> threading.Lock:
-        with self._locks_lock:
-            return self._sandbox_locks.setdefault(sandbox_id, threading.Lock())
-
     def profile_for(self, handler: str, annotations: dict[str, str]) -> Profile:
         return select_profile(self.profiles, self.profiles_by_name, handler or self.config.default_handler, annotations)
 
@@ -178,35 +153,21 @@ class Sandboxes:
         if meta.attempt < 0:
             raise InvalidArgument(f"PodSandboxConfig.metadata.attempt is negative ({meta.attempt})")
         plan = self.plan(spec)
-        sandbox_id = _new_id()
-        self._reserve_name(meta, sandbox_id)
-        self._in_flight.add(sandbox_id)
+        sandbox_id = new_id()
+        self.records.reserve_name(meta, sandbox_id)
+        self.locks.in_flight.add(sandbox_id)
         try:
             return self._run(spec, plan, sandbox_id, started)
         except BaseException:
-            self._release_name(meta, sandbox_id)
+            self.records.release_name(meta, sandbox_id)
             raise
         finally:
-            self._in_flight.discard(sandbox_id)
+            self.locks.in_flight.discard(sandbox_id)
 
     def plan(self, spec: SandboxSpec) -> SandboxPlan:
         """What the pod gets (profile, shape, devices, accelerator): the same function ``vmsandbox plan`` runs."""
         facts = self.policy.facts(self.inventory(), spec.declaration, kvm_device=os.path.exists("/dev/kvm"))
         return plan_sandbox(spec, self.profiles, facts, default_handler=self.config.default_handler)
-
-    def _reserve_name(self, meta: PodMeta, sandbox_id: str) -> None:
-        with self._names_lock:
-            holder = self._names.setdefault(meta, sandbox_id)
-        if holder != sandbox_id:
-            raise AlreadyExists(
-                f"pod {meta.namespace}/{meta.name} (uid {meta.uid}, attempt {meta.attempt}) already has sandbox "
-                f"{holder}; remove it first or use a new attempt"
-            )
-
-    def _release_name(self, meta: PodMeta, sandbox_id: str) -> None:
-        with self._names_lock:
-            if self._names.get(meta) == sandbox_id:
-                del self._names[meta]
 
     def _run(self, spec: SandboxSpec, plan: SandboxPlan, sandbox_id: str, started: float) -> str:
         meta = spec.meta
@@ -260,7 +221,7 @@ class Sandboxes:
         try:
             with self._uid_lock:
                 record = replace(record, qemu_uid=self._pick_uid())
-                self._put_sandbox(record)
+                self.records.put_sandbox(record)
             attachment = self.network.attach(
                 sandbox_id, meta, spec.namespaces, spec.port_mappings, dict(spec.annotations)
             )
@@ -284,7 +245,7 @@ class Sandboxes:
     def _pick_uid(self) -> int:
         """A uid of ``qemu_uids`` no sandbox (creating ones too) and no snapshot guest has; the
         caller holds ``_uid_lock`` until whatever holds the uid is recorded."""
-        used = {r.qemu_uid for r in list(self._records.values())} | self._snapshot_uids
+        used = {r.qemu_uid for r in self.records.every_sandbox()} | self._snapshot_uids
         uid = pick_uid(self.config.qemu_uids, used)
         if uid is None:
             raise CannotFit(
@@ -399,7 +360,7 @@ class Sandboxes:
                     f"declared (guest RAM {shape.memory_bytes >> 20} MiB){self._console_tail(console)}"
                 )
         ready = replace(record, state=SANDBOX_READY, guest={**_report_doc(report), "start": start}, boot_ms=boot_ms)
-        self._put_sandbox(ready)
+        self.records.put_sandbox(ready)
         log.info(
             "sandbox %s ready in %d ms by %s (guest: %d vCPUs, MemTotal %d KiB)%s",
             record.id[:12],
@@ -484,8 +445,8 @@ class Sandboxes:
         kind: Literal["user", "ethernet", ""] = (
             "user" if spec.namespaces.host_network else ("ethernet" if self.config.pod_network == "cni" else "")
         )
-        owner = _new_id()
-        self._in_flight.add(owner)
+        owner = new_id()
+        self.locks.in_flight.add(owner)
         try:
             placement = self.resources.reserve(owner, shape, profile)
             try:
@@ -522,7 +483,7 @@ class Sandboxes:
                 self.resources.release(owner)
                 self.dirs.drop(owner)
         finally:
-            self._in_flight.discard(owner)
+            self.locks.in_flight.discard(owner)
 
     def _snapshot_domain(
         self,
@@ -559,7 +520,7 @@ class Sandboxes:
         key = request.inputs.key
 
         def work() -> None:
-            self._in_flight.add(key)
+            self.locks.in_flight.add(key)
             try:
                 with self.snapshots.claimed(key, shape, profile) as placement, self._snapshot_uid(key) as uid:
                     self.snapshots.make(
@@ -579,7 +540,7 @@ class Sandboxes:
                         boot_timeout_s=profile.boot_timeout_s,
                     )
             finally:
-                self._in_flight.discard(key)
+                self.locks.in_flight.discard(key)
 
         self.snapshots.make_in_background(key, work)
 
@@ -617,65 +578,20 @@ class Sandboxes:
         except VmSandboxError as exc:  # the record stays: reconcile deletes it once the sandbox is gone
             log.error("rollback of %s: pod network not removed yet: %s", sandbox_id[:12], exc)
             self.resources.release(sandbox_id)
-            self._delete_sandbox_rows(sandbox_id)
+            self.records.delete_sandbox(sandbox_id)
             return f"rolled back: domain removed, resources released; pod network left for reconciliation ({exc})"
         self.resources.release(sandbox_id)
-        self._delete_sandbox_rows(sandbox_id)
+        self.records.delete_sandbox(sandbox_id)
         return "rolled back: domain removed, network removed, resources released"
-
-    def _sandbox_id(self, given: str) -> str:
-        """The full id that a client's id or unique id prefix names (containerd's rule): INVALID_ARGUMENT
-        when it is no id at all or an ambiguous prefix, NOT_FOUND when a prefix matches nothing."""
-        validation.id_prefix(given, "pod_sandbox_id")
-        if validation.is_id(given):
-            return given
-        known = [sid for sid, r in list(self._records.items()) if r.state != STATE_CREATING]
-        return validation.resolve_prefix(given, known, "pod sandbox")
-
-    def get(self, sandbox_id: str) -> SandboxRecord:
-        sandbox_id = self._sandbox_id(sandbox_id)
-        record = self._records.get(sandbox_id)
-        if record is None or record.state == STATE_CREATING:
-            raise NotFound(f"pod sandbox {sandbox_id!r} not found")
-        logs.bind(sandbox_id=record.id, pod=f"{record.meta.namespace}/{record.meta.name}")
-        return record
-
-    def find_for_teardown(self, sandbox_id: str) -> SandboxRecord | None:
-        """Stop/RemovePodSandbox's lookup: None for any id that names nothing here, including other
-        runtimes' kinds of ids, since stopping or removing an unknown sandbox succeeds."""
-        if not sandbox_id:
-            raise InvalidArgument("pod_sandbox_id is empty")
-        return self.find(sandbox_id) if validation.teardown_id(sandbox_id, "pod_sandbox_id") else None
-
-    def find(self, sandbox_id: str) -> SandboxRecord | None:
-        try:
-            return self.get(sandbox_id)
-        except NotFound:
-            return None
-
-    def ids_with_prefix(self, prefix: str) -> list[str]:
-        """Every sandbox id starting with ``prefix``, sandboxes still being created included (an id
-        the caller may not know yet is still ours)."""
-        if validation.is_id(prefix):
-            return [prefix] if self.ledger.get_sandbox(prefix) is not None else []
-        return [sid for sid, *_ in self.ledger.sandboxes() if sid.startswith(prefix)]
-
-    def container_ids_with_prefix(self, prefix: str) -> list[str]:
-        return self._index.ids_with_prefix(prefix)
-
-    def list_sandboxes(self) -> list[SandboxRecord]:
-        return sorted(
-            (r for r in list(self._records.values()) if r.state != STATE_CREATING), key=lambda r: (r.created_ns, r.id)
-        )
 
     def stop(self, sandbox_id: str) -> None:
         """Destroy the guest and release its resources; unknown ids and repeats succeed."""
-        found = self.find_for_teardown(sandbox_id)
+        found = self.records.find_for_teardown(sandbox_id)
         if found is None:
             return
         sandbox_id = found.id
-        with self._lock_for(sandbox_id):
-            record = self.find(sandbox_id)
+        with self.locks.lock_for(sandbox_id):
+            record = self.records.find(sandbox_id)
             if record is None:
                 return
             self.hypervisor.destroy(record.domain)
@@ -683,142 +599,54 @@ class Sandboxes:
             self.hypervisor.teardown(record.domain)  # undefine
             self.resources.release(sandbox_id)
             faults.checkpoint("remove:after-release")
-            self._exit_containers(sandbox_id, reason="SandboxStopped")
+            self.records.exit_containers(sandbox_id, reason="SandboxStopped")
             if record.state != SANDBOX_NOTREADY:
-                self._put_sandbox(record.with_state(SANDBOX_NOTREADY))
+                self.records.put_sandbox(record.with_state(SANDBOX_NOTREADY))
                 log.info("sandbox %s stopped: domain %s removed, resources released", sandbox_id[:12], record.domain)
             self.network.detach(sandbox_id)  # raises while CNI DEL fails; the next Stop tries again
 
     def remove(self, sandbox_id: str) -> None:
         # paths below are built from the id of a row we wrote, never the client's
-        found = self.find_for_teardown(sandbox_id)
+        found = self.records.find_for_teardown(sandbox_id)
         if found is None:
             return
         sandbox_id = found.id
         self.stop(sandbox_id)
-        with self._lock_for(sandbox_id):
+        with self.locks.lock_for(sandbox_id):
             self.network.remove(sandbox_id)
-            record = self.find(sandbox_id)
+            record = self.records.find(sandbox_id)
             if record is not None:
-                self._release_name(record.meta, record.id)
-            self._delete_sandbox_rows(sandbox_id)
+                self.records.release_name(record.meta, record.id)
+            self.records.delete_sandbox(sandbox_id)
             self._remove_console_log(sandbox_id)
-        with self._locks_lock:
-            self._sandbox_locks.pop(sandbox_id, None)
+        self.locks.forget(sandbox_id)
 
     def update_sandbox(self, sandbox_id: str, resources: LinuxResources) -> None:
         """UpdatePodSandboxResources: accepted and recorded when it fits the VM, else FAILED_PRECONDITION."""
-        sandbox_id = self.get(sandbox_id).id
-        with self._lock_for(sandbox_id):
-            record = self.get(sandbox_id)
+        sandbox_id = self.records.get(sandbox_id).id
+        with self.locks.lock_for(sandbox_id):
+            record = self.records.get(sandbox_id)
             admission.check_envelope(
                 record.sized_shape().demand, [], admission.Usage.of_linux(resources), who="the pod's new resources"
             )
             updated = replace(record, updated_resources=resources)
-            self._put_sandbox(updated)
+            self.records.put_sandbox(updated)
 
     # -- containers -----------------------------------------------------------------------------
-    def containers(self, sandbox_id: str | None = None) -> list[ContainerRecord]:
-        """The containers (of one sandbox), oldest first, from the in-memory index."""
-        return self._index.all(sandbox_id)
-
-    def container(self, container_id: str) -> ContainerRecord:
-        """The container an id or unique id prefix names (as ``_sandbox_id``)."""
-        validation.id_prefix(container_id, "container_id")
-        return self._index.resolve(container_id)
-
-    def save_container(self, c: ContainerRecord) -> None:
-        """Records a container's new state (shim.containers runs it in the guest)."""
-        with self._container_write_lock:
-            self._put_container(c)
-
-    def change_container(self, container_id: str, expect_state: str = "", **changes: Any) -> ContainerRecord | None:
-        """Changes some fields of a container's record as it stands now (read and written under one
-        lock), so that two writers of different fields (a start's state, an update's limits) never
-        put back each other's old values; with ``expect_state``, only while the container is in that
-        state. Returns the record written, or None when there was none to change."""
-        with self._container_write_lock:
-            current = self._index.get(container_id)
-            if current is None or (expect_state and current.state != expect_state):
-                return None
-            changed = replace(current, **changes)
-            self._put_container(changed)
-            return changed
-
-    def _exit_containers(self, sandbox_id: str, **changes: Any) -> None:
-        """Record every container of the sandbox not yet EXITED as EXITED with ``changes``, each as
-        it stands at the write (under the lock ``change_container`` takes), so that an exit the
-        owner of containers records meanwhile, with its code and times, is kept."""
-        with self._container_write_lock:
-            for c in self._index.all(sandbox_id):
-                if c.state != CONTAINER_EXITED:
-                    self._put_container(replace(c, state=CONTAINER_EXITED, **changes))
-
-    def reload(self) -> None:
-        """Decode the ledger's sandbox rows again (start-up: rows an earlier process wrote)."""
-        self._records = self._load_records()
-        self._changed()
-
-    @property
-    def generation(self) -> int:
-        """The records' generation: read it before reading them."""
-        with self._generation_lock:
-            return self._generation
-
-    def watch_generation(self, watcher: Callable[[int], None]) -> None:
-        """``watcher`` hears each new generation (from the thread that made the change; it must not block)."""
-        with self._generation_lock:
-            self._generation_watchers.append(watcher)
-
-    def _changed(self) -> None:
-        with self._generation_lock:
-            self._generation += 1
-            generation, watchers = self._generation, list(self._generation_watchers)
-        for watcher in watchers:
-            watcher(generation)
-
-    def _load_records(self) -> dict[str, SandboxRecord]:
-        """The ledger's sandbox rows, decoded; a row that does not decode is left to reconcile (which
-        tears down what it names) and logged."""
-        records: dict[str, SandboxRecord] = {}
-        for sid, state, _, doc in self.ledger.sandboxes():
-            try:
-                records[sid] = replace(SandboxRecord.from_doc(doc), state=state)
-            except (KeyError, TypeError, ValueError, VmSandboxError) as exc:
-                log.error("sandbox %s: its record does not decode (%s); reconcile will tear it down", sid[:12], exc)
-        return records
-
-    def _put_sandbox(self, record: SandboxRecord) -> None:
-        self.ledger.put_sandbox(record.id, record.state, record.created_ns, record.to_doc())
-        self._records[record.id] = record  # after the ledger took it
-        self._changed()
-
-    def _put_container(self, c: ContainerRecord) -> None:
-        self.ledger.put_container(c.id, c.sandbox_id, c.name, c.attempt, c.state, c.created_ns, c.to_doc())
-        self._index.put(c)  # after the ledger took it: a refused write (a duplicate name) changes nothing
-        self._changed()
-
-    def _delete_sandbox_rows(self, sandbox_id: str) -> None:
-        """Forget a sandbox, its containers and its claims in the ledger, and its containers here."""
-        self.ledger.delete_sandbox(sandbox_id)
-        self._records.pop(sandbox_id, None)
-        self._index.drop_sandbox(sandbox_id)
-        self._changed()
-
     def create_container(self, sandbox_id: str, spec: ContainerSpec) -> str:
         if not spec.name:
             raise InvalidArgument("ContainerConfig.metadata.name is empty")
         if spec.attempt < 0:
             raise InvalidArgument(f"ContainerConfig.metadata.attempt is negative ({spec.attempt})")
-        sandbox_id = self.get(sandbox_id).id
-        with self._lock_for(sandbox_id):
-            record = self.get(sandbox_id)
+        sandbox_id = self.records.get(sandbox_id).id
+        with self.locks.lock_for(sandbox_id):
+            record = self.records.get(sandbox_id)
             if record.state != SANDBOX_READY:
                 raise Diverged(f"pod sandbox {sandbox_id[:12]} is not ready (it was stopped)")
-            existing = self.containers(sandbox_id)
+            existing = self.records.containers(sandbox_id)
             admitted = self._admit(record, spec, existing)
             container = ContainerRecord(
-                id=_new_id(),
+                id=new_id(),
                 sandbox_id=sandbox_id,
                 name=spec.name,
                 attempt=spec.attempt,
@@ -834,7 +662,7 @@ class Sandboxes:
                 reason="Created",
                 message="admitted; not yet created in its guest",
             )
-            self._put_container(container)
+            self.records.put_container(container)
             log.info("container %s (%s) admitted into sandbox %s", spec.name, container.id[:12], sandbox_id[:12])
             return container.id
 
@@ -846,27 +674,16 @@ class Sandboxes:
     def _usage(resources: ContainerResources | None, linux: LinuxResources) -> admission.Usage:
         return admission.Usage.of_resources(resources) if resources is not None else admission.Usage.of_linux(linux)
 
-    def remove_container(self, container_id: str) -> None:
-        if not validation.teardown_id(container_id, "container_id"):
-            return  # not an id of ours: nothing to remove, as containerd answers
-        try:
-            container_id = self.container(container_id).id
-        except NotFound:
-            return  # removing an unknown container succeeds, as containerd answers
-        self.ledger.delete_container(container_id)
-        self._index.drop(container_id)
-        self._changed()
-
     def update_container(self, container_id: str, resources: ContainerResources | None, linux: LinuxResources) -> None:
-        c = self.container(container_id)
-        with self._lock_for(c.sandbox_id):
-            record = self.get(c.sandbox_id)
+        c = self.records.container(container_id)
+        with self.locks.lock_for(c.sandbox_id):
+            record = self.records.get(c.sandbox_id)
             new_linux = admission.implied_linux(resources) if resources is not None and linux.empty else linux
             check_fits_beside(
                 record.sized_shape().demand,
                 c.name,
                 self._usage(resources, linux),
-                siblings_of(self.containers(c.sandbox_id)),
+                siblings_of(self.records.containers(c.sandbox_id)),
                 init_order=record.init_container_names,
                 annotations=record.annotations,
                 who=f'update of "{c.name}"',
@@ -874,7 +691,7 @@ class Sandboxes:
             changes: dict[str, Any] = {"linux": new_linux}
             if resources is not None:
                 changes["resources"] = replace(c.resources, requests=resources.requests, limits=resources.limits)
-            self.change_container(c.id, **changes)
+            self.records.change_container(c.id, **changes)
 
     # -- start-up -------------------------------------------------------------------------------
     def reconcile(self, *, periodic: bool = False) -> dict[str, list[str]]:
@@ -896,10 +713,10 @@ class Sandboxes:
         }
         if not periodic:
             # snapshot domains and restore copies a killed shim left, before their claims are released below
-            self.snapshots.sweep(set(self._in_flight))
+            self.snapshots.sweep(set(self.locks.in_flight))
             self.resources.resync()
-            self.reload()
-        busy = set(self._in_flight)
+            self.records.reload()
+        busy = set(self.locks.in_flight)
         docs = {sid: (state, doc) for sid, state, _, doc in self.ledger.sandboxes() if sid not in busy}
         owners = self.resources.owners() - busy
         rows = [
@@ -934,13 +751,13 @@ class Sandboxes:
                         action.reason,
                     )
                 continue
-            lock = self._lock_for(sid)
+            lock = self.locks.lock_for(sid)
             if not lock.acquire(blocking=False):
                 skipped.add(sid)  # an RPC is working on it: next time
                 continue
             try:
                 row = self.ledger.get_sandbox(sid)
-                if periodic and (sid in self._in_flight or (row[0] if row else None) != docs.get(sid, (None,))[0]):
+                if periodic and (sid in self.locks.in_flight or (row[0] if row else None) != docs.get(sid, (None,))[0]):
                     skipped.add(sid)  # it changed since we looked
                     continue
                 if not self._carry_out(action, docs.get(sid, (None, None))[1], report, periodic):
@@ -948,22 +765,21 @@ class Sandboxes:
             finally:
                 lock.release()
         remaining = {sid for sid, *_ in self.ledger.sandboxes()}
-        report["network"] = self.network.reconcile(remaining | busy | set(self._in_flight))
+        report["network"] = self.network.reconcile(remaining | busy | set(self.locks.in_flight))
         foreign = {a.sandbox_id for a in actions if a.step is Step.LEAVE_FOREIGN}
         self._sweep_console_logs(remaining | failed | skipped | busy | foreign)
         try:
-            self.dirs.sweep(remaining | failed | skipped | busy | foreign | set(self._in_flight))
+            self.dirs.sweep(remaining | failed | skipped | busy | foreign | set(self.locks.in_flight))
             if not periodic:  # a shim started in a mount namespace of its own sees its guests' files again
                 adopted = self.dirs.adopt(remaining)
                 if adopted:
                     log.info("reconcile: the file systems of %d sandboxes are seen here again", adopted)
         except VmSandboxError as exc:
             log.error("reconcile: %s", exc)
-        with self._names_lock:
-            if periodic:  # keep the names of RunPodSandbox calls in flight; drop those of forgotten sandboxes
-                self._names = {m: sid for m, sid in self._names.items() if sid in remaining or sid in self._in_flight}
-            else:
-                self._names = {r.meta: sid for sid, r in self._records.items()}
+        if periodic:  # keep the names of RunPodSandbox calls in flight; drop those of forgotten sandboxes
+            self.records.keep_names(lambda sid: sid in remaining or sid in self.locks.in_flight)
+        else:
+            self.records.names_from_records()
         if periodic and any(report[k] for k in ("removed_domains", "stopped", "forgotten", "released", "failed")):
             log.warning("periodic reconcile: %s", {k: len(v) for k, v in report.items() if v and k != "foreign"})
         return report
@@ -987,7 +803,7 @@ class Sandboxes:
                 action.domain,
                 pod,
                 self.resources.held(sid).describe(),
-                len(self._index.all(sid)),
+                len(self.records.containers(sid)),
             )
         elif action.step is Step.TEAR_DOWN:
             log.warning("reconcile: tearing down domain %s of sandbox %s: %s", action.domain, sid[:12], action.reason)
@@ -1006,7 +822,7 @@ class Sandboxes:
             report["removed_domains"].append(action.domain)
         elif action.step is Step.FORGET:
             held = self.resources.release(sid)
-            self._delete_sandbox_rows(sid)
+            self.records.delete_sandbox(sid)
             self._remove_console_log(sid)
             log.warning(
                 "reconcile: forgot sandbox %s (domain %s) of pod %s: its RunPodSandbox did not finish; "
@@ -1021,11 +837,11 @@ class Sandboxes:
             assert record is not None
             released = self.resources.release(sid)
             exited = 0
-            for c in self.containers(sid):
+            for c in self.records.containers(sid):
                 if c.state != CONTAINER_EXITED:
-                    self._put_container(replace(c, state=CONTAINER_EXITED, reason="SandboxStopped"))
+                    self.records.put_container(replace(c, state=CONTAINER_EXITED, reason="SandboxStopped"))
                     exited += 1
-            self._put_sandbox(record.with_state(SANDBOX_NOTREADY))
+            self.records.put_sandbox(record.with_state(SANDBOX_NOTREADY))
             log.warning(
                 "reconcile: sandbox %s (domain %s) of pod %s has no running guest: marked NOTREADY, "
                 "%d claims released, %d containers marked exited",
@@ -1065,8 +881,8 @@ class Sandboxes:
         for sid, state, _, _doc in self.ledger.sandboxes():
             if state != SANDBOX_READY or domain_name(sid) != domain:
                 continue
-            with self._lock_for(sid):
-                record = self.find(sid)
+            with self.locks.lock_for(sid):
+                record = self.records.find(sid)
                 if record is None or record.state != SANDBOX_READY or self.hypervisor.is_active(domain):
                     return False  # stopped by us, or started again meanwhile
                 self._turn_notready(record, "stopped", why, reason="SandboxDied", message=why)
@@ -1086,10 +902,10 @@ class Sandboxes:
         the sandbox turns NOTREADY and its containers EXITED as containerd reports a container whose
         task it lost (exit code 255, reason ``Unknown``), with the cause. As for a guest that died, the
         kubelet then stops the pod and starts a new one. True when a sandbox changed."""
-        if self.find(sandbox_id) is None:
+        if self.records.find(sandbox_id) is None:
             return False  # removed meanwhile: no lock to make for it
-        with self._lock_for(sandbox_id):
-            record = self.find(sandbox_id)
+        with self.locks.lock_for(sandbox_id):
+            record = self.records.find(sandbox_id)
             if record is None or record.state != SANDBOX_READY:
                 return False
             message = f"the pod's guest agent was lost ({why}); the container's state is unknown"
@@ -1111,9 +927,9 @@ class Sandboxes:
         with ``reason`` (and ``exit_code`` when given); the caller holds the sandbox's lock."""
         now = self._clock()
         lost = {"exit_code": exit_code, "finished_ns": now} if exit_code is not None else {}
-        self._exit_containers(record.id, reason=reason, message=message, **lost)
+        self.records.exit_containers(record.id, reason=reason, message=message, **lost)
         dead = replace(record, state=SANDBOX_NOTREADY, guest={**record.guest, key: why, f"{key}_ns": now})
-        self._put_sandbox(dead)
+        self.records.put_sandbox(dead)
 
     def check_guests(self) -> list[str]:
         """Re-check every READY sandbox's guest (after libvirt events may have been missed); the ids of

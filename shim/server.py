@@ -206,7 +206,7 @@ def start(config: ShimConfig) -> Running:
 
     housekeeping = Periodic(config.reconcile_interval_s, housekeep, name="periodic-reconcile")
     housekeeping.start()
-    backends = ShimBackends(sandboxes, containers)
+    backends = ShimBackends(sandboxes.records, containers)
     streaming = StreamingServer(config, backends)
     streaming.start()
     hooks = NriHooks(None, sandboxes, containers)
@@ -231,7 +231,7 @@ def start(config: ShimConfig) -> Running:
         collector = metrics.HostCollector(
             sandboxes.resources,
             sandboxes.inventory,
-            lambda: sum(1 for s in sandboxes.list_sandboxes() if s.state == SANDBOX_READY),
+            lambda: sum(1 for s in sandboxes.records.list_sandboxes() if s.state == SANDBOX_READY),
         )
         stop_metrics = metrics.serve(config.metrics_address, collector)
     sock = Path(config.socket_path)
@@ -256,10 +256,10 @@ def start(config: ShimConfig) -> Running:
             config.downstream_endpoint,
             config.downstream_timeout_s,
             proxy.local_list,
-            lambda: sandboxes.generation,
+            lambda: sandboxes.records.generation,
             FrontLimits.of(config),
         )
-        sandboxes.watch_generation(front.generation_changed)
+        sandboxes.records.watch_generation(front.generation_changed)
         front.start()
     log.info(
         "vmsandbox listening on %s (libvirt %s, CPUs %s, handlers %s)",
@@ -336,7 +336,7 @@ def _proxy(
         )
     except DownstreamUnavailable as exc:  # found again by the first call that needs it
         log.warning("%s; its pods are listed again when it answers", exc)
-    proxy = Proxy(runtime, images, sandboxes, downstream, ids, handlers, fronted)
+    proxy = Proxy(runtime, images, sandboxes.records, downstream, ids, handlers, fronted)
     server.add_generic_rpc_handlers(proxy.generic_handlers())
     return downstream, proxy
 

@@ -48,6 +48,7 @@ class NriHooks:
     def __init__(self, host: NriHost | None, sandboxes: Sandboxes, containers: Containers) -> None:
         self.host = host
         self.sandboxes = sandboxes
+        self.records = sandboxes.records
         self.containers = containers
         self._told_stopped: set[str] = set()  # containers plugins were told of as stopped
         self._told_lock = threading.Lock()
@@ -58,8 +59,8 @@ class NriHooks:
     # -- what plugins see at registration and ask for at any time ---------------------------------
     def snapshot(self) -> tuple[list[api.PodSandbox], list[api.Container]]:
         return (
-            [translate.pod(r) for r in self.sandboxes.list_sandboxes()],
-            [translate.container(c) for c in self.sandboxes.containers()],
+            [translate.pod(r) for r in self.records.list_sandboxes()],
+            [translate.container(c) for c in self.records.containers()],
         )
 
     def apply_updates(self, plugin: str, updates: list[api.ContainerUpdate]) -> list[api.ContainerUpdate]:
@@ -67,12 +68,12 @@ class NriHooks:
         failed = []
         for u in updates:
             try:
-                c = self.sandboxes.container(u.container_id)
+                c = self.records.container(u.container_id)
                 target = nri.Target(name=c.name, linux=c.linux)
                 after = nri.apply_adjustment(target, plugin, translate.update(u)).linux
                 if after != target.linux:
                     self.sandboxes.update_container(c.id, None, after)
-                    self.containers.update(c.id, self.sandboxes.container(c.id).linux)
+                    self.containers.update(c.id, self.records.container(c.id).linux)
             except VmSandboxError as exc:
                 log.warning("NRI: update of container %s by plugin %s refused: %s", u.container_id[:12], plugin, exc)
                 if not u.ignore_failure:
@@ -83,7 +84,7 @@ class NriHooks:
     def sandbox_started(self, sandbox_id: str) -> None:
         """Raises the plugins' refusal; the pod's owner (``shim.pods``) then tears the new VM down."""
         if self.host is not None:
-            self.host.run_pod_sandbox(translate.pod(self.sandboxes.get(sandbox_id)))
+            self.host.run_pod_sandbox(translate.pod(self.records.get(sandbox_id)))
 
     def sandbox_stopped(self, record: SandboxRecord) -> None:
         """After the pod's teardown: StopContainer for each of its containers plugins were not
@@ -91,7 +92,7 @@ class NriHooks:
         if self.host is None:
             return
         pod = translate.pod(record)
-        for c in self.sandboxes.containers(record.id):
+        for c in self.records.containers(record.id):
             with self._told_lock:
                 if c.id in self._told_stopped:
                     continue
@@ -114,7 +115,7 @@ class NriHooks:
     def sandbox_updated(self, sandbox_id: str, overhead: LinuxResources, resources: LinuxResources) -> None:
         if self.host is None:
             return
-        pod = translate.pod(self.sandboxes.get(sandbox_id))
+        pod = translate.pod(self.records.get(sandbox_id))
         self.host.update_pod_sandbox(pod, translate.resources(overhead), translate.resources(resources))
         self.host.post_update_pod_sandbox(pod)
 
@@ -186,7 +187,7 @@ class NriHooks:
     def _fits(self, sandbox: SandboxRecord, name: str) -> Callable[[admission.Usage, str], None]:
         """The envelope rule for container ``name`` of ``sandbox``, as CreateContainer and
         UpdateContainerResources hold it (``lifecycle.check_fits_beside``)."""
-        siblings = siblings_of(self.sandboxes.containers(sandbox.id))
+        siblings = siblings_of(self.records.containers(sandbox.id))
 
         def fits(usage: admission.Usage, who: str) -> None:
             check_fits_beside(
@@ -203,8 +204,8 @@ class NriHooks:
 
     def _event(self, container_id: str) -> tuple[api.PodSandbox, api.Container] | None:
         try:
-            c = self.sandboxes.container(container_id)
-            return translate.pod(self.sandboxes.get(c.sandbox_id)), translate.container(c)
+            c = self.records.container(container_id)
+            return translate.pod(self.records.get(c.sandbox_id)), translate.container(c)
         except VmSandboxError:
             return None
 
@@ -233,7 +234,7 @@ class NriHooks:
             else:
                 self.apply_updates(plugin, [u])
         if target.resource_plugins:  # an update is held to the VM's envelope; a refusal names the plugins
-            record = self.sandboxes.get(ev[1].pod_sandbox_id)
+            record = self.records.get(ev[1].pod_sandbox_id)
             nri.resource_divergence(target, linux, None, self._fits(record, ev[1].name))
         return target.linux
 
@@ -253,7 +254,7 @@ class NriHooks:
         if self.host is None:
             return None
         try:
-            return self.sandboxes.container(container_id)
+            return self.records.container(container_id)
         except VmSandboxError:
             return None
 
@@ -262,7 +263,7 @@ class NriHooks:
             with self._told_lock:
                 self._told_stopped.discard(record.id)
             try:
-                pod = translate.pod(self.sandboxes.get(record.sandbox_id))
+                pod = translate.pod(self.records.get(record.sandbox_id))
             except VmSandboxError:
                 pod = api.PodSandbox(id=record.sandbox_id)
             self.host.remove_container(pod, translate.container(record))

@@ -4,7 +4,7 @@ Held in memory only: rebuilt at start-up by listing the downstream, learnt from 
 calls routed there (RunPodSandbox, CreateContainer) and forgotten on their removal. An id that
 neither side knows makes the proxy list the downstream again, once for that call, so sandboxes
 made while the proxy could not see the downstream (absent at start, a restart of either) are
-found. vmsandbox's own ids are its ``Sandboxes``' business; this map never holds them.
+found. vmsandbox's own ids are its ``Records``' business; this map never holds them.
 
 The last unfiltered ``ListPodSandbox`` and ``ListContainers`` replies of the downstream (from the
 start-up listing, a relist, or a list the kubelet made through the proxy) are kept as the bytes

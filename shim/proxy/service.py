@@ -28,7 +28,7 @@ from shim.proxy import front_headers
 from shim.proxy.downstream import Downstream, DownstreamUnavailable, Forwarded
 from shim.proxy.ids import LISTS, DownstreamIds, list_filter
 from shim.proxy.images import ImageRouter
-from shim.sandboxes import Sandboxes
+from shim.records import Records
 from vmsandbox import routing, validation
 from vmsandbox.errors import InvalidArgument, VmSandboxError
 from vmsandbox.routing import Kind, Side
@@ -81,14 +81,14 @@ class Proxy:
         self,
         runtime: Any,
         images: Any,
-        sandboxes: Sandboxes,
+        records: Records,
         downstream: Downstream,
         ids: DownstreamIds,
         local_handlers: Iterable[str],
         fronted: bool = False,
     ) -> None:
         self.runtime = runtime
-        self.sandboxes = sandboxes
+        self.records = records
         self.downstream = downstream
         self.ids = ids
         self.local_handlers = frozenset(local_handlers)
@@ -141,7 +141,7 @@ class Proxy:
     def local_list(self, name: str, data: bytes, context: Any) -> tuple[bytes, int | None]:
         """vmsandbox's own side of a list, for the front's list channel (``shim/front.py``), and the
         records' generation it holds for, unless a container's state waits on its guest's word."""
-        generation = self.sandboxes.generation  # before the records are read
+        generation = self.records.generation  # before the records are read
         reply: bytes = self.local(name, data, context).SerializeToString()
         settled = name == "ListPodSandbox" or self.runtime.pods.lists_settled()
         return reply, generation if settled else None
@@ -197,7 +197,7 @@ class Proxy:
 
     # -- routing ------------------------------------------------------------------------------
     def side_of_sandbox(self, prefix: str) -> Side | None:
-        local = self.sandboxes.ids_with_prefix(prefix)
+        local = self.records.ids_with_prefix(prefix)
         routed = routing.route_id(prefix, local, self.ids.sandboxes_with_prefix(prefix), "pod sandbox")
         if routed.side is None or (routed.side == Side.LOCAL and prefix not in local):
             self._relist_for_miss(bool(local))
@@ -205,7 +205,7 @@ class Proxy:
         return routed.side
 
     def side_of_container(self, prefix: str) -> Side | None:
-        local = self.sandboxes.container_ids_with_prefix(prefix)
+        local = self.records.container_ids_with_prefix(prefix)
         routed = routing.route_id(prefix, local, self.ids.containers_with_prefix(prefix), "container")
         if routed.side is None or (routed.side == Side.LOCAL and prefix not in local):
             self._relist_for_miss(bool(local))
@@ -225,7 +225,7 @@ class Proxy:
         """The side whose sandbox belongs to the pod with this uid (PullImage's sandbox_config)."""
         if not uid:
             return None
-        if any(r.meta.uid == uid for r in self.sandboxes.list_sandboxes()):
+        if any(r.meta.uid == uid for r in self.records.list_sandboxes()):
             return Side.LOCAL
         if self.ids.has_uid(uid):
             return Side.DOWNSTREAM
@@ -280,17 +280,17 @@ class Proxy:
         if name in ("ListPodSandbox", "ListPodSandboxStats"):
             if f.id:
                 return routing.filter_side(
-                    f.id, self.sandboxes.ids_with_prefix(f.id), self.ids.sandboxes_with_prefix(f.id)
+                    f.id, self.records.ids_with_prefix(f.id), self.ids.sandboxes_with_prefix(f.id)
                 )
         else:  # ListContainers, ListContainerStats: by container id, else by sandbox id
             if f.id:
                 return routing.filter_side(
-                    f.id, self.sandboxes.container_ids_with_prefix(f.id), self.ids.containers_with_prefix(f.id)
+                    f.id, self.records.container_ids_with_prefix(f.id), self.ids.containers_with_prefix(f.id)
                 )
             elif f.pod_sandbox_id:
                 return routing.filter_side(
                     f.pod_sandbox_id,
-                    self.sandboxes.ids_with_prefix(f.pod_sandbox_id),
+                    self.records.ids_with_prefix(f.pod_sandbox_id),
                     self.ids.sandboxes_with_prefix(f.pod_sandbox_id),
                 )
         return None

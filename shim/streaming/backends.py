@@ -9,7 +9,7 @@ import socket
 import threading
 
 from shim.containers import Containers, GuestAttach, GuestProcess
-from shim.sandboxes import Sandboxes
+from shim.records import Records
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.agent_protocol import PROC_READ_MAX, PROC_WRITE_MAX
 from vmsandbox.errors import NotFound, VmSandboxError
@@ -72,8 +72,8 @@ def relay(agent: AgentClient, port: int) -> socket.socket:
 
 
 class ShimBackends:
-    def __init__(self, sandboxes: Sandboxes, containers: Containers) -> None:
-        self.sandboxes = sandboxes
+    def __init__(self, records: Records, containers: Containers) -> None:
+        self.records = records
         self.containers = containers
 
     def start_process(self, req: StreamRequest) -> GuestProcess | GuestAttach:
@@ -87,7 +87,7 @@ class ShimBackends:
         NIC is a passthru macvtap on the pod namespace's eth0), so the node reaches it the way the
         kubelet reaches any pod IP. A host-network pod has no address of its own (user-mode NIC):
         its connections are relayed by the guest agent."""
-        record = self.sandboxes.find(sandbox_id)
+        record = self.records.find(sandbox_id)
         if record is None:
             raise NotFound(f"sandbox {sandbox_id[:12]} is gone")
         network = record.network

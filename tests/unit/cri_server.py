@@ -105,7 +105,7 @@ def seed(sb: Sandboxes) -> None:
             shape=shape,
         )
         sb.ledger.put_sandbox(sid, SANDBOX_READY, n, record.to_doc())
-    sb.reload()
+    sb.records.reload()
     c = ContainerRecord(
         id=SEED_CONTAINER,
         sandbox_id=SEED_SANDBOXES[0],
@@ -114,7 +114,7 @@ def seed(sb: Sandboxes) -> None:
         state="CONTAINER_CREATED",
         created_ns=1,
     )
-    sb.save_container(c)
+    sb.records.save_container(c)
 
 
 def assert_no_leak(sb: Sandboxes) -> None:

@@ -499,7 +499,7 @@ def add_sandbox(
         shape=shape_for(demand, PROFILE),
     )
     sb.ledger.put_sandbox(sandbox_id, SANDBOX_READY, 1, record.to_doc())
-    sb.reload()
+    sb.records.reload()
 
 
 def declaration_for_cpu(cpu: str) -> PodDeclaration:
@@ -536,14 +536,16 @@ def test_retries_supersede_earlier_attempts_in_the_envelope(sandboxes: Sandboxes
 def test_exited_containers_hold_nothing(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a1" * 32, None, demand_cpu="1")
     a = sandboxes.create_container("a1" * 32, spec("a", linux=lin(1000, 256)))
-    sandboxes.save_container(replace(sandboxes.container(a), state=CONTAINER_EXITED, reason="Completed"))
+    sandboxes.records.save_container(
+        replace(sandboxes.records.container(a), state=CONTAINER_EXITED, reason="Completed")
+    )
     sandboxes.create_container("a1" * 32, spec("b", linux=lin(1000, 256)))
 
 
 def test_declared_containers_record_the_cgroup_their_resources_imply(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a2" * 32, DECLARED)
     cid = sandboxes.create_container("a2" * 32, spec("app", declared=True))
-    linux = sandboxes.container(cid).linux
+    linux = sandboxes.records.container(cid).linux
     assert (linux.cpu_quota, linux.memory_limit_bytes) == (50_000, 64 * MI)
 
 
@@ -567,14 +569,14 @@ def test_update_container_envelope(
     ids = {name: sandboxes.create_container("a3" * 32, spec(name, declared=True)) for name in created}
     if accepted:
         sandboxes.update_container(ids[target], None, update)
-        assert sandboxes.container(ids[target]).linux.memory_limit_bytes == update.memory_limit_bytes
+        assert sandboxes.records.container(ids[target]).linux.memory_limit_bytes == update.memory_limit_bytes
     else:
-        before = sandboxes.container(ids[target]).linux
+        before = sandboxes.records.container(ids[target]).linux
         with pytest.raises(Diverged) as err:
             sandboxes.update_container(ids[target], None, update)
         assert f'update of "{target}" does not fit in the VM, which cannot grow' in str(err.value)
         assert "it would have to grow by" in str(err.value)
-        assert sandboxes.container(ids[target]).linux == before
+        assert sandboxes.records.container(ids[target]).linux == before
 
 
 def _limits(name: str, cpu: str, memory: str) -> ContainerDeclaration:
@@ -606,13 +608,13 @@ def test_update_container_follows_the_sidecar_rule(
     sandboxes: Sandboxes, target: str, update: LinuxResources, accepted: bool
 ) -> None:
     add_sandbox(sandboxes, S7, WITH_SIDECAR, annotations={"io.vmsandbox/sidecars": "proxy"})
-    assert sandboxes.get(S7).sized_shape().demand.memory_bytes == 192 * MI
+    assert sandboxes.records.get(S7).sized_shape().demand.memory_bytes == 192 * MI
     ids = {}
     for c in (*WITH_SIDECAR.init_containers, *WITH_SIDECAR.containers):
         ids[c.name] = sandboxes.create_container(S7, ContainerSpec(name=c.name, resources=c.resources))
     if accepted:
         sandboxes.update_container(ids[target], None, update)
-        assert sandboxes.container(ids[target]).linux.memory_limit_bytes == update.memory_limit_bytes
+        assert sandboxes.records.container(ids[target]).linux.memory_limit_bytes == update.memory_limit_bytes
     else:
         with pytest.raises(Diverged) as err:
             sandboxes.update_container(ids[target], None, update)
@@ -627,7 +629,7 @@ def test_update_with_kubernetes_resources_is_recorded(sandboxes: Sandboxes) -> N
         limits=ResourceList.parse({"memory": "32Mi"}, where="l"),
     )
     sandboxes.update_container(cid, new, LinuxResources())
-    c = sandboxes.container(cid)
+    c = sandboxes.records.container(cid)
     assert c.resources.requests.as_strings() == {"cpu": "250m"}
     assert c.resources.limits.as_strings() == {"memory": "32Mi"}
     assert (c.linux.cpu_quota, c.linux.cpu_shares, c.linux.memory_limit_bytes) == (0, 256, 32 * MI)
@@ -636,22 +638,22 @@ def test_update_with_kubernetes_resources_is_recorded(sandboxes: Sandboxes) -> N
 def test_update_pod_sandbox_resources_is_recorded_or_refused(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a5" * 32, DECLARED)
     sandboxes.update_sandbox("a5" * 32, lin(1000, 128))
-    assert sandboxes.get("a5" * 32).updated_resources.memory_limit_bytes == 128 * MI
+    assert sandboxes.records.get("a5" * 32).updated_resources.memory_limit_bytes == 128 * MI
     with pytest.raises(Diverged) as err:
         sandboxes.update_sandbox("a5" * 32, lin(1000, 256))
     assert "memory: 256Mi in all > VM's 128Mi (it would have to grow by 128Mi)" in str(err.value)
-    assert sandboxes.get("a5" * 32).updated_resources.memory_limit_bytes == 128 * MI
+    assert sandboxes.records.get("a5" * 32).updated_resources.memory_limit_bytes == 128 * MI
 
 
 def test_remove_takes_the_containers_and_the_record(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a6" * 32, DECLARED)
     cid = sandboxes.create_container("a6" * 32, spec("app", declared=True))
-    assert sandboxes.get("a6" * 32).declaration == DECLARED
+    assert sandboxes.records.get("a6" * 32).declaration == DECLARED
     sandboxes.remove("a6" * 32)
     sandboxes.remove("a6" * 32)  # idempotent
-    assert sandboxes.containers("a6" * 32) == []
-    assert sandboxes.find("a6" * 32) is None
-    sandboxes.remove_container(cid)  # unknown now: still fine
+    assert sandboxes.records.containers("a6" * 32) == []
+    assert sandboxes.records.find("a6" * 32) is None
+    sandboxes.records.remove_container(cid)  # unknown now: still fine
 
 
 # -- "accept iff identical", and the fast paths it relies on -----------------------------------------
@@ -778,17 +780,17 @@ def test_an_update_racing_a_start_never_puts_back_created(sandboxes: Sandboxes) 
     # update writes its limits: the start's state must survive, and so must the update's limits
     add_sandbox(sandboxes, "a5" * 32, DECLARED)
     cid = sandboxes.create_container("a5" * 32, spec("app", declared=True))
-    read = sandboxes.container
+    read = sandboxes.records.container
 
     def read_then_start(container_id: str) -> ContainerRecord:
         record = read(container_id)
-        sandboxes.change_container(cid, expect_state=CONTAINER_CREATED, state=CONTAINER_RUNNING, started_ns=7)
+        sandboxes.records.change_container(cid, expect_state=CONTAINER_CREATED, state=CONTAINER_RUNNING, started_ns=7)
         return record
 
-    sandboxes.container = read_then_start  # type: ignore[method-assign]
+    sandboxes.records.container = read_then_start  # type: ignore[method-assign]
     sandboxes.update_container(cid, None, lin(500, 32))
-    del sandboxes.container
-    after = sandboxes.container(cid)
+    del sandboxes.records.container
+    after = sandboxes.records.container(cid)
     assert (after.state, after.started_ns) == (CONTAINER_RUNNING, 7)
     assert after.linux.memory_limit_bytes == 32 * MI
 
@@ -796,6 +798,8 @@ def test_an_update_racing_a_start_never_puts_back_created(sandboxes: Sandboxes) 
 def test_a_start_does_not_revive_a_container_that_exited_meanwhile(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a6" * 32, DECLARED)
     cid = sandboxes.create_container("a6" * 32, spec("app", declared=True))
-    sandboxes.save_container(replace(sandboxes.container(cid), state=CONTAINER_EXITED, reason="SandboxDied"))
-    assert sandboxes.change_container(cid, expect_state=CONTAINER_CREATED, state=CONTAINER_RUNNING) is None
-    assert sandboxes.container(cid).state == CONTAINER_EXITED
+    sandboxes.records.save_container(
+        replace(sandboxes.records.container(cid), state=CONTAINER_EXITED, reason="SandboxDied")
+    )
+    assert sandboxes.records.change_container(cid, expect_state=CONTAINER_CREATED, state=CONTAINER_RUNNING) is None
+    assert sandboxes.records.container(cid).state == CONTAINER_EXITED

@@ -39,11 +39,11 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
         # leaves it, with the instance of the agent that reported then
         doc = next(d for cid, *_, d in s.sandboxes.ledger.containers(SANDBOX) if cid == SEED_CONTAINER)
         running = replace(ContainerRecord.from_doc(doc), state=CONTAINER_RUNNING, image_id="sha256:" + "1" * 64)
-        s.sandboxes.save_container(running)
-        record = s.sandboxes.get(SANDBOX)
+        s.sandboxes.records.save_container(running)
+        record = s.sandboxes.records.get(SANDBOX)
         ready = replace(record, guest={**fg.report_body(fg.INSTANCE)})
         s.sandboxes.ledger.put_sandbox(SANDBOX, record.state, record.created_ns, ready.to_doc())
-        s.sandboxes.reload()
+        s.sandboxes.records.reload()
         yield s
 
 
@@ -82,7 +82,7 @@ def _assert_lost(server: Server, cause: str) -> None:
     assert "guest agent was lost" in status.message and cause in status.message
     assert status.finished_at > 0
     assert _sandbox_state(server) == pb.SANDBOX_NOTREADY
-    assert server.sandboxes.get(SANDBOX).guest.get("lost")
+    assert server.sandboxes.records.get(SANDBOX).guest.get("lost")
 
 
 @pytest.mark.parametrize(
@@ -206,5 +206,5 @@ def test_watch_guests_adopts_the_same_instance_and_notices_another(
 def test_a_lost_agent_reported_twice_or_for_a_removed_sandbox_changes_nothing(server: Server) -> None:
     assert server.sandboxes.agent_lost(SANDBOX, "first") is True
     assert server.sandboxes.agent_lost(SANDBOX, "second") is False
-    assert server.sandboxes.get(SANDBOX).guest["lost"] == "first"
+    assert server.sandboxes.records.get(SANDBOX).guest["lost"] == "first"
     assert server.sandboxes.agent_lost("f" * 64, "gone") is False

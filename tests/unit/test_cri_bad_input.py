@@ -290,7 +290,7 @@ def test_a_sandbox_of_an_earlier_version_takes_no_new_container(server: Server) 
     over 9p, no root port for a disk): CreateContainer is FAILED_PRECONDITION naming the cause and
     the fix, and leaves no record; the same pod with a uid goes on to look up its image."""
     sid = SEED_SANDBOXES[1]
-    record = server.sandboxes.get(sid)
+    record = server.sandboxes.records.get(sid)
     assert record.qemu_uid == 0
     # a name no other test of this module's server uses
     config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="late"), image=pb.ImageSpec(image="busybox"))
@@ -298,10 +298,10 @@ def test_a_sandbox_of_an_earlier_version_takes_no_new_container(server: Server) 
     assert code == grpc.StatusCode.FAILED_PRECONDITION, details
     assert f"sandbox {sid[:12]} was started by an earlier version" in details
     assert "takes no new container; recreate the pod" in details
-    assert "late" not in {c.name for c in server.sandboxes.containers(sid)}
+    assert "late" not in {c.name for c in server.sandboxes.records.containers(sid)}
     current = replace(record, qemu_uid=2_000_000_000)
     server.sandboxes.ledger.put_sandbox(sid, current.state, current.created_ns, current.to_doc())
-    server.sandboxes.reload()
+    server.sandboxes.records.reload()
     code, details, _ = create(server, config, sid)
     assert code == grpc.StatusCode.NOT_FOUND and "not pulled" in details, details
 

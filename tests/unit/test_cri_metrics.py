@@ -528,7 +528,7 @@ def test_the_descriptors_are_the_table(server: Server) -> None:
 
 
 def test_every_ready_pod_is_listed_with_its_running_containers_values(server: Server) -> None:
-    assert server.sandboxes.change_container(SEED_CONTAINER, state=CONTAINER_RUNNING) is not None
+    assert server.sandboxes.records.change_container(SEED_CONTAINER, state=CONTAINER_RUNNING) is not None
     assert server.containers is not None
     server.containers.stats = lambda container_id: sample()  # type: ignore[method-assign]  # no guest here
     before = time.time_ns()
@@ -552,7 +552,7 @@ def test_every_ready_pod_is_listed_with_its_running_containers_values(server: Se
 def test_a_container_whose_guest_fails_is_left_out_not_the_list(server: Server) -> None:
     from vmsandbox.errors import InfrastructureError
 
-    assert server.sandboxes.change_container(SEED_CONTAINER, state=CONTAINER_RUNNING) is not None
+    assert server.sandboxes.records.change_container(SEED_CONTAINER, state=CONTAINER_RUNNING) is not None
     assert server.containers is not None
 
     def lost(container_id: str) -> CgroupStats:

@@ -1,4 +1,4 @@
-"""What the shim gives the CRI front: the records' generation (``Sandboxes``), whether the lists
+"""What the shim gives the CRI front: the records' generation (``Records``), whether the lists
 follow from the records alone (``Pods.lists_settled``), and the list channel's frames
 (``shim.front.ListChannel``, the format ``front/lists.go`` reads)."""
 
@@ -30,39 +30,39 @@ def server() -> Iterator[Server]:
 def test_every_change_to_the_records_moves_the_generation_and_is_heard(server: Server) -> None:
     sb = server.sandboxes
     heard: list[int] = []
-    sb.watch_generation(heard.append)
-    seed = sb.container(SEED_CONTAINER)
+    sb.records.watch_generation(heard.append)
+    seed = sb.records.container(SEED_CONTAINER)
     changes: list[tuple[str, Callable[[], object]]] = [
-        ("a container's state", lambda: sb.save_container(replace(seed, state=CONTAINER_EXITED))),
-        ("a container removed", lambda: sb.remove_container(SEED_CONTAINER)),
+        ("a container's state", lambda: sb.records.save_container(replace(seed, state=CONTAINER_EXITED))),
+        ("a container removed", lambda: sb.records.remove_container(SEED_CONTAINER)),
         ("a sandbox stopped", lambda: sb.stop(SEED_SANDBOXES[1])),
         ("a sandbox removed", lambda: sb.remove(SEED_SANDBOXES[1])),
     ]
     for what, change in changes:
-        before = sb.generation
+        before = sb.records.generation
         change()
-        assert sb.generation > before, what
-        assert heard[-1] == sb.generation, what
+        assert sb.records.generation > before, what
+        assert heard[-1] == sb.records.generation, what
     assert heard == sorted(heard)
     # what changes nothing leaves it
-    now = sb.generation
-    sb.list_sandboxes()
-    sb.remove_container("f" * 64)
-    assert sb.generation == now
+    now = sb.records.generation
+    sb.records.list_sandboxes()
+    sb.records.remove_container("f" * 64)
+    assert sb.records.generation == now
 
 
 def test_lists_are_settled_unless_a_container_waits_on_its_guest(server: Server) -> None:
     assert server.containers is not None
     sb = server.sandboxes
     pods = Pods(sb, server.containers)
-    seed = sb.container(SEED_CONTAINER)
+    seed = sb.records.container(SEED_CONTAINER)
     cases = [
         (replace(seed, state=CONTAINER_RUNNING, image_id=""), True),  # never created in a guest
         (replace(seed, state=CONTAINER_EXITED, image_id="sha256:" + "1" * 64), True),
         (replace(seed, state=CONTAINER_RUNNING, image_id="sha256:" + "1" * 64), False),
     ]
     for record, settled in cases:
-        sb.save_container(record)
+        sb.records.save_container(record)
         assert pods.lists_settled() is settled, record.state
 
 

@@ -153,7 +153,7 @@ def test_a_taken_node_port_tears_the_new_pod_down(server: Server) -> None:
         taken.listen()
         with pytest.raises(AlreadyExists, match="is taken"):
             pods.run(_host_network_spec(taken.getsockname()[1]))
-    assert server.sandboxes.find(sid) is None, "the refused pod is still recorded"
+    assert server.sandboxes.records.find(sid) is None, "the refused pod is still recorded"
     assert pods.host_ports is not None and sid not in pods.host_ports.sandboxes()
     assert not (server.root / "state" / "sandboxes" / sid).exists()
     assert_no_leak(server.sandboxes)
@@ -197,7 +197,7 @@ def test_a_privileged_node_port_opens_with_a_container_that_could_bind_it(
                                     linux=pb.LinuxContainerConfig(security_context=security))  # fmt: skip
         run, user, stop_signal = translate.container_request(config, {})
         cid = pods.create_container(sid, translate.container_spec(config), run, user, stop_signal, [])
-        assert server.sandboxes.container(cid).net_bind_service is listens
+        assert server.sandboxes.records.container(cid).net_bind_service is listens
         if listens:
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
         else:
@@ -206,8 +206,8 @@ def test_a_privileged_node_port_opens_with_a_container_that_could_bind_it(
         assert pods.host_ports is not None
         pods.host_ports.close(sid)  # a shim started again opens them as the container's record says
         spec = _host_network_spec(port)
-        record = replace(sb.get(sid), namespaces=spec.namespaces, port_mappings=spec.port_mappings)
-        sb.list_sandboxes = lambda: [record]  # type: ignore[method-assign]  # as the pod was run
+        record = replace(sb.records.get(sid), namespaces=spec.namespaces, port_mappings=spec.port_mappings)
+        sb.records.list_sandboxes = lambda: [record]  # type: ignore[method-assign]  # as the pod was run
         pods.resume_node_ports()
         if listens:
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
@@ -234,7 +234,7 @@ def test_a_plugin_refusal_tears_the_new_pod_down_and_closes_its_node_ports(serve
         port = probe.getsockname()[1]
     with pytest.raises(VmSandboxError, match="plugin says no"):
         pods.run(_host_network_spec(port))
-    assert server.sandboxes.find(sid) is None
+    assert server.sandboxes.records.find(sid) is None
     with socket.socket() as again:  # the node port was let go
         again.bind(("127.0.0.1", port))
     assert_no_leak(server.sandboxes)
@@ -244,14 +244,14 @@ def test_a_guest_refusing_a_container_leaves_no_record(server: Server) -> None:
     """The seeded sandboxes have no guest: the create is refused there, and its record goes."""
     assert server.containers is not None
     pods = Pods(server.sandboxes, server.containers)
-    before = {c.id for c in server.sandboxes.containers()}
+    before = {c.id for c in server.sandboxes.records.containers()}
     spec = translate.container_spec(
         pb.ContainerConfig(metadata=pb.ContainerMetadata(name="late"), image=pb.ImageSpec(image="x"))
     )
     run, user, stop_signal = translate.container_request(pb.ContainerConfig(), {})
     with pytest.raises(VmSandboxError):
         pods.create_container(SEED_SANDBOXES[1], spec, run, user, stop_signal, [])
-    assert {c.id for c in server.sandboxes.containers()} == before
+    assert {c.id for c in server.sandboxes.records.containers()} == before
 
 
 def test_teardown_of_unknown_ids_succeeds_and_bad_input_is_refused(server: Server) -> None:
@@ -278,7 +278,7 @@ def test_pods_whose_guests_give_no_valid_answer_are_listed_without_usage(server:
         state="CONTAINER_RUNNING",
         image_id="sha256:" + "0" * 64,
     )
-    server.sandboxes.save_container(running)
+    server.sandboxes.records.save_container(running)
     code, details, body = server.rpc("ListPodSandboxStats", pb.ListPodSandboxStatsRequest())
     assert code.name == "OK", details
     stats = pb.ListPodSandboxStatsResponse.FromString(body).stats

@@ -135,7 +135,7 @@ def add(
         sb.ledger.put_sandbox(s, state, n, record.to_doc())
         for i in range(containers):
             c = ContainerRecord(f"c{n}-{i}", s, f"app{i}", 0, CONTAINER_CREATED, n)
-            sb.save_container(c)
+            sb.records.save_container(c)
     if domain is not None:
         fake.domains[domain_name(s)] = FakeDomain(s, domain, sb.ledger.instance_id if owner is None else owner)
     if console is not None:
@@ -189,8 +189,8 @@ def test_each_crash_state_is_resolved(
         half_stopped: SANDBOX_NOTREADY,
     }
     # the adopted sandbox keeps its containers as they were; a lost one's are marked exited
-    assert [c.state for c in sb.containers(ready)] == [CONTAINER_CREATED, CONTAINER_CREATED]
-    assert [(c.state, c.reason) for c in sb.containers(destroyed)] == [(CONTAINER_EXITED, "SandboxStopped")]
+    assert [c.state for c in sb.records.containers(ready)] == [CONTAINER_CREATED, CONTAINER_CREATED]
+    assert [(c.state, c.reason) for c in sb.records.containers(destroyed)] == [(CONTAINER_EXITED, "SandboxStopped")]
     # console logs: the adopted one stays, the forgotten ones go, files that are not ours stay
     assert sorted(p.name for p in console.iterdir()) == sorted([f"{ready}.log", "notes.log"])
     # every decision names the sandbox and its domain
@@ -275,19 +275,19 @@ def test_periodic_reconcile_cleans_orphans_and_leaves_busy_sandboxes_alone(
     sb, fake, _console = env
     sb.reconcile()  # start-up
     in_flight = add(sb, fake, 1, state=STATE_CREATING, domain=True, pages=2)  # a RunPodSandbox still running
-    sb._in_flight.add(in_flight)
+    sb.locks.in_flight.add(in_flight)
     locked = add(sb, fake, 2, state=SANDBOX_READY, domain=False, pages=2)  # a StopPodSandbox half-way
     orphan = add(sb, fake, 3, state=None, domain=False, claim=False)  # a define whose row was lost
     leftover = add(sb, fake, 4, state=None, domain=None, cpus=(1,))  # claims of a RunPodSandbox that died
     sb.resources.resync()  # the claims above went straight to the ledger; the manager learns them
-    with sb._lock_for(locked):
+    with sb.locks.lock_for(locked):
         report = sb.reconcile(periodic=True)
     assert report["removed_domains"] == [domain_name(orphan)]
     assert report["released"] == [leftover]
     assert sorted(fake.domains) == sorted([domain_name(in_flight), domain_name(locked)])
     assert sb.ledger.claim_owners() == {in_flight, locked}
     # once nothing works on them any more, the next round finishes the job
-    sb._in_flight.discard(in_flight)
+    sb.locks.in_flight.discard(in_flight)
     report = sb.reconcile(periodic=True)
     assert report["forgotten"] == [in_flight] and report["stopped"] == [locked]
     assert fake.domains == {} and sb.ledger.claim_owners() == frozenset()
@@ -296,8 +296,8 @@ def test_periodic_reconcile_cleans_orphans_and_leaves_busy_sandboxes_alone(
 def test_periodic_reconcile_keeps_the_names_of_runs_in_flight(env: tuple[Sandboxes, FakeLibvirt, Path]) -> None:
     sb, _fake, _console = env
     meta = PodMeta("web", "default", "uid-1")
-    sb._reserve_name(meta, sid(7))
-    sb._in_flight.add(sid(7))
+    sb.records.reserve_name(meta, sid(7))
+    sb.locks.in_flight.add(sid(7))
     sb.reconcile(periodic=True)
     with pytest.raises(AlreadyExists, match=sid(7)):
-        sb._reserve_name(meta, sid(8))
+        sb.records.reserve_name(meta, sid(8))

@@ -225,7 +225,7 @@ def test_the_stats_report_what_the_guest_wrote_on_the_host(server: Server) -> No
     sb.dirs.make(sid, QEMU_UID, 64 * MI)
     with open(sb.dirs.shared(sid) / "blob", "wb") as f:
         f.write(b"x" * (8 * MI))
-    assert sb.change_container(SEED_CONTAINER, state=CONTAINER_RUNNING) is not None
+    assert sb.records.change_container(SEED_CONTAINER, state=CONTAINER_RUNNING) is not None
     in_guest = CgroupStats(time.time_ns(), 1, 1, 1, 1, 0, 0, 1, writable_bytes=MI, writable_inodes=3)
     assert server.containers is not None
     server.containers.stats = lambda container_id: in_guest  # type: ignore[method-assign]  # no guest here
