@@ -13,7 +13,7 @@ through their life: created in the guest, running, exited (exit code, reason, ti
 It also holds the guest's word against the records: a connection to an agent instance other than
 the one that reported at RunPodSandbox, a hello from a new instance on a live connection, or an
 agent that does not know a container recorded as created or running means the agent lost its
-containers, and ``Sandboxes.agent_lost`` turns the sandbox NOTREADY.
+containers, and ``Reconciler.agent_lost`` turns the sandbox NOTREADY.
 """
 
 from __future__ import annotations
@@ -382,7 +382,7 @@ class Containers:
             if client is not None and client.closed:
                 del self._clients[sandbox_id]
         try:
-            self.sandboxes.agent_lost(sandbox_id, why)
+            self.sandboxes.reconciler.agent_lost(sandbox_id, why)
         except VmSandboxError as exc:  # a sandbox removed meanwhile
             log.warning("sandbox %s: guest agent lost (%s), not recorded: %s", sandbox_id[:12], why, exc)
 

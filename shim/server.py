@@ -179,12 +179,12 @@ def start(config: ShimConfig) -> Running:
     containers = Containers(config.state_dir, sandboxes, images, hypervisor)
     for warning in host_warnings(config.libvirt_uri):
         log.warning("host set-up: %s", warning)
-    report = sandboxes.reconcile()
+    report = sandboxes.reconciler.reconcile()
     log.info("reconciled with libvirt: %s", {k: len(v) for k, v in report.items()})
     # a guest that dies (QEMU killed, panic) turns its sandbox NOTREADY; after a reconnect every guest is re-checked
-    events = DomainEvents(config.libvirt_uri, sandboxes.guest_stopped, sandboxes.check_guests)
+    events = DomainEvents(config.libvirt_uri, sandboxes.reconciler.guest_stopped, sandboxes.reconciler.check_guests)
     events.start()
-    sandboxes.check_guests()  # a guest that died between the reconcile and the subscription
+    sandboxes.reconciler.check_guests()  # a guest that died between the reconcile and the subscription
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="cri"))
     log.info("image holds of %d containers restored", containers.hold_images())
     images.collect()  # after the containers hold theirs again: images removed while held and not held now are freed
@@ -201,7 +201,7 @@ def start(config: ShimConfig) -> Running:
     threading.Thread(target=containers.watch_guests, name="agent-watch", daemon=True).start()
 
     def housekeep() -> None:
-        sandboxes.reconcile(periodic=True)
+        sandboxes.reconciler.reconcile(periodic=True)
         containers.watch_guests()
 
     housekeeping = Periodic(config.reconcile_interval_s, housekeep, name="periodic-reconcile")

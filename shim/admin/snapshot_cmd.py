@@ -58,7 +58,7 @@ def make(config: ShimConfig, manifest_path: str, handler: str | None, document: 
         def progress(line: str) -> None:
             print(f"snapshot: {line}", file=sys.stderr, flush=True)
 
-        return sandboxes.make_snapshot(spec, progress, force=force)
+        return sandboxes.boot.make_snapshot(spec, sandboxes.plan(spec), progress, force=force)
     finally:
         hypervisor.close()
         ledger.close()

@@ -204,7 +204,7 @@ def test_watch_guests_adopts_the_same_instance_and_notices_another(
 
 
 def test_a_lost_agent_reported_twice_or_for_a_removed_sandbox_changes_nothing(server: Server) -> None:
-    assert server.sandboxes.agent_lost(SANDBOX, "first") is True
-    assert server.sandboxes.agent_lost(SANDBOX, "second") is False
+    assert server.sandboxes.reconciler.agent_lost(SANDBOX, "first") is True
+    assert server.sandboxes.reconciler.agent_lost(SANDBOX, "second") is False
     assert server.sandboxes.records.get(SANDBOX).guest["lost"] == "first"
-    assert server.sandboxes.agent_lost("f" * 64, "gone") is False
+    assert server.sandboxes.reconciler.agent_lost("f" * 64, "gone") is False

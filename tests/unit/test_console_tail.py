@@ -7,7 +7,7 @@ import os
 import tracemalloc
 from pathlib import Path
 
-from shim.sandboxes import Sandboxes
+from shim.boot import console_tail
 
 
 def test_only_the_tail_of_a_huge_console_is_read(tmp_path: Path) -> None:
@@ -18,7 +18,7 @@ def test_only_the_tail_of_a_huge_console_is_read(tmp_path: Path) -> None:
         f.write(b"\n".join(b"line %d" % i for i in range(10)) + b"\n")
     tracemalloc.start()
     try:
-        tail = Sandboxes._console_tail(str(console))
+        tail = console_tail(str(console))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -29,13 +29,13 @@ def test_only_the_tail_of_a_huge_console_is_read(tmp_path: Path) -> None:
 def test_console_lines_are_escaped_and_bounded(tmp_path: Path) -> None:
     console = tmp_path / "console.log"
     console.write_bytes(b"\x1b[2Jforged\r" + b"x" * 100_000 + b"\n")
-    tail = Sandboxes._console_tail(str(console))
+    tail = console_tail(str(console))
     assert "\x1b" not in tail and "\r" not in tail
     assert len(tail) < 400
 
 
 def test_a_missing_or_empty_console(tmp_path: Path) -> None:
-    assert Sandboxes._console_tail(None) == ""
-    assert Sandboxes._console_tail(str(tmp_path / "absent.log")) == ""
+    assert console_tail(None) == ""
+    assert console_tail(str(tmp_path / "absent.log")) == ""
     (tmp_path / "empty.log").write_bytes(b"")
-    assert Sandboxes._console_tail(str(tmp_path / "empty.log")) == "; the guest console is empty"
+    assert console_tail(str(tmp_path / "empty.log")) == "; the guest console is empty"

@@ -160,8 +160,8 @@ def test_each_crash_state_is_resolved(
     not_ours_log = console / "notes.log"
     not_ours_log.write_text("keep\n")
 
-    with caplog.at_level(logging.INFO, logger="shim.sandboxes"):
-        report = sb.reconcile()
+    with caplog.at_level(logging.INFO, logger="shim.reconcile"):
+        report = sb.reconciler.reconcile()
 
     assert report["adopted"] == [ready]
     assert sorted(report["removed_domains"]) == sorted(
@@ -199,7 +199,7 @@ def test_each_crash_state_is_resolved(
         assert s[:12] in text and domain_name(s) in text, s
     assert "adopted sandbox " + ready[:12] in text
     # a second pass finds nothing to do
-    again = sb.reconcile()
+    again = sb.reconciler.reconcile()
     assert again["adopted"] == [ready]
     assert not any(again[k] for k in ("removed_domains", "forgotten", "stopped", "released", "failed"))
 
@@ -209,7 +209,7 @@ def test_domains_of_another_state_database_are_left_alone(env: tuple[Sandboxes, 
     other = add(sb, fake, 1, state=None, domain=True, claim=False, owner="f" * 32)
     legacy_unknown = add(sb, fake, 2, state=None, domain=True, claim=False, owner="")
     legacy_known = add(sb, fake, 3, state=SANDBOX_READY, domain=True, pages=1, owner="")  # defined before schema 2
-    report = sb.reconcile()
+    report = sb.reconciler.reconcile()
     assert sorted(report["foreign"]) == sorted([domain_name(other), domain_name(legacy_unknown)])
     assert report["adopted"] == [legacy_known]
     assert set(fake.domains) == {domain_name(s) for s in (other, legacy_unknown, legacy_known)}
@@ -221,7 +221,7 @@ def test_inconsistent_ready_sandbox_is_torn_down(env: tuple[Sandboxes, FakeLibvi
     sb, fake, _ = env
     s = add(sb, fake, 1, state=SANDBOX_READY, domain=True, cpus=(0,), pages=2, claim=False)
     sb.ledger.claim(s, Claim(pages=((0, P2M, 2),)), page_limits=LIMITS, memory_limits={})
-    report = sb.reconcile()
+    report = sb.reconciler.reconcile()
     assert report["adopted"] == [] and report["stopped"] == [s]
     assert fake.domains == {}
     assert sb.ledger.held() == {} and sb.resources.owners() == frozenset()
@@ -231,13 +231,13 @@ def test_failed_tear_down_keeps_the_claims(env: tuple[Sandboxes, FakeLibvirt, Pa
     sb, fake, _ = env
     s = add(sb, fake, 1, state=STATE_CREATING, domain=True, cpus=(0,), pages=2)
     fake.broken.add(domain_name(s))
-    report = sb.reconcile()
+    report = sb.reconciler.reconcile()
     assert report["failed"] == [domain_name(s)]
     assert sb.ledger.claims_of(s) != Claim()  # the guest may still hold the pages: nothing handed out twice
     assert sb.resources.held(s) == Claim(cpus=(0,), pages=((0, P2M, 2),))
     assert sb.ledger.get_sandbox(s) is not None
     fake.broken.clear()
-    report = sb.reconcile()  # the next start finishes the job
+    report = sb.reconciler.reconcile()  # the next start finishes the job
     assert report["forgotten"] == [s]
     assert sb.ledger.held() == {} and fake.domains == {} and sb.resources.owners() == frozenset()
 
@@ -273,7 +273,7 @@ def test_periodic_reconcile_cleans_orphans_and_leaves_busy_sandboxes_alone(
     env: tuple[Sandboxes, FakeLibvirt, Path],
 ) -> None:
     sb, fake, _console = env
-    sb.reconcile()  # start-up
+    sb.reconciler.reconcile()  # start-up
     in_flight = add(sb, fake, 1, state=STATE_CREATING, domain=True, pages=2)  # a RunPodSandbox still running
     sb.locks.in_flight.add(in_flight)
     locked = add(sb, fake, 2, state=SANDBOX_READY, domain=False, pages=2)  # a StopPodSandbox half-way
@@ -281,14 +281,14 @@ def test_periodic_reconcile_cleans_orphans_and_leaves_busy_sandboxes_alone(
     leftover = add(sb, fake, 4, state=None, domain=None, cpus=(1,))  # claims of a RunPodSandbox that died
     sb.resources.resync()  # the claims above went straight to the ledger; the manager learns them
     with sb.locks.lock_for(locked):
-        report = sb.reconcile(periodic=True)
+        report = sb.reconciler.reconcile(periodic=True)
     assert report["removed_domains"] == [domain_name(orphan)]
     assert report["released"] == [leftover]
     assert sorted(fake.domains) == sorted([domain_name(in_flight), domain_name(locked)])
     assert sb.ledger.claim_owners() == {in_flight, locked}
     # once nothing works on them any more, the next round finishes the job
     sb.locks.in_flight.discard(in_flight)
-    report = sb.reconcile(periodic=True)
+    report = sb.reconciler.reconcile(periodic=True)
     assert report["forgotten"] == [in_flight] and report["stopped"] == [locked]
     assert fake.domains == {} and sb.ledger.claim_owners() == frozenset()
 
@@ -298,6 +298,6 @@ def test_periodic_reconcile_keeps_the_names_of_runs_in_flight(env: tuple[Sandbox
     meta = PodMeta("web", "default", "uid-1")
     sb.records.reserve_name(meta, sid(7))
     sb.locks.in_flight.add(sid(7))
-    sb.reconcile(periodic=True)
+    sb.reconciler.reconcile(periodic=True)
     with pytest.raises(AlreadyExists, match=sid(7)):
         sb.records.reserve_name(meta, sid(8))

@@ -108,7 +108,7 @@ def test_rollback_that_could_not_remove_the_domain_keeps_claims_and_says_so(
     # the next reconcile, with libvirt back, finishes the job
     hv.libvirt_down = False
     cast(Hypervisor, hv).list_ours = lambda: []  # type: ignore[method-assign]
-    sb.reconcile()
+    sb.reconciler.reconcile()
     assert ledger.claim_owners() == set()
     assert ledger.sandboxes() == []
 

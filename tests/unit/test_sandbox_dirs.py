@@ -41,5 +41,5 @@ def test_the_reconcile_sweeps_the_directories_of_forgotten_sandboxes() -> None:
         sb = server.sandboxes
         sb.dirs.make(FORGOTTEN, os.getuid(), None)
         sb.dirs.make(SEED_SANDBOXES[0], os.getuid(), None)
-        sb.reconcile()
+        sb.reconciler.reconcile()
         assert not (sb.dirs.root / FORGOTTEN).exists()

@@ -1,0 +1,509 @@
+"""``Boot``: a pod's guest, from the claim to READY, and the snapshots its shape is restored from.
+
+It owns starting a sandbox's VM: the claim of its host resources (through ``ResourceManager``),
+its QEMU uid (``qemu_uids``, shared with the guests that make snapshots, which no record holds),
+its pod network attachment (through ``PodNetworks``), its domain, restored from the snapshot of
+its shape when there is one (through ``Snapshots``) or cold-booted, its checks of the guest's
+report, and its console log's file. A boot is transactional: any failure after the claim tears
+the domain down and releases every claim (``_rollback``) before the error leaves this module.
+It also makes snapshots: in the background for a shape's first pod, and on demand for
+``vmsandbox snapshot make``. Records are written through ``shim.records``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+from shim import faults, logs, metrics
+from shim.config import ShimConfig
+from shim.host_policy import domain_for
+from shim.model import SANDBOX_READY, PassedGroup, SandboxRecord, SandboxSpec
+from shim.network import Attachment, PodNetworks
+from shim.records import Records, SandboxLocks, new_id
+from shim.resources import ResourceManager
+from shim.sandbox_dirs import SandboxDirs
+from shim.snapshots import MakeRequest, Progress, Snapshots, SnapshotUnusable
+from vmsandbox import validation
+from vmsandbox.adapters.guest_channel import wait_for_hello
+from vmsandbox.adapters.hypervisor import Hypervisor
+from vmsandbox.adapters.ledger import Ledger
+from vmsandbox.adapters.snapshot_store import StoredSnapshot
+from vmsandbox.agent_protocol import GuestReport, report_to_body
+from vmsandbox.devices import NO_DEVICES
+from vmsandbox.domain import AGENT_CHANNEL, Domain, NetworkInterface, SandboxIdentity, SharedDir, domain_name
+from vmsandbox.domain_xml import render
+from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, VmSandboxError
+from vmsandbox.lifecycle import STATE_CREATING, SandboxPlan
+from vmsandbox.network import GuestNic, guest_network_args
+from vmsandbox.placement import Placement
+from vmsandbox.profile import Profile
+from vmsandbox.qemu_user import pick_uid
+from vmsandbox.resources import hugepage_resource
+from vmsandbox.sizing import VmShape
+from vmsandbox.snapshot import PLACEHOLDER_MAC, restore_domain, restore_refusal, snapshot_domain_name
+
+log = logging.getLogger(__name__)
+_CONSOLE_TAIL_BYTES = 16 * 1024
+_CONSOLE_LINE_CHARS = 300
+
+
+class Boot:
+    def __init__(
+        self,
+        config: ShimConfig,
+        ledger: Ledger,
+        hypervisor: Hypervisor,
+        records: Records,
+        locks: SandboxLocks,
+        resources: ResourceManager,
+        snapshots: Snapshots,
+        dirs: SandboxDirs,
+        network: PodNetworks,
+        clock: Callable[[], int],
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.hypervisor = hypervisor
+        self.records = records
+        self.locks = locks
+        self.resources = resources
+        self.snapshots = snapshots
+        self.dirs = dirs
+        self.network = network
+        self._clock = clock
+        # the state directory as each domain's metadata names it (the real path, links resolved)
+        self._state_path = os.path.realpath(config.state_dir)
+        self._uid_lock = threading.Lock()  # held from choosing a QEMU uid until the record holding it is written
+        # QEMU uids of snapshot guests being made (they run no pod, so no record holds them)
+        self._snapshot_uids: set[int] = set()
+
+    def start_pod(self, spec: SandboxSpec, plan: SandboxPlan, sandbox_id: str, started: float) -> str:
+        """RunPodSandbox once its name is reserved: claim, record, network, guest; any failure after
+        the claim is rolled back and says so. ``started``: the RPC's start (``time.monotonic``)."""
+        meta = spec.meta
+        pod = f"{meta.namespace}/{meta.name}"
+        profile, shape, devices, accel = plan.profile, plan.shape, plan.devices, plan.accel
+        logs.bind(sandbox_id=sandbox_id)
+        name = domain_name(sandbox_id)
+        faults.checkpoint("run:before-claim")
+        try:
+            placement = self.resources.reserve(sandbox_id, shape, profile, devices)
+        except CannotFit:
+            # pods come first: a snapshot being made in the background gives its claim back
+            if not self.snapshots.give_way():
+                raise
+            placement = self.resources.reserve(sandbox_id, shape, profile, devices)
+        faults.checkpoint("run:after-claim")
+        record = SandboxRecord(
+            id=sandbox_id,
+            meta=meta,
+            state=STATE_CREATING,
+            created_ns=self._clock(),
+            runtime_handler=spec.runtime_handler or self.config.default_handler,
+            profile=profile.name,
+            domain=name,
+            labels=dict(spec.labels),
+            annotations=dict(spec.annotations),
+            hostname=spec.hostname,
+            log_directory=spec.log_directory,
+            declaration=spec.declaration,
+            shape=shape,
+            cpus=tuple(placement.cpus),
+            emulator_cpus=tuple(placement.emulator_cpus),
+            hugepages=tuple(placement.hugepages),
+            devices=tuple(PassedGroup.of(g) for g in placement.devices),
+            accel=accel,
+            linux_overhead=spec.linux_overhead,
+            namespaces=spec.namespaces,
+            port_mappings=tuple(spec.port_mappings),
+            dns=spec.dns,
+        )
+        log.info(
+            "sandbox %s for pod %s: %d vCPUs on %s, %d MiB, %s, claimed %s",
+            sandbox_id[:12],
+            pod,
+            shape.vcpus,
+            placement.cpus,
+            shape.memory_bytes >> 20,
+            ", ".join(g.describe() for g in placement.devices) or "no devices",
+            placement.claim.describe(),
+        )
+        try:
+            with self._uid_lock:
+                record = replace(record, qemu_uid=self._pick_uid())
+                self.records.put_sandbox(record)
+            attachment = self.network.attach(
+                sandbox_id, meta, spec.namespaces, spec.port_mappings, dict(spec.annotations)
+            )
+            faults.checkpoint("run:after-network")
+            record = replace(record, network=attachment.network)
+            record, make_snapshot = self._boot(
+                record, profile, shape, placement, accel, attachment, plan.shared_storage_bytes
+            )
+        except BaseException as exc:
+            outcome = self._rollback(sandbox_id, name)
+            if isinstance(exc, VmSandboxError):
+                log.error("sandbox %s for pod %s failed: %s (%s)", sandbox_id[:12], pod, exc, outcome)
+                raise type(exc)(f"pod {pod}: {exc} ({outcome})") from exc
+            raise
+        faults.checkpoint("run:after-ready")
+        metrics.observe_start(record.runtime_handler, time.monotonic() - started)
+        if make_snapshot is not None:
+            make_snapshot()
+        return sandbox_id
+
+    def _pick_uid(self) -> int:
+        """A uid of ``qemu_uids`` no sandbox (creating ones too) and no snapshot guest has; the
+        caller holds ``_uid_lock`` until whatever holds the uid is recorded."""
+        used = {r.qemu_uid for r in self.records.every_sandbox()} | self._snapshot_uids
+        uid = pick_uid(self.config.qemu_uids, used)
+        if uid is None:
+            raise CannotFit(
+                f"every uid of qemu_uids ({self.config.qemu_uids}) runs a sandbox's or snapshot's QEMU: "
+                "remove sandboxes or widen the range"
+            )
+        return uid
+
+    @contextlib.contextmanager
+    def _snapshot_uid(self, key: str) -> Iterator[int]:
+        """An unprivileged uid of ``qemu_uids`` for the QEMU of snapshot ``key``'s guest, held as a
+        pod's is while the ``with`` block runs; kept held after it when that guest is still there
+        (its removal failed: the next start removes it), so that no pod's QEMU shares its uid."""
+        with self._uid_lock:
+            uid = self._pick_uid()
+            self._snapshot_uids.add(uid)
+        try:
+            yield uid
+        finally:
+            try:
+                gone = not self.hypervisor.is_active(snapshot_domain_name(key))
+            except VmSandboxError:
+                gone = False
+            if gone:
+                with self._uid_lock:
+                    self._snapshot_uids.discard(uid)
+            else:
+                log.error("snapshot %s: its guest is still there; QEMU uid %d stays taken", key[:12], uid)
+
+    def _boot(
+        self,
+        record: SandboxRecord,
+        profile: Profile,
+        shape: VmShape,
+        placement: Placement,
+        accel: str,
+        attachment: Attachment,
+        storage_bytes: int,
+    ) -> tuple[SandboxRecord, Callable[[], None] | None]:
+        """Start the pod's guest: restored from the snapshot of its shape when there is one (a
+        restore that fails is rolled back, logged with its cause, and the pod cold-boots), else
+        booted. Returns the READY record and, when the shape had no snapshot yet, the work that
+        makes one (for the caller to start once the pod is READY, off its critical path)."""
+        image = Path(profile.image_dir)
+        kernel, initrd = image / "vmlinux", image / "initramfs.img"
+        for f in (kernel, initrd):
+            if not f.is_file():
+                raise InfrastructureError(f"guest image file {f} is missing (run scripts/setup-host.sh)")
+        console = None
+        if self.config.console_dir:
+            Path(self.config.console_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            console = str(Path(self.config.console_dir) / f"{record.id}.log")
+        nic = attachment.network.nic
+        domain = domain_for(
+            identity=SandboxIdentity(
+                sandbox_id=record.id,
+                pod_name=record.meta.name,
+                pod_namespace=record.meta.namespace,
+                pod_uid=record.meta.uid,
+                attempt=record.meta.attempt,
+                runtime_handler=record.runtime_handler,
+                owner=self.ledger.instance_id,
+                state_dir=self._state_path,
+            ),
+            uuid=str(uuidlib.uuid4()),
+            shape=shape,
+            placement=placement,
+            profile=profile,
+            accel=accel,
+            console_log=console,
+            shared_dirs=self.dirs.make(record.id, record.qemu_uid, storage_bytes),
+            qemu_uid=record.qemu_uid,
+            interfaces=(attachment.interface,) if attachment.interface else (),
+            guest_nic=nic,
+            hostname=record.hostname,
+        )
+        network_args = guest_network_args(nic, record.hostname)
+        started = time.monotonic()
+        make_later: Callable[[], None] | None = None
+        report: GuestReport | None = None
+        start: dict[str, Any] = {"by": "boot"}
+        refusal = restore_refusal(domain, enabled=profile.snapshots)
+        if refusal:
+            start["why"] = refusal
+        else:
+            inputs = self.snapshots.inputs(domain, network_args)
+            found = self.snapshots.find(inputs)
+            if found is None:
+                start["why"] = f"no snapshot for its shape yet ({inputs.key[:12]})"
+                request = MakeRequest(domain, network_args, inputs)
+                make_later = lambda: self._make_snapshot(request, profile, shape, accel)  # noqa: E731
+            else:
+                report = self._restore(record, domain, network_args, found, nic, profile)
+                if report is None:
+                    start["why"] = f"restore from snapshot {found.key[:12]} failed"
+                else:
+                    start = {"by": "restore", "snapshot": found.key}
+        if report is None:
+            report = self._cold_boot(record, domain, profile, console)
+        boot_ms = int((time.monotonic() - started) * 1000)
+        problems = [e for e in report.errors if e.startswith("network:")]
+        if problems:
+            raise InfrastructureError(f"the guest could not configure its network: {'; '.join(problems)[:512]}")
+        if report.vcpus != shape.vcpus:
+            raise InfrastructureError(f"guest reports {report.vcpus} vCPUs, the domain has {shape.vcpus}")
+        for size, count in shape.guest_hugepages:
+            pool = report.hugepages.get(size // 1024)
+            got = pool.total if pool is not None else 0
+            if got < count:
+                raise InfrastructureError(
+                    f"guest reserved {got} of the {count} {hugepage_resource(size)} pages its containers "
+                    f"declared (guest RAM {shape.memory_bytes >> 20} MiB){console_tail(console)}"
+                )
+        ready = replace(record, state=SANDBOX_READY, guest={**_report_doc(report), "start": start}, boot_ms=boot_ms)
+        self.records.put_sandbox(ready)
+        log.info(
+            "sandbox %s ready in %d ms by %s (guest: %d vCPUs, MemTotal %d KiB)%s",
+            record.id[:12],
+            boot_ms,
+            start["by"],
+            report.vcpus,
+            report.mem_total_kib,
+            f": {start['why']}" if "why" in start else "",
+        )
+        return ready, make_later
+
+    def _cold_boot(self, record: SandboxRecord, domain: Domain, profile: Profile, console: str | None) -> GuestReport:
+        started = time.monotonic()
+        self.hypervisor.define(render(domain))
+        faults.checkpoint("run:after-define")
+        defined = time.monotonic()
+        self.hypervisor.start(domain.name)
+        faults.checkpoint("run:after-start")
+        path = self.hypervisor.channel_path(domain.name, AGENT_CHANNEL)
+        running = time.monotonic()
+        try:
+            report = wait_for_hello(path, profile.boot_timeout_s, f"sandbox {record.id[:12]}")
+        except InfrastructureError as exc:
+            raise InfrastructureError(f"{exc}{console_tail(console)}") from exc
+        log.info(
+            "sandbox %s boot: define %d ms, start %d ms, guest hello %d ms",
+            record.id[:12],
+            (defined - started) * 1000,
+            (running - defined) * 1000,
+            (time.monotonic() - running) * 1000,
+        )
+        return report
+
+    def _restore(
+        self,
+        record: SandboxRecord,
+        domain: Domain,
+        network_args: tuple[str, ...],
+        snapshot: StoredSnapshot,
+        nic: GuestNic | None,
+        profile: Profile,
+    ) -> GuestReport | None:
+        """Restore ``snapshot`` as the pod's domain; None when that failed and was undone (the
+        domain removed; the snapshot dropped when it was the snapshot that could not be restored,
+        so that a later pod makes it again), so the pod cold-boots. Raises when the failed restore
+        cannot be undone (the caller's rollback then says so)."""
+        try:
+            self.hypervisor.define(render(restore_domain(domain, network_args)))
+            faults.checkpoint("restore:after-define")
+            return self.snapshots.restore(
+                snapshot,
+                record.id,
+                domain,
+                network_args,
+                nic=nic,
+                hostname=record.hostname,
+                timeout_s=profile.boot_timeout_s,
+            )
+        except VmSandboxError as exc:
+            log.warning(
+                "sandbox %s: restore from snapshot %s failed, cold-booting instead: %s",
+                record.id[:12],
+                snapshot.key[:12],
+                validation.bound(str(exc), 1024),
+            )
+            unusable = isinstance(exc, SnapshotUnusable)
+        self.hypervisor.teardown(domain.name)  # raises when it cannot: the pod's rollback says so
+        if unusable and self.snapshots.store.remove(snapshot.key):
+            log.warning("snapshot %s removed after its restore failed; it is made again", snapshot.key[:12])
+        return None
+
+    def make_snapshot(
+        self, spec: SandboxSpec, plan: SandboxPlan, progress: Progress, *, force: bool = False
+    ) -> StoredSnapshot:
+        """Make (now, in this thread) the snapshot the pods of ``spec`` (which get ``plan``) would be
+        restored from, on CPUs and pages claimed for it as for a pod; the stored one when it exists
+        already (unless ``force``). ``vmsandbox snapshot make`` runs this."""
+        profile, shape, accel = plan.profile, plan.shape, plan.accel
+        if plan.devices != NO_DEVICES:
+            raise InvalidArgument("pods with passed-through devices always cold-boot: no snapshot is made for them")
+        if not profile.snapshots:
+            raise InvalidArgument(f"profile {profile.name!r} turns snapshots off (snapshots: false)")
+        kind: Literal["user", "ethernet", ""] = (
+            "user" if spec.namespaces.host_network else ("ethernet" if self.config.pod_network == "cni" else "")
+        )
+        owner = new_id()
+        self.locks.in_flight.add(owner)
+        try:
+            placement = self.resources.reserve(owner, shape, profile)
+            try:
+                # the pod's shares give their shape only: the snapshot's guest gets empty ones of its own
+                shared = self.dirs.make(owner, 0, None)
+                pod_domain = self._snapshot_domain(
+                    owner,
+                    shape,
+                    placement,
+                    profile,
+                    accel,
+                    console=bool(self.config.console_dir),
+                    shared=shared,
+                    interfaces=(NetworkInterface(kind, PLACEHOLDER_MAC),) if kind else (),
+                    qemu_uid=0,  # never started: the snapshot's inputs only (its guest gets a uid below)
+                )
+                refusal = restore_refusal(pod_domain, enabled=True)
+                if refusal:
+                    raise InvalidArgument(f"these pods always cold-boot: {refusal}")
+                inputs = self.snapshots.inputs(pod_domain, ())
+                found = self.snapshots.find(inputs)
+                if found is not None and not force:
+                    progress(f"snapshot {found.key[:12]} exists already ({inputs.describe()})")
+                    return found
+                with self._snapshot_uid(inputs.key) as uid:
+                    return self.snapshots.make(
+                        MakeRequest(pod_domain, (), inputs),
+                        lambda dirs: replace(pod_domain, shared_dirs=dirs, qemu_uid=uid),
+                        qemu_uid=uid,
+                        boot_timeout_s=profile.boot_timeout_s,
+                        progress=progress,
+                    )
+            finally:
+                self.resources.release(owner)
+                self.dirs.drop(owner)
+        finally:
+            self.locks.in_flight.discard(owner)
+
+    def _snapshot_domain(
+        self,
+        owner: str,
+        shape: VmShape,
+        placement: Placement,
+        profile: Profile,
+        accel: str,
+        *,
+        console: bool,
+        shared: tuple[SharedDir, ...],
+        interfaces: tuple[NetworkInterface, ...],
+        qemu_uid: int,
+    ) -> Domain:
+        """The domain a snapshot's guest boots in: a pod's of that shape, with no pod's identity,
+        its QEMU as ``qemu_uid``."""
+        return domain_for(
+            identity=SandboxIdentity(owner, "", "", "", 0, "", self.ledger.instance_id, self._state_path),
+            uuid=str(uuidlib.uuid4()),
+            shape=shape,
+            placement=placement,
+            profile=profile,
+            accel=accel,
+            console_log="snapshot" if console else None,
+            shared_dirs=shared,
+            interfaces=interfaces,
+            qemu_uid=qemu_uid,
+        )
+
+    def _make_snapshot(self, request: MakeRequest, profile: Profile, shape: VmShape, accel: str) -> None:
+        """Make the snapshot of ``request``'s shape in the background, on CPUs and pages claimed for
+        it like a pod's (under the snapshot's key, kept from the periodic reconcile while it runs;
+        given back to a pod that needs them: ``Snapshots.give_way``)."""
+        key = request.inputs.key
+
+        def work() -> None:
+            self.locks.in_flight.add(key)
+            try:
+                with self.snapshots.claimed(key, shape, profile) as placement, self._snapshot_uid(key) as uid:
+                    self.snapshots.make(
+                        request,
+                        lambda shared: self._snapshot_domain(
+                            key,
+                            shape,
+                            placement,
+                            profile,
+                            accel,
+                            console=bool(request.pod_domain.console),
+                            shared=shared,
+                            interfaces=request.pod_domain.interfaces,
+                            qemu_uid=uid,
+                        ),
+                        qemu_uid=uid,
+                        boot_timeout_s=profile.boot_timeout_s,
+                    )
+            finally:
+                self.locks.in_flight.discard(key)
+
+        self.snapshots.make_in_background(key, work)
+
+    def _rollback(self, sandbox_id: str, name: str) -> str:
+        """Undo a RunPodSandbox that failed; says what was undone, as it stands when it returns."""
+        try:
+            self.hypervisor.teardown(name)
+        except VmSandboxError as exc:  # keep the claims: the domain may still hold the pages
+            log.error("rollback of %s: tear-down failed, claims kept for reconciliation: %s", sandbox_id[:12], exc)
+            return (
+                f"rollback incomplete: domain {name} could not be removed, so its resources stay held until "
+                "the shim's reconciliation removes it"
+            )
+        try:
+            self.dirs.drop(sandbox_id)
+        except VmSandboxError as exc:  # the sweep of the next reconcile tries again
+            log.error("rollback of %s: shared directory not removed yet: %s", sandbox_id[:12], exc)
+        try:
+            self.network.remove(sandbox_id)
+        except VmSandboxError as exc:  # the record stays: reconcile deletes it once the sandbox is gone
+            log.error("rollback of %s: pod network not removed yet: %s", sandbox_id[:12], exc)
+            self.resources.release(sandbox_id)
+            self.records.delete_sandbox(sandbox_id)
+            return f"rolled back: domain removed, resources released; pod network left for reconciliation ({exc})"
+        self.resources.release(sandbox_id)
+        self.records.delete_sandbox(sandbox_id)
+        return "rolled back: domain removed, network removed, resources released"
+
+
+def console_tail(console: str | None) -> str:
+    """The guest console's last lines for an error message: the guest writes the console, so
+    only its last ``_CONSOLE_TAIL_BYTES`` are read and each line is cut short."""
+    if not console:
+        return ""
+    try:
+        with open(console, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - _CONSOLE_TAIL_BYTES))
+            text = f.read(_CONSOLE_TAIL_BYTES).decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [validation.bound(line, _CONSOLE_LINE_CHARS) for line in text.strip().splitlines()[-5:]]
+    return "; last console lines: " + " | ".join(lines) if lines else "; the guest console is empty"
+
+
+def _report_doc(report: GuestReport) -> dict[str, Any]:
+    return dict(report_to_body(report))
