@@ -47,7 +47,7 @@ from bench.qemu_direct import DirectGuest, confined, percentile, qemu_argv
 from bench.sandbox_start import live_xml, machine_cgroup
 from bench.shim_process import shim_process
 from shim import translate
-from shim.containers import GUEST_SHARED_MOUNT
+from shim.container_mounts import GUEST_SHARED_MOUNT
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from tests import interrupts

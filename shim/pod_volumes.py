@@ -43,7 +43,7 @@ class _Copy:
 
 
 AgentCall = Callable[..., object]
-"""``Containers._call``: (sandbox id, agent op, args...) with the agent connection's retries."""
+"""``AgentPool.call``: (sandbox id, agent op, args...) with the agent connection's retries."""
 
 
 class PodVolumes:

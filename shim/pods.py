@@ -229,7 +229,7 @@ class Pods:
         spec, run, mounts = self.nri.adjust_container(sandbox, spec, run, mounts)
         # a host path no pod may have is refused before admission, which would call it undeclared;
         # Containers checks again when it binds the path, as the path then is
-        self.containers.check_mounts(mounts, sandbox.meta.uid)
+        self.containers.mounts.check_mounts(mounts, sandbox.meta.uid)
         cid = self.sandboxes.create_container(sandbox.id, spec)
         try:
             self.containers.create(cid, run, user, stop_signal, mounts)

@@ -198,11 +198,11 @@ def start(config: ShimConfig) -> Running:
     if resumed:
         log.info("log copying resumed for %d running containers", resumed)
     # the agents of adopted guests: the same instance carries on, one that started over is a lost agent
-    threading.Thread(target=containers.watch_guests, name="agent-watch", daemon=True).start()
+    threading.Thread(target=containers.pool.watch_guests, name="agent-watch", daemon=True).start()
 
     def housekeep() -> None:
         sandboxes.reconciler.reconcile(periodic=True)
-        containers.watch_guests()
+        containers.pool.watch_guests()
 
     housekeeping = Periodic(config.reconcile_interval_s, housekeep, name="periodic-reconcile")
     housekeeping.start()

@@ -8,7 +8,8 @@ import logging
 import socket
 import threading
 
-from shim.containers import Containers, GuestAttach, GuestProcess
+from shim.agent_pool import GuestAttach, GuestProcess
+from shim.containers import Containers
 from shim.records import Records
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.agent_protocol import PROC_READ_MAX, PROC_WRITE_MAX
@@ -95,7 +96,7 @@ class ShimBackends:
         if not ips:
             # a host-network pod's guest has QEMU's user-mode network: nothing outside can connect
             # in, so the agent connects to the port on the guest's loopback and relays
-            return relay(self.containers.guest_agent(sandbox_id), port)
+            return relay(self.containers.pool.guest_agent(sandbox_id), port)
         ip = ips[0]
         sock = socket.create_connection((ip, port), timeout=DIAL_TIMEOUT_S)
         sock.settimeout(None)

@@ -199,7 +199,7 @@ def test_watch_guests_adopts_the_same_instance_and_notices_another(
     """What the shim runs at start-up and periodically: no RPC needed to notice an agent that started over."""
     guest(lambda n, peer: peer.serve(fg.agent(instance)))
     assert server.containers is not None
-    assert server.containers.watch_guests() == (1 if state == pb.SANDBOX_READY else 0)
+    assert server.containers.pool.watch_guests() == (1 if state == pb.SANDBOX_READY else 0)
     assert _sandbox_state(server) == state
 
 
