@@ -47,10 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
 from bench.shim_process import shim_process
-from shim import translate
 from shim.cri.apimachinery.resource.generated_pb2 import Quantity as PbQuantity
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from shim.translate import inbound
 from tests import interrupts
 from tests.registry_kit import Layout, Registry, busybox_entries, push
 from vmsandbox.admission import Existing, admit_declared
@@ -206,7 +206,7 @@ def pure(seconds: float) -> dict[str, Any]:
 
     def translate_only() -> None:
         i = state["i"] = (state["i"] + 1) % CONTAINERS
-        translate.container_spec(configs[i])
+        inbound.container_spec(configs[i])
 
     cases = {
         "accept_as_declared": accept(same),

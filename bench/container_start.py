@@ -46,10 +46,10 @@ from bench import smoke
 from bench.qemu_direct import DirectGuest, confined, percentile, qemu_argv
 from bench.sandbox_start import live_xml, machine_cgroup
 from bench.shim_process import shim_process
-from shim import translate
 from shim.container_mounts import GUEST_SHARED_MOUNT
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from shim.translate import inbound
 from tests import interrupts
 from tests.registry_kit import Layout, Registry, busybox_entries, push
 from vmsandbox.adapters.agent_client import AgentClient
@@ -189,7 +189,7 @@ def _shim_spec(config: pb.ContainerConfig, shared: Path) -> dict[str, object]:
     """The OCI spec the shim sends its guest for ``config`` in the bench's pod (no DNS settings, no
     hostname, no mounts of its own): its own translation, and the pod's resolv.conf (the host's),
     written into ``shared`` as the shim writes it into the pod's shared directory."""
-    run, _, _ = translate.container_request(config, {})
+    run, _, _ = inbound.container_request(config, {})
     resolv = pod_files(DnsConfig(), "", Path("/etc/resolv.conf").read_text())["/etc/resolv.conf"]
     (shared / "pod").mkdir(parents=True, exist_ok=True)
     (shared / "pod" / "resolv.conf").write_text(resolv)

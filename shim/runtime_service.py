@@ -15,12 +15,12 @@ from typing import Any
 
 import grpc
 
-from shim import translate
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.pods import Pods
 from shim.status import rpc
 from shim.streaming.server import StreamingServer, Target
+from shim.translate import inbound, outbound, stats
 from vmsandbox import __version__
 from vmsandbox.errors import InfrastructureError, InvalidArgument
 from vmsandbox.resources import ContainerResources
@@ -61,7 +61,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         if request.verbose:
             info["info"] = json.dumps(self.pods.describe(hypervisor_version), sort_keys=True)
         return pb.StatusResponse(
-            status=pb.RuntimeStatus(conditions=[translate.runtime_condition(c) for c in conditions]),
+            status=pb.RuntimeStatus(conditions=[outbound.runtime_condition(c) for c in conditions]),
             info=info,
             # recursive read-only mounts: enforced by the host's bind (vmsandbox/adapters/binds.py)
             runtime_handlers=[
@@ -76,7 +76,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ) -> pb.RunPodSandboxResponse:
         if not request.HasField("config"):
             raise InvalidArgument("RunPodSandboxRequest.config is missing")
-        spec = translate.sandbox_spec(request.config, request.runtime_handler)
+        spec = inbound.sandbox_spec(request.config, request.runtime_handler)
         return pb.RunPodSandboxResponse(pod_sandbox_id=self.pods.run(spec))
 
     @rpc
@@ -99,8 +99,8 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ) -> pb.PodSandboxStatusResponse:
         record = self.pods.sandbox(request.pod_sandbox_id)
         return pb.PodSandboxStatusResponse(
-            status=translate.pod_sandbox_status(record),
-            info=translate.sandbox_info(record) if request.verbose else {},
+            status=outbound.pod_sandbox_status(record),
+            info=outbound.sandbox_info(record) if request.verbose else {},
             timestamp=time.time_ns(),
         )
 
@@ -108,15 +108,15 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     def ListPodSandbox(
         self, request: pb.ListPodSandboxRequest, context: grpc.ServicerContext
     ) -> pb.ListPodSandboxResponse:
-        records = self.pods.list_sandboxes(translate.sandbox_filter(request.filter))
-        return pb.ListPodSandboxResponse(items=[translate.pod_sandbox(r) for r in records])
+        records = self.pods.list_sandboxes(inbound.sandbox_filter(request.filter))
+        return pb.ListPodSandboxResponse(items=[outbound.pod_sandbox(r) for r in records])
 
     @rpc
     def UpdatePodSandboxResources(
         self, request: pb.UpdatePodSandboxResourcesRequest, context: grpc.ServicerContext
     ) -> pb.UpdatePodSandboxResourcesResponse:
-        resources = translate.linux_resources(request.resources, "resources")
-        overhead = translate.linux_resources(request.overhead, "overhead")
+        resources = inbound.linux_resources(request.resources, "resources")
+        overhead = inbound.linux_resources(request.overhead, "overhead")
         self.pods.update(request.pod_sandbox_id, overhead, resources)
         return pb.UpdatePodSandboxResourcesResponse()
 
@@ -128,9 +128,9 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
             raise InvalidArgument("CreateContainerRequest.pod_sandbox_id is empty")
         if not request.HasField("config"):
             raise InvalidArgument("CreateContainerRequest.config is missing")
-        spec = translate.container_spec(request.config)
-        run, user, stop_signal = translate.container_request(request.config, request.sandbox_config.linux.sysctls)
-        mounts = translate.mount_requests(request.config)
+        spec = inbound.container_spec(request.config)
+        run, user, stop_signal = inbound.container_request(request.config, request.sandbox_config.linux.sysctls)
+        mounts = inbound.mount_requests(request.config)
         cid = self.pods.create_container(request.pod_sandbox_id, spec, run, user, stop_signal, mounts)
         return pb.CreateContainerResponse(container_id=cid)
 
@@ -159,8 +159,8 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     def ListContainers(
         self, request: pb.ListContainersRequest, context: grpc.ServicerContext
     ) -> pb.ListContainersResponse:
-        records = self.pods.list_containers(translate.container_filter(request.filter))
-        return pb.ListContainersResponse(containers=[translate.container(c) for c in records])
+        records = self.pods.list_containers(inbound.container_filter(request.filter))
+        return pb.ListContainersResponse(containers=[outbound.container(c) for c in records])
 
     @rpc
     def ContainerStatus(
@@ -168,8 +168,8 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ) -> pb.ContainerStatusResponse:
         c = self.pods.container(request.container_id)
         return pb.ContainerStatusResponse(
-            status=translate.container_status(c),
-            info=translate.container_info(c) if request.verbose else {},
+            status=outbound.container_status(c),
+            info=outbound.container_info(c) if request.verbose else {},
         )
 
     @rpc
@@ -178,11 +178,11 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     ) -> pb.UpdateContainerResourcesResponse:
         def asked(where: str) -> tuple[ContainerResources | None, LinuxResources]:
             resources = (
-                translate.kubernetes_resources(request.kubernetes_resources, where)
+                inbound.kubernetes_resources(request.kubernetes_resources, where)
                 if request.HasField("kubernetes_resources")
                 else None
             )
-            return resources, translate.linux_resources(request.linux, f"{where}: linux")
+            return resources, inbound.linux_resources(request.linux, f"{where}: linux")
 
         self.pods.update_container(request.container_id, asked)
         return pb.UpdateContainerResourcesResponse()
@@ -191,46 +191,44 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     def ListContainerStats(
         self, request: pb.ListContainerStatsRequest, context: grpc.ServicerContext
     ) -> pb.ListContainerStatsResponse:
-        stats = self.pods.list_container_stats(translate.container_filter(request.filter))
-        return pb.ListContainerStatsResponse(
-            stats=[translate.container_stats(s, self._layer_mountpoint()) for s in stats]
-        )
+        found = self.pods.list_container_stats(inbound.container_filter(request.filter))
+        return pb.ListContainerStatsResponse(stats=[stats.container_stats(s, self._layer_mountpoint()) for s in found])
 
     @rpc
     def ContainerStats(
         self, request: pb.ContainerStatsRequest, context: grpc.ServicerContext
     ) -> pb.ContainerStatsResponse:
-        stats = self.pods.container_stats(request.container_id)
-        return pb.ContainerStatsResponse(stats=translate.container_stats(stats, self._layer_mountpoint()))
+        found = self.pods.container_stats(request.container_id)
+        return pb.ContainerStatsResponse(stats=stats.container_stats(found, self._layer_mountpoint()))
 
     @rpc
     def PodSandboxStats(
         self, request: pb.PodSandboxStatsRequest, context: grpc.ServicerContext
     ) -> pb.PodSandboxStatsResponse:
-        stats = self.pods.sandbox_stats(request.pod_sandbox_id)
-        return pb.PodSandboxStatsResponse(stats=translate.pod_sandbox_stats(stats, self._layer_mountpoint()))
+        found = self.pods.sandbox_stats(request.pod_sandbox_id)
+        return pb.PodSandboxStatsResponse(stats=stats.pod_sandbox_stats(found, self._layer_mountpoint()))
 
     @rpc
     def ListPodSandboxStats(
         self, request: pb.ListPodSandboxStatsRequest, context: grpc.ServicerContext
     ) -> pb.ListPodSandboxStatsResponse:
-        stats = self.pods.list_sandbox_stats(translate.sandbox_filter(request.filter))
+        found = self.pods.list_sandbox_stats(inbound.sandbox_filter(request.filter))
         return pb.ListPodSandboxStatsResponse(
-            stats=[translate.pod_sandbox_stats(s, self._layer_mountpoint()) for s in stats]
+            stats=[stats.pod_sandbox_stats(s, self._layer_mountpoint()) for s in found]
         )
 
     @rpc
     def ListMetricDescriptors(
         self, request: pb.ListMetricDescriptorsRequest, context: grpc.ServicerContext
     ) -> pb.ListMetricDescriptorsResponse:
-        return pb.ListMetricDescriptorsResponse(descriptors=translate.metric_descriptors())
+        return pb.ListMetricDescriptorsResponse(descriptors=stats.metric_descriptors())
 
     @rpc
     def ListPodSandboxMetrics(
         self, request: pb.ListPodSandboxMetricsRequest, context: grpc.ServicerContext
     ) -> pb.ListPodSandboxMetricsResponse:
         metrics = self.pods.list_sandbox_metrics(time.time_ns)
-        return pb.ListPodSandboxMetricsResponse(pod_metrics=[translate.pod_sandbox_metrics(m) for m in metrics])
+        return pb.ListPodSandboxMetricsResponse(pod_metrics=[stats.pod_sandbox_metrics(m) for m in metrics])
 
     @rpc
     def ExecSync(self, request: pb.ExecSyncRequest, context: grpc.ServicerContext) -> pb.ExecSyncResponse:

@@ -17,7 +17,6 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shim import translate
 from shim.config import ShimConfig
 from shim.cri.apimachinery.resource.generated_pb2 import Quantity as PbQuantity
 from shim.cri.runtime.v1 import api_pb2 as pb
@@ -32,6 +31,7 @@ from shim.model import (
     SandboxRecord,
 )
 from shim.sandboxes import Sandboxes
+from shim.translate import inbound, outbound
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.profile_loader import load_profiles
@@ -254,7 +254,7 @@ def decl_msg(*containers: tuple[str, pb.KubernetesResources], init: tuple[str, .
 )
 def test_bad_declarations_name_the_container_and_resource(msg: pb.PodResourceConfig, message: str) -> None:
     with pytest.raises(InvalidArgument) as err:
-        translate.declaration(msg)
+        inbound.declaration(msg)
     assert str(err.value).startswith(message)
 
 
@@ -296,7 +296,7 @@ def test_bad_declarations_name_the_container_and_resource(msg: pb.PodResourceCon
 )
 def test_bad_container_configs(config: pb.ContainerConfig, message: str) -> None:
     with pytest.raises(InvalidArgument) as err:
-        translate.container_spec(config)
+        inbound.container_spec(config)
     assert str(err.value).startswith(message)
 
 
@@ -310,8 +310,8 @@ def test_bad_container_configs(config: pb.ContainerConfig, message: str) -> None
     ],
 )
 def test_page_size_text_round_trips(size: int, text: str) -> None:
-    assert translate.page_size_text(size) == text
-    assert translate.page_size_bytes(text, "x") == size
+    assert outbound.page_size_text(size) == text
+    assert inbound.page_size_bytes(text, "x") == size
 
 
 def test_container_status_carries_the_recorded_linux_resources() -> None:
@@ -329,7 +329,7 @@ def test_container_status_carries_the_recorded_linux_resources() -> None:
     # as the ledger gives it back: through JSON (lists, not tuples)
     record = ContainerRecord.from_doc(json.loads(json.dumps(replace(record, linux=linux).to_doc())))
     assert record.linux == linux
-    got = translate.container_status(record).resources.linux
+    got = outbound.container_status(record).resources.linux
     assert (got.cpu_period, got.cpu_quota, got.cpu_shares, got.memory_limit_in_bytes, got.cpuset_cpus) == (
         100_000,
         50_000,
@@ -338,7 +338,7 @@ def test_container_status_carries_the_recorded_linux_resources() -> None:
         "1",
     )
     assert [(h.page_size, h.limit) for h in got.hugepage_limits] == [("2MB", 4 * MI), ("1GB", GI)]
-    assert translate.linux_resources(got, "x") == linux  # and back
+    assert inbound.linux_resources(got, "x") == linux  # and back
 
 
 # -- pods mixing 2Mi and 1Gi hugepages -----------------------------------------------------------------

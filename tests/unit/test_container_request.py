@@ -1,13 +1,13 @@
-"""What a CRI ContainerConfig asks the guest to run (shim.translate.container_request) and the
-statistics it reports back (shim.translate.container_stats)."""
+"""What a CRI ContainerConfig asks the guest to run (shim.translate.inbound.container_request) and the
+statistics it reports back (shim.translate.stats.container_stats)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shim import translate
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.model import CONTAINER_CREATED, ContainerRecord, ContainerStats, MountRequest
+from shim.translate import inbound, outbound, stats
 from vmsandbox.agent_protocol import CgroupStats
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.resources import ContainerResources, Mount
@@ -30,7 +30,7 @@ def _config(**security: object) -> pb.ContainerConfig:
 
 
 def test_command_env_resources_signal() -> None:
-    request, user, signal = translate.container_request(_config(), {"kernel.shm_rmid_forced": "1"})
+    request, user, signal = inbound.container_request(_config(), {"kernel.shm_rmid_forced": "1"})
     assert (request.command, request.args, request.env, request.working_dir) == (
         ("sh",),
         ("-c", "true"),
@@ -52,7 +52,7 @@ def test_command_env_resources_signal() -> None:
     ],
 )
 def test_user_spec(security: dict[str, object], user: str) -> None:
-    assert translate.container_request(_config(**security), {})[1] == user
+    assert inbound.container_request(_config(**security), {})[1] == user
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_user_spec(security: dict[str, object], user: str) -> None:
     ],
 )
 def test_seccomp_profiles(profile: pb.SecurityProfile, expected: str) -> None:
-    request, _, _ = translate.container_request(_config(seccomp=profile), {})
+    request, _, _ = inbound.container_request(_config(seccomp=profile), {})
     assert request.seccomp == expected
 
 
@@ -76,13 +76,13 @@ def test_stats_carry_cpu_memory_and_writable_layer() -> None:
         id="c" * 64, sandbox_id="s" * 64, name="app", attempt=0, state="CONTAINER_RUNNING", created_ns=1
     )
     s = CgroupStats(5, 2_000_000, 300, 200, 100, 7, 1, 2, 4096, 3)
-    out = translate.container_stats(ContainerStats(c, s, 1500), "/var/lib/vmsandbox/state")
+    out = stats.container_stats(ContainerStats(c, s, 1500), "/var/lib/vmsandbox/state")
     assert out.attributes.id == c.id and out.attributes.metadata.name == "app"
     assert (out.cpu.usage_core_nano_seconds.value, out.cpu.usage_nano_cores.value) == (2_000_000, 1500)
     assert (out.memory.working_set_bytes.value, out.memory.usage_bytes.value) == (200, 300)
     assert (out.writable_layer.used_bytes.value, out.writable_layer.inodes_used.value) == (4096, 3)
     assert out.writable_layer.fs_id.mountpoint == "/var/lib/vmsandbox/state"
-    empty = translate.container_stats(ContainerStats(c, None, None), "/var/lib/vmsandbox/state")
+    empty = stats.container_stats(ContainerStats(c, None, None), "/var/lib/vmsandbox/state")
     assert not empty.HasField("cpu") and not empty.HasField("memory")
 
 
@@ -111,11 +111,11 @@ def test_stats_carry_cpu_memory_and_writable_layer() -> None:
 def test_mount_requests(mount: pb.Mount, error: str | None) -> None:
     config = pb.ContainerConfig(mounts=[mount])
     if error is None:
-        (got,) = translate.mount_requests(config)
+        (got,) = inbound.mount_requests(config)
         assert got == MountRequest("/a", "/h", mount.readonly, mount.recursive_read_only)
     else:
         with pytest.raises(InvalidArgument, match=error):
-            translate.mount_requests(config)
+            inbound.mount_requests(config)
 
 
 def test_container_status_reports_the_mounts() -> None:
@@ -128,7 +128,7 @@ def test_container_status_reports_the_mounts() -> None:
         created_ns=1,
         resources=ContainerResources(mounts=frozenset({Mount("/m", "/h", readonly=True, propagation=2)})),
     )
-    (m,) = translate.container_status(record).mounts
+    (m,) = outbound.container_status(record).mounts
     assert (m.container_path, m.host_path, m.readonly, m.recursive_read_only, m.propagation) == (
         "/m",
         "/h",
@@ -148,7 +148,7 @@ def test_container_status_reports_the_mounts() -> None:
 )
 def test_mount_propagation(propagation: int, mode: str) -> None:
     config = pb.ContainerConfig(mounts=[pb.Mount(container_path="/a", host_path="/h", propagation=propagation)])  # type: ignore[arg-type]
-    assert translate.mount_requests(config) == [MountRequest("/a", "/h", propagation=mode)]
+    assert inbound.mount_requests(config) == [MountRequest("/a", "/h", propagation=mode)]
 
 
 @pytest.mark.parametrize("value", [-1, 999])
@@ -156,4 +156,4 @@ def test_a_stop_signal_the_cri_does_not_define_is_invalid(value: int) -> None:
     config = _config()
     config.stop_signal = value  # type: ignore[assignment]
     with pytest.raises(InvalidArgument, match=f"stop_signal {value} is not a signal"):
-        translate.container_request(config, {})
+        inbound.container_request(config, {})

@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shim import translate
 from shim.cri.apimachinery.resource.generated_pb2 import Quantity
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.model import SANDBOX_NOTREADY, SANDBOX_READY
+from shim.translate import inbound
 from tests.unit.cri_server import (
     SEED_CONTAINER,
     SEED_LOG_DIRECTORY,
@@ -232,7 +232,7 @@ def create(
 def test_relative_log_path_is_joined_with_the_log_directory(server: Server) -> None:
     config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="web"), log_path="web/0.log")
     # admitted and recorded (no guest runs here to start it in); a prefix names the sandbox
-    cid = server.sandboxes.create_container("abcd", translate.container_spec(config))
+    cid = server.sandboxes.create_container("abcd", inbound.container_spec(config))
     code, details, body = server.rpc("ContainerStatus", pb.ContainerStatusRequest(container_id=cid))
     assert code == OK, details
     assert pb.ContainerStatusResponse.FromString(body).status.log_path == f"{SEED_LOG_DIRECTORY}/web/0.log"
@@ -311,7 +311,7 @@ def test_critest_container_names_are_accepted(server: Server) -> None:
     config = pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=name), labels={"io.kubernetes.container.name": name, "foo": "bar"}
     )
-    assert server.sandboxes.create_container(SEED_SANDBOXES[0], translate.container_spec(config))
+    assert server.sandboxes.create_container(SEED_SANDBOXES[0], inbound.container_spec(config))
 
 
 def test_env_value_need_not_be_utf8(server: Server) -> None:
@@ -321,7 +321,7 @@ def test_env_value_need_not_be_utf8(server: Server) -> None:
     code, details, _ = create(server, config)
     assert code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), details
     assert "env" not in details.lower() and "utf" not in details.lower(), details
-    run, _user, _signal = translate.container_request(config, {})
+    run, _user, _signal = inbound.container_request(config, {})
     assert run.env == (("K", "A\ufffd\ufffd"),)  # as containerd's JSON encoding of the spec has it
 
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shim import translate
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.model import PodMeta, SandboxRecord
+from shim.translate import inbound, outbound
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.network import (
     POD_FILES,
@@ -36,7 +36,7 @@ def config(**kw: object) -> pb.PodSandboxConfig:
 
 
 def test_defaults_are_a_pod_network_with_nothing_mapped() -> None:
-    spec = translate.sandbox_spec(config(), "")
+    spec = inbound.sandbox_spec(config(), "")
     assert spec.namespaces == NamespaceOptions()
     assert not spec.namespaces.host_network
     assert spec.port_mappings == ()
@@ -52,11 +52,11 @@ def test_defaults_are_a_pod_network_with_nothing_mapped() -> None:
     ],
 )
 def test_namespace_modes_are_read(msg: pb.NamespaceOption, want: NamespaceOptions) -> None:
-    assert translate.sandbox_spec(config(namespaces=msg), "").namespaces == want
+    assert inbound.sandbox_spec(config(namespaces=msg), "").namespaces == want
 
 
 def test_ports_and_dns_are_read() -> None:
-    spec = translate.sandbox_spec(
+    spec = inbound.sandbox_spec(
         config(
             ports=[
                 pb.PortMapping(protocol=pb.TCP, container_port=80, host_port=8080),
@@ -87,7 +87,7 @@ def test_ports_and_dns_are_read() -> None:
 )
 def test_bad_network_requests_are_refused(kw: dict[str, object], words: str) -> None:
     with pytest.raises(InvalidArgument, match=words):
-        translate.sandbox_spec(config(**kw), "")
+        inbound.sandbox_spec(config(**kw), "")
 
 
 @pytest.mark.parametrize(
@@ -149,7 +149,7 @@ def test_status_echoes_the_namespace_modes_and_reports_the_ips(
         namespaces=namespaces,
         network=network,
     )
-    status = translate.pod_sandbox_status(record)
+    status = outbound.pod_sandbox_status(record)
     options = status.linux.namespaces.options
     assert (options.network, options.pid, options.ipc) == tuple(
         pb.NamespaceMode.Value(m) for m in (namespaces.network, namespaces.pid, namespaces.ipc)

@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import pytest
 
-from shim import translate
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.host_ports import HostPorts
 from shim.model import (
@@ -30,6 +29,7 @@ from shim.model import (
 )
 from shim.nri.hooks import NriHooks
 from shim.pods import Pods
+from shim.translate import inbound
 from tests.unit.cri_server import SEED_CONTAINER, SEED_SANDBOXES, Server, assert_no_leak, cri_server
 from vmsandbox.errors import AlreadyExists, InvalidArgument, VmSandboxError
 
@@ -103,7 +103,7 @@ def test_container_filter(f: ContainerFilter, identity: bool, state: bool) -> No
 def test_sandbox_filter_from_the_wire(
     request_filter: pb.PodSandboxFilter | pb.PodSandboxStatsFilter, expected: SandboxFilter
 ) -> None:
-    assert translate.sandbox_filter(request_filter) == expected
+    assert inbound.sandbox_filter(request_filter) == expected
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_sandbox_filter_from_the_wire(
 def test_container_filter_from_the_wire(
     request_filter: pb.ContainerFilter | pb.ContainerStatsFilter, expected: ContainerFilter
 ) -> None:
-    assert translate.container_filter(request_filter) == expected
+    assert inbound.container_filter(request_filter) == expected
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def _host_network_spec(port: int) -> SandboxSpec:
             security_context=pb.LinuxSandboxSecurityContext(namespace_options=pb.NamespaceOption(network=pb.NODE))
         ),
     )
-    return translate.sandbox_spec(config, "vmsandbox")
+    return inbound.sandbox_spec(config, "vmsandbox")
 
 
 def _booted(server: Server, sandbox_id: str) -> Pods:
@@ -195,8 +195,8 @@ def test_a_privileged_node_port_opens_with_a_container_that_could_bind_it(
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
         config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="web"), image=pb.ImageSpec(image="x"),
                                     linux=pb.LinuxContainerConfig(security_context=security))  # fmt: skip
-        run, user, stop_signal = translate.container_request(config, {})
-        cid = pods.create_container(sid, translate.container_spec(config), run, user, stop_signal, [])
+        run, user, stop_signal = inbound.container_request(config, {})
+        cid = pods.create_container(sid, inbound.container_spec(config), run, user, stop_signal, [])
         assert server.sandboxes.records.container(cid).net_bind_service is listens
         if listens:
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
@@ -245,10 +245,10 @@ def test_a_guest_refusing_a_container_leaves_no_record(server: Server) -> None:
     assert server.containers is not None
     pods = Pods(server.sandboxes, server.containers)
     before = {c.id for c in server.sandboxes.records.containers()}
-    spec = translate.container_spec(
+    spec = inbound.container_spec(
         pb.ContainerConfig(metadata=pb.ContainerMetadata(name="late"), image=pb.ImageSpec(image="x"))
     )
-    run, user, stop_signal = translate.container_request(pb.ContainerConfig(), {})
+    run, user, stop_signal = inbound.container_request(pb.ContainerConfig(), {})
     with pytest.raises(VmSandboxError):
         pods.create_container(SEED_SANDBOXES[1], spec, run, user, stop_signal, [])
     assert {c.id for c in server.sandboxes.records.containers()} == before

@@ -1,37 +1,21 @@
-"""Protobuf <-> core: the only module of the shim that reads or builds CRI messages' fields.
+"""RuntimeService requests -> core: the pod's and containers' specs, what a container runs, list filters.
 
-Inbound, it validates shapes the protobuf types cannot (quantities, page sizes, and names, labels
-and annotations by Kubernetes' rules: ``vmsandbox.validation``) and raises ``InvalidArgument``
-naming the field, so nothing malformed reaches the orchestrator, a log line or the domain XML.
-Outbound, it renders records as CRI messages.
+It validates shapes the protobuf types cannot (quantities, page sizes, and names, labels and
+annotations by Kubernetes' rules: ``vmsandbox.validation``) and raises ``InvalidArgument`` naming
+the field, so nothing malformed reaches the orchestrator, a log line or the domain XML.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.model import (
-    Condition,
-    ContainerFilter,
-    ContainerRecord,
-    ContainerSpec,
-    ContainerStats,
-    MountRequest,
-    PodMeta,
-    SandboxFilter,
-    SandboxRecord,
-    SandboxSpec,
-    SandboxStats,
-)
-from vmsandbox import cri_metrics, oci_spec, states, validation
-from vmsandbox.agent_protocol import CgroupStats
+from shim.model import ContainerFilter, ContainerSpec, MountRequest, PodMeta, SandboxFilter, SandboxSpec
+from vmsandbox import oci_spec, validation
 from vmsandbox.errors import InvalidArgument, Unsupported
-from vmsandbox.image_catalogue import ImageRecord
 from vmsandbox.network import (
     HOSTNAME_MAX,
     NAMESPACE_MODES,
@@ -42,8 +26,6 @@ from vmsandbox.network import (
     Protocol,
     valid_hostname,
 )
-from vmsandbox.oci import image_user
-from vmsandbox.registries import Credentials
 from vmsandbox.resources import (
     CdiDevice,
     ContainerDeclaration,
@@ -306,227 +288,6 @@ def container_spec(config: pb.ContainerConfig) -> ContainerSpec:
     )
 
 
-# -- outbound -------------------------------------------------------------------------------------
-def sandbox_state(state: str) -> int:
-    return int(pb.SANDBOX_READY if state == states.SANDBOX_READY else pb.SANDBOX_NOTREADY)
-
-
-def container_state(state: str) -> int:
-    return int(pb.ContainerState.Value(state))
-
-
-def pod_metadata(r: SandboxRecord) -> pb.PodSandboxMetadata:
-    return pb.PodSandboxMetadata(name=r.meta.name, namespace=r.meta.namespace, uid=r.meta.uid, attempt=r.meta.attempt)
-
-
-def pod_sandbox(r: SandboxRecord) -> pb.PodSandbox:
-    return pb.PodSandbox(
-        id=r.id,
-        metadata=pod_metadata(r),
-        state=sandbox_state(r.state),  # type: ignore[arg-type]
-        created_at=r.created_ns,
-        labels=r.labels,
-        annotations=r.annotations,
-        runtime_handler=r.runtime_handler,
-    )
-
-
-def pod_sandbox_status(r: SandboxRecord) -> pb.PodSandboxStatus:
-    return pb.PodSandboxStatus(
-        id=r.id,
-        metadata=pod_metadata(r),
-        state=sandbox_state(r.state),  # type: ignore[arg-type]
-        created_at=r.created_ns,
-        labels=r.labels,
-        annotations=r.annotations,
-        runtime_handler=r.runtime_handler,
-        network=_network_status(r),
-        linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=_namespace_option_msg(r.namespaces))),
-    )
-
-
-def _network_status(r: SandboxRecord) -> pb.PodSandboxNetworkStatus:
-    network = r.network
-    ips = network.ips if network is not None else ()
-    return pb.PodSandboxNetworkStatus(ip=ips[0] if ips else "", additional_ips=[pb.PodIP(ip=ip) for ip in ips[1:]])
-
-
-def _namespace_option_msg(o: NamespaceOptions) -> pb.NamespaceOption:
-    return pb.NamespaceOption(
-        network=NAMESPACE_MODES.index(o.network),  # type: ignore[arg-type]
-        pid=NAMESPACE_MODES.index(o.pid),  # type: ignore[arg-type]
-        ipc=NAMESPACE_MODES.index(o.ipc),  # type: ignore[arg-type]
-        target_id=o.target_id,
-    )
-
-
-def sandbox_info(r: SandboxRecord) -> dict[str, str]:
-    """The verbose ``info`` map: one JSON document under the key "info", as containerd does."""
-    record = r.to_doc()
-    doc = {
-        "domain": r.domain,
-        "profile": r.profile,
-        "sizing_mode": r.shape.demand.mode if r.shape is not None else "",
-        "shape": record["shape"],
-        "pinned_cpus": record["cpus"],
-        "emulator_cpus": record["emulator_cpus"],
-        "hugepages": [{"node": n, "page_size": s, "pages": c} for n, s, c in r.hugepages],
-        "devices": record["devices"],
-        "accel": r.accel,
-        "qemu_uid": r.qemu_uid,
-        "boot_ms": r.boot_ms,
-        "guest": record["guest"],
-        "declaration": record["declaration"],
-        "ephemeral_storage_bytes": r.shape.demand.ephemeral_storage_bytes if r.shape is not None else 0,
-        "linux_overhead": record["linux_overhead"],
-        "updated_resources": record["updated_resources"],
-    }
-    return {"info": json.dumps(doc, sort_keys=True)}
-
-
-def container_metadata(c: ContainerRecord) -> pb.ContainerMetadata:
-    return pb.ContainerMetadata(name=c.name, attempt=c.attempt)
-
-
-def container(c: ContainerRecord) -> pb.Container:
-    return pb.Container(
-        id=c.id,
-        pod_sandbox_id=c.sandbox_id,
-        metadata=container_metadata(c),
-        image=pb.ImageSpec(image=c.image),
-        image_ref=c.image_ref or c.image,
-        image_id=c.image_id,
-        state=container_state(c.state),  # type: ignore[arg-type]
-        created_at=c.created_ns,
-        labels=c.labels,
-        annotations=c.annotations,
-    )
-
-
-def page_size_text(size: int) -> str:
-    """Bytes -> the CRI's hugepage size spelling ("2MB", "1GB")."""
-    for unit, factor in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if size % factor == 0:
-            return f"{size // factor}{unit}"
-    return f"{size}B"
-
-
-def linux_resources_msg(r: LinuxResources) -> pb.LinuxContainerResources:
-    """A recorded ``LinuxResources`` back into the CRI message."""
-    return pb.LinuxContainerResources(
-        cpu_period=r.cpu_period,
-        cpu_quota=r.cpu_quota,
-        cpu_shares=r.cpu_shares,
-        memory_limit_in_bytes=r.memory_limit_bytes,
-        cpuset_cpus=r.cpuset_cpus,
-        hugepage_limits=[
-            pb.HugepageLimit(page_size=page_size_text(size), limit=limit) for size, limit in r.hugepage_limits
-        ],
-    )
-
-
-def container_status(c: ContainerRecord) -> pb.ContainerStatus:
-    log_path = c.log_path
-    if log_path and c.log_directory and not log_path.startswith("/"):
-        log_path = f"{c.log_directory.rstrip('/')}/{log_path}"  # the CRI wants it absolute
-    return pb.ContainerStatus(
-        id=c.id,
-        metadata=container_metadata(c),
-        state=container_state(c.state),  # type: ignore[arg-type]
-        created_at=c.created_ns,
-        started_at=c.started_ns,
-        finished_at=c.finished_ns,
-        exit_code=c.exit_code,
-        image=pb.ImageSpec(image=c.image),
-        image_ref=c.image_ref or c.image,
-        image_id=c.image_id,
-        reason=c.reason,
-        message=c.message,
-        labels=c.labels,
-        annotations=c.annotations,
-        log_path=log_path,
-        resources=pb.ContainerResources(linux=linux_resources_msg(c.linux)),
-        mounts=[
-            pb.Mount(
-                container_path=m.container_path,
-                host_path=m.host_path,
-                readonly=m.readonly,
-                recursive_read_only=m.recursive_read_only,
-                selinux_relabel=m.selinux_relabel,
-                propagation=m.propagation,  # type: ignore[arg-type]
-            )
-            for m in sorted(c.resources.mounts)
-        ],
-    )
-
-
-def container_info(c: ContainerRecord) -> dict[str, str]:
-    doc = c.to_doc()
-    return {"info": json.dumps({"resources": doc["resources"], "linux": doc["linux"]}, sort_keys=True)}
-
-
-# -- images ---------------------------------------------------------------------------------------
-def image_text(spec: pb.ImageSpec, where: str) -> str:
-    """The reference or id an ImageSpec carries; empty is INVALID_ARGUMENT."""
-    if not spec.image:
-        raise InvalidArgument(f"{where}: image is empty")
-    return spec.image
-
-
-def credentials(auth: pb.AuthConfig) -> Credentials | None:
-    """A PullImage's AuthConfig, for that pull only; None when it carries no secret."""
-    if auth.registry_token:
-        raise InvalidArgument(
-            "AuthConfig.registry_token is not supported (skopeo takes bearer tokens only on its command line, "
-            "where other users could read them): send username/password, auth or identity_token"
-        )
-    creds = Credentials(
-        username=auth.username, password=auth.password, auth=auth.auth, identity_token=auth.identity_token
-    )
-    return creds if creds.auth_entry() else None
-
-
-def image(r: ImageRecord) -> pb.Image:
-    uid, username = image_user(r.user)
-    out = pb.Image(
-        id=r.id,
-        repo_tags=list(r.repo_tags),
-        repo_digests=list(r.repo_digests),
-        size=r.size,
-        username=username,
-        spec=pb.ImageSpec(image=r.id),
-        pinned=False,
-    )
-    if uid is not None:
-        out.uid.CopyFrom(pb.Int64Value(value=uid))
-    return out
-
-
-def image_info(r: ImageRecord) -> dict[str, str]:
-    """ImageStatus' verbose ``info``: one JSON document under "info", as containerd does."""
-    doc = {
-        "id": r.id,
-        "manifest": r.manifest,
-        "layers": list(r.layers),
-        "size": r.size,
-        "unpacked_bytes": r.unpacked_bytes,
-        "unpacked_inodes": r.unpacked_inodes,
-        "pulled_ns": r.pulled_ns,
-        "user": r.user,
-        "imageSpec": dict(r.spec),
-    }
-    return {"info": json.dumps(doc, sort_keys=True)}
-
-
-def filesystem_usage(mountpoint: str, used: int, inodes: int, timestamp_ns: int) -> pb.FilesystemUsage:
-    return pb.FilesystemUsage(
-        timestamp=timestamp_ns,
-        fs_id=pb.FilesystemIdentifier(mountpoint=mountpoint),
-        used_bytes=pb.UInt64Value(value=used),
-        inodes_used=pb.UInt64Value(value=inodes),
-    )
-
-
 # -- what a container runs (vmsandbox.oci_spec) ------------------------------------------------------
 def _profile_text(p: pb.SecurityProfile) -> str:
     """A SecurityProfile (present) as oci_spec spells it: "runtime/default", "unconfined", "localhost/<ref>"."""
@@ -629,100 +390,7 @@ def mount_requests(config: pb.ContainerConfig) -> list[MountRequest]:
     return out
 
 
-# -- statistics -------------------------------------------------------------------------------------
-def _u64(v: int) -> pb.UInt64Value:
-    return pb.UInt64Value(value=max(v, 0))
-
-
-def cpu_usage(s: CgroupStats, nano_cores: int | None) -> pb.CpuUsage:
-    cpu = pb.CpuUsage(timestamp=s.timestamp_ns, usage_core_nano_seconds=_u64(s.cpu_usage_ns))
-    if nano_cores is not None:
-        cpu.usage_nano_cores.CopyFrom(_u64(nano_cores))
-    return cpu
-
-
-def memory_usage(s: CgroupStats) -> pb.MemoryUsage:
-    return pb.MemoryUsage(
-        timestamp=s.timestamp_ns,
-        working_set_bytes=_u64(s.memory_working_set_bytes),
-        usage_bytes=_u64(s.memory_usage_bytes),
-        rss_bytes=_u64(s.memory_rss_bytes),
-        page_faults=_u64(s.page_faults),
-        major_page_faults=_u64(s.major_page_faults),
-    )
-
-
-def container_stats(cs: ContainerStats, layer_mountpoint: str) -> pb.ContainerStats:
-    """A container's stats; its writable layer (in guest memory) and its part of what the guest
-    wrote in the sandbox's directory on the host (the CRI has no pod-level file system, and the
-    kubelet adds the writable layers up against the pod's ephemeral-storage) are reported on
-    ``layer_mountpoint``, the host directory ImageFsInfo names as the container file system, which
-    the kubelet can stat."""
-    c, s, nano_cores = cs.container, cs.sample, cs.nano_cores
-    out = pb.ContainerStats(
-        attributes=pb.ContainerAttributes(
-            id=c.id, metadata=container_metadata(c), labels=c.labels, annotations=c.annotations
-        )
-    )
-    if s is not None:
-        out.cpu.CopyFrom(cpu_usage(s, nano_cores))
-        out.memory.CopyFrom(memory_usage(s))
-        out.writable_layer.CopyFrom(
-            pb.FilesystemUsage(
-                timestamp=s.timestamp_ns,
-                fs_id=pb.FilesystemIdentifier(mountpoint=layer_mountpoint),
-                used_bytes=_u64(s.writable_bytes + cs.shared_bytes),
-                inodes_used=_u64(s.writable_inodes + cs.shared_inodes),
-            )
-        )
-    return out
-
-
-def pod_sandbox_stats(ss: SandboxStats, layer_mountpoint: str) -> pb.PodSandboxStats:
-    r, s, nano_cores = ss.sandbox, ss.sample, ss.nano_cores
-    linux = pb.LinuxPodSandboxStats(containers=[container_stats(c, layer_mountpoint) for c in ss.containers])
-    if s is not None:
-        linux.cpu.CopyFrom(cpu_usage(s, nano_cores))
-        linux.memory.CopyFrom(memory_usage(s))
-    return pb.PodSandboxStats(
-        attributes=pb.PodSandboxAttributes(
-            id=r.id, metadata=pod_metadata(r), labels=r.labels, annotations=r.annotations
-        ),
-        linux=linux,
-    )
-
-
-def metric_descriptors() -> list[pb.MetricDescriptor]:
-    return [pb.MetricDescriptor(name=d.name, help=d.help, label_keys=d.label_keys) for d in cri_metrics.DESCRIPTORS]
-
-
-_METRIC_TYPES = {cri_metrics.COUNTER: pb.COUNTER, cri_metrics.GAUGE: pb.GAUGE}
-
-
-def _metrics(values: Iterable[cri_metrics.Value], timestamp_ns: int) -> list[pb.Metric]:
-    return [
-        pb.Metric(
-            name=v.name,
-            timestamp=timestamp_ns,
-            metric_type=_METRIC_TYPES[v.kind],
-            label_values=v.labels,
-            value=_u64(v.value),
-        )
-        for v in values
-    ]
-
-
-def pod_sandbox_metrics(m: cri_metrics.PodMetrics) -> pb.PodSandboxMetrics:
-    return pb.PodSandboxMetrics(
-        pod_sandbox_id=m.sandbox_id,
-        metrics=_metrics(m.values, m.timestamp_ns),
-        container_metrics=[
-            pb.ContainerMetrics(container_id=c.container_id, metrics=_metrics(c.values, c.timestamp_ns))
-            for c in m.containers
-        ],
-    )
-
-
+# -- list filters ---------------------------------------------------------------------------------
 def _state_name(enum: Any, value: int) -> str:
     """A filter's state as the records spell it; a value the enum does not define matches nothing."""
     try:
@@ -743,7 +411,3 @@ def container_filter(f: pb.ContainerFilter | pb.ContainerStatsFilter) -> Contain
     if isinstance(f, pb.ContainerFilter) and f.HasField("state"):
         state = _state_name(pb.ContainerState, f.state.state)
     return ContainerFilter(id_prefix=f.id, sandbox_id=f.pod_sandbox_id, state=state, labels=dict(f.label_selector))
-
-
-def runtime_condition(c: Condition) -> pb.RuntimeCondition:
-    return pb.RuntimeCondition(type=c.type, status=c.status, reason=c.reason, message=c.message)
