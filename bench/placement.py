@@ -56,7 +56,8 @@ from vmsandbox.claims import Claim
 from vmsandbox.devices import NO_DEVICES, DeviceRequest
 from vmsandbox.errors import CannotFit
 from vmsandbox.host import HostCpu, HostInventory, HugepagePool, PciFunction
-from vmsandbox.placement import PACKINGS, FreeState, Packing, Placement, decide
+from vmsandbox.host_pools import FreeState
+from vmsandbox.placement import PACKINGS, Packing, Placement, decide
 from vmsandbox.profile import NumaPolicy, Profile
 from vmsandbox.sizing import PodDemand, VmShape
 

@@ -22,10 +22,11 @@ from vmsandbox.devices import DevicePools, resolve_pools
 from vmsandbox.domain import IMAGE_DISK_SLOTS, Domain, NetworkInterface, SandboxIdentity, SharedDir, build_domain
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory, format_cpulist
+from vmsandbox.host_pools import HostPools, HugepageBudget, host_pools
 from vmsandbox.lifecycle import HostFacts, wants_cdi
 from vmsandbox.network import GuestNic
 from vmsandbox.passable import Reach
-from vmsandbox.placement import HostPools, HugepageBudget, Placement, host_pools
+from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile
 from vmsandbox.records import shape_doc
 from vmsandbox.resources import PodDeclaration

@@ -27,7 +27,8 @@ from vmsandbox.claims import Claim
 from vmsandbox.devices import NO_DEVICES, DeviceRequest
 from vmsandbox.errors import CannotFit
 from vmsandbox.host import HostInventory
-from vmsandbox.placement import DEFAULT_PACKING, FreeState, HostPools, Packing, Placement, decide
+from vmsandbox.host_pools import FreeState, HostPools
+from vmsandbox.placement import DEFAULT_PACKING, Packing, Placement, decide
 from vmsandbox.profile import Profile
 from vmsandbox.resources import hugepage_resource
 from vmsandbox.sizing import VmShape

@@ -40,7 +40,8 @@ from vmsandbox.admission import Existing, admit_declared, differences
 from vmsandbox.domain import SandboxIdentity, build_domain
 from vmsandbox.domain_xml import render
 from vmsandbox.errors import AlreadyExists, CannotFit, Diverged, InvalidArgument
-from vmsandbox.placement import HugepageBudget, place
+from vmsandbox.host_pools import HugepageBudget
+from vmsandbox.placement import place
 from vmsandbox.profile import PROFILE_ANNOTATION, Profile, ProfileError, profile_from_mapping, select_profile
 from vmsandbox.quantity import Quantity, parse_quantity
 from vmsandbox.resources import (

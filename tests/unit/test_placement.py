@@ -16,18 +16,8 @@ from vmsandbox.claims import Claim
 from vmsandbox.devices import NO_DEVICES, NO_POOLS, DevicePools, DeviceRequest, resolve_pools
 from vmsandbox.errors import CannotFit, InvalidArgument
 from vmsandbox.host import HostCpu, HostInventory, HugepagePool
-from vmsandbox.placement import (
-    FreeState,
-    GuestCell,
-    HostPools,
-    HugepageBudget,
-    NumaPolicy,
-    Packing,
-    Placement,
-    decide,
-    host_pools,
-    place,
-)
+from vmsandbox.host_pools import FreeState, HostPools, HugepageBudget, host_pools
+from vmsandbox.placement import GuestCell, NumaPolicy, Packing, Placement, decide, place
 from vmsandbox.sizing import PodDemand, VmShape
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "sysfs"

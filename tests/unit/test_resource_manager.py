@@ -20,7 +20,8 @@ from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.claims import Claim
 from vmsandbox.errors import CannotFit, InvalidArgument
 from vmsandbox.host import HostCpu, HostInventory, HugepagePool
-from vmsandbox.placement import FreeState, HugepageBudget, Packing, decide, host_pools
+from vmsandbox.host_pools import FreeState, HugepageBudget, host_pools
+from vmsandbox.placement import Packing, decide
 from vmsandbox.profile import Profile
 from vmsandbox.sizing import PodDemand, VmShape
 
