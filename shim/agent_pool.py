@@ -25,7 +25,8 @@ from shim.records import Records
 from vmsandbox.adapters.agent_client import AgentClient, AgentLost
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
-from vmsandbox.agent_protocol import PROC_WRITE_MAX, UNKNOWN_CONTAINER, ProcOutput, ProtocolError
+from vmsandbox.agent_ops import PROC_WRITE_MAX, ProcOutput
+from vmsandbox.agent_protocol import UNKNOWN_CONTAINER, ProtocolError
 from vmsandbox.domain import AGENT_CHANNEL
 from vmsandbox.errors import VmSandboxError
 

@@ -42,7 +42,8 @@ from vmsandbox import oci_spec, validation
 from vmsandbox.adapters import shared_tree
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
-from vmsandbox.agent_protocol import CgroupStats, ContainerState, ExecResult, LogChunk, ProtocolError
+from vmsandbox.agent_ops import CgroupStats, ContainerState, ExecResult, LogChunk
+from vmsandbox.agent_protocol import ProtocolError
 from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, VmSandboxError, WrongState
 from vmsandbox.sizing import LinuxResources
 

@@ -31,7 +31,8 @@ from shim import metrics
 from vmsandbox import validation
 from vmsandbox.adapters.agent_client import AgentLost
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
-from vmsandbox.agent_protocol import LogChunk, ProtocolError
+from vmsandbox.agent_ops import LogChunk
+from vmsandbox.agent_protocol import ProtocolError
 from vmsandbox.errors import VmSandboxError
 from vmsandbox.log_copy import RecordState, TokenBucket, check_records, whole_lines
 

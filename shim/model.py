@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from vmsandbox import records
-from vmsandbox.agent_protocol import CgroupStats
+from vmsandbox.agent_ops import CgroupStats
 from vmsandbox.devices import DeviceGroup
 from vmsandbox.errors import NotFound
 from vmsandbox.lifecycle import Sibling

@@ -53,7 +53,7 @@ from shim.sandboxes import Sandboxes
 from shim.streaming.server import Target
 from vmsandbox import cri_metrics, oci_spec, shared_storage, streaming
 from vmsandbox.adapters.host_checks import host_warnings
-from vmsandbox.agent_protocol import CgroupStats, ExecResult
+from vmsandbox.agent_ops import CgroupStats, ExecResult
 from vmsandbox.errors import DeadlineExceeded, InvalidArgument, VmSandboxError, WrongState
 from vmsandbox.network import NET_BIND_SERVICE
 from vmsandbox.pod import SandboxSpec

@@ -13,17 +13,16 @@ Everything here reads what an untrusted guest wrote, so it is bounded before it 
 is at most ``MAX_FRAME_BYTES``, its arrays and objects nest at most ``MAX_DEPTH`` deep (checked by a
 linear scan before ``json.loads`` recurses), numbers fit the fields they fill, and what the host
 keeps of a body (a report in the sandbox's record, an error in a message) has bounded size.
-``UnsolicitedBudget`` bounds the rate of messages nobody asked for.
+``UnsolicitedBudget`` bounds the rate of messages nobody asked for. The bodies of the container
+ops' responses are read by ``vmsandbox.agent_ops``, with the field readers defined here.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, TypeAlias
 
 from vmsandbox import validation
@@ -206,7 +205,7 @@ def encode(msg: Message, version: int = VERSION) -> bytes:
 # ---- decoding -------------------------------------------------------------------------------------
 
 
-def _field(obj: Mapping[str, object], key: str, kind: type, where: str) -> object:
+def read_field(obj: Mapping[str, object], key: str, kind: type, where: str) -> object:
     if key not in obj:
         raise ProtocolError(f"{where}: missing field {key!r}")
     value = obj[key]
@@ -230,14 +229,14 @@ def _json_kind(value: object) -> str:
     return "null" if value is None else _JSON_NAMES.get(type(value), "a number")
 
 
-def _str(obj: Mapping[str, object], key: str, where: str) -> str:
-    value = _field(obj, key, str, where)
+def read_str(obj: Mapping[str, object], key: str, where: str) -> str:
+    value = read_field(obj, key, str, where)
     assert isinstance(value, str)
     return value
 
 
-def _count(obj: Mapping[str, object], key: str, where: str, maximum: int = INT64_MAX) -> int:
-    value = _field(obj, key, int, where)
+def read_count(obj: Mapping[str, object], key: str, where: str, maximum: int = INT64_MAX) -> int:
+    value = read_field(obj, key, int, where)
     assert isinstance(value, int)
     if value < 0:
         raise ProtocolError(f"{where}: field {key!r} must not be negative, got {value}")
@@ -246,8 +245,8 @@ def _count(obj: Mapping[str, object], key: str, where: str, maximum: int = INT64
     return value
 
 
-def _text(obj: Mapping[str, object], key: str, where: str, limit: int = _REPORT_TEXT_MAX) -> str:
-    value = _str(obj, key, where)
+def read_text(obj: Mapping[str, object], key: str, where: str, limit: int = _REPORT_TEXT_MAX) -> str:
+    value = read_str(obj, key, where)
     if len(value) > limit:
         raise ProtocolError(f"{where}: field {key!r} is longer than {limit} characters ({len(value)})")
     return value
@@ -257,7 +256,7 @@ def _texts(obj: Mapping[str, object], key: str, where: str, limit: int) -> tuple
     """An optional array of strings, each at most ``limit`` characters, at most ``_REPORT_ITEMS_MAX`` of them."""
     if key not in obj:
         return ()
-    raw = _field(obj, key, list, where)
+    raw = read_field(obj, key, list, where)
     assert isinstance(raw, list)
     if not all(isinstance(e, str) for e in raw):
         raise ProtocolError(f"{where}: field {key!r} must be an array of strings")
@@ -268,8 +267,8 @@ def _texts(obj: Mapping[str, object], key: str, where: str, limit: int) -> tuple
     return tuple(raw)
 
 
-def _object(obj: Mapping[str, object], key: str, where: str) -> _JsonObject:
-    value = _field(obj, key, dict, where)
+def read_object(obj: Mapping[str, object], key: str, where: str) -> _JsonObject:
+    value = read_field(obj, key, dict, where)
     assert isinstance(value, dict)
     return value
 
@@ -277,7 +276,7 @@ def _object(obj: Mapping[str, object], key: str, where: str) -> _JsonObject:
 def report_from_body(body: Mapping[str, object], where: str = "report") -> GuestReport:
     """The GuestReport in a ``hello`` body or a ``report`` response body (it is kept in the sandbox's
     record, so every part of it is bounded)."""
-    hugepages = _object(body, "hugepages", where)
+    hugepages = read_object(body, "hugepages", where)
     if len(hugepages) > _REPORT_ITEMS_MAX:
         raise ProtocolError(f"{where}: more than {_REPORT_ITEMS_MAX} hugepage sizes")
     pools: dict[int, HugePages] = {}
@@ -287,24 +286,26 @@ def report_from_body(body: Mapping[str, object], where: str = "report") -> Guest
         if not isinstance(pool, dict):
             raise ProtocolError(f"{where}: hugepages[{size!r}] must be an object")
         pool_where = f"{where}: hugepages[{size!r}]"
-        pools[int(size)] = HugePages(total=_count(pool, "total", pool_where), free=_count(pool, "free", pool_where))
-    vcpus = _count(body, "vcpus", where, INT32_MAX)
+        pools[int(size)] = HugePages(
+            total=read_count(pool, "total", pool_where), free=read_count(pool, "free", pool_where)
+        )
+    vcpus = read_count(body, "vcpus", where, INT32_MAX)
     if vcpus == 0:
         raise ProtocolError(f"{where}: field 'vcpus' must be at least 1")
-    instance = _str(body, "instance", where) if "instance" in body else ""
+    instance = read_str(body, "instance", where) if "instance" in body else ""
     if instance and not _INSTANCE.fullmatch(instance):
-        raise ProtocolError(f"{where}: field 'instance' must be 16 to 64 lowercase hex digits, got {_clip(instance)}")
+        raise ProtocolError(f"{where}: field 'instance' must be 16 to 64 lowercase hex digits, got {clip(instance)}")
     return GuestReport(
-        agent=_text(body, "agent", where),
-        kernel=_text(body, "kernel", where),
+        agent=read_text(body, "agent", where),
+        kernel=read_text(body, "kernel", where),
         vcpus=vcpus,
-        mem_total_kib=_count(body, "mem_total_kib", where),
+        mem_total_kib=read_count(body, "mem_total_kib", where),
         hugepages=pools,
-        cmdline=_text(body, "cmdline", where, _CMDLINE_MAX),
-        boot_ms=_count(body, "boot_ms", where),
+        cmdline=read_text(body, "cmdline", where, _CMDLINE_MAX),
+        boot_ms=read_count(body, "boot_ms", where),
         errors=_texts(body, "errors", where, 1024),
-        protocol=_count(body, "protocol", where, INT32_MAX) if "protocol" in body else 1,
-        hostname=_text(body, "hostname", where) if "hostname" in body else "",
+        protocol=read_count(body, "protocol", where, INT32_MAX) if "protocol" in body else 1,
+        hostname=read_text(body, "hostname", where) if "hostname" in body else "",
         nics=_nics(body, where),
         instance=instance,
     )
@@ -313,7 +314,7 @@ def report_from_body(body: Mapping[str, object], where: str = "report") -> Guest
 def _nics(body: Mapping[str, object], where: str) -> tuple[NicReport, ...]:
     if "nics" not in body:
         return ()
-    raw = _field(body, "nics", list, where)
+    raw = read_field(body, "nics", list, where)
     assert isinstance(raw, list)
     if len(raw) > _REPORT_ITEMS_MAX:
         raise ProtocolError(f"{where}: more than {_REPORT_ITEMS_MAX} nics")
@@ -326,7 +327,7 @@ def _nics(body: Mapping[str, object], where: str) -> tuple[NicReport, ...]:
         up = item.get("up", False)
         if not isinstance(up, bool):
             raise ProtocolError(f"{at}: field 'up' must be a boolean")
-        out.append(NicReport(_text(item, "name", at, 64), _text(item, "mac", at, 64), addresses, up))
+        out.append(NicReport(read_text(item, "name", at, 64), read_text(item, "mac", at, 64), addresses, up))
     return tuple(out)
 
 
@@ -379,48 +380,48 @@ def decode(line: bytes) -> Message:
     if not text.strip():
         raise ProtocolError("empty message line")
     if nesting_depth(line) > MAX_DEPTH:
-        raise ProtocolError(f"message nests arrays and objects deeper than {MAX_DEPTH} levels ({_clip(text, 40)})")
+        raise ProtocolError(f"message nests arrays and objects deeper than {MAX_DEPTH} levels ({clip(text, 40)})")
     try:
         # ValueError also covers integers of more digits than Python converts (sys.get_int_max_str_digits)
         obj = json.loads(text, parse_constant=_no_constants)
     except (ValueError, RecursionError) as e:
-        raise ProtocolError(f"message is not JSON: {_clip(str(e), 200)}: {_clip(text)}") from None
+        raise ProtocolError(f"message is not JSON: {clip(str(e), 200)}: {clip(text)}") from None
     if not isinstance(obj, dict):
-        raise ProtocolError(f"message is not a JSON object: {_clip(text)}")
+        raise ProtocolError(f"message is not a JSON object: {clip(text)}")
     version = obj.get("v")
     if "v" not in obj:
-        raise ProtocolError(f"message has no protocol version 'v': {_clip(text)}")
+        raise ProtocolError(f"message has no protocol version 'v': {clip(text)}")
     if type(version) is not int or version not in READABLE_VERSIONS:
         readable = ", ".join(map(str, sorted(READABLE_VERSIONS)))
         raise ProtocolError(f"unsupported protocol version {repr(version)[:40]} (this host reads {readable})")
-    kind = _str(obj, "type", "message")
+    kind = read_str(obj, "type", "message")
     where = f"{kind} message"
     if kind == "hello":
-        return Hello(report_from_body(_object(obj, "body", where), f"{where} body"))
+        return Hello(report_from_body(read_object(obj, "body", where), f"{where} body"))
     if kind == "ack":
         return Ack()
     if kind == "request":
-        args = _object(obj, "args", where) if "args" in obj else {}
-        request = Request(id=_str(obj, "id", where), op=_str(obj, "op", where), args=args)
+        args = read_object(obj, "args", where) if "args" in obj else {}
+        request = Request(id=read_str(obj, "id", where), op=read_str(obj, "op", where), args=args)
         if not request.id or not request.op:
             raise ProtocolError(f"{where}: 'id' and 'op' must not be empty")
         return request
     if kind == "response":
         if "id" not in obj:
             raise ProtocolError(f"{where}: missing field 'id'")
-        rid = None if obj["id"] is None else _str(obj, "id", where)
-        ok = _field(obj, "ok", bool, where)
+        rid = None if obj["id"] is None else read_str(obj, "id", where)
+        ok = read_field(obj, "ok", bool, where)
         if ok:
-            return Response(id=rid, ok=True, body=_object(obj, "body", where))
-        error = _str(obj, "error", where)
+            return Response(id=rid, ok=True, body=read_object(obj, "body", where))
+        error = read_str(obj, "error", where)
         if len(error) > MAX_ERROR_CHARS:
             error = error[:MAX_ERROR_CHARS] + f"...(+{len(error) - MAX_ERROR_CHARS} characters)"
-        code = _text(obj, "code", where, 64) if "code" in obj else ""
+        code = read_text(obj, "code", where, 64) if "code" in obj else ""
         return Response(id=rid, ok=False, error=error, code=code)
     raise ProtocolError(f"unknown message type {kind[:40]!r}")
 
 
-def _clip(text: str, limit: int = 120) -> str:
+def clip(text: str, limit: int = 120) -> str:
     """``text`` for a message: quoted, control characters escaped, cut after ``limit`` characters."""
     return validation.quote(text, limit)
 
@@ -449,300 +450,3 @@ class UnsolicitedBudget:
         if tokens < 1:
             return None
         return replace(self, tokens=tokens - 1, at=max(now, self.at))
-
-
-# ---- container ops (protocol 2) -------------------------------------------------------------------
-
-CONTAINER_STATES = frozenset({"created", "running", "exited"})
-
-
-@dataclass(frozen=True)
-class ContainerState:
-    """A container as the guest agent sees it (body of create/start/kill/wait/status, list items)."""
-
-    id: str
-    state: str
-    """created | running | exited"""
-    pid: int
-    exit_code: int
-    signal: int
-    """The signal that ended it (0: it exited on its own)."""
-    oom_killed: bool
-    created_at_ns: int
-    started_at_ns: int
-    finished_at_ns: int
-
-
-def container_state_from_body(body: Mapping[str, object], where: str = "container") -> ContainerState:
-    state = _str(body, "state", where)
-    if state not in CONTAINER_STATES:
-        raise ProtocolError(f"{where}: unknown container state {state[:40]!r}")
-    oom = _field(body, "oom_killed", bool, where)
-    assert isinstance(oom, bool)
-    return ContainerState(
-        id=_text(body, "id", where, 128),
-        state=state,
-        pid=_count(body, "pid", where, INT32_MAX),
-        exit_code=_count(body, "exit_code", where, INT32_MAX),
-        signal=_count(body, "signal", where, INT32_MAX),
-        oom_killed=oom,
-        created_at_ns=_count(body, "created_at_ns", where),
-        started_at_ns=_count(body, "started_at_ns", where),
-        finished_at_ns=_count(body, "finished_at_ns", where),
-    )
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool
-    dropped_bytes: int
-    """Output beyond the bound, not kept."""
-
-
-def _b64(body: Mapping[str, object], key: str, where: str) -> bytes:
-    value = body.get(key)
-    if value is None:
-        return b""
-    if not isinstance(value, str):
-        raise ProtocolError(f"{where}: field {key!r} must be base64 text")
-    if len(value) > 4 * -(-EXEC_OUTPUT_MAX // 3):
-        raise ProtocolError(f"{where}: field {key!r} holds more than {EXEC_OUTPUT_MAX} bytes")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise ProtocolError(f"{where}: field {key!r} is not base64: {e}") from None
-
-
-def exec_result_from_body(body: Mapping[str, object], where: str = "exec") -> ExecResult:
-    timed_out = _field(body, "timed_out", bool, where)
-    assert isinstance(timed_out, bool)
-    return ExecResult(
-        exit_code=_count(body, "exit_code", where, INT32_MAX),
-        stdout=_b64(body, "stdout", where),
-        stderr=_b64(body, "stderr", where),
-        timed_out=timed_out,
-        dropped_bytes=_count(body, "dropped_bytes", where),
-    )
-
-
-IO_DEVICES_MAX = 32
-"""Devices of ``io.stat`` one stats body may list."""
-HUGETLB_SIZES_MAX = 8
-"""Hugepage sizes one stats body may list."""
-_HUGETLB_SIZE = re.compile(r"[0-9]{1,6}[KMG]B")
-
-
-@dataclass(frozen=True)
-class IoDevice:
-    """One line of a cgroup's ``io.stat``: a block device of the guest and what was done on it."""
-
-    major: int
-    minor: int
-    rbytes: int
-    wbytes: int
-    rios: int
-    wios: int
-
-
-@dataclass(frozen=True)
-class CgroupReadings:
-    """What a container's cgroup v2 files, its processes and its writable layer's file system say
-    beyond the basic usage: each field is None when the agent did not send it (agents before this
-    field, a kernel without the file, or a limit that is "max")."""
-
-    # cpu.stat
-    cpu_user_usec: int | None = None
-    cpu_system_usec: int | None = None
-    cpu_nr_periods: int | None = None
-    cpu_nr_throttled: int | None = None
-    cpu_throttled_usec: int | None = None
-    # memory.stat, memory.events, memory.peak, memory.swap.current
-    memory_file: int | None = None
-    memory_file_mapped: int | None = None
-    memory_kernel: int | None = None
-    memory_active_file: int | None = None
-    memory_inactive_file: int | None = None
-    memory_events_max: int | None = None
-    memory_events_oom: int | None = None
-    memory_peak: int | None = None
-    memory_swap_current: int | None = None
-    # limits: memory.max, memory.low, memory.swap.max, cpu.weight, cpu.max, pids.max (0: none)
-    memory_max: int | None = None
-    memory_low: int | None = None
-    memory_swap_max: int | None = None
-    cpu_weight: int | None = None
-    cpu_max_quota_usec: int | None = None
-    cpu_max_period_usec: int | None = None
-    pids_max: int | None = None
-    # pressure stall totals (cpu.pressure, memory.pressure, io.pressure)
-    psi_cpu_some_usec: int | None = None
-    psi_cpu_full_usec: int | None = None
-    psi_memory_some_usec: int | None = None
-    psi_memory_full_usec: int | None = None
-    psi_io_some_usec: int | None = None
-    psi_io_full_usec: int | None = None
-    # the processes of cgroup.procs and their open descriptors
-    processes: int | None = None
-    file_descriptors: int | None = None
-    sockets: int | None = None
-    # statfs of the file system holding the writable layer
-    fs_bytes: int | None = None
-    fs_inodes: int | None = None
-    fs_inodes_free: int | None = None
-    io: tuple[IoDevice, ...] | None = None
-    hugetlb: tuple[tuple[str, int], ...] | None = None
-    """(page size as the kernel names it, "2MB"; bytes in use) per hugetlb.<size>.current."""
-
-
-_READING_COUNTS = tuple(f.name for f in fields(CgroupReadings) if f.name not in ("io", "hugetlb"))
-
-
-@dataclass(frozen=True)
-class CgroupStats:
-    """Usage of one container's cgroup (or of the whole guest) at ``timestamp_ns``."""
-
-    timestamp_ns: int
-    cpu_usage_ns: int
-    memory_usage_bytes: int
-    memory_working_set_bytes: int
-    memory_rss_bytes: int
-    page_faults: int
-    major_page_faults: int
-    pids: int
-    writable_bytes: int
-    writable_inodes: int
-    oom_kills: int | None = None
-    """``oom_kill`` of memory.events (None: not sent)."""
-    readings: CgroupReadings = field(default_factory=CgroupReadings)
-
-
-def _io_devices(body: Mapping[str, object], where: str) -> tuple[IoDevice, ...]:
-    raw = _field(body, "io", list, where)
-    assert isinstance(raw, list)
-    if len(raw) > IO_DEVICES_MAX:
-        raise ProtocolError(f"{where}: field 'io' lists more than {IO_DEVICES_MAX} devices")
-    out = []
-    for i, entry in enumerate(raw):
-        at = f"{where}: io[{i}]"
-        if not isinstance(entry, dict):
-            raise ProtocolError(f"{at} must be an object")
-        out.append(
-            IoDevice(
-                major=_count(entry, "major", at, INT32_MAX),
-                minor=_count(entry, "minor", at, INT32_MAX),
-                rbytes=_count(entry, "rbytes", at),
-                wbytes=_count(entry, "wbytes", at),
-                rios=_count(entry, "rios", at),
-                wios=_count(entry, "wios", at),
-            )
-        )
-    return tuple(out)
-
-
-def _hugetlb(body: Mapping[str, object], where: str) -> tuple[tuple[str, int], ...]:
-    raw = _object(body, "hugetlb", where)
-    if len(raw) > HUGETLB_SIZES_MAX:
-        raise ProtocolError(f"{where}: field 'hugetlb' lists more than {HUGETLB_SIZES_MAX} page sizes")
-    for size in raw:
-        if not _HUGETLB_SIZE.fullmatch(size):
-            raise ProtocolError(f"{where}: hugetlb page size {_clip(size, 20)} is not one the kernel names")
-    return tuple(sorted((size, _count(raw, size, f"{where}: hugetlb")) for size in raw))
-
-
-def readings_from_body(body: Mapping[str, object], where: str = "stats") -> CgroupReadings:
-    """The optional readings of a stats body: each field present is checked, each absent is None."""
-    counts = {name: _count(body, name, where) for name in _READING_COUNTS if name in body}
-    return CgroupReadings(
-        **counts,
-        io=_io_devices(body, where) if "io" in body else None,
-        hugetlb=_hugetlb(body, where) if "hugetlb" in body else None,
-    )
-
-
-def stats_from_body(body: Mapping[str, object], where: str = "stats") -> CgroupStats:
-    return CgroupStats(
-        timestamp_ns=_count(body, "timestamp_ns", where),
-        cpu_usage_ns=_count(body, "cpu_usage_ns", where),
-        memory_usage_bytes=_count(body, "memory_usage_bytes", where),
-        memory_working_set_bytes=_count(body, "memory_working_set", where),
-        memory_rss_bytes=_count(body, "memory_rss_bytes", where),
-        page_faults=_count(body, "memory_page_faults", where),
-        major_page_faults=_count(body, "memory_major_faults", where),
-        pids=_count(body, "pids", where),
-        writable_bytes=_count(body, "writable_bytes", where) if "writable_bytes" in body else 0,
-        writable_inodes=_count(body, "writable_inodes", where) if "writable_inodes" in body else 0,
-        oom_kills=_count(body, "oom_kills", where) if "oom_kills" in body else None,
-        readings=readings_from_body(body, where),
-    )
-
-
-# ---- container logs (protocol 3) ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LogChunk:
-    """Body of a ``log_read`` response: ``data`` is the container's CRI log from stream offset
-    ``offset``; ``eof``: the container's output streams are closed and nothing follows."""
-
-    offset: int
-    data: bytes
-    eof: bool
-
-
-def log_chunk_from_body(body: Mapping[str, object], asked: int, max_bytes: int, where: str = "log_read") -> LogChunk:
-    """The chunk answering ``log_read`` from ``asked`` for at most ``max_bytes``. An answer that
-    goes back before ``asked`` or carries more than was asked is a ProtocolError (an answer from
-    a later offset says the guest no longer holds what lay between)."""
-    offset = _count(body, "offset", where)
-    if offset < asked:
-        raise ProtocolError(f"{where}: answered from offset {offset}, before the {asked} asked for")
-    value = _field(body, "data", str, where)
-    assert isinstance(value, str)
-    if len(value) > 4 * ((max_bytes + 2) // 3):  # checked before decoding: never decode more than asked
-        raise ProtocolError(f"{where}: {len(value)} base64 characters for at most {max_bytes} bytes")
-    data = _b64(body, "data", where)
-    if len(data) > max_bytes:
-        raise ProtocolError(f"{where}: {len(data)} bytes for at most {max_bytes}")
-    eof = _field(body, "eof", bool, where)
-    assert isinstance(eof, bool)
-    return LogChunk(offset=offset, data=data, eof=eof)
-
-
-PROC_READ_MAX = 64 << 10
-"""Bytes of output the host asks one ``proc_read`` for (the agent buffers at most 256 KiB per stream)."""
-PROC_WRITE_MAX = 32 << 10
-"""Bytes of stdin one ``proc_write`` may carry: in base64 its request stays under the 64 KiB line
-the agent reads."""
-
-
-@dataclass(frozen=True)
-class ProcOutput:
-    """One ``proc_read`` answer: output taken from a streamed process, and its exit once it
-    finished (exited and its output drained)."""
-
-    stdout: bytes
-    stderr: bytes
-    done: bool
-    exit_code: int | None
-
-
-def proc_output_from_body(
-    body: Mapping[str, object], where: str = "proc_read", limit: int = PROC_READ_MAX
-) -> ProcOutput:
-    done = _field(body, "done", bool, where)
-    assert isinstance(done, bool)
-    stdout, stderr = _b64(body, "stdout", where), _b64(body, "stderr", where)
-    if len(stdout) + len(stderr) > limit:
-        raise ProtocolError(f"{where}: {len(stdout) + len(stderr)} bytes of output (asked for at most {limit})")
-    code = _count(body, "exit_code", where) if done else None
-    return ProcOutput(stdout, stderr, done, code)
-
-
-def proc_id_from_body(body: Mapping[str, object], where: str = "proc_start") -> str:
-    proc = _str(body, "proc", where)
-    if not proc.isdigit() or len(proc) > 20:
-        raise ProtocolError(f"{where}: bad process id {_clip(proc)!r}")
-    return proc

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from vmsandbox.agent_protocol import CgroupStats
+from vmsandbox.agent_ops import CgroupStats
 
 Kind = Literal["counter", "gauge"]
 COUNTER: Kind = "counter"

@@ -12,7 +12,7 @@ from shim.agent_pool import GuestAttach, GuestProcess
 from shim.containers import Containers
 from shim.records import Records
 from vmsandbox.adapters.agent_client import AgentClient
-from vmsandbox.agent_protocol import PROC_READ_MAX, PROC_WRITE_MAX
+from vmsandbox.agent_ops import PROC_READ_MAX, PROC_WRITE_MAX
 from vmsandbox.errors import NotFound, VmSandboxError
 from vmsandbox.streaming import StreamRequest
 

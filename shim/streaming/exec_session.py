@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from shim.streaming.spdy_session import SpdyConnection, SpdyStream
 from vmsandbox import spdy, streaming
-from vmsandbox.agent_protocol import PROC_READ_MAX, ProcOutput
+from vmsandbox.agent_ops import PROC_READ_MAX, ProcOutput
 from vmsandbox.errors import InvalidArgument, VmSandboxError
 from vmsandbox.streaming import StreamRequest
 

@@ -8,7 +8,7 @@ from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.model import ContainerStats, SandboxStats
 from shim.translate.outbound import container_metadata, pod_metadata
 from vmsandbox import cri_metrics
-from vmsandbox.agent_protocol import CgroupStats
+from vmsandbox.agent_ops import CgroupStats
 
 
 def _u64(v: int) -> pb.UInt64Value:

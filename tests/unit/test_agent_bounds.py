@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from tests.unit.fake_guest import report_body
 from vmsandbox import agent_protocol as ap
 from vmsandbox.adapters.guest_channel import CHUNK_BYTES, GuestChannelClosed, _Connection
+from vmsandbox.agent_ops import container_state_from_body, exec_result_from_body
 from vmsandbox.agent_protocol import (
     MAX_DEPTH,
     MAX_FRAME_BYTES,
@@ -29,10 +30,8 @@ from vmsandbox.agent_protocol import (
     ProtocolError,
     Response,
     UnsolicitedBudget,
-    container_state_from_body,
     decode,
     encode,
-    exec_result_from_body,
     nesting_depth,
 )
 

@@ -22,24 +22,26 @@ from vmsandbox.adapters.guest_channel import (
     GuestRequestFailed,
     wait_for_hello,
 )
+from vmsandbox.agent_ops import (
+    ExecResult,
+    LogChunk,
+    container_state_from_body,
+    exec_result_from_body,
+    log_chunk_from_body,
+)
 from vmsandbox.agent_protocol import (
     VERSION,
     Ack,
-    ExecResult,
     GuestReport,
     Hello,
     HugePages,
-    LogChunk,
     Message,
     NicReport,
     ProtocolError,
     Request,
     Response,
-    container_state_from_body,
     decode,
     encode,
-    exec_result_from_body,
-    log_chunk_from_body,
     report_from_body,
     report_to_body,
 )

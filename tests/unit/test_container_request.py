@@ -8,7 +8,7 @@ import pytest
 from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.model import CONTAINER_CREATED, ContainerRecord, ContainerStats, MountRequest
 from shim.translate import inbound, outbound, stats
-from vmsandbox.agent_protocol import CgroupStats
+from vmsandbox.agent_ops import CgroupStats
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.resources import ContainerResources, Mount
 

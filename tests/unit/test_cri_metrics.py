@@ -22,16 +22,15 @@ from shim.proxy.service import Proxy
 from tests.unit.cri_server import SEED_CONTAINER, SEED_SANDBOXES, Server, cri_server
 from vmsandbox import cri_metrics, routing
 from vmsandbox.adapters import sysfs
-from vmsandbox.agent_protocol import (
+from vmsandbox.agent_ops import (
     HUGETLB_SIZES_MAX,
-    INT64_MAX,
     IO_DEVICES_MAX,
     CgroupReadings,
     CgroupStats,
     IoDevice,
-    ProtocolError,
     stats_from_body,
 )
+from vmsandbox.agent_protocol import INT64_MAX, ProtocolError
 from vmsandbox.cri_metrics import BY_NAME, DESCRIPTORS, LinkCounters
 
 # critest v1.37 (pkg/validate/pod.go): expectedMetricDescriptorNames, unimplementedMetricDescriptors,

@@ -31,15 +31,8 @@ from tests.unit import fake_guest as fg
 from vmsandbox.adapters import guest_channel
 from vmsandbox.adapters.agent_client import AgentClient, AgentLost
 from vmsandbox.adapters.guest_channel import GuestChannel, GuestChannelClosed, GuestRequestFailed, _Connection
-from vmsandbox.agent_protocol import (
-    ProtocolError,
-    Response,
-    container_state_from_body,
-    decode,
-    exec_result_from_body,
-    report_from_body,
-    stats_from_body,
-)
+from vmsandbox.agent_ops import container_state_from_body, exec_result_from_body, stats_from_body
+from vmsandbox.agent_protocol import ProtocolError, Response, decode, report_from_body
 
 EXAMPLES = 2500 if os.environ.get("VMSANDBOX_FUZZ_LONG") else int(os.environ.get("VMSANDBOX_FUZZ_EXAMPLES", "150"))
 LIMIT = 4096

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from shim.log_copy import CHUNK_BYTES, LogCopies
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
-from vmsandbox.agent_protocol import LogChunk, ProtocolError, log_chunk_from_body
+from vmsandbox.agent_ops import LogChunk, log_chunk_from_body
+from vmsandbox.agent_protocol import ProtocolError
 from vmsandbox.log_copy import (
     MAX_PARTIAL_CHAIN,
     RECORD_AHEAD_NS,

@@ -23,7 +23,7 @@ from shim.sandbox_dirs import SandboxDirs
 from tests.unit.cri_server import SEED_CONTAINER, SEED_SANDBOXES, Server, assert_no_leak, cri_server
 from vmsandbox import shared_storage
 from vmsandbox.adapters import share_image
-from vmsandbox.agent_protocol import CgroupStats
+from vmsandbox.agent_ops import CgroupStats
 from vmsandbox.errors import InfrastructureError
 
 pytestmark = [

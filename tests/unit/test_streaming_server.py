@@ -22,7 +22,7 @@ import websocket
 from shim.config import ShimConfig
 from shim.streaming.server import StreamingServer, Target
 from vmsandbox import spdy, streaming
-from vmsandbox.agent_protocol import ProcOutput
+from vmsandbox.agent_ops import ProcOutput
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.streaming import StreamRequest
 

@@ -1,4 +1,4 @@
-"""Host side of the container ops of the guest agent (protocol 2, ``vmsandbox.agent_protocol``).
+"""Host side of the container ops of the guest agent (protocol 2, ``vmsandbox.agent_ops``).
 
 One ``AgentClient`` per sandbox holds the channel connection; a reader thread hands each response
 to the request waiting for its id, so requests run concurrently (a ``wait`` for a container's exit
@@ -29,28 +29,30 @@ from vmsandbox.adapters.guest_channel import (
     GuestChannelTimeout,
     GuestRequestFailed,
 )
-from vmsandbox.agent_protocol import (
-    EXEC_OUTPUT_MAX,
-    TTY_VERSION,
-    VOLUMES_VERSION,
-    Ack,
+from vmsandbox.agent_ops import (
     CgroupStats,
     ContainerState,
     ExecResult,
-    GuestReport,
-    Hello,
     LogChunk,
     ProcOutput,
-    ProtocolError,
-    Request,
-    Response,
-    UnsolicitedBudget,
     container_state_from_body,
     exec_result_from_body,
     log_chunk_from_body,
     proc_id_from_body,
     proc_output_from_body,
     stats_from_body,
+)
+from vmsandbox.agent_protocol import (
+    EXEC_OUTPUT_MAX,
+    TTY_VERSION,
+    VOLUMES_VERSION,
+    Ack,
+    GuestReport,
+    Hello,
+    ProtocolError,
+    Request,
+    Response,
+    UnsolicitedBudget,
 )
 from vmsandbox.errors import InfrastructureError, WrongState
 
