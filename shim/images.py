@@ -10,7 +10,8 @@ its size, ``/etc/passwd`` and ``/etc/group``), deletes the tree, and only then w
 catalogue: a pull that dies or is refused half-way leaves nothing visible, and its leftovers are
 deleted (now, or at the next start). Concurrent pulls of one reference share one download (single
 flight); pulls of one image by different names share one unpack; images with the same layers share
-one disk; different images pull in parallel.
+one disk; different images pull in parallel. The unpacking and checking of the layers into the
+disk is ``shim.image_unpack``'s.
 
 Nothing on the host needs the tree once the disk is made: guests get the disk, CreateContainer
 reads the image's user names from the facts kept with it, and the hostile-image checks run while
@@ -44,8 +45,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shim import faults, metrics
+from shim.image_unpack import layers_disk, verify_unverified
 from vmsandbox.adapters.image_disk import ImageDisk
-from vmsandbox.adapters.layers import Limits, Tree
+from vmsandbox.adapters.layers import Limits
 from vmsandbox.adapters.skopeo import Skopeo
 from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, NotFound, VmSandboxError
 from vmsandbox.image_catalogue import (
@@ -66,15 +68,12 @@ from vmsandbox.image_ref import ImageReference, bounded, parse_reference
 from vmsandbox.oci import (
     MAX_DOCUMENT,
     NODE_PLATFORM,
-    Descriptor,
     ImageConfig,
     Index,
     Manifest,
     chain_id,
-    check_layers,
     check_media_types,
     image_user,
-    layer_compression,
     parse_config,
     parse_document,
     select_platform,
@@ -134,7 +133,7 @@ class ImageStore:
         for doc in docs:
             r = record_from_doc(doc)
             if not r.tree:  # written before trees were verified: verify it now, or drop it
-                verified = self._verify_unverified(r)
+                verified = verify_unverified(self.disk, self.limits, r)
                 changed = True
                 if verified is None:
                     continue
@@ -433,7 +432,7 @@ class ImageStore:
             with self._lock:
                 self._inflight_trees[key] += 1
                 tree_key = key  # held from here on: released by _unhold
-            used, inodes = self._layers_disk(work, manifest, config, tree_key, what)
+            used, inodes = layers_disk(self.disk, self.limits, work, manifest, config, tree_key, what)
             faults.checkpoint("pull:after-tree")
             record = _record(image_id, resolved.manifest_digest, manifest, config, tree_key, used, inodes)
             ok = True
@@ -476,94 +475,6 @@ class ImageStore:
                     self.disk.adopt_blob(directory / d.digest.removeprefix("sha256:"), d.digest)
                 except FileNotFoundError:
                     raise InfrastructureError(f"{what}: layer {d.digest} did not arrive") from None
-
-    def _layers_disk(self, work: Path, manifest: Manifest, config: ImageConfig, key: str, what: str) -> tuple[int, int]:
-        """Make sure the disk ``key`` of this image's layers is in place; (bytes, inodes) of its tree.
-
-        The layers are unpacked (into work/) and verified, the disk made of them and checked, and
-        the tree deleted, unless a verified disk of the same layers is stored already; then only
-        this pull's blobs are checked against their digests."""
-        pairs = check_layers(manifest, config, what)
-        if self.disk.has_disk(key):
-            for layer, _ in pairs:
-                self.disk.verify_blob(layer.digest, what)
-            facts = self.disk.facts(key)
-            return facts.unpacked_bytes, facts.unpacked_inodes
-        tree_dir = work / "tree"
-        tree_dir.mkdir(mode=0o755)
-        self._unpack(tree_dir, pairs, what)
-        facts = self.disk.make_disk(tree_dir, key)
-        self.disk.discard(tree_dir)  # the disk holds it now
-        return facts.unpacked_bytes, facts.unpacked_inodes
-
-    def _unpack(self, tree_dir: Path, layers: tuple[tuple[Descriptor, str], ...], what: str) -> None:
-        tree = Tree(str(tree_dir), self.limits)
-        try:
-            for n, (layer, diff_id) in enumerate(layers, 1):
-                where = f"{what}: layer {n}/{len(layers)} {layer.digest}"
-                compression = layer_compression(layer.media_type, where)
-                t0 = time.monotonic()
-                stats = tree.apply(
-                    str(self.disk.blob_path(layer.digest)), compression, where, digest=layer.digest, diff_id=diff_id
-                )
-                seconds = time.monotonic() - t0
-                log.info(
-                    "%s: unpacked and verified %d bytes (%d compressed, %d entries, %d whiteouts, "
-                    "%d device nodes skipped) in %.3f s",
-                    where,
-                    stats.bytes,
-                    layer.size,
-                    stats.entries,
-                    stats.whiteouts,
-                    stats.devices_skipped,
-                    seconds,
-                    extra={
-                        "fields": {
-                            "event": "layer_unpacked",
-                            "layer": layer.digest,
-                            "compressed_bytes": layer.size,
-                            "bytes": stats.bytes,
-                            "entries": stats.entries,
-                            "seconds": round(seconds, 4),
-                        }
-                    },
-                )
-        finally:
-            tree.close()
-
-    def _verify_unverified(self, record: ImageRecord) -> ImageRecord | None:
-        """A record of an earlier version (its tree named by image id, never checked): unpack it again
-        from its stored blobs with every check, under its ChainID; None (logged) when that fails."""
-        what = f"verifying stored image {record.id}"
-        t0 = time.monotonic()
-        work = self.disk.new_work_dir("verify")
-        try:
-            doc = parse_document(self.disk.read_blob(record.manifest, MAX_DOCUMENT, what), what)
-            if not isinstance(doc, Manifest) or doc.config.digest != record.id:
-                raise InvalidArgument(f"{what}: its stored manifest {record.manifest} is not the image's")
-            config = parse_config(self.disk.read_blob(record.id, MAX_DOCUMENT, what), what)
-            key = chain_id(config.diff_ids)
-            used, inodes = self._layers_disk(work, doc, config, key, what)
-        except (VmSandboxError, OSError) as exc:
-            log.warning(
-                "image %s (%s), stored by an earlier version, could not be verified and is dropped: %s",
-                record.id,
-                ", ".join(record.repo_tags or record.repo_digests) or "no names",
-                exc,
-            )
-            return None
-        finally:
-            self.disk.discard(work)
-        log.info("image %s, stored by an earlier version, verified in %.3f s", record.id, time.monotonic() - t0)
-        legacy = record.id if self.disk.has_tree(record.id) else ""  # kept for containers started from it
-        return replace(
-            record,
-            tree=key,
-            legacy_tree=legacy,
-            layers=tuple(d.digest for d in doc.layers),
-            unpacked_bytes=used,
-            unpacked_inodes=inodes,
-        )
 
 
 def _record(
