@@ -462,7 +462,13 @@ def test_pod_level_resources_size_the_vm_and_containers_without_limits_share_the
     assert (demand["mode"], demand["cpu_millis"], demand["memory_bytes"]) == ("linux-resources", 200, 96 * MiB), demand
     for name in ("first", "second"):  # each container's cgroup holds the pod-level limit
         done = _exec(
-            cluster, "vm-pod-level", "cat", "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/cpu.max", container=name
+            cluster,
+            "vm-pod-level",
+            "/bin/busybox",
+            "cat",
+            "/sys/fs/cgroup/memory.max",
+            "/sys/fs/cgroup/cpu.max",
+            container=name,
         )
         assert done.returncode == 0 and done.stdout.split() == [str(96 * MiB), "20000", "100000"], done
 
