@@ -16,16 +16,11 @@ setup:
 demo: setup
 	scripts/demo.sh
 
-# `make test` runs the suite in two parallel phases of JOBS pytest-xdist workers: first the
-# integration tests that keep to what they started (one file per worker: its module fixtures stay
-# together), then the `exclusive` ones, which count what the whole host holds, one at a time on one
-# worker while the unit tests take the others. Exit status 5 (nothing selected) is not a failure.
+# `make test`: host set-up, lint, then the suite in two parallel phases (scripts/test.sh says how);
+# JOBS pytest-xdist workers (default: one more than the CPUs), PYTEST_ARGS passed to every run.
 JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: setup lint
-	@a=0; b=0; \
-	$(PY) -m pytest -n $(JOBS) --dist loadfile -m "integration and not exclusive" $(PYTEST_ARGS) || a=$$?; \
-	$(PY) -m pytest -n $(JOBS) --dist loadgroup -m "not integration or exclusive" $(PYTEST_ARGS) || b=$$?; \
-	for rc in $$a $$b; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit 1; done
+	JOBS=$(JOBS) PY=$(PY) scripts/test.sh $(PYTEST_ARGS)
 
 lint:
 	$(PY) -m ruff check .

@@ -182,25 +182,36 @@ class Usage:
 
 
 def check_envelope(demand: PodDemand, others: Sequence[Usage], new: Usage, *, who: str) -> None:
-    """The containers' limits, summed, must stay within what the VM was sized for."""
+    """The containers' limits, summed, must stay within what the VM was sized for.
+
+    A pod sized from LinuxPodSandboxConfig (``linux-resources``: what a kubelet sends) follows the
+    kubelet's cgroup model, where the sandbox's limits are the pod's and the VM is the pod's
+    cgroup. A container whose limit of a resource equals the pod's own is one the kubelet gave the
+    pod-level limit because it has none of its own (KEP-2837 ``spec.resources``): it shares the
+    envelope with its siblings and does not add to their sum."""
+    shared = demand.mode == "linux-resources"
+
+    def counted(amount: int, envelope: int) -> int:
+        return 0 if shared and amount == envelope else amount
+
     problems = []
-    cpu = sum(u.cpu_millis for u in others) + new.cpu_millis
+    cpu = sum(counted(u.cpu_millis, demand.cpu_millis) for u in (*others, new))
     if cpu > demand.cpu_millis:
         problems.append(
             f"cpu: {format_quantity(Fraction(cpu, 1000), 'DecimalSI')} in all > VM's "
             f"{format_quantity(Fraction(demand.cpu_millis, 1000), 'DecimalSI')} "
             f"(it would have to grow by {format_quantity(Fraction(cpu - demand.cpu_millis, 1000), 'DecimalSI')})"
         )
-    mem = sum(u.memory_bytes for u in others) + new.memory_bytes
+    mem = sum(counted(u.memory_bytes, demand.memory_bytes) for u in (*others, new))
     if mem > demand.memory_bytes:
         problems.append(
             f"memory: {format_quantity(mem, 'BinarySI')} in all > "
             f"VM's {format_quantity(demand.memory_bytes, 'BinarySI')} "
             f"(it would have to grow by {format_quantity(mem - demand.memory_bytes, 'BinarySI')})"
         )
-    for size, limit in new.hugepages:
-        used = sum(dict(u.hugepages).get(size, 0) for u in others) + limit
+    for size, _ in new.hugepages:
         have = demand.hugepage_bytes(size)
+        used = sum(counted(dict(u.hugepages).get(size, 0), have) for u in (*others, new))
         if used > have:
             problems.append(
                 f"{hugepage_resource(size)}: {format_quantity(used, 'BinarySI')} in all > VM's "

@@ -322,8 +322,9 @@ def pod_from_manifest(doc: Mapping[str, Any]) -> PodManifest:
         notes.append(_KUBELET_MOUNTS_NOTE)
     if spec.get("resources") is not None:
         notes.append(
-            f"{spec_path}.resources (pod-level resources) is not part of pod_resources in this KEP revision; "
-            "the VM is sized from the containers"
+            f"{spec_path}.resources (pod-level resources) is not part of pod_resources in this KEP revision, "
+            "so this plan sizes the VM from the containers; a kubelet that sends no pod_resources sends the "
+            "pod-level limits as LinuxPodSandboxConfig.resources, and the VM is sized from those"
         )
     overhead = _resource_list(spec.get("overhead"), f"{spec_path}.overhead")
     overhead_cpu, overhead_memory = overhead.get(CPU), overhead.get(MEMORY)

@@ -47,15 +47,6 @@ LIBVIRT_URI = os.environ.get("VMSANDBOX_LIBVIRT_URI", "qemu:///system")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``exclusive`` tests (they count what the whole host holds: free hugepages, domains,
-    macvtaps) go to one xdist worker, one after another; ``make test`` runs them while nothing but
-    unit tests runs beside them."""
-    for item in items:
-        if item.get_closest_marker("exclusive") is not None:
-            item.add_marker(pytest.mark.xdist_group("exclusive"))
-
-
 def missing_prerequisites() -> list[str]:
     missing = []
     for f in ("vmlinux", "initramfs.img"):

@@ -4,10 +4,12 @@ nothing needs the internet; on the way out every pod it holds is removed and it 
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,11 +64,27 @@ def tools_image() -> str:
     return _pushed("vmsandbox/nettools:1", ("/bin/sh",))
 
 
+SOCKET_DIR_MAX = 64
+"""containerd refuses a ttrpc socket path over 104 bytes (``containerd.sock.ttrpc`` in its
+directory): a longer directory (pytest-xdist's temporary paths are) is replaced by a short one
+under /tmp, which the given path then links to."""
+
+
 @dataclass
 class Containerd:
     dir: Path
     conf_dir: Path
     registry: str
+
+    def __post_init__(self) -> None:
+        if self.dir.is_symlink():  # a restart of one made before: its state is where the link says
+            self.dir = self.dir.resolve()
+        elif len(str(self.dir)) > SOCKET_DIR_MAX:
+            short = Path(tempfile.mkdtemp(prefix="vmsandbox-ctrd-", dir="/tmp"))
+            atexit.register(shutil.rmtree, short, ignore_errors=True)
+            self.dir.parent.mkdir(parents=True, exist_ok=True)
+            self.dir.symlink_to(short)
+            self.dir = short
 
     @property
     def socket(self) -> Path:
@@ -77,12 +95,14 @@ class Containerd:
         return f"unix://{self.socket}"
 
     def up(self) -> None:
-        subprocess.run(
+        done = subprocess.run(
             ["bash", str(SCRIPT), "up", str(self.dir), pause_image(), str(self.conf_dir), self.registry],
-            check=True,
             capture_output=True,
+            text=True,
             timeout=60,
         )
+        if done.returncode != 0:
+            raise RuntimeError(f"containerd.sh up {self.dir} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
 
     def down(self) -> None:
         subprocess.run(["bash", str(SCRIPT), "down", str(self.dir)], check=True, capture_output=True, timeout=60)

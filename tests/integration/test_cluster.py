@@ -433,6 +433,46 @@ def test_config_map_and_secret_volumes_in_a_vm_pod_follow_updates(
     print(f"\ncluster: ConfigMap update seen in the VM pod {time.monotonic() - t0:.1f} s after apply")
 
 
+def test_pod_level_resources_size_the_vm_and_containers_without_limits_share_them(
+    cluster: Cluster, image: str, tmp_path: Path
+) -> None:
+    """KEP-2837: a pod with ``spec.resources`` and two containers without limits. The kubelet sends
+    the pod-level limits as the sandbox's and hands them to each container; the VM is sized from
+    them, and both containers are admitted, sharing them as they share a pod cgroup."""
+    limits = {"cpu": "200m", "memory": "96Mi"}
+    sleeper = ["/bin/busybox", "sh", "-c", "exec sleep 3600"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "vm-pod-level", "namespace": "default", "labels": {"group": "side-by-side"}},
+        "spec": {
+            "runtimeClassName": "vmsandbox",
+            "terminationGracePeriodSeconds": 2,
+            "resources": {"requests": limits, "limits": limits},
+            "containers": [{"name": n, "image": image, "command": sleeper} for n in ("first", "second")],
+        },
+    }
+    _apply(cluster, tmp_path, pod)
+    running = _running(cluster, "vm-pod-level", time.monotonic() + 300)
+    assert [c["name"] for c in running["status"]["containerStatuses"] if c.get("ready")] == ["first", "second"]
+    listed = [s for s in cluster.sandboxes() if s.metadata.name == "vm-pod-level"]
+    assert len(listed) == 1
+    (view,) = [v for v in read_sandboxes(cluster.state_dir) if v.id == listed[0].id]
+    demand = view.record["shape"]["demand"]
+    assert (demand["mode"], demand["cpu_millis"], demand["memory_bytes"]) == ("linux-resources", 200, 96 * MiB), demand
+    for name in ("first", "second"):  # each container's cgroup holds the pod-level limit
+        done = _exec(
+            cluster,
+            "vm-pod-level",
+            "/bin/busybox",
+            "cat",
+            "/sys/fs/cgroup/memory.max",
+            "/sys/fs/cgroup/cpu.max",
+            container=name,
+        )
+        assert done.returncode == 0 and done.stdout.split() == [str(96 * MiB), "20000", "100000"], done
+
+
 def test_delete_leaves_nothing_behind(cluster: Cluster) -> None:
     cluster.kubectl("delete", "deployment", "hello", "--ignore-not-found", "--wait=true", timeout=180)
     cluster.kubectl("delete", "pod,service", "-l", "group=side-by-side", "--wait=true", timeout=180)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -504,12 +505,19 @@ def test_check_envelope_accepts(others: list[Usage], new: Usage) -> None:
             id="hugepages-1Gi",
         ),
         pytest.param(
-            [Usage(2000, GI)],
-            Usage(1, 1),
+            [Usage(1999, GI - 1)],
+            Usage(2, 2),
             'container "app" does not fit in the VM, which cannot grow: '
             "cpu: 2001m in all > VM's 2 (it would have to grow by 1m); "
             "memory: 1073741825 in all > VM's 1Gi (it would have to grow by 1)",
             id="cpu-and-memory",
+        ),
+        pytest.param(
+            [Usage(2000, GI)],
+            Usage(2001, 0),
+            'container "app" does not fit in the VM, which cannot grow: '
+            "cpu: 2001m in all > VM's 2 (it would have to grow by 1m)",
+            id="more-than-the-pod-it-shares",
         ),
     ],
 )
@@ -517,6 +525,38 @@ def test_check_envelope_rejects_growth(others: list[Usage], new: Usage, message:
     with pytest.raises(Diverged) as exc:
         check_envelope(VM, others, new, who='container "app"')
     assert str(exc.value) == message
+
+
+@pytest.mark.parametrize(
+    ("others", "new", "fits_kubelet_model", "fits_declared"),
+    [
+        # KEP-2837: two containers without limits of their own, each given the pod-level limit
+        pytest.param([Usage(2000, GI)], Usage(2000, GI), True, False, id="both-inherit"),
+        # one with its own limits beside one that inherits the pod's
+        pytest.param([Usage(2000, GI)], Usage(500, 256 * MI), True, False, id="own-beside-inherited"),
+        pytest.param([Usage(500, 256 * MI)], Usage(2000, GI), True, False, id="inherited-beside-own"),
+        # those with limits of their own still add up, whoever shares
+        pytest.param(
+            [Usage(2000, GI), Usage(1500, 512 * MI)], Usage(1000, 512 * MI), False, False, id="own-ones-overflow"
+        ),
+        # only the pod's own figure is shared, per resource
+        pytest.param([Usage(2000, 512 * MI)], Usage(2000, 768 * MI), False, False, id="memory-of-their-own"),
+        pytest.param(
+            [Usage(hugepages=((P2M, 64 * MI),))], Usage(hugepages=((P2M, 64 * MI),)), True, False, id="hugepages"
+        ),
+    ],
+)
+def test_the_pod_level_limit_is_shared_in_a_pod_sized_from_what_the_kubelet_sends(
+    others: list[Usage], new: Usage, fits_kubelet_model: bool, fits_declared: bool
+) -> None:
+    """Sized from LinuxPodSandboxConfig, a container whose limit equals the pod's shares it (the
+    kubelet hands the pod-level limit to a container without its own); a declared pod sums them."""
+    for demand, fits in ((VM, fits_kubelet_model), (replace(VM, mode="declared"), fits_declared)):
+        if fits:
+            check_envelope(demand, others, new, who='container "app"')
+        else:
+            with pytest.raises(Diverged, match="does not fit in the VM"):
+                check_envelope(demand, others, new, who='container "app"')
 
 
 @pytest.mark.parametrize(
