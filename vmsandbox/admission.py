@@ -105,14 +105,18 @@ def admit_declared(
 
 
 # -- containers that only carry LinuxContainerResources ------------------------------------------
+def cfs_quota(limit_millis: int) -> int:
+    """kubelet's milliCPUToQuota over ``DEFAULT_PERIOD``: no (or a zero) limit means no quota; else
+    at least 1000us."""
+    return max(MIN_QUOTA, limit_millis * DEFAULT_PERIOD // 1000) if limit_millis else 0
+
+
 def implied_linux(resources: ContainerResources) -> LinuxResources:
     """The cgroup settings a kubelet derives from requests/limits (shares, quota, memory, pages)."""
     req_cpu = resources.requests.get(CPU) or resources.limits.get(CPU)
     lim_cpu = resources.limits.get(CPU)
     shares = max(MIN_SHARES, req_cpu.milli_value() * 1024 // 1000) if req_cpu is not None else MIN_SHARES
-    # kubelet's milliCPUToQuota: no (or a zero) limit means no quota; else at least 1000us.
-    lim_millis = lim_cpu.milli_value() if lim_cpu is not None else 0
-    quota = max(MIN_QUOTA, lim_millis * DEFAULT_PERIOD // 1000) if lim_millis else 0
+    quota = cfs_quota(lim_cpu.milli_value() if lim_cpu is not None else 0)
     mem = resources.limits.get(MEMORY)
     pages = []
     for key, q in resources.limits:

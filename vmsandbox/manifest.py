@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from vmsandbox.admission import DEFAULT_PERIOD, cfs_quota
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.quantity import Quantity
 from vmsandbox.resources import (
@@ -40,6 +41,7 @@ from vmsandbox.resources import (
     hugepage_size,
     is_extended,
 )
+from vmsandbox.sizing import LinuxResources, effective_amount
 
 #: kind -> (accepted apiVersions, path from the document to the pod template; () = the document is the pod)
 WORKLOAD_KINDS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -77,6 +79,40 @@ class PodManifest:
     notes: tuple[str, ...] = ()
     overhead_cpu_millis: int = 0  # spec.overhead (RuntimeClass overhead)
     overhead_memory_bytes: int = 0
+    pod_limits: ResourceList = field(default_factory=ResourceList)  # spec.resources.limits (KEP-2837)
+
+    @property
+    def pod_level(self) -> bool:
+        """Whether the pod sets pod-level cpu or memory limits (``spec.resources``)."""
+        return self.pod_limits.get(CPU) is not None or self.pod_limits.get(MEMORY) is not None
+
+    def kubelet_sandbox_resources(self) -> LinuxResources:
+        """``LinuxPodSandboxConfig.resources`` as a kubelet without pod_resources computes them
+        (``calculateSandboxResources``): the pod's cpu and memory limits, each the pod-level one when
+        set, else the containers' limits summed by KEP-753's rule (a container without a limit adds
+        nothing); cpu as a CFS quota (``admission.cfs_quota``)."""
+
+        def limit(name: str, *, milli: bool) -> int:
+            pod = self.pod_limits.get(name)
+            if pod is not None:
+                return pod.milli_value() if milli else pod.value_int()
+
+            def of(c: ContainerDeclaration) -> int:
+                q = c.resources.limits.get(name)
+                return 0 if q is None else (q.milli_value() if milli else q.value_int())
+
+            sidecars = set(self.sidecars)
+            return effective_amount(
+                ((of(c), c.name in sidecars) for c in self.declaration.init_containers),
+                (of(c) for c in self.declaration.containers),
+            )
+
+        quota = cfs_quota(limit(CPU, milli=True))
+        return LinuxResources(
+            cpu_period=DEFAULT_PERIOD if quota else 0,
+            cpu_quota=quota,
+            memory_limit_bytes=limit(MEMORY, milli=False),
+        )
 
     @property
     def pod(self) -> str:
@@ -320,11 +356,12 @@ def pod_from_manifest(doc: Mapping[str, Any]) -> PodManifest:
     notes = []
     if any(c.resources.mounts for c in declaration.all_containers()):
         notes.append(_KUBELET_MOUNTS_NOTE)
-    if spec.get("resources") is not None:
+    _, pod_limits = _resources(spec, spec_path)
+    if pod_limits.get(CPU) is not None or pod_limits.get(MEMORY) is not None:
         notes.append(
-            f"{spec_path}.resources (pod-level resources) is not part of pod_resources in this KEP revision, "
-            "so this plan sizes the VM from the containers; a kubelet that sends no pod_resources sends the "
-            "pod-level limits as LinuxPodSandboxConfig.resources, and the VM is sized from those"
+            f"{spec_path}.resources (pod-level resources) has no place in pod_resources: the kubelet sends the "
+            "pod-level limits as LinuxPodSandboxConfig.resources instead, and hands them to each container "
+            "without limits of its own; this plan sizes the VM from them, as the shim does"
         )
     overhead = _resource_list(spec.get("overhead"), f"{spec_path}.overhead")
     overhead_cpu, overhead_memory = overhead.get(CPU), overhead.get(MEMORY)
@@ -345,6 +382,7 @@ def pod_from_manifest(doc: Mapping[str, Any]) -> PodManifest:
         notes=tuple(notes),
         overhead_cpu_millis=overhead_cpu.milli_value() if overhead_cpu is not None else 0,
         overhead_memory_bytes=overhead_memory.value_int() if overhead_memory is not None else 0,
+        pod_limits=pod_limits,
     )
 
 

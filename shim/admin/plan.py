@@ -193,13 +193,16 @@ def _shortfall_rows(exc: CannotFit, shape: VmShape | None) -> list[Shortfall]:
 
 # -- the plan ---------------------------------------------------------------------------------------
 def sandbox_request(manifest: PodManifest, handler: str) -> SandboxSpec:
-    """The RunPodSandbox request a KEP-4112 kubelet would send for ``manifest`` (placeholder uid)."""
+    """The RunPodSandbox request a KEP-4112 kubelet would send for ``manifest`` (placeholder uid);
+    for a pod with pod-level limits, what a kubelet sends instead: no pod_resources (they have no
+    place for pod-level figures), its pod-level limits as LinuxPodSandboxConfig.resources."""
     return SandboxSpec(
         meta=PodMeta(name=manifest.name, namespace=manifest.namespace, uid=PLACEHOLDER_UUID),
         runtime_handler=handler,
         labels=dict(manifest.labels),
         annotations=dict(manifest.annotations),
-        declaration=manifest.declaration,
+        declaration=None if manifest.pod_level else manifest.declaration,
+        linux_resources=manifest.kubelet_sandbox_resources() if manifest.pod_level else LinuxResources(),
         # spec.overhead, as the kubelet sends it (LinuxPodSandboxConfig.overhead)
         linux_overhead=LinuxResources(
             cpu_period=100_000 if manifest.overhead_cpu_millis else 0,
@@ -264,7 +267,7 @@ def make_plan(
     except InvalidArgument as exc:  # the shim refuses it (INVALID_ARGUMENT)
         demand = pod_demand(request, profile, sidecars=sidecars)[1]
         return result(demand, None, None, None, f"{exc} (the shim refuses RunPodSandbox with INVALID_ARGUMENT)")
-    if on_the_wire != sidecars:
+    if on_the_wire != sidecars and request.declaration is not None:
         demand = pod_demand(request, profile, sidecars=sidecars)[1]
         notes.append(_sidecar_note(manifest, profile, on_the_wire, demand, request.linux_overhead))
     facts = policy.facts(inv, request.declaration, kvm_device=host.kvm_device)

@@ -621,3 +621,36 @@ def test_plan_cannot_plan_exits_2(args: tuple[str, ...], message: str) -> None:
     done = vmsandbox("plan", MANIFESTS / "guaranteed-pod.yaml", "--host-sysfs", TWO_SOCKET, *args)
     assert (done.returncode, done.stdout) == (2, "")
     assert message in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("pod_resources", "container_limits", "want"),
+    [
+        # KEP-2837 pod-level limits, containers without their own: the VM is the pod-level figure
+        pytest.param({"cpu": "3", "memory": "768Mi"}, [None, None], (3000, 768 * MI), id="pod-level-only"),
+        # a pod-level memory limit beside containers' own cpu limits: each resource on its own
+        pytest.param({"memory": "1Gi"}, [{"cpu": "500m"}, {"cpu": "1"}], (1500, GI), id="memory-at-pod-level"),
+    ],
+)
+def test_plan_sizes_a_pod_with_pod_level_limits_from_them_as_the_kubelet_sends_them(
+    tmp_path: Path, pod_resources: dict[str, str], container_limits: list[dict[str, str] | None], want: tuple[int, int]
+) -> None:
+    """A kubelet sends pod-level limits (``spec.resources``) as LinuxPodSandboxConfig.resources, with
+    no pod_resources: the plan sizes the VM that way (mode ``linux-resources``) and says so."""
+    doc = yaml.safe_load((MANIFESTS / "guaranteed-pod.yaml").read_text())
+    spec = doc["spec"]
+    spec["resources"] = {"limits": pod_resources}
+    first = spec["containers"][0]
+    spec["containers"] = [
+        {**first, "name": f"c{i}", "resources": {"limits": limits} if limits else {}}
+        for i, limits in enumerate(container_limits)
+    ]
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    code, plan = vmsandbox_json("plan", manifest, "--host-sysfs", TWO_SOCKET, "--profiles", PROFILES)
+    assert code == 0, plan
+    assert (plan["demand"]["mode"], plan["demand"]["cpu_millis"], plan["demand"]["memory_bytes"]) == (
+        "linux-resources",
+        *want,
+    ), plan["demand"]
+    assert any("pod-level resources" in n for n in plan["notes"]), plan["notes"]
