@@ -5,9 +5,10 @@ is in ``images/README.md``. The guest speaks first (``hello``, repeated until th
 ``ack``); the host sends ``request`` messages (an ``op`` and its ``args``), each answered by a
 ``response`` with the same ``id``, in any order. Unknown keys are ignored, so later agents can add
 fields without breaking this host; missing or mistyped fields are errors. This host reads versions
-1 to 5 (version 1 has no ``args``, version 3 adds ``log_read``, version 4 gives a container created
-with ``tty`` a terminal and adds ``attach_resize``, version 5 adds ``personalize``) and sends the
-highest version both sides speak.
+1 to 6 (version 1 has no ``args``, version 3 adds ``log_read``, version 4 gives a container created
+with ``tty`` a terminal and adds ``attach_resize``, version 5 adds ``personalize``, version 6 the
+kubelet volume copies, ``volume_begin`` to ``volume_remove``) and sends the highest version both
+sides speak.
 
 Everything here reads what an untrusted guest wrote, so it is bounded before it is parsed: a line
 is at most ``MAX_FRAME_BYTES``, its arrays and objects nest at most ``MAX_DEPTH`` deep (checked by a
