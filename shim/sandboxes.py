@@ -53,7 +53,7 @@ from vmsandbox.lifecycle import (
     check_fits_beside,
     plan_sandbox,
 )
-from vmsandbox.profile import Profile, select_profile
+from vmsandbox.profile import Profile
 from vmsandbox.resources import ContainerResources
 from vmsandbox.sizing import LinuxResources
 
@@ -98,9 +98,6 @@ class Sandboxes:
         self.reconciler = Reconciler(*parts, self.network, clock)
         for problem in self.policy.problems(first, profiles.values()):
             log.warning("%s", problem)
-
-    def profile_for(self, handler: str, annotations: dict[str, str]) -> Profile:
-        return select_profile(self.profiles, self.profiles_by_name, handler or self.config.default_handler, annotations)
 
     # -- sandboxes ------------------------------------------------------------------------------
     def run(self, spec: SandboxSpec) -> str:
