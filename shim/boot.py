@@ -24,18 +24,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from shim import faults, logs, metrics
-from shim.config import ShimConfig
 from shim.host_policy import domain_for
 from shim.model import SANDBOX_READY, PassedGroup, SandboxRecord, SandboxSpec
-from shim.network import Attachment, PodNetworks
-from shim.records import Records, SandboxLocks, new_id
-from shim.resources import ResourceManager
-from shim.sandbox_dirs import SandboxDirs
-from shim.snapshots import MakeRequest, Progress, Snapshots, SnapshotUnusable
+from shim.network import Attachment
+from shim.records import new_id
+from shim.sandbox_part import Owners, SandboxPart
+from shim.snapshots import MakeRequest, Progress, SnapshotUnusable
 from vmsandbox import validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
-from vmsandbox.adapters.hypervisor import Hypervisor
-from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.snapshot_store import StoredSnapshot
 from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.devices import NO_DEVICES
@@ -56,32 +52,11 @@ _CONSOLE_TAIL_BYTES = 16 * 1024
 _CONSOLE_LINE_CHARS = 300
 
 
-class Boot:
-    def __init__(
-        self,
-        config: ShimConfig,
-        ledger: Ledger,
-        hypervisor: Hypervisor,
-        records: Records,
-        locks: SandboxLocks,
-        resources: ResourceManager,
-        snapshots: Snapshots,
-        dirs: SandboxDirs,
-        network: PodNetworks,
-        clock: Callable[[], int],
-    ) -> None:
-        self.config = config
-        self.ledger = ledger
-        self.hypervisor = hypervisor
-        self.records = records
-        self.locks = locks
-        self.resources = resources
-        self.snapshots = snapshots
-        self.dirs = dirs
-        self.network = network
-        self._clock = clock
+class Boot(SandboxPart):
+    def __init__(self, owners: Owners) -> None:
+        super().__init__(owners)
         # the state directory as each domain's metadata names it (the real path, links resolved)
-        self._state_path = os.path.realpath(config.state_dir)
+        self._state_path = os.path.realpath(self.config.state_dir)
         self._uid_lock = threading.Lock()  # held from choosing a QEMU uid until the record holding it is written
         # QEMU uids of snapshot guests being made (they run no pod, so no record holds them)
         self._snapshot_uids: set[int] = set()

@@ -13,21 +13,13 @@ EXITED, with the cause. It changes records through ``shim.records``, under each 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from shim.config import ShimConfig
 from shim.model import CONTAINER_EXITED, SANDBOX_NOTREADY, SANDBOX_READY, SandboxRecord
-from shim.network import PodNetworks
-from shim.records import Records, SandboxLocks
-from shim.resources import ResourceManager
-from shim.sandbox_dirs import SandboxDirs
-from shim.snapshots import Snapshots
+from shim.sandbox_part import SandboxPart
 from vmsandbox import validation
-from vmsandbox.adapters.hypervisor import Hypervisor
-from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.claims import Claim
 from vmsandbox.domain import domain_name
 from vmsandbox.errors import VmSandboxError
@@ -46,31 +38,7 @@ def remove_console_log(console_dir: str, sandbox_id: str) -> None:
         (Path(console_dir) / f"{sandbox_id}.log").unlink(missing_ok=True)
 
 
-class Reconciler:
-    def __init__(
-        self,
-        config: ShimConfig,
-        ledger: Ledger,
-        hypervisor: Hypervisor,
-        records: Records,
-        locks: SandboxLocks,
-        resources: ResourceManager,
-        snapshots: Snapshots,
-        dirs: SandboxDirs,
-        network: PodNetworks,
-        clock: Callable[[], int],
-    ) -> None:
-        self.config = config
-        self.ledger = ledger
-        self.hypervisor = hypervisor
-        self.records = records
-        self.locks = locks
-        self.resources = resources
-        self.snapshots = snapshots
-        self.dirs = dirs
-        self.network = network
-        self._clock = clock
-
+class Reconciler(SandboxPart):
     def reconcile(self, *, periodic: bool = False) -> dict[str, list[str]]:
         """Make the ledger and libvirt agree (``lifecycle.reconcile_actions`` decides; this carries it
         out and logs every decision). At start-up it runs before the first RPC; ``periodic`` runs

@@ -38,6 +38,7 @@ from shim.reconcile import Reconciler, remove_console_log
 from shim.records import Records, SandboxLocks, new_id
 from shim.resources import ResourceManager
 from shim.sandbox_dirs import SandboxDirs
+from shim.sandbox_part import Owners
 from shim.snapshots import Snapshots
 from vmsandbox import admission, validation
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -93,9 +94,20 @@ class Sandboxes:
         self.policy = self.resources.policy
         # the one owner of snapshots (their making, storing and restoring)
         self.snapshots = Snapshots(config.state_dir, hypervisor, ledger.instance_id, self.resources)
-        parts = (config, ledger, hypervisor, self.records, self.locks, self.resources, self.snapshots, self.dirs)
-        self.boot = Boot(*parts, self.network, clock)
-        self.reconciler = Reconciler(*parts, self.network, clock)
+        owners = Owners(
+            config,
+            ledger,
+            hypervisor,
+            self.records,
+            self.locks,
+            self.resources,
+            self.snapshots,
+            self.dirs,
+            self.network,
+            clock,
+        )
+        self.boot = Boot(owners)
+        self.reconciler = Reconciler(owners)
         for problem in self.policy.problems(first, profiles.values()):
             log.warning("%s", problem)
 
