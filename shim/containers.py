@@ -480,12 +480,14 @@ class Containers:
         """The running container's usage; None when it is not running or its guest gives no valid
         answer (one guest's refusal or malformed answer must not fail a list of every pod's stats)."""
         c = self.records.container(container_id)
-        if c.state != CONTAINER_RUNNING:
-            return None
+        return self._guest_stats(c) if c.state == CONTAINER_RUNNING else None
+
+    def _guest_stats(self, c: ContainerRecord) -> CgroupStats | None:
+        """What the container's guest answers to ``stats``; None when it refuses, answers badly or is gone."""
         try:
             res = self.pool.call(c.sandbox_id, "stats", c.id)
-        except (GuestRequestFailed, InfrastructureError) as exc:
-            log.info("container %s: no usage: %s", c.id[:12], exc)
+        except (GuestRequestFailed, InfrastructureError, NotFound) as exc:
+            log.debug("container %s: no usage: %s", c.id[:12], exc)
             return None
         assert isinstance(res, CgroupStats)
         return res
@@ -498,12 +500,9 @@ class Containers:
         for c in self.records.containers():
             if not c.image_id or c.sandbox_id not in ready:
                 continue  # not created in a guest, or its guest is gone
-            try:
-                s = self.pool.call(c.sandbox_id, "stats", c.id)
-            except (GuestRequestFailed, InfrastructureError, NotFound) as exc:
-                log.debug("container %s: no writable-layer usage: %s", c.id[:12], exc)
+            s = self._guest_stats(c)
+            if s is None:
                 continue
-            assert isinstance(s, CgroupStats)
             used += s.writable_bytes
             inodes += s.writable_inodes
         return used, inodes
