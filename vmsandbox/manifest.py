@@ -41,7 +41,7 @@ from vmsandbox.resources import (
     hugepage_size,
     is_extended,
 )
-from vmsandbox.sizing import LinuxResources, effective_amount
+from vmsandbox.sizing import LinuxResources, declared_amount
 
 #: kind -> (accepted apiVersions, path from the document to the pod template; () = the document is the pod)
 WORKLOAD_KINDS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -101,11 +101,7 @@ class PodManifest:
                 q = c.resources.limits.get(name)
                 return 0 if q is None else (q.milli_value() if milli else q.value_int())
 
-            sidecars = set(self.sidecars)
-            return effective_amount(
-                ((of(c), c.name in sidecars) for c in self.declaration.init_containers),
-                (of(c) for c in self.declaration.containers),
-            )
+            return declared_amount(self.declaration, self.sidecars, of)
 
         quota = cfs_quota(limit(CPU, milli=True))
         return LinuxResources(

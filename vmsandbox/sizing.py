@@ -29,7 +29,7 @@ overhead), so the larger is taken, never the sum. Same input, same shape.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -116,6 +116,16 @@ def effective_amount(per_init: Iterable[tuple[int, bool]], per_app: Iterable[int
     return max(peak, sidecars + sum(per_app))
 
 
+def declared_amount(
+    decl: PodDeclaration, sidecars: Collection[str], amount: Callable[[ContainerDeclaration], int]
+) -> int:
+    """``effective_amount`` over the declaration's containers, each counting ``amount`` of it;
+    ``sidecars`` names the init containers with ``restartPolicy: Always``."""
+    return effective_amount(
+        ((amount(c), c.name in sidecars) for c in decl.init_containers), (amount(c) for c in decl.containers)
+    )
+
+
 def sidecar_names(annotations: Mapping[str, str]) -> tuple[str, ...]:
     """The names ``SIDECARS_ANNOTATION`` lists, as written (stripped, empty entries kept as ''), unchecked."""
     raw = annotations.get(SIDECARS_ANNOTATION)
@@ -187,10 +197,7 @@ def demand_from_declaration(
         raise InvalidArgument(f"sidecar {unknown[0]!r} is not an init container of pod_resources")
 
     def effective(name: str, default: int, *, milli: bool = False) -> int:
-        return effective_amount(
-            ((_container_amount(c, name, default, milli=milli), c.name in sidecars) for c in decl.init_containers),
-            (_container_amount(c, name, default, milli=milli) for c in decl.containers),
-        )
+        return declared_amount(decl, sidecars, lambda c: _container_amount(c, name, default, milli=milli))
 
     names: set[str] = set()
     for c in decl.all_containers():
