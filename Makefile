@@ -25,10 +25,10 @@ test: setup lint
 lint:
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy vmsandbox shim tests bench
+	$(PY) -m mypy vmsandbox shim cli tests bench
 
 unit:
-	$(PY) -m pytest -n $(JOBS) tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(JOBS) -m "not integration" $(PYTEST_ARGS)
 
 integration: setup
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)

@@ -47,9 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
 from bench.shim_process import shim_process
-from shim.cri.apimachinery.resource.generated_pb2 import Quantity as PbQuantity
-from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from gen.cri.apimachinery.resource.generated_pb2 import Quantity as PbQuantity
+from gen.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.translate import inbound
 from tests import interrupts
 from tests.registry_kit import Layout, Registry, busybox_entries, push

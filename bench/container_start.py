@@ -46,9 +46,9 @@ from bench import smoke
 from bench.qemu_direct import DirectGuest, confined, percentile, qemu_argv
 from bench.sandbox_start import live_xml, machine_cgroup
 from bench.shim_process import shim_process
+from gen.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.container_mounts import GUEST_SHARED_MOUNT
-from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.translate import inbound
 from tests import interrupts
 from tests.registry_kit import Layout, Registry, busybox_entries, push

@@ -34,12 +34,12 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
+from gen.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim import status
 from shim.config import ShimConfig
 from shim.containers import Containers
-from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
-from shim.images import ImageStore
+from shim.image_store import ImageStore
 from shim.model import CONTAINER_CREATED, SANDBOX_READY, ContainerRecord, PodMeta, SandboxRecord
 from shim.pods import Pods
 from shim.runtime_service import RuntimeServicer

@@ -32,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
-from shim.images import ImageStore
+from shim.image_store import ImageStore
 from tests import interrupts
 from tests.registry_kit import Layout, Registry, busybox_entries, file, push
 

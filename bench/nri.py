@@ -36,10 +36,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
+from gen.nri import api_pb2 as api
 from shim.nri.host import NriHost
-from shim.nri.pb import api_pb2 as api
 from tests import interrupts
-from vmsandbox import nri
+from vmsandbox import nri_rules
 
 HERE = Path(__file__).resolve().parent
 SHAPE = {
@@ -93,7 +93,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-nri-") as d:
         tmp = Path(d)
         plugins, which = _plugin_dir(tmp)
-        config = nri.NriConfig(enable=True, socket_path="", plugin_path=str(plugins), plugin_config_path="")
+        config = nri_rules.NriConfig(enable=True, socket_path="", plugin_path=str(plugins), plugin_config_path="")
         registration, sync = [], []
         for _ in range(args.registrations):
             host = NriHost(config, "vmsandbox", "bench", _snapshot, lambda plugin, updates: [])
@@ -115,7 +115,7 @@ def main() -> None:
             pod.linux.pod_resources.memory.limit.value = 640 << 20
             ctr = api.Container(pod_sandbox_id=pod.id, name="app", args=["sleep", "3600"], env=["PATH=/bin"] * 5)
             created = ctrs[0]
-            target = nri.Target(name="app", env=(("PATH", "/bin"),))
+            target = nri_rules.Target(name="app", env=(("PATH", "/bin"),))
             overhead = []
             for _ in range(args.events):
                 started = time.monotonic()

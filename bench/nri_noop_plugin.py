@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gen.nri import api_pb2 as api
 from shim.nri import wire
-from shim.nri.pb import api_pb2 as api
 from vmsandbox import ttrpc
 
 REPLIES = {

@@ -49,7 +49,7 @@ import contextlib
 
 from bench import smoke
 from shim.config import ShimConfig
-from shim.resources import ResourceManager
+from shim.host_resources import ResourceManager
 from tests import interrupts
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.claims import Claim

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import smoke
 from bench.qemu_direct import percentile
 from bench.shim_process import shim_process
-from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from gen.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from tests import interrupts
 from tests.integration.cni_kit import PLUGIN_DIR, bridge_conflist
 from tests.registry_kit import Layout, Registry, busybox_entries, push

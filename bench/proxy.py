@@ -46,9 +46,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
+from gen.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.config import DEFAULT_FRONT_BINARY
-from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from tests import interrupts
 
 REPO = Path(__file__).resolve().parents[1]

@@ -36,8 +36,8 @@ from bench import smoke
 from bench.cpu_readback import measure as measure_cpu_readback
 from bench.qemu_direct import DirectGuest, boot_direct, percentile, qemu_memory_kib
 from bench.shim_process import shim_process
-from shim.cri.apimachinery.resource.generated_pb2 import Quantity
-from shim.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.apimachinery.resource.generated_pb2 import Quantity
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests import interrupts
 
 LIBVIRT_URI = "qemu:///system"  # the shim's default
@@ -70,7 +70,7 @@ def restore_phases(shim_log: Path, sandbox_id: str) -> dict[str, int]:
 
 def snapshot_made(state_dir: Path) -> dict[str, Any] | None:
     """The one snapshot in the shim's store (read as ``vmsandbox snapshot list`` does), or None."""
-    from shim.admin.snapshot_cmd import listing
+    from cli.snapshot_cmd import listing
 
     found = listing(str(state_dir))
     if not found:

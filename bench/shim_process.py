@@ -20,8 +20,8 @@ from pathlib import Path
 
 import grpc
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from gen.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from tests import interrupts
 
 REPO = Path(__file__).resolve().parents[1]

@@ -171,7 +171,7 @@ def missing_files(*paths: str | Path) -> list[str]:
 def missing_guest_host() -> list[str]:
     """What booting the shim's guests needs (the integration tests' check): the guest image,
     libvirt, free hugepages."""
-    from tests.integration.conftest import missing_prerequisites
+    from tests.shim_kit import missing_prerequisites
 
     return [f"{m} (run scripts/setup-host.sh)" for m in missing_prerequisites()]
 

@@ -33,11 +33,11 @@ import websocket
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.qemu_direct import percentile
-from shim.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests import interrupts
 from tests.integration.cni_kit import cni_env
-from tests.integration.conftest import container, pod, q, running_shim
 from tests.registry_kit import Layout, Registry, busybox_entries, push
+from tests.shim_kit import container, pod, q, running_shim
 from vmsandbox import spdy
 
 SMALL = q({"cpu": "250m", "memory": "64Mi"})

@@ -699,14 +699,14 @@ problem() { # MESSAGE: `down` goes on, and says at the end that it did not finis
 # go first and a failure (a downstream that is down) never stops the rest; each is one line.
 remove_sandboxes() {
     [[ -S $SOCKET ]] || return 0
-    "$PY" -m shim.admin.teardown sandboxes "$SOCKET" --state-dir "$SHIM/state"
+    "$PY" -m cli.teardown sandboxes "$SOCKET" --state-dir "$SHIM/state"
 }
 
 # The shim is stopped: any domain of its state that libvirt still has (the shim could not remove it,
 # or was not there to) is destroyed by its metadata, before the state that names it goes.
 remove_state_domains() {
     [[ -f $SHIM/state/state.db ]] || return 0
-    "$PY" -m shim.admin.teardown domains --state-dir "$SHIM/state"
+    "$PY" -m cli.teardown domains --state-dir "$SHIM/state"
 }
 
 down() {

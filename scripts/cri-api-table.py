@@ -4,7 +4,7 @@
     scripts/cri-api-table.py PATH/TO/upstream/api.proto > tests/fixtures/cri-api/runtime-v1.tsv
 
 Lines are tab-separated: ``field MESSAGE NAME NUMBER TYPE LABEL``, ``enum ENUM NAME NUMBER`` and
-``rpc SERVICE NAME INPUT OUTPUT STREAMING``. tests/unit/test_proto_contract.py compares our
+``rpc SERVICE NAME INPUT OUTPUT STREAMING``. tests/gen/test_proto_contract.py compares our
 proto/ against the committed table, so a difference from upstream is a failing test. The table
 holds names, numbers and types only: facts of the wire format, not upstream's text.
 Needs grpcio-tools (the project's .venv has it).

@@ -41,9 +41,9 @@ cleanup() {
     set +e
     if [[ -n $SHIM_PID ]]; then
         log "removing the shim's sandboxes and stopping it"
-        [[ -S $SHIM/cri.sock ]] && "$PY" -m shim.admin.teardown sandboxes "$SHIM/cri.sock" --state-dir "$SHIM/state"
+        [[ -S $SHIM/cri.sock ]] && "$PY" -m cli.teardown sandboxes "$SHIM/cri.sock" --state-dir "$SHIM/state"
         stop_pid "$SHIM_PID" shim 60
-        "$PY" -m shim.admin.teardown domains --state-dir "$SHIM/state"
+        "$PY" -m cli.teardown domains --state-dir "$SHIM/state"
     fi
     if [[ -f $CONTAINERD/containerd.pid ]]; then
         log "stopping containerd"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start a vmsandbox shim on its own unix socket, walk one pod through it with real CRI calls
-# (python -m shim.admin.demo), then stop the shim. Run scripts/setup-host.sh first (make demo does).
+# (python -m cli.demo), then stop the shim. Run scripts/setup-host.sh first (make demo does).
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${VMSANDBOX_VENV:-$REPO_ROOT/.venv}/bin/python
@@ -62,7 +62,7 @@ for _ in $(seq 1 600); do
 done
 [[ -S $SOCKET ]] || { echo "the shim did not listen within 60 s" >&2; cat "$WORK/shim.log" >&2; exit 1; }
 status=0
-"$PY" -m shim.admin.demo --socket "$SOCKET" --image "$IMAGE" || status=$?
+"$PY" -m cli.demo --socket "$SOCKET" --image "$IMAGE" || status=$?
 if ((status != 0)); then
     echo "--- shim log ---" >&2
     tail -n 30 "$WORK/shim.log" >&2

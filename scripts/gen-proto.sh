@@ -4,14 +4,15 @@
 #   scripts/gen-proto.sh [OUT_DIR]
 #
 # OUT_DIR defaults to the repository root, where the generated modules are
-# kept under shim/cri/ and shim/nri/pb/ (tests/unit/test_proto_contract.py and
-# tests/unit/test_nri_proto.py regenerate into a temporary directory and check
-# they are up to date). The CRI is gRPC, so proto/shim/cri/ also gets gRPC stubs;
-# NRI speaks ttrpc (vmsandbox/ttrpc.py, shim/nri/), so proto/shim/nri/ gets
+# kept under gen/cri/ and gen/nri/ (the proto files sit under proto/gen/ so that
+# the generated modules import each other as gen.*) (tests/gen/test_proto_contract.py and
+# tests/gen/test_nri_proto.py regenerate into a temporary directory and check
+# they are up to date). The CRI is gRPC, so proto/gen/cri/ also gets gRPC stubs;
+# NRI speaks ttrpc (vmsandbox/ttrpc.py, shim/nri/), so proto/gen/nri/ gets
 # messages only. The interpreter is
 # $PYTHON, default .venv/bin/python; it needs grpcio-tools and mypy-protobuf.
 # Generated files are never edited by hand; only the __init__.py files under
-# shim/cri/ and shim/nri/pb/ are written by people.
+# gen/ are written by people.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,10 +27,10 @@ scripts_dir="$("$python" -c 'import sysconfig; print(sysconfig.get_path("scripts
 export PATH="$scripts_dir:$PATH"
 
 cd "$repo_root"
-mapfile -t protos < <(cd proto && find shim/cri -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
-mapfile -t nri_protos < <(cd proto && find shim/nri -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
+mapfile -t protos < <(cd proto && find gen/cri -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
+mapfile -t nri_protos < <(cd proto && find gen/nri -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
 if [ "${#protos[@]}" -eq 0 ] || [ "${#nri_protos[@]}" -eq 0 ]; then
-    echo "gen-proto: no .proto files under proto/shim/cri or proto/shim/nri" >&2
+    echo "gen-proto: no .proto files under proto/gen/cri or proto/gen/nri" >&2
     exit 1
 fi
 

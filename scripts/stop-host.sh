@@ -2,7 +2,7 @@
 # Stop what scripts/setup-host.sh started: libvirtd (through its tini) and virtlogd, found by their
 # pidfiles only. First, what killed runs left: every vmsandbox domain (ours by its metadata) whose
 # state directory is gone has no shim left to adopt or remove it, and is destroyed and undefined
-# (`python -m shim.admin.teardown orphans`). Guests of a state that still exists are left alone
+# (`python -m cli.teardown orphans`). Guests of a state that still exists are left alone
 # (QEMU outlives libvirtd; a new libvirtd reconnects, and their shim adopts them). Hugepages stay
 # reserved and hugetlbfs stays mounted. Safe to run again.
 set -euo pipefail
@@ -22,7 +22,7 @@ elif [[ ! -x $PY ]]; then
     step 1 "orphaned guests" "no venv at ${PY%/bin/python}: none looked for"
 else
     rc=0
-    out=$(cd "$(dirname "$SCRIPT_DIR")" && "$PY" -m shim.admin.teardown orphans) || rc=$?
+    out=$(cd "$(dirname "$SCRIPT_DIR")" && "$PY" -m cli.teardown orphans) || rc=$?
     [[ -z $out ]] || printf '  %s\n' "${out//$'\n'/$'\n'  }"
     ((rc == 0)) || warn "orphaned guests: not every one was removed (above)"
     step 1 "orphaned guests" "$(if [[ -n $out ]]; then wc -l <<<"$out"; else echo 0; fi) removed"

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from shim import faults, logs, metrics
 from shim.host_policy import domain_for
 from shim.model import SANDBOX_READY, PassedGroup, SandboxRecord, SandboxSpec
-from shim.network import Attachment
+from shim.pod_networks import Attachment
 from shim.records import new_id
 from shim.sandbox_part import Owners, SandboxPart
 from shim.snapshots import MakeRequest, Progress, SnapshotUnusable
@@ -45,7 +45,7 @@ from vmsandbox.profile import Profile
 from vmsandbox.qemu_user import pick_uid
 from vmsandbox.resources import hugepage_resource
 from vmsandbox.sizing import VmShape
-from vmsandbox.snapshot import PLACEHOLDER_MAC, restore_domain, restore_refusal, snapshot_domain_name
+from vmsandbox.snapshot_rules import PLACEHOLDER_MAC, restore_domain, restore_refusal, snapshot_domain_name
 
 log = logging.getLogger(__name__)
 _CONSOLE_TAIL_BYTES = 16 * 1024

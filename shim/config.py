@@ -29,8 +29,8 @@ from vmsandbox.cdi import DEFAULT_SPEC_DIRS
 from vmsandbox.devices import parse_pool_config
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import format_cpulist, parse_cpulist
-from vmsandbox.nri import NriConfig
-from vmsandbox.nri import parse_config as parse_nri_config
+from vmsandbox.nri_rules import NriConfig
+from vmsandbox.nri_rules import parse_config as parse_nri_config
 from vmsandbox.placement import DEFAULT_PACKING, PACKINGS, Packing
 from vmsandbox.qemu_user import DEFAULT_QEMU_UIDS, UidRange, parse_uid_range
 from vmsandbox.quantity import parse_nonnegative_quantity
@@ -90,7 +90,7 @@ class ShimConfig:
     streaming_token_ttl_s: int = 60  # how long an Exec/Attach/PortForward URL may wait for its client
     streaming_max_streams: int = 64  # live streaming connections, all pods together
     streaming_max_streams_per_pod: int = 16
-    nri: NriConfig = field(default_factory=NriConfig)  # host NRI plugins (vmsandbox.nri); off by default
+    nri: NriConfig = field(default_factory=NriConfig)  # host NRI plugins (vmsandbox.nri_rules); off by default
     # a CRI runtime for every handler that is not a profile's (unix:///path); empty: every pod is a VM
     downstream_endpoint: str = ""
     downstream_timeout_s: float = 60.0  # the longest a forwarded call may take when its caller set no deadline

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 
 from shim.config import ShimConfig
-from shim.images import HeldImage
+from shim.image_store import HeldImage
 from shim.model import CONTAINER_EXITED, MountRequest, SandboxRecord
 from shim.mount_follow import MountFollower
 from shim.pod_volumes import PodVolumes

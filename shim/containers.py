@@ -25,7 +25,7 @@ from pathlib import Path
 from shim import faults
 from shim.agent_pool import AgentPool, GuestAttach, GuestProcess
 from shim.container_mounts import ContainerMounts, hugepage_mounts
-from shim.images import ImageStore
+from shim.image_store import ImageStore
 from shim.log_copy import LogCopies
 from shim.model import (
     CONTAINER_CREATED,

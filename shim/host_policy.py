@@ -2,8 +2,8 @@
 
 ``HostPolicy`` joins the shim's configuration (owned, shared and housekeeping CPUs, hugepage
 caps, reserved memory, device pools, CDI spec directories) with a host inventory into the pools
-the ResourceManager (``shim.resources``) hands out. RunPodSandbox (``shim.sandboxes``) and
-``vmsandbox plan`` (``shim.admin.plan``) both place pods through that manager and build domains with
+the ResourceManager (``shim.host_resources``) hands out. RunPodSandbox (``shim.sandboxes``) and
+``vmsandbox plan`` (``cli.plan``) both place pods through that manager and build domains with
 ``domain_for``, so what ``plan`` predicts is what the shim does. ``qemu_reaches`` lists what those
 domains' QEMUs, as unprivileged uids, must reach on this host (checked at start and by ``validate``).
 """
@@ -28,7 +28,7 @@ from vmsandbox.network import GuestNic
 from vmsandbox.passable import Reach
 from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile
-from vmsandbox.records import shape_doc
+from vmsandbox.record_docs import shape_doc
 from vmsandbox.resources import PodDeclaration
 from vmsandbox.sizing import VmShape
 

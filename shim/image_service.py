@@ -19,11 +19,11 @@ from pathlib import Path
 
 import grpc
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
-from shim.images import ImageStore
+from gen.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from shim.image_store import ImageStore
 from shim.status import rpc
-from shim.translate import images
+from shim.translate import image_fields
 from vmsandbox.errors import InvalidArgument
 
 _MAX_TOP_ENTRIES = 4096
@@ -68,24 +68,24 @@ class ImageServicer(pb_grpc.ImageServiceServicer):
 
     @rpc
     def PullImage(self, request: pb.PullImageRequest, context: grpc.ServicerContext) -> pb.PullImageResponse:
-        text = images.image_text(request.image, "PullImageRequest.image")
-        creds = images.credentials(request.auth) if request.HasField("auth") else None
+        text = image_fields.image_text(request.image, "PullImageRequest.image")
+        creds = image_fields.credentials(request.auth) if request.HasField("auth") else None
         return pb.PullImageResponse(image_ref=self.store.pull(text, creds))
 
     @rpc
     def ImageStatus(self, request: pb.ImageStatusRequest, context: grpc.ServicerContext) -> pb.ImageStatusResponse:
-        text = images.image_text(request.image, "ImageStatusRequest.image")
+        text = image_fields.image_text(request.image, "ImageStatusRequest.image")
         record = self.store.get(text)
         if record is None:
             return pb.ImageStatusResponse()  # absent: no image, no error (the kubelet then pulls)
         return pb.ImageStatusResponse(
-            image=images.image(record), info=images.image_info(record) if request.verbose else {}
+            image=image_fields.image(record), info=image_fields.image_info(record) if request.verbose else {}
         )
 
     @rpc
     def ListImages(self, request: pb.ListImagesRequest, context: grpc.ServicerContext) -> pb.ListImagesResponse:
         query = request.filter.image.image if request.HasField("filter") else ""
-        return pb.ListImagesResponse(images=[images.image(r) for r in self.store.list(query)])
+        return pb.ListImagesResponse(images=[image_fields.image(r) for r in self.store.list(query)])
 
     @rpc
     def RemoveImage(self, request: pb.RemoveImageRequest, context: grpc.ServicerContext) -> pb.RemoveImageResponse:
@@ -102,8 +102,8 @@ class ImageServicer(pb_grpc.ImageServiceServicer):
         for more, more_inodes in (self.shares(), self.writable_layers()):
             used, inodes = used + more, inodes + more_inodes
         return pb.ImageFsInfoResponse(
-            image_filesystems=[images.filesystem_usage(str(self.store.root), stored.bytes, stored.inodes, now)],
-            container_filesystems=[images.filesystem_usage(str(self.state_dir), used, inodes, now)],
+            image_filesystems=[image_fields.filesystem_usage(str(self.store.root), stored.bytes, stored.inodes, now)],
+            container_filesystems=[image_fields.filesystem_usage(str(self.state_dir), used, inodes, now)],
         )
 
     @rpc

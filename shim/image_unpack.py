@@ -1,4 +1,4 @@
-"""An image's layers made into its verified read-only disk (for ``shim.images``).
+"""An image's layers made into its verified read-only disk (for ``shim.image_store``).
 
 Each layer is unpacked from its stored blob into a fresh tree while it is checked against its
 digest and the config's ``rootfs.diff_ids`` (``vmsandbox.adapters.layers``), the disk is made of

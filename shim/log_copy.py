@@ -4,7 +4,7 @@ got: one small file per container under ``<state_dir>/logs/`` (host-only, never 
 guest), so that a shim that restarts carries on where the last one stopped.
 
 Nothing here opens a path a guest can write. What the guest sends is bounded: one chunk of at
-most ``CHUNK_BYTES`` in hand per container, whole lines only written (``vmsandbox.log_copy``), at
+most ``CHUNK_BYTES`` in hand per container, whole lines only written (``vmsandbox.log_copy_rules``), at
 ``log_rate_bytes`` per second on average per container. The guest writes the CRI records, so each
 is checked before it is written (``check_records``: a line that is no record is dropped, a time far
 from the host's clock is replaced by it, a terminal's output is stdout, a chain of partial records
@@ -34,7 +34,7 @@ from vmsandbox.adapters.guest_channel import GuestRequestFailed
 from vmsandbox.agent_ops import LogChunk
 from vmsandbox.agent_protocol import ProtocolError
 from vmsandbox.errors import VmSandboxError
-from vmsandbox.log_copy import RecordState, TokenBucket, check_records, whole_lines
+from vmsandbox.log_copy_rules import RecordState, TokenBucket, check_records, whole_lines
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from vmsandbox.resources import page_size_label
 from vmsandbox.validation import quote
 
 if TYPE_CHECKING:
-    from shim.resources import ResourceManager
+    from shim.host_resources import ResourceManager
     from vmsandbox.host import HostInventory
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ IMAGE_PULL_SECONDS = Histogram(
 )
 LOG_RECORDS_FIXED = Counter(
     "vmsandbox_log_records_fixed",
-    "Container log records from guests the host dropped or repaired, by fix (vmsandbox.log_copy.check_records)",
+    "Container log records from guests the host dropped or repaired, by fix (vmsandbox.log_copy_rules.check_records)",
     ["fix"],
     registry=REGISTRY,
 )

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from vmsandbox import records
+from vmsandbox import record_docs
 from vmsandbox.agent_ops import CgroupStats
 from vmsandbox.devices import DeviceGroup
 from vmsandbox.errors import NotFound
@@ -138,8 +138,8 @@ class SandboxRecord:
             "annotations": dict(self.annotations),
             "hostname": self.hostname,
             "log_directory": self.log_directory,
-            "declaration": records.declaration_doc(self.declaration) if self.declaration is not None else None,
-            "shape": records.shape_doc(self.shape) if self.shape is not None else {},
+            "declaration": record_docs.declaration_doc(self.declaration) if self.declaration is not None else None,
+            "shape": record_docs.shape_doc(self.shape) if self.shape is not None else {},
             "cpus": list(self.cpus),
             "emulator_cpus": list(self.emulator_cpus),
             "hugepages": [list(h) for h in self.hugepages],
@@ -147,8 +147,8 @@ class SandboxRecord:
             "guest": dict(self.guest),
             "accel": self.accel,
             "boot_ms": self.boot_ms,
-            "linux_overhead": records.linux_doc(self.linux_overhead),
-            "updated_resources": records.linux_doc(self.updated_resources),
+            "linux_overhead": record_docs.linux_doc(self.linux_overhead),
+            "updated_resources": record_docs.linux_doc(self.updated_resources),
             "namespaces": asdict(self.namespaces),
             "port_mappings": [asdict(m) for m in self.port_mappings],
             "dns": {k: list(v) for k, v in asdict(self.dns).items()},
@@ -172,8 +172,8 @@ class SandboxRecord:
             annotations=dict(doc.get("annotations") or {}),
             hostname=doc.get("hostname", ""),
             log_directory=doc.get("log_directory", ""),
-            declaration=records.declaration_from_doc(declaration) if declaration else None,
-            shape=records.shape_from_doc(shape) if shape else None,
+            declaration=record_docs.declaration_from_doc(declaration) if declaration else None,
+            shape=record_docs.shape_from_doc(shape) if shape else None,
             cpus=tuple(int(c) for c in doc.get("cpus", ())),
             emulator_cpus=tuple(int(c) for c in doc.get("emulator_cpus", ())),
             hugepages=tuple((int(n), int(size), int(count)) for n, size, count in doc.get("hugepages", ())),
@@ -181,8 +181,8 @@ class SandboxRecord:
             guest=dict(doc.get("guest") or {}),
             accel=doc.get("accel", ""),
             boot_ms=int(doc.get("boot_ms", 0)),
-            linux_overhead=records.linux_from_doc(doc.get("linux_overhead") or {}),
-            updated_resources=records.linux_from_doc(doc.get("updated_resources") or {}),
+            linux_overhead=record_docs.linux_from_doc(doc.get("linux_overhead") or {}),
+            updated_resources=record_docs.linux_from_doc(doc.get("updated_resources") or {}),
             namespaces=NamespaceOptions(**(doc.get("namespaces") or {})),
             port_mappings=tuple(PortMapping(**m) for m in doc.get("port_mappings", ())),
             dns=DnsConfig(**{k: tuple(v) for k, v in dns.items()}),
@@ -248,8 +248,8 @@ class ContainerRecord:
     def to_doc(self) -> dict[str, Any]:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc["labels"], doc["annotations"] = dict(self.labels), dict(self.annotations)
-        doc["resources"] = records.resources_doc(self.resources)
-        doc["linux"] = records.linux_doc(self.linux)
+        doc["resources"] = record_docs.resources_doc(self.resources)
+        doc["linux"] = record_docs.linux_doc(self.linux)
         return doc
 
     @staticmethod
@@ -257,8 +257,8 @@ class ContainerRecord:
         # records written while file mounts were copies carry the copies' write-back list
         known = {f.name for f in fields(ContainerRecord)}
         args = {k: v for k, v in doc.items() if k in known}
-        args["resources"] = records.resources_from_doc(doc.get("resources") or {}, f"container {doc.get('id', '')}")
-        args["linux"] = records.linux_from_doc(doc.get("linux") or {})
+        args["resources"] = record_docs.resources_from_doc(doc.get("resources") or {}, f"container {doc.get('id', '')}")
+        args["linux"] = record_docs.linux_from_doc(doc.get("linux") or {})
         args["volume_copies"] = tuple(str(p) for p in doc.get("volume_copies") or ())
         return ContainerRecord(**args)
 

@@ -51,7 +51,7 @@ from shim.model import (
 from shim.nri.hooks import NriHooks
 from shim.sandboxes import Sandboxes
 from shim.streaming.server import Target
-from vmsandbox import cri_metrics, oci_spec, shared_storage, streaming
+from vmsandbox import cri_metrics, oci_spec, shared_storage, stream_rules
 from vmsandbox.adapters.host_checks import host_warnings
 from vmsandbox.agent_ops import CgroupStats, ExecResult
 from vmsandbox.errors import DeadlineExceeded, InvalidArgument, VmSandboxError, WrongState
@@ -332,7 +332,7 @@ class Pods:
         self, container_id: str, cmd: Sequence[str], *, tty: bool, stdin: bool, stdout: bool, stderr: bool
     ) -> Target:
         c = self.records.container(container_id)  # the record: the guest checks again at the start
-        req = streaming.check_stream_request(
+        req = stream_rules.check_stream_request(
             "Exec", c.id, list(cmd), tty=tty, stdin=stdin, stdout=stdout, stderr=stderr
         )
         if c.state != CONTAINER_RUNNING:
@@ -341,7 +341,7 @@ class Pods:
 
     def attach_target(self, container_id: str, *, tty: bool, stdin: bool, stdout: bool, stderr: bool) -> Target:
         c = self.records.container(container_id)  # the record: the guest checks again at the start
-        req = streaming.check_stream_request("Attach", c.id, [], tty=tty, stdin=stdin, stdout=stdout, stderr=stderr)
+        req = stream_rules.check_stream_request("Attach", c.id, [], tty=tty, stdin=stdin, stdout=stdout, stderr=stderr)
         if tty and not c.tty:
             raise InvalidArgument(
                 f"Attach: container {c.id[:12]} was created without a terminal (tty false): attach without tty"
@@ -354,7 +354,7 @@ class Pods:
         r = self.records.get(sandbox_id)
         if r.state != SANDBOX_READY:
             raise WrongState(f"sandbox {r.id[:12]} is not ready: nothing to forward to")
-        return Target("portforward", r.id, ports=tuple(streaming.parse_port(p) for p in ports))
+        return Target("portforward", r.id, ports=tuple(stream_rules.parse_port(p) for p in ports))
 
     # -- stats ---------------------------------------------------------------------------------------
     def container_stats(self, container_id: str) -> ContainerStats:

@@ -15,8 +15,8 @@ from typing import Any
 
 import grpc
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from gen.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.pods import Pods
 from shim.status import rpc
 from shim.streaming.server import StreamingServer, Target

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shim.config import ShimConfig
-from shim.network import PodNetworks
+from shim.host_resources import ResourceManager
+from shim.pod_networks import PodNetworks
 from shim.records import Records, SandboxLocks
-from shim.resources import ResourceManager
 from shim.sandbox_dirs import SandboxDirs
 from shim.snapshots import Snapshots
 from vmsandbox.adapters.hypervisor import Hypervisor

@@ -3,8 +3,8 @@
 It composes the owners of a pod's state: its records (``shim.records``: typed values decoded
 once, kept in memory and written through to the ledger, ledger first), its boot, snapshots and
 rollback (``shim.boot``), the reconcile with libvirt and the turning NOTREADY of a pod whose guest
-died or lost its agent (``shim.reconcile``), host resources (``shim.resources``), pod networks
-(``shim.network``), each sandbox's directory (``shim.sandbox_dirs``) and snapshots
+died or lost its agent (``shim.reconcile``), host resources (``shim.host_resources``), pod networks
+(``shim.pod_networks``), each sandbox's directory (``shim.sandbox_dirs``) and snapshots
 (``shim.snapshots``). It admits containers into a sandbox against its declaration and VM (their
 records are then moved through their life by ``shim.containers``). RunPodSandbox is
 transactional: any failure after the claim tears the domain down and releases every claim
@@ -23,6 +23,7 @@ from typing import Any
 from shim import faults, logs
 from shim.boot import Boot
 from shim.config import ShimConfig
+from shim.host_resources import ResourceManager
 from shim.model import (
     CONTAINER_CREATED,
     SANDBOX_NOTREADY,
@@ -33,10 +34,9 @@ from shim.model import (
     SandboxSpec,
     siblings_of,
 )
-from shim.network import PodNetworks
+from shim.pod_networks import PodNetworks
 from shim.reconcile import Reconciler, remove_console_log
 from shim.records import Records, SandboxLocks, new_id
-from shim.resources import ResourceManager
 from shim.sandbox_dirs import SandboxDirs
 from shim.sandbox_part import Owners
 from shim.snapshots import Snapshots

@@ -23,16 +23,16 @@ from pathlib import Path
 
 import grpc
 
+from gen.cri.runtime.v1 import api_pb2 as pb
 from shim import metrics, status
 from shim.config import ShimConfig
 from shim.containers import Containers
-from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.front import Front, FrontLimits, check_binary, shim_socket
 from shim.health import Health
 from shim.host_policy import qemu_reaches
 from shim.host_ports import HostPorts
 from shim.image_service import ImageServicer
-from shim.images import ImageStore
+from shim.image_store import ImageStore
 from shim.model import SANDBOX_READY
 from shim.nri.hooks import NriHooks
 from shim.nri.host import NriHost

@@ -1,7 +1,7 @@
 """Snapshots of booted guests, per shape: made on first use (in the background) or by
 ``vmsandbox snapshot make``, and restored by RunPodSandbox (``shim.sandboxes``).
 
-This owner computes a pod's snapshot inputs (``vmsandbox.snapshot.inputs_for``: the shape, the
+This owner computes a pod's snapshot inputs (``vmsandbox.snapshot_rules.inputs_for``: the shape, the
 guest image's digest, the QEMU and libvirt versions, ...), makes snapshots in domains of their own
 (``vmsnapshot-<key>``, never taken for a sandbox) on resources claimed like a pod's, and restores
 them: a copy of the image retargeted to the pod's domain, libvirt's restore with the pod's own XML,
@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shim import faults
-from shim.resources import ResourceManager
+from shim.host_resources import ResourceManager
 from vmsandbox.adapters.guest_channel import GuestChannel
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.snapshot_store import SnapshotStore, StoredSnapshot
@@ -39,7 +39,7 @@ from vmsandbox.network import GuestNic
 from vmsandbox.placement import Placement
 from vmsandbox.profile import Profile
 from vmsandbox.sizing import VmShape
-from vmsandbox.snapshot import (
+from vmsandbox.snapshot_rules import (
     SEED_BYTES,
     SNAPSHOT_DOMAIN_PREFIX,
     SnapshotInputs,

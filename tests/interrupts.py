@@ -10,7 +10,7 @@ Exception`` never swallows it): the stack unwinds through the clean-up the code 
 short (SIGKILL still ends the process). ``run_main(main)`` is how a benchmark's ``__main__`` runs.
 
 ``remove_guests(state_dir)`` is the clean-up after a shim: what it was still starting when it
-stopped is removed from libvirt by the domains' metadata (``shim.admin.teardown``).
+stopped is removed from libvirt by the domains' metadata (``cli.teardown``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def run_main(main: Callable[[], int | None]) -> int:
 def remove_guests(state_dir: str | Path) -> list[str]:
     """Destroy every domain libvirt still has of the (stopped) shim whose state is ``state_dir``;
     the problems, each also printed on stderr."""
-    from shim.admin.teardown import remove_state_domains
+    from cli.teardown import remove_state_domains
 
     outcome = remove_state_domains(state_dir)
     for line in (*outcome.done, *outcome.problems):

@@ -4,7 +4,7 @@ A ``Claim`` is exclusive CPUs and PCI functions (each held by one sandbox at mos
 counted per (NUMA node, page size) and ordinary guest memory counted in bytes per node. Which page
 of a pool backs a guest is the kernel's business, so pages are amounts, not page numbers.
 ``vmsandbox.placement`` produces claims, ``vmsandbox.adapters.ledger`` stores them and
-``shim.resources`` (the ResourceManager) is the one component that hands them out.
+``shim.host_resources`` (the ResourceManager) is the one component that hands them out.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A pod's network as the core sees it (pure): what the pod asked for and what it was given.
 
 Asked for (from ``PodSandboxConfig``): the namespace modes (``NamespaceOptions``), port mappings
-and DNS settings. Given (by CNI, through ``shim.network``): the guest NIC's MAC, addresses and
+and DNS settings. Given (by CNI, through ``shim.pod_networks``): the guest NIC's MAC, addresses and
 routes (``GuestNic``) and the pod's IPs. ``guest_network_args`` turns the NIC and hostname into the
 guest's kernel command-line parameters; ``resolv_conf`` renders the pod's DNS settings the way a
 container's ``/etc/resolv.conf`` holds them.

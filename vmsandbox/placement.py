@@ -2,7 +2,7 @@
 
 What a sandbox holds is a ``vmsandbox.claims.Claim``: exclusive CPUs, PCI functions, hugepages
 counted per (node, page size) and ordinary guest memory counted per node. Placement reads what is
-free and returns what to claim; the ResourceManager (``shim.resources``) keeps the free state and
+free and returns what to claim; the ResourceManager (``shim.host_resources``) keeps the free state and
 the ledger records the claims, which makes double-booking impossible.
 
 **Pools.** The shim owns ``cpu_pool``. Of it, ``shared_cpus`` is the shared pool (non-exclusive

@@ -34,7 +34,7 @@ class Kind(Enum):
     STATUS = "status"  # both sides, one condition set per side
     LOCAL = "local"  # vmsandbox answers alone (Version, streaming list RPCs)
     DOWNSTREAM = "downstream"  # the downstream answers alone (RuntimeConfig, the metric descriptors)
-    IMAGE = "image"  # ImageService: see the image rule in shim/proxy/images.py
+    IMAGE = "image"  # ImageService: see the image rule in shim/proxy/split_images.py
 
 
 METHODS: dict[str, Kind] = {

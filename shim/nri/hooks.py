@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
+from gen.nri import api_pb2 as api
 from shim.containers import Containers
 from shim.model import (
     ContainerRecord,
@@ -32,11 +33,10 @@ from shim.model import (
     SandboxRecord,
     siblings_of,
 )
-from shim.nri import translate
+from shim.nri import codec
 from shim.nri.host import NriHost
-from shim.nri.pb import api_pb2 as api
 from shim.sandboxes import Sandboxes
-from vmsandbox import admission, nri, oci_spec, validation
+from vmsandbox import admission, nri_rules, oci_spec, validation
 from vmsandbox.errors import VmSandboxError
 from vmsandbox.lifecycle import check_fits_beside
 from vmsandbox.sizing import LinuxResources
@@ -59,8 +59,8 @@ class NriHooks:
     # -- what plugins see at registration and ask for at any time ---------------------------------
     def snapshot(self) -> tuple[list[api.PodSandbox], list[api.Container]]:
         return (
-            [translate.pod(r) for r in self.records.list_sandboxes()],
-            [translate.container(c) for c in self.records.containers()],
+            [codec.pod(r) for r in self.records.list_sandboxes()],
+            [codec.container(c) for c in self.records.containers()],
         )
 
     def apply_updates(self, plugin: str, updates: list[api.ContainerUpdate]) -> list[api.ContainerUpdate]:
@@ -69,8 +69,8 @@ class NriHooks:
         for u in updates:
             try:
                 c = self.records.container(u.container_id)
-                target = nri.Target(name=c.name, linux=c.linux)
-                after = nri.apply_adjustment(target, plugin, translate.update(u)).linux
+                target = nri_rules.Target(name=c.name, linux=c.linux)
+                after = nri_rules.apply_adjustment(target, plugin, codec.update(u)).linux
                 if after != target.linux:
                     self.sandboxes.update_container(c.id, None, after)
                     self.containers.update(c.id, self.records.container(c.id).linux)
@@ -84,20 +84,20 @@ class NriHooks:
     def sandbox_started(self, sandbox_id: str) -> None:
         """Raises the plugins' refusal; the pod's owner (``shim.pods``) then tears the new VM down."""
         if self.host is not None:
-            self.host.run_pod_sandbox(translate.pod(self.records.get(sandbox_id)))
+            self.host.run_pod_sandbox(codec.pod(self.records.get(sandbox_id)))
 
     def sandbox_stopped(self, record: SandboxRecord) -> None:
         """After the pod's teardown: StopContainer for each of its containers plugins were not
         told of yet (as containerd stops them one by one), then StopPodSandbox."""
         if self.host is None:
             return
-        pod = translate.pod(record)
+        pod = codec.pod(record)
         for c in self.records.containers(record.id):
             with self._told_lock:
                 if c.id in self._told_stopped:
                     continue
                 self._told_stopped.add(c.id)
-            for plugin, u in self.host.stop_container(pod, translate.container(c)):
+            for plugin, u in self.host.stop_container(pod, codec.container(c)):
                 self.apply_updates(plugin, [u])
         self.host.stop_pod_sandbox(pod)
 
@@ -105,18 +105,18 @@ class NriHooks:
         """After the pod's removal: RemoveContainer for each container it held, then RemovePodSandbox."""
         if self.host is None:
             return
-        pod = translate.pod(record)
+        pod = codec.pod(record)
         for c in members:
             with self._told_lock:
                 self._told_stopped.discard(c.id)
-            self.host.remove_container(pod, translate.container(c))
+            self.host.remove_container(pod, codec.container(c))
         self.host.remove_pod_sandbox(pod)
 
     def sandbox_updated(self, sandbox_id: str, overhead: LinuxResources, resources: LinuxResources) -> None:
         if self.host is None:
             return
-        pod = translate.pod(self.records.get(sandbox_id))
-        self.host.update_pod_sandbox(pod, translate.resources(overhead), translate.resources(resources))
+        pod = codec.pod(self.records.get(sandbox_id))
+        self.host.update_pod_sandbox(pod, codec.resources(overhead), codec.resources(resources))
         self.host.post_update_pod_sandbox(pod)
 
     # -- container events -------------------------------------------------------------------------
@@ -131,7 +131,7 @@ class NriHooks:
             before = admission.implied_linux(spec.resources)
         else:
             before = spec.linux
-        pod = translate.pod(sandbox)
+        pod = codec.pod(sandbox)
         ctr = api.Container(
             pod_sandbox_id=sandbox.id,
             name=spec.name,
@@ -141,7 +141,7 @@ class NriHooks:
             args=[*run.command, *run.args],
             env=[f"{k}={v}" for k, v in run.env],
         )
-        ctr.linux.resources.CopyFrom(translate.resources(before))
+        ctr.linux.resources.CopyFrom(codec.resources(before))
         ctr.rlimits.extend(api.POSIXRlimit(type=t, hard=h, soft=s) for t, h, s in run.rlimits)
         ctr.mounts.extend(
             api.Mount(
@@ -149,7 +149,7 @@ class NriHooks:
             )
             for m in mounts
         )
-        start = nri.Target(
+        start = nri_rules.Target(
             name=spec.name, annotations=dict(spec.annotations), env=run.env, rlimits=run.rlimits, linux=before
         )
         target, updates = self.host.create_container(pod, ctr, start)
@@ -176,13 +176,13 @@ class NriHooks:
         return spec, run, mounts
 
     def _check_resources(
-        self, sandbox: SandboxRecord, spec: ContainerSpec, target: nri.Target, before: LinuxResources
+        self, sandbox: SandboxRecord, spec: ContainerSpec, target: nri_rules.Target, before: LinuxResources
     ) -> None:
         declared = None
         if sandbox.declaration is not None:
             found = sandbox.declaration.find(spec.name)
             declared = found.resources if found is not None else None
-        nri.resource_divergence(target, before, declared, self._fits(sandbox, spec.name))
+        nri_rules.resource_divergence(target, before, declared, self._fits(sandbox, spec.name))
 
     def _fits(self, sandbox: SandboxRecord, name: str) -> Callable[[admission.Usage, str], None]:
         """The envelope rule for container ``name`` of ``sandbox``, as CreateContainer and
@@ -205,7 +205,7 @@ class NriHooks:
     def _event(self, container_id: str) -> tuple[api.PodSandbox, api.Container] | None:
         try:
             c = self.records.container(container_id)
-            return translate.pod(self.records.get(c.sandbox_id)), translate.container(c)
+            return codec.pod(self.records.get(c.sandbox_id)), codec.container(c)
         except VmSandboxError:
             return None
 
@@ -226,16 +226,16 @@ class NriHooks:
         included; changes to others carried out at once)."""
         if self.host is None or (ev := self._event(container_id)) is None:
             return linux
-        updates = self.host.update_container(*ev, translate.resources(linux))
-        target = nri.Target(name=ev[1].name, linux=linux)
+        updates = self.host.update_container(*ev, codec.resources(linux))
+        target = nri_rules.Target(name=ev[1].name, linux=linux)
         for plugin, u in updates:
             if u.container_id == container_id:
-                target = nri.apply_adjustment(target, plugin, translate.update(u))
+                target = nri_rules.apply_adjustment(target, plugin, codec.update(u))
             else:
                 self.apply_updates(plugin, [u])
         if target.resource_plugins:  # an update is held to the VM's envelope; a refusal names the plugins
             record = self.records.get(ev[1].pod_sandbox_id)
-            nri.resource_divergence(target, linux, None, self._fits(record, ev[1].name))
+            nri_rules.resource_divergence(target, linux, None, self._fits(record, ev[1].name))
         return target.linux
 
     def container_updated(self, container_id: str) -> None:
@@ -263,7 +263,7 @@ class NriHooks:
             with self._told_lock:
                 self._told_stopped.discard(record.id)
             try:
-                pod = translate.pod(self.records.get(record.sandbox_id))
+                pod = codec.pod(self.records.get(record.sandbox_id))
             except VmSandboxError:
                 pod = api.PodSandbox(id=record.sandbox_id)
-            self.host.remove_container(pod, translate.container(record))
+            self.host.remove_container(pod, codec.container(record))

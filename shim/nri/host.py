@@ -30,10 +30,10 @@ from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from shim.nri import translate
+from gen.nri import api_pb2 as api
+from shim.nri import codec
 from shim.nri.conn import PluginCallError, PluginConn, PluginGone
-from shim.nri.pb import api_pb2 as api
-from vmsandbox import nri, ttrpc
+from vmsandbox import nri_rules, ttrpc
 from vmsandbox.errors import InvalidArgument, PermissionDenied
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class Plugin:
 
 class NriHost:
     def __init__(
-        self, config: nri.NriConfig, runtime_name: str, runtime_version: str, snapshot: Snapshot, update: Updater
+        self, config: nri_rules.NriConfig, runtime_name: str, runtime_version: str, snapshot: Snapshot, update: Updater
     ) -> None:
         self.config = config
         self._runtime = (runtime_name, runtime_version)
@@ -112,7 +112,7 @@ class NriHost:
             return []
         threads = []
         for entry in sorted(directory.iterdir()):
-            parsed = nri.split_plugin_file(entry.name)
+            parsed = nri_rules.split_plugin_file(entry.name)
             if parsed is None or not entry.is_file() or not os.access(entry, os.X_OK):
                 if parsed is None:
                     log.warning("NRI: ignoring %s in %s: not named NN-name", entry.name[:128], directory)
@@ -183,7 +183,7 @@ class NriHost:
         timeout = self.config.registration_timeout_s
         if not plugin.registered.wait(timeout) or plugin.conn.closed:
             why = plugin.conn.close_reason or f"did not register within {timeout:g}s"
-            log.error("NRI: plugin %s not registered: %s", plugin.conn.name, nri.bounded(why))
+            log.error("NRI: plugin %s not registered: %s", plugin.conn.name, nri_rules.bounded(why))
             plugin.conn.close(why)
             return
         try:
@@ -195,12 +195,12 @@ class NriHost:
                     runtime_version=self._runtime[1],
                     registration_timeout=int(timeout * 1000),
                     request_timeout=int(self.config.request_timeout_s * 1000),
-                    NRI_version=nri.NRI_VERSION,
+                    NRI_version=nri_rules.NRI_VERSION,
                 ),
                 api.ConfigureResponse,
                 self.config.request_timeout_s,
             )
-            plugin.events = nri.event_mask(reply.events)
+            plugin.events = nri_rules.event_mask(reply.events)
             with self._events:
                 failed = self._synchronize(plugin)
                 with self._lock:
@@ -208,7 +208,7 @@ class NriHost:
                     self._plugins.sort(key=lambda p: (p.idx, p.base))
         except Exception as exc:
             why = exc.message if isinstance(exc, PluginCallError) else str(exc)
-            log.error("NRI: plugin %s failed to configure or synchronize: %s", plugin.conn.name, nri.bounded(why))
+            log.error("NRI: plugin %s failed to configure or synchronize: %s", plugin.conn.name, nri_rules.bounded(why))
             plugin.conn.close(f"configuration failed: {why}")
             return
         log.info("NRI: plugin %s registered (events 0x%x)", plugin.name, plugin.events)
@@ -238,8 +238,8 @@ class NriHost:
                 raise PluginCallError(ttrpc.FAILED_PRECONDITION, "plugin already registered")
             try:
                 if plugin.pid is None:  # an external plugin names itself
-                    plugin.base = nri.check_plugin_name(req.plugin_name)
-                    plugin.idx = nri.check_plugin_index(req.plugin_idx)
+                    plugin.base = nri_rules.check_plugin_name(req.plugin_name)
+                    plugin.idx = nri_rules.check_plugin_index(req.plugin_idx)
                     plugin.conn.name = plugin.name
             except InvalidArgument as exc:
                 raise PluginCallError(ttrpc.INVALID_ARGUMENT, str(exc), fatal=True) from None
@@ -248,7 +248,9 @@ class NriHost:
             if taken:
                 raise PluginCallError(ttrpc.ALREADY_EXISTS, f"a plugin {plugin.name} is registered already", fatal=True)
             log.info(
-                "NRI: plugin %s registering (NRI version %s)", plugin.name, nri.bounded(req.NRI_version or "unknown")
+                "NRI: plugin %s registering (NRI version %s)",
+                plugin.name,
+                nri_rules.bounded(req.NRI_version or "unknown"),
             )
             plugin.registered.set()
             return api.Empty().SerializeToString()
@@ -285,7 +287,7 @@ class NriHost:
 
     def _call(self, plugin: Plugin, event: int, method: str, req: Message, reply: type[Message]) -> Message | None:
         """One event to one plugin: its answer, or None when it is not subscribed or was dropped."""
-        if not nri.subscribed(plugin.events, event):
+        if not nri_rules.subscribed(plugin.events, event):
             return None
         started = time.monotonic()
         try:
@@ -298,7 +300,7 @@ class NriHost:
         return out
 
     def _refusal(self, plugin: Plugin, method: str, exc: PluginCallError) -> PermissionDenied:
-        return PermissionDenied(f'NRI plugin "{plugin.name}" refused {method}: {nri.bounded(exc.message)}')
+        return PermissionDenied(f'NRI plugin "{plugin.name}" refused {method}: {nri_rules.bounded(exc.message)}')
 
     def _notify(self, event: int, method: str, req: Message, reply: type[Message], *, fail: bool) -> None:
         with self._dispatch() as plugins:
@@ -308,7 +310,7 @@ class NriHost:
                 except PluginCallError as exc:
                     if fail:
                         raise self._refusal(p, method, exc) from None
-                    log.warning("NRI: plugin %s failed %s: %s", p.name, method, nri.bounded(exc.message))
+                    log.warning("NRI: plugin %s failed %s: %s", p.name, method, nri_rules.bounded(exc.message))
 
     def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         req = api.RunPodSandboxRequest(pod=pod)
@@ -336,8 +338,8 @@ class NriHost:
         )
 
     def create_container(
-        self, pod: api.PodSandbox, container: api.Container, target: nri.Target
-    ) -> tuple[nri.Target, list[tuple[str, api.ContainerUpdate]]]:
+        self, pod: api.PodSandbox, container: api.Container, target: nri_rules.Target
+    ) -> tuple[nri_rules.Target, list[tuple[str, api.ContainerUpdate]]]:
         """Every subscribed plugin's adjustment applied to ``target``, and the updates they ask
         for other containers (each with the plugin that asked)."""
         req = api.CreateContainerRequest(pod=pod, container=container)
@@ -352,7 +354,7 @@ class NriHost:
                 if not isinstance(reply, api.CreateContainerResponse):
                     continue
                 if reply.HasField("adjust"):
-                    target = nri.apply_adjustment(target, p.name, translate.adjustment(reply.adjust))
+                    target = nri_rules.apply_adjustment(target, p.name, codec.adjustment(reply.adjust))
                     merged.MergeFrom(reply.adjust)
                 updates += [(p.name, u) for u in reply.update]
                 if reply.evict:
@@ -372,7 +374,7 @@ class NriHost:
         adjustments; any rejection, error or missed deadline fails the container, as NRI fails
         closed on validation."""
         plugins = [p for p in plugins if not p.conn.closed]  # those dropped during this event are gone
-        validators = [p for p in plugins if nri.subscribed(p.events, nri.VALIDATE_CONTAINER_ADJUSTMENT)]
+        validators = [p for p in plugins if nri_rules.subscribed(p.events, nri_rules.VALIDATE_CONTAINER_ADJUSTMENT)]
         if not validators:
             return
         req = api.ValidateContainerAdjustmentRequest(
@@ -390,11 +392,13 @@ class NriHost:
                 raise self._refusal(v, method, exc) from None
             except PluginGone as exc:
                 log.error("NRI: plugin %s dropped during %s: %s", v.name, method, exc)
-                raise PermissionDenied(f'NRI validator plugin "{v.name}" failed: {nri.bounded(str(exc))}') from None
+                raise PermissionDenied(
+                    f'NRI validator plugin "{v.name}" failed: {nri_rules.bounded(str(exc))}'
+                ) from None
             if reply.reject:
                 raise PermissionDenied(
                     f'NRI plugin "{v.name}" rejected the adjustments of container "{container.name}": '
-                    f"{nri.bounded(reply.reason)}"
+                    f"{nri_rules.bounded(reply.reason)}"
                 )
 
     def post_create_container(self, pod: api.PodSandbox, container: api.Container) -> None:
@@ -436,7 +440,7 @@ class NriHost:
                 try:
                     reply = self._call(p, api.STOP_CONTAINER, "StopContainer", req, api.StopContainerResponse)
                 except PluginCallError as exc:
-                    log.warning("NRI: plugin %s failed StopContainer: %s", p.name, nri.bounded(exc.message))
+                    log.warning("NRI: plugin %s failed StopContainer: %s", p.name, nri_rules.bounded(exc.message))
                     continue
                 if isinstance(reply, api.StopContainerResponse):
                     updates += [(p.name, u) for u in reply.update]

@@ -1,4 +1,4 @@
-"""ttrpc's request and response messages (``shim.nri.pb.ttrpc_pb2``) in and out of frames.
+"""ttrpc's request and response messages (``gen.nri.ttrpc_pb2``) in and out of frames.
 
 ``vmsandbox.ttrpc`` frames bytes; this module is where ttrpc's protobufs meet them. A unary
 call's request carries no flags, as ttrpc's Client.Call sends it (FLAG_REMOTE_* are for
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from shim.nri.pb import rpc_status_pb2, ttrpc_pb2
+from gen.nri import rpc_status_pb2, ttrpc_pb2
 from vmsandbox import ttrpc
 
 

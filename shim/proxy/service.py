@@ -22,12 +22,12 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 
+from gen.cri.runtime.v1 import api_pb2 as pb
 from shim import status
-from shim.cri.runtime.v1 import api_pb2 as pb
 from shim.proxy import front_headers
 from shim.proxy.downstream import Downstream, DownstreamUnavailable, Forwarded
 from shim.proxy.ids import LISTS, DownstreamIds, list_filter
-from shim.proxy.images import ImageRouter
+from shim.proxy.split_images import ImageRouter
 from shim.records import Records
 from vmsandbox import routing, validation
 from vmsandbox.errors import InvalidArgument, VmSandboxError

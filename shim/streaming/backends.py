@@ -14,7 +14,7 @@ from shim.records import Records
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.agent_ops import PROC_READ_MAX, PROC_WRITE_MAX
 from vmsandbox.errors import NotFound, VmSandboxError
-from vmsandbox.streaming import StreamRequest
+from vmsandbox.stream_rules import StreamRequest
 
 DIAL_TIMEOUT_S = 10.0
 POLL_S = 5.0

@@ -1,6 +1,6 @@
 """A streaming Exec over SPDY or WebSocket: the client's stdin and resizes go to a process in the
 guest (``Containers.proc_start``), its output comes back from a long poll of the agent; when it
-has finished, the error stream carries its exit status (``vmsandbox.streaming``) and the
+has finished, the error stream carries its exit status (``vmsandbox.stream_rules``) and the
 connection closes. Whichever side ends first, the guest process is released (SIGHUP / EOF, then
 SIGKILL) so nothing is left running for a client that went away.
 """
@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from shim.streaming.spdy_session import SpdyConnection, SpdyStream
-from vmsandbox import spdy, streaming
+from vmsandbox import spdy, stream_rules
 from vmsandbox.agent_ops import PROC_READ_MAX, ProcOutput
 from vmsandbox.errors import InvalidArgument, VmSandboxError
-from vmsandbox.streaming import StreamRequest
+from vmsandbox.stream_rules import StreamRequest
 
 if TYPE_CHECKING:
     from shim.streaming.server import Backends
@@ -92,11 +92,11 @@ class SpdyExec:
 
     def __init__(self, conn: SpdyConnection, backends: Backends, req: StreamRequest, protocol: str) -> None:
         self.conn, self.backends, self.req, self.protocol = conn, backends, req, protocol
-        self.expected = streaming.expected_streams(req, protocol)
+        self.expected = stream_rules.expected_streams(req, protocol)
         self.streams: dict[str, SpdyStream] = {}
         self.proc: Process | None = None
         self.output: _Output | None = None
-        self.resizes = streaming.ResizeSplitter()
+        self.resizes = stream_rules.ResizeSplitter()
         self.stdin_open = True
         self._timer = threading.Timer(STREAMS_TIMEOUT_S, self._streams_timeout)
         self._timer.daemon = True
@@ -123,7 +123,13 @@ class SpdyExec:
     # StreamHandler
     def on_stream(self, stream: SpdyStream) -> None:
         kind = stream.headers.get("streamtype", "")
-        if kind not in (streaming.STDIN, streaming.STDOUT, streaming.STDERR, streaming.ERROR, streaming.RESIZE):
+        if kind not in (
+            stream_rules.STDIN,
+            stream_rules.STDOUT,
+            stream_rules.STDERR,
+            stream_rules.ERROR,
+            stream_rules.RESIZE,
+        ):
             stream.reset(spdy.PROTOCOL_ERROR)
             return
         if kind in self.streams:
@@ -140,20 +146,20 @@ class SpdyExec:
         except VmSandboxError as e:
             self._finish(0, _describe(e))
             return
-        out, err = self.streams.get(streaming.STDOUT), self.streams.get(streaming.STDERR)
+        out, err = self.streams.get(stream_rules.STDOUT), self.streams.get(stream_rules.STDERR)
         self.output = _Output(
             self.proc, out.write if out is not None else None, err.write if err is not None else None, self._finish
         )
         self.output.thread.start()
 
     def _finish(self, code: int, message: str) -> None:
-        for kind in (streaming.STDOUT, streaming.STDERR):
+        for kind in (stream_rules.STDOUT, stream_rules.STDERR):
             s = self.streams.get(kind)
             if s is not None:
                 s.close()
-        error = self.streams.get(streaming.ERROR)
+        error = self.streams.get(stream_rules.ERROR)
         if error is not None:
-            payload = streaming.error_stream_payload(self.protocol, code, message)
+            payload = stream_rules.error_stream_payload(self.protocol, code, message)
             if payload:
                 error.write(payload)
             error.close()
@@ -167,13 +173,13 @@ class SpdyExec:
                 log.info("streaming: exec data before its streams were open; ignored")
             return
         try:
-            if kind == streaming.STDIN:
+            if kind == stream_rules.STDIN:
                 if data and self.stdin_open and not self.proc.write(data):
                     self.stdin_open = False
                 if fin and self.stdin_open:
                     self.stdin_open = False
                     self.proc.close_stdin()
-            elif kind == streaming.RESIZE and data:
+            elif kind == stream_rules.RESIZE and data:
                 for size in self.resizes.feed(data):
                     self.proc.resize(size.height, size.width)
         except InvalidArgument as e:
@@ -183,7 +189,7 @@ class SpdyExec:
             log.info("streaming: exec input not delivered: %s", e)
 
     def on_reset(self, stream: SpdyStream) -> None:
-        if stream.headers.get("streamtype") in (streaming.STDOUT, streaming.ERROR):
+        if stream.headers.get("streamtype") in (stream_rules.STDOUT, stream_rules.ERROR):
             self.conn.transport.close()  # nobody reads the output any more
 
 
@@ -192,18 +198,18 @@ class WebSocketExec:
 
     def __init__(self, ws: WebSocketTransport, backends: Backends, req: StreamRequest, protocol: str) -> None:
         self.ws, self.backends, self.req, self.protocol = ws, backends, req, protocol
-        self.resizes = streaming.ResizeSplitter()
+        self.resizes = stream_rules.ResizeSplitter()
 
     def _send(self, channel: int) -> Callable[[bytes], None]:
         def send(data: bytes) -> None:
-            self.ws.send_message(streaming.ws_encode(self.protocol, channel, data))
+            self.ws.send_message(stream_rules.ws_encode(self.protocol, channel, data))
 
         return send
 
     def _finish(self, code: int, message: str) -> None:
-        payload = streaming.error_stream_payload(self.protocol, code, message)
+        payload = stream_rules.error_stream_payload(self.protocol, code, message)
         if payload:
-            self._send(streaming.WS_CHANNELS[streaming.ERROR])(payload)
+            self._send(stream_rules.WS_CHANNELS[stream_rules.ERROR])(payload)
         self.ws.close(1000)
 
     def run(self) -> None:
@@ -212,11 +218,11 @@ class WebSocketExec:
         except VmSandboxError as e:
             self._finish(0, _describe(e))
             return
-        ch = streaming.WS_CHANNELS
+        ch = stream_rules.WS_CHANNELS
         output = _Output(
             proc,
-            self._send(ch[streaming.STDOUT]) if self.req.stdout else None,
-            self._send(ch[streaming.STDERR]) if self.req.stderr else None,
+            self._send(ch[stream_rules.STDOUT]) if self.req.stdout else None,
+            self._send(ch[stream_rules.STDERR]) if self.req.stderr else None,
             self._finish,
         )
         output.thread.start()
@@ -227,13 +233,13 @@ class WebSocketExec:
                 if msg is None:
                     return
                 try:
-                    channel, data = streaming.ws_decode(self.protocol, msg)
-                    if channel == ch[streaming.STDIN] and stdin_open and data:
+                    channel, data = stream_rules.ws_decode(self.protocol, msg)
+                    if channel == ch[stream_rules.STDIN] and stdin_open and data:
                         stdin_open = proc.write(data)
-                    elif channel == ch[streaming.RESIZE] and data:
+                    elif channel == ch[stream_rules.RESIZE] and data:
                         for size in self.resizes.feed(data):
                             proc.resize(size.height, size.width)
-                    elif channel == streaming.WS_CLOSE_CHANNEL and data[:1] == bytes([0]) and stdin_open:
+                    elif channel == stream_rules.WS_CLOSE_CHANNEL and data[:1] == bytes([0]) and stdin_open:
                         stdin_open = False
                         proc.close_stdin()
                 except InvalidArgument as e:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shim.streaming.spdy_session import SpdyConnection, SpdyStream
-from vmsandbox import spdy, streaming
+from vmsandbox import spdy, stream_rules
 from vmsandbox.errors import InvalidArgument, VmSandboxError
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class WebSocketPortForward:
                 self.ws.close(1000)
 
     def _frame(self, channel: int, data: bytes) -> bytes | str:
-        return streaming.ws_encode(self.protocol, channel, data)
+        return stream_rules.ws_encode(self.protocol, channel, data)
 
     def run(self) -> None:
         if not self.ports:
@@ -78,7 +78,7 @@ class WebSocketPortForward:
             return
         try:
             for i, port in enumerate(self.ports):
-                prefix = streaming.ws_port_prefix(port)
+                prefix = stream_rules.ws_port_prefix(port)
                 self.ws.send_message(self._frame(2 * i, prefix))
                 self.ws.send_message(self._frame(2 * i + 1, prefix))
                 try:
@@ -96,7 +96,7 @@ class WebSocketPortForward:
                 return
             while (msg := self.ws.recv_message()) is not None:
                 try:
-                    channel, data = streaming.ws_decode(self.protocol, msg)
+                    channel, data = stream_rules.ws_decode(self.protocol, msg)
                 except InvalidArgument:
                     continue  # a message of the other framing, or empty: nothing to forward
                 if channel < 0 or channel % 2 or channel // 2 >= len(self.socks):
@@ -146,17 +146,17 @@ class SpdyPortForward:
         kind = stream.headers.get("streamtype", "")
         request_id = stream.headers.get("requestid", "")[:64]
         try:
-            port = streaming.parse_port(stream.headers.get("port", ""))
+            port = stream_rules.parse_port(stream.headers.get("port", ""))
             if self.ports and port not in self.ports:
                 raise InvalidArgument(f"port-forward: port {port} was not named in the PortForward request")
         except InvalidArgument as e:
-            if kind == streaming.ERROR:
+            if kind == stream_rules.ERROR:
                 stream.write(str(e).encode())
                 stream.close()
             else:
                 stream.reset(spdy.PROTOCOL_ERROR)
             return
-        if kind not in (streaming.ERROR, streaming.DATA):
+        if kind not in (stream_rules.ERROR, stream_rules.DATA):
             stream.reset(spdy.PROTOCOL_ERROR)
             return
         with self.lock:
@@ -170,7 +170,7 @@ class SpdyPortForward:
             stream.reset(spdy.PROTOCOL_ERROR)
             return
         setattr(pair, kind, stream)
-        if kind == streaming.DATA:
+        if kind == stream_rules.DATA:
             threading.Thread(target=self._connect, args=(request_id, pair), name="streaming-pf", daemon=True).start()
 
     def _fail(self, request_id: str, pair: _Pair, message: str) -> None:
@@ -218,7 +218,7 @@ class SpdyPortForward:
             self._end(request_id, pair)
 
     def on_data(self, stream: SpdyStream, data: bytes, fin: bool) -> None:
-        if stream.headers.get("streamtype") != streaming.DATA:
+        if stream.headers.get("streamtype") != stream_rules.DATA:
             return  # the client writes nothing useful on the error stream
         pair = self.pairs.get(stream.headers.get("requestid", "")[:64])
         if pair is None or pair.data is not stream:

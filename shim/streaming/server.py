@@ -34,9 +34,9 @@ from shim.streaming.portforward import SpdyPortForward, WebSocketPortForward
 from shim.streaming.spdy_session import SpdyConnection
 from shim.streaming.tokens import TokenCache
 from shim.streaming.transport import SocketTransport, WebSocketTransport
-from vmsandbox import streaming
+from vmsandbox import stream_rules
 from vmsandbox.errors import InvalidArgument
-from vmsandbox.streaming import StreamRequest
+from vmsandbox.stream_rules import StreamRequest
 
 log = logging.getLogger(__name__)
 
@@ -328,12 +328,12 @@ class StreamingServer:
             transport.close()
 
     def _serve_spdy(self, transport: SocketTransport, head: Head, target: Target) -> None:
-        offered = streaming.split_header_list(head.headers.get("x-stream-protocol-version", []))
+        offered = stream_rules.split_header_list(head.headers.get("x-stream-protocol-version", []))
         if target.kind == "portforward":
-            supported: tuple[str, ...] = (streaming.PORTFORWARD_PROTOCOL,)
+            supported: tuple[str, ...] = (stream_rules.PORTFORWARD_PROTOCOL,)
         else:
-            supported = streaming.REMOTECOMMAND_PROTOCOLS
-        protocol = streaming.negotiate(offered, supported)
+            supported = stream_rules.REMOTECOMMAND_PROTOCOLS
+        protocol = stream_rules.negotiate(offered, supported)
         if protocol is None:
             raise BadRequest(400, f"no stream protocol in common: offered {', '.join(offered)[:200] or 'none'}, "
                                   f"this server speaks {', '.join(supported)}")  # fmt: skip
@@ -351,16 +351,16 @@ class StreamingServer:
             SpdyExec(conn, self.backends, target.request, protocol).run()
 
     def _serve_websocket(self, transport: WebSocketTransport, head: Head, target: Target) -> None:
-        tunnel = streaming.SPDY_OVER_WEBSOCKET_PREFIX + streaming.PORTFORWARD_PROTOCOL
+        tunnel = stream_rules.SPDY_OVER_WEBSOCKET_PREFIX + stream_rules.PORTFORWARD_PROTOCOL
         if target.kind == "portforward":
-            supported: tuple[str, ...] = (tunnel, *streaming.WS_PORTFORWARD_PROTOCOLS)
+            supported: tuple[str, ...] = (tunnel, *stream_rules.WS_PORTFORWARD_PROTOCOLS)
         else:
-            supported = streaming.WS_REMOTECOMMAND_PROTOCOLS
+            supported = stream_rules.WS_REMOTECOMMAND_PROTOCOLS
 
         def choose(offered: list[str]) -> str | None:
             if not offered and target.kind == "portforward":
                 return ""  # no subprotocol: plain port-forward channels, as the kubelet allows
-            return streaming.negotiate(offered, supported)
+            return stream_rules.negotiate(offered, supported)
 
         protocol = transport.handshake(head.raw, choose)
         if protocol is None:
@@ -370,7 +370,7 @@ class StreamingServer:
         elif target.kind == "portforward":
             try:
                 query = urllib.parse.parse_qs(head.query)
-                ports = tuple(streaming.query_ports(query)) or target.ports
+                ports = tuple(stream_rules.query_ports(query)) or target.ports
                 if target.ports and set(ports) - set(target.ports):
                     raise InvalidArgument("port-forward: a port in the URL was not named in the PortForward request")
             except InvalidArgument as e:

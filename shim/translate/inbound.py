@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from shim.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2 as pb
 from shim.model import ContainerFilter, ContainerSpec, MountRequest, PodMeta, SandboxFilter, SandboxSpec
 from vmsandbox import oci_spec, validation
 from vmsandbox.errors import InvalidArgument, Unsupported

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from shim.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2 as pb
 from shim.model import Condition, ContainerRecord, SandboxRecord
 from vmsandbox import states
 from vmsandbox.network import NAMESPACE_MODES, NamespaceOptions

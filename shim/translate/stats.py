@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shim.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2 as pb
 from shim.model import ContainerStats, SandboxStats
 from shim.translate.outbound import container_metadata, pod_metadata
 from vmsandbox import cri_metrics

@@ -8,7 +8,7 @@ import configparser
 import yaml
 
 from shim.config import load_config
-from tests.cli.conftest import DEPLOY, MANIFESTS, TWO_SOCKET, vmsandbox, vmsandbox_json
+from tests.cli.vmsandbox_cmd import DEPLOY, MANIFESTS, TWO_SOCKET, vmsandbox, vmsandbox_json
 from vmsandbox.host import parse_cpulist
 
 

@@ -7,8 +7,8 @@ import shlex
 
 import pytest
 
-from shim.admin.cli import build_parser
-from tests.cli.conftest import vmsandbox
+from cli.main import build_parser
+from tests.cli.vmsandbox_cmd import vmsandbox
 
 COMMANDS = {
     "top": (),

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from shim.model import CONTAINER_CREATED, ContainerRecord, PodMeta, SandboxRecord
-from tests.cli.conftest import vmsandbox, vmsandbox_json
-from vmsandbox import records
+from tests.cli.vmsandbox_cmd import vmsandbox, vmsandbox_json
+from vmsandbox import record_docs
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.claims import Claim
 from vmsandbox.sizing import PodDemand, VmShape
@@ -105,7 +105,7 @@ def state(tmp_path: Path) -> Iterator[State]:
             attempt=0,
             state=CONTAINER_CREATED,
             created_ns=created + 10 + i,
-            resources=records.resources_from_doc(
+            resources=record_docs.resources_from_doc(
                 {"requests": {"cpu": "1"}, "limits": {"cpu": "1", "memory": "128Mi"}}, "test"
             ),
         )

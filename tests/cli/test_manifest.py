@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cli.conftest import MANIFESTS
+from tests.cli.vmsandbox_cmd import MANIFESTS
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.manifest import pod_from_manifest, select_workload, workloads
-from vmsandbox.records import declaration_doc
+from vmsandbox.record_docs import declaration_doc
 
 
 def pod(containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from shim.model import PodMeta, SandboxRecord
-from tests.cli.conftest import (
+from tests.cli.vmsandbox_cmd import (
     DEPLOY,
     GOLDEN,
     MANIFESTS,
@@ -27,7 +27,7 @@ from tests.cli.conftest import (
     vmsandbox,
     vmsandbox_json,
 )
-from tests.cli.conftest import (
+from tests.cli.vmsandbox_cmd import (
     HERE as CLI,
 )
 from vmsandbox.adapters.ledger import Ledger
@@ -537,7 +537,7 @@ def test_plan_never_loads_libvirt_or_grpc() -> None:
     import subprocess
 
     code = (
-        "import sys; from shim.admin.cli import main\n"
+        "import sys; from cli.main import main\n"
         f"rc = main(['plan', {str(MANIFESTS / 'guaranteed-pod.yaml')!r}, '--host-sysfs', {str(TWO_SOCKET)!r}, "
         "'--format', 'json'])\n"
         "assert rc == 0, rc\n"

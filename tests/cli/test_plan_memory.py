@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import ONE_NODE, vmsandbox, vmsandbox_json
+from tests.cli.vmsandbox_cmd import ONE_NODE, vmsandbox, vmsandbox_json
 
 MI, GI = 1 << 20, 1 << 30
 PROFILE = "name: plain\nhandler: vmsandbox\npage_size: 4Ki\n"  # guest overhead: the default 64Mi

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli.conftest import DEPLOY, HERE, ONE_NODE, PROFILES, TWO_SOCKET, vmsandbox, vmsandbox_json
+from tests.cli.vmsandbox_cmd import DEPLOY, HERE, ONE_NODE, PROFILES, TWO_SOCKET, vmsandbox, vmsandbox_json
 
 VALID = "name: ok\nhandler: ok\nvcpu: {min: 1, max: 4}\n"
 

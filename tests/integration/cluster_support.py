@@ -16,11 +16,11 @@ from typing import Any
 import grpc
 import pytest
 
-from shim.admin.inspect_state import claims
-from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
-from tests.integration.conftest import REPO, state_domains
+from cli.inspect_state import claims
+from gen.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from tests.registry_kit import BUSYBOX, DOCKER_MANIFEST, Buildah, served_manifest
+from tests.shim_kit import REPO, state_domains
 
 SCRIPT = REPO / "scripts" / "cluster.sh"
 BUILD_K8S = REPO / "scripts" / "build-k8s.sh"

@@ -18,9 +18,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
-from tests.integration.conftest import REPO, busybox_registry
+from gen.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from tests.shim_kit import REPO, busybox_registry
 
 SCRIPT = REPO / "scripts" / "containerd.sh"
 _PUSHED: dict[str, str] = {}

@@ -17,7 +17,7 @@ from typing import Any
 
 import libvirt
 
-from tests.integration.conftest import LIBVIRT_URI, hugepages_free
+from tests.shim_kit import LIBVIRT_URI, hugepages_free
 from vmsandbox.adapters.ledger import read_claims
 from vmsandbox.claims import Claim
 from vmsandbox.domain_xml import read_identity

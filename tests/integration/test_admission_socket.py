@@ -23,9 +23,9 @@ import grpc
 import pytest
 import yaml
 
-from shim.cri.apimachinery.resource.generated_pb2 import Quantity
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import (
+from gen.cri.apimachinery.resource.generated_pb2 import Quantity
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.shim_kit import (
     IMAGE_DIR,
     Shim,
     our_domains,

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import (
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.state_check import assert_consistent, vmsandbox_free_baseline
+from tests.registry_kit import BUSYBOX
+from tests.shim_kit import (
     Shim,
     container,
     our_domains,
@@ -25,8 +27,6 @@ from tests.integration.conftest import (
     start_shim,
     stop_shim,
 )
-from tests.integration.state_check import assert_consistent, vmsandbox_free_baseline
-from tests.registry_kit import BUSYBOX
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 

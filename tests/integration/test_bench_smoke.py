@@ -25,7 +25,7 @@ import pytest
 
 from bench.smoke import SKIPPED
 from tests import interrupts
-from tests.integration.conftest import LIBVIRT_URI, require_host
+from tests.shim_kit import LIBVIRT_URI, require_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -34,8 +34,8 @@ from typing import Any
 import pytest
 import yaml
 
-from shim.admin.inspect_state import read_sandboxes
-from shim.cri.runtime.v1 import api_pb2 as pb
+from cli.inspect_state import read_sandboxes
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cluster_support import (
     Cluster,
     host_state,
@@ -43,8 +43,8 @@ from tests.integration.cluster_support import (
     push_image,
     script,
 )
-from tests.integration.conftest import require_host, state_domains
 from tests.integration.image_setup import require_image_tools
+from tests.shim_kit import require_host, state_domains
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(1800)]
 

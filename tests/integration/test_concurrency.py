@@ -19,9 +19,9 @@ import grpc
 import pytest
 import yaml
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import IMAGE_DIR, Shim, pod, q, require_host, start_shim, stop_shim
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.state_check import assert_consistent, read_domains, read_ledger, vmsandbox_free_baseline
+from tests.shim_kit import IMAGE_DIR, Shim, pod, q, require_host, start_shim, stop_shim
 from vmsandbox.adapters.profile_loader import load_profiles
 from vmsandbox.resources import ContainerDeclaration, ContainerResources, PodDeclaration, ResourceList
 from vmsandbox.sizing import demand_from_declaration, shape_for

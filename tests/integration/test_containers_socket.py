@@ -16,10 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, pod, q, require_host, running_shim
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.image_setup import one_image_registry
 from tests.registry_kit import busybox_entries, file
+from tests.shim_kit import Shim, pod, q, require_host, running_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

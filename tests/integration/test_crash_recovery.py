@@ -22,9 +22,9 @@ import grpc
 import libvirt
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import LIBVIRT_URI, Shim, container, pod, q, require_host, start_shim, stop_shim
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.state_check import assert_consistent, read_domains, read_ledger, vmsandbox_free_baseline
+from tests.shim_kit import LIBVIRT_URI, Shim, container, pod, q, require_host, start_shim, stop_shim
 from vmsandbox.domain_xml import read_identity
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]

@@ -20,8 +20,8 @@ import libvirt
 import pytest
 import yaml
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import (
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.shim_kit import (
     IMAGE_DIR,
     LIBVIRT_URI,
     Shim,

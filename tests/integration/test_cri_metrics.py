@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cni_kit import CniEnv, cni_env
-from tests.integration.conftest import (
+from tests.shim_kit import (
     REPO,
     Shim,
     container,
@@ -32,7 +32,7 @@ from tests.integration.conftest import (
     start_shim,
     stop_shim,
 )
-from tests.unit.test_cri_metrics import CRITEST_EXPECTED, CRITEST_OPTIONAL, CRITEST_UNIMPLEMENTED
+from tests.vmsandbox.test_cri_metrics import CRITEST_EXPECTED, CRITEST_OPTIONAL, CRITEST_UNIMPLEMENTED
 from vmsandbox.cri_metrics import BY_NAME
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive]
@@ -193,7 +193,7 @@ def containerd24() -> Iterator[str]:
 def _descriptors(endpoint: str) -> dict[str, tuple[str, tuple[str, ...]]]:
     import grpc
 
-    from shim.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+    from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 
     with grpc.insecure_channel(endpoint) as channel:
         got = pb_grpc.RuntimeServiceStub(channel).ListMetricDescriptors(pb.ListMetricDescriptorsRequest(), timeout=30)

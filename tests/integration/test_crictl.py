@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster_support import built_crictl
-from tests.integration.conftest import Shim, require_host, running_shim
 from tests.integration.image_setup import require_image_tools
 from tests.registry_kit import Layout, Registry, busybox_entries, push
+from tests.shim_kit import Shim, require_host, running_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

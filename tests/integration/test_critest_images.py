@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shim.images import ImageStore
+from shim.image_store import ImageStore
 from tests.critest_images import E2E, STAGING, push_all, registries_config
 from tests.integration.image_setup import Pushed, pushed  # noqa: F401
 from vmsandbox.registries import parse_registries

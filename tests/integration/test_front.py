@@ -23,10 +23,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gen.cri.runtime.v1 import api_pb2 as pb
 from shim.config import DEFAULT_FRONT_BINARY
-from shim.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cluster_support import built_crictl
-from tests.integration.conftest import (
+from tests.integration.downstream_kit import Containerd, containerd
+from tests.shim_kit import (
     LIBVIRT_URI,
     Shim,
     our_domains,
@@ -37,7 +38,6 @@ from tests.integration.conftest import (
     start_shim,
     stop_shim,
 )
-from tests.integration.downstream_kit import Containerd, containerd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -25,7 +25,7 @@ from vmsandbox.domain import AGENT_CHANNEL, NetworkInterface, SandboxIdentity, b
 from vmsandbox.domain_xml import render
 from vmsandbox.network import GuestNic, Route
 from vmsandbox.profile import Profile
-from vmsandbox.records import shape_doc
+from vmsandbox.record_docs import shape_doc
 from vmsandbox.sizing import LinuxResources, demand_from_linux, shape_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.critest_images import build_lookalike
-from tests.integration.conftest import Shim, pod, q, require_host, running_shim
 from tests.integration.image_setup import one_image_registry
 from tests.registry_kit import busybox_entries, file
+from tests.shim_kit import Shim, pod, q, require_host, running_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

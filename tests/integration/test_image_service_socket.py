@@ -12,8 +12,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import (
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.image_setup import DockerImage, Pushed, docker_images, pushed  # noqa: F401
+from tests.registry_kit import digest_of, served_manifest
+from tests.shim_kit import (
     Shim,
     container,
     pod,
@@ -25,8 +27,6 @@ from tests.integration.conftest import (
     start_shim,
     stop_shim,
 )
-from tests.integration.image_setup import DockerImage, Pushed, docker_images, pushed  # noqa: F401
-from tests.registry_kit import digest_of, served_manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = pb.AuthConfig(registry_token="a-bearer-token")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shim import metrics
-from shim.images import ImageStore
+from shim.image_store import ImageStore
 from tests.integration.image_setup import DockerImage, Pushed, docker_images, pushed, tree_files  # noqa: F401
 from tests.registry_kit import Layout, Registry, busybox_entries, digest_of, push
 from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, NotFound, Unauthenticated
@@ -517,7 +517,7 @@ def test_full_disk_is_resource_exhausted_and_gives_the_space_back(pushed: Pushed
 def test_a_crash_mid_pull_leaves_no_image_and_no_garbage(pushed: Pushed, tmp_path: Path, point: str) -> None:  # noqa: F811
     root = tmp_path / "images"
     code = (
-        "import sys, pathlib; from shim.images import ImageStore; "
+        "import sys, pathlib; from shim.image_store import ImageStore; "
         "ImageStore(pathlib.Path(sys.argv[1])).pull(sys.argv[2])"
     )
     done = subprocess.run(

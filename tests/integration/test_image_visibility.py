@@ -11,10 +11,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import pod, q, require_host, running_shim
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.image_setup import require_image_tools
 from tests.registry_kit import Layout, Registry, busybox_entries, file, push
+from tests.shim_kit import pod, q, require_host, running_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -82,7 +82,7 @@ def _disks(sandbox_id: str) -> dict[str, str]:
     """serial -> source file of the image disks in the live domain of ``sandbox_id``."""
     import libvirt
 
-    from tests.integration.conftest import LIBVIRT_URI
+    from tests.shim_kit import LIBVIRT_URI
     from vmsandbox.domain import domain_name
     from vmsandbox.domain_xml import read_image_disks
 

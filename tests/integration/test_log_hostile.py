@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, container, pod, q, remove_all, require_host, start_shim, stop_shim
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.shim_kit import Shim, container, pod, q, remove_all, require_host, start_shim, stop_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

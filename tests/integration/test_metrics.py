@@ -15,8 +15,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, container, pod, q, require_host, start_shim, stop_shim
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.shim_kit import Shim, container, pod, q, require_host, start_shim, stop_shim
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

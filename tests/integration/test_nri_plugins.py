@@ -20,8 +20,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, our_domains, pod, q, require_host, running_shim
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.shim_kit import Shim, our_domains, pod, q, require_host, running_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

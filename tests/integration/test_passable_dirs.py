@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.conftest import IMAGE_DIR, LIBVIRT_URI, REPO, require_host, write_profiles
+from tests.shim_kit import IMAGE_DIR, LIBVIRT_URI, REPO, require_host, write_profiles
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import LIBVIRT_URI, our_domains, pod, require_host, running_shim, state_dir
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.shim_kit import LIBVIRT_URI, our_domains, pod, require_host, running_shim, state_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

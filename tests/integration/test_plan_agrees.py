@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from shim.cri.apimachinery.resource.generated_pb2 import Quantity
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import REPO, Shim
+from gen.cri.apimachinery.resource.generated_pb2 import Quantity
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.shim_kit import REPO, Shim
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

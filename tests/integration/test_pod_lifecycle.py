@@ -13,8 +13,8 @@ import grpc
 import libvirt
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import LIBVIRT_URI, Shim, container, hugepages_free, our_domains, pod, q
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.shim_kit import LIBVIRT_URI, Shim, container, hugepages_free, our_domains, pod, q
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cni_kit import CniEnv, cni_env
-from tests.integration.conftest import (
+from tests.shim_kit import (
     Shim,
     container,
     our_domains,

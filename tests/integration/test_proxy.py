@@ -19,9 +19,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cni_kit import cni_env
-from tests.integration.conftest import (
+from tests.integration.downstream_kit import Containerd, containerd, tools_image
+from tests.shim_kit import (
     Shim,
     busybox_registry,
     pod,
@@ -31,7 +32,6 @@ from tests.integration.conftest import (
     start_shim,
     stop_shim,
 )
-from tests.integration.downstream_kit import Containerd, containerd, tools_image
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import busybox_registry, pod, q, require_host, start_shim, stop_shim
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.downstream_kit import Containerd, require_containerd
+from tests.shim_kit import busybox_registry, pod, q, require_host, start_shim, stop_shim
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, pod, q, remove_all, require_host, start_shim, stop_shim
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.image_setup import require_image_tools
 from tests.registry_kit import Layout, Registry, busybox_entries, file, push
+from tests.shim_kit import Shim, pod, q, remove_all, require_host, start_shim, stop_shim
 from vmsandbox.domain import domain_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, container, pod, q, require_host, run_to_exit, running_shim
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.shim_kit import Shim, container, pod, q, require_host, run_to_exit, running_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, pod, q, require_host, running_shim, start_shim, stop_shim
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.shim_kit import Shim, pod, q, require_host, running_shim, start_shim, stop_shim
 from vmsandbox import shared_storage
 from vmsandbox.adapters import share_image
 

@@ -21,15 +21,6 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from tests.integration.conftest import (
-    LIBVIRT_URI,
-    SNAPSHOT_HANDLER,
-    Shim,
-    remove_all,
-    require_host,
-    start_shim,
-    stop_shim,
-)
 from tests.integration.state_check import read_ledger
 from tests.integration.test_qemu_user import _probe, _status
 from tests.integration.test_snapshot_restore import (
@@ -40,6 +31,15 @@ from tests.integration.test_snapshot_restore import (
     snap_pod,
     started_by,
     wait_for_snapshot,
+)
+from tests.shim_kit import (
+    LIBVIRT_URI,
+    SNAPSHOT_HANDLER,
+    Shim,
+    remove_all,
+    require_host,
+    start_shim,
+    stop_shim,
 )
 from vmsandbox.domain import domain_name
 from vmsandbox.domain_xml import read_identity
@@ -159,7 +159,7 @@ def test_snapshot_make_runs_qemu_unprivileged(tmp_path: Path) -> None:
     (tmp_path / "pod.yaml").write_text(MANIFEST)
     with watch_qemus(tmp_path / "state") as seen:
         made = subprocess.run(
-            [sys.executable, "-m", "shim.admin.cli", "snapshot", "make", str(tmp_path / "pod.yaml"),
+            [sys.executable, "-m", "cli.main", "snapshot", "make", str(tmp_path / "pod.yaml"),
              "--config", str(tmp_path / "config.yaml"), "--handler", SNAPSHOT_HANDLER, "--format", "json"],
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip

@@ -23,9 +23,10 @@ import grpc
 import libvirt
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cni_kit import cni_env, require_cni
-from tests.integration.conftest import (
+from tests.integration.state_check import assert_consistent, read_ledger, vmsandbox_free_baseline
+from tests.shim_kit import (
     LIBVIRT_URI,
     SNAPSHOT_HANDLER,
     Shim,
@@ -37,7 +38,6 @@ from tests.integration.conftest import (
     start_shim,
     stop_shim,
 )
-from tests.integration.state_check import assert_consistent, read_ledger, vmsandbox_free_baseline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
@@ -342,7 +342,7 @@ def test_a_snapshot_made_by_the_admin_command_is_what_pods_restore_from(tmp_path
     stop_shim(shim)
     config = str(tmp_path / "config.yaml")
     (tmp_path / "pod.yaml").write_text(MANIFEST)
-    cli = [sys.executable, "-m", "shim.admin.cli"]
+    cli = [sys.executable, "-m", "cli.main"]
     made = subprocess.run(
         [*cli, "snapshot", "make", str(tmp_path / "pod.yaml"), "--config", config, "--handler", SNAPSHOT_HANDLER,
          "--format", "json"],

@@ -20,10 +20,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import Shim, container, pod, q, require_host, start_shim, stop_shim
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.state_check import assert_consistent, vmsandbox_free_baseline
 from tests.integration.test_crash_recovery import fresh_pod_fits, remove_everything
+from tests.shim_kit import Shim, container, pod, q, require_host, start_shim, stop_shim
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 

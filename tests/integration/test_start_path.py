@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2 as pb
 from shim.pods import HOST_SETUP_CONDITION
-from tests.integration.conftest import Shim, pod, q
+from tests.shim_kit import Shim, pod, q
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

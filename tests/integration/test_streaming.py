@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 import websocket  # websocket-client
 
-from shim.cri.runtime.v1 import api_pb2 as pb
+from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cluster_support import built_crictl
 from tests.integration.cni_kit import cni_env
-from tests.integration.conftest import Shim, container, pod, q, require_host, running_shim
 from tests.registry_kit import Layout, Registry, busybox_entries, push
+from tests.shim_kit import Shim, container, pod, q, require_host, running_shim
 from vmsandbox import spdy
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

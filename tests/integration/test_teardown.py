@@ -1,4 +1,4 @@
-"""``python -m shim.admin.teardown`` (what ``scripts/cluster.sh down`` runs) against a real shim:
+"""``python -m cli.teardown`` (what ``scripts/cluster.sh down`` runs) against a real shim:
 a downstream that died fails its own pods' removal, plainly, and never keeps the VM pods from
 going; a shim that died leaves its VMs to the libvirt pass, which finds them by their metadata."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from shim.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.conftest import (
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.downstream_kit import containerd
+from tests.shim_kit import (
     REPO,
     Shim,
     busybox_registry,
@@ -21,14 +22,13 @@ from tests.integration.conftest import (
     start_shim,
     stop_shim,
 )
-from tests.integration.downstream_kit import containerd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def teardown(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shim.admin.teardown", *args],
+        [sys.executable, "-m", "cli.teardown", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -5,7 +5,7 @@
 Starts PLUGIN_BINARY as a runtime starts a plugin (NRI_PLUGIN_NAME=test, NRI_PLUGIN_IDX=10,
 the socket as fd 3), plays the runtime's side by hand (answers RegisterPlugin, calls Configure,
 Synchronize and CreateContainer) and writes the bytes each side sent on the trunk, in order,
-as hex. tests/unit/test_ttrpc.py decodes them without Go.
+as hex. tests/vmsandbox/test_ttrpc.py decodes them without Go.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import socket
 import subprocess
 import sys
 
+from gen.nri import api_pb2 as api
 from shim.nri import wire
-from shim.nri.pb import api_pb2 as api
 from vmsandbox import ttrpc
 
 CONFIG = "env=GOLDEN=1 annotation=example.com/golden=yes memory=134217728 rlimit=RLIMIT_NOFILE:1024:2048"

@@ -1,6 +1,6 @@
 """The image store on disk: content-addressed blobs, image disks, the catalogue file, work space.
 
-Layout under the store root (0700), known to this module and its owner ``shim.images`` only::
+Layout under the store root (0700), known to this module and its owner ``shim.image_store`` only::
 
     blobs/sha256/<hex>   blobs by digest, as the registry served them (skopeo's shared blob
                          directory; renamed in after the digest check, so a name is never a

@@ -1,7 +1,7 @@
 """The state database: claims on host resources and the records of sandboxes and containers.
 
 sqlite3 in WAL mode under the state directory. It is the write-ahead record of the
-ResourceManager (``shim.resources``), which keeps the free state in memory; this module alone
+ResourceManager (``shim.host_resources``), which keeps the free state in memory; this module alone
 knows how a ``vmsandbox.claims.Claim`` is stored:
 
 * exclusive things, one row each in ``claims`` keyed by ``cpu:<id>`` or ``pci:<address>`` under a

@@ -12,7 +12,7 @@ being made reaches its shared directories; nothing below it can be listed or rea
 - ``making/<key>``: a snapshot being made (renamed into place when complete); passable, its
   ``share/<n>`` the making QEMU's uid's own (0700);
 - ``restore/<sandbox id>.save``: the copy of an image a restore is reading, its header rewritten
-  for the pod's domain (``vmsandbox.snapshot.retarget``); removed when the restore returns, and
+  for the pod's domain (``vmsandbox.snapshot_rules.retarget``); removed when the restore returns, and
   swept at start-up (a shim killed during a restore).
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from vmsandbox import validation
 from vmsandbox.errors import InfrastructureError
-from vmsandbox.snapshot import SnapshotInputs, parse_save_header, retarget, snapshot_key
+from vmsandbox.snapshot_rules import SnapshotInputs, parse_save_header, retarget, snapshot_key
 
 log = logging.getLogger(__name__)
 _HEAD_READ = 2 << 20  # the header and its padded XML area fit in this

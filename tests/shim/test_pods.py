@@ -1,0 +1,289 @@
+"""``shim.pods``: list filters, and the rollback a half-done RunPodSandbox leaves to the owner.
+
+The rollback tests use the production owners over a real ledger and libvirt's test driver
+(``tests/cri_server.py``); only ``Sandboxes.run`` is replaced, by the seeded READY sandbox a
+successful boot would have left, since no guest boots here.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from gen.cri.runtime.v1 import api_pb2 as pb
+from shim.host_ports import HostPorts
+from shim.model import (
+    CONTAINER_CREATED,
+    CONTAINER_EXITED,
+    SANDBOX_NOTREADY,
+    SANDBOX_READY,
+    ContainerFilter,
+    ContainerRecord,
+    PodMeta,
+    SandboxFilter,
+    SandboxRecord,
+    SandboxSpec,
+)
+from shim.nri.hooks import NriHooks
+from shim.pods import Pods
+from shim.translate import inbound
+from tests.cri_server import SEED_CONTAINER, SEED_SANDBOXES, Server, assert_no_leak, cri_server
+from vmsandbox.errors import AlreadyExists, InvalidArgument, VmSandboxError
+
+_POD = SandboxRecord(
+    id="ab" * 32,
+    meta=PodMeta("web", "default", "u"),
+    state=SANDBOX_READY,
+    created_ns=1,
+    runtime_handler="vmsandbox",
+    profile="vmsandbox",
+    domain="vmsandbox-abab",
+    labels={"app": "web"},
+)
+_NOTREADY = pb.PodSandboxStateValue(state=pb.SANDBOX_NOTREADY)
+_EXITED = pb.ContainerStateValue(state=pb.CONTAINER_EXITED)
+_CONTAINER = ContainerRecord(
+    id="cd" * 32,
+    sandbox_id=_POD.id,
+    name="app",
+    attempt=0,
+    state=CONTAINER_CREATED,
+    created_ns=1,
+    labels={"tier": "front"},
+)
+
+
+@pytest.mark.parametrize(
+    ("f", "matches"),
+    [
+        (SandboxFilter(), True),
+        (SandboxFilter(id_prefix="abab"), True),
+        (SandboxFilter(id_prefix="ac"), False),
+        (SandboxFilter(state=SANDBOX_READY), True),
+        (SandboxFilter(state=SANDBOX_NOTREADY), False),
+        (SandboxFilter(state="undefined state 7"), False),
+        (SandboxFilter(labels={"app": "web"}), True),
+        (SandboxFilter(labels={"app": "web", "x": ""}), False),
+        (SandboxFilter(labels={"app": "db"}), False),
+    ],
+)
+def test_sandbox_filter(f: SandboxFilter, matches: bool) -> None:
+    assert f.matches(_POD) is matches
+
+
+@pytest.mark.parametrize(
+    ("f", "identity", "state"),
+    [
+        (ContainerFilter(), True, True),
+        (ContainerFilter(id_prefix="cdcd"), True, True),
+        (ContainerFilter(id_prefix="dc"), False, True),
+        (ContainerFilter(labels={"tier": "front"}), True, True),
+        (ContainerFilter(labels={"tier": "back"}), False, True),
+        (ContainerFilter(state=CONTAINER_CREATED), True, True),
+        (ContainerFilter(state=CONTAINER_EXITED), True, False),
+    ],
+)
+def test_container_filter(f: ContainerFilter, identity: bool, state: bool) -> None:
+    assert (f.matches_identity(_CONTAINER), f.matches_state(_CONTAINER)) == (identity, state)
+
+
+@pytest.mark.parametrize(
+    ("request_filter", "expected"),
+    [
+        (pb.PodSandboxFilter(), SandboxFilter()),
+        (pb.PodSandboxFilter(id="ab", label_selector={"a": "b"}), SandboxFilter("ab", None, {"a": "b"})),
+        (pb.PodSandboxFilter(state=_NOTREADY), SandboxFilter("", SANDBOX_NOTREADY)),
+        (pb.PodSandboxFilter(state=pb.PodSandboxStateValue(state=9)), SandboxFilter("", "undefined state 9")),  # type: ignore[arg-type]
+        (pb.PodSandboxStatsFilter(id="ab"), SandboxFilter("ab")),
+    ],
+)  # fmt: skip
+def test_sandbox_filter_from_the_wire(
+    request_filter: pb.PodSandboxFilter | pb.PodSandboxStatsFilter, expected: SandboxFilter
+) -> None:
+    assert inbound.sandbox_filter(request_filter) == expected
+
+
+@pytest.mark.parametrize(
+    ("request_filter", "expected"),
+    [
+        (pb.ContainerFilter(pod_sandbox_id="ab"), ContainerFilter(sandbox_id="ab")),
+        (pb.ContainerFilter(state=_EXITED), ContainerFilter(state=CONTAINER_EXITED)),
+        (pb.ContainerStatsFilter(id="cd", label_selector={"a": "b"}), ContainerFilter("cd", "", None, {"a": "b"})),
+    ],
+)  # fmt: skip
+def test_container_filter_from_the_wire(
+    request_filter: pb.ContainerFilter | pb.ContainerStatsFilter, expected: ContainerFilter
+) -> None:
+    assert inbound.container_filter(request_filter) == expected
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    with cri_server() as s:
+        yield s
+
+
+def _host_network_spec(port: int) -> SandboxSpec:
+    config = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name="web", namespace="default", uid="u-1"),
+        port_mappings=[pb.PortMapping(container_port=port, host_port=port, host_ip="127.0.0.1")],
+        linux=pb.LinuxPodSandboxConfig(
+            security_context=pb.LinuxSandboxSecurityContext(namespace_options=pb.NamespaceOption(network=pb.NODE))
+        ),
+    )
+    return inbound.sandbox_spec(config, "vmsandbox")
+
+
+def _booted(server: Server, sandbox_id: str) -> Pods:
+    """Pods whose ``Sandboxes.run`` answers with ``sandbox_id`` as a finished boot does."""
+    assert server.containers is not None
+    sb = server.sandboxes
+    sb.run = lambda spec: sandbox_id  # type: ignore[method-assign]
+    return Pods(sb, server.containers, host_ports=HostPorts(lambda sid, port: socket.socket()))
+
+
+def test_a_taken_node_port_tears_the_new_pod_down(server: Server) -> None:
+    sid = SEED_SANDBOXES[2]
+    pods = _booted(server, sid)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(AlreadyExists, match="is taken"):
+            pods.run(_host_network_spec(taken.getsockname()[1]))
+    assert server.sandboxes.records.find(sid) is None, "the refused pod is still recorded"
+    assert pods.host_ports is not None and sid not in pods.host_ports.sandboxes()
+    assert not (server.root / "state" / "sandboxes" / sid).exists()
+    assert_no_leak(server.sandboxes)
+
+
+@pytest.mark.parametrize(
+    ("security", "listens"),
+    [
+        (pb.LinuxContainerSecurityContext(), True),  # the default set has NET_BIND_SERVICE
+        (pb.LinuxContainerSecurityContext(capabilities=pb.Capability(drop_capabilities=["NET_BIND_SERVICE"])), False),
+        (pb.LinuxContainerSecurityContext(capabilities=pb.Capability(drop_capabilities=["ALL"])), False),
+        (
+            pb.LinuxContainerSecurityContext(
+                capabilities=pb.Capability(drop_capabilities=["ALL"], add_capabilities=["NET_BIND_SERVICE"])
+            ),
+            True,
+        ),
+        (
+            pb.LinuxContainerSecurityContext(privileged=True, capabilities=pb.Capability(drop_capabilities=["ALL"])),
+            True,
+        ),
+    ],
+)
+def test_a_privileged_node_port_opens_with_a_container_that_could_bind_it(
+    server: Server, security: pb.LinuxContainerSecurityContext, listens: bool
+) -> None:
+    sid = SEED_SANDBOXES[2]
+    assert server.containers is not None
+    sb = server.sandboxes
+    sb.run = lambda spec: sid  # type: ignore[method-assign]
+    pods = Pods(sb, server.containers, host_ports=HostPorts(lambda s, p: socket.socket(), lambda: 65536))
+    server.containers.create = lambda *args: None  # type: ignore[method-assign]  # no guest here
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    pods.run(_host_network_spec(port))
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="web"), image=pb.ImageSpec(image="x"),
+                                    linux=pb.LinuxContainerConfig(security_context=security))  # fmt: skip
+        run, user, stop_signal = inbound.container_request(config, {})
+        cid = pods.create_container(sid, inbound.container_spec(config), run, user, stop_signal, [])
+        assert server.sandboxes.records.container(cid).net_bind_service is listens
+        if listens:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        else:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        assert pods.host_ports is not None
+        pods.host_ports.close(sid)  # a shim started again opens them as the container's record says
+        spec = _host_network_spec(port)
+        record = replace(sb.records.get(sid), namespaces=spec.namespaces, port_mappings=spec.port_mappings)
+        sb.records.list_sandboxes = lambda: [record]  # type: ignore[method-assign]  # as the pod was run
+        pods.resume_node_ports()
+        if listens:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        else:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        assert pods.host_ports is not None
+        pods.host_ports.close(sid)
+
+
+def test_a_plugin_refusal_tears_the_new_pod_down_and_closes_its_node_ports(server: Server) -> None:
+    sid = SEED_SANDBOXES[2]
+    pods = _booted(server, sid)
+
+    class Refusing(NriHooks):
+        def sandbox_started(self, sandbox_id: str) -> None:
+            raise VmSandboxError("plugin says no")
+
+    assert server.containers is not None
+    pods.nri = Refusing(None, server.sandboxes, server.containers)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(VmSandboxError, match="plugin says no"):
+        pods.run(_host_network_spec(port))
+    assert server.sandboxes.records.find(sid) is None
+    with socket.socket() as again:  # the node port was let go
+        again.bind(("127.0.0.1", port))
+    assert_no_leak(server.sandboxes)
+
+
+def test_a_guest_refusing_a_container_leaves_no_record(server: Server) -> None:
+    """The seeded sandboxes have no guest: the create is refused there, and its record goes."""
+    assert server.containers is not None
+    pods = Pods(server.sandboxes, server.containers)
+    before = {c.id for c in server.sandboxes.records.containers()}
+    spec = inbound.container_spec(
+        pb.ContainerConfig(metadata=pb.ContainerMetadata(name="late"), image=pb.ImageSpec(image="x"))
+    )
+    run, user, stop_signal = inbound.container_request(pb.ContainerConfig(), {})
+    with pytest.raises(VmSandboxError):
+        pods.create_container(SEED_SANDBOXES[1], spec, run, user, stop_signal, [])
+    assert {c.id for c in server.sandboxes.records.containers()} == before
+
+
+def test_teardown_of_unknown_ids_succeeds_and_bad_input_is_refused(server: Server) -> None:
+    assert server.containers is not None
+    pods = Pods(server.sandboxes, server.containers)
+    pods.stop("f" * 64)
+    pods.remove("f" * 64)
+    pods.remove_container("f" * 64)
+    with pytest.raises(InvalidArgument):
+        pods.stop_container(SEED_CONTAINER, -1)
+    with pytest.raises(InvalidArgument):
+        pods.exec_sync(SEED_CONTAINER, ["true"], -1)
+    with pytest.raises(InvalidArgument):
+        pods.remove_container("")
+
+
+def test_pods_whose_guests_give_no_valid_answer_are_listed_without_usage(server: Server) -> None:
+    """One guest that does not answer (here: none of the seeded pods has one) must not fail the
+    node's stats lists: the kubelet's eviction and summary API read them for every pod."""
+    running = replace(
+        ContainerRecord(
+            id="ef" * 32, sandbox_id=SEED_SANDBOXES[1], name="web", attempt=0, state=CONTAINER_CREATED, created_ns=2
+        ),
+        state="CONTAINER_RUNNING",
+        image_id="sha256:" + "0" * 64,
+    )
+    server.sandboxes.records.save_container(running)
+    code, details, body = server.rpc("ListPodSandboxStats", pb.ListPodSandboxStatsRequest())
+    assert code.name == "OK", details
+    stats = pb.ListPodSandboxStatsResponse.FromString(body).stats
+    assert {s.attributes.id for s in stats} == set(SEED_SANDBOXES)
+    assert all(not s.linux.HasField("cpu") for s in stats)
+    code, details, body = server.rpc("ListContainerStats", pb.ListContainerStatsRequest())
+    assert code.name == "OK", details
+    assert [s.attributes.id for s in pb.ListContainerStatsResponse.FromString(body).stats] == [running.id]
