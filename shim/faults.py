@@ -1,11 +1,19 @@
-"""Fault injection for crash-recovery tests: die by SIGKILL at a named point.
+"""Fault injection at named points: die by SIGKILL there, or fail the RPC there.
 
-**A test-only hook, inert unless the environment variable ``VMSANDBOX_FAULT`` is set.** The
-variable is read once, when this module is imported. When it names one of ``POINTS``, the
-first ``checkpoint()`` with that name kills the shim on the spot (``SIGKILL``: no ``finally``,
-no rollback, no flush, exactly like the OOM killer or a power cut), so a test can restart the
-shim on the same state directory and check what reconciliation makes of the remains.
-Production never sets the variable; then ``checkpoint()`` is a comparison with an empty string.
+**A test-only hook, inert unless the environment variable ``VMSANDBOX_FAULT`` is set or a test
+in the same process calls ``raising``.** The variable is read once, when this module is imported.
+
+- ``VMSANDBOX_FAULT=<point>``: the first ``checkpoint()`` with that name kills the shim on the
+  spot (``SIGKILL``: no ``finally``, no rollback, no flush, exactly like the OOM killer or a power
+  cut), so a test can restart the shim on the same state directory and check what reconciliation
+  makes of the remains.
+- ``VMSANDBOX_FAULT=raise:<point>``, or ``with faults.raising(point):`` in process: that
+  ``checkpoint()`` raises ``InjectedFault`` instead, so the RPC's own rollback runs (``shim.rpc``)
+  and a test checks that it left nothing behind.
+
+Production never sets either; then ``checkpoint()`` is a comparison with an empty string. The
+points of each RPC's steps are ``shim.rpc``'s ``<rpc>:<step>`` names (``rpc_points``); the points
+below are the ones inside the owners' own work.
 
 The points, in the order a sandbox passes them:
 
@@ -27,13 +35,20 @@ The points, in the order a sandbox passes them:
 ``remove:after-release``  the domain is gone and the claims released; the row still says READY
 ``pull:after-blobs``      PullImage has the blobs in the store; the tree is not unpacked yet
 ``pull:after-tree``       the tree is unpacked and in place; the catalogue does not name the image yet
+``create:after-admit``    CreateContainer admitted and recorded the container; its guest has not made it
+``create:after-guest``    the guest made the container; the record does not say so yet
+``start:after-guest``     the guest started the container; the record does not say so yet
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+from collections.abc import Iterator
+
+from vmsandbox.errors import InfrastructureError
 
 log = logging.getLogger(__name__)
 
@@ -56,24 +71,62 @@ POINTS = (
     "remove:after-release",
     "pull:after-blobs",
     "pull:after-tree",
+    "create:after-admit",
+    "create:after-guest",
+    "start:after-guest",
 )
 
-_ARMED = os.environ.get(ENV, "")
-if _ARMED:
-    if _ARMED in POINTS:
-        log.warning("%s=%s: this shim will kill itself (SIGKILL) at that point; test use only", ENV, _ARMED)
-    else:
-        log.warning("%s=%s names no fault point (known: %s); ignored", ENV, _ARMED, ", ".join(POINTS))
+RAISE = "raise:"
+
+
+class InjectedFault(InfrastructureError):
+    """The failure a test injected at a fault point."""
+
+
+_SETTING = os.environ.get(ENV, "")
+_ARMED = _SETTING.removeprefix(RAISE)  # the point, kill or raise
+_RAISES = _SETTING.startswith(RAISE)
+_raising: set[str] = set()  # points set by ``raising`` in this process
+_known: set[str] = set(POINTS)  # and the RPC steps' points, added by shim.rpc as it declares them
+if _SETTING:
+    what = "fail the RPC" if _RAISES else "kill itself (SIGKILL)"
+    log.warning("%s=%s: this shim will %s at that point; test use only", ENV, _SETTING, what)
+
+
+def declare(*points: str) -> None:
+    """More fault points (an RPC's steps, ``shim.rpc``)."""
+    _known.update(points)
+
+
+def known() -> frozenset[str]:
+    return frozenset(_known)
 
 
 def armed() -> str:
-    """The fault point this process will die at, or ''."""
+    """The fault point this process will die (or fail) at, or ''."""
     return _ARMED
 
 
+@contextlib.contextmanager
+def raising(point: str) -> Iterator[None]:
+    """In process, for tests: ``checkpoint(point)`` raises ``InjectedFault`` while this lasts."""
+    if point not in _known:
+        raise ValueError(f"{point!r} is no fault point (known: {', '.join(sorted(_known))})")
+    _raising.add(point)
+    try:
+        yield
+    finally:
+        _raising.discard(point)
+
+
 def checkpoint(name: str) -> None:
-    """Die by SIGKILL here if ``VMSANDBOX_FAULT`` names this point; otherwise do nothing."""
+    """Die by SIGKILL, or raise ``InjectedFault``, here if a test asked for this point; otherwise
+    do nothing."""
+    if _raising and name in _raising:
+        raise InjectedFault(f"fault injected at {name}")
     if _ARMED and name == _ARMED:
+        if _RAISES:
+            raise InjectedFault(f"fault injected at {name}")
         log.critical("fault injection: SIGKILL at %s", name)
         for handler in logging.getLogger().handlers:
             handler.flush()

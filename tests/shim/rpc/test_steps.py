@@ -1,0 +1,82 @@
+"""``shim.rpc.steps``: undo exactly what was done, newest first; stop at an undo that fails; every
+step a fault point."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from shim import faults, rpc
+from vmsandbox.errors import InfrastructureError, InvalidArgument
+
+rpc.declare("test-rpc", "one", "two", "three")
+
+
+def _run(fail_at: str | None, log: list[str], undo_fails: str = "") -> None:
+    def undo(step: str) -> None:
+        if step == undo_fails:
+            raise InfrastructureError(f"cannot undo {step}")
+        log.append(f"undo {step}")
+
+    with rpc.steps("test-rpc") as s:
+        for step in ("one", "two", "three"):
+            if step == fail_at:
+                raise InvalidArgument(f"{step} refused")
+            log.append(step)
+            s.done(step, functools.partial(undo, step))
+
+
+@pytest.mark.parametrize(
+    ("fail_at", "expect"),
+    [
+        (None, ["one", "two", "three"]),
+        ("one", []),
+        ("two", ["one", "undo one"]),
+        ("three", ["one", "two", "undo two", "undo one"]),
+    ],
+)
+def test_a_failure_undoes_what_was_done_newest_first(fail_at: str | None, expect: list[str]) -> None:
+    log: list[str] = []
+    if fail_at is None:
+        _run(None, log)
+    else:
+        with pytest.raises(InvalidArgument):
+            _run(fail_at, log)
+    assert log == expect
+
+
+@pytest.mark.parametrize("point", rpc.rpc_points("test-rpc"))
+def test_every_step_is_a_fault_point_and_its_injection_unwinds(point: str) -> None:
+    log: list[str] = []
+    with faults.raising(point), pytest.raises(faults.InjectedFault, match=point):
+        _run(None, log)
+    done = [s for s in log if not s.startswith("undo")]
+    assert [s for s in log if s.startswith("undo")] == [f"undo {s}" for s in reversed(done)]
+    assert done[-1] == point.split(":")[1]
+
+
+def test_an_undo_that_fails_stops_the_unwinding_and_says_what_is_left() -> None:
+    log: list[str] = []
+    outcomes: list[str] = []
+
+    def keep(exc: BaseException, outcome: str) -> None:
+        outcomes.append(outcome)
+
+    with pytest.raises(InvalidArgument), rpc.steps("test-rpc", keep) as s:
+        s.done("one", functools.partial(log.append, "one"))
+        s.done("two", _fail)
+        raise InvalidArgument("three refused")
+    assert log == []  # "one" was not undone: it stays for the reconcile
+    assert outcomes == ["rollback incomplete: undoing two failed (no); left for the reconcile: two, one"]
+
+
+def _fail() -> None:
+    raise InfrastructureError("no")
+
+
+def test_an_undeclared_step_or_point_is_a_bug() -> None:
+    with pytest.raises(AssertionError), rpc.steps("test-rpc") as s:
+        s.done("four")
+    with pytest.raises(ValueError), faults.raising("test-rpc:four"):
+        pass
