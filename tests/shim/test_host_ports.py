@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from shim.host_ports import HostPorts, node_address
+from tests.ports import quiet_port
 from vmsandbox.errors import AlreadyExists, InfrastructureError, InvalidArgument
 from vmsandbox.network import NamespaceOptions, NodePort, PortMapping, node_ports
 
@@ -20,10 +21,7 @@ NODE = NamespaceOptions(network="NODE")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return quiet_port()
 
 
 @pytest.fixture

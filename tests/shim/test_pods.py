@@ -31,6 +31,7 @@ from shim.nri.hooks import NriHooks
 from shim.pods import Pods
 from shim.translate import inbound
 from tests.cri_server import SEED_CONTAINER, SEED_SANDBOXES, Server, assert_no_leak, cri_server
+from tests.ports import quiet_port
 from vmsandbox.errors import AlreadyExists, InvalidArgument, VmSandboxError
 
 _POD = SandboxRecord(
@@ -186,9 +187,7 @@ def test_a_privileged_node_port_opens_with_a_container_that_could_bind_it(
     sb.run = lambda spec: sid  # type: ignore[method-assign]
     pods = Pods(sb, server.containers, host_ports=HostPorts(lambda s, p: socket.socket(), lambda: 65536))
     server.containers.create = lambda *args: None  # type: ignore[method-assign]  # no guest here
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = quiet_port()
     pods.run(_host_network_spec(port))
     try:
         with pytest.raises(ConnectionRefusedError):
@@ -229,9 +228,7 @@ def test_a_plugin_refusal_tears_the_new_pod_down_and_closes_its_node_ports(serve
 
     assert server.containers is not None
     pods.nri = Refusing(None, server.sandboxes, server.containers)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = quiet_port()
     with pytest.raises(VmSandboxError, match="plugin says no"):
         pods.run(_host_network_spec(port))
     assert server.sandboxes.records.find(sid) is None
