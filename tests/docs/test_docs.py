@@ -91,6 +91,30 @@ def test_layout_names_top_level_entries() -> None:
     assert {"vmsandbox/", "shim/", "tests/"} <= set(top), f"docs/layout.md lists no top-level tree: {top}"
 
 
+#: what is in the checkout but not of the project: caches, virtual environments, build output
+NOT_OURS = re.compile(r"^(\.(?!ci$).*|__pycache__|.*\.egg-info|build)$")
+
+
+def test_layout_names_every_top_level_entry_and_package() -> None:
+    """The layout matches the tree: each top-level file and directory is a list item of its own, and
+    each Python package of the code and the tests is named with its path."""
+    text = LAYOUT.read_text()
+    items = {i.rstrip("/").split("/")[0] for i in TOP_LEVEL_ITEM.findall(text)}
+    unlisted = sorted(p.name for p in REPO.iterdir() if not NOT_OURS.match(p.name) and p.name not in items)
+    assert unlisted == [], f"docs/layout.md has no item for these top-level entries: {unlisted}"
+    named = set(BACKTICKED.findall(text))
+    packages = sorted(
+        str(init.parent.relative_to(REPO)) + "/"
+        for top in ("vmsandbox", "shim", "cli", "gen", "tests", "bench")
+        for init in (REPO / top).rglob("__init__.py")
+        if init.parent != REPO / top
+        and not any(NOT_OURS.match(part) for part in init.relative_to(REPO).parts)
+        and not (top == "gen" and len(init.relative_to(REPO).parts) > 3)  # generated code's own tree
+    )
+    missing = [p for p in packages if p not in named]
+    assert missing == [], f"docs/layout.md does not name these packages: {missing}"
+
+
 def test_every_path_in_the_layout_exists() -> None:
     text = LAYOUT.read_text()
     paths = set(TOP_LEVEL_ITEM.findall(text))
