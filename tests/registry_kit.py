@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tarfile
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tests import interrupts
+from tests.ports import quiet_port
 
 BUSYBOX = Path("/bin/busybox")
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -46,9 +46,7 @@ ACCEPT_ALL = ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_LIST))
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return quiet_port()
 
 
 def digest_of(data: bytes) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.ports import quiet_port
 from tests.shim_kit import Shim, container, pod, q, require_host, start_shim, stop_shim
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -24,9 +24,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return quiet_port()
 
 
 def scrape(address: str) -> Samples:

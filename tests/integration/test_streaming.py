@@ -26,6 +26,7 @@ import websocket  # websocket-client
 from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cluster_support import built_crictl
 from tests.integration.cni_kit import cni_env
+from tests.ports import quiet_port
 from tests.registry_kit import Layout, Registry, busybox_entries, push
 from tests.shim_kit import Shim, container, pod, q, require_host, running_shim
 from vmsandbox import spdy
@@ -449,9 +450,7 @@ def test_crictl_exec_passes_the_exit_code(env: Env) -> None:
 
 @needs_crictl
 def test_crictl_port_forward_reaches_a_server_in_the_guest(env: Env) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        local = s.getsockname()[1]
+    local = quiet_port()
     assert CRICTL is not None
     sock = f"unix://{env.shim.socket}"
     proc = subprocess.Popen(
@@ -554,10 +553,7 @@ def test_port_forward_into_a_host_network_pod_is_relayed_by_the_agent(env: Env) 
 
 
 def _node_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return quiet_port()
 
 
 def _ask_node(port: int, line: bytes) -> bytes:
