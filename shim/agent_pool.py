@@ -10,8 +10,7 @@ It also holds the guest's word against the records (``shim.records``): a connect
 instance other than the one that reported at RunPodSandbox, a hello from a new instance on a
 live connection, or an agent that does not know a container recorded as created or running
 means the agent lost its containers, and ``on_lost`` (``Reconciler.agent_lost``) turns the
-sandbox NOTREADY. ``GuestProcess`` and ``GuestAttach`` are the streamed processes and Attach
-sessions bound to one of these connections.
+sandbox NOTREADY.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from shim.records import Records
 from vmsandbox.adapters.agent_client import AgentClient, AgentLost
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
-from vmsandbox.agent_ops import PROC_WRITE_MAX, ProcOutput
 from vmsandbox.agent_protocol import UNKNOWN_CONTAINER, ProtocolError
 from vmsandbox.domain import AGENT_CHANNEL
 from vmsandbox.errors import VmSandboxError
@@ -33,67 +31,6 @@ from vmsandbox.errors import VmSandboxError
 log = logging.getLogger(__name__)
 
 _CONNECT_TIMEOUT_S = 30.0
-
-
-class GuestProcess:
-    """A streamed process in a guest, bound to the agent connection that started it (its id
-    means nothing to another connection: the agent releases a host's processes when it leaves)."""
-
-    def __init__(self, client: AgentClient, proc: str) -> None:
-        self.client = client
-        self.proc = proc
-
-    def read(self, max_bytes: int, timeout_s: float) -> ProcOutput:
-        return self.client.proc_read(self.proc, max_bytes=max_bytes, timeout_s=timeout_s)
-
-    def write(self, data: bytes) -> bool:
-        """Writes all of ``data`` (waiting while the process does not read); False once its stdin is closed."""
-        view = memoryview(data)
-        while view:
-            chunk = bytes(view[:PROC_WRITE_MAX])
-            n, closed = self.client.proc_write(self.proc, chunk)
-            if closed:
-                return False
-            view = view[n:]
-        return True
-
-    def close_stdin(self) -> None:
-        self.client.proc_close_stdin(self.proc)
-
-    def resize(self, rows: int, cols: int) -> None:
-        self.client.proc_resize(self.proc, rows, cols)
-
-    def release(self) -> None:
-        self.client.proc_release(self.proc)
-
-
-class GuestAttach:
-    """An Attach session on a container's own stdio in its guest (the same shape as GuestProcess)."""
-
-    def __init__(self, client: AgentClient, session: str) -> None:
-        self.client = client
-        self.session = session
-
-    def read(self, max_bytes: int, timeout_s: float) -> ProcOutput:
-        return self.client.attach_read(self.session, max_bytes=max_bytes, timeout_s=timeout_s)
-
-    def write(self, data: bytes) -> bool:
-        view = memoryview(data)
-        while view:
-            n, closed = self.client.attach_write(self.session, bytes(view[:PROC_WRITE_MAX]))
-            if closed:
-                return False
-            view = view[n:]
-        return True
-
-    def close_stdin(self) -> None:
-        self.client.attach_close_stdin(self.session)
-
-    def resize(self, rows: int, cols: int) -> None:
-        self.client.attach_resize(self.session, rows, cols)
-
-    def release(self) -> None:
-        self.client.attach_release(self.session)
 
 
 class AgentPool:

@@ -19,11 +19,12 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from shim import faults
-from shim.agent_pool import AgentPool, GuestAttach, GuestProcess
+from shim.agent_pool import AgentPool
 from shim.container_mounts import ContainerMounts, hugepage_mounts
 from shim.image_store import ImageStore
 from shim.log_copy import LogCopies
@@ -39,7 +40,9 @@ from shim.mount_follow import MountFollower
 from shim.pod_volumes import PodVolumes
 from shim.sandboxes import Sandboxes
 from vmsandbox import oci_spec, validation
-from vmsandbox.adapters import shared_tree
+from vmsandbox.adapters import agent_streams, shared_tree
+from vmsandbox.adapters.agent_client import AgentClient
+from vmsandbox.adapters.agent_streams import AgentStream
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.agent_ops import CgroupStats, ContainerState, ExecResult, LogChunk
@@ -447,34 +450,32 @@ class Containers:
         assert isinstance(res, ExecResult)
         return res
 
-    def proc_start(self, container_id: str, argv: list[str], *, tty: bool, stdin: bool) -> GuestProcess:
+    def proc_start(self, container_id: str, argv: list[str], *, tty: bool, stdin: bool) -> AgentStream:
         """A process started in the running container for a streaming Exec (``shim.streaming``).
         The record's state is enough here: the agent refuses a container that is not running."""
         c = self.records.container(container_id)
         if c.state != CONTAINER_RUNNING:
             raise WrongState(f"container {container_id[:12]} is not running: nothing to exec into")
         self.follow.catch_up(c.sandbox_id)
-        client = self.pool.client(c.sandbox_id)
-        try:
-            proc = client.proc_start(c.id, argv, tty=tty, stdin=stdin)
-        except GuestChannelClosed:
-            self.pool.drop(c.sandbox_id)
-            client = self.pool.client(c.sandbox_id)
-            proc = client.proc_start(c.id, argv, tty=tty, stdin=stdin)
-        return GuestProcess(client, proc)
+        return self._open_stream(
+            c.sandbox_id, lambda client: agent_streams.proc_start(client, c.id, argv, tty=tty, stdin=stdin)
+        )
 
-    def attach_start(self, container_id: str) -> GuestAttach:
+    def attach_start(self, container_id: str) -> AgentStream:
+        """A session on the running container's own stdio for an Attach."""
         c = self.records.container(container_id)
         if c.state != CONTAINER_RUNNING:
             raise WrongState(f"container {container_id[:12]} is not running: nothing to attach to")
-        client = self.pool.client(c.sandbox_id)
+        return self._open_stream(c.sandbox_id, lambda client: agent_streams.attach_open(client, c.id))
+
+    def _open_stream(self, sandbox_id: str, open_: Callable[[AgentClient], AgentStream]) -> AgentStream:
+        """A stream session opened on the guest's connection; on a new connection when that one had
+        closed (the session is bound to the connection that opened it)."""
         try:
-            session = client.attach_open(c.id)
+            return open_(self.pool.client(sandbox_id))
         except GuestChannelClosed:
-            self.pool.drop(c.sandbox_id)
-            client = self.pool.client(c.sandbox_id)
-            session = client.attach_open(c.id)
-        return GuestAttach(client, session)
+            self.pool.drop(sandbox_id)
+            return open_(self.pool.client(sandbox_id))
 
     def stats(self, container_id: str) -> CgroupStats | None:
         """The running container's usage; None when it is not running or its guest gives no valid

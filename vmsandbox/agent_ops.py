@@ -2,7 +2,7 @@
 
 ``vmsandbox.agent_protocol`` frames and decodes the messages; this reads the bodies of the
 responses to container ops (a container's state, an exec's result, cgroup statistics, a chunk of
-a container's log, a streamed process's output), each field typed and bounded as the protocol's
+a container's log, a stream session's output), each field typed and bounded as the protocol's
 readers check them, since an untrusted guest wrote them.
 """
 
@@ -286,38 +286,111 @@ def log_chunk_from_body(body: Mapping[str, object], asked: int, max_bytes: int, 
     return LogChunk(offset=offset, data=data, eof=eof)
 
 
-PROC_READ_MAX = 64 << 10
-"""Bytes of output the host asks one ``proc_read`` for (the agent buffers at most 256 KiB per stream)."""
-PROC_WRITE_MAX = 32 << 10
-"""Bytes of stdin one ``proc_write`` may carry: in base64 its request stays under the 64 KiB line
-the agent reads."""
+# ---- stream sessions: streamed processes, attach sessions, forwarded connections -----------------
+
+STREAM_READ_MAX = 64 << 10
+"""Bytes of output the host asks one read of a stream session for (the agent buffers at most
+256 KiB per stream)."""
+STREAM_WRITE_MAX = 32 << 10
+"""Bytes one write to a stream session may carry: in base64 its request stays under the 64 KiB
+line the agent reads."""
 
 
 @dataclass(frozen=True)
-class ProcOutput:
-    """One ``proc_read`` answer: output taken from a streamed process, and its exit once it
-    finished (exited and its output drained)."""
+class StreamKind:
+    """The ops of one kind of stream session in the guest agent. Streamed processes, attach
+    sessions and forwarded connections have the same ops (open, a long-poll read, bounded writes,
+    the end of the input, release; resize for those with a terminal), named apart, with the
+    session named by a field of its own and output in fields of their own."""
+
+    open_op: str
+    id_field: str
+    """The field of the open's answer and of every later op's args that names the session."""
+    read_op: str
+    write_op: str
+    close_input_op: str
+    release_op: str
+    resize_op: str | None
+    output_fields: tuple[str, ...]
+    """The read answer's base64 output fields: stdout (and stderr)."""
+    done_field: str
+    """The read answer's field saying nothing more will come."""
+    exit_code: bool
+    """A finished read answer carries the exit code."""
+
+
+PROC = StreamKind(
+    open_op="proc_start",
+    id_field="proc",
+    read_op="proc_read",
+    write_op="proc_write",
+    close_input_op="proc_close_stdin",
+    release_op="proc_release",
+    resize_op="proc_resize",
+    output_fields=("stdout", "stderr"),
+    done_field="done",
+    exit_code=True,
+)
+ATTACH = StreamKind(
+    open_op="attach_open",
+    id_field="attach",
+    read_op="attach_read",
+    write_op="attach_write",
+    close_input_op="attach_close_stdin",
+    release_op="attach_release",
+    resize_op="attach_resize",
+    output_fields=("stdout", "stderr"),
+    done_field="done",
+    exit_code=False,
+)
+TCP = StreamKind(
+    open_op="tcp_connect",
+    id_field="conn",
+    read_op="tcp_read",
+    write_op="tcp_write",
+    close_input_op="tcp_close_write",
+    release_op="tcp_close",
+    resize_op=None,
+    output_fields=("data",),
+    done_field="eof",
+    exit_code=False,
+)
+
+
+@dataclass(frozen=True)
+class StreamOutput:
+    """One read of a stream session: output taken from it, and whether it finished (a process
+    exited and its output drained, a container exited, a connection's end of stream)."""
 
     stdout: bytes
     stderr: bytes
     done: bool
     exit_code: int | None
+    """A process's exit code once done (0 for kinds without one); None before."""
 
 
-def proc_output_from_body(
-    body: Mapping[str, object], where: str = "proc_read", limit: int = PROC_READ_MAX
-) -> ProcOutput:
-    done = read_field(body, "done", bool, where)
+def stream_output_from_body(
+    kind: StreamKind, body: Mapping[str, object], where: str, limit: int = STREAM_READ_MAX
+) -> StreamOutput:
+    done = read_field(body, kind.done_field, bool, where)
     assert isinstance(done, bool)
-    stdout, stderr = _b64(body, "stdout", where), _b64(body, "stderr", where)
-    if len(stdout) + len(stderr) > limit:
-        raise ProtocolError(f"{where}: {len(stdout) + len(stderr)} bytes of output (asked for at most {limit})")
-    code = read_count(body, "exit_code", where) if done else None
-    return ProcOutput(stdout, stderr, done, code)
+    out = [_b64(body, name, where) for name in kind.output_fields]
+    if sum(map(len, out)) > limit:
+        raise ProtocolError(f"{where}: {sum(map(len, out))} bytes of output (asked for at most {limit})")
+    code = (read_count(body, "exit_code", where) if kind.exit_code else 0) if done else None
+    return StreamOutput(out[0], out[1] if len(out) > 1 else b"", done, code)
 
 
-def proc_id_from_body(body: Mapping[str, object], where: str = "proc_start") -> str:
-    proc = read_str(body, "proc", where)
-    if not proc.isdigit() or len(proc) > 20:
-        raise ProtocolError(f"{where}: bad process id {clip(proc)!r}")
-    return proc
+def stream_id_from_body(kind: StreamKind, body: Mapping[str, object], where: str) -> str:
+    sid = read_str(body, kind.id_field, where)
+    if not sid.isdigit() or len(sid) > 20:
+        raise ProtocolError(f"{where}: bad {kind.id_field} id {clip(sid)!r}")
+    return sid
+
+
+def written_from_body(body: Mapping[str, object], sent: int, where: str) -> tuple[int, bool]:
+    """(bytes the session took of the ``sent``, its input closed for good)."""
+    written = body.get("written")
+    if not isinstance(written, int) or isinstance(written, bool) or not 0 <= written <= sent:
+        raise ProtocolError(f"{where}: 'written' must be a count of the bytes sent")
+    return written, body.get("closed") is True

@@ -3,44 +3,40 @@ package main
 // Forwarded TCP connections (the CRI's PortForward into a pod the host cannot reach, a
 // host-network pod whose guest has QEMU's user-mode network): the agent connects to a port on the
 // guest's loopback, where the pod's containers listen (they share the guest's network namespace),
-// and relays bytes by request. As for streamed processes, the agent reads from the connection only
-// while fewer than procBufMax bytes wait for the host, and releases connections of a host that
-// went away.
+// and relays bytes by request as a stream session (session.go) of one stream: the agent reads
+// from the connection only while fewer than sessionBufMax bytes wait for the host, and releases
+// connections of a host that went away.
 
 import (
 	"encoding/json"
 	"fmt"
 	"net"
 	"strconv"
-	"sync"
 	"time"
 )
 
-type fwdConn struct {
-	id   string
-	conn *net.TCPConn
-	buf  []byte
-	eof  bool
-	seen time.Time
-}
+const fwdMaxLive = 4 * procMaxLive // forwarded connections at once in this guest
 
-var fwds struct {
-	sync.Mutex
-	cond *sync.Cond
-	m    map[string]*fwdConn
-	n    int
+var fwds = &sessions{
+	idField: "conn",
+	max:     fwdMaxLive,
+	unknown: func(id string) error { return fmt.Errorf("no forwarded connection %q", id) },
+	full:    func(n int) error { return fmt.Errorf("tcp_connect: %d forwarded connections already", n) },
+	answer:  fwdAnswer,
 }
 
 func init() {
-	fwds.cond = sync.NewCond(&fwds.Mutex)
-	fwds.m = map[string]*fwdConn{}
 	handlers["tcp_connect"] = opTCPConnect
-	handlers["tcp_read"] = opTCPRead
-	handlers["tcp_write"] = opTCPWrite
-	handlers["tcp_close_write"] = opTCPCloseWrite
-	handlers["tcp_close"] = opTCPClose
-	go janitor(idleForwards)
+	fwds.register(sessionOps{read: "tcp_read", write: "tcp_write", closeInput: "tcp_close_write",
+		release: "tcp_close"})
 }
+
+// fwdAnswer is tcp_read's answer: {"data" (base64),"eof"}.
+func fwdAnswer(r readResult) map[string]interface{} {
+	return map[string]interface{}{"data": r.out[0], "eof": r.done}
+}
+
+type fwdSource struct{ conn *net.TCPConn }
 
 // tcp_connect: {"port"} -> {"conn"}
 func opTCPConnect(raw json.RawMessage) (interface{}, error) {
@@ -53,155 +49,38 @@ func opTCPConnect(raw json.RawMessage) (interface{}, error) {
 	if a.Port <= 0 || a.Port > 65535 {
 		return nil, fmt.Errorf("tcp_connect: bad port %d", a.Port)
 	}
-	fwds.Lock()
-	if len(fwds.m) >= 4*procMaxLive {
-		fwds.Unlock()
-		return nil, fmt.Errorf("tcp_connect: %d forwarded connections already", len(fwds.m))
+	id, err := fwds.reserve()
+	if err != nil {
+		return nil, err
 	}
-	fwds.Unlock()
 	c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(a.Port)), 10*time.Second)
 	if err != nil {
+		fwds.unreserve()
 		return nil, fmt.Errorf("tcp_connect: %v", err)
 	}
-	fc := &fwdConn{conn: c.(*net.TCPConn), seen: time.Now()}
-	fwds.Lock()
-	fwds.n++
-	fc.id = strconv.Itoa(fwds.n)
-	fwds.m[fc.id] = fc
-	fwds.Unlock()
-	go fc.pump()
-	return map[string]interface{}{"conn": fc.id}, nil
+	s := newSession(1, 0, fwdSource{c.(*net.TCPConn)})
+	fwds.add(id, s)
+	go func() {
+		s.pump(0, c)
+		s.end(0) // the connection's end of stream, once its bytes are read
+	}()
+	return map[string]interface{}{"conn": id}, nil
 }
 
-func (fc *fwdConn) pump() {
-	tmp := make([]byte, procReadChunk)
-	for {
-		fwds.Lock()
-		for len(fc.buf) >= procBufMax && !fc.eof {
-			fwds.cond.Wait()
-		}
-		done := fc.eof
-		fwds.Unlock()
-		if done {
-			return
-		}
-		n, err := fc.conn.Read(tmp)
-		fwds.Lock()
-		fc.buf = append(fc.buf, tmp[:n]...)
-		if err != nil {
-			fc.eof = true
-		}
-		fwds.cond.Broadcast()
-		fwds.Unlock()
-	}
-}
-
-func lookupFwd(raw json.RawMessage) (*fwdConn, error) {
-	var a struct {
-		Conn string `json:"conn"`
-	}
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, err
-	}
-	fwds.Lock()
-	defer fwds.Unlock()
-	fc, ok := fwds.m[a.Conn]
-	if !ok {
-		return nil, fmt.Errorf("no forwarded connection %q", a.Conn)
-	}
-	fc.seen = time.Now()
-	return fc, nil
-}
-
-// tcp_read: {"conn","max_bytes","timeout_ms"} -> {"data" (base64),"eof"}
-func opTCPRead(raw json.RawMessage) (interface{}, error) {
-	fc, err := lookupFwd(raw)
-	if err != nil {
-		return nil, err
-	}
-	var a struct {
-		MaxBytes  int `json:"max_bytes"`
-		TimeoutMs int `json:"timeout_ms"`
-	}
-	json.Unmarshal(raw, &a)
-	if a.MaxBytes <= 0 || a.MaxBytes > procBufMax {
-		a.MaxBytes = procBufMax
-	}
-	if a.TimeoutMs < 0 || a.TimeoutMs > procMaxPollMs {
-		a.TimeoutMs = procMaxPollMs
-	}
-	wait := time.Duration(a.TimeoutMs) * time.Millisecond
-	deadline := time.Now().Add(wait)
-	t := time.AfterFunc(wait, func() { fwds.Lock(); fwds.cond.Broadcast(); fwds.Unlock() })
-	defer t.Stop()
-	fwds.Lock()
-	defer fwds.Unlock()
-	for len(fc.buf) == 0 && !fc.eof && time.Now().Before(deadline) {
-		fwds.cond.Wait()
-	}
-	n := len(fc.buf)
-	if n > a.MaxBytes {
-		n = a.MaxBytes
-	}
-	data := append([]byte(nil), fc.buf[:n]...)
-	fc.buf = fc.buf[n:]
-	fwds.cond.Broadcast()
-	return map[string]interface{}{"data": data, "eof": fc.eof && len(fc.buf) == 0}, nil
-}
-
-// tcp_write: {"conn","data" (base64, at most procWriteMax),"timeout_ms"} -> {"written"}
-func opTCPWrite(raw json.RawMessage) (interface{}, error) {
-	fc, err := lookupFwd(raw)
-	if err != nil {
-		return nil, err
-	}
-	var a struct {
-		Data      []byte `json:"data"`
-		TimeoutMs int    `json:"timeout_ms"`
-	}
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, fmt.Errorf("tcp_write: %v", err)
-	}
-	if len(a.Data) > procWriteMax {
-		return nil, fmt.Errorf("tcp_write: %d bytes at once (at most %d)", len(a.Data), procWriteMax)
-	}
-	if a.TimeoutMs <= 0 || a.TimeoutMs > procMaxPollMs {
-		a.TimeoutMs = 10000
-	}
-	fc.conn.SetWriteDeadline(time.Now().Add(time.Duration(a.TimeoutMs) * time.Millisecond))
-	n, err := fc.conn.Write(a.Data)
+// write fails only when no byte went.
+func (f fwdSource) write(data []byte, deadline time.Time) (int, bool, error) {
+	f.conn.SetWriteDeadline(deadline)
+	n, err := f.conn.Write(data)
 	if err != nil && n == 0 {
-		return nil, fmt.Errorf("tcp_write: %v", err)
+		return 0, false, err
 	}
-	return map[string]interface{}{"written": n}, nil
+	return n, false, nil
 }
 
-// tcp_close_write: {"conn"} -> {}: the client sent its last byte.
-func opTCPCloseWrite(raw json.RawMessage) (interface{}, error) {
-	fc, err := lookupFwd(raw)
-	if err != nil {
-		return nil, err
-	}
-	fc.conn.CloseWrite()
-	return nil, nil
-}
+// closeInput: the client sent its last byte.
+func (f fwdSource) closeInput() { f.conn.CloseWrite() }
 
-// tcp_close: {"conn"} -> {}
-func opTCPClose(raw json.RawMessage) (interface{}, error) {
-	fc, err := lookupFwd(raw)
-	if err != nil {
-		return nil, nil
-	}
-	fc.close()
-	return nil, nil
-}
-
-func (fc *fwdConn) close() {
-	fc.conn.Close()
-	fwds.Lock()
-	fc.eof = true
-	fc.buf = nil
-	delete(fwds.m, fc.id)
-	fwds.cond.Broadcast()
-	fwds.Unlock()
+func (f fwdSource) release(s *session) {
+	f.conn.Close()
+	s.forget()
 }

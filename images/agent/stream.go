@@ -1,16 +1,17 @@
 package main
 
 // Streamed processes (the CRI's streaming Exec): a process started in a running container with
-// pipes or a terminal, whose output the host takes in bounded chunks (proc_read, a long poll),
-// whose stdin the host writes in bounded pieces, and whose exit code the host collects. Output is
-// read from the process only while less than procBufMax bytes per stream wait for the host, so a
-// host that stops reading stops the process at its next write (back-pressure, bounded memory).
+// pipes or a terminal, as a stream session (session.go): the host takes its output in bounded
+// chunks (proc_read, a long poll), writes its stdin in bounded pieces, and learns its exit code
+// once it finished. Output is read from the process only while less than sessionBufMax bytes per
+// stream wait for the host, so a host that stops reading stops the process at its next write.
 // A process whose host goes away (proc_release, the channel closing, or no request for
-// procLease) gets SIGHUP (its terminal closes) or EOF on stdin and closed output pipes, then
-// SIGKILL after procKillGrace, and is reaped.
+// sessionLease) gets SIGHUP (its terminal closes) or EOF on stdin and closed output pipes, then
+// SIGKILL after procKillGrace, and is reaped; its id is known until then.
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -25,64 +26,46 @@ import (
 )
 
 const (
-	procBufMax     = 256 << 10 // bytes of output per stream waiting for the host
-	procReadChunk  = 32 << 10
-	procWriteMax   = 32 << 10 // bytes of stdin one proc_write may carry (its line stays under 64 KiB)
-	procMaxLive    = 64       // streamed processes at once in this guest
-	procLease      = 10 * time.Minute
+	procMaxLive    = 64 // streamed processes at once in this guest
 	procKillGrace  = 2 * time.Second
 	procDrainGrace = 2 * time.Second // after the exit, how long output may still arrive
-	procMaxPollMs  = 30000
 )
 
-type procStream struct {
-	buf []byte
-	eof bool
+var procs = &sessions{
+	idField: "proc",
+	max:     procMaxLive,
+	unknown: func(id string) error { return fmt.Errorf("no streamed process %q (it ended, or was released)", id) },
+	full: func(int) error {
+		return fmt.Errorf("proc_start: %d streamed processes already run in this guest", procMaxLive)
+	},
+	answer: procAnswer,
 }
 
-type proc struct {
-	id      string
-	cid     string
+func init() {
+	handlers["proc_start"] = opProcStart
+	handlers["proc_wait"] = opProcWait
+	procs.register(sessionOps{read: "proc_read", write: "proc_write", closeInput: "proc_close_stdin",
+		resize: "proc_resize", release: "proc_release"})
+}
+
+// procAnswer is proc_read's answer: {"stdout","stderr" (base64),"done","exit_code" (once done)}.
+func procAnswer(r readResult) map[string]interface{} {
+	body := map[string]interface{}{"stdout": r.out[0], "stderr": r.out[1], "done": r.done}
+	if r.done {
+		body["exit_code"] = r.code
+	}
+	return body
+}
+
+// procSource is a streamed process: crun exec's child, with its pipes or its terminal's master.
+type procSource struct {
 	tty     bool
-	mu      sync.Mutex
-	cond    *sync.Cond
-	out     [2]procStream // stdout, stderr (a terminal has stdout only)
-	stdin   *os.File      // pipe write end, or the terminal's master; nil when closed or not asked
-	master  *os.File      // the terminal's master (tty only)
-	outR    [2]*os.File   // our read ends of the output pipes (pipes only)
-	exited  bool
-	exitAt  time.Time
-	code    int
 	pidFile string
 	cmd     *exec.Cmd
-	seen    time.Time
-	wmu     sync.Mutex // one stdin write at a time
-	release sync.Once
-}
-
-var procs struct {
-	sync.Mutex
-	m map[string]*proc
-	n int
-}
-
-func lookupProc(raw json.RawMessage) (*proc, error) {
-	var a struct {
-		Proc string `json:"proc"`
-	}
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, err
-	}
-	procs.Lock()
-	defer procs.Unlock()
-	p, ok := procs.m[a.Proc]
-	if !ok {
-		return nil, fmt.Errorf("no streamed process %q (it ended, or was released)", a.Proc)
-	}
-	p.mu.Lock()
-	p.seen = time.Now()
-	p.mu.Unlock()
-	return p, nil
+	mu      sync.Mutex
+	stdin   *os.File    // pipe write end, or the terminal's master; nil when closed or not asked
+	master  *os.File    // the terminal's master (tty only)
+	outR    [2]*os.File // our read ends of the output pipes (pipes only)
 }
 
 type procStartArgs struct {
@@ -128,6 +111,7 @@ func receiveMaster(l *net.UnixListener) (*os.File, error) {
 	return nil, fmt.Errorf("console socket: no descriptor received")
 }
 
+// proc_start: {"id","argv","tty","stdin","rows","cols"} -> {"proc"}
 func opProcStart(raw json.RawMessage) (interface{}, error) {
 	var a procStartArgs
 	if err := json.Unmarshal(raw, &a); err != nil {
@@ -143,15 +127,22 @@ func opProcStart(raw json.RawMessage) (interface{}, error) {
 	if s := c.snapshot(); s.State != "running" {
 		return nil, fmt.Errorf("proc_start: container %s is %s, not running", c.ID, s.State)
 	}
-	procs.Lock()
-	if len(procs.m) >= procMaxLive {
-		procs.Unlock()
-		return nil, fmt.Errorf("proc_start: %d streamed processes already run in this guest", procMaxLive)
+	id, err := procs.reserve()
+	if err != nil {
+		return nil, err
 	}
-	procs.n++
-	n := procs.n
-	procs.Unlock()
+	s, err := startProc(c, a, id)
+	if err != nil {
+		procs.unreserve()
+		return nil, err
+	}
+	procs.add(id, s)
+	return map[string]interface{}{"proc": id}, nil
+}
 
+// startProc runs `crun exec` of a.Argv in c with the container's process settings, its output
+// pumped into a new session.
+func startProc(c *container, a procStartArgs, id string) (*session, error) {
 	spec := map[string]interface{}{}
 	if ps, ok := c.spec["process"].(map[string]interface{}); ok {
 		for k, v := range ps {
@@ -166,10 +157,9 @@ func opProcStart(raw json.RawMessage) (interface{}, error) {
 	}
 	b, _ := json.Marshal(spec)
 	dir := filepath.Join(stateDir, c.ID)
-	procFile := filepath.Join(dir, fmt.Sprintf("proc-%d.json", n))
-	p := &proc{id: strconv.Itoa(n), cid: c.ID, tty: a.TTY, seen: time.Now(),
-		pidFile: filepath.Join(dir, fmt.Sprintf("proc-%d.pid", n))}
-	p.cond = sync.NewCond(&p.mu)
+	procFile := filepath.Join(dir, "proc-"+id+".json")
+	p := &procSource{tty: a.TTY, pidFile: filepath.Join(dir, "proc-"+id+".pid")}
+	s := newSession(2, procDrainGrace, p)
 	if err := os.WriteFile(procFile, b, 0o600); err != nil {
 		return nil, err
 	}
@@ -178,8 +168,9 @@ func opProcStart(raw json.RawMessage) (interface{}, error) {
 	var closeAfterStart []*os.File
 	var listener *net.UnixListener
 	if a.TTY {
-		sock := filepath.Join(dir, fmt.Sprintf("proc-%d.sock", n))
+		sock := filepath.Join(dir, "proc-"+id+".sock")
 		os.Remove(sock)
+		var err error
 		listener, err = net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 		if err != nil {
 			return nil, fmt.Errorf("proc_start: console socket: %v", err)
@@ -188,8 +179,7 @@ func opProcStart(raw json.RawMessage) (interface{}, error) {
 		defer os.Remove(sock)
 		args = append(args, "--console-socket", sock)
 	} else {
-		names := [2]string{"stdout", "stderr"}
-		for i := range names {
+		for i := range p.outR {
 			r, w, err := os.Pipe()
 			if err != nil {
 				return nil, err
@@ -214,249 +204,164 @@ func opProcStart(raw json.RawMessage) (interface{}, error) {
 	}
 	cmd.Args = append([]string{"/usr/bin/crun"}, append(args, c.ID)...)
 	p.cmd = cmd
-	if err := startTracked(cmd); err != nil {
-		for _, f := range closeAfterStart {
-			f.Close()
-		}
-		os.Remove(procFile)
-		p.closeAll()
-		return nil, fmt.Errorf("proc_start: %v", err)
-	}
+	err := startTracked(cmd)
 	for _, f := range closeAfterStart {
 		f.Close()
 	}
-	exited := make(chan struct{})
+	if err != nil {
+		os.Remove(procFile)
+		p.closeFiles()
+		return nil, fmt.Errorf("proc_start: %v", err)
+	}
 	go func() {
 		err := waitTracked(cmd)
 		os.Remove(procFile) // crun reads it while it starts the process: only now is it unused
-		code := 0
-		if err != nil {
-			if ee, ok := err.(*exec.ExitError); ok {
-				ws := ee.Sys().(syscall.WaitStatus)
-				if ws.Signaled() {
-					code = 128 + int(ws.Signal())
-				} else {
-					code = ws.ExitStatus()
-				}
-			} else {
-				code = 255
-			}
-		}
-		p.mu.Lock()
-		p.exited, p.code, p.exitAt = true, code, time.Now()
-		p.cond.Broadcast()
-		p.mu.Unlock()
-		close(exited)
-		// wake pollers once the drain grace has passed
-		time.AfterFunc(procDrainGrace, func() { p.mu.Lock(); p.cond.Broadcast(); p.mu.Unlock() })
+		s.end(exitCode(err))
 	}()
-	if a.TTY {
-		type got struct {
-			f   *os.File
-			err error
-		}
-		ch := make(chan got, 1)
-		go func() { f, err := receiveMaster(listener); ch <- got{f, err} }()
-		var g got
-		select {
-		case g = <-ch:
-		case <-exited:
-			listener.Close()
-			g = <-ch
-		}
-		if g.err != nil {
-			p.kill()
-			return nil, fmt.Errorf("proc_start: %v", g.err)
-		}
-		p.master = g.f
-		if a.Stdin {
-			p.stdin = g.f
-		}
-		p.out[1].eof = true
-		go p.pump(0, g.f)
-	} else {
-		go p.pump(0, p.outR[0])
-		go p.pump(1, p.outR[1])
+	if !a.TTY {
+		go s.pump(0, p.outR[0])
+		go s.pump(1, p.outR[1])
+		return s, nil
 	}
-	procs.Lock()
-	if procs.m == nil {
-		procs.m = map[string]*proc{}
+	type got struct {
+		f   *os.File
+		err error
 	}
-	procs.m[p.id] = p
-	procs.Unlock()
-	return map[string]interface{}{"proc": p.id}, nil
-}
-
-// pump moves output of stream i into its buffer while the buffer has room.
-func (p *proc) pump(i int, r *os.File) {
-	tmp := make([]byte, procReadChunk)
-	for {
-		p.mu.Lock()
-		for len(p.out[i].buf) >= procBufMax && !p.out[i].eof {
-			p.cond.Wait()
-		}
-		done := p.out[i].eof
-		p.mu.Unlock()
-		if done {
-			return
-		}
-		n, err := r.Read(tmp)
-		p.mu.Lock()
-		if n > 0 {
-			p.out[i].buf = append(p.out[i].buf, tmp[:n]...)
-		}
-		if err != nil {
-			p.out[i].eof = true // EOF, or EIO from a terminal whose other side closed
-		}
-		p.cond.Broadcast()
-		p.mu.Unlock()
+	ch := make(chan got, 1)
+	go func() { f, err := receiveMaster(listener); ch <- got{f, err} }()
+	var g got
+	select {
+	case g = <-ch:
+	case <-s.ends():
+		listener.Close()
+		g = <-ch
 	}
-}
-
-// finished: exited and the output drained (every stream at EOF, or the drain grace passed).
-func (p *proc) finishedLocked() bool {
-	if !p.exited || len(p.out[0].buf) > 0 || len(p.out[1].buf) > 0 {
-		return false
+	if g.err != nil {
+		s.close()
+		return nil, fmt.Errorf("proc_start: %v", g.err)
 	}
-	return (p.out[0].eof && p.out[1].eof) || time.Since(p.exitAt) >= procDrainGrace
-}
-
-func take(s *procStream, max int) []byte {
-	n := len(s.buf)
-	if n > max {
-		n = max
-	}
-	out := make([]byte, n)
-	copy(out, s.buf[:n])
-	s.buf = s.buf[n:]
-	if len(s.buf) == 0 {
-		s.buf = nil
-	}
-	return out
-}
-
-// proc_read: {"proc","max_bytes","timeout_ms"} -> {"stdout","stderr" (base64),"done","exit_code"}
-// Returns once output is there, the process finished, or the timeout passed.
-func opProcRead(raw json.RawMessage) (interface{}, error) {
-	p, err := lookupProc(raw)
-	if err != nil {
-		return nil, err
-	}
-	var a struct {
-		MaxBytes  int `json:"max_bytes"`
-		TimeoutMs int `json:"timeout_ms"`
-	}
-	json.Unmarshal(raw, &a)
-	if a.MaxBytes <= 0 || a.MaxBytes > procBufMax {
-		a.MaxBytes = procBufMax
-	}
-	if a.TimeoutMs < 0 || a.TimeoutMs > procMaxPollMs {
-		a.TimeoutMs = procMaxPollMs
-	}
-	deadline := time.Now().Add(time.Duration(a.TimeoutMs) * time.Millisecond)
-	t := time.AfterFunc(time.Duration(a.TimeoutMs)*time.Millisecond, func() {
-		p.mu.Lock()
-		p.cond.Broadcast()
-		p.mu.Unlock()
-	})
-	defer t.Stop()
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	for len(p.out[0].buf) == 0 && len(p.out[1].buf) == 0 && !p.finishedLocked() && time.Now().Before(deadline) {
-		p.cond.Wait()
+	p.master = g.f
+	if a.Stdin {
+		p.stdin = g.f
 	}
-	stdout := take(&p.out[0], a.MaxBytes)
-	stderr := take(&p.out[1], a.MaxBytes-len(stdout))
-	p.cond.Broadcast() // room again for the pumps
-	body := map[string]interface{}{"stdout": stdout, "stderr": stderr, "done": p.finishedLocked()}
-	if p.finishedLocked() {
-		body["exit_code"] = p.code
-	}
-	return body, nil
+	p.mu.Unlock()
+	s.shut(1) // a terminal has one output stream
+	go s.pump(0, g.f)
+	return s, nil
 }
 
-// proc_write: {"proc","data" (base64, at most procWriteMax),"timeout_ms"} -> {"written"}
-func opProcWrite(raw json.RawMessage) (interface{}, error) {
-	p, err := lookupProc(raw)
-	if err != nil {
-		return nil, err
+// exitCode is a waited process's exit code: 128+N when signal N killed it, 255 when the wait failed.
+func exitCode(err error) int {
+	if err == nil {
+		return 0
 	}
-	var a struct {
-		Data      []byte `json:"data"`
-		TimeoutMs int    `json:"timeout_ms"`
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return 255
 	}
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, fmt.Errorf("proc_write: %v", err)
+	ws := ee.Sys().(syscall.WaitStatus)
+	if ws.Signaled() {
+		return 128 + int(ws.Signal())
 	}
-	if len(a.Data) > procWriteMax {
-		return nil, fmt.Errorf("proc_write: %d bytes at once (at most %d)", len(a.Data), procWriteMax)
-	}
-	if a.TimeoutMs <= 0 || a.TimeoutMs > procMaxPollMs {
-		a.TimeoutMs = 10000
-	}
-	p.wmu.Lock()
-	defer p.wmu.Unlock()
+	return ws.ExitStatus()
+}
+
+func (p *procSource) write(data []byte, deadline time.Time) (int, bool, error) {
 	p.mu.Lock()
 	w := p.stdin
 	p.mu.Unlock()
 	if w == nil {
-		return nil, fmt.Errorf("proc_write: the process has no open stdin")
+		return 0, false, errors.New("the process has no open stdin")
 	}
-	w.SetWriteDeadline(time.Now().Add(time.Duration(a.TimeoutMs) * time.Millisecond))
-	n, err := w.Write(a.Data)
+	w.SetWriteDeadline(deadline)
+	n, err := w.Write(data)
 	if err != nil && !os.IsTimeout(err) {
-		return map[string]interface{}{"written": n, "closed": true}, nil
+		return n, true, nil
 	}
-	return map[string]interface{}{"written": n}, nil
+	return n, false, nil
 }
 
-// proc_close_stdin: {"proc"} -> {}. A terminal gets ^D (its EOF) instead, as it stays open for output.
-func opProcCloseStdin(raw json.RawMessage) (interface{}, error) {
-	p, err := lookupProc(raw)
-	if err != nil {
-		return nil, err
-	}
-	p.wmu.Lock()
-	defer p.wmu.Unlock()
+// closeInput closes the stdin pipe; a terminal gets ^D (its EOF) instead, as it stays open for output.
+func (p *procSource) closeInput() {
 	p.mu.Lock()
 	w := p.stdin
 	p.stdin = nil
 	p.mu.Unlock()
 	if w == nil {
-		return nil, nil
+		return
 	}
 	if p.tty {
 		w.SetWriteDeadline(time.Now().Add(time.Second))
 		w.Write([]byte{4})
-		return nil, nil
+		return
 	}
 	w.Close()
-	return nil, nil
 }
 
-type winsize struct{ Row, Col, X, Y uint16 }
+func (p *procSource) resize(rows, cols int) error {
+	p.mu.Lock()
+	master := p.master
+	p.mu.Unlock()
+	if !p.tty || master == nil {
+		return errors.New("the process has no terminal")
+	}
+	return setWinsize(master, rows, cols)
+}
 
-// proc_resize: {"proc","rows","cols"} -> {}; a process without a terminal is refused.
-func opProcResize(raw json.RawMessage) (interface{}, error) {
-	p, err := lookupProc(raw)
+// closeFiles closes the process's terminal or pipes: SIGHUP, or EOF on its stdin and SIGPIPE on output.
+func (p *procSource) closeFiles() {
+	p.mu.Lock()
+	files := []*os.File{p.stdin, p.master, p.outR[0], p.outR[1]}
+	p.stdin, p.master, p.outR = nil, nil, [2]*os.File{}
+	p.mu.Unlock()
+	seen := map[*os.File]bool{}
+	for _, f := range files {
+		if f != nil && !seen[f] {
+			seen[f] = true
+			f.Close()
+		}
+	}
+}
+
+// release: SIGHUP / EOF now (descriptors closed), SIGKILL after the grace, then forgotten.
+func (p *procSource) release(s *session) {
+	p.closeFiles()
+	go func() {
+		grace := time.NewTimer(procKillGrace)
+		defer grace.Stop()
+		select {
+		case <-s.ends():
+		case <-grace.C:
+			if t, err := os.ReadFile(p.pidFile); err == nil {
+				if pid, err := strconv.Atoi(strings.TrimSpace(string(t))); err == nil && pid > 0 {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			if p.cmd != nil && p.cmd.Process != nil {
+				p.cmd.Process.Kill()
+			}
+		}
+		os.Remove(p.pidFile)
+		s.forget()
+	}()
+}
+
+// proc_wait: {"proc","timeout_ms"} -> {"exited","exit_code"}
+func opProcWait(raw json.RawMessage) (interface{}, error) {
+	s, err := procs.lookup(raw)
 	if err != nil {
 		return nil, err
 	}
 	var a struct {
-		Rows int `json:"rows"`
-		Cols int `json:"cols"`
+		TimeoutMs int `json:"timeout_ms"`
 	}
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, fmt.Errorf("proc_resize: %v", err)
-	}
-	if !p.tty || p.master == nil {
-		return nil, fmt.Errorf("proc_resize: the process has no terminal")
-	}
-	if err := setWinsize(p.master, a.Rows, a.Cols); err != nil {
-		return nil, fmt.Errorf("proc_resize: %v", err)
-	}
-	return nil, nil
+	json.Unmarshal(raw, &a)
+	exited, code := s.waitEnd(clampPoll(a.TimeoutMs))
+	return map[string]interface{}{"exited": exited, "exit_code": code}, nil
 }
+
+type winsize struct{ Row, Col, X, Y uint16 }
 
 // setWinsize sets the size of the terminal whose master is f (TIOCSWINSZ: the kernel sends
 // SIGWINCH to the terminal's foreground process group when the size changes).
@@ -479,106 +384,4 @@ func setWinsize(f *os.File, rows, cols int) error {
 		return errno
 	}
 	return nil
-}
-
-// proc_wait: {"proc","timeout_ms"} -> {"exited","exit_code"}
-func opProcWait(raw json.RawMessage) (interface{}, error) {
-	p, err := lookupProc(raw)
-	if err != nil {
-		return nil, err
-	}
-	var a struct {
-		TimeoutMs int `json:"timeout_ms"`
-	}
-	json.Unmarshal(raw, &a)
-	if a.TimeoutMs < 0 || a.TimeoutMs > procMaxPollMs {
-		a.TimeoutMs = procMaxPollMs
-	}
-	deadline := time.Now().Add(time.Duration(a.TimeoutMs) * time.Millisecond)
-	t := time.AfterFunc(time.Duration(a.TimeoutMs)*time.Millisecond, func() {
-		p.mu.Lock()
-		p.cond.Broadcast()
-		p.mu.Unlock()
-	})
-	defer t.Stop()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for !p.exited && time.Now().Before(deadline) {
-		p.cond.Wait()
-	}
-	return map[string]interface{}{"exited": p.exited, "exit_code": p.code}, nil
-}
-
-// proc_release: {"proc"} -> {}. The host is done with the process (or went away).
-func opProcRelease(raw json.RawMessage) (interface{}, error) {
-	p, err := lookupProc(raw)
-	if err != nil {
-		return nil, nil // already gone: releasing is idempotent
-	}
-	p.kill()
-	return nil, nil
-}
-
-func (p *proc) closeAll() {
-	p.mu.Lock()
-	files := []*os.File{p.stdin, p.master, p.outR[0], p.outR[1]}
-	p.stdin, p.master = nil, nil
-	p.out[0].eof, p.out[1].eof = true, true
-	p.out[0].buf, p.out[1].buf = nil, nil
-	p.cond.Broadcast()
-	p.mu.Unlock()
-	seen := map[*os.File]bool{}
-	for _, f := range files {
-		if f != nil && !seen[f] {
-			seen[f] = true
-			f.Close()
-		}
-	}
-}
-
-// kill: SIGHUP / EOF now (descriptors closed), SIGKILL after the grace, then forgotten.
-func (p *proc) kill() {
-	p.release.Do(func() {
-		p.closeAll()
-		go func() {
-			deadline := time.Now().Add(procKillGrace)
-			for time.Now().Before(deadline) {
-				p.mu.Lock()
-				ex := p.exited
-				p.mu.Unlock()
-				if ex {
-					break
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-			p.mu.Lock()
-			ex := p.exited
-			p.mu.Unlock()
-			if !ex {
-				if t, err := os.ReadFile(p.pidFile); err == nil {
-					if pid, err := strconv.Atoi(strings.TrimSpace(string(t))); err == nil && pid > 0 {
-						syscall.Kill(pid, syscall.SIGKILL)
-					}
-				}
-				if p.cmd != nil && p.cmd.Process != nil {
-					p.cmd.Process.Kill()
-				}
-			}
-			os.Remove(p.pidFile)
-			procs.Lock()
-			delete(procs.m, p.id)
-			procs.Unlock()
-		}()
-	})
-}
-
-func init() {
-	handlers["proc_start"] = opProcStart
-	handlers["proc_read"] = opProcRead
-	handlers["proc_write"] = opProcWrite
-	handlers["proc_close_stdin"] = opProcCloseStdin
-	handlers["proc_resize"] = opProcResize
-	handlers["proc_wait"] = opProcWait
-	handlers["proc_release"] = opProcRelease
-	go janitor(idleProcs)
 }

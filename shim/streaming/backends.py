@@ -8,11 +8,12 @@ import logging
 import socket
 import threading
 
-from shim.agent_pool import GuestAttach, GuestProcess
 from shim.containers import Containers
 from shim.records import Records
+from vmsandbox.adapters import agent_streams
 from vmsandbox.adapters.agent_client import AgentClient
-from vmsandbox.agent_ops import PROC_READ_MAX, PROC_WRITE_MAX
+from vmsandbox.adapters.agent_streams import AgentStream
+from vmsandbox.agent_ops import STREAM_READ_MAX, STREAM_WRITE_MAX
 from vmsandbox.errors import NotFound, VmSandboxError
 from vmsandbox.stream_rules import StreamRequest
 
@@ -24,8 +25,9 @@ log = logging.getLogger(__name__)
 
 def relay(agent: AgentClient, port: int) -> socket.socket:
     """A socket whose other end is a TCP connection the guest agent made to its own ``port``
-    (agent ops ``tcp_*``): two threads carry the bytes, one chunk in flight each way."""
-    conn = agent.tcp_connect(port)
+    (a stream session of the agent's ``tcp_*`` ops): two threads carry the bytes, one chunk in
+    flight each way."""
+    conn = agent_streams.tcp_connect(agent, port)
     ours, theirs = socket.socketpair()
     done = [False, False]
     lock = threading.Lock()
@@ -36,16 +38,16 @@ def relay(agent: AgentClient, port: int) -> socket.socket:
             last = all(done)
         if last:
             with contextlib.suppress(VmSandboxError):
-                agent.tcp_close(conn)
+                conn.release()
             ours.close()
 
     def guest_to_client() -> None:
         try:
             while True:
-                data, eof = agent.tcp_read(conn, max_bytes=PROC_READ_MAX, timeout_s=POLL_S)
-                if data:
-                    ours.sendall(data)
-                if eof:
+                out = conn.read(STREAM_READ_MAX, POLL_S)
+                if out.stdout:
+                    ours.sendall(out.stdout)
+                if out.done:
                     ours.shutdown(socket.SHUT_WR)
                     return
         except (OSError, VmSandboxError) as e:
@@ -57,11 +59,9 @@ def relay(agent: AgentClient, port: int) -> socket.socket:
 
     def client_to_guest() -> None:
         try:
-            while chunk := ours.recv(PROC_WRITE_MAX):
-                view = memoryview(chunk)
-                while view:
-                    view = view[agent.tcp_write(conn, bytes(view)) :]
-            agent.tcp_close_write(conn)
+            while chunk := ours.recv(STREAM_WRITE_MAX):
+                conn.write(chunk)
+            conn.close_input()
         except (OSError, VmSandboxError) as e:
             log.debug("streaming: relay to the guest ended: %s", e)
         finally:
@@ -77,7 +77,7 @@ class ShimBackends:
         self.records = records
         self.containers = containers
 
-    def start_process(self, req: StreamRequest) -> GuestProcess | GuestAttach:
+    def start_process(self, req: StreamRequest) -> AgentStream:
         """A new process for an Exec (a command); the container's own stdio for an Attach (none)."""
         if not req.cmd:
             return self.containers.attach_start(req.container_id)

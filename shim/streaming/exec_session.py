@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from shim.streaming.spdy_session import SpdyConnection, SpdyStream
 from vmsandbox import spdy, stream_rules
-from vmsandbox.agent_ops import PROC_READ_MAX, ProcOutput
+from vmsandbox.agent_ops import STREAM_READ_MAX, StreamOutput
 from vmsandbox.errors import InvalidArgument, VmSandboxError
 from vmsandbox.stream_rules import StreamRequest
 
@@ -31,11 +31,13 @@ STREAMS_TIMEOUT_S = 30.0
 
 
 class Process(Protocol):
-    def read(self, max_bytes: int, timeout_s: float) -> ProcOutput: ...
+    """A process (Exec) or a container's own stdio (Attach): ``vmsandbox.adapters.agent_streams.AgentStream``."""
+
+    def read(self, max_bytes: int, timeout_s: float) -> StreamOutput: ...
 
     def write(self, data: bytes) -> bool: ...
 
-    def close_stdin(self) -> None: ...
+    def close_input(self) -> None: ...
 
     def resize(self, rows: int, cols: int) -> None: ...
 
@@ -63,7 +65,7 @@ class _Output:
     def _run(self) -> None:
         try:
             while not self.stopped.is_set():
-                out = self.proc.read(PROC_READ_MAX, POLL_S)
+                out = self.proc.read(STREAM_READ_MAX, POLL_S)
                 if out.stdout and self.stdout is not None:
                     self.stdout(out.stdout)
                 if out.stderr and self.stderr is not None:
@@ -79,12 +81,6 @@ class _Output:
             log.debug("streaming: exec output ended: %s", e)
         finally:
             self.stopped.set()
-
-
-def _start(backends: Backends, req: StreamRequest) -> Process:
-    proc = backends.start_process(req)
-    assert hasattr(proc, "read")
-    return proc  # type: ignore[return-value]
 
 
 class SpdyExec:
@@ -142,7 +138,7 @@ class SpdyExec:
     def _start(self) -> None:
         self._timer.cancel()
         try:
-            self.proc = _start(self.backends, self.req)
+            self.proc = self.backends.start_process(self.req)
         except VmSandboxError as e:
             self._finish(0, _describe(e))
             return
@@ -178,7 +174,7 @@ class SpdyExec:
                     self.stdin_open = False
                 if fin and self.stdin_open:
                     self.stdin_open = False
-                    self.proc.close_stdin()
+                    self.proc.close_input()
             elif kind == stream_rules.RESIZE and data:
                 for size in self.resizes.feed(data):
                     self.proc.resize(size.height, size.width)
@@ -214,7 +210,7 @@ class WebSocketExec:
 
     def run(self) -> None:
         try:
-            proc = _start(self.backends, self.req)
+            proc = self.backends.start_process(self.req)
         except VmSandboxError as e:
             self._finish(0, _describe(e))
             return
@@ -241,7 +237,7 @@ class WebSocketExec:
                             proc.resize(size.height, size.width)
                     elif channel == stream_rules.WS_CLOSE_CHANNEL and data[:1] == bytes([0]) and stdin_open:
                         stdin_open = False
-                        proc.close_stdin()
+                        proc.close_input()
                 except InvalidArgument as e:
                     log.info("streaming: %s", e)
                     self.ws.close(1003, str(e)[:100])

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from shim.config import ShimConfig
-from shim.streaming.exec_session import SpdyExec, WebSocketExec
+from shim.streaming.exec_session import Process, SpdyExec, WebSocketExec
 from shim.streaming.portforward import SpdyPortForward, WebSocketPortForward
 from shim.streaming.spdy_session import SpdyConnection
 from shim.streaming.tokens import TokenCache
@@ -68,7 +68,7 @@ class _Live:
 class Backends(Protocol):
     """What sessions need from the rest of the shim (``shim.streaming.backends``)."""
 
-    def start_process(self, req: StreamRequest) -> object: ...
+    def start_process(self, req: StreamRequest) -> Process: ...
 
     def dial(self, sandbox_id: str, port: int) -> socket.socket: ...
 

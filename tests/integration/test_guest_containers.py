@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.qemu_direct import DirectGuest, qemu_argv
+from vmsandbox.adapters import agent_streams
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
 from vmsandbox.agent_protocol import VERSION
@@ -264,7 +265,7 @@ def test_a_terminal_nobody_reads_blocks_its_writer_not_the_guest(agent: AgentCli
     agent.create("tty-flood", lower=LOWER, spec=_spec(("sh", "-c", script)), tty=True)
     log = _Log(agent, "tty-flood")
     agent.start("tty-flood")
-    session = agent.attach_open("tty-flood")  # attached, never read
+    session = agent_streams.attach_open(agent, "tty-flood")  # attached, never read
     time.sleep(8)
     assert agent.status("tty-flood").state == "running"  # blocked writing to its terminal
     rss = int(str(agent.request("stats", {"id": ""}, 30).get("agent_rss_bytes", 0)))
@@ -278,5 +279,5 @@ def test_a_terminal_nobody_reads_blocks_its_writer_not_the_guest(agent: AgentCli
     assert [int(body.split(" ")[0]) for _, _, _, body in records[1:-1]] == list(range(4000))
     assert all(tag == "F" and not body.endswith("\r") for _, _, tag, body in records)
     assert agent.wait("tty-flood", timeout_s=30).exit_code == 0
-    agent.attach_release(session)
+    session.release()
     agent.delete("tty-flood")

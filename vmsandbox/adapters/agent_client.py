@@ -3,7 +3,9 @@
 One ``AgentClient`` per sandbox holds the channel connection; a reader thread hands each response
 to the request waiting for its id, so requests run concurrently (a ``wait`` for a container's exit
 does not hold up an ``exec``). Container state lives in the guest: a client that closes (a shim
-that restarts) and a new client that opens find the containers running as they were.
+that restarts) and a new client that opens find the containers running as they were. Stream
+sessions (streamed processes, attach sessions, forwarded connections) are opened on a client by
+``vmsandbox.adapters.agent_streams``.
 
 The reader also watches for a lost agent: a ``hello`` from another agent instance (or from an
 agent without one) on this acked connection means the agent started over without its containers,
@@ -15,7 +17,6 @@ pending requests with ``ProtocolError`` and drops the connection; the next clien
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import itertools
 import os
@@ -34,12 +35,9 @@ from vmsandbox.agent_ops import (
     ContainerState,
     ExecResult,
     LogChunk,
-    ProcOutput,
     container_state_from_body,
     exec_result_from_body,
     log_chunk_from_body,
-    proc_id_from_body,
-    proc_output_from_body,
     stats_from_body,
 )
 from vmsandbox.agent_protocol import (
@@ -56,8 +54,8 @@ from vmsandbox.agent_protocol import (
 )
 from vmsandbox.errors import InfrastructureError, WrongState
 
-_SLACK_S = 10.0
-"""Extra time a blocking op (wait, exec) gets over its own timeout for the round trip."""
+RESPONSE_SLACK_S = 10.0
+"""Extra time a blocking op (wait, exec, a stream session's read) gets over its own timeout for the round trip."""
 
 
 _READ_WAIT_S = 3600.0
@@ -236,7 +234,7 @@ class AgentClient:
         before it), at most ``max_bytes``, waiting up to ``wait_s`` for output to arrive.
         ProtocolError when the answer lies (see ``log_chunk_from_body``)."""
         args = {"id": cid, "offset": offset, "max_bytes": max_bytes, "wait_ms": int(wait_s * 1000)}
-        body = self.request("log_read", args, wait_s + _SLACK_S)
+        body = self.request("log_read", args, wait_s + RESPONSE_SLACK_S)
         return log_chunk_from_body(body, offset, max_bytes, "log_read response")
 
     def start(self, cid: str, timeout_s: float = 60) -> ContainerState:
@@ -249,7 +247,7 @@ class AgentClient:
 
     def wait(self, cid: str, timeout_s: float) -> ContainerState:
         """The state once the container exited, or when ``timeout_s`` passed (state not exited)."""
-        body = self.request("wait", {"id": cid, "timeout_ms": int(timeout_s * 1000)}, timeout_s + _SLACK_S)
+        body = self.request("wait", {"id": cid, "timeout_ms": int(timeout_s * 1000)}, timeout_s + RESPONSE_SLACK_S)
         return container_state_from_body(body, f"{self.label}: wait response")
 
     def status(self, cid: str, timeout_s: float = 30) -> ContainerState:
@@ -270,7 +268,7 @@ class AgentClient:
     def exec(self, cid: str, argv: Sequence[str], *, timeout_s: float, max_bytes: int = EXEC_OUTPUT_MAX) -> ExecResult:
         """Runs ``argv`` in the container; timeout_s 0: no timeout."""
         args = {"id": cid, "argv": list(argv), "timeout_ms": int(timeout_s * 1000), "max_bytes": max_bytes}
-        wait = (timeout_s or 24 * 3600) + _SLACK_S
+        wait = (timeout_s or 24 * 3600) + RESPONSE_SLACK_S
         return exec_result_from_body(self.request("exec", args, wait), f"{self.label}: exec response")
 
     def stats(self, cid: str = "", timeout_s: float = 30) -> CgroupStats:
@@ -312,100 +310,6 @@ class AgentClient:
     def volume_remove(self, vid: str, timeout_s: float = 30) -> None:
         self._volumes_spoken()
         self.request("volume_remove", {"volume": vid}, timeout_s)
-
-    # ---- streamed processes (the CRI's streaming Exec) ---------------------------------------
-
-    def proc_start(self, cid: str, argv: Sequence[str], *, tty: bool, stdin: bool, rows: int = 0, cols: int = 0) -> str:
-        """Starts ``argv`` in the container with pipes or a terminal; returns the process's id."""
-        args = {"id": cid, "argv": list(argv), "tty": tty, "stdin": stdin, "rows": rows, "cols": cols}
-        return proc_id_from_body(self.request("proc_start", args, 60), "proc_start response")
-
-    def proc_read(self, proc: str, *, max_bytes: int, timeout_s: float) -> ProcOutput:
-        """Output waiting in the guest (long poll: returns early when there is some)."""
-        args = {"proc": proc, "max_bytes": max_bytes, "timeout_ms": int(timeout_s * 1000)}
-        body = self.request("proc_read", args, timeout_s + _SLACK_S)
-        return proc_output_from_body(body, "proc_read response", max_bytes)
-
-    def proc_write(self, proc: str, data: bytes, timeout_s: float = 10) -> tuple[int, bool]:
-        """(bytes written, stdin closed by the process); fewer than given when the process did not read in time."""
-        args = {"proc": proc, "data": base64.b64encode(data).decode(), "timeout_ms": int(timeout_s * 1000)}
-        body = self.request("proc_write", args, timeout_s + _SLACK_S)
-        written = body.get("written")
-        if not isinstance(written, int) or not 0 <= written <= len(data):
-            raise ProtocolError("proc_write response: 'written' must be a count of the bytes sent")
-        return written, body.get("closed") is True
-
-    def proc_close_stdin(self, proc: str) -> None:
-        self.request("proc_close_stdin", {"proc": proc}, 30)
-
-    def proc_resize(self, proc: str, rows: int, cols: int) -> None:
-        self.request("proc_resize", {"proc": proc, "rows": rows, "cols": cols}, 30)
-
-    def proc_wait(self, proc: str, timeout_s: float) -> int | None:
-        """The exit code, or None when the process still runs after ``timeout_s``."""
-        body = self.request("proc_wait", {"proc": proc, "timeout_ms": int(timeout_s * 1000)}, timeout_s + _SLACK_S)
-        code = body.get("exit_code")
-        return code if body.get("exited") is True and isinstance(code, int) else None
-
-    def proc_release(self, proc: str) -> None:
-        """The host is done: the guest hangs up on the process, kills it after a grace and forgets it."""
-        self.request("proc_release", {"proc": proc}, 30)
-
-    def attach_open(self, cid: str) -> str:
-        """A session on the running container's own stdio; returns its id."""
-        body = self.request("attach_open", {"id": cid}, 30)
-        return proc_id_from_body({"proc": body.get("attach")}, "attach_open response")
-
-    def attach_read(self, session: str, *, max_bytes: int, timeout_s: float) -> ProcOutput:
-        args = {"attach": session, "max_bytes": max_bytes, "timeout_ms": int(timeout_s * 1000)}
-        body = self.request("attach_read", args, timeout_s + _SLACK_S)
-        return proc_output_from_body({**body, "exit_code": 0}, "attach_read response", max_bytes)
-
-    def attach_write(self, session: str, data: bytes, timeout_s: float = 10) -> tuple[int, bool]:
-        args = {"attach": session, "data": base64.b64encode(data).decode(), "timeout_ms": int(timeout_s * 1000)}
-        body = self.request("attach_write", args, timeout_s + _SLACK_S)
-        written = body.get("written")
-        if not isinstance(written, int) or not 0 <= written <= len(data):
-            raise ProtocolError("attach_write response: 'written' must be a count of the bytes sent")
-        return written, body.get("closed") is True
-
-    def attach_resize(self, session: str, rows: int, cols: int) -> None:
-        """Sets the size of the terminal of the session's container (protocol 4)."""
-        self.request("attach_resize", {"attach": session, "rows": rows, "cols": cols}, 30)
-
-    def attach_close_stdin(self, session: str) -> None:
-        self.request("attach_close_stdin", {"attach": session}, 30)
-
-    def attach_release(self, session: str) -> None:
-        self.request("attach_release", {"attach": session}, 30)
-
-    # ---- forwarded TCP connections (PortForward into a guest the host cannot reach) ------------
-
-    def tcp_connect(self, port: int) -> str:
-        """A connection from the guest to its own loopback ``port``; returns its id."""
-        body = self.request("tcp_connect", {"port": port}, 30)
-        return proc_id_from_body({"proc": body.get("conn")}, "tcp_connect response")
-
-    def tcp_read(self, conn: str, *, max_bytes: int, timeout_s: float) -> tuple[bytes, bool]:
-        """(bytes received, end of stream)."""
-        args = {"conn": conn, "max_bytes": max_bytes, "timeout_ms": int(timeout_s * 1000)}
-        body = self.request("tcp_read", args, timeout_s + _SLACK_S)
-        out = proc_output_from_body({"stdout": body.get("data"), "done": body.get("eof") is True, "exit_code": 0},
-                                    "tcp_read response", max_bytes)  # fmt: skip
-        return out.stdout, out.done
-
-    def tcp_write(self, conn: str, data: bytes, timeout_s: float = 10) -> int:
-        args = {"conn": conn, "data": base64.b64encode(data).decode(), "timeout_ms": int(timeout_s * 1000)}
-        written = self.request("tcp_write", args, timeout_s + _SLACK_S).get("written")
-        if not isinstance(written, int) or not 0 <= written <= len(data):
-            raise ProtocolError("tcp_write response: 'written' must be a count of the bytes sent")
-        return written
-
-    def tcp_close_write(self, conn: str) -> None:
-        self.request("tcp_close_write", {"conn": conn}, 30)
-
-    def tcp_close(self, conn: str) -> None:
-        self.request("tcp_close", {"conn": conn}, 30)
 
     def close(self) -> None:
         self._conn.close()

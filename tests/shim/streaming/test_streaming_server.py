@@ -22,7 +22,7 @@ import websocket
 from shim.config import ShimConfig
 from shim.streaming.server import StreamingServer, Target
 from vmsandbox import spdy, stream_rules
-from vmsandbox.agent_ops import ProcOutput
+from vmsandbox.agent_ops import StreamOutput
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.stream_rules import StreamRequest
 
@@ -51,7 +51,7 @@ class LocalProcess:
             self.eof[i] = True
             self.lock.notify_all()
 
-    def read(self, max_bytes: int, timeout_s: float) -> ProcOutput:
+    def read(self, max_bytes: int, timeout_s: float) -> StreamOutput:
         with self.lock:
             self.lock.wait_for(lambda: self.out[0] or self.out[1] or all(self.eof), timeout_s)
             o, e = bytes(self.out[0][:max_bytes]), bytes(self.out[1][: max_bytes // 2])
@@ -59,7 +59,7 @@ class LocalProcess:
             self.lock.notify_all()
             done = all(self.eof) and not self.out[0] and not self.out[1]
         code = self.p.wait() if done else None
-        return ProcOutput(o, e, done, code)
+        return StreamOutput(o, e, done, code)
 
     def write(self, data: bytes) -> bool:
         assert self.p.stdin is not None
@@ -70,7 +70,7 @@ class LocalProcess:
             return False
         return True
 
-    def close_stdin(self) -> None:
+    def close_input(self) -> None:
         assert self.p.stdin is not None
         self.p.stdin.close()
 
