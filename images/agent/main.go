@@ -21,7 +21,13 @@ import (
 )
 
 const channelName = "io.vmsandbox.agent.0"
+
+// maxLine is the longest line the agent reads from the host, its '\n' included: a volume_write of
+// 384 KiB of file data (512 KiB in base64) or an OCI spec with many environment variables fits.
 const maxLine = 1 << 20
+
+// errLineTooLong: the host sent a line longer than maxLine (skipped to its end and refused).
+var errLineTooLong = errors.New("message longer than the agent reads")
 
 // protocolVersion is what this agent sends; it also reads requests of every earlier version. Version 4:
 // `create` with `tty` gives the container a terminal (before, it only joined stderr to stdout),
@@ -186,13 +192,9 @@ func (p *port) greet() {
 func (p *port) serve() {
 	r := bufio.NewReaderSize(p.f, 65536)
 	for {
-		line, err := r.ReadSlice('\n')
-		if err == bufio.ErrBufferFull {
-			// overlong line: skip to its end and refuse it
-			for err == bufio.ErrBufferFull {
-				_, err = r.ReadSlice('\n')
-			}
-			p.fail(nil, "message longer than the agent reads")
+		line, err := readLine(r)
+		if err == errLineTooLong {
+			p.fail(nil, fmt.Sprintf("%v (%d bytes)", err, maxLine))
 			continue
 		}
 		if err != nil {
@@ -237,6 +239,32 @@ func (p *port) serve() {
 		}
 		go p.handle(id, m.Op, m.Args)
 	}
+}
+
+// readLine returns the next line with its '\n', at most maxLine bytes: a line longer than r's buffer
+// is gathered in a slice of its own (only a long line costs the memory); a longer one than maxLine
+// is skipped to its end and errLineTooLong returned. At the end of the input, what was read of an
+// unended line is returned with the reader's error.
+func readLine(r *bufio.Reader) ([]byte, error) {
+	line, err := r.ReadSlice('\n')
+	if err != bufio.ErrBufferFull {
+		return line, err
+	}
+	long := append([]byte(nil), line...)
+	for err == bufio.ErrBufferFull {
+		line, err = r.ReadSlice('\n')
+		if len(long)+len(line) > maxLine {
+			for err == bufio.ErrBufferFull {
+				_, err = r.ReadSlice('\n')
+			}
+			if err != nil {
+				return nil, err
+			}
+			return nil, errLineTooLong
+		}
+		long = append(long, line...)
+	}
+	return long, err
 }
 
 func (p *port) fail(id json.RawMessage, msg string) {
