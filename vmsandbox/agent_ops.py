@@ -289,8 +289,7 @@ def log_chunk_from_body(body: Mapping[str, object], asked: int, max_bytes: int, 
 PROC_READ_MAX = 64 << 10
 """Bytes of output the host asks one ``proc_read`` for (the agent buffers at most 256 KiB per stream)."""
 PROC_WRITE_MAX = 32 << 10
-"""Bytes of stdin one ``proc_write`` may carry: in base64 its request stays under the 64 KiB line
-the agent reads."""
+"""Bytes of stdin one ``proc_write`` may carry (the agent refuses more)."""
 
 
 @dataclass(frozen=True)

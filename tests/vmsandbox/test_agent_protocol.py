@@ -30,6 +30,7 @@ from vmsandbox.agent_ops import (
     log_chunk_from_body,
 )
 from vmsandbox.agent_protocol import (
+    MAX_REQUEST_BYTES,
     VERSION,
     Ack,
     GuestReport,
@@ -225,6 +226,16 @@ def test_decode_rejects(data: bytes, problem: str) -> None:
 def test_encode_rejects_empty_request_fields() -> None:
     with pytest.raises(ProtocolError, match="empty id or op"):
         encode(Request(id="", op="ping"))
+
+
+def test_encode_refuses_a_request_longer_than_the_agent_reads() -> None:
+    def request(pad: int) -> Request:
+        return Request(id="7", op="volume_write", args={"data": "A" * pad})
+
+    fits = MAX_REQUEST_BYTES - len(encode(request(0)))
+    assert len(encode(request(fits))) == MAX_REQUEST_BYTES
+    with pytest.raises(ProtocolError, match="longer than the agent reads"):
+        encode(request(fits + 1))
 
 
 def test_report_from_body_names_where() -> None:

@@ -180,15 +180,21 @@ class AgentClient:
     def request(self, op: str, args: Mapping[str, object], timeout_s: float) -> Mapping[str, object]:
         """The body of the response to ``op``; GuestRequestFailed when the agent refuses,
         GuestChannelTimeout / GuestChannelClosed when it does not answer, ProtocolError when it
-        answered garbage, AgentLost when it is not the agent this client connected to."""
+        answered garbage or the request is longer than the agent reads, AgentLost when it is not the
+        agent this client connected to."""
         pending = _Pending()
         with self._lock:
             if self._closed is not None:
                 raise self._error(f"{op!r} not sent")
             rid = str(next(self._ids))
             self._pending[rid] = pending
-        with self._send_lock:
-            self._conn.send(Request(id=rid, op=op, args=args))
+        try:
+            with self._send_lock:
+                self._conn.send(Request(id=rid, op=op, args=args))
+        except BaseException:
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise
         if not pending.event.wait(timeout_s):
             with self._lock:
                 self._pending.pop(rid, None)
