@@ -317,6 +317,6 @@ def proc_output_from_body(
 
 def proc_id_from_body(body: Mapping[str, object], where: str = "proc_start") -> str:
     proc = read_str(body, "proc", where)
-    if not proc.isdigit() or len(proc) > 20:
+    if not (proc.isascii() and proc.isdigit()) or len(proc) > 20:
         raise ProtocolError(f"{where}: bad process id {clip(proc)!r}")
     return proc

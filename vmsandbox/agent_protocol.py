@@ -292,7 +292,7 @@ def report_from_body(body: Mapping[str, object], where: str = "report") -> Guest
         raise ProtocolError(f"{where}: more than {_REPORT_ITEMS_MAX} hugepage sizes")
     pools: dict[int, HugePages] = {}
     for size, pool in hugepages.items():
-        if not size.isdigit() or len(size) > 10 or int(size) == 0:
+        if not (size.isascii() and size.isdigit()) or len(size) > 10 or int(size) == 0:
             raise ProtocolError(f"{where}: hugepage size {size[:20]!r} is not a positive KiB count")
         if not isinstance(pool, dict):
             raise ProtocolError(f"{where}: hugepages[{size!r}] must be an object")

@@ -206,6 +206,8 @@ def test_report_is_hashable_and_frozen() -> None:
             id="hugepage-size-unit",
         ),
         pytest.param(hello_with(hugepages={"0": {"total": 1, "free": 1}}), "hugepage size '0'", id="hugepage-0"),
+        pytest.param(hello_with(hugepages={"\u00b2": {"total": 1, "free": 1}}), "hugepage size", id="hp-superscript"),
+        pytest.param(hello_with(hugepages={"\u0663": {"total": 1, "free": 1}}), "hugepage size", id="hugepage-arabic"),
         pytest.param(hello_with(hugepages={"2048": 8}), "hugepages['2048'] must be an object", id="hugepage-int"),
         pytest.param(
             hello_with(hugepages={"2048": {"total": 8}}),
