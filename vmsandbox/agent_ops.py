@@ -8,7 +8,6 @@ readers check them, since an untrusted guest wrote them.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import re
 from collections.abc import Mapping
@@ -78,6 +77,7 @@ class ExecResult:
 
 
 def _b64(body: Mapping[str, object], key: str, where: str) -> bytes:
+    """Output in standard base64 with its padding and nothing else (RFC 4648); missing or null: none."""
     value = body.get(key)
     if value is None:
         return b""
@@ -85,8 +85,11 @@ def _b64(body: Mapping[str, object], key: str, where: str) -> bytes:
         raise ProtocolError(f"{where}: field {key!r} must be base64 text")
     if len(value) > 4 * -(-EXEC_OUTPUT_MAX // 3):
         raise ProtocolError(f"{where}: field {key!r} holds more than {EXEC_OUTPUT_MAX} bytes")
+    # strict_mode alone still takes padding past the last quantum ("AAAAAAAA=", "AAAA====")
+    if len(value) % 4 or "=" in value[:-2]:
+        raise ProtocolError(f"{where}: field {key!r} is not base64: its padding is wrong")
     try:
-        return base64.b64decode(value, validate=True)
+        return binascii.a2b_base64(value, strict_mode=True)
     except (binascii.Error, ValueError) as e:
         raise ProtocolError(f"{where}: field {key!r} is not base64: {e}") from None
 
@@ -313,6 +316,33 @@ def proc_output_from_body(
         raise ProtocolError(f"{where}: {len(stdout) + len(stderr)} bytes of output (asked for at most {limit})")
     code = read_count(body, "exit_code", where) if done else None
     return ProcOutput(stdout, stderr, done, code)
+
+
+def container_states_from_body(body: Mapping[str, object], where: str = "list") -> list[ContainerState]:
+    """The ``containers`` of a ``list`` answer."""
+    items = read_field(body, "containers", list, where)
+    assert isinstance(items, list)
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ProtocolError(f"{where}: containers[{i}] must be an object")
+        out.append(container_state_from_body(item, f"{where}: containers[{i}]"))
+    return out
+
+
+def written_from_body(body: Mapping[str, object], sent: int, where: str) -> tuple[int, bool]:
+    """(bytes taken, the other end closed its input) of a ``proc_write``, ``attach_write`` or
+    ``tcp_write`` answer to ``sent`` bytes; ``closed`` is sent only when true."""
+    written = read_count(body, "written", where, sent)
+    closed = read_field(body, "closed", bool, where) if "closed" in body else False
+    return written, closed is True
+
+
+def proc_exit_from_body(body: Mapping[str, object], where: str = "proc_wait") -> int | None:
+    """The exit code in a ``proc_wait`` answer, None when the process still runs."""
+    exited = read_field(body, "exited", bool, where)
+    code = read_count(body, "exit_code", where)
+    return code if exited is True else None
 
 
 def proc_id_from_body(body: Mapping[str, object], where: str = "proc_start") -> str:

@@ -303,8 +303,11 @@ def report_from_body(body: Mapping[str, object], where: str = "report") -> Guest
     vcpus = read_count(body, "vcpus", where, INT32_MAX)
     if vcpus == 0:
         raise ProtocolError(f"{where}: field 'vcpus' must be at least 1")
+    protocol = read_count(body, "protocol", where, INT32_MAX) if "protocol" in body else 1
+    if protocol == 0:
+        raise ProtocolError(f"{where}: field 'protocol' must be at least 1")
     instance = read_str(body, "instance", where) if "instance" in body else ""
-    if instance and not _INSTANCE.fullmatch(instance):
+    if "instance" in body and not _INSTANCE.fullmatch(instance):
         raise ProtocolError(f"{where}: field 'instance' must be 16 to 64 lowercase hex digits, got {clip(instance)}")
     return GuestReport(
         agent=read_text(body, "agent", where),
@@ -315,7 +318,7 @@ def report_from_body(body: Mapping[str, object], where: str = "report") -> Guest
         cmdline=read_text(body, "cmdline", where, _CMDLINE_MAX),
         boot_ms=read_count(body, "boot_ms", where),
         errors=_texts(body, "errors", where, 1024),
-        protocol=read_count(body, "protocol", where, INT32_MAX) if "protocol" in body else 1,
+        protocol=protocol,
         hostname=read_text(body, "hostname", where) if "hostname" in body else "",
         nics=_nics(body, where),
         instance=instance,

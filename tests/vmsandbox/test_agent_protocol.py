@@ -26,8 +26,11 @@ from vmsandbox.agent_ops import (
     ExecResult,
     LogChunk,
     container_state_from_body,
+    container_states_from_body,
     exec_result_from_body,
     log_chunk_from_body,
+    proc_exit_from_body,
+    written_from_body,
 )
 from vmsandbox.agent_protocol import (
     MAX_REQUEST_BYTES,
@@ -299,8 +302,39 @@ def test_container_state_rejects(changes: dict[str, object], problem: str) -> No
 def test_exec_result_decodes_base64_output() -> None:
     body = {"exit_code": 7, "stdout": "aW4K", "stderr": None, "timed_out": False, "dropped_bytes": 0}
     assert exec_result_from_body(body) == ExecResult(7, b"in\n", b"", False, 0)
-    with pytest.raises(ProtocolError, match="not base64"):
-        exec_result_from_body({**body, "stdout": "!!"})
+    for bad in ("!!", "aW4", "aW4K=", "aW4K====", "aW==aW==", "=aW4", "aW4K\n"):
+        with pytest.raises(ProtocolError, match="not base64"):
+            exec_result_from_body({**body, "stdout": bad})
+
+
+@pytest.mark.parametrize(
+    ("read", "body", "problem"),
+    [
+        (report_from_body, {**HELLO_BODY, "instance": ""}, "'instance' must be 16 to 64"),
+        (report_from_body, {**HELLO_BODY, "protocol": 0}, "'protocol' must be at least 1"),
+        (container_states_from_body, {"containers": [STATE_BODY, 1]}, r"containers\[1\] must be an object"),
+        (container_states_from_body, {"containers": {}}, "'containers' must be an array"),
+        (lambda b: written_from_body(b, 6, "w"), {"written": True}, "'written' must be an integer"),
+        (lambda b: written_from_body(b, 6, "w"), {"written": 7}, "'written' must be at most 6"),
+        (lambda b: written_from_body(b, 6, "w"), {"written": 6, "closed": "yes"}, "'closed' must be a boolean"),
+        (proc_exit_from_body, {"exited": "yes", "exit_code": 0}, "'exited' must be a boolean"),
+        (proc_exit_from_body, {"exited": True}, "missing field 'exit_code'"),
+        (proc_exit_from_body, {"exited": True, "exit_code": -1}, "must not be negative"),
+    ],
+)
+def test_answers_with_mistyped_fields_are_refused(
+    read: Callable[[dict[str, object]], object], body: dict[str, object], problem: str
+) -> None:
+    with pytest.raises(ProtocolError, match=problem):
+        read(body)
+
+
+def test_written_and_proc_exit_read() -> None:
+    assert written_from_body({"written": 3}, 6, "w") == (3, False)
+    assert written_from_body({"written": 0, "closed": True}, 6, "w") == (0, True)
+    assert proc_exit_from_body({"exited": False, "exit_code": 0}) is None
+    assert proc_exit_from_body({"exited": True, "exit_code": 3}) == 3
+    assert container_states_from_body({"containers": [STATE_BODY]})[0].id == "c1"
 
 
 LOG_OK = {"offset": 100, "data": "aGVsbG8K", "eof": False}  # "hello\n"

@@ -36,11 +36,14 @@ from vmsandbox.agent_ops import (
     LogChunk,
     ProcOutput,
     container_state_from_body,
+    container_states_from_body,
     exec_result_from_body,
     log_chunk_from_body,
+    proc_exit_from_body,
     proc_id_from_body,
     proc_output_from_body,
     stats_from_body,
+    written_from_body,
 )
 from vmsandbox.agent_protocol import (
     EXEC_OUTPUT_MAX,
@@ -53,6 +56,7 @@ from vmsandbox.agent_protocol import (
     Request,
     Response,
     UnsolicitedBudget,
+    read_field,
 )
 from vmsandbox.errors import InfrastructureError, WrongState
 
@@ -264,11 +268,7 @@ class AgentClient:
         )
 
     def list(self, timeout_s: float = 30) -> list[ContainerState]:
-        body = self.request("list", {}, timeout_s)
-        items = body.get("containers")
-        if not isinstance(items, list):
-            raise ProtocolError(f"{self.label}: list response: 'containers' must be an array")
-        return [container_state_from_body(i, f"{self.label}: list item") for i in items if isinstance(i, dict)]
+        return container_states_from_body(self.request("list", {}, timeout_s), f"{self.label}: list response")
 
     def delete(self, cid: str, timeout_s: float = 60) -> None:
         self.request("delete", {"id": cid}, timeout_s)
@@ -336,10 +336,7 @@ class AgentClient:
         """(bytes written, stdin closed by the process); fewer than given when the process did not read in time."""
         args = {"proc": proc, "data": base64.b64encode(data).decode(), "timeout_ms": int(timeout_s * 1000)}
         body = self.request("proc_write", args, timeout_s + _SLACK_S)
-        written = body.get("written")
-        if not isinstance(written, int) or not 0 <= written <= len(data):
-            raise ProtocolError("proc_write response: 'written' must be a count of the bytes sent")
-        return written, body.get("closed") is True
+        return written_from_body(body, len(data), "proc_write response")
 
     def proc_close_stdin(self, proc: str) -> None:
         self.request("proc_close_stdin", {"proc": proc}, 30)
@@ -350,8 +347,7 @@ class AgentClient:
     def proc_wait(self, proc: str, timeout_s: float) -> int | None:
         """The exit code, or None when the process still runs after ``timeout_s``."""
         body = self.request("proc_wait", {"proc": proc, "timeout_ms": int(timeout_s * 1000)}, timeout_s + _SLACK_S)
-        code = body.get("exit_code")
-        return code if body.get("exited") is True and isinstance(code, int) else None
+        return proc_exit_from_body(body, "proc_wait response")
 
     def proc_release(self, proc: str) -> None:
         """The host is done: the guest hangs up on the process, kills it after a grace and forgets it."""
@@ -370,10 +366,7 @@ class AgentClient:
     def attach_write(self, session: str, data: bytes, timeout_s: float = 10) -> tuple[int, bool]:
         args = {"attach": session, "data": base64.b64encode(data).decode(), "timeout_ms": int(timeout_s * 1000)}
         body = self.request("attach_write", args, timeout_s + _SLACK_S)
-        written = body.get("written")
-        if not isinstance(written, int) or not 0 <= written <= len(data):
-            raise ProtocolError("attach_write response: 'written' must be a count of the bytes sent")
-        return written, body.get("closed") is True
+        return written_from_body(body, len(data), "attach_write response")
 
     def attach_resize(self, session: str, rows: int, cols: int) -> None:
         """Sets the size of the terminal of the session's container (protocol 4)."""
@@ -396,16 +389,15 @@ class AgentClient:
         """(bytes received, end of stream)."""
         args = {"conn": conn, "max_bytes": max_bytes, "timeout_ms": int(timeout_s * 1000)}
         body = self.request("tcp_read", args, timeout_s + _SLACK_S)
-        out = proc_output_from_body({"stdout": body.get("data"), "done": body.get("eof") is True, "exit_code": 0},
+        eof = read_field(body, "eof", bool, "tcp_read response")
+        out = proc_output_from_body({"stdout": body.get("data"), "done": eof, "exit_code": 0},
                                     "tcp_read response", max_bytes)  # fmt: skip
         return out.stdout, out.done
 
     def tcp_write(self, conn: str, data: bytes, timeout_s: float = 10) -> int:
         args = {"conn": conn, "data": base64.b64encode(data).decode(), "timeout_ms": int(timeout_s * 1000)}
-        written = self.request("tcp_write", args, timeout_s + _SLACK_S).get("written")
-        if not isinstance(written, int) or not 0 <= written <= len(data):
-            raise ProtocolError("tcp_write response: 'written' must be a count of the bytes sent")
-        return written
+        body = self.request("tcp_write", args, timeout_s + _SLACK_S)
+        return written_from_body(body, len(data), "tcp_write response")[0]
 
     def tcp_close_write(self, conn: str) -> None:
         self.request("tcp_close_write", {"conn": conn}, 30)
