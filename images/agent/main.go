@@ -183,10 +183,14 @@ func main() {
 func (p *port) greet() {
 	for {
 		if !p.isAcked() {
-			p.sendIf(func() bool { return !p.isAcked() }, map[string]interface{}{"type": "hello", "body": report()})
+			p.sendIf(func() bool { return !p.isAcked() }, helloMessage())
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+func helloMessage() map[string]interface{} {
+	return map[string]interface{}{"type": "hello", "body": report()}
 }
 
 func (p *port) serve() {
@@ -284,13 +288,22 @@ func (p *port) failCode(id json.RawMessage, code, msg string) {
 }
 
 func (p *port) handle(id json.RawMessage, op string, args json.RawMessage) {
+	if p.answer(id, op, args) && op == "poweroff" {
+		time.Sleep(100 * time.Millisecond)
+		syscall.Sync()
+		syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF)
+	}
+}
+
+// answer runs op and writes its response; true when the op succeeded.
+func (p *port) answer(id json.RawMessage, op string, args json.RawMessage) bool {
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")
 	}
 	h, ok := handlers[op]
 	if !ok {
 		p.fail(id, "unknown op: "+op)
-		return
+		return false
 	}
 	body, err := h(args)
 	if err != nil {
@@ -300,21 +313,17 @@ func (p *port) handle(id json.RawMessage, op string, args json.RawMessage) {
 		} else {
 			p.fail(id, err.Error())
 		}
-		return
+		return false
 	}
 	if eb, ok := body.(*execBody); ok {
 		p.sendExec(id, eb)
-		return
+		return true
 	}
 	if body == nil {
 		body = map[string]interface{}{}
 	}
 	p.send(map[string]interface{}{"type": "response", "id": id, "ok": true, "body": body})
-	if op == "poweroff" {
-		time.Sleep(100 * time.Millisecond)
-		syscall.Sync()
-		syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF)
-	}
+	return true
 }
 
 type handler func(args json.RawMessage) (interface{}, error)
