@@ -314,6 +314,19 @@ else
     fi
 fi
 
+# The agent's Go tests (tests/images/test_agent_go.py runs them with GOPROXY=off) check its answers
+# against the protocol's schema with a validator images/agent/go.mod pins for the tests alone (the
+# agent itself is built from the standard library): fetch it into the Go module cache.
+agent_mod_log=$VMSANDBOX_LOG_DIR/agent-modules.log
+if (cd "$REPO_ROOT/images/agent" && GOPROXY=off go mod download) </dev/null >/dev/null 2>&1 9>&-; then
+    step 7 "agent test modules" "already done (in the Go module cache)"
+elif (cd "$REPO_ROOT/images/agent" && go mod download) </dev/null >"$agent_mod_log" 2>&1 9>&-; then
+    step 7 "agent test modules" "fetched into the Go module cache"
+else
+    tail_log "$agent_mod_log"
+    die "go mod download in images/agent failed (full log: $agent_mod_log)"
+fi
+
 # ---- 8. the CRI front (scripts/build-front.sh is idempotent on its own) ----------------------------
 front_log=$VMSANDBOX_LOG_DIR/front-build.log
 t0=$(now_ms)

@@ -8,7 +8,6 @@ readers check them, since an untrusted guest wrote them.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import re
 from collections.abc import Mapping
@@ -78,6 +77,7 @@ class ExecResult:
 
 
 def _b64(body: Mapping[str, object], key: str, where: str) -> bytes:
+    """Output in standard base64 with its padding and nothing else (RFC 4648); missing or null: none."""
     value = body.get(key)
     if value is None:
         return b""
@@ -85,8 +85,11 @@ def _b64(body: Mapping[str, object], key: str, where: str) -> bytes:
         raise ProtocolError(f"{where}: field {key!r} must be base64 text")
     if len(value) > 4 * -(-EXEC_OUTPUT_MAX // 3):
         raise ProtocolError(f"{where}: field {key!r} holds more than {EXEC_OUTPUT_MAX} bytes")
+    # strict_mode alone still takes padding past the last quantum ("AAAAAAAA=", "AAAA====")
+    if len(value) % 4 or "=" in value[:-2]:
+        raise ProtocolError(f"{where}: field {key!r} is not base64: its padding is wrong")
     try:
-        return base64.b64decode(value, validate=True)
+        return binascii.a2b_base64(value, strict_mode=True)
     except (binascii.Error, ValueError) as e:
         raise ProtocolError(f"{where}: field {key!r} is not base64: {e}") from None
 
@@ -292,8 +295,7 @@ STREAM_READ_MAX = 64 << 10
 """Bytes of output the host asks one read of a stream session for (the agent buffers at most
 256 KiB per stream)."""
 STREAM_WRITE_MAX = 32 << 10
-"""Bytes one write to a stream session may carry: in base64 its request stays under the 64 KiB
-line the agent reads."""
+"""Bytes one write to a stream session may carry (the agent refuses more)."""
 
 
 @dataclass(frozen=True)
@@ -383,14 +385,26 @@ def stream_output_from_body(
 
 def stream_id_from_body(kind: StreamKind, body: Mapping[str, object], where: str) -> str:
     sid = read_str(body, kind.id_field, where)
-    if not sid.isdigit() or len(sid) > 20:
+    if not (sid.isascii() and sid.isdigit()) or len(sid) > 20:
         raise ProtocolError(f"{where}: bad {kind.id_field} id {clip(sid)!r}")
     return sid
 
 
+def container_states_from_body(body: Mapping[str, object], where: str = "list") -> list[ContainerState]:
+    """The ``containers`` of a ``list`` answer."""
+    items = read_field(body, "containers", list, where)
+    assert isinstance(items, list)
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ProtocolError(f"{where}: containers[{i}] must be an object")
+        out.append(container_state_from_body(item, f"{where}: containers[{i}]"))
+    return out
+
+
 def written_from_body(body: Mapping[str, object], sent: int, where: str) -> tuple[int, bool]:
-    """(bytes the session took of the ``sent``, its input closed for good)."""
-    written = body.get("written")
-    if not isinstance(written, int) or isinstance(written, bool) or not 0 <= written <= sent:
-        raise ProtocolError(f"{where}: 'written' must be a count of the bytes sent")
-    return written, body.get("closed") is True
+    """(bytes taken, the other end closed its input) of a ``proc_write``, ``attach_write`` or
+    ``tcp_write`` answer to ``sent`` bytes; ``closed`` is sent only when true."""
+    written = read_count(body, "written", where, sent)
+    closed = read_field(body, "closed", bool, where) if "closed" in body else False
+    return written, closed is True

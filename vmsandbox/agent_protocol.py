@@ -14,7 +14,8 @@ Everything here reads what an untrusted guest wrote, so it is bounded before it 
 is at most ``MAX_FRAME_BYTES``, its arrays and objects nest at most ``MAX_DEPTH`` deep (checked by a
 linear scan before ``json.loads`` recurses), numbers fit the fields they fill, and what the host
 keeps of a body (a report in the sandbox's record, an error in a message) has bounded size.
-``UnsolicitedBudget`` bounds the rate of messages nobody asked for. The bodies of the container
+``UnsolicitedBudget`` bounds the rate of messages nobody asked for. The other way, a request line
+is at most ``MAX_REQUEST_BYTES``, the agent's bound. The bodies of the container
 ops' responses are read by ``vmsandbox.agent_ops``, with the field readers defined here.
 """
 
@@ -53,6 +54,9 @@ EXEC_OUTPUT_MAX = 16 << 20
 MAX_FRAME_BYTES = 2 * 4 * -(-EXEC_OUTPUT_MAX // 3) + (64 << 10)
 """The longest line a guest may send: an ``exec`` response with both streams full, base64-encoded,
 plus room for its other fields (about 42.7 MiB)."""
+MAX_REQUEST_BYTES = 1 << 20
+"""The longest line the agent reads (its line end included): a longer request is refused here,
+before it is sent, since the agent could only answer it with a failure that names no request."""
 MAX_DEPTH = 32
 """How deep arrays and objects may nest in a guest's line (the deepest legitimate one is 5)."""
 MAX_BRACKETS = 1 << 16
@@ -190,6 +194,12 @@ def encode(msg: Message, version: int = VERSION) -> bytes:
         obj |= {"type": "request", "id": msg.id, "op": msg.op}
         if msg.args:
             obj["args"] = dict(msg.args)
+        line = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        if len(line) > MAX_REQUEST_BYTES:
+            raise ProtocolError(
+                f"a {msg.op!r} request of {len(line)} bytes is longer than the agent reads ({MAX_REQUEST_BYTES})"
+            )
+        return line
     elif isinstance(msg, Response):
         obj |= {"type": "response", "id": msg.id, "ok": msg.ok}
         if msg.ok:
@@ -282,7 +292,7 @@ def report_from_body(body: Mapping[str, object], where: str = "report") -> Guest
         raise ProtocolError(f"{where}: more than {_REPORT_ITEMS_MAX} hugepage sizes")
     pools: dict[int, HugePages] = {}
     for size, pool in hugepages.items():
-        if not size.isdigit() or len(size) > 10 or int(size) == 0:
+        if not (size.isascii() and size.isdigit()) or len(size) > 10 or int(size) == 0:
             raise ProtocolError(f"{where}: hugepage size {size[:20]!r} is not a positive KiB count")
         if not isinstance(pool, dict):
             raise ProtocolError(f"{where}: hugepages[{size!r}] must be an object")
@@ -293,8 +303,11 @@ def report_from_body(body: Mapping[str, object], where: str = "report") -> Guest
     vcpus = read_count(body, "vcpus", where, INT32_MAX)
     if vcpus == 0:
         raise ProtocolError(f"{where}: field 'vcpus' must be at least 1")
+    protocol = read_count(body, "protocol", where, INT32_MAX) if "protocol" in body else 1
+    if protocol == 0:
+        raise ProtocolError(f"{where}: field 'protocol' must be at least 1")
     instance = read_str(body, "instance", where) if "instance" in body else ""
-    if instance and not _INSTANCE.fullmatch(instance):
+    if "instance" in body and not _INSTANCE.fullmatch(instance):
         raise ProtocolError(f"{where}: field 'instance' must be 16 to 64 lowercase hex digits, got {clip(instance)}")
     return GuestReport(
         agent=read_text(body, "agent", where),
@@ -305,7 +318,7 @@ def report_from_body(body: Mapping[str, object], where: str = "report") -> Guest
         cmdline=read_text(body, "cmdline", where, _CMDLINE_MAX),
         boot_ms=read_count(body, "boot_ms", where),
         errors=_texts(body, "errors", where, 1024),
-        protocol=read_count(body, "protocol", where, INT32_MAX) if "protocol" in body else 1,
+        protocol=protocol,
         hostname=read_text(body, "hostname", where) if "hostname" in body else "",
         nics=_nics(body, where),
         instance=instance,

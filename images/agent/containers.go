@@ -58,6 +58,7 @@ type container struct {
 	log    *logBuffer
 	logs   sync.WaitGroup
 	done   chan struct{}
+	made   chan struct{} // closed once its create answered (it is created, or failed and forgotten)
 
 	stdinMu   sync.Mutex
 	stdin     *os.File // write end of the container's stdin pipe, or its terminal's master (Attach); nil when none or closed
@@ -188,11 +189,20 @@ func lowerPath(name string) (string, error) {
 	return "", fmt.Errorf("bad lower tree %q (want shared/..., images/... or disks/SERIAL)", name)
 }
 
+// lookup returns container id once its create has answered: a container is created, running or
+// exited (the protocol's states), never "creating", so an op on one whose create is still under way
+// waits for that create, and finds the container created or no container.
 func lookup(id string) (*container, error) {
 	cmu.Lock()
-	defer cmu.Unlock()
 	c, ok := containers[id]
+	cmu.Unlock()
 	if !ok {
+		return nil, errUnknownContainer{id}
+	}
+	<-c.made
+	cmu.Lock()
+	defer cmu.Unlock()
+	if containers[id] != c {
 		return nil, errUnknownContainer{id}
 	}
 	return c, nil
@@ -266,9 +276,11 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	if a.TTY {
 		streams = 1
 	}
-	c := &container{ID: a.ID, State: "creating", spec: a.Spec, log: newLogBuffer(streams), done: make(chan struct{})}
+	c := &container{ID: a.ID, State: "creating", spec: a.Spec, log: newLogBuffer(streams), done: make(chan struct{}),
+		made: make(chan struct{})}
 	containers[a.ID] = c
 	cmu.Unlock()
+	defer close(c.made)
 	fail := func(err error) (interface{}, error) {
 		cleanup(a.ID)
 		cmu.Lock()
@@ -579,11 +591,14 @@ func opStatus(raw json.RawMessage) (interface{}, error) {
 	return c.snapshot(), nil
 }
 
+// list: the containers whose create has answered (one still being created is its create's to report).
 func opList(json.RawMessage) (interface{}, error) {
 	cmu.Lock()
 	all := make([]*container, 0, len(containers))
 	for _, c := range containers {
-		all = append(all, c)
+		if c.State != "creating" {
+			all = append(all, c)
+		}
 	}
 	cmu.Unlock()
 	out := make([]container, 0, len(all))

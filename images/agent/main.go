@@ -21,7 +21,13 @@ import (
 )
 
 const channelName = "io.vmsandbox.agent.0"
+
+// maxLine is the longest line the agent reads from the host, its '\n' included: a volume_write of
+// 384 KiB of file data (512 KiB in base64) or an OCI spec with many environment variables fits.
 const maxLine = 1 << 20
+
+// errLineTooLong: the host sent a line longer than maxLine (skipped to its end and refused).
+var errLineTooLong = errors.New("message longer than the agent reads")
 
 // protocolVersion is what this agent sends; it also reads requests of every earlier version. Version 4:
 // `create` with `tty` gives the container a terminal (before, it only joined stderr to stdout),
@@ -177,22 +183,22 @@ func main() {
 func (p *port) greet() {
 	for {
 		if !p.isAcked() {
-			p.sendIf(func() bool { return !p.isAcked() }, map[string]interface{}{"type": "hello", "body": report()})
+			p.sendIf(func() bool { return !p.isAcked() }, helloMessage())
 		}
 		time.Sleep(time.Second)
 	}
 }
 
+func helloMessage() map[string]interface{} {
+	return map[string]interface{}{"type": "hello", "body": report()}
+}
+
 func (p *port) serve() {
 	r := bufio.NewReaderSize(p.f, 65536)
 	for {
-		line, err := r.ReadSlice('\n')
-		if err == bufio.ErrBufferFull {
-			// overlong line: skip to its end and refuse it
-			for err == bufio.ErrBufferFull {
-				_, err = r.ReadSlice('\n')
-			}
-			p.fail(nil, "message longer than the agent reads")
+		line, err := readLine(r)
+		if err == errLineTooLong {
+			p.fail(nil, fmt.Sprintf("%v (%d bytes)", err, maxLine))
 			continue
 		}
 		if err != nil {
@@ -239,6 +245,32 @@ func (p *port) serve() {
 	}
 }
 
+// readLine returns the next line with its '\n', at most maxLine bytes: a line longer than r's buffer
+// is gathered in a slice of its own (only a long line costs the memory); a longer one than maxLine
+// is skipped to its end and errLineTooLong returned. At the end of the input, what was read of an
+// unended line is returned with the reader's error.
+func readLine(r *bufio.Reader) ([]byte, error) {
+	line, err := r.ReadSlice('\n')
+	if err != bufio.ErrBufferFull {
+		return line, err
+	}
+	long := append([]byte(nil), line...)
+	for err == bufio.ErrBufferFull {
+		line, err = r.ReadSlice('\n')
+		if len(long)+len(line) > maxLine {
+			for err == bufio.ErrBufferFull {
+				_, err = r.ReadSlice('\n')
+			}
+			if err != nil {
+				return nil, err
+			}
+			return nil, errLineTooLong
+		}
+		long = append(long, line...)
+	}
+	return long, err
+}
+
 func (p *port) fail(id json.RawMessage, msg string) {
 	p.failCode(id, "", msg)
 }
@@ -256,13 +288,22 @@ func (p *port) failCode(id json.RawMessage, code, msg string) {
 }
 
 func (p *port) handle(id json.RawMessage, op string, args json.RawMessage) {
+	if p.answer(id, op, args) && op == "poweroff" {
+		time.Sleep(100 * time.Millisecond)
+		syscall.Sync()
+		syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF)
+	}
+}
+
+// answer runs op and writes its response; true when the op succeeded.
+func (p *port) answer(id json.RawMessage, op string, args json.RawMessage) bool {
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")
 	}
 	h, ok := handlers[op]
 	if !ok {
 		p.fail(id, "unknown op: "+op)
-		return
+		return false
 	}
 	body, err := h(args)
 	if err != nil {
@@ -272,21 +313,17 @@ func (p *port) handle(id json.RawMessage, op string, args json.RawMessage) {
 		} else {
 			p.fail(id, err.Error())
 		}
-		return
+		return false
 	}
 	if eb, ok := body.(*execBody); ok {
 		p.sendExec(id, eb)
-		return
+		return true
 	}
 	if body == nil {
 		body = map[string]interface{}{}
 	}
 	p.send(map[string]interface{}{"type": "response", "id": id, "ok": true, "body": body})
-	if op == "poweroff" {
-		time.Sleep(100 * time.Millisecond)
-		syscall.Sync()
-		syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF)
-	}
+	return true
 }
 
 type handler func(args json.RawMessage) (interface{}, error)

@@ -31,7 +31,7 @@ import (
 const (
 	sessionBufMax       = 256 << 10 // bytes of output per stream waiting for the host
 	sessionReadChunk    = 32 << 10  // bytes a pump reads from its source at once
-	sessionWriteMax     = 32 << 10  // bytes one write may carry (its request line stays under 64 KiB)
+	sessionWriteMax     = 32 << 10  // bytes one write may carry
 	sessionMaxPollMs    = 30000     // the longest a read or a write waits
 	sessionWriteDefault = 10000     // ms a write waits when it names no (valid) timeout
 	sessionLease        = 10 * time.Minute

@@ -1,6 +1,7 @@
-"""The guest agent's own Go tests (images/agent/*_test.go: its CRI log writer, log buffer and
-volume copies), with ``go vet`` and the race detector. They need root (the volume tests set
-owners) and Go (scripts/setup-host.sh installs it)."""
+"""The guest agent's own Go tests (images/agent/*_test.go: its CRI log writer, log buffer, volume
+copies, and its answers against the protocol's schema), with ``go vet`` and the race detector.
+They need root (the volume tests set owners), Go and the schema validator the tests use in the Go
+module cache (scripts/setup-host.sh installs both)."""
 
 from __future__ import annotations
 

@@ -26,10 +26,13 @@ from vmsandbox.agent_ops import (
     ExecResult,
     LogChunk,
     container_state_from_body,
+    container_states_from_body,
     exec_result_from_body,
     log_chunk_from_body,
+    written_from_body,
 )
 from vmsandbox.agent_protocol import (
+    MAX_REQUEST_BYTES,
     VERSION,
     Ack,
     GuestReport,
@@ -205,6 +208,8 @@ def test_report_is_hashable_and_frozen() -> None:
             id="hugepage-size-unit",
         ),
         pytest.param(hello_with(hugepages={"0": {"total": 1, "free": 1}}), "hugepage size '0'", id="hugepage-0"),
+        pytest.param(hello_with(hugepages={"\u00b2": {"total": 1, "free": 1}}), "hugepage size", id="hp-superscript"),
+        pytest.param(hello_with(hugepages={"\u0663": {"total": 1, "free": 1}}), "hugepage size", id="hugepage-arabic"),
         pytest.param(hello_with(hugepages={"2048": 8}), "hugepages['2048'] must be an object", id="hugepage-int"),
         pytest.param(
             hello_with(hugepages={"2048": {"total": 8}}),
@@ -225,6 +230,16 @@ def test_decode_rejects(data: bytes, problem: str) -> None:
 def test_encode_rejects_empty_request_fields() -> None:
     with pytest.raises(ProtocolError, match="empty id or op"):
         encode(Request(id="", op="ping"))
+
+
+def test_encode_refuses_a_request_longer_than_the_agent_reads() -> None:
+    def request(pad: int) -> Request:
+        return Request(id="7", op="volume_write", args={"data": "A" * pad})
+
+    fits = MAX_REQUEST_BYTES - len(encode(request(0)))
+    assert len(encode(request(fits))) == MAX_REQUEST_BYTES
+    with pytest.raises(ProtocolError, match="longer than the agent reads"):
+        encode(request(fits + 1))
 
 
 def test_report_from_body_names_where() -> None:
@@ -286,8 +301,34 @@ def test_container_state_rejects(changes: dict[str, object], problem: str) -> No
 def test_exec_result_decodes_base64_output() -> None:
     body = {"exit_code": 7, "stdout": "aW4K", "stderr": None, "timed_out": False, "dropped_bytes": 0}
     assert exec_result_from_body(body) == ExecResult(7, b"in\n", b"", False, 0)
-    with pytest.raises(ProtocolError, match="not base64"):
-        exec_result_from_body({**body, "stdout": "!!"})
+    for bad in ("!!", "aW4", "aW4K=", "aW4K====", "aW==aW==", "=aW4", "aW4K\n"):
+        with pytest.raises(ProtocolError, match="not base64"):
+            exec_result_from_body({**body, "stdout": bad})
+
+
+@pytest.mark.parametrize(
+    ("read", "body", "problem"),
+    [
+        (report_from_body, {**HELLO_BODY, "instance": ""}, "'instance' must be 16 to 64"),
+        (report_from_body, {**HELLO_BODY, "protocol": 0}, "'protocol' must be at least 1"),
+        (container_states_from_body, {"containers": [STATE_BODY, 1]}, r"containers\[1\] must be an object"),
+        (container_states_from_body, {"containers": {}}, "'containers' must be an array"),
+        (lambda b: written_from_body(b, 6, "w"), {"written": True}, "'written' must be an integer"),
+        (lambda b: written_from_body(b, 6, "w"), {"written": 7}, "'written' must be at most 6"),
+        (lambda b: written_from_body(b, 6, "w"), {"written": 6, "closed": "yes"}, "'closed' must be a boolean"),
+    ],
+)
+def test_answers_with_mistyped_fields_are_refused(
+    read: Callable[[dict[str, object]], object], body: dict[str, object], problem: str
+) -> None:
+    with pytest.raises(ProtocolError, match=problem):
+        read(body)
+
+
+def test_written_and_list_read() -> None:
+    assert written_from_body({"written": 3}, 6, "w") == (3, False)
+    assert written_from_body({"written": 0, "closed": True}, 6, "w") == (0, True)
+    assert container_states_from_body({"containers": [STATE_BODY]})[0].id == "c1"
 
 
 LOG_OK = {"offset": 100, "data": "aGVsbG8K", "eof": False}  # "hello\n"

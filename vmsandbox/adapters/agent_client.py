@@ -36,6 +36,7 @@ from vmsandbox.agent_ops import (
     ExecResult,
     LogChunk,
     container_state_from_body,
+    container_states_from_body,
     exec_result_from_body,
     log_chunk_from_body,
     stats_from_body,
@@ -178,15 +179,21 @@ class AgentClient:
     def request(self, op: str, args: Mapping[str, object], timeout_s: float) -> Mapping[str, object]:
         """The body of the response to ``op``; GuestRequestFailed when the agent refuses,
         GuestChannelTimeout / GuestChannelClosed when it does not answer, ProtocolError when it
-        answered garbage, AgentLost when it is not the agent this client connected to."""
+        answered garbage or the request is longer than the agent reads, AgentLost when it is not the
+        agent this client connected to."""
         pending = _Pending()
         with self._lock:
             if self._closed is not None:
                 raise self._error(f"{op!r} not sent")
             rid = str(next(self._ids))
             self._pending[rid] = pending
-        with self._send_lock:
-            self._conn.send(Request(id=rid, op=op, args=args))
+        try:
+            with self._send_lock:
+                self._conn.send(Request(id=rid, op=op, args=args))
+        except BaseException:
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise
         if not pending.event.wait(timeout_s):
             with self._lock:
                 self._pending.pop(rid, None)
@@ -256,11 +263,7 @@ class AgentClient:
         )
 
     def list(self, timeout_s: float = 30) -> list[ContainerState]:
-        body = self.request("list", {}, timeout_s)
-        items = body.get("containers")
-        if not isinstance(items, list):
-            raise ProtocolError(f"{self.label}: list response: 'containers' must be an array")
-        return [container_state_from_body(i, f"{self.label}: list item") for i in items if isinstance(i, dict)]
+        return container_states_from_body(self.request("list", {}, timeout_s), f"{self.label}: list response")
 
     def delete(self, cid: str, timeout_s: float = 60) -> None:
         self.request("delete", {"id": cid}, timeout_s)

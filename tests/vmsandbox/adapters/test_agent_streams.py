@@ -187,7 +187,7 @@ def test_a_read_answer_the_guest_got_wrong_is_refused(
 
 @pytest.mark.parametrize("written", [-1, 3, "2", True, None])
 def test_a_write_answer_counting_other_than_the_bytes_sent_is_refused(written: object) -> None:
-    with pytest.raises(ProtocolError, match="'written' must be a count of the bytes sent"):
+    with pytest.raises(ProtocolError, match="'written' must"):
         AgentStream(FakeAgent({"written": written}), ATTACH, "7").write_some(b"hi")
 
 
