@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as `make test` runs it (after the host set-up and lint), in two phases:
 #   1. the integration tests that keep to what they started, JOBS pytest-xdist workers, one test
-#      file per worker (its module fixtures stay together);
+#      file per worker (its module fixtures stay together), the longest files first
+#      (tests/conftest.py's LONGEST_FIRST) so that the workers end together;
 #   2. the `exclusive` integration tests (they count what the whole host holds: free hugepages,
 #      domains, macvtaps, the cluster's ports) one after another, while the tests that start no
 #      guest (unit, cli) run beside them on JOBS-1 workers; their output follows the exclusive run's.
