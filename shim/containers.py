@@ -123,7 +123,7 @@ class Containers:
         image = self.images.get(c.image)
         if image is None:
             raise NotFound(f"image {c.image[:256]!r} is not pulled (PullImage it first)")
-        held = self.images.acquire(image.id)
+        held = self.images.acquire(image.id, container_id)
         disk_attached: bool | None = None  # None: the disk is not counted as used by this create
         try:
             spec_img = image.spec
@@ -163,7 +163,7 @@ class Containers:
         except BaseException:
             if disk_attached is not None:
                 self.mounts.detach_unused(c.sandbox_id, held, disk_attached)
-            self.images.release(image.id)
+            self.images.release(image.id, container_id)
             self.volumes.release(c.sandbox_id, container_id)
             self.mounts.drop_container_dir(c.sandbox_id, container_id)
             raise
@@ -318,7 +318,7 @@ class Containers:
             if not c.image_id:
                 continue
             try:
-                self.images.acquire(c.image_id)
+                self.images.acquire(c.image_id, c.id)
                 held += 1
             except NotFound:
                 log.warning("container %s: its image %s is not stored any more", c.id[:12], c.image_id)
@@ -409,7 +409,7 @@ class Containers:
         self.mounts.drop_container_dir(c.sandbox_id, container_id)
         self.records.remove_container(container_id)
         if c.image_id:
-            self.images.release(c.image_id)
+            self.images.release(c.image_id, container_id)
         self._forget_lock(container_id)
         return container_id
 
@@ -428,7 +428,7 @@ class Containers:
             self._forget_lock(c.id)
             self.logs.forget(c.id)
             if c.image_id:
-                self.images.release(c.image_id)
+                self.images.release(c.image_id, c.id)
         self.pool.drop(sandbox_id)
         self.dirs.drop(sandbox_id)
         self.mounts.forget_sandbox(sandbox_id)

@@ -1,7 +1,8 @@
 """What the shim knows about sandboxes and containers: requests in, records kept (no protobuf).
 
 ``ContainerSpec`` is a CreateContainer request after translation (``SandboxSpec``, the
-RunPodSandbox request, is the core's own: ``vmsandbox.pod``); ``SandboxRecord`` and
+RunPodSandbox request, is the core's own: ``vmsandbox.pod``), ``PullImage`` and ``RemoveImage``
+the image RPCs' requests (translated and checked by ``shim.translate``); ``SandboxRecord`` and
 ``ContainerRecord`` are what the state database keeps; ``SandboxFilter`` and ``ContainerFilter``
 are list requests' filters; ``Condition``, ``SandboxStats`` and ``ContainerStats`` are answers on
 their way out.
@@ -17,10 +18,12 @@ from vmsandbox import record_docs
 from vmsandbox.agent_ops import CgroupStats
 from vmsandbox.devices import DeviceGroup
 from vmsandbox.errors import NotFound
+from vmsandbox.image_ref import ImageReference
 from vmsandbox.lifecycle import Sibling
 from vmsandbox.network import DnsConfig, NamespaceOptions, PodNetwork, PortMapping
 from vmsandbox.pod import PodMeta as PodMeta
 from vmsandbox.pod import SandboxSpec as SandboxSpec
+from vmsandbox.registries import Credentials
 from vmsandbox.resources import ContainerResources, PodDeclaration
 from vmsandbox.sizing import LinuxResources, VmShape
 
@@ -56,6 +59,17 @@ class ContainerSpec:
     resources: ContainerResources | None = None
     attachments: ContainerResources = field(default_factory=ContainerResources)  # mounts, devices, CDI
     linux: LinuxResources = field(default_factory=LinuxResources)
+
+
+@dataclass(frozen=True)
+class PullImage:
+    ref: ImageReference
+    creds: Credentials | None = None  # for this pull only
+
+
+@dataclass(frozen=True)
+class RemoveImage:
+    image: str  # a reference, an id or an id prefix
 
 
 @dataclass(frozen=True)
