@@ -4,7 +4,7 @@ A local docker-registry on 127.0.0.1 serves a ~50 MB image of 5 layers (incompre
 data, so the transfer is the size), built here from random bytes and the host's busybox-static,
 twice: in OCI format and in Docker schema 2 format (the same layers, copied with
 ``skopeo copy --format v2s2``). Each round pulls each of them into a fresh store through
-``ImageStore.pull`` (resolve, download with digest checks, unpack in-root with every layer checked
+``shim.rpc.pull_image`` (resolve, download with digest checks, unpack in-root with every layer checked
 against the config's diff ids, catalogue) and, in the same process, runs the reference tools on
 the same image: ``skopeo copy docker://… oci:DIR`` then ``umoci unpack``. Rounds interleave the
 four; medians are compared per format. Then ten threads pull the same image into a fresh store at
@@ -33,8 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
 from shim.image_store import ImageStore
+from shim.model import PullImage
+from shim.rpc.pull_image import pull_image
 from tests import interrupts
 from tests.registry_kit import Layout, Registry, busybox_entries, file, push
+from vmsandbox.image_ref import parse_reference
 
 TARGET_RATIO = 1.2
 
@@ -50,7 +53,7 @@ def build(layout: Layout, layers: int, layer_mb: int) -> None:
 def ours(ref: str, root: Path) -> float:
     store = ImageStore(root)
     t0 = time.perf_counter()
-    store.pull(ref)
+    pull_image(store, PullImage(parse_reference(ref)))
     return time.perf_counter() - t0
 
 
@@ -84,7 +87,7 @@ def concurrent(ref: str, registry: Registry, root: Path, n: int) -> dict[str, ob
 
     def one() -> None:
         barrier.wait()
-        ids.append(store.pull(ref))
+        ids.append(pull_image(store, PullImage(parse_reference(ref))))
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=one) for _ in range(n)]
@@ -212,7 +215,7 @@ def main() -> None:
         push_docker(layout, refs["docker"])
         formats = measure(refs, tmp, args.rounds)
         store = ImageStore(tmp / "size")
-        store.pull(refs["oci"])
+        pull_image(store, PullImage(parse_reference(refs["oci"])))
         record = store.get(refs["oci"])
         assert record is not None
         image = {"compressed_bytes": record.size, "layers": len(record.layers), "unpacked_bytes": record.unpacked_bytes}

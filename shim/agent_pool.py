@@ -113,7 +113,8 @@ class AgentPool:
                 self.drop(sandbox_id)
                 raise
             except GuestRequestFailed as exc:
-                if exc.code == UNKNOWN_CONTAINER and fn != "create" and args:
+                # a container unknown to a create is new, to a delete gone already (a retried removal)
+                if exc.code == UNKNOWN_CONTAINER and fn not in ("create", "delete") and args:
                     self._check_unknown(sandbox_id, str(args[0]), exc)
                 raise
         raise AssertionError("unreachable")

@@ -1,14 +1,22 @@
-"""``Containers``: runs admitted containers in their pod's guest and moves their records through their life.
+"""``Containers``: admitted containers in their pod's guest, and their records through their life.
 
-Container records (admission, names) are written by ``shim.sandboxes`` into ``shim.records``;
-this owner moves them through their life: created in the guest, running, exited (exit code,
-reason, times), removed. It builds each container's OCI spec (the image's config, the user, the
-admitted cgroup limits, a ``localhost/`` seccomp profile) and holds the container's image from
-its create until its removal; it keeps one lock per container for its guest operations, the copy
-of each container's log from its guest agent to the kubelet's ``log_directory/log_path``
-(through ``shim.log_copy``), and answers stats from the guest. Its parts: the agent connection
-of each guest (``shim.agent_pool``) and what a container's guest sees of the host — image
-disks, volume binds, pod files (``shim.container_mounts``).
+Container records are admitted and written by ``shim.container_admission`` into
+``shim.records``; this owner moves them through their life: created in the guest, running,
+exited (exit code, reason, times), removed. It builds each container's OCI spec (the image's
+config, the user, the admitted cgroup limits, a ``localhost/`` seccomp profile) and holds the
+container's image from its create until its removal; it keeps one lock per container for its
+guest operations, the copy of each container's log from its guest agent to the kubelet's
+``log_directory/log_path`` (through ``shim.log_copy``), and answers status and stats from the
+guest. Its parts: the agent connection of each guest (``shim.agent_pool``) and what a
+container's guest sees of the host — image disks, volume binds, pod files
+(``shim.container_mounts``).
+
+The container RPCs order its single steps (``shim.rpc``: ``create_container``,
+``start_container``, ``stop_container``, ``remove_container``, ``update_container_resources``);
+each step either succeeds or leaves nothing of itself, and those an RPC may have to undo have
+their undo here. At start-up (before the first RPC) it brings containers a killed shim left
+half-way through a create or start to one state (``reconcile_with_guests``), holds their images
+again and resumes their log copies and volume copies.
 """
 
 from __future__ import annotations
@@ -23,10 +31,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from shim import faults
 from shim.agent_pool import AgentPool
-from shim.container_mounts import ContainerMounts, hugepage_mounts
-from shim.image_store import ImageStore
+from shim.container_admission import ContainerAdmission
+from shim.container_mounts import ContainerMounts
+from shim.image_store import HeldImage, ImageStore
 from shim.log_copy import LogCopies
 from shim.model import (
     CONTAINER_CREATED,
@@ -34,20 +42,21 @@ from shim.model import (
     CONTAINER_RUNNING,
     SANDBOX_READY,
     ContainerRecord,
-    MountRequest,
+    SandboxRecord,
 )
 from shim.mount_follow import MountFollower
 from shim.pod_volumes import PodVolumes
 from shim.sandboxes import Sandboxes
 from vmsandbox import oci_spec, validation
-from vmsandbox.adapters import agent_streams, shared_tree
+from vmsandbox.adapters import agent_streams
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.adapters.agent_streams import AgentStream
-from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestChannelTimeout, GuestRequestFailed
+from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.agent_ops import CgroupStats, ContainerState, ExecResult, LogChunk
-from vmsandbox.agent_protocol import ProtocolError
+from vmsandbox.agent_protocol import UNKNOWN_CONTAINER, ProtocolError
 from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, VmSandboxError, WrongState
+from vmsandbox.image_catalogue import ImageRecord
 from vmsandbox.sizing import LinuxResources
 
 log = logging.getLogger(__name__)
@@ -89,29 +98,22 @@ class Containers:
         self.follow = MountFollower()
         self.volumes = PodVolumes(self.pool.call)
         self.mounts = ContainerMounts(self.config, self.records, hypervisor, self.dirs, self.follow, self.volumes)
+        self.admission = ContainerAdmission(self.records, sandboxes.locks)
 
-    def _forget_lock(self, container_id: str) -> None:
+    def forget_lock(self, container_id: str) -> None:
         """A removed container's lock goes with it (the map holds only containers that exist)."""
         with self._lock:
             self._container_locks.pop(container_id, None)
 
-    def _lock_for(self, container_id: str) -> threading.Lock:
+    def lock_for(self, container_id: str) -> threading.Lock:
+        """The lock of a container's guest operations (its start, its status from the guest)."""
         with self._lock:
             return self._container_locks.setdefault(container_id, threading.Lock())
 
-    # -- lifecycle ------------------------------------------------------------------------------
-    def create(
-        self,
-        container_id: str,
-        request: oci_spec.ContainerRequest,
-        user_spec: str,
-        stop_signal: str,
-        mounts: list[MountRequest],
-    ) -> None:
-        """Creates an admitted container in its guest (its record exists, state CREATED)."""
-        faults.checkpoint("create:after-admit")
-        c = self.records.container(container_id)
-        sandbox = self.records.get(c.sandbox_id)
+    # -- CreateContainer's steps (shim.rpc.create_container) ---------------------------------------
+    @staticmethod
+    def check_takes_containers(sandbox: SandboxRecord) -> None:
+        """A sandbox an earlier version started takes no new container."""
         if sandbox.qemu_uid == 0:
             # made with QEMU as root and every image tree over 9p, before images were disks: its domain
             # has no empty PCIe root port to hot-plug a disk into, and a running domain gains none
@@ -120,67 +122,95 @@ class Containers:
                 "image disks: it keeps running what it runs, but takes no new container; recreate the pod "
                 "(delete it and let its controller, or the kubelet, start a new sandbox)"
             )
+
+    def hold_image(self, c: ContainerRecord) -> tuple[ImageRecord, HeldImage]:
+        """The container's image, held for it (NOT_FOUND when it is not pulled); undo:
+        ``ImageStore.release``."""
         image = self.images.get(c.image)
         if image is None:
             raise NotFound(f"image {c.image[:256]!r} is not pulled (PullImage it first)")
-        held = self.images.acquire(image.id)
-        disk_attached: bool | None = None  # None: the disk is not counted as used by this create
-        try:
-            spec_img = image.spec
-            image_cfg = oci_spec.ImageConfig(
-                entrypoint=tuple(spec_img.get("entrypoint", ())),
-                cmd=tuple(spec_img.get("cmd", ())),
-                env=tuple(spec_img.get("env", ())),
-                working_dir=str(spec_img.get("working_dir", "")),
-                user=image.user,
-                stop_signal=str(spec_img.get("stop_signal", "")),
-            )
-            user = oci_spec.parse_user(user_spec or image.user, list(held.passwd), list(held.group))
-            signal = oci_spec.stop_signal(stop_signal, image_cfg)
-            shared_tree.make_dirs(self.dirs.shared(c.sandbox_id), f"containers/{container_id}")
-            guest_mounts = self.mounts.share_mounts(c.sandbox_id, container_id, mounts)
-            guest_mounts += self.mounts.pod_file_mounts(sandbox, {m.destination for m in guest_mounts})
-            guest_mounts += hugepage_mounts(c.linux, guest_mounts)
-            run = replace(
-                request,
-                mounts=guest_mounts,
-                resources=_admitted_limits(request.resources, c.linux),
-                seccomp_profile=self._seccomp_document(request.seccomp),
-            )
-            spec = oci_spec.build_spec(run, image_cfg, user)
-            lower, disk_attached = self.mounts.attach_image(c.sandbox_id, held)
-            self.pool.call(
-                c.sandbox_id,
-                "create",
-                container_id,
-                lower=lower,
-                spec=spec,
-                stdin=request.stdin,
-                stdin_once=request.stdin_once,
-                tty=request.tty,
-            )
-            faults.checkpoint("create:after-guest")
-        except BaseException:
-            if disk_attached is not None:
-                self.mounts.detach_unused(c.sandbox_id, held, disk_attached)
-            self.images.release(image.id)
-            self.volumes.release(c.sandbox_id, container_id)
-            self.mounts.drop_container_dir(c.sandbox_id, container_id)
-            raise
-        ref = image.repo_digests[0] if image.repo_digests else image.id
-        self.records.save_container(
-            replace(
-                c,
-                image_id=image.id,
-                image_ref=ref,
-                log_directory=sandbox.log_directory,
-                stop_signal=signal,
-                tty=request.tty,
-                reason="Created",
-                message="",
-                volume_copies=self.volumes.used_by(c.sandbox_id, container_id),
-            )
+        return image, self.images.acquire(image.id, c.id)
+
+    def guest_spec(
+        self,
+        c: ContainerRecord,
+        run: oci_spec.ContainerRequest,
+        user_spec: str,
+        stop_signal: str,
+        image: ImageRecord,
+        held: HeldImage,
+    ) -> tuple[dict[str, object], str]:
+        """The OCI spec the guest runs the container by (``run.mounts``: the guest's mounts), and
+        the signal that stops it."""
+        spec_img = image.spec
+        image_cfg = oci_spec.ImageConfig(
+            entrypoint=tuple(spec_img.get("entrypoint", ())),
+            cmd=tuple(spec_img.get("cmd", ())),
+            env=tuple(spec_img.get("env", ())),
+            working_dir=str(spec_img.get("working_dir", "")),
+            user=image.user,
+            stop_signal=str(spec_img.get("stop_signal", "")),
         )
+        user = oci_spec.parse_user(user_spec or image.user, list(held.passwd), list(held.group))
+        signal = oci_spec.stop_signal(stop_signal, image_cfg)
+        run = replace(
+            run,
+            resources=_admitted_limits(run.resources, c.linux),
+            seccomp_profile=self._seccomp_document(run.seccomp),
+        )
+        return oci_spec.build_spec(run, image_cfg, user), signal
+
+    def create_in_guest(
+        self, c: ContainerRecord, lower: str, spec: dict[str, object], run: oci_spec.ContainerRequest
+    ) -> None:
+        """The guest makes the container (undo: ``delete_in_guest``)."""
+        self.pool.call(
+            c.sandbox_id,
+            "create",
+            c.id,
+            lower=lower,
+            spec=spec,
+            stdin=run.stdin,
+            stdin_once=run.stdin_once,
+            tty=run.tty,
+        )
+
+    def delete_in_guest(self, c: ContainerRecord) -> None:
+        """The guest deletes the container (killing it if it runs; one it does not have is deleted
+        already); a guest that refuses or does not answer keeps it until the pod goes (logged)."""
+        try:
+            self.pool.call(c.sandbox_id, "delete", c.id)
+        except GuestRequestFailed as exc:
+            if exc.code != UNKNOWN_CONTAINER:
+                log.warning("container %s: not deleted in its guest: %s", c.id[:12], exc)
+        except InfrastructureError as exc:
+            log.warning("container %s: not deleted in its guest: %s", c.id[:12], exc)
+
+    def mark_created(
+        self,
+        c: ContainerRecord,
+        sandbox: SandboxRecord,
+        image: ImageRecord,
+        signal: str,
+        run: oci_spec.ContainerRequest,
+        net_bind_service: bool,
+    ) -> ContainerRecord:
+        """The record names the container's image: it exists in its guest (a record naming none is
+        one whose CreateContainer never answered: ``reconcile_with_guests``)."""
+        created = replace(
+            c,
+            image_id=image.id,
+            image_ref=image.repo_digests[0] if image.repo_digests else image.id,
+            log_directory=sandbox.log_directory,
+            stop_signal=signal,
+            tty=run.tty,
+            reason="Created",
+            message="",
+            net_bind_service=net_bind_service,
+            volume_copies=self.volumes.used_by(sandbox.id, c.id),
+        )
+        self.records.save_container(created)
+        return created
 
     def _seccomp_document(self, profile: str) -> object:
         """The parsed file of a ``localhost/<path>`` seccomp profile: only under the configured
@@ -205,32 +235,55 @@ class Containers:
         except ValueError as exc:
             raise InvalidArgument(f"seccomp profile {shown} is not JSON: {str(exc)[:200]}") from None
 
-    def start(self, container_id: str) -> None:
-        container_id = self.records.container(container_id).id  # a client's prefix names one lock, one path
-        with self._lock_for(container_id):
-            c = self.records.container(container_id)
-            if c.state != CONTAINER_CREATED:
-                raise WrongState(f"container {container_id[:12]} is {c.state}, not created: it can start only once")
-            if not c.image_id:
-                raise InfrastructureError(f"container {container_id[:12]} was not created in its guest")
-            self._start_pump(c)
-            st = self.pool.call(c.sandbox_id, "start", container_id)
-            assert isinstance(st, ContainerState)
-            faults.checkpoint("start:after-guest")
-            # the guest's clock is its own (set from the RTC at boot, then free-running under TCG): times
-            # reported to the kubelet are the host's, so that created <= started <= finished holds
-            started = time.time_ns()
-            offset = started - st.started_at_ns if st.started_at_ns else 0
-            self.records.change_container(
-                container_id,
-                expect_state=CONTAINER_CREATED,
-                state=CONTAINER_RUNNING,
-                started_ns=started,
-                guest_clock_offset_ns=offset,
-                reason="",
-            )
+    # -- StartContainer's steps (shim.rpc.start_container) -------------------------------------------
+    @staticmethod
+    def check_startable(c: ContainerRecord) -> None:
+        if c.state != CONTAINER_CREATED:
+            raise WrongState(f"container {c.id[:12]} is {c.state}, not created: it can start only once")
+        if not c.image_id:
+            raise InfrastructureError(f"container {c.id[:12]} was not created in its guest")
 
-    def _start_pump(self, c: ContainerRecord) -> None:
+    def start_in_guest(self, c: ContainerRecord) -> ContainerState:
+        """The guest starts the container (undo: ``kill_in_guest``)."""
+        st = self.pool.call(c.sandbox_id, "start", c.id)
+        assert isinstance(st, ContainerState)
+        return st
+
+    def kill_in_guest(self, c: ContainerRecord) -> None:
+        """Undo of a start: the guest kills the container (one it refuses to kill has exited); a
+        guest that does not answer raises, so the start's earlier steps stay for the reconcile."""
+        with contextlib.suppress(GuestRequestFailed):
+            self.pool.call(c.sandbox_id, "kill", c.id, "KILL")
+
+    def mark_running(self, c: ContainerRecord, st: ContainerState) -> ContainerRecord:
+        """The record says RUNNING, with the host's time of the start (undo: ``mark_not_running``)."""
+        # the guest's clock is its own (set from the RTC at boot, then free-running under TCG): times
+        # reported to the kubelet are the host's, so that created <= started <= finished holds
+        started = time.time_ns()
+        offset = started - st.started_at_ns if st.started_at_ns else 0
+        running = self.records.change_container(
+            c.id,
+            expect_state=CONTAINER_CREATED,
+            state=CONTAINER_RUNNING,
+            started_ns=started,
+            guest_clock_offset_ns=offset,
+            reason="",
+        )
+        return running or self.records.resolve_container(c.id)
+
+    def mark_not_running(self, c: ContainerRecord) -> None:
+        """Undo of ``mark_running``: the record says what it said before (``c``)."""
+        self.records.change_container(
+            c.id,
+            expect_state=CONTAINER_RUNNING,
+            state=c.state,
+            started_ns=c.started_ns,
+            guest_clock_offset_ns=c.guest_clock_offset_ns,
+            reason=c.reason,
+        )
+
+    def start_log_copy(self, c: ContainerRecord) -> None:
+        """Copying of the container's log to the kubelet's file (undo: ``LogCopies.stop``)."""
         dst = None
         if c.log_path:
             dst = Path(c.log_path) if c.log_path.startswith("/") else Path(c.log_directory or "/") / c.log_path
@@ -251,7 +304,7 @@ class Containers:
         self.logs.sweep({c.id for c in self.records.containers()})
         for c in self.records.containers():
             if c.state == CONTAINER_RUNNING and c.sandbox_id in ready:
-                self._start_pump(c)
+                self.start_log_copy(c)
                 resumed += 1
         return resumed
 
@@ -266,9 +319,10 @@ class Containers:
         for c in self.records.containers():
             if c.state == CONTAINER_CREATED:
                 pending.setdefault(c.sandbox_id, []).append(c)
-        ready = {s.id for s in self.records.list_sandboxes() if s.state == SANDBOX_READY}
+        ready = {s.id: s for s in self.records.list_sandboxes() if s.state == SANDBOX_READY}
         for sandbox_id, containers in pending.items():
-            if sandbox_id not in ready:
+            sandbox = ready.get(sandbox_id)
+            if sandbox is None:
                 continue
             try:  # a guest that does not answer soon must not hold up the start
                 in_guest = {st.id: st for st in self.pool.client(sandbox_id, 5.0).list(timeout_s=5.0)}
@@ -277,10 +331,13 @@ class Containers:
                 continue
             for c in containers:
                 st = in_guest.get(c.id)
-                if not c.image_id:
+                if not c.image_id:  # it holds no image, and no volume copy yet: its guest side and place go
                     if st is not None:
                         self.pool.call(sandbox_id, "delete", c.id)
-                    self.remove(c.id)
+                    self.logs.forget(c.id)
+                    self.mounts.drop_container_dir(sandbox, c.id)
+                    self.records.remove_container(c.id)
+                    self.forget_lock(c.id)
                     report["forgotten"].append(c.id)
                     log.info("container %s: its CreateContainer never answered; forgotten", c.id[:12])
                 elif st is not None and st.state != "created":
@@ -318,7 +375,7 @@ class Containers:
             if not c.image_id:
                 continue
             try:
-                self.images.acquire(c.image_id)
+                self.images.acquire(c.image_id, c.id)
                 held += 1
             except NotFound:
                 log.warning("container %s: its image %s is not stored any more", c.id[:12], c.image_id)
@@ -329,38 +386,43 @@ class Containers:
         """Whether ``refresh`` asks the guest about ``c`` (else its record is its whole state)."""
         return c.state != CONTAINER_EXITED and bool(c.image_id)
 
-    def refresh(self, container_id: str) -> ContainerRecord:
-        """The record, brought up to date with the guest (exit code, reason, finish time)."""
-        c = self.records.container(container_id)
-        container_id = c.id  # the full id, never the client's prefix, goes to the guest
+    def refresh(self, c: ContainerRecord, sandbox: SandboxRecord | None = None) -> ContainerRecord:
+        """``c`` brought up to date with its guest (exit code, reason, finish time); ``sandbox``:
+        its pod's record, when the caller has it."""
         if not self.asks_guest(c):
             return c
         try:
-            st = self.pool.call(c.sandbox_id, "status", container_id)
+            st = self.pool.call(c.sandbox_id, "status", c.id)
         except VmSandboxError as e:
-            now = self.records.container(container_id)  # its guest's death or a lost agent may be recorded
+            now = self.records.resolve_container(c.id)  # its guest's death or a lost agent may be recorded
             if now.state == CONTAINER_EXITED:
                 return now
             if self.records.get(c.sandbox_id).state == SANDBOX_READY:
                 if isinstance(e, ProtocolError):
                     raise  # the guest answered, with garbage: say so (UNAVAILABLE), do not guess
                 # the guest does not answer; if it died, libvirt's event marks the sandbox soon
-                log.warning("container %s: no status from its guest: %s", container_id[:12], e)
+                log.warning("container %s: no status from its guest: %s", c.id[:12], e)
                 return c
-            return self._exited(now, 255, "SandboxDied", f"the pod's guest is gone: {e}")
+            return self._exited(now, sandbox, 255, "SandboxDied", f"the pod's guest is gone: {e}")
         assert isinstance(st, ContainerState)
         if st.state != "exited":
             return c
         finished = st.finished_at_ns + c.guest_clock_offset_ns if st.finished_at_ns and c.guest_clock_offset_ns else 0
-        return self._exited(c, st.exit_code, _exit_reason(st), "", max(finished, c.started_ns) if finished else 0)
+        return self._exited(
+            c, sandbox, st.exit_code, _exit_reason(st), "", max(finished, c.started_ns) if finished else 0
+        )
 
-    def _exited(self, c: ContainerRecord, code: int, reason: str, message: str, at: int = 0) -> ContainerRecord:
+    def _exited(
+        self, c: ContainerRecord, sandbox: SandboxRecord | None, code: int, reason: str, message: str, at: int = 0
+    ) -> ContainerRecord:
         if reason == "SandboxDied":
             self.logs.stop(c.id)
         else:  # what it wrote last reaches the kubelet's file before its exit is reported
             self.logs.finish(c.id, _LOG_DRAIN_S)
+        sandbox = sandbox or self.records.find(c.sandbox_id)
         try:  # nothing runs with its volumes any more: let go of the host's files now
-            self.mounts.unbind_container(c.sandbox_id, c.id)
+            if sandbox is not None:
+                self.mounts.unbind_container(sandbox, c.id)
         except VmSandboxError as exc:
             log.warning("container %s exited; its volumes stay bound until it is removed: %s", c.id[:12], exc)
         done = replace(
@@ -369,49 +431,26 @@ class Containers:
         self.records.save_container(done)
         return done
 
-    def stop(self, container_id: str, timeout_s: int) -> None:
-        if not validation.teardown_id(container_id, "container_id"):
-            return  # not an id of ours: nothing to stop, as containerd answers
-        try:
-            c = self.refresh(container_id)
-        except NotFound:
-            return
-        container_id = c.id  # the full id, never the client's prefix, goes to the guest
-        if c.state == CONTAINER_EXITED:
-            return
-        if not c.image_id or c.state == CONTAINER_CREATED:
-            self._exited(c, 0, "Completed" if c.state == CONTAINER_CREATED else "Error", "stopped before it started")
-            return
+    # -- StopContainer's steps (shim.rpc.stop_container) ---------------------------------------------
+    def stop_in_guest(self, c: ContainerRecord, timeout_s: int) -> None:
+        """The container's stop signal, then SIGKILL if it still runs after ``timeout_s`` (a guest
+        that refuses, because it exited meanwhile, is fine)."""
         with contextlib.suppress(GuestRequestFailed):
-            self.pool.call(c.sandbox_id, "kill", container_id, c.stop_signal or "TERM")
-            st = self.pool.call(c.sandbox_id, "wait", container_id, timeout_s=max(timeout_s, 0))
+            self.pool.call(c.sandbox_id, "kill", c.id, c.stop_signal or "TERM")
+            st = self.pool.call(c.sandbox_id, "wait", c.id, timeout_s=max(timeout_s, 0))
             assert isinstance(st, ContainerState)
             if st.state != "exited":
-                self.pool.call(c.sandbox_id, "kill", container_id, "KILL")
-                self.pool.call(c.sandbox_id, "wait", container_id, timeout_s=30)
-        self.refresh(container_id)
+                self.pool.call(c.sandbox_id, "kill", c.id, "KILL")
+                self.pool.call(c.sandbox_id, "wait", c.id, timeout_s=30)
 
-    def remove(self, container_id: str) -> str | None:
-        """Removes a container from its guest and the ledger; returns its full id (None: nothing to
-        remove, which succeeds, as containerd answers)."""
-        if not validation.teardown_id(container_id, "container_id"):
-            return None  # not an id of ours
-        try:
-            c = self.records.container(container_id)
-        except NotFound:
-            return None
-        container_id = c.id  # the full id, never the client's prefix, names the guest's container and our paths
-        if c.image_id:
-            with contextlib.suppress(GuestRequestFailed, GuestChannelClosed, GuestChannelTimeout, InfrastructureError):
-                self.pool.call(c.sandbox_id, "delete", container_id)
-        self.logs.forget(container_id)
-        self.volumes.release(c.sandbox_id, container_id)
-        self.mounts.drop_container_dir(c.sandbox_id, container_id)
-        self.records.remove_container(container_id)
-        if c.image_id:
-            self.images.release(c.image_id)
-        self._forget_lock(container_id)
-        return container_id
+    def record_stop(self, c: ContainerRecord, sandbox: SandboxRecord) -> ContainerRecord:
+        """The container's exit as its guest says it (``refresh``); one that never ran in its guest
+        is EXITED as stopped before it started."""
+        c = self.refresh(c, sandbox)
+        if c.state != CONTAINER_EXITED and (not c.image_id or c.state == CONTAINER_CREATED):
+            reason = "Completed" if c.state == CONTAINER_CREATED else "Error"
+            return self._exited(c, sandbox, 0, reason, "stopped before it started")
+        return c
 
     def sandbox_stopped(self, sandbox_id: str) -> None:
         """The sandbox's guest is gone (StopPodSandbox): stop copying its logs, drop its connection.
@@ -425,10 +464,10 @@ class Containers:
         """Forget a removed sandbox's guest: its connection, log copies and shared directory."""
         self.pool.forget(sandbox_id)
         for c in self.records.containers(sandbox_id):
-            self._forget_lock(c.id)
+            self.forget_lock(c.id)
             self.logs.forget(c.id)
             if c.image_id:
-                self.images.release(c.image_id)
+                self.images.release(c.image_id, c.id)
         self.pool.drop(sandbox_id)
         self.dirs.drop(sandbox_id)
         self.mounts.forget_sandbox(sandbox_id)
@@ -440,7 +479,7 @@ class Containers:
         self.logs.reopen(c.id)
 
     def exec_sync(self, container_id: str, argv: list[str], timeout_s: int, max_bytes: int) -> ExecResult:
-        c = self.refresh(container_id)
+        c = self.refresh(self.records.container(container_id))
         if c.state != CONTAINER_RUNNING:
             raise WrongState(f"container {container_id[:12]} is not running: nothing to exec into")
         if not argv:
@@ -518,11 +557,11 @@ class Containers:
         assert isinstance(res, CgroupStats)
         return res
 
-    def update(self, container_id: str, linux: LinuxResources) -> None:
-        """Applies a container's (admitted) cgroup limits in the guest."""
-        c = self.records.container(container_id)
+    def apply_limits(self, c: ContainerRecord) -> None:
+        """The guest applies the container's (admitted) cgroup limits, as ``c`` records them."""
         if c.state not in (CONTAINER_RUNNING, CONTAINER_CREATED) or not c.image_id:
             return
+        linux = c.linux
         files: dict[str, str] = {}
         if linux.memory_limit_bytes:
             files["memory.max"] = str(linux.memory_limit_bytes)

@@ -12,8 +12,13 @@ in the same process calls ``raising``.** The variable is read once, when this mo
   and a test checks that it left nothing behind.
 
 Production never sets either; then ``checkpoint()`` is a comparison with an empty string. The
-points of each RPC's steps are ``shim.rpc``'s ``<rpc>:<step>`` names (``rpc_points``); the points
-below are the ones inside the owners' own work.
+points of each RPC's steps are ``shim.rpc``'s ``<rpc>:<step>`` names (``rpc_points``), right
+after that step: ``CreateContainer:admit`` (admitted and recorded, its guest has not made it),
+``CreateContainer:guest-create`` (the guest made it, the record does not say so),
+``StartContainer:guest-start`` (the guest started it, the record does not say so),
+``PullImage:blobs`` (the blobs are in the store, no disk made) and ``PullImage:disk`` (the disk is
+in place, the catalogue does not name the image), for instance. The points below are the ones
+inside the owners' own work.
 
 The points, in the order a sandbox passes them:
 
@@ -33,11 +38,6 @@ The points, in the order a sandbox passes them:
 ``remove:after-destroy``  Stop/RemovePodSandbox destroyed the guest; the domain is still defined
                           and the claims are still held
 ``remove:after-release``  the domain is gone and the claims released; the row still says READY
-``pull:after-blobs``      PullImage has the blobs in the store; the tree is not unpacked yet
-``pull:after-tree``       the tree is unpacked and in place; the catalogue does not name the image yet
-``create:after-admit``    CreateContainer admitted and recorded the container; its guest has not made it
-``create:after-guest``    the guest made the container; the record does not say so yet
-``start:after-guest``     the guest started the container; the record does not say so yet
 """
 
 from __future__ import annotations
@@ -69,11 +69,6 @@ POINTS = (
     "run:after-ready",
     "remove:after-destroy",
     "remove:after-release",
-    "pull:after-blobs",
-    "pull:after-tree",
-    "create:after-admit",
-    "create:after-guest",
-    "start:after-guest",
 )
 
 RAISE = "raise:"

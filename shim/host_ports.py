@@ -56,6 +56,7 @@ class _Pod:
     listeners: list[socket.socket] = field(default_factory=list)
     connections: set[socket.socket] = field(default_factory=set)
     held: list[NodePort] = field(default_factory=list)  # privileged ports not yet granted
+    granted: list[tuple[socket.socket, NodePort]] = field(default_factory=list)  # and those granted since
     closed: bool = False
 
 
@@ -161,10 +162,30 @@ class HostPorts:
                     sock.close()
                 return []
             pod.listeners.extend(sock for sock, _ in bound)
+            pod.granted.extend(bound)
             for _, p in bound:
                 pod.held.remove(p)
         self._serve_all(sandbox_id, pod, bound)
         return sorted((p.address, p.port) for _, p in bound)
+
+    def withdraw(self, sandbox_id: str, granted: list[tuple[str, int]]) -> None:
+        """Undo of ``grant_privileged`` (the create of the container that opened them failed): the
+        node ports ``granted`` then stop listening and are held back again."""
+        with self._lock:
+            pod = self._pods.get(sandbox_id)
+            if pod is None or pod.closed:
+                return
+            taken = [(s, p) for s, p in pod.granted if (p.address, p.port) in granted]
+            for s, p in taken:
+                pod.granted.remove((s, p))
+                pod.listeners.remove(s)
+                pod.held.append(p)
+        for s, _ in taken:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        if taken:
+            log.info("sandbox %s: node ports %s held back again", sandbox_id[:12], sorted(p.port for _, p in taken))
 
     def _serve_all(self, sandbox_id: str, pod: _Pod, bound: list[tuple[socket.socket, NodePort]]) -> None:
         for sock, p in bound:

@@ -1,6 +1,8 @@
 """``runtime.v1.ImageService``: a thin servicer over ``ImageStore``.
 
-Each method translates the request (``shim.translate``), calls the store, translates the answer.
+Each method translates the request (``shim.translate``), calls the store (PullImage and
+RemoveImage: their steps, ``shim.rpc.pull_image`` and ``shim.rpc.remove_image``), translates the
+answer.
 ``ImageFsInfo`` reports the image store (blobs, unpacked trees and their disks) as the image file
 system, and as the container one what the sandboxes' guests wrote on the host (each sandbox's
 directory is a file system of its own: one ``statvfs`` each, ``SandboxDirs.total_usage``), the
@@ -22,9 +24,10 @@ import grpc
 from gen.cri.runtime.v1 import api_pb2 as pb
 from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.image_store import ImageStore
+from shim.rpc.pull_image import pull_image
+from shim.rpc.remove_image import remove_image
 from shim.status import rpc
 from shim.translate import image_fields
-from vmsandbox.errors import InvalidArgument
 
 _MAX_TOP_ENTRIES = 4096
 """Entries of the state directory looked at, at most (it holds a few: the database, directories)."""
@@ -68,9 +71,7 @@ class ImageServicer(pb_grpc.ImageServiceServicer):
 
     @rpc
     def PullImage(self, request: pb.PullImageRequest, context: grpc.ServicerContext) -> pb.PullImageResponse:
-        text = image_fields.image_text(request.image, "PullImageRequest.image")
-        creds = image_fields.credentials(request.auth) if request.HasField("auth") else None
-        return pb.PullImageResponse(image_ref=self.store.pull(text, creds))
+        return pb.PullImageResponse(image_ref=pull_image(self.store, image_fields.pull_image(request)))
 
     @rpc
     def ImageStatus(self, request: pb.ImageStatusRequest, context: grpc.ServicerContext) -> pb.ImageStatusResponse:
@@ -89,9 +90,7 @@ class ImageServicer(pb_grpc.ImageServiceServicer):
 
     @rpc
     def RemoveImage(self, request: pb.RemoveImageRequest, context: grpc.ServicerContext) -> pb.RemoveImageResponse:
-        if not request.image.image:
-            raise InvalidArgument("RemoveImageRequest.image: image is empty")
-        self.store.remove(request.image.image)
+        remove_image(self.store, image_fields.remove_image(request))
         return pb.RemoveImageResponse()
 
     @rpc

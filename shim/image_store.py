@@ -1,17 +1,21 @@
-"""``ImageStore``: the one owner of images — pull, look up, list, remove, hold for containers, account.
+"""``ImageStore``: the one owner of images — their blobs, disks and catalogue, who holds them, what they take.
 
-A pull resolves the reference against the registries configuration (mirrors first), reads the
-manifest (choosing linux/amd64 from an index), and — unless the image is stored already — has
-skopeo bring its blobs, as the registry served them, into the content-addressed store, unpacks the
-layers into a fresh tree under the store's work directory while checking each against its digest
-and the config's ``rootfs.diff_ids``, makes the tree's read-only EROFS disk, checks every file of
-it, moves it into place under the ChainID of those layers (with what the host reads of the tree:
-its size, ``/etc/passwd`` and ``/etc/group``), deletes the tree, and only then writes the
-catalogue: a pull that dies or is refused half-way leaves nothing visible, and its leftovers are
-deleted (now, or at the next start). Concurrent pulls of one reference share one download (single
-flight); pulls of one image by different names share one unpack; images with the same layers share
-one disk; different images pull in parallel. The unpacking and checking of the layers into the
-disk is ``shim.image_unpack``'s.
+A pull (``shim.rpc.pull_image`` orders its steps) resolves the reference against the registries
+configuration (mirrors first) and reads the manifest (choosing linux/amd64 from an index); unless
+the image is stored already, skopeo brings its blobs, as the registry served them, into the
+content-addressed store (``download``), the layers are unpacked into a fresh tree under the
+store's work directory while each is checked against its digest and the config's
+``rootfs.diff_ids``, the tree's read-only EROFS disk made and every file of it checked, and the
+disk moved into place under the ChainID of those layers with what the host reads of the tree (its
+size, ``/etc/passwd`` and ``/etc/group``), the tree deleted (``unpack``); only then does the
+catalogue name the image (``name``). Until it does, the pull's blobs and disk are held in flight,
+so a removal of another image sharing them frees nothing of them, and each step's undo
+(``drop_blobs``, ``drop_disk``, ``unname``) deletes what the pull brought and no one else uses: a
+pull that fails or is refused half-way leaves nothing visible, and leftovers of one that died are
+deleted at the next start. Concurrent pulls of one reference share one download (single flight,
+``single_flight``); pulls of one image by different names share one unpack (``image_lock``);
+images with the same layers share one disk; different images pull in parallel. The unpacking and
+checking of the layers into the disk is ``shim.image_unpack``'s.
 
 Nothing on the host needs the tree once the disk is made: guests get the disk, CreateContainer
 reads the image's user names from the facts kept with it, and the hostile-image checks run while
@@ -25,8 +29,12 @@ ChainID; an image that cannot be verified is dropped (logged), never served. The
 only while containers started from it before the upgrade hold the image (``collect`` and
 ``release`` delete it), since their guests read it by its old name; no new container gets it.
 
-Containers hold the images they run from with ``acquire``/``release``: RemoveImage of a held image
-hides it at once and frees its disk and blobs when the last holder releases it.
+Containers hold the images they run from, each hold named by its container (``acquire``/``release``,
+so a second release by the same container changes nothing). A removal (``shim.rpc.remove_image``)
+hides the image at once (``hide``); a held one is freed when the last holder releases it, one no
+container holds has its disk and blobs deleted (``free``) and then leaves the catalogue
+(``forget``). A removal that stopped half-way is found again by the next one (``find_for_removal``)
+and finished, or at the next start (``collect``).
 """
 
 from __future__ import annotations
@@ -38,18 +46,19 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from shim import faults, metrics
-from shim.image_unpack import layers_disk, verify_unverified
+from shim import metrics
+from shim.image_fetch import Resolved, fetch_blobs, resolve
+from shim.image_unpack import image_record, layers_disk, verify_unverified
 from vmsandbox.adapters.image_disk import ImageDisk
 from vmsandbox.adapters.layers import Limits
 from vmsandbox.adapters.skopeo import Skopeo
-from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, NotFound, VmSandboxError
+from vmsandbox.errors import CannotFit, NotFound, VmSandboxError
 from vmsandbox.image_catalogue import (
     ImageRecord,
     Usage,
@@ -64,26 +73,11 @@ from vmsandbox.image_catalogue import (
     without,
 )
 from vmsandbox.image_catalogue import usage as catalogue_usage
-from vmsandbox.image_ref import ImageReference, bounded, parse_reference
-from vmsandbox.oci import (
-    MAX_DOCUMENT,
-    NODE_PLATFORM,
-    ImageConfig,
-    Index,
-    Manifest,
-    chain_id,
-    check_media_types,
-    image_user,
-    parse_config,
-    parse_document,
-    select_platform,
-    sha256_digest,
-)
-from vmsandbox.registries import Credentials, Endpoint, Registries, endpoints
+from vmsandbox.image_ref import ImageReference, bounded
+from vmsandbox.oci import MAX_DOCUMENT, NODE_PLATFORM, chain_id, parse_config
+from vmsandbox.registries import Credentials, Registries
 
 log = logging.getLogger(__name__)
-
-_Held = tuple[set[str], str]  # a pull's blobs and tree key, in flight until the catalogue names them
 
 
 def disk_serial(tree_key: str) -> str:
@@ -103,14 +97,27 @@ class HeldImage:
     group: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Resolved:
-    """What the registry said ``ref`` is: where it answered, the pulled digest, the platform manifest."""
+@dataclass
+class Pulling:
+    """A pull's blobs (``download``) and disk (``unpack``), held in flight (no removal frees them)
+    until the catalogue names them (``name``) or the pull is undone (``drop_blobs``, ``drop_disk``)."""
 
-    endpoint: Endpoint
-    top_digest: str  # what repo digests name: the index's digest for a multi-arch image
-    manifest_digest: str
-    manifest: Manifest
+    what: str
+    resolved: Resolved
+    blobs: frozenset[str]
+    fetched: int  # bytes the registry sent
+    tree_key: str = ""  # the ChainID of its layers, once ``unpack`` holds it
+    blobs_held: bool = True
+    tree_held: bool = False
+
+
+@dataclass(frozen=True)
+class Named:
+    """What ``name`` changed in the catalogue: each record as it was before (None: there was none)
+    and as written, for ``unname``."""
+
+    before: dict[str, ImageRecord | None] = field(default_factory=dict)
+    after: dict[str, ImageRecord] = field(default_factory=dict)
 
 
 class ImageStore:
@@ -159,7 +166,7 @@ class ImageStore:
         self._image_locks: dict[str, threading.Lock] = {}
         self._inflight_blobs: Counter[str] = Counter()
         self._inflight_trees: Counter[str] = Counter()
-        self._holders: Counter[str] = Counter()
+        self._holders: dict[str, set[str]] = {}  # image id -> the containers holding it
 
     # -- queries ------------------------------------------------------------------------------------
     def get(self, query: str) -> ImageRecord | None:
@@ -184,9 +191,9 @@ class ImageStore:
         return self.disk.root
 
     # -- holders ------------------------------------------------------------------------------------
-    def acquire(self, image_id: str) -> HeldImage:
-        """Hold ``image_id`` for a container; returns its read-only disk and user names. NOT_FOUND
-        if not stored.
+    def acquire(self, image_id: str, holder: str) -> HeldImage:
+        """Hold ``image_id`` for container ``holder``; returns its read-only disk and user names.
+        NOT_FOUND if not stored.
 
         An image removed while held can still be acquired by id until ``collect()``: containers
         that ran from it re-acquire it when the shim restarts. New containers find images by name
@@ -195,53 +202,62 @@ class ImageStore:
             record = self._images.get(image_id)
             if record is None:
                 raise NotFound(f"image {bounded(image_id)} is not stored (pull it first)")
-            self._holders[image_id] += 1
+            self._holders.setdefault(image_id, set()).add(holder)
             key = record.tree
         try:
             facts = self.disk.facts(key)
         except BaseException:
-            self.release(image_id)
+            self.release(image_id, holder)
             raise
         return HeldImage(self.disk.disk_path(key), disk_serial(key), facts.passwd, facts.group)
 
-    def release(self, image_id: str) -> None:
+    def release(self, image_id: str, holder: str) -> None:
+        """Container ``holder`` no longer holds ``image_id`` (it never did, or let go already: nothing
+        changes); an image removed while held is freed with its last holder."""
         with self._lock:
-            if self._holders[image_id] <= 0:
+            holders = self._holders.get(image_id, set())
+            if holder not in holders:
                 return
-            self._holders[image_id] -= 1
-            if self._holders[image_id] == 0:
-                del self._holders[image_id]
-                record = self._images.get(image_id)
-                if record is not None and record.removed:
-                    self._images = without(self._images, image_id)
-                    self._save()
-                    self._free(record)
-                elif record is not None and record.legacy_tree:
-                    self._drop_legacy_trees([record])
-                if record is not None:
-                    self._drop_unheld_trees()
+            holders.discard(holder)
+            if holders:
+                return
+            del self._holders[image_id]
+            record = self._images.get(image_id)
+            if record is not None and record.removed:
+                self._images = without(self._images, image_id)
+                self._save()
+                self._free(record)
+            elif record is not None and record.legacy_tree:
+                self._drop_legacy_trees([record])
+            if record is not None:
+                self._drop_unheld_trees()
 
     def holders(self, image_id: str) -> int:
         with self._lock:
-            return self._holders[image_id]
+            return len(self._holders.get(image_id, ()))
+
+    def _held(self, image_id: str) -> bool:
+        """Under the lock."""
+        return bool(self._holders.get(image_id))
 
     def collect(self) -> None:
-        """Free images removed while held whose holders did not come back (call after containers re-acquire)."""
+        """Free images removed while held whose holders did not come back (call after containers
+        re-acquire), and finish removals that stopped half-way."""
         with self._lock:
-            doomed = [r for r in self._images.values() if r.removed and self._holders[r.id] == 0]
+            doomed = [r for r in self._images.values() if r.removed and not self._held(r.id)]
             for r in doomed:
                 self._images = without(self._images, r.id)
             if doomed:
                 self._save()
             for r in doomed:
                 self._free(r)
-            self._drop_legacy_trees([r for r in self._images.values() if r.legacy_tree and self._holders[r.id] == 0])
+            self._drop_legacy_trees([r for r in self._images.values() if r.legacy_tree and not self._held(r.id)])
             self._drop_unheld_trees()
 
     def _drop_unheld_trees(self) -> None:
         """Delete the trees an earlier version unpacked (and shared over 9p) of images no container
         holds: their disks serve every container from now on. Under the lock."""
-        held = {r.tree for r in self._images.values() if self._holders[r.id] > 0}
+        held = {r.tree for r in self._images.values() if self._held(r.id)}
         for key in {r.tree for r in self._images.values()} - held:
             if self.disk.has_disk(key) and self.disk.drop_tree(key):
                 log.info("image layers %s: the tree of an earlier version is deleted (its disk stays)", key)
@@ -261,34 +277,61 @@ class ImageStore:
             self.disk.remove_tree(r.legacy_tree)
             log.info("image %s: the unverified tree of an earlier version is deleted", r.id)
 
-    # -- remove -------------------------------------------------------------------------------------
-    def remove(self, query: str) -> str | None:
-        """RemoveImage: the whole image ``query`` names (every tag), as containerd does; absent is fine."""
+    # -- removal (RemoveImage: shim.rpc.remove_image) -------------------------------------------------
+    def find_for_removal(self, query: str) -> ImageRecord | None:
+        """The image a RemoveImage of ``query`` removes: the visible one it names, else one hidden by
+        a removal that stopped half-way (no container holds it); None: nothing to remove."""
         with self._lock:
-            record = lookup(visible(self._images), query)
+            found = lookup(visible(self._images), query)
+            if found is None:
+                unfinished = {i: r for i, r in self._images.items() if r.removed and not self._held(i)}
+                found = lookup(unfinished, query)
+            return found
+
+    def hide(self, image_id: str) -> bool:
+        """The image is removed as far as names go (written to the catalogue: lookups, lists and
+        pulls no longer see it); returns whether containers hold it, which frees it when the last
+        of them releases it."""
+        with self._lock:
+            record = self._images.get(image_id)
             if record is None:
-                return None
-            in_use = self._holders[record.id] > 0
-            self._images = without(self._images, record.id, in_use=in_use)
-            self._save()
-            if in_use:
-                log.info(
-                    "image %s removed while %d container(s) hold it: freed on release",
-                    record.id,
-                    self._holders[record.id],
-                )
-            else:
+                return False
+            if not record.removed:
+                updated = without(self._images, image_id, in_use=True)
+                self._save(updated)
+                self._images = updated
+            held = self._held(image_id)
+            if held:
+                n = len(self._holders[image_id])
+                log.info("image %s removed while %d container(s) hold it: freed on release", image_id, n)
+            return held
+
+    def free(self, image_id: str) -> None:
+        """Delete the disk and blobs of a hidden image no container holds (those another image, or a
+        pull in flight, uses stay)."""
+        with self._lock:
+            record = self._images.get(image_id)
+            if record is not None and record.removed and not self._held(image_id):
                 self._free(record)
-            return record.id
+
+    def forget(self, image_id: str) -> None:
+        """A hidden image no container holds leaves the catalogue."""
+        with self._lock:
+            record = self._images.get(image_id)
+            if record is not None and record.removed and not self._held(image_id):
+                updated = without(self._images, image_id)
+                self._save(updated)
+                self._images = updated
 
     def _free(self, record: ImageRecord) -> None:
         """Delete ``record``'s disk (and tree, if an earlier version left one) and the blobs no other
         image (or pull in flight) uses. Under the lock."""
-        if record.tree not in referenced_trees(self._images) and record.tree not in self._inflight_trees:
+        others = {i: r for i, r in self._images.items() if i != record.id}
+        if record.tree not in referenced_trees(others) and record.tree not in self._inflight_trees:
             self.disk.remove_tree(record.tree)
         if record.legacy_tree:
             self.disk.remove_tree(record.legacy_tree)
-        keep = referenced_blobs(self._images) | set(self._inflight_blobs)
+        keep = referenced_blobs(others) | set(self._inflight_blobs)
         self.disk.remove_blobs(b for b in record.blobs if b not in keep)
 
     def _save(self, images: dict[str, ImageRecord] | None = None) -> None:
@@ -301,10 +344,10 @@ class ImageStore:
                 raise CannotFit(f"no space left on the image store ({self.disk.root}) for its catalogue") from None
             raise
 
-    # -- pull ---------------------------------------------------------------------------------------
-    def pull(self, text: str, creds: Credentials | None = None) -> str:
-        """Pull ``text`` and return the image id; concurrent pulls of one reference share the work."""
-        ref = parse_reference(text)
+    # -- pull (PullImage: shim.rpc.pull_image) ---------------------------------------------------------
+    def single_flight(self, ref: ImageReference, creds: Credentials | None, pull: Callable[[], tuple[str, int]]) -> str:
+        """The image id ``pull`` (image id, bytes fetched) gives; concurrent pulls of one reference
+        with the same credentials wait for the first one's and share its answer, or its error."""
         # one flight per reference and credentials: a pull never rides on someone else's login
         key = f"{ref}\0{_fingerprint(creds)}"
         with self._lock:
@@ -317,7 +360,7 @@ class ImageStore:
             return flight.result()
         started = time.monotonic()
         try:
-            image_id, fetched = self._pull(ref, creds)
+            image_id, fetched = pull()
         except BaseException as exc:
             flight.set_exception(exc)
             metrics.image_pull("error", 0, time.monotonic() - started)
@@ -327,212 +370,148 @@ class ImageStore:
                 del self._flights[key]
         flight.set_result(image_id)
         metrics.image_pull("ok", fetched, time.monotonic() - started)
+        log.info("pulled %s: image %s (%d bytes fetched)", ref, image_id, fetched)
         return image_id
 
     @contextmanager
-    def _image_lock(self, image_id: str) -> Iterator[None]:
+    def image_lock(self, image_id: str) -> Iterator[None]:
+        """One pull of ``image_id`` at a time (pulls by different names share one unpack)."""
         with self._lock:
             lock = self._image_locks.setdefault(image_id, threading.Lock())
         with lock:
             yield
 
-    def _pull(self, ref: ImageReference, creds: Credentials | None) -> tuple[str, int]:
-        resolved = self._resolve(ref, creds)
-        image_id = resolved.manifest.config.digest
-        with self._image_lock(image_id):
-            with self._lock:
-                stored = self._images.get(image_id)
-            fetched = 0
-            held: _Held | None = None
-            # a stored image's disk was verified against its config (its id), whatever manifest names it now
-            if stored is None or not self.disk.has_disk(stored.tree):
-                stored, fetched, held = self._fetch(ref, resolved, creds)
-            with self._lock:
-                if held is not None:  # given up in the same critical section as the catalogue is written
-                    self._unhold(held)
-                updated = with_pulled(self._images, stored, ref, ref.with_digest(resolved.top_digest))
-                try:
-                    self._save(updated)
-                except BaseException:
-                    if fetched or image_id not in self._images:
-                        self._free(stored)  # nothing names it: give the space back
-                    raise
-                self._images = updated
-        log.info("pulled %s: image %s (%d bytes fetched)", ref, image_id, fetched)
-        return image_id, fetched
+    @contextmanager
+    def work_dir(self) -> Iterator[Path]:
+        """A pull's own directory under the store's work directory, deleted when it is done."""
+        work = self.disk.new_work_dir("pull")
+        try:
+            yield work
+        finally:
+            self.disk.discard(work)
 
-    def _resolve(self, ref: ImageReference, creds: Credentials | None) -> Resolved:
-        what = f"pulling {ref}"
-        places = endpoints(ref, self.registries)
-        raw = b""
-        endpoint = places[-1]
-        for i, endpoint in enumerate(places):
-            try:
-                raw = self.skopeo.fetch_manifest(endpoint, ref.fetch_by, _creds_for(ref, endpoint, creds), what)
-                break
-            except VmSandboxError as exc:
-                if i == len(places) - 1:
-                    raise
-                log.info("%s: mirror %s failed (%s); trying the next place", what, endpoint.repository, exc)
-        top = sha256_digest(raw)
-        if ref.digest and top != ref.digest:
-            raise InvalidArgument(f"{what}: the registry served a manifest whose digest is {top}")
-        doc = parse_document(raw, what)
-        if isinstance(doc, Index):
-            entry = select_platform(doc, what, NODE_PLATFORM)
-            raw = self.skopeo.fetch_manifest(endpoint, entry.digest, _creds_for(ref, endpoint, creds), what)
-            if sha256_digest(raw) != entry.digest:
-                raise InvalidArgument(f"{what}: the {NODE_PLATFORM} manifest does not match its digest {entry.digest}")
-            doc = parse_document(raw, what, entry.media_type)
-            if not isinstance(doc, Manifest):
-                raise InvalidArgument(f"{what}: the {NODE_PLATFORM} entry of the index is not an image manifest")
-            check_media_types(doc, what)
-            return Resolved(endpoint, top, entry.digest, doc)
-        check_media_types(doc, what)
-        return Resolved(endpoint, top, top, doc)
+    def stored(self, image_id: str) -> ImageRecord | None:
+        """The image, when it is stored with its disk: its disk was verified against its config (its
+        id), whatever manifest names it now, so a pull of it fetches nothing."""
+        with self._lock:
+            record = self._images.get(image_id)
+        return record if record is not None and self.disk.has_disk(record.tree) else None
 
-    def _unhold(self, held: _Held) -> None:
-        """The blobs and tree of a pull are no longer in flight. Under the lock."""
-        blobs, tree_key = held
-        self._inflight_blobs.subtract(blobs)
-        self._inflight_blobs += Counter()  # drop zero counts
-        if tree_key:
-            self._inflight_trees[tree_key] -= 1
-            self._inflight_trees += Counter()
+    def resolve(self, ref: ImageReference, creds: Credentials | None) -> Resolved:
+        """What the registry says ``ref`` is (``shim.image_fetch``)."""
+        return resolve(self.skopeo, self.registries, ref, creds)
 
-    def _fetch(
-        self, ref: ImageReference, resolved: Resolved, creds: Credentials | None
-    ) -> tuple[ImageRecord, int, _Held]:
-        """Download, verify and unpack; on any failure delete what this pull brought and no one else uses.
-
-        On success the blobs and the tree stay held as in flight (no removal frees them) until the
-        caller gives them up with ``_unhold`` while it writes the catalogue."""
+    def download(self, ref: ImageReference, resolved: Resolved, creds: Credentials | None, work: Path) -> Pulling:
+        """The manifest, config and layers brought into the blob directory, as the registry served
+        them, and held in flight; on failure nothing this pull brought is left."""
         what = f"pulling {ref}"
         manifest = resolved.manifest
-        image_id = manifest.config.digest
-        blobs = {resolved.manifest_digest, image_id, *(d.digest for d in manifest.layers)}
+        blobs = frozenset({resolved.manifest_digest, manifest.config.digest, *(d.digest for d in manifest.layers)})
         with self._lock:
             missing = sum(d.size for d in (manifest.config, *manifest.layers) if not self.disk.has_blob(d.digest))
             self._inflight_blobs.update(blobs)
-        work = self.disk.new_work_dir("pull")
-        ok = False
-        tree_key = ""
+        pulling = Pulling(what, resolved, blobs, missing)
+        t0 = time.monotonic()
         try:
-            t0 = time.monotonic()
-            self._download(ref, resolved, creds, work, what)
-            faults.checkpoint("pull:after-blobs")
-            log.info(
-                "%s: %d blobs in place (%d bytes fetched) in %.3f s", what, len(blobs), missing, time.monotonic() - t0
-            )
-            self.disk.read_blob(resolved.manifest_digest, MAX_DOCUMENT, what)  # the served bytes, checked
-            config = parse_config(self.disk.read_blob(image_id, MAX_DOCUMENT, what), what)
-            if (config.os, config.architecture) != (NODE_PLATFORM.os, NODE_PLATFORM.architecture):
-                raise NotFound(f"{what}: the image is {config.os}/{config.architecture}, not {NODE_PLATFORM}")
-            key = chain_id(config.diff_ids)
-            with self._lock:
-                self._inflight_trees[key] += 1
-                tree_key = key  # held from here on: released by _unhold
-            used, inodes = layers_disk(self.disk, self.limits, work, manifest, config, tree_key, what)
-            faults.checkpoint("pull:after-tree")
-            record = _record(image_id, resolved.manifest_digest, manifest, config, tree_key, used, inodes)
-            ok = True
-            return record, missing, (blobs, tree_key)
+            with self._space(what):
+                fetch_blobs(self.skopeo, self.disk, ref, resolved, creds, work, what)
+        except BaseException:
+            self.drop_blobs(pulling)
+            raise
+        log.info("%s: %d blobs in place (%d bytes fetched) in %.3f s", what, len(blobs), missing, time.monotonic() - t0)
+        return pulling
+
+    def drop_blobs(self, pulling: Pulling) -> None:
+        """Undo of ``download``: its blobs are no longer in flight, and those no image uses are deleted."""
+        with self._lock:
+            self._unhold(pulling, tree=False)
+            keep = referenced_blobs(self._images) | set(self._inflight_blobs)
+            self.disk.remove_blobs(b for b in pulling.blobs if b not in keep)
+
+    def unpack(self, pulling: Pulling, work: Path) -> ImageRecord:
+        """The image's verified disk in place (made from its layers, or the one of the same layers
+        stored already), held in flight; the record the catalogue will name. On failure a disk
+        this pull made is deleted again."""
+        what, resolved = pulling.what, pulling.resolved
+        manifest, image_id = resolved.manifest, resolved.manifest.config.digest
+        self.disk.read_blob(resolved.manifest_digest, MAX_DOCUMENT, what)  # the served bytes, checked
+        config = parse_config(self.disk.read_blob(image_id, MAX_DOCUMENT, what), what)
+        if (config.os, config.architecture) != (NODE_PLATFORM.os, NODE_PLATFORM.architecture):
+            raise NotFound(f"{what}: the image is {config.os}/{config.architecture}, not {NODE_PLATFORM}")
+        key = chain_id(config.diff_ids)
+        with self._lock:
+            self._inflight_trees[key] += 1
+            pulling.tree_key, pulling.tree_held = key, True
+        try:
+            with self._space(what):
+                used, inodes = layers_disk(self.disk, self.limits, work, manifest, config, key, what)
+        except BaseException:
+            self.drop_disk(pulling)
+            raise
+        return image_record(image_id, resolved.manifest_digest, manifest, config, key, used, inodes)
+
+    def drop_disk(self, pulling: Pulling) -> None:
+        """Undo of ``unpack``: its disk is no longer in flight, and deleted unless an image uses it."""
+        key = pulling.tree_key
+        if not key:
+            return
+        with self._lock:
+            self._unhold(pulling, blobs=False)
+            if key not in referenced_trees(self._images) and key not in self._inflight_trees:
+                self.disk.remove_tree(key)
+
+    def name(self, record: ImageRecord, ref: ImageReference, top_digest: str, pulling: Pulling | None) -> Named:
+        """The catalogue names ``record`` as ``ref`` (its tag taken from any other image) and by its
+        repo digest; the pull's blobs and disk, named now, are no longer in flight (given up in
+        the same critical section as the catalogue is written)."""
+        with self._lock:
+            before = self._images
+            updated = with_pulled(before, record, ref, ref.with_digest(top_digest))
+            self._save(updated)
+            self._images = updated
+            if pulling is not None:
+                self._unhold(pulling)
+        changed = {i: r for i, r in updated.items() if before.get(i) is not r}
+        return Named({i: before.get(i) for i in changed}, changed)
+
+    def unname(self, named: Named) -> None:
+        """Undo of ``name``: each record it wrote is as it was before (one changed since stays)."""
+        with self._lock:
+            restored = dict(self._images)
+            for i, written in named.after.items():
+                if restored.get(i) is not written:
+                    continue
+                old = named.before.get(i)
+                if old is None:
+                    del restored[i]
+                else:
+                    restored[i] = old
+            self._save(restored)
+            self._images = restored
+
+    def _unhold(self, pulling: Pulling, *, blobs: bool = True, tree: bool = True) -> None:
+        """The pull's blobs and disk are no longer in flight (each at most once). Under the lock."""
+        if blobs and pulling.blobs_held:
+            self._inflight_blobs.subtract(pulling.blobs)
+            self._inflight_blobs += Counter()  # drop zero counts
+            pulling.blobs_held = False
+        if tree and pulling.tree_held:
+            self._inflight_trees[pulling.tree_key] -= 1
+            self._inflight_trees += Counter()
+            pulling.tree_held = False
+
+    @contextmanager
+    def _space(self, what: str) -> Iterator[None]:
+        """A full store is RESOURCE_EXHAUSTED."""
+        try:
+            yield
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise CannotFit(f"{what}: no space left on the image store ({self.disk.root})") from None
             raise
-        finally:
-            self.disk.discard(work)
-            if not ok:
-                with self._lock:
-                    self._unhold((blobs, tree_key))
-                    if (
-                        tree_key
-                        and tree_key not in referenced_trees(self._images)
-                        and tree_key not in self._inflight_trees
-                    ):
-                        self.disk.remove_tree(tree_key)
-                    keep = referenced_blobs(self._images) | set(self._inflight_blobs)
-                    self.disk.remove_blobs(b for b in blobs if b not in keep)
-
-    def _download(
-        self, ref: ImageReference, resolved: Resolved, creds: Credentials | None, work: Path, what: str
-    ) -> None:
-        """Bring the manifest, config and layers into the blob directory, as the registry served them."""
-        endpoint, digest = resolved.endpoint, resolved.manifest_digest
-        layout = work / "layout"
-        self.skopeo.copy(endpoint, digest, _creds_for(ref, endpoint, creds), layout, self.disk.blob_dir, what)
-        stored = _layout_manifest(layout, what)
-        if stored != digest:
-            raise InfrastructureError(f"{what}: skopeo stored manifest {stored}, the registry served {digest}")
-        absent = [d for d in resolved.manifest.layers if not self.disk.has_blob(d.digest)]
-        if absent:  # non-distributable layers naming URLs: the OCI layout holds them by reference only
-            log.info("%s: %d non-distributable layer(s) fetched apart", what, len(absent))
-            directory = work / "dir"
-            self.skopeo.copy_dir(endpoint, digest, _creds_for(ref, endpoint, creds), directory, what)
-            for d in absent:
-                try:
-                    self.disk.adopt_blob(directory / d.digest.removeprefix("sha256:"), d.digest)
-                except FileNotFoundError:
-                    raise InfrastructureError(f"{what}: layer {d.digest} did not arrive") from None
-
-
-def _record(
-    image_id: str,
-    manifest_digest: str,
-    manifest: Manifest,
-    config: ImageConfig,
-    tree_key: str,
-    used: int,
-    inodes: int,
-) -> ImageRecord:
-    uid, username = image_user(config.user)
-    return ImageRecord(
-        id=image_id,
-        repo_tags=(),
-        repo_digests=(),
-        manifest=manifest_digest,
-        config=image_id,
-        layers=tuple(d.digest for d in manifest.layers),
-        size=manifest.config.size + sum(d.size for d in manifest.layers),
-        user=config.user,
-        unpacked_bytes=used,
-        unpacked_inodes=inodes,
-        pulled_ns=time.time_ns(),
-        spec={
-            "env": list(config.env),
-            "entrypoint": list(config.entrypoint),
-            "cmd": list(config.cmd),
-            "working_dir": config.working_dir,
-            "stop_signal": config.stop_signal,
-            "labels": dict(config.labels),
-            "created": config.created,
-            "uid": uid,
-            "username": username,
-        },
-        tree=tree_key,
-    )
 
 
 def _fingerprint(creds: Credentials | None) -> str:
     if creds is None:
         return ""
     return hashlib.sha256(json.dumps(creds.auth_entry(), sort_keys=True).encode()).hexdigest()
-
-
-def _creds_for(ref: ImageReference, endpoint: Endpoint, creds: Credentials | None) -> Credentials | None:
-    """A pull's own credentials go to the image's registry only, never to a mirror or another
-    location (those use the configured auth file): the kubelet chose them for that registry."""
-    return creds if endpoint.host == ref.domain else None
-
-
-def _layout_manifest(layout: Path, what: str) -> str:
-    """The manifest digest skopeo recorded in the OCI layout's index.json."""
-    try:
-        doc = json.loads((layout / "index.json").read_text())
-        digest = doc["manifests"][0]["digest"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
-        raise InvalidArgument(f"{what}: skopeo left no readable OCI layout") from None
-    if not isinstance(digest, str):
-        raise InvalidArgument(f"{what}: skopeo left no readable OCI layout")
-    return digest

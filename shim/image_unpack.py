@@ -4,7 +4,8 @@ Each layer is unpacked from its stored blob into a fresh tree while it is checke
 digest and the config's ``rootfs.diff_ids`` (``vmsandbox.adapters.layers``), the disk is made of
 the tree and checked (``vmsandbox.adapters.image_disk``) and the tree deleted; a disk of the same
 layers stored already is used as it is, once this pull's blobs are checked. Images stored by an
-earlier version, never checked, are verified the same way from their stored blobs.
+earlier version, never checked, are verified the same way from their stored blobs. A pulled
+image's catalogue record is made here too (``image_record``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from vmsandbox.oci import (
     Manifest,
     chain_id,
     check_layers,
+    image_user,
     layer_compression,
     parse_config,
     parse_document,
@@ -125,4 +127,43 @@ def verify_unverified(disk: ImageDisk, limits: Limits, record: ImageRecord) -> I
         layers=tuple(d.digest for d in doc.layers),
         unpacked_bytes=used,
         unpacked_inodes=inodes,
+    )
+
+
+def image_record(
+    image_id: str,
+    manifest_digest: str,
+    manifest: Manifest,
+    config: ImageConfig,
+    tree_key: str,
+    used: int,
+    inodes: int,
+) -> ImageRecord:
+    """The catalogue's record of a pulled image whose disk ``tree_key`` holds ``used`` bytes and
+    ``inodes`` inodes unpacked (its names are added as the catalogue names it)."""
+    uid, username = image_user(config.user)
+    return ImageRecord(
+        id=image_id,
+        repo_tags=(),
+        repo_digests=(),
+        manifest=manifest_digest,
+        config=image_id,
+        layers=tuple(d.digest for d in manifest.layers),
+        size=manifest.config.size + sum(d.size for d in manifest.layers),
+        user=config.user,
+        unpacked_bytes=used,
+        unpacked_inodes=inodes,
+        pulled_ns=time.time_ns(),
+        spec={
+            "env": list(config.env),
+            "entrypoint": list(config.entrypoint),
+            "cmd": list(config.cmd),
+            "working_dir": config.working_dir,
+            "stop_signal": config.stop_signal,
+            "labels": dict(config.labels),
+            "created": config.created,
+            "uid": uid,
+            "username": username,
+        },
+        tree=tree_key,
     )

@@ -248,6 +248,11 @@ class LogCopies:
         for c in copies:
             c.stop()
 
+    def copying(self) -> set[str]:
+        """The containers whose log is being copied (started, neither stopped nor at its end)."""
+        with self._lock:
+            return {cid for cid, c in self._copies.items() if not c.ended.is_set()}
+
     def reopen(self, cid: str) -> None:
         with self._lock:
             copy = self._copies.get(cid)

@@ -1,10 +1,12 @@
 """What the shim knows about sandboxes and containers: requests in, records kept (no protobuf).
 
-``ContainerSpec`` is a CreateContainer request after translation (``SandboxSpec``, the
-RunPodSandbox request, is the core's own: ``vmsandbox.pod``); ``SandboxRecord`` and
-``ContainerRecord`` are what the state database keeps; ``SandboxFilter`` and ``ContainerFilter``
-are list requests' filters; ``Condition``, ``SandboxStats`` and ``ContainerStats`` are answers on
-their way out.
+The container and image RPCs' requests, translated and checked (``shim.translate``), are one value
+each: ``CreateContainer`` (its ``ContainerSpec``, what it runs, its user and stop signal),
+``StartContainer``, ``StopContainer``, ``RemoveContainer``, ``UpdateContainerResources``,
+``PullImage`` and ``RemoveImage`` (``SandboxSpec``, the RunPodSandbox request, is the core's own:
+``vmsandbox.pod``); ``SandboxRecord`` and ``ContainerRecord`` are what the state database keeps;
+``SandboxFilter`` and ``ContainerFilter`` are list requests' filters; ``Condition``,
+``SandboxStats`` and ``ContainerStats`` are answers on their way out.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from vmsandbox import record_docs
+from vmsandbox import oci_spec, record_docs
 from vmsandbox.agent_ops import CgroupStats
 from vmsandbox.devices import DeviceGroup
 from vmsandbox.errors import NotFound
+from vmsandbox.image_ref import ImageReference
 from vmsandbox.lifecycle import Sibling
 from vmsandbox.network import DnsConfig, NamespaceOptions, PodNetwork, PortMapping
 from vmsandbox.pod import PodMeta as PodMeta
 from vmsandbox.pod import SandboxSpec as SandboxSpec
-from vmsandbox.resources import ContainerResources, PodDeclaration
+from vmsandbox.registries import Credentials
+from vmsandbox.resources import ContainerResources, Mount, PodDeclaration
 from vmsandbox.sizing import LinuxResources, VmShape
 
 # the state names' one home is vmsandbox.states; the shim's modules take them from here too
@@ -32,6 +36,10 @@ from vmsandbox.states import CONTAINER_UNKNOWN as CONTAINER_UNKNOWN
 from vmsandbox.states import SANDBOX_NOTREADY as SANDBOX_NOTREADY
 from vmsandbox.states import SANDBOX_READY as SANDBOX_READY
 
+PROPAGATIONS = ("private", "host-to-container", "bidirectional")
+"""A mount's propagation as ``vmsandbox.adapters.binds`` names it, at the index of the CRI's
+``MountPropagation`` value."""
+
 
 @dataclass(frozen=True)
 class MountRequest:
@@ -41,11 +49,25 @@ class MountRequest:
     host_path: str
     readonly: bool = False
     recursive: bool = False  # read-only for the mounts below host_path too (recursive_read_only)
-    propagation: str = "private"  # a key of vmsandbox.adapters.binds.PROPAGATION
+    propagation: str = "private"  # one of PROPAGATIONS
+    selinux_relabel: bool = False
+
+    def declared(self) -> Mount:
+        """The mount as a pod's declaration lists it, for admission to compare."""
+        return Mount(
+            container_path=self.container_path,
+            host_path=self.host_path,
+            readonly=self.readonly,
+            recursive_read_only=self.recursive,
+            selinux_relabel=self.selinux_relabel,
+            propagation=PROPAGATIONS.index(self.propagation),
+        )
 
 
 @dataclass(frozen=True)
 class ContainerSpec:
+    """What a CreateContainer admits and records of the container (what it runs: ``CreateContainer.run``)."""
+
     name: str
     attempt: int = 0
     image: str = ""
@@ -54,8 +76,57 @@ class ContainerSpec:
     log_path: str = ""
     # requests/limits from kubernetes_resources (field 19); None when the kubelet did not send it
     resources: ContainerResources | None = None
-    attachments: ContainerResources = field(default_factory=ContainerResources)  # mounts, devices, CDI
+    mounts: tuple[MountRequest, ...] = ()  # in the request's order
+    attachments: ContainerResources = field(default_factory=ContainerResources)  # devices, CDI devices
     linux: LinuxResources = field(default_factory=LinuxResources)
+
+    def asked_attachments(self) -> ContainerResources:
+        """Its mounts, devices and CDI devices, as admission compares them with the declaration's."""
+        return replace(self.attachments, mounts=frozenset(m.declared() for m in self.mounts))
+
+
+# -- the container and image RPCs' requests, translated (shim.translate) -----------------------------
+@dataclass(frozen=True)
+class CreateContainer:
+    sandbox_id: str  # an id or a unique prefix of one
+    spec: ContainerSpec
+    run: oci_spec.ContainerRequest  # its hostname is the pod's, filled in when the pod is read
+    user: str = ""  # run_as_user[:group] or a user name, resolved against the image ("": the image's)
+    stop_signal: str = ""  # a signal's name ("": the image's, else TERM)
+
+
+@dataclass(frozen=True)
+class StartContainer:
+    container_id: str  # an id or a unique prefix of one
+
+
+@dataclass(frozen=True)
+class StopContainer:
+    container_id: str | None  # None: another runtime's kind of id, which names nothing here
+    timeout_s: int = 0
+
+
+@dataclass(frozen=True)
+class RemoveContainer:
+    container_id: str | None  # None: another runtime's kind of id, which names nothing here
+
+
+@dataclass(frozen=True)
+class UpdateContainerResources:
+    container_id: str
+    resources: ContainerResources | None  # None: the kubelet sent no kubernetes_resources
+    linux: LinuxResources
+
+
+@dataclass(frozen=True)
+class PullImage:
+    ref: ImageReference
+    creds: Credentials | None = None  # for this pull only
+
+
+@dataclass(frozen=True)
+class RemoveImage:
+    image: str  # a reference, an id or an id prefix
 
 
 @dataclass(frozen=True)

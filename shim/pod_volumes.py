@@ -82,6 +82,11 @@ class PodVolumes:
         with self._lock:
             return tuple(sorted(p for p, c in self._copies.get(sandbox_id, {}).items() if container_id in c.users))
 
+    def users(self, sandbox_id: str) -> dict[str, frozenset[str]]:
+        """Host path -> the containers using its copy in the sandbox's guest."""
+        with self._lock:
+            return {p: frozenset(c.users) for p, c in self._copies.get(sandbox_id, {}).items()}
+
     def adopt(self, sandbox_id: str, container_id: str, host_paths: tuple[str, ...]) -> None:
         """At start-up: a container of a running guest uses these copies, as its record says; the
         next refresh asks the guest which version it holds and sends only a newer one."""

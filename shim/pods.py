@@ -11,11 +11,13 @@ A pod is four parts, each kept by the component that alone knows its storage:
   the container, so a restarted shim opens them again);
 - what NRI plugins are told of it (``shim.nri.hooks``).
 
-Every RuntimeService RPC makes one call here, with the request already translated; this module
-decides in which order the parts move, and undoes a half-done call: a RunPodSandbox whose node
-ports or NRI plugins refuse it leaves no VM, claim, network or directory behind, and a
-CreateContainer the guest refuses leaves no record. It also keeps the last CPU sample of each
-sandbox and container, from which stats report nano cores.
+Every RuntimeService RPC makes one call here, with the request already translated, but those
+that change a container: their steps (``shim.rpc``: CreateContainer, StartContainer,
+StopContainer, RemoveContainer, UpdateContainerResources) take the parts from here. For the pod
+RPCs this module decides in which order the parts move, and undoes a half-done call: a
+RunPodSandbox whose node ports or NRI plugins refuse it leaves no VM, claim, network or directory
+behind. It also keeps the last CPU sample of each sandbox and container, from which stats report
+nano cores.
 
 Locking stays with the parts: a sandbox's life cycle runs under its lock (``SandboxLocks``),
 record writes go through ``Records`` (one lock for container rows), a container's guest
@@ -30,7 +32,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from shim.containers import Containers
 from shim.host_ports import HostPorts
@@ -41,9 +42,7 @@ from shim.model import (
     Condition,
     ContainerFilter,
     ContainerRecord,
-    ContainerSpec,
     ContainerStats,
-    MountRequest,
     SandboxFilter,
     SandboxRecord,
     SandboxStats,
@@ -51,13 +50,11 @@ from shim.model import (
 from shim.nri.hooks import NriHooks
 from shim.sandboxes import Sandboxes
 from shim.streaming.server import Target
-from vmsandbox import cri_metrics, oci_spec, shared_storage, stream_rules
+from vmsandbox import cri_metrics, shared_storage, stream_rules
 from vmsandbox.adapters.host_checks import host_warnings
 from vmsandbox.agent_ops import CgroupStats, ExecResult
 from vmsandbox.errors import DeadlineExceeded, InvalidArgument, VmSandboxError, WrongState
-from vmsandbox.network import NET_BIND_SERVICE
 from vmsandbox.pod import SandboxSpec
-from vmsandbox.resources import ContainerResources
 from vmsandbox.sizing import LinuxResources
 
 log = logging.getLogger(__name__)
@@ -212,60 +209,9 @@ class Pods:
         self.nri.sandbox_updated(sandbox_id, overhead, resources)
 
     # -- containers ----------------------------------------------------------------------------------
-    def create_container(
-        self,
-        sandbox_id: str,
-        spec: ContainerSpec,
-        run: oci_spec.ContainerRequest,
-        user: str,
-        stop_signal: str,
-        mounts: list[MountRequest],
-    ) -> str:
-        """CreateContainer: admitted against the pod's declaration (as the plugins adjust it),
-        recorded, then created in the guest; a guest's refusal removes the record again. A
-        container holding CAP_NET_BIND_SERVICE opens a host-network pod's privileged node ports."""
-        sandbox = self.records.get(sandbox_id)
-        run = replace(run, hostname=sandbox.hostname)  # the pod's, whatever the request says
-        spec, run, mounts = self.nri.adjust_container(sandbox, spec, run, mounts)
-        # a host path no pod may have is refused before admission, which would call it undeclared;
-        # Containers checks again when it binds the path, as the path then is
-        self.containers.mounts.check_mounts(mounts, sandbox.meta.uid)
-        cid = self.sandboxes.create_container(sandbox.id, spec)
-        try:
-            self.containers.create(cid, run, user, stop_signal, mounts)
-        except BaseException:
-            self.records.remove_container(cid)
-            raise
-        if self.host_ports is not None and oci_spec.has_capability(run, NET_BIND_SERVICE):
-            self.records.change_container(cid, net_bind_service=True)
-            self.host_ports.grant_privileged(sandbox.id)
-        self.nri.container_created(cid)
-        return cid
-
-    def start_container(self, container_id: str) -> None:
-        self.nri.container_starting(container_id)
-        self.containers.start(container_id)
-        self.nri.container_started(container_id)
-
-    def stop_container(self, container_id: str, timeout_s: int) -> None:
-        if timeout_s < 0:
-            raise InvalidArgument(f"StopContainer timeout is negative ({timeout_s})")
-        self.containers.stop(container_id, timeout_s)
-        self.nri.container_stopped(container_id)
-
-    def remove_container(self, container_id: str) -> None:
-        """RemoveContainer: unknown ids and repeats succeed."""
-        if not container_id:
-            raise InvalidArgument("container_id is empty")
-        record = self.nri.removing(container_id)
-        removed = self.containers.remove(container_id)
-        self.nri.container_removed(record if removed is not None else None)
-        if removed is not None:
-            self._rates.forget(removed)
-
     def container(self, container_id: str) -> ContainerRecord:
         """ContainerStatus: the record, with its guest's word on a live container."""
-        return self.containers.refresh(self.records.container(container_id).id)
+        return self.containers.refresh(self.records.container(container_id))
 
     def list_containers(self, f: ContainerFilter) -> list[ContainerRecord]:
         """ListContainers: the filter's id and labels first, then the guest's word on the live ones
@@ -297,22 +243,10 @@ class Pods:
         if c.state == CONTAINER_EXITED:
             return c
         try:
-            return self.containers.refresh(c.id)
+            return self.containers.refresh(c)
         except VmSandboxError as e:
             log.warning("container %s: status from its guest failed: %s", c.id[:12], e)
             return c
-
-    def update_container(
-        self, container_id: str, asked: Callable[[str], tuple[ContainerResources | None, LinuxResources]]
-    ) -> None:
-        """UpdateContainerResources: the plugins' say, the VM's envelope, then the guest's cgroup.
-        ``asked`` decodes the request, its errors naming the container as its argument does."""
-        c = self.records.container(container_id)
-        resources, linux = asked(f'container "{c.name}"')
-        linux = self.nri.update_container(c.id, linux)
-        self.sandboxes.update_container(c.id, resources, linux)
-        self.containers.update(c.id, self.records.container(c.id).linux)
-        self.nri.container_updated(c.id)
 
     def exec_sync(self, container_id: str, argv: Sequence[str], timeout_s: int) -> ExecResult:
         if timeout_s < 0:
@@ -323,6 +257,10 @@ class Pods:
         if res.timed_out:
             raise DeadlineExceeded(f"command timed out after {timeout_s} s")
         return res
+
+    def forget_rates(self, container_id: str) -> None:
+        """A removed container's last CPU sample goes with it."""
+        self._rates.forget(container_id)
 
     def reopen_log(self, container_id: str) -> None:
         self.containers.reopen_log(self.records.container(container_id).id)

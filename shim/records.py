@@ -185,9 +185,21 @@ class Records:
         return self._index.all(sandbox_id)
 
     def container(self, container_id: str) -> ContainerRecord:
-        """The container an id or unique id prefix names (as ``_sandbox_id``)."""
+        """The container a client's id or unique id prefix names (as ``_sandbox_id``)."""
         validation.id_prefix(container_id, "container_id")
         return self._index.resolve(container_id)
+
+    def resolve_container(self, container_id: str) -> ContainerRecord:
+        """The container an id or unique id prefix names, checked already (``shim.translate``):
+        NOT_FOUND for none, INVALID_ARGUMENT for an ambiguous prefix."""
+        return self._index.resolve(container_id)
+
+    def find_container(self, container_id: str) -> ContainerRecord | None:
+        """As ``resolve_container``, None when it names none (stopping or removing it succeeds)."""
+        try:
+            return self._index.resolve(container_id)
+        except NotFound:
+            return None
 
     def container_ids_with_prefix(self, prefix: str) -> list[str]:
         return self._index.ids_with_prefix(prefix)
@@ -227,12 +239,9 @@ class Records:
         self._changed()
 
     def remove_container(self, container_id: str) -> None:
-        if not validation.teardown_id(container_id, "container_id"):
-            return  # not an id of ours: nothing to remove, as containerd answers
-        try:
-            container_id = self.container(container_id).id
-        except NotFound:
-            return  # removing an unknown container succeeds, as containerd answers
+        """Forget the container of full id ``container_id``; one forgotten already is fine."""
+        if self._index.get(container_id) is None:
+            return
         self.ledger.delete_container(container_id)
         self._index.drop(container_id)
         self._changed()

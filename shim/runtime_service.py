@@ -1,8 +1,9 @@
 """``runtime.v1.RuntimeService``: a thin servicer over ``Pods`` (ImageService: ``shim.image_service``).
 
-Each method translates the request (``shim.translate``), makes one call into ``shim.pods.Pods``,
-the owner of pods and their containers, and translates the answer. RPCs this build does not
-serve answer UNIMPLEMENTED with a sentence saying so.
+Each method translates the request (``shim.translate``), makes one call — into ``shim.pods.Pods``,
+the owner of pods and their containers, or, for an RPC that changes a container, into its steps
+(``shim.rpc``) — and translates the answer. RPCs this build does not serve answer UNIMPLEMENTED
+with a sentence saying so.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ import grpc
 from gen.cri.runtime.v1 import api_pb2 as pb
 from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.pods import Pods
+from shim.rpc.create_container import create_container
+from shim.rpc.remove_container import remove_container
+from shim.rpc.start_container import start_container
+from shim.rpc.stop_container import stop_container
+from shim.rpc.update_container_resources import update_container_resources
 from shim.status import rpc
 from shim.streaming.server import StreamingServer, Target
 from shim.translate import inbound, outbound, stats
 from vmsandbox import __version__
 from vmsandbox.errors import InfrastructureError, InvalidArgument
-from vmsandbox.resources import ContainerResources
-from vmsandbox.sizing import LinuxResources
 
 log = logging.getLogger(__name__)
 
@@ -124,35 +128,27 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     def CreateContainer(
         self, request: pb.CreateContainerRequest, context: grpc.ServicerContext
     ) -> pb.CreateContainerResponse:
-        if not request.pod_sandbox_id:
-            raise InvalidArgument("CreateContainerRequest.pod_sandbox_id is empty")
-        if not request.HasField("config"):
-            raise InvalidArgument("CreateContainerRequest.config is missing")
-        spec = inbound.container_spec(request.config)
-        run, user, stop_signal = inbound.container_request(request.config, request.sandbox_config.linux.sysctls)
-        mounts = inbound.mount_requests(request.config)
-        cid = self.pods.create_container(request.pod_sandbox_id, spec, run, user, stop_signal, mounts)
-        return pb.CreateContainerResponse(container_id=cid)
+        return pb.CreateContainerResponse(container_id=create_container(self.pods, inbound.create_container(request)))
 
     @rpc
     def StartContainer(
         self, request: pb.StartContainerRequest, context: grpc.ServicerContext
     ) -> pb.StartContainerResponse:
-        self.pods.start_container(request.container_id)
+        start_container(self.pods, inbound.start_container(request))
         return pb.StartContainerResponse()
 
     @rpc
     def StopContainer(
         self, request: pb.StopContainerRequest, context: grpc.ServicerContext
     ) -> pb.StopContainerResponse:
-        self.pods.stop_container(request.container_id, int(request.timeout))
+        stop_container(self.pods, inbound.stop_container(request))
         return pb.StopContainerResponse()
 
     @rpc
     def RemoveContainer(
         self, request: pb.RemoveContainerRequest, context: grpc.ServicerContext
     ) -> pb.RemoveContainerResponse:
-        self.pods.remove_container(request.container_id)
+        remove_container(self.pods, inbound.remove_container(request))
         return pb.RemoveContainerResponse()
 
     @rpc
@@ -176,15 +172,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     def UpdateContainerResources(
         self, request: pb.UpdateContainerResourcesRequest, context: grpc.ServicerContext
     ) -> pb.UpdateContainerResourcesResponse:
-        def asked(where: str) -> tuple[ContainerResources | None, LinuxResources]:
-            resources = (
-                inbound.kubernetes_resources(request.kubernetes_resources, where)
-                if request.HasField("kubernetes_resources")
-                else None
-            )
-            return resources, inbound.linux_resources(request.linux, f"{where}: linux")
-
-        self.pods.update_container(request.container_id, asked)
+        update_container_resources(self.pods, inbound.update_container_resources(request))
         return pb.UpdateContainerResourcesResponse()
 
     @rpc

@@ -5,8 +5,8 @@ once, kept in memory and written through to the ledger, ledger first), its boot,
 rollback (``shim.boot``), the reconcile with libvirt and the turning NOTREADY of a pod whose guest
 died or lost its agent (``shim.reconcile``), host resources (``shim.host_resources``), pod networks
 (``shim.pod_networks``), each sandbox's directory (``shim.sandbox_dirs``) and snapshots
-(``shim.snapshots``). It admits containers into a sandbox against its declaration and VM (their
-records are then moved through their life by ``shim.containers``). RunPodSandbox is
+(``shim.snapshots``). Containers are admitted into a sandbox by ``shim.container_admission``,
+under the same per-sandbox lock (``locks``). RunPodSandbox is
 transactional: any failure after the claim tears the domain down and releases every claim
 before the error leaves ``shim.boot``.
 """
@@ -18,21 +18,14 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from shim import faults, logs
 from shim.boot import Boot
 from shim.config import ShimConfig
 from shim.host_resources import ResourceManager
 from shim.model import (
-    CONTAINER_CREATED,
     SANDBOX_NOTREADY,
-    SANDBOX_READY,
-    ContainerRecord,
-    ContainerSpec,
-    SandboxRecord,
     SandboxSpec,
-    siblings_of,
 )
 from shim.pod_networks import PodNetworks
 from shim.reconcile import Reconciler, remove_console_log
@@ -40,22 +33,17 @@ from shim.records import Records, SandboxLocks, new_id
 from shim.sandbox_dirs import SandboxDirs
 from shim.sandbox_part import Owners
 from shim.snapshots import Snapshots
-from vmsandbox import admission, validation
+from vmsandbox import admission
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
-from vmsandbox.errors import Diverged, InvalidArgument
+from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory
 from vmsandbox.lifecycle import (
-    Admitted,
-    ContainerAsk,
     SandboxPlan,
-    admit_container,
-    check_fits_beside,
     plan_sandbox,
 )
 from vmsandbox.profile import Profile
-from vmsandbox.resources import ContainerResources
 from vmsandbox.sizing import LinuxResources
 
 log = logging.getLogger(__name__)
@@ -185,64 +173,3 @@ class Sandboxes:
             )
             updated = replace(record, updated_resources=resources)
             self.records.put_sandbox(updated)
-
-    # -- containers -----------------------------------------------------------------------------
-    def create_container(self, sandbox_id: str, spec: ContainerSpec) -> str:
-        if not spec.name:
-            raise InvalidArgument("ContainerConfig.metadata.name is empty")
-        if spec.attempt < 0:
-            raise InvalidArgument(f"ContainerConfig.metadata.attempt is negative ({spec.attempt})")
-        sandbox_id = self.records.get(sandbox_id).id
-        with self.locks.lock_for(sandbox_id):
-            record = self.records.get(sandbox_id)
-            if record.state != SANDBOX_READY:
-                raise Diverged(f"pod sandbox {sandbox_id[:12]} is not ready (it was stopped)")
-            existing = self.records.containers(sandbox_id)
-            admitted = self._admit(record, spec, existing)
-            container = ContainerRecord(
-                id=new_id(),
-                sandbox_id=sandbox_id,
-                name=spec.name,
-                attempt=spec.attempt,
-                state=CONTAINER_CREATED,
-                created_ns=self._clock(),
-                image=spec.image,
-                labels=dict(spec.labels),
-                annotations=dict(spec.annotations),
-                log_path=validation.join_log_path(record.log_directory, spec.log_path),
-                resources=admitted.resources,
-                # what the container's cgroup holds: as sent, else implied by its kubernetes_resources
-                linux=admitted.linux,
-                reason="Created",
-                message="admitted; not yet created in its guest",
-            )
-            self.records.put_container(container)
-            log.info("container %s (%s) admitted into sandbox %s", spec.name, container.id[:12], sandbox_id[:12])
-            return container.id
-
-    def _admit(self, record: SandboxRecord, spec: ContainerSpec, existing: list[ContainerRecord]) -> Admitted:
-        ask = ContainerAsk(spec.name, spec.attempt, spec.resources, spec.attachments, spec.linux)
-        return admit_container(record.declaration, record.sized_shape(), ask, siblings_of(existing), record.annotations)
-
-    @staticmethod
-    def _usage(resources: ContainerResources | None, linux: LinuxResources) -> admission.Usage:
-        return admission.Usage.of_resources(resources) if resources is not None else admission.Usage.of_linux(linux)
-
-    def update_container(self, container_id: str, resources: ContainerResources | None, linux: LinuxResources) -> None:
-        c = self.records.container(container_id)
-        with self.locks.lock_for(c.sandbox_id):
-            record = self.records.get(c.sandbox_id)
-            new_linux = admission.implied_linux(resources) if resources is not None and linux.empty else linux
-            check_fits_beside(
-                record.sized_shape().demand,
-                c.name,
-                self._usage(resources, linux),
-                siblings_of(self.records.containers(c.sandbox_id)),
-                init_order=record.init_container_names,
-                annotations=record.annotations,
-                who=f'update of "{c.name}"',
-            )
-            changes: dict[str, Any] = {"linux": new_linux}
-            if resources is not None:
-                changes["resources"] = replace(c.resources, requests=resources.requests, limits=resources.limits)
-            self.records.change_container(c.id, **changes)

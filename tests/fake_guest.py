@@ -11,6 +11,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from vmsandbox.agent_protocol import UNKNOWN_CONTAINER
+
 INSTANCE = "0123456789abcdef0123456789abcdef"
 OTHER_INSTANCE = "fedcba9876543210fedcba9876543210"
 
@@ -160,3 +162,101 @@ def agent(
         return refused(msg["id"], f"unknown op: {op}")
 
     return answer
+
+
+class ContainerAgent:
+    """A fake agent that keeps what a real one keeps of containers and volume copies, and every
+    request it was asked (``asked``): container RPCs run against it, and a test reads what the
+    guest is left holding (``containers``, ``volumes``) and what it was told (``cgroup``). The
+    ops in ``refuse`` fail, as a guest that cannot carry them out answers."""
+
+    PROTOCOL = 6  # volume copies and terminals
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.containers: dict[str, str] = {}  # id -> created, running or exited
+        self.volumes: dict[str, str] = {}  # volume id -> the version committed
+        self.cgroup: dict[str, dict[str, str]] = {}  # container id -> the limit files written last
+        self.asked: list[str] = []  # ops, in order
+        self.refuse: set[str] = set()  # ops refused, as a guest that cannot carry them out
+
+    LOG_WAIT_S = 0.2  # how long a log_read waits for output that never comes (a long poll, answered apart)
+
+    def serve(self, n: int, peer: Peer) -> None:
+        """A ``FakeGuest`` script: every connection is served by this agent."""
+        lock = threading.Lock()
+
+        def send(data: bytes) -> None:
+            with lock:
+                peer.send(data)
+
+        while (msg := peer.recv()) is not None:
+            if msg.get("type") != "request":
+                continue
+            if msg.get("op") == "log_read":
+                threading.Timer(self.LOG_WAIT_S, lambda m=msg: send(self.answer(m))).start()
+            else:
+                send(self.answer(msg))
+
+    def answer(self, msg: dict[str, object]) -> bytes:
+        op, rid = str(msg.get("op")), msg["id"]
+        args = msg.get("args")
+        a: dict[str, object] = args if isinstance(args, dict) else {}
+        with self._lock:
+            self.asked.append(op)
+            if op == "report":
+                body = report_body()
+                return ok(rid, {**body, "protocol": self.PROTOCOL, "agent": f"vmsandbox-agent/{self.PROTOCOL}"})
+            if op == "ping":
+                return ok(rid, {})
+            if op == "list":
+                return ok(rid, {"containers": [self._state(c) for c in self.containers]})
+            if op in self.refuse:
+                return refused(rid, f"{op} failed in the guest")
+            if op.startswith("volume_"):
+                return self._volume(op, rid, a)
+            cid = str(a.get("id", ""))
+            if op == "create":
+                if cid in self.containers:
+                    return refused(rid, f'container "{cid}" exists')
+                self.containers[cid] = "created"
+                return ok(rid, self._state(cid))
+            if cid not in self.containers:
+                return refused(rid, f'no container "{cid}"', UNKNOWN_CONTAINER)
+            if op == "start":
+                if self.containers[cid] != "created":
+                    return refused(rid, f'container "{cid}" is {self.containers[cid]}')
+                self.containers[cid] = "running"
+            elif op == "kill":
+                if self.containers[cid] == "running":
+                    self.containers[cid] = "exited"
+            elif op == "delete":
+                del self.containers[cid]
+                self.cgroup.pop(cid, None)
+                return ok(rid, {})
+            elif op == "update":
+                files = a.get("files")
+                self.cgroup[cid] = dict(files) if isinstance(files, dict) else {}
+                return ok(rid, {})
+            elif op == "log_read":  # no output; the log ends with the container
+                return ok(rid, {"offset": a.get("offset", 0), "data": "", "eof": self.containers[cid] == "exited"})
+            elif op not in ("status", "wait"):
+                return refused(rid, f"unknown op: {op}")
+            return ok(rid, self._state(cid))
+
+    def _state(self, cid: str) -> dict[str, object]:
+        st = self.containers[cid]
+        body = state(cid, st)
+        if st == "exited":
+            body.update(exit_code=137, finished_at_ns=3)
+        return body
+
+    def _volume(self, op: str, rid: object, a: dict[str, object]) -> bytes:
+        vid = str(a.get("volume", ""))
+        if op == "volume_begin":
+            return ok(rid, {"current": self.volumes.get(vid) == a.get("version")})
+        if op == "volume_commit":
+            self.volumes[vid] = str(a.get("version", ""))
+        elif op == "volume_remove":
+            self.volumes.pop(vid, None)
+        return ok(rid, {})

@@ -1,11 +1,12 @@
-"""``NriHooks``: the one call per CRI event the owner of pods (``shim.pods``) makes into NRI, and what NRI asks back.
+"""``NriHooks``: the one call per CRI event the RPCs make into NRI, and what NRI asks back.
 
-It turns the shim's records into NRI's PodSandbox and Container, calls the plugins through
-``NriHost`` and carries out their answers through the owners: a CreateContainer adjustment
-becomes the container's spec (env, annotations, command line, rlimits, mounts, resources) after
-the same divergence admission as the container itself; container updates, from an event's
-answer or a plugin's own UpdateContainers, go through ``Sandboxes.update_container`` (the VM's
-envelope) and ``Containers.update``. With NRI off every hook is a no-op.
+It turns the shim's records (the RPC's, read once) into NRI's PodSandbox and Container, calls
+the plugins through ``NriHost`` and carries out their answers through the owners: a
+CreateContainer adjustment becomes the container's spec (env, annotations, command line,
+rlimits, mounts, resources) after the same divergence admission as the container itself;
+container updates, from an event's answer or a plugin's own UpdateContainers, go through
+``ContainerAdmission.update`` (the VM's envelope) and ``Containers.apply_limits``. With NRI off
+every hook is a no-op.
 
 When plugins are called, and why:
 - RunPodSandbox: after the VM booted (the pod has its id and IPs), with the pod's whole size as
@@ -15,6 +16,9 @@ When plugins are called, and why:
 - StopPodSandbox and RemovePodSandbox: after the teardown, so a failing or hanging plugin never
   holds a VM or its resources; each first tells StopContainer / RemoveContainer for the pod's
   containers, as containerd does.
+- CreateContainer: the adjustment before the container is admitted (a refusal fails it with
+  nothing made), PostCreateContainer as its last step; a create that fails after that tells
+  RemoveContainer, as containerd's undo of a create does.
 """
 
 from __future__ import annotations
@@ -72,8 +76,8 @@ class NriHooks:
                 target = nri_rules.Target(name=c.name, linux=c.linux)
                 after = nri_rules.apply_adjustment(target, plugin, codec.update(u)).linux
                 if after != target.linux:
-                    self.sandboxes.update_container(c.id, None, after)
-                    self.containers.update(c.id, self.records.container(c.id).linux)
+                    changed = self.containers.admission.update(self.records.get(c.sandbox_id), c, None, after)
+                    self.containers.apply_limits(changed)
             except VmSandboxError as exc:
                 log.warning("NRI: update of container %s by plugin %s refused: %s", u.container_id[:12], plugin, exc)
                 if not u.ignore_failure:
@@ -121,10 +125,12 @@ class NriHooks:
 
     # -- container events -------------------------------------------------------------------------
     def adjust_container(
-        self, sandbox: SandboxRecord, spec: ContainerSpec, run: oci_spec.ContainerRequest, mounts: list[MountRequest]
+        self, sandbox: SandboxRecord, spec: ContainerSpec, run: oci_spec.ContainerRequest
     ) -> tuple[ContainerSpec, oci_spec.ContainerRequest, list[MountRequest]]:
         """The container as the plugins adjust it, refused (naming them) when it leaves the pod's
-        declaration or the VM."""
+        declaration or the VM: its spec (its ``mounts`` stay the kubelet's, which admission
+        compares with the declaration), what it runs, and the mounts its guest gets."""
+        mounts = list(spec.mounts)
         if self.host is None:
             return spec, run, mounts
         if spec.linux.empty and spec.resources is not None:
@@ -202,68 +208,49 @@ class NriHooks:
 
         return fits
 
-    def _event(self, container_id: str) -> tuple[api.PodSandbox, api.Container] | None:
-        try:
-            c = self.records.container(container_id)
-            return codec.pod(self.records.get(c.sandbox_id)), codec.container(c)
-        except VmSandboxError:
-            return None
+    def container_created(self, sandbox: SandboxRecord, c: ContainerRecord) -> None:
+        if self.host is not None:
+            self.host.post_create_container(codec.pod(sandbox), codec.container(c))
 
-    def container_created(self, container_id: str) -> None:
-        if self.host is not None and (ev := self._event(container_id)) is not None:
-            self.host.post_create_container(*ev)
+    def container_starting(self, sandbox: SandboxRecord, c: ContainerRecord) -> None:
+        if self.host is not None:
+            self.host.start_container(codec.pod(sandbox), codec.container(c))
 
-    def container_starting(self, container_id: str) -> None:
-        if self.host is not None and (ev := self._event(container_id)) is not None:
-            self.host.start_container(*ev)
+    def container_started(self, sandbox: SandboxRecord, c: ContainerRecord) -> None:
+        if self.host is not None:
+            self.host.post_start_container(codec.pod(sandbox), codec.container(c))
 
-    def container_started(self, container_id: str) -> None:
-        if self.host is not None and (ev := self._event(container_id)) is not None:
-            self.host.post_start_container(*ev)
-
-    def update_container(self, container_id: str, linux: LinuxResources) -> LinuxResources:
+    def update_container(self, sandbox: SandboxRecord, c: ContainerRecord, linux: LinuxResources) -> LinuxResources:
         """Plugins' say on an update: the resources to apply (their changes to this container
         included; changes to others carried out at once)."""
-        if self.host is None or (ev := self._event(container_id)) is None:
+        if self.host is None:
             return linux
-        updates = self.host.update_container(*ev, codec.resources(linux))
-        target = nri_rules.Target(name=ev[1].name, linux=linux)
+        updates = self.host.update_container(codec.pod(sandbox), codec.container(c), codec.resources(linux))
+        target = nri_rules.Target(name=c.name, linux=linux)
         for plugin, u in updates:
-            if u.container_id == container_id:
+            if u.container_id == c.id:
                 target = nri_rules.apply_adjustment(target, plugin, codec.update(u))
             else:
                 self.apply_updates(plugin, [u])
         if target.resource_plugins:  # an update is held to the VM's envelope; a refusal names the plugins
-            record = self.records.get(ev[1].pod_sandbox_id)
-            nri_rules.resource_divergence(target, linux, None, self._fits(record, ev[1].name))
+            nri_rules.resource_divergence(target, linux, None, self._fits(sandbox, c.name))
         return target.linux
 
-    def container_updated(self, container_id: str) -> None:
-        if self.host is not None and (ev := self._event(container_id)) is not None:
-            self.host.post_update_container(*ev)
+    def container_updated(self, sandbox: SandboxRecord, c: ContainerRecord) -> None:
+        if self.host is not None:
+            self.host.post_update_container(codec.pod(sandbox), codec.container(c))
 
-    def container_stopped(self, container_id: str) -> None:
-        if self.host is not None and (ev := self._event(container_id)) is not None:
-            with self._told_lock:
-                self._told_stopped.add(ev[1].id)
-            for plugin, u in self.host.stop_container(*ev):
-                self.apply_updates(plugin, [u])
-
-    def removing(self, container_id: str) -> ContainerRecord | None:
-        """The container about to be removed, for ``container_removed``."""
+    def container_stopped(self, sandbox: SandboxRecord, c: ContainerRecord) -> None:
         if self.host is None:
-            return None
-        try:
-            return self.records.container(container_id)
-        except VmSandboxError:
-            return None
+            return
+        with self._told_lock:
+            self._told_stopped.add(c.id)
+        for plugin, u in self.host.stop_container(codec.pod(sandbox), codec.container(c)):
+            self.apply_updates(plugin, [u])
 
-    def container_removed(self, record: ContainerRecord | None) -> None:
-        if self.host is not None and record is not None:
-            with self._told_lock:
-                self._told_stopped.discard(record.id)
-            try:
-                pod = codec.pod(self.records.get(record.sandbox_id))
-            except VmSandboxError:
-                pod = api.PodSandbox(id=record.sandbox_id)
-            self.host.remove_container(pod, codec.container(record))
+    def container_removed(self, sandbox: SandboxRecord, c: ContainerRecord) -> None:
+        if self.host is None:
+            return
+        with self._told_lock:
+            self._told_stopped.discard(c.id)
+        self.host.remove_container(codec.pod(sandbox), codec.container(c))

@@ -1,12 +1,19 @@
-"""ImageService both ways: an image's reference and pull credentials in, images and file system usage out."""
+"""ImageService both ways: an image's reference and pull credentials in, images and file system usage out.
+
+PullImage and RemoveImage become one value each (``shim.model``: ``PullImage``, ``RemoveImage``),
+checked here and nowhere else: an image named, a reference that parses, credentials the store can
+pass on.
+"""
 
 from __future__ import annotations
 
 import json
 
 from gen.cri.runtime.v1 import api_pb2 as pb
+from shim.model import PullImage, RemoveImage
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.image_catalogue import ImageRecord
+from vmsandbox.image_ref import parse_reference
 from vmsandbox.oci import image_user
 from vmsandbox.registries import Credentials
 
@@ -29,6 +36,15 @@ def credentials(auth: pb.AuthConfig) -> Credentials | None:
         username=auth.username, password=auth.password, auth=auth.auth, identity_token=auth.identity_token
     )
     return creds if creds.auth_entry() else None
+
+
+def pull_image(request: pb.PullImageRequest) -> PullImage:
+    ref = parse_reference(image_text(request.image, "PullImageRequest.image"))
+    return PullImage(ref, credentials(request.auth) if request.HasField("auth") else None)
+
+
+def remove_image(request: pb.RemoveImageRequest) -> RemoveImage:
+    return RemoveImage(image_text(request.image, "RemoveImageRequest.image"))
 
 
 def image(r: ImageRecord) -> pb.Image:

@@ -1,8 +1,12 @@
 """RuntimeService requests -> core: the pod's and containers' specs, what a container runs, list filters.
 
-It validates shapes the protobuf types cannot (quantities, page sizes, and names, labels and
-annotations by Kubernetes' rules: ``vmsandbox.validation``) and raises ``InvalidArgument`` naming
-the field, so nothing malformed reaches the orchestrator, a log line or the domain XML.
+Each container RPC that changes state gets one value (``shim.model``: ``CreateContainer``,
+``StartContainer``, ``StopContainer``, ``RemoveContainer``, ``UpdateContainerResources``), checked
+here and nowhere else: required fields present, names, attempts, timeouts and ids in range, and
+the shapes the protobuf types cannot check (quantities, page sizes, mounts, and names, labels and
+annotations by Kubernetes' rules: ``vmsandbox.validation``). A bad one raises ``InvalidArgument``
+naming the field, so nothing malformed reaches the RPC's steps (``shim.rpc``), a log line or the
+domain XML.
 """
 
 from __future__ import annotations
@@ -13,7 +17,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gen.cri.runtime.v1 import api_pb2 as pb
-from shim.model import ContainerFilter, ContainerSpec, MountRequest, PodMeta, SandboxFilter, SandboxSpec
+from shim.model import (
+    PROPAGATIONS,
+    ContainerFilter,
+    ContainerSpec,
+    CreateContainer,
+    MountRequest,
+    PodMeta,
+    RemoveContainer,
+    SandboxFilter,
+    SandboxSpec,
+    StartContainer,
+    StopContainer,
+    UpdateContainerResources,
+)
 from vmsandbox import oci_spec, validation
 from vmsandbox.errors import InvalidArgument, Unsupported
 from vmsandbox.network import (
@@ -261,7 +278,7 @@ def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSp
 
 def container_spec(config: pb.ContainerConfig) -> ContainerSpec:
     name = config.metadata.name
-    validation.container_name(name, "ContainerConfig.metadata.name")
+    validation.container_name(name, "ContainerConfig.metadata.name")  # its attempt is unsigned on the wire
     validation.text(config.image.image, "ContainerConfig.image.image")
     if config.log_path:
         validation.relative_file(config.log_path, "ContainerConfig.log_path")
@@ -279,12 +296,50 @@ def container_spec(config: pb.ContainerConfig) -> ContainerSpec:
         annotations=dict(config.annotations),
         log_path=config.log_path,
         resources=resources,
+        mounts=mount_requests(config.mounts, f"{where}: mounts"),
         attachments=ContainerResources(
-            mounts=_mounts(config.mounts, f"{where}: mounts"),
             devices=_devices(config.devices, f"{where}: devices"),
             cdi_devices=_cdi(config.CDI_devices, f"{where}: CDI_devices"),
         ),
         linux=linux_resources(config.linux.resources, f"{where}: linux.resources"),
+    )
+
+
+def create_container(request: pb.CreateContainerRequest) -> CreateContainer:
+    if not request.pod_sandbox_id:
+        raise InvalidArgument("CreateContainerRequest.pod_sandbox_id is empty")
+    validation.id_prefix(request.pod_sandbox_id, "pod_sandbox_id")
+    if not request.HasField("config"):
+        raise InvalidArgument("CreateContainerRequest.config is missing")
+    run, user, stop_signal = container_request(request.config, request.sandbox_config.linux.sysctls)
+    return CreateContainer(request.pod_sandbox_id, container_spec(request.config), run, user, stop_signal)
+
+
+def start_container(request: pb.StartContainerRequest) -> StartContainer:
+    return StartContainer(validation.id_prefix(request.container_id, "container_id"))
+
+
+def stop_container(request: pb.StopContainerRequest) -> StopContainer:
+    if request.timeout < 0:
+        raise InvalidArgument(f"StopContainer timeout is negative ({request.timeout})")
+    return StopContainer(validation.teardown_id(request.container_id, "container_id"), int(request.timeout))
+
+
+def remove_container(request: pb.RemoveContainerRequest) -> RemoveContainer:
+    return RemoveContainer(validation.teardown_id(request.container_id, "container_id"))
+
+
+def update_container_resources(request: pb.UpdateContainerResourcesRequest) -> UpdateContainerResources:
+    where = "UpdateContainerResourcesRequest"
+    resources = (
+        kubernetes_resources(request.kubernetes_resources, f"{where}.kubernetes_resources")
+        if request.HasField("kubernetes_resources")
+        else None
+    )
+    return UpdateContainerResources(
+        validation.id_prefix(request.container_id, "container_id"),
+        resources,
+        linux_resources(request.linux, f"{where}.linux"),
     )
 
 
@@ -358,20 +413,15 @@ def container_request(
     return request, user, signal
 
 
-_PROPAGATION = {
-    pb.PROPAGATION_PRIVATE: "private",
-    pb.PROPAGATION_HOST_TO_CONTAINER: "host-to-container",
-    pb.PROPAGATION_BIDIRECTIONAL: "bidirectional",
-}
-
-
-def mount_requests(config: pb.ContainerConfig) -> list[MountRequest]:
-    """The mounts the config asks for. A recursive read-only mount must be read-only and private
-    (as the CRI defines recursive_read_only), else INVALID_ARGUMENT."""
+def mount_requests(items: Iterable[pb.Mount], where: str) -> tuple[MountRequest, ...]:
+    """The mounts a container config asks for, in its order. A recursive read-only mount must be
+    read-only and private (as the CRI defines recursive_read_only), else INVALID_ARGUMENT."""
     out = []
-    for m in config.mounts:
+    for m in items:
+        validation.text(m.host_path, f"{where}.host_path")
+        validation.text(m.container_path, f"{where}.container_path")
         shown = validation.quote(m.container_path)
-        if m.propagation not in _PROPAGATION:
+        if not 0 <= m.propagation < len(PROPAGATIONS):
             raise InvalidArgument(f"mount {shown}: propagation {m.propagation} is not a MountPropagation")
         if m.image.image or m.image_sub_path:
             raise Unsupported(f"mount {shown}: image volumes (Mount.image) are not supported in VM pods yet")
@@ -385,9 +435,16 @@ def mount_requests(config: pb.ContainerConfig) -> list[MountRequest]:
             mode = pb.MountPropagation.Name(m.propagation)
             raise InvalidArgument(f"mount {shown}: recursive_read_only needs private propagation, not {mode}")
         out.append(
-            MountRequest(m.container_path, m.host_path, m.readonly, m.recursive_read_only, _PROPAGATION[m.propagation])
+            MountRequest(
+                m.container_path,
+                m.host_path,
+                m.readonly,
+                m.recursive_read_only,
+                PROPAGATIONS[m.propagation],
+                m.selinux_relabel,
+            )
         )
-    return out
+    return tuple(out)
 
 
 # -- list filters ---------------------------------------------------------------------------------

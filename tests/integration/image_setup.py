@@ -19,6 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from shim.image_store import ImageStore
+from shim.model import PullImage, RemoveImage
+from shim.rpc.pull_image import pull_image
+from shim.rpc.remove_image import remove_image
 from tests.registry_kit import (
     BUSYBOX,
     DOCKER_CONFIG,
@@ -39,6 +43,18 @@ from tests.registry_kit import (
     tar_bytes,
     whiteout,
 )
+from vmsandbox.image_ref import parse_reference
+from vmsandbox.registries import Credentials
+
+
+def pull(store: ImageStore, text: str, creds: Credentials | None = None) -> str:
+    """PullImage of ``text`` into ``store``, as the ImageService runs it."""
+    return pull_image(store, PullImage(parse_reference(text), creds))
+
+
+def remove(store: ImageStore, query: str) -> str | None:
+    """RemoveImage of ``query`` from ``store``, as the ImageService runs it; the id removed."""
+    return remove_image(store, RemoveImage(query))
 
 
 @contextlib.contextmanager

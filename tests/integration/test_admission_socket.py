@@ -800,7 +800,7 @@ def test_bad_container_requests(shim: Shim, declared: str) -> None:
             timeout=30,
         ),
         INVALID,
-        'container "app": requests.cpu: invalid quantity "1x"',
+        'UpdateContainerResourcesRequest.kubernetes_resources: requests.cpu: invalid quantity "1x"',
     )
     rejected(
         shim,

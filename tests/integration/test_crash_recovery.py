@@ -259,7 +259,7 @@ def test_adopted_sandbox_survives_kill_9(host: Host) -> None:
         stop_shim(second, kill=True)
 
 
-CONTAINER_POINTS = ("create:after-admit", "create:after-guest", "start:after-guest")
+CONTAINER_POINTS = ("CreateContainer:admit", "CreateContainer:guest-create", "StartContainer:guest-start")
 
 
 @pytest.mark.parametrize("point", CONTAINER_POINTS)
@@ -269,7 +269,7 @@ def test_kill_9_in_create_or_start_container_leaves_one_truth(host: Host, point:
     fails for a real reason. A CreateContainer that never answered leaves nothing the caller
     could know of; a start the guest carried out is RUNNING."""
     shim = host.start(fault=point)
-    sid = run(shim, pod(f"half-{point.replace(':', '-')}"))
+    sid = run(shim, pod(f"half-{point.replace(':', '-').lower()}"))
     config = container("app", q({"cpu": "1", "memory": "64Mi"}))
     config.command.extend(["sleep", "300"])
     cid = ""
@@ -284,7 +284,7 @@ def test_kill_9_in_create_or_start_container_leaves_one_truth(host: Host, point:
     try:
         rt = after.runtime
         listed = [c.id for c in rt.ListContainers(pb.ListContainersRequest(), timeout=30).containers]
-        if point.startswith("create:"):
+        if point.startswith("CreateContainer:"):
             assert listed == [], f"a CreateContainer that never answered left {listed}"
             cid = rt.CreateContainer(
                 pb.CreateContainerRequest(pod_sandbox_id=sid, config=config), timeout=RPC_TIMEOUT

@@ -8,7 +8,7 @@ import pytest
 
 from shim.image_store import ImageStore
 from tests.critest_images import E2E, STAGING, push_all, registries_config
-from tests.integration.image_setup import Pushed, pushed  # noqa: F401
+from tests.integration.image_setup import Pushed, pull, pushed  # noqa: F401
 from vmsandbox.registries import parse_registries
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -22,7 +22,7 @@ def test_look_alikes(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
     store = ImageStore(tmp_path / "images")
     users = {}
     for name in ("uid", "username", "uid-group", "username-group"):
-        image_id = store.pull(f"{host}/{STAGING}/test-image-user-{name}")
+        image_id = pull(store, f"{host}/{STAGING}/test-image-user-{name}")
         record = store.get(image_id)
         assert record is not None
         users[name] = (record.spec["uid"], record.spec["username"])
@@ -32,15 +32,15 @@ def test_look_alikes(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
         "uid-group": (1003, ""),
         "username-group": (None, "www-data"),
     }
-    tags = {store.pull(f"{host}/{STAGING}/test-image-tags:{t}") for t in ("1", "2", "3")}
-    distinct = {store.pull(f"{host}/{STAGING}/test-image-{n}:latest") for n in ("1", "2", "3")}
+    tags = {pull(store, f"{host}/{STAGING}/test-image-tags:{t}") for t in ("1", "2", "3")}
+    distinct = {pull(store, f"{host}/{STAGING}/test-image-{n}:latest") for n in ("1", "2", "3")}
     assert len(tags) == 1 and len(distinct) == 3
     record = store.get(tags.pop())
     assert record is not None and len(record.repo_tags) == 3
 
     upstream = ImageStore(tmp_path / "upstream", registries=parse_registries(registries_config(host)))
     names = ("registry.k8s.io/pause:3.9", "k8s.gcr.io/pause:3.9", "gcr.io/k8s-staging-cri-tools/test-image-tag:test")
-    ids = [upstream.pull(n) for n in names]
+    ids = [pull(upstream, n) for n in names]
     assert ids[0] == ids[1] != ids[2]
     pause = upstream.get(ids[0])
     assert pause is not None and pause.repo_tags == ("k8s.gcr.io/pause:3.9", "registry.k8s.io/pause:3.9")

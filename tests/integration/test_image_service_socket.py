@@ -263,7 +263,7 @@ def test_errors_carry_the_right_code_and_no_traceback(
 
 def test_a_shim_killed_mid_pull_restarts_with_no_image(tmp_path: Path, pushed: Pushed) -> None:  # noqa: F811
     require_host()
-    first = start_shim(tmp_path, env={"VMSANDBOX_FAULT": "pull:after-tree"}, pull_busybox=False)
+    first = start_shim(tmp_path, env={"VMSANDBOX_FAULT": "PullImage:disk"}, pull_busybox=False)
     try:
         with pytest.raises(grpc.RpcError) as exc:
             first.images.PullImage(pb.PullImageRequest(image=spec(pushed.ref("uid"))), timeout=120)

@@ -18,7 +18,15 @@ import pytest
 
 from shim import metrics
 from shim.image_store import ImageStore
-from tests.integration.image_setup import DockerImage, Pushed, docker_images, pushed, tree_files  # noqa: F401
+from tests.integration.image_setup import (  # noqa: F401
+    DockerImage,
+    Pushed,
+    docker_images,
+    pull,
+    pushed,
+    remove,
+    tree_files,
+)
 from tests.registry_kit import Layout, Registry, busybox_entries, digest_of, push
 from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, NotFound, Unauthenticated
 from vmsandbox.registries import Credentials, parse_registries
@@ -39,8 +47,8 @@ def blobs(store: ImageStore) -> set[str]:
 def tree_of(store: ImageStore, image_id: str) -> Path:
     """The files of ``image_id``'s disk, as a container holding it would see them: the disk
     extracted (``fsck.erofs --extract``, owners and modes kept) beside the store, once per disk."""
-    disk = store.acquire(image_id).disk
-    store.release(image_id)
+    disk = store.acquire(image_id, "reader").disk
+    store.release(image_id, "reader")
     out = store.root.parent / "extracted" / disk.name
     if not out.exists():
         out.parent.mkdir(exist_ok=True)
@@ -63,9 +71,9 @@ def test_each_image_has_a_read_only_erofs_disk_made_at_pull_and_removed_with_it(
     pushed: Pushed,  # noqa: F811
     store: ImageStore,
 ) -> None:
-    image_id = store.pull(pushed.ref("uid"))
-    held = store.acquire(image_id)
-    store.release(image_id)
+    image_id = pull(store, pushed.ref("uid"))
+    held = store.acquire(image_id, "c1")
+    store.release(image_id, "c1")
     record = store.get(image_id)
     assert record is not None
     assert held.disk.is_file() and held.disk.stat().st_mode & 0o777 == 0o400
@@ -77,7 +85,7 @@ def test_each_image_has_a_read_only_erofs_disk_made_at_pull_and_removed_with_it(
     # the guest mounts what the host tree holds: dump.erofs lists the tree's files
     listing = subprocess.run(["dump.erofs", "--path=/bin", "--ls", str(held.disk)], capture_output=True, text=True)
     assert listing.returncode == 0 and "busybox" in listing.stdout, listing.stderr
-    store.remove(image_id)
+    remove(store, image_id)
     assert not held.disk.exists() and leftovers(store) == []
 
 
@@ -89,7 +97,7 @@ def test_pull_names_status_and_remove(pushed: Pushed, store: ImageStore) -> None
 
     before = (sample("vmsandbox_image_pulls_total", result="ok"), sample("vmsandbox_image_pull_bytes_total"))
     durations = sample("vmsandbox_image_pull_seconds_count")
-    image_id = store.pull(ref)
+    image_id = pull(store, ref)
     assert image_id == pushed.id("uid")  # the config digest, as containerd answers
     assert sample("vmsandbox_image_pulls_total", result="ok") == before[0] + 1
     assert sample("vmsandbox_image_pull_bytes_total") - before[1] > 1_000_000  # busybox, compressed
@@ -108,7 +116,7 @@ def test_pull_names_status_and_remove(pushed: Pushed, store: ImageStore) -> None
     assert os.readlink(tree / "bin/sh") == "busybox"
     assert store.usage().bytes >= record.size
 
-    store.pull(pushed.ref("named"))  # shares the busybox layer
+    pull(store, pushed.ref("named"))  # shares the busybox layer
     named = store.get(pushed.ref("named"))
     assert named is not None and named.spec["username"] == "nobody"
     shared = set(record.layers) & set(named.layers)
@@ -117,34 +125,34 @@ def test_pull_names_status_and_remove(pushed: Pushed, store: ImageStore) -> None
     assert tree_of(store, named.id) == tree  # the same layers: one disk
     disk = store.root / "disks" / tree.name
 
-    assert store.remove(ref) == image_id
+    assert remove(store, ref) == image_id
     assert store.get(ref) is None and store.get(image_id) is None
     assert disk.is_file()  # still the other image's
     assert shared <= blobs(store)  # still used by the other image
-    assert store.remove(ref) is None  # absent: fine
-    store.remove(pushed.ref("named"))
+    assert remove(store, ref) is None  # absent: fine
+    remove(store, pushed.ref("named"))
     assert not disk.exists()
     assert leftovers(store) == []
 
 
 def test_multi_arch_index_yields_the_amd64_image(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
-    image_id = store.pull(pushed.ref("multi"))
+    image_id = pull(store, pushed.ref("multi"))
     assert image_id == pushed.id("multi")
     assert (tree_of(store, image_id) / "arch").read_text() == "amd64\n"
     record = store.get(image_id)
     assert record is not None
     assert record.repo_digests == (f"{pushed.ref('multi').rsplit(':', 1)[0]}@{pushed.top('multi')}",)
     by_digest = f"{pushed.ref('multi').rsplit(':', 1)[0]}@{pushed.top('multi')}"
-    assert store.pull(by_digest) == image_id
+    assert pull(store, by_digest) == image_id
 
 
 def test_index_without_amd64_is_not_found(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
     with pytest.raises(NotFound, match=r"no linux/amd64 image in the index \(it has: linux/arm64\)"):
-        store.pull(pushed.ref("arm-only"))
+        pull(store, pushed.ref("arm-only"))
 
 
 def test_whiteouts_and_opaque_directories(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
-    tree = tree_of(store, store.pull(pushed.ref("whiteouts")))
+    tree = tree_of(store, pull(store, pushed.ref("whiteouts")))
     files = tree_files(tree)
     assert "a/stays" in files and "a/gone" not in files
     assert {f for f in files if f.startswith("o/")} == {"o/new"}
@@ -153,7 +161,7 @@ def test_whiteouts_and_opaque_directories(pushed: Pushed, store: ImageStore) -> 
 
 def test_hostile_layer_is_refused_and_leaves_nothing(pushed: Pushed, store: ImageStore, tmp_path: Path) -> None:  # noqa: F811
     with pytest.raises(InvalidArgument, match="climbs out of the image root"):
-        store.pull(pushed.ref("hostile"))
+        pull(store, pushed.ref("hostile"))
     assert store.list() == []
     assert leftovers(store) == []
     assert not any(p.name == "escaped-by-image" for p in tmp_path.parent.rglob("escaped-by-image"))
@@ -168,7 +176,7 @@ def test_docker_images_are_stored_as_the_registry_serves_them(
     image = docker_images[name]
     top, manifest = image.served()
     config_digest = json.loads(manifest)["config"]["digest"]
-    assert store.pull(image.ref) == config_digest  # the id the kubelet and critest compare
+    assert pull(store, image.ref) == config_digest  # the id the kubelet and critest compare
     record = store.get(image.ref)
     assert record is not None and record.id == config_digest
     assert record.repo_tags == (image.ref,)
@@ -186,8 +194,8 @@ def test_docker_images_are_stored_as_the_registry_serves_them(
     else:
         assert (tree / "etc/arch").read_text() == "amd64\n"
         assert record.user == "1000"
-    assert store.pull(f"{image.host}/{image.repo}@{digest_of(top)}") == config_digest  # by digest too
-    store.remove(record.id)
+    assert pull(store, f"{image.host}/{image.repo}@{digest_of(top)}") == config_digest  # by digest too
+    remove(store, record.id)
     assert leftovers(store) == []
 
 
@@ -196,7 +204,7 @@ def test_docker_zstd_layers_are_refused_before_any_download(
     store: ImageStore,
 ) -> None:
     with pytest.raises(InvalidArgument, match=r"unsupported layer media type .*diff\.tar\.zstd"):
-        store.pull(docker_images["docker-zstd"].ref)
+        pull(store, docker_images["docker-zstd"].ref)
     assert leftovers(store) == []
 
 
@@ -205,14 +213,14 @@ def test_an_image_copying_a_public_config_cannot_poison_the_cache(pushed: Pushed
     not: pulled first it is refused; the public image pulled next has its own contents."""
     assert pushed.id("attacker") == pushed.id("public")
     with pytest.raises(InvalidArgument, match=r"layer 2/2 sha256:[0-9a-f]{64}: its uncompressed content") as err:
-        store.pull(pushed.ref("attacker"))
+        pull(store, pushed.ref("attacker"))
     assert "rootfs.diff_ids says sha256:" in str(err.value) and len(str(err.value)) < 600
     assert store.list() == [] and store.get(pushed.id("public")) is None
     assert leftovers(store) == []
-    assert store.pull(pushed.ref("public")) == pushed.id("public")
+    assert pull(store, pushed.ref("public")) == pushed.id("public")
     assert (tree_of(store, pushed.id("public")) / "whoami").read_text() == "public\n"
     # pulled now, the attacker's name gets what its config (the public one) declares, nothing else
-    assert store.pull(pushed.ref("attacker")) == pushed.id("public")
+    assert pull(store, pushed.ref("attacker")) == pushed.id("public")
     assert (tree_of(store, pushed.id("public")) / "whoami").read_text() == "public\n"
 
 
@@ -230,12 +238,12 @@ def test_layers_that_do_not_match_the_config_are_refused(
     says: str,
 ) -> None:
     with pytest.raises(InvalidArgument, match=says):
-        store.pull(pushed.ref(name))
+        pull(store, pushed.ref(name))
     assert store.list() == [] and leftovers(store) == []
 
 
 def test_zstd_layers(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
-    image_id = store.pull(pushed.ref("zstd"))
+    image_id = pull(store, pushed.ref("zstd"))
     assert (tree_of(store, image_id) / "zstd").read_text() == "zstd\n"
 
 
@@ -250,7 +258,7 @@ def test_a_store_of_the_previous_version_is_verified_at_start(
     started from it before holds the image) or, when its blobs cannot prove it, dropped."""
     root = tmp_path / "images"
     store = ImageStore(root)
-    good, broken = store.pull(pushed.ref("whiteouts")), store.pull(pushed.ref("zstd"))
+    good, broken = pull(store, pushed.ref("whiteouts")), pull(store, pushed.ref("zstd"))
     broken_layer = store.get(broken).layers[-1]  # type: ignore[union-attr]
     doc = json.loads((root / "catalogue.json").read_text())
     for record in doc["images"]:  # that version had trees named by image id, and no disks
@@ -271,10 +279,10 @@ def test_a_store_of_the_previous_version_is_verified_at_start(
     old = root / "trees" / good[7:]
     assert {p.name for p in (root / "trees").iterdir()} == {old.name}
     if held:
-        again.acquire(good)  # such a container, holding it again at start-up
+        again.acquire(good, "c1")  # such a container, holding it again at start-up
         again.collect()
         assert (old / "planted").exists()
-        again.release(good)  # the last of them gone
+        again.release(good, "c1")  # the last of them gone
     else:
         again.collect()
     tree = tree_of(again, good)
@@ -296,7 +304,7 @@ def test_trees_of_the_previous_version_go_once_no_container_holds_them(
     deleted once no container holds the image (a sandbox of that version may still read it)."""
     root = tmp_path / "images"
     store = ImageStore(root)
-    image_id = store.pull(pushed.ref("uid"))
+    image_id = pull(store, pushed.ref("uid"))
     record = store.get(image_id)
     assert record is not None
     tree = store.disk.tree_path(record.tree)
@@ -309,14 +317,14 @@ def test_trees_of_the_previous_version_go_once_no_container_holds_them(
     made = again.disk.facts(record.tree)
     assert (made.passwd, made.group) == (facts.passwd, facts.group) and tree.is_dir()
     if held:
-        again.acquire(image_id)
+        again.acquire(image_id, "c1")
         again.collect()
         assert tree.is_dir()
-        again.release(image_id)
+        again.release(image_id, "c1")
     else:
         again.collect()
     assert not tree.exists() and again.usage().bytes < size_before
-    assert again.acquire(image_id).passwd == facts.passwd
+    assert again.acquire(image_id, "c2").passwd == facts.passwd
 
 
 def test_ten_concurrent_pulls_download_each_blob_once(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
@@ -331,7 +339,7 @@ def test_ten_concurrent_pulls_download_each_blob_once(pushed: Pushed, tmp_path: 
     def one() -> None:
         start.wait()
         try:
-            results.append(store.pull(ref))
+            results.append(pull(store, ref))
         except BaseException as exc:
             errors.append(exc)
 
@@ -356,49 +364,50 @@ def test_a_removal_between_unpack_and_catalogue_keeps_what_the_pull_uses(
 ) -> None:
     """``named`` has the layers of ``uid``: removing ``uid`` while ``named``'s pull has its tree and
     blobs but no catalogue entry yet must not free them under it."""
-    first = store.pull(pushed.ref("uid"))
+    first = pull(store, pushed.ref("uid"))
     tree = tree_of(store, first)
-    fetch = store._fetch
+    unpack = store.unpack
 
-    def fetch_then_remove(*args: Any) -> Any:
-        out = fetch(*args)
-        store.remove(first)
+    def unpack_then_remove(*args: Any) -> Any:
+        out = unpack(*args)
+        remove(store, first)
         return out
 
-    monkeypatch.setattr(store, "_fetch", fetch_then_remove)
-    second = store.pull(pushed.ref("named"))
+    monkeypatch.setattr(store, "unpack", unpack_then_remove)
+    second = pull(store, pushed.ref("named"))
     assert tree_of(store, second) == tree and (tree / "bin/busybox").is_file()
     record = store.get(second)
     assert record is not None and set(record.blobs) <= blobs(store)
 
 
 def test_held_images_are_freed_on_last_release(pushed: Pushed, store: ImageStore) -> None:  # noqa: F811
-    image_id = store.pull(pushed.ref("uid"))
-    disk = store.acquire(image_id).disk
-    store.acquire(image_id)
+    image_id = pull(store, pushed.ref("uid"))
+    disk = store.acquire(image_id, "c1").disk
+    store.acquire(image_id, "c2")
     assert disk.is_file()
-    store.remove(image_id)
+    remove(store, image_id)
     assert store.get(image_id) is None and store.list() == []
     assert disk.is_file()  # containers still run from it
-    store.release(image_id)
+    store.release(image_id, "c1")
+    store.release(image_id, "c1")  # a second release by the same container changes nothing
     assert disk.exists()
-    store.release(image_id)
+    store.release(image_id, "c2")
     assert not disk.exists() and leftovers(store) == []
     with pytest.raises(NotFound):
-        store.acquire(image_id)
+        store.acquire(image_id, "c3")
 
 
 def test_removed_held_image_survives_restart_until_collected(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
     store = ImageStore(tmp_path / "images")
-    image_id = store.pull(pushed.ref("uid"))
-    disk = store.acquire(image_id).disk
-    store.remove(image_id)
+    image_id = pull(store, pushed.ref("uid"))
+    disk = store.acquire(image_id, "c1").disk
+    remove(store, image_id)
     again = ImageStore(tmp_path / "images")  # a restart: containers re-acquire before collect()
     assert disk.is_file() and again.get(image_id) is None
-    assert again.acquire(image_id).disk == disk
+    assert again.acquire(image_id, "c1").disk == disk
     again.collect()
     assert disk.is_file()
-    again.release(image_id)
+    again.release(image_id, "c1")
     assert not disk.exists()
 
 
@@ -411,15 +420,15 @@ def test_removed_held_image_survives_restart_until_collected(pushed: Pushed, tmp
 )
 def test_unknown_images(pushed: Pushed, store: ImageStore, suffix: str, kind: type, says: str) -> None:  # noqa: F811
     with pytest.raises(kind, match=says) as exc:
-        store.pull(f"{pushed.registry.host}/{suffix}")
+        pull(store, f"{pushed.registry.host}/{suffix}")
     assert f"{pushed.registry.host}/{suffix}" in str(exc.value)
 
 
 def test_unreachable_registry_and_malformed_reference(store: ImageStore) -> None:
     with pytest.raises(InfrastructureError, match="connection refused"):
-        store.pull("127.0.0.1:1/x/y:1")
+        pull(store, "127.0.0.1:1/x/y:1")
     with pytest.raises(InvalidArgument, match="not a valid tag"):
-        store.pull("busybox:-bad")
+        pull(store, "busybox:-bad")
     assert leftovers(store) == []
 
 
@@ -442,15 +451,15 @@ def test_auth_is_used_for_that_pull_only_and_never_shown(
     ref = f"{auth_registry.host}/private/app:v1"
     caplog.set_level(logging.DEBUG)
     with pytest.raises(Unauthenticated):
-        store.pull(ref)
+        pull(store, ref)
     with pytest.raises(Unauthenticated):
-        store.pull(ref, Credentials(username="alice", password="wrong"))
-    assert store.pull(ref, Credentials(username="alice", password="s3cret-pass")).startswith("sha256:")
-    store.remove(ref)
+        pull(store, ref, Credentials(username="alice", password="wrong"))
+    assert pull(store, ref, Credentials(username="alice", password="s3cret-pass")).startswith("sha256:")
+    remove(store, ref)
     import base64
 
     token = base64.b64encode(b"alice:s3cret-pass").decode()
-    assert store.pull(ref, Credentials(auth=token)).startswith("sha256:")
+    assert pull(store, ref, Credentials(auth=token)).startswith("sha256:")
     assert "s3cret-pass" not in caplog.text and token not in caplog.text
     skopeo_dir = store.root / "work" / "skopeo"
     assert not list(skopeo_dir.glob("auth-*")), "temporary auth files must be deleted"
@@ -464,7 +473,7 @@ def test_auth_file_from_the_configuration(auth_registry: Registry, tmp_path: Pat
     entry = {"auth": base64.b64encode(b"alice:s3cret-pass").decode()}
     auth_file.write_text(json.dumps({"auths": {auth_registry.host: entry}}))
     store = ImageStore(tmp_path / "images", auth_file=str(auth_file))
-    assert store.pull(f"{auth_registry.host}/private/app:v1").startswith("sha256:")
+    assert pull(store, f"{auth_registry.host}/private/app:v1").startswith("sha256:")
 
 
 def test_mirrors_are_tried_first_then_the_registry(pushed: Pushed, tmp_path: Path) -> None:  # noqa: F811
@@ -477,11 +486,11 @@ def test_mirrors_are_tried_first_then_the_registry(pushed: Pushed, tmp_path: Pat
         ]
     )
     store = ImageStore(tmp_path / "images", registries=registries)
-    image_id = store.pull(f"{upstream}/busybox:uid")  # first mirror down, second serves it
+    image_id = pull(store, f"{upstream}/busybox:uid")  # first mirror down, second serves it
     assert image_id == pushed.id("uid")
     record = store.get(f"{upstream}/busybox:uid")
     assert record is not None and record.repo_tags == (f"{upstream}/busybox:uid",)
-    assert store.pull("fallback.invalid/busybox:named") == pushed.id("named")
+    assert pull(store, "fallback.invalid/busybox:named") == pushed.id("named")
 
 
 @pytest.fixture
@@ -506,19 +515,20 @@ def test_full_disk_is_resource_exhausted_and_gives_the_space_back(pushed: Pushed
     store = ImageStore(small_disk / "images")
     baseline = _used(small_disk)
     with pytest.raises(CannotFit, match="no space left"):
-        store.pull(pushed.ref("big"))
+        pull(store, pushed.ref("big"))
     assert store.list() == []
     assert leftovers(store) == []
     assert _used(small_disk) <= baseline + (64 << 10)
-    assert store.pull(pushed.ref("uid")) == pushed.id("uid")  # the store still works
+    assert pull(store, pushed.ref("uid")) == pushed.id("uid")  # the store still works
 
 
-@pytest.mark.parametrize("point", ["pull:after-blobs", "pull:after-tree"])
+@pytest.mark.parametrize("point", ["PullImage:blobs", "PullImage:disk"])
 def test_a_crash_mid_pull_leaves_no_image_and_no_garbage(pushed: Pushed, tmp_path: Path, point: str) -> None:  # noqa: F811
     root = tmp_path / "images"
     code = (
         "import sys, pathlib; from shim.image_store import ImageStore; "
-        "ImageStore(pathlib.Path(sys.argv[1])).pull(sys.argv[2])"
+        "from tests.integration.image_setup import pull; "
+        "pull(ImageStore(pathlib.Path(sys.argv[1])), sys.argv[2])"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(root), pushed.ref("uid")],
@@ -533,7 +543,7 @@ def test_a_crash_mid_pull_leaves_no_image_and_no_garbage(pushed: Pushed, tmp_pat
     store = ImageStore(root)
     assert store.list() == [] and store.get(pushed.ref("uid")) is None
     assert leftovers(store) == [] and [p.name for p in (root / "blobs").iterdir()] == ["sha256"]
-    assert store.pull(pushed.ref("uid")) == pushed.id("uid")
+    assert pull(store, pushed.ref("uid")) == pushed.id("uid")
     shutil.rmtree(root)
 
 
@@ -543,16 +553,16 @@ def test_a_pull_never_rides_on_another_callers_login(auth_registry: Registry, tm
     outcomes: dict[str, object] = {}
     barrier = threading.Barrier(2)
 
-    def pull(who: str, creds: Credentials | None) -> None:
+    def pull_as(who: str, creds: Credentials | None) -> None:
         barrier.wait()
         try:
-            outcomes[who] = store.pull(ref, creds)
+            outcomes[who] = pull(store, ref, creds)
         except Unauthenticated as exc:
             outcomes[who] = exc
 
     threads = [
-        threading.Thread(target=pull, args=("alice", Credentials(username="alice", password="s3cret-pass"))),
-        threading.Thread(target=pull, args=("anonymous", None)),
+        threading.Thread(target=pull_as, args=("alice", Credentials(username="alice", password="s3cret-pass"))),
+        threading.Thread(target=pull_as, args=("anonymous", None)),
     ]
     for t in threads:
         t.start()

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from gen.cri.apimachinery.resource.generated_pb2 import Quantity as PbQuantity
 from gen.cri.runtime.v1 import api_pb2 as pb
 from shim.config import ShimConfig
+from shim.container_admission import ContainerAdmission
 from shim.model import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
@@ -513,6 +514,19 @@ def lin(cpu_millis: int, memory_mib: int) -> LinuxResources:
     )
 
 
+def admit_into(sb: Sandboxes, sandbox_id: str, s: ContainerSpec) -> str:
+    """CreateContainer's admission step: the id of the container admitted and recorded."""
+    return ContainerAdmission(sb.records, sb.locks).admit(sb.records.get(sandbox_id), s).id
+
+
+def update_limits(
+    sb: Sandboxes, container_id: str, resources: ContainerResources | None, linux: LinuxResources
+) -> None:
+    """UpdateContainerResources' record step."""
+    c = sb.records.container(container_id)
+    ContainerAdmission(sb.records, sb.locks).update(sb.records.get(c.sandbox_id), c, resources, linux)
+
+
 def spec(name: str, attempt: int = 0, *, linux: LinuxResources | None = None, declared: bool = False) -> ContainerSpec:
     resources = None
     if declared:
@@ -524,28 +538,28 @@ def spec(name: str, attempt: int = 0, *, linux: LinuxResources | None = None, de
 
 def test_retries_supersede_earlier_attempts_in_the_envelope(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a1" * 32, None, demand_cpu="1")  # 1 cpu, 256Mi
-    sandboxes.create_container("a1" * 32, spec("a", linux=lin(500, 128)))
-    sandboxes.create_container("a1" * 32, spec("a", 1, linux=lin(500, 128)))  # retry: replaces attempt 0
-    sandboxes.create_container("a1" * 32, spec("b", linux=lin(500, 128)))  # fits next to the latest "a" only
+    admit_into(sandboxes, "a1" * 32, spec("a", linux=lin(500, 128)))
+    admit_into(sandboxes, "a1" * 32, spec("a", 1, linux=lin(500, 128)))  # retry: replaces attempt 0
+    admit_into(sandboxes, "a1" * 32, spec("b", linux=lin(500, 128)))  # fits next to the latest "a" only
     with pytest.raises(Diverged) as err:
-        sandboxes.create_container("a1" * 32, spec("c", linux=lin(1, 1)))
+        admit_into(sandboxes, "a1" * 32, spec("c", linux=lin(1, 1)))
     assert "cpu: 1001m in all > VM's 1 (it would have to grow by 1m)" in str(err.value)
     with pytest.raises(AlreadyExists):
-        sandboxes.create_container("a1" * 32, spec("b", linux=lin(500, 128)))
+        admit_into(sandboxes, "a1" * 32, spec("b", linux=lin(500, 128)))
 
 
 def test_exited_containers_hold_nothing(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a1" * 32, None, demand_cpu="1")
-    a = sandboxes.create_container("a1" * 32, spec("a", linux=lin(1000, 256)))
+    a = admit_into(sandboxes, "a1" * 32, spec("a", linux=lin(1000, 256)))
     sandboxes.records.save_container(
         replace(sandboxes.records.container(a), state=CONTAINER_EXITED, reason="Completed")
     )
-    sandboxes.create_container("a1" * 32, spec("b", linux=lin(1000, 256)))
+    admit_into(sandboxes, "a1" * 32, spec("b", linux=lin(1000, 256)))
 
 
 def test_declared_containers_record_the_cgroup_their_resources_imply(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a2" * 32, DECLARED)
-    cid = sandboxes.create_container("a2" * 32, spec("app", declared=True))
+    cid = admit_into(sandboxes, "a2" * 32, spec("app", declared=True))
     linux = sandboxes.records.container(cid).linux
     assert (linux.cpu_quota, linux.memory_limit_bytes) == (50_000, 64 * MI)
 
@@ -567,14 +581,14 @@ def test_update_container_envelope(
     sandboxes: Sandboxes, created: list[str], target: str, update: LinuxResources, accepted: bool
 ) -> None:
     add_sandbox(sandboxes, "a3" * 32, DECLARED)
-    ids = {name: sandboxes.create_container("a3" * 32, spec(name, declared=True)) for name in created}
+    ids = {name: admit_into(sandboxes, "a3" * 32, spec(name, declared=True)) for name in created}
     if accepted:
-        sandboxes.update_container(ids[target], None, update)
+        update_limits(sandboxes, ids[target], None, update)
         assert sandboxes.records.container(ids[target]).linux.memory_limit_bytes == update.memory_limit_bytes
     else:
         before = sandboxes.records.container(ids[target]).linux
         with pytest.raises(Diverged) as err:
-            sandboxes.update_container(ids[target], None, update)
+            update_limits(sandboxes, ids[target], None, update)
         assert f'update of "{target}" does not fit in the VM, which cannot grow' in str(err.value)
         assert "it would have to grow by" in str(err.value)
         assert sandboxes.records.container(ids[target]).linux == before
@@ -612,24 +626,24 @@ def test_update_container_follows_the_sidecar_rule(
     assert sandboxes.records.get(S7).sized_shape().demand.memory_bytes == 192 * MI
     ids = {}
     for c in (*WITH_SIDECAR.init_containers, *WITH_SIDECAR.containers):
-        ids[c.name] = sandboxes.create_container(S7, ContainerSpec(name=c.name, resources=c.resources))
+        ids[c.name] = admit_into(sandboxes, S7, ContainerSpec(name=c.name, resources=c.resources))
     if accepted:
-        sandboxes.update_container(ids[target], None, update)
+        update_limits(sandboxes, ids[target], None, update)
         assert sandboxes.records.container(ids[target]).linux.memory_limit_bytes == update.memory_limit_bytes
     else:
         with pytest.raises(Diverged) as err:
-            sandboxes.update_container(ids[target], None, update)
+            update_limits(sandboxes, ids[target], None, update)
         assert f'update of "{target}" does not fit in the VM, which cannot grow' in str(err.value)
 
 
 def test_update_with_kubernetes_resources_is_recorded(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a4" * 32, DECLARED)
-    cid = sandboxes.create_container("a4" * 32, spec("app", declared=True))
+    cid = admit_into(sandboxes, "a4" * 32, spec("app", declared=True))
     new = ContainerResources(
         requests=ResourceList.parse({"cpu": "250m"}, where="r"),
         limits=ResourceList.parse({"memory": "32Mi"}, where="l"),
     )
-    sandboxes.update_container(cid, new, LinuxResources())
+    update_limits(sandboxes, cid, new, LinuxResources())
     c = sandboxes.records.container(cid)
     assert c.resources.requests.as_strings() == {"cpu": "250m"}
     assert c.resources.limits.as_strings() == {"memory": "32Mi"}
@@ -648,7 +662,7 @@ def test_update_pod_sandbox_resources_is_recorded_or_refused(sandboxes: Sandboxe
 
 def test_remove_takes_the_containers_and_the_record(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a6" * 32, DECLARED)
-    cid = sandboxes.create_container("a6" * 32, spec("app", declared=True))
+    cid = admit_into(sandboxes, "a6" * 32, spec("app", declared=True))
     assert sandboxes.records.get("a6" * 32).declaration == DECLARED
     sandboxes.remove("a6" * 32)
     sandboxes.remove("a6" * 32)  # idempotent
@@ -780,7 +794,7 @@ def test_an_update_racing_a_start_never_puts_back_created(sandboxes: Sandboxes) 
     # UpdateContainerResources reads the record, then StartContainer records RUNNING, then the
     # update writes its limits: the start's state must survive, and so must the update's limits
     add_sandbox(sandboxes, "a5" * 32, DECLARED)
-    cid = sandboxes.create_container("a5" * 32, spec("app", declared=True))
+    cid = admit_into(sandboxes, "a5" * 32, spec("app", declared=True))
     read = sandboxes.records.container
 
     def read_then_start(container_id: str) -> ContainerRecord:
@@ -789,7 +803,7 @@ def test_an_update_racing_a_start_never_puts_back_created(sandboxes: Sandboxes) 
         return record
 
     sandboxes.records.container = read_then_start  # type: ignore[method-assign]
-    sandboxes.update_container(cid, None, lin(500, 32))
+    update_limits(sandboxes, cid, None, lin(500, 32))
     del sandboxes.records.container
     after = sandboxes.records.container(cid)
     assert (after.state, after.started_ns) == (CONTAINER_RUNNING, 7)
@@ -798,7 +812,7 @@ def test_an_update_racing_a_start_never_puts_back_created(sandboxes: Sandboxes) 
 
 def test_a_start_does_not_revive_a_container_that_exited_meanwhile(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a6" * 32, DECLARED)
-    cid = sandboxes.create_container("a6" * 32, spec("app", declared=True))
+    cid = admit_into(sandboxes, "a6" * 32, spec("app", declared=True))
     sandboxes.records.save_container(
         replace(sandboxes.records.container(cid), state=CONTAINER_EXITED, reason="SandboxDied")
     )

@@ -232,7 +232,9 @@ def create(
 def test_relative_log_path_is_joined_with_the_log_directory(server: Server) -> None:
     config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="web"), log_path="web/0.log")
     # admitted and recorded (no guest runs here to start it in); a prefix names the sandbox
-    cid = server.sandboxes.create_container("abcd", inbound.container_spec(config))
+    assert server.containers is not None
+    sandbox = server.sandboxes.records.get("abcd")
+    cid = server.containers.admission.admit(sandbox, inbound.container_spec(config)).id
     code, details, body = server.rpc("ContainerStatus", pb.ContainerStatusRequest(container_id=cid))
     assert code == OK, details
     assert pb.ContainerStatusResponse.FromString(body).status.log_path == f"{SEED_LOG_DIRECTORY}/web/0.log"
@@ -311,7 +313,9 @@ def test_critest_container_names_are_accepted(server: Server) -> None:
     config = pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=name), labels={"io.kubernetes.container.name": name, "foo": "bar"}
     )
-    assert server.sandboxes.create_container(SEED_SANDBOXES[0], inbound.container_spec(config))
+    assert server.containers is not None
+    sandbox = server.sandboxes.records.get(SEED_SANDBOXES[0])
+    assert server.containers.admission.admit(sandbox, inbound.container_spec(config))
 
 
 def test_env_value_need_not_be_utf8(server: Server) -> None:
@@ -367,7 +371,7 @@ def test_stop_and_remove_container_of_an_unknown_id_succeed(
 
 def test_a_removed_container_leaves_no_lock_behind(server: Server) -> None:
     assert server.containers is not None
-    server.containers._lock_for(SEED_CONTAINER)  # as a start or stop of it would
+    server.containers.lock_for(SEED_CONTAINER)  # as a start or stop of it would
     code, _, _ = server.rpc("RemoveContainer", pb.RemoveContainerRequest(container_id=SEED_CONTAINER))
     assert code == grpc.StatusCode.OK
     assert SEED_CONTAINER not in server.containers._container_locks

@@ -188,6 +188,25 @@ def test_a_privileged_port_waits_for_a_container_with_net_bind_service(echo: int
     assert ports.grant_privileged(SID) == []  # a closed pod opens nothing
 
 
+def test_a_grant_withdrawn_holds_its_ports_back_again(echo: int) -> None:
+    """The undo of a grant (the create of the container that opened them failed): the ports it
+    opened stop listening, and the next container holding the capability opens them again."""
+    node = free_port()
+    ports = HostPorts(dial_to(echo, []), lambda: 65536)
+    try:
+        ports.open(SID, NODE, (PortMapping("tcp", 1, node, "127.0.0.1"),))
+        granted = ports.grant_privileged(SID)
+        assert talk(node, b"up") == b"UP"
+        ports.withdraw(SID, granted)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", node), timeout=5)
+        ports.withdraw(SID, granted)  # once is enough: nothing more goes
+        assert ports.grant_privileged(SID) == granted
+        assert talk(node, b"again") == b"AGAIN"
+    finally:
+        ports.close(SID)
+
+
 def test_an_address_the_node_lacks_is_refused_as_invalid(echo: int) -> None:
     ports = HostPorts(dial_to(echo, []))
     with pytest.raises(InvalidArgument, match=r"192\.0\.2\.1 .* is not an address of this node"):

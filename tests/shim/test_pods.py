@@ -1,4 +1,5 @@
-"""``shim.pods``: list filters, and the rollback a half-done RunPodSandbox leaves to the owner.
+"""``shim.pods``: list filters, and the rollback a half-done RunPodSandbox leaves to the owner
+(the container RPCs' steps and their rollback: ``tests/shim/rpc/``).
 
 The rollback tests use the production owners over a real ledger and libvirt's test driver
 (``tests/cri_server.py``); only ``Sandboxes.run`` is replaced, by the seeded READY sandbox a
@@ -160,64 +161,6 @@ def test_a_taken_node_port_tears_the_new_pod_down(server: Server) -> None:
     assert_no_leak(server.sandboxes)
 
 
-@pytest.mark.parametrize(
-    ("security", "listens"),
-    [
-        (pb.LinuxContainerSecurityContext(), True),  # the default set has NET_BIND_SERVICE
-        (pb.LinuxContainerSecurityContext(capabilities=pb.Capability(drop_capabilities=["NET_BIND_SERVICE"])), False),
-        (pb.LinuxContainerSecurityContext(capabilities=pb.Capability(drop_capabilities=["ALL"])), False),
-        (
-            pb.LinuxContainerSecurityContext(
-                capabilities=pb.Capability(drop_capabilities=["ALL"], add_capabilities=["NET_BIND_SERVICE"])
-            ),
-            True,
-        ),
-        (
-            pb.LinuxContainerSecurityContext(privileged=True, capabilities=pb.Capability(drop_capabilities=["ALL"])),
-            True,
-        ),
-    ],
-)
-def test_a_privileged_node_port_opens_with_a_container_that_could_bind_it(
-    server: Server, security: pb.LinuxContainerSecurityContext, listens: bool
-) -> None:
-    sid = SEED_SANDBOXES[2]
-    assert server.containers is not None
-    sb = server.sandboxes
-    sb.run = lambda spec: sid  # type: ignore[method-assign]
-    pods = Pods(sb, server.containers, host_ports=HostPorts(lambda s, p: socket.socket(), lambda: 65536))
-    server.containers.create = lambda *args: None  # type: ignore[method-assign]  # no guest here
-    port = quiet_port()
-    pods.run(_host_network_spec(port))
-    try:
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", port), timeout=5).close()
-        config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="web"), image=pb.ImageSpec(image="x"),
-                                    linux=pb.LinuxContainerConfig(security_context=security))  # fmt: skip
-        run, user, stop_signal = inbound.container_request(config, {})
-        cid = pods.create_container(sid, inbound.container_spec(config), run, user, stop_signal, [])
-        assert server.sandboxes.records.container(cid).net_bind_service is listens
-        if listens:
-            socket.create_connection(("127.0.0.1", port), timeout=5).close()
-        else:
-            with pytest.raises(ConnectionRefusedError):
-                socket.create_connection(("127.0.0.1", port), timeout=5).close()
-        assert pods.host_ports is not None
-        pods.host_ports.close(sid)  # a shim started again opens them as the container's record says
-        spec = _host_network_spec(port)
-        record = replace(sb.records.get(sid), namespaces=spec.namespaces, port_mappings=spec.port_mappings)
-        sb.records.list_sandboxes = lambda: [record]  # type: ignore[method-assign]  # as the pod was run
-        pods.resume_node_ports()
-        if listens:
-            socket.create_connection(("127.0.0.1", port), timeout=5).close()
-        else:
-            with pytest.raises(ConnectionRefusedError):
-                socket.create_connection(("127.0.0.1", port), timeout=5).close()
-    finally:
-        assert pods.host_ports is not None
-        pods.host_ports.close(sid)
-
-
 def test_a_plugin_refusal_tears_the_new_pod_down_and_closes_its_node_ports(server: Server) -> None:
     sid = SEED_SANDBOXES[2]
     pods = _booted(server, sid)
@@ -237,32 +180,13 @@ def test_a_plugin_refusal_tears_the_new_pod_down_and_closes_its_node_ports(serve
     assert_no_leak(server.sandboxes)
 
 
-def test_a_guest_refusing_a_container_leaves_no_record(server: Server) -> None:
-    """The seeded sandboxes have no guest: the create is refused there, and its record goes."""
-    assert server.containers is not None
-    pods = Pods(server.sandboxes, server.containers)
-    before = {c.id for c in server.sandboxes.records.containers()}
-    spec = inbound.container_spec(
-        pb.ContainerConfig(metadata=pb.ContainerMetadata(name="late"), image=pb.ImageSpec(image="x"))
-    )
-    run, user, stop_signal = inbound.container_request(pb.ContainerConfig(), {})
-    with pytest.raises(VmSandboxError):
-        pods.create_container(SEED_SANDBOXES[1], spec, run, user, stop_signal, [])
-    assert {c.id for c in server.sandboxes.records.containers()} == before
-
-
 def test_teardown_of_unknown_ids_succeeds_and_bad_input_is_refused(server: Server) -> None:
     assert server.containers is not None
     pods = Pods(server.sandboxes, server.containers)
     pods.stop("f" * 64)
     pods.remove("f" * 64)
-    pods.remove_container("f" * 64)
-    with pytest.raises(InvalidArgument):
-        pods.stop_container(SEED_CONTAINER, -1)
     with pytest.raises(InvalidArgument):
         pods.exec_sync(SEED_CONTAINER, ["true"], -1)
-    with pytest.raises(InvalidArgument):
-        pods.remove_container("")
 
 
 def test_pods_whose_guests_give_no_valid_answer_are_listed_without_usage(server: Server) -> None:

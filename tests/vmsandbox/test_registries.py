@@ -137,7 +137,7 @@ def test_credentials_never_show_secrets() -> None:
 
 
 def test_a_pulls_credentials_go_to_the_images_registry_only() -> None:
-    from shim.image_store import _creds_for
+    from shim.image_fetch import creds_for as _creds_for
     from vmsandbox.registries import endpoints
 
     creds = Credentials(username="u", password="p")

@@ -109,13 +109,12 @@ def test_stats_carry_cpu_memory_and_writable_layer() -> None:
     ],
 )
 def test_mount_requests(mount: pb.Mount, error: str | None) -> None:
-    config = pb.ContainerConfig(mounts=[mount])
     if error is None:
-        (got,) = inbound.mount_requests(config)
+        (got,) = inbound.mount_requests([mount], "mounts")
         assert got == MountRequest("/a", "/h", mount.readonly, mount.recursive_read_only)
     else:
         with pytest.raises(InvalidArgument, match=error):
-            inbound.mount_requests(config)
+            inbound.mount_requests([mount], "mounts")
 
 
 def test_container_status_reports_the_mounts() -> None:
@@ -147,8 +146,8 @@ def test_container_status_reports_the_mounts() -> None:
     ],
 )
 def test_mount_propagation(propagation: int, mode: str) -> None:
-    config = pb.ContainerConfig(mounts=[pb.Mount(container_path="/a", host_path="/h", propagation=propagation)])  # type: ignore[arg-type]
-    assert inbound.mount_requests(config) == [MountRequest("/a", "/h", propagation=mode)]
+    mount = pb.Mount(container_path="/a", host_path="/h", propagation=propagation)  # type: ignore[arg-type]
+    assert inbound.mount_requests([mount], "mounts") == (MountRequest("/a", "/h", propagation=mode),)
 
 
 @pytest.mark.parametrize("value", [-1, 999])

@@ -1,0 +1,41 @@
+"""UpdateContainerResources: a container's new cgroup limits, held to its pod's VM, recorded and applied.
+
+The container's record and its pod's are read once; NRI plugins have their say on the new
+limits (a refusal fails the RPC; their changes to other containers are carried out at once).
+Then the steps, each undone should a later one fail (``shim.rpc``):
+
+===========  ==================================================  ===================================
+step         what it did                                         its undo
+===========  ==================================================  ===================================
+record       the limits fit the VM beside the pod's other        the limits recorded before
+             containers, and are recorded
+guest        its guest applied them to the container's cgroup    its guest applies those before
+nri-updated  NRI plugins told PostUpdateContainer                (nothing: plugins are not told of
+                                                                 an update's undo)
+===========  ==================================================  ===================================
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from shim import rpc
+from shim.model import UpdateContainerResources
+from shim.pods import Pods
+
+RPC = "UpdateContainerResources"
+rpc.declare(RPC, "record", "guest", "nri-updated")
+
+
+def update_container_resources(pods: Pods, req: UpdateContainerResources) -> None:
+    containers = pods.containers
+    c = pods.records.resolve_container(req.container_id)
+    sandbox = pods.records.get(c.sandbox_id)
+    linux = pods.nri.update_container(sandbox, c, req.linux)
+    with rpc.steps(RPC) as s:
+        updated = containers.admission.update(sandbox, c, req.resources, linux)
+        s.done("record", partial(containers.admission.restore, c))
+        containers.apply_limits(updated)
+        s.done("guest", partial(containers.apply_limits, c))
+        pods.nri.container_updated(sandbox, updated)
+        s.done("nri-updated")
