@@ -27,8 +27,9 @@ lint:
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy vmsandbox shim cli tests bench
 
+# the tests that start no guest, but the fixed-time fuzz campaigns (make test runs those too)
 unit:
-	$(PY) -m pytest -n $(JOBS) -m "not integration" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(JOBS) -m "not integration and not fuzz" $(PYTEST_ARGS)
 
 integration: setup
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)

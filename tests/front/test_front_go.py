@@ -60,6 +60,7 @@ def test_every_fuzz_target_is_run() -> None:
     assert targets == _declared_targets()
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize("target", _declared_targets())
 def test_front_fuzz_target_finds_nothing(target: str) -> None:
     out = run("test", "-run=^$", f"-fuzz=^{target}$", f"-fuzztime={FUZZ_TIME}", ".")
