@@ -51,6 +51,7 @@ class Server:
     channel: grpc.Channel
     root: Path
     containers: Containers | None = None
+    pods: Pods | None = None
 
     def rpc(self, name: str, request: Message | bytes) -> tuple[grpc.StatusCode, str, bytes]:
         """Call RuntimeService/``name`` (or ImageService/``name``): status, details, response bytes."""
@@ -127,6 +128,13 @@ def assert_no_leak(sb: Sandboxes) -> None:
     assert domains <= ready, f"domains of no live sandbox: {sorted(domains - ready)}"
 
 
+def pods_for(sb: Sandboxes) -> Pods:
+    """The owners the RuntimeService's RPCs work with, over ``sb`` (an image store of its own in
+    its state directory)."""
+    images = ImageStore(Path(sb.config.state_dir) / "images")
+    return Pods(sb, Containers(sb.config.state_dir, sb, images, sb.hypervisor))
+
+
 @contextmanager
 def _no_registry_beyond_loopback() -> Iterator[None]:
     """Pulls of arbitrary references go to a closed loopback port: nothing leaves this machine."""
@@ -180,7 +188,8 @@ def cri_server() -> Iterator[Server]:
         images = ImageStore(root / "images")
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         containers = Containers(config.state_dir, sb, images, hypervisor)
-        runtime = RuntimeServicer(Pods(sb, containers))
+        pods = Pods(sb, containers)
+        runtime = RuntimeServicer(pods)
         status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
         status.add_servicer(
             server,
@@ -192,7 +201,7 @@ def cri_server() -> Iterator[Server]:
         server.start()
         channel = grpc.insecure_channel(f"unix:{sock}")
         try:
-            yield Server(sb, channel, root, containers)
+            yield Server(sb, channel, root, containers, pods)
         finally:
             channel.close()
             server.stop(None).wait()
