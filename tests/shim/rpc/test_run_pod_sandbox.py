@@ -1,0 +1,168 @@
+"""RunPodSandbox (``shim.rpc.run_pod_sandbox``) through the real gRPC server in process
+(``tests/cri_server.py``, its guests faked by ``booting``, so that every step is reached).
+
+A fault injected after any of its steps unwinds exactly the steps done, newest first, and says
+so: no row, claim, domain, sandbox directory, pod network or node port is left, and the pod's
+name is free again, so the same pod then runs. A node port another process holds and an NRI
+plugin's refusal unwind the same way. (A domain libvirt cannot remove: ``tests/shim/test_rollback.py``;
+the pod network's CNI and a real guest: ``tests/integration/test_rpc_rollback.py``.)
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from gen.cri.runtime.v1 import api_pb2 as pb
+from shim import faults, rpc
+from shim.nri.hooks import NriHooks
+from shim.pods import Pods
+from shim.rpc.run_pod_sandbox import RPC
+from tests.cri_server import SEED_SANDBOXES, Server, assert_no_leak, booting, cri_server
+from vmsandbox.errors import VmSandboxError
+
+pytest.importorskip("libvirt")
+
+POINTS = rpc.rpc_points(RPC)
+# the steps that push an undo, in order: a fault after a step unwinds those up to it
+UNDONE = (
+    "name-reserved",
+    "claimed",
+    "recorded",
+    "network-attached",
+    "share-made",
+    "domain-defined",
+    "node-ports-opened",
+    "plugins-told",
+)
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    with cri_server() as s, booting(s):
+        yield s
+
+
+def pods_of(server: Server) -> Pods:
+    assert server.pods is not None
+    return server.pods
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def host_network_pod(port: int) -> pb.RunPodSandboxRequest:
+    """A host-network pod with a node port on 127.0.0.1, so that every step has something to do."""
+    return pb.RunPodSandboxRequest(
+        config=pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name="web", namespace="default", uid="u-1"),
+            log_directory="/var/log/pods/default_web_u-1",
+            port_mappings=[pb.PortMapping(container_port=port, host_port=port, host_ip="127.0.0.1")],
+            linux=pb.LinuxPodSandboxConfig(
+                security_context=pb.LinuxSandboxSecurityContext(namespace_options=pb.NamespaceOption(network=pb.NODE))
+            ),
+        ),
+        runtime_handler="vmsandbox",
+    )
+
+
+def run(server: Server, request: pb.RunPodSandboxRequest) -> str:
+    code, details, body = server.rpc("RunPodSandbox", request)
+    assert code == grpc.StatusCode.OK, details
+    return str(pb.RunPodSandboxResponse.FromString(body).pod_sandbox_id)
+
+
+def assert_left_nothing(server: Server, port: int) -> None:
+    """Only the seeded sandboxes are recorded, nothing else is held, and the node port is free."""
+    assert_no_leak(server.sandboxes, pods_of(server))
+    assert sorted(sid for sid, *_ in server.sandboxes.ledger.sandboxes()) == sorted(SEED_SANDBOXES)
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", port))
+
+
+def remove(server: Server, sandbox_id: str) -> None:
+    for name, req in (
+        ("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id)),
+        ("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id)),
+    ):
+        code, details, _ = server.rpc(name, req)
+        assert code == grpc.StatusCode.OK, details
+
+
+def test_every_step_is_declared_in_order() -> None:
+    assert [p.split(":", 1)[1] for p in POINTS] == [
+        "planned",
+        *UNDONE[:5],
+        "domain-defined",
+        "guest-started",
+        "ready",
+        *UNDONE[6:],
+    ]
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_fault_after_any_step_leaves_nothing_behind(server: Server, point: str) -> None:
+    port = free_port()
+    request = host_network_pod(port)
+    with faults.raising(point):
+        code, details, _ = server.rpc("RunPodSandbox", request)
+    assert code == grpc.StatusCode.UNAVAILABLE, details
+    assert f"fault injected at {point}" in details
+    step = point.split(":", 1)[1]
+    steps = [p.split(":", 1)[1] for p in POINTS]
+    undone = [s for s in UNDONE if steps.index(s) <= steps.index(step)]
+    if undone:
+        assert details.startswith("pod default/web: ")
+        assert f"(rolled back: {', '.join(reversed(undone))} undone)" in details
+    assert_left_nothing(server, port)
+
+    # the name is free again: the same pod runs, and goes as it came
+    sandbox_id = run(server, request)
+    code, details, body = server.rpc("PodSandboxStatus", pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id))
+    assert code == grpc.StatusCode.OK and pb.PodSandboxStatusResponse.FromString(body).status.state == pb.SANDBOX_READY
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()  # its node port listens
+    remove(server, sandbox_id)
+    assert_left_nothing(server, port)
+
+
+def test_a_taken_node_port_tears_the_new_pod_down(server: Server) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, details, _ = server.rpc("RunPodSandbox", host_network_pod(port))
+        assert code == grpc.StatusCode.ALREADY_EXISTS and "is taken" in details, details
+        assert "rolled back: " in details
+    assert_left_nothing(server, port)
+
+
+def test_a_plugin_refusal_tears_the_new_pod_down_and_closes_its_node_ports(server: Server) -> None:
+    class Refusing(NriHooks):
+        def sandbox_started(self, sandbox_id: str) -> None:
+            raise VmSandboxError("plugin says no")
+
+    pods = pods_of(server)
+    assert server.containers is not None
+    pods.nri = Refusing(None, server.sandboxes, server.containers)
+    port = free_port()
+    code, details, _ = server.rpc("RunPodSandbox", host_network_pod(port))
+    assert code != grpc.StatusCode.OK and "plugin says no" in details, details
+    assert "rolled back: node-ports-opened, " in details  # the plugins refused: they are told nothing more
+    assert_left_nothing(server, port)
+
+
+def test_a_second_run_of_a_running_pod_is_refused_and_changes_nothing(server: Server) -> None:
+    port = free_port()
+    sandbox_id = run(server, host_network_pod(port))
+    code, details, _ = server.rpc("RunPodSandbox", host_network_pod(port))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and f"already has sandbox {sandbox_id}" in details, details
+    assert server.sandboxes.records.get(sandbox_id).state == pb.PodSandboxState.Name(pb.SANDBOX_READY)
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    remove(server, sandbox_id)
+    assert_left_nothing(server, port)
