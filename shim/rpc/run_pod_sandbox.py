@@ -23,6 +23,7 @@ shape that has none yet is made in the background.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import time
@@ -123,4 +124,6 @@ def _failed(pod: str, sandbox_id: str, exc: BaseException, outcome: str) -> Base
     if not isinstance(exc, VmSandboxError) or outcome == rpc.NOTHING_UNDONE:
         return None
     log.error("sandbox %s for pod %s failed: %s (%s)", sandbox_id[:12], pod, exc, outcome)
-    return type(exc)(f"pod {pod}: {exc} ({outcome})")
+    said = copy.copy(exc)  # its type and what it carries (a refusal's shortfalls, ...), saying more
+    said.args = (f"pod {pod}: {exc} ({outcome})",)
+    return said

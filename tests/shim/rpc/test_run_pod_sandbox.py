@@ -20,9 +20,10 @@ from gen.cri.runtime.v1 import api_pb2 as pb
 from shim import faults, rpc
 from shim.nri.hooks import NriHooks
 from shim.pods import Pods
-from shim.rpc.run_pod_sandbox import RPC
+from shim.rpc.run_pod_sandbox import RPC, run_pod_sandbox
+from shim.translate import inbound
 from tests.cri_server import SEED_SANDBOXES, Server, assert_no_leak, booting, cri_server
-from vmsandbox.errors import VmSandboxError
+from vmsandbox.errors import CannotFit, VmSandboxError
 
 pytest.importorskip("libvirt")
 
@@ -166,3 +167,14 @@ def test_a_second_run_of_a_running_pod_is_refused_and_changes_nothing(server: Se
     socket.create_connection(("127.0.0.1", port), timeout=5).close()
     remove(server, sandbox_id)
     assert_left_nothing(server, port)
+
+
+def test_a_pod_that_does_not_fit_is_refused_as_such_naming_it_and_what_was_undone(server: Server) -> None:
+    request = host_network_pod(free_port())
+    request.config.linux.resources.cpu_quota, request.config.linux.resources.cpu_period = 900_000, 100_000
+    with pytest.raises(CannotFit) as err:
+        run_pod_sandbox(pods_of(server), inbound.run_pod_sandbox(request))
+    assert str(err.value).startswith("pod default/web: cannot place the VM: ")
+    assert str(err.value).endswith(" (rolled back: name-reserved undone)")
+    assert err.value.shortfalls, "the refusal still names each short resource"
+    assert_left_nothing(server, request.config.port_mappings[0].host_port)
