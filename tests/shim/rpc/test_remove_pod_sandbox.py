@@ -21,7 +21,8 @@ from gen.cri.runtime.v1 import api_pb2 as pb
 from shim import faults, rpc
 from shim.rpc.remove_pod_sandbox import RPC
 from tests.cri_server import Server, booting, cri_server
-from tests.shim.rpc.test_run_pod_sandbox import assert_left_nothing, free_port, host_network_pod, remove, run
+from tests.ports import quiet_port
+from tests.shim.rpc.test_run_pod_sandbox import assert_left_nothing, host_network_pod, remove, run
 from tests.shim.rpc.test_stop_pod_sandbox import running_pod
 
 pytest.importorskip("libvirt")
@@ -38,7 +39,7 @@ def server() -> Iterator[Server]:
 def test_a_removal_that_failed_after_any_step_is_finished_by_the_next(
     server: Server, point: str, stopped: bool
 ) -> None:
-    port = free_port()
+    port = quiet_port()
     sandbox_id, container_id = running_pod(server, port)
     if stopped:
         code, details, _ = server.rpc("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id))

@@ -23,6 +23,7 @@ from shim.pods import Pods
 from shim.rpc.run_pod_sandbox import RPC, run_pod_sandbox
 from shim.translate import inbound
 from tests.cri_server import SEED_SANDBOXES, Server, assert_no_leak, booting, cri_server
+from tests.ports import quiet_port
 from vmsandbox.errors import CannotFit, VmSandboxError
 
 pytest.importorskip("libvirt")
@@ -50,12 +51,6 @@ def server() -> Iterator[Server]:
 def pods_of(server: Server) -> Pods:
     assert server.pods is not None
     return server.pods
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def host_network_pod(port: int) -> pb.RunPodSandboxRequest:
@@ -109,7 +104,7 @@ def test_every_step_is_declared_in_order() -> None:
 
 @pytest.mark.parametrize("point", POINTS)
 def test_a_fault_after_any_step_leaves_nothing_behind(server: Server, point: str) -> None:
-    port = free_port()
+    port = quiet_port()
     request = host_network_pod(port)
     with faults.raising(point):
         code, details, _ = server.rpc("RunPodSandbox", request)
@@ -134,7 +129,7 @@ def test_a_fault_after_any_step_leaves_nothing_behind(server: Server, point: str
 
 def test_a_taken_node_port_tears_the_new_pod_down(server: Server) -> None:
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
+        taken.bind(("127.0.0.1", quiet_port()))
         taken.listen()
         port = taken.getsockname()[1]
         code, details, _ = server.rpc("RunPodSandbox", host_network_pod(port))
@@ -151,7 +146,7 @@ def test_a_plugin_refusal_tears_the_new_pod_down_and_closes_its_node_ports(serve
     pods = pods_of(server)
     assert server.containers is not None
     pods.nri = Refusing(None, server.sandboxes, server.containers)
-    port = free_port()
+    port = quiet_port()
     code, details, _ = server.rpc("RunPodSandbox", host_network_pod(port))
     assert code != grpc.StatusCode.OK and "plugin says no" in details, details
     assert "rolled back: node-ports-opened, " in details  # the plugins refused: they are told nothing more
@@ -159,7 +154,7 @@ def test_a_plugin_refusal_tears_the_new_pod_down_and_closes_its_node_ports(serve
 
 
 def test_a_second_run_of_a_running_pod_is_refused_and_changes_nothing(server: Server) -> None:
-    port = free_port()
+    port = quiet_port()
     sandbox_id = run(server, host_network_pod(port))
     code, details, _ = server.rpc("RunPodSandbox", host_network_pod(port))
     assert code == grpc.StatusCode.ALREADY_EXISTS and f"already has sandbox {sandbox_id}" in details, details
@@ -170,7 +165,7 @@ def test_a_second_run_of_a_running_pod_is_refused_and_changes_nothing(server: Se
 
 
 def test_a_pod_that_does_not_fit_is_refused_as_such_naming_it_and_what_was_undone(server: Server) -> None:
-    request = host_network_pod(free_port())
+    request = host_network_pod(quiet_port())
     request.config.linux.resources.cpu_quota, request.config.linux.resources.cpu_period = 900_000, 100_000
     with pytest.raises(CannotFit) as err:
         run_pod_sandbox(pods_of(server), inbound.run_pod_sandbox(request))

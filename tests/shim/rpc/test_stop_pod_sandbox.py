@@ -21,9 +21,9 @@ from shim import faults, rpc
 from shim.model import CONTAINER_CREATED, CONTAINER_EXITED, SANDBOX_NOTREADY, ContainerRecord
 from shim.rpc.stop_pod_sandbox import RPC
 from tests.cri_server import Server, assert_no_leak, booting, cri_server
+from tests.ports import quiet_port
 from tests.shim.rpc.test_run_pod_sandbox import (
     assert_left_nothing,
-    free_port,
     host_network_pod,
     pods_of,
     remove,
@@ -60,7 +60,7 @@ def assert_stopped(server: Server, sandbox_id: str, container_id: str) -> None:
 
 @pytest.mark.parametrize("point", rpc.rpc_points(RPC))
 def test_a_stop_that_failed_after_any_step_is_finished_by_the_next(server: Server, point: str) -> None:
-    port = free_port()
+    port = quiet_port()
     sandbox_id, container_id = running_pod(server, port)
     request = pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id)
     with faults.raising(point):
