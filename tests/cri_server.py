@@ -155,12 +155,12 @@ def pods_for(sb: Sandboxes, host_ports: HostPorts | None = None) -> Pods:
 def booting(server: Server) -> Iterator[fg.FakeGuest]:
     """While the ``with`` block runs, a RunPodSandbox goes all the way to READY: every domain's
     agent channel is one fake guest answering as an agent does (a one-vCPU guest, as the profile's
-    default pod gets), and the profile makes no snapshots (one made in the background would hold
-    claims of its own)."""
+    default pod gets), waited for as long as a busy machine may take to schedule it, and the
+    profile makes no snapshots (one made in the background would hold claims of its own)."""
     sb = server.sandboxes
     profile = sb.profiles["vmsandbox"]
     guest = fg.FakeGuest(server.root / "agent.sock", lambda _n, peer: peer.serve(fg.agent()))
-    sb.profiles["vmsandbox"] = replace(profile, snapshots=False)
+    sb.profiles["vmsandbox"] = replace(profile, snapshots=False, boot_timeout_s=20)
     sb.hypervisor.channel_path = lambda _domain, _channel: str(guest.path)  # type: ignore[method-assign, assignment]
     try:
         yield guest

@@ -75,11 +75,14 @@ def run(server: Server, request: pb.RunPodSandboxRequest) -> str:
 
 
 def assert_left_nothing(server: Server, port: int) -> None:
-    """Only the seeded sandboxes are recorded, nothing else is held, and the node port is free."""
+    """Only the seeded sandboxes are recorded, nothing else is held, and nothing listens on the
+    node port (a relayed connection's TIME_WAIT may stay, as for any server: so SO_REUSEADDR)."""
     assert_no_leak(server.sandboxes, pods_of(server))
     assert sorted(sid for sid, *_ in server.sandboxes.ledger.sandboxes()) == sorted(SEED_SANDBOXES)
     with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", port))
+        again.listen()
 
 
 def remove(server: Server, sandbox_id: str) -> None:
