@@ -13,8 +13,8 @@ in the same process calls ``raising``.** The variable is read once, when this mo
 
 Production never sets either; then ``checkpoint()`` is a comparison with an empty string. The
 points of each RPC's steps are ``shim.rpc``'s ``<rpc>:<step>`` names (``rpc_points``), right
-after that step: ``RunPodSandbox:claimed`` (the claims are committed, the sandbox row is not
-written yet), ``RemovePodSandbox:guest-destroyed`` (the guest is gone, its domain still defined
+after that step: ``RunPodSandbox:claim`` (the claims are committed, the sandbox row is not
+written yet), ``RemovePodSandbox:guest-destroy`` (the guest is gone, its domain still defined
 and its claims held), ``CreateContainer:admit`` (admitted and recorded, its guest has not made it),
 ``CreateContainer:guest-create`` (the guest made it, the record does not say so),
 ``StartContainer:guest-start`` (the guest started it, the record does not say so),

@@ -1,19 +1,28 @@
 """RunPodSandbox: a pod's VM from its plan to READY, then its node ports and the NRI plugins' word.
 
-Its steps, in order (``shim.rpc``: each a fault point, each undo pushed as its step succeeds):
+The steps, each undone should a later one fail (``shim.rpc``):
 
-- ``planned``: sized from its declaration and the host's facts; nothing held yet;
-- ``name-reserved``: its name, namespace, uid and attempt name this sandbox (undo: released);
-- ``claimed``: its CPUs, pages, memory and devices, taken back from a snapshot being made in the
-  background when the pod does not fit beside it (undo: released);
-- ``recorded``: its ``creating`` row, with a QEMU uid of its own (undo: deleted);
-- ``network-attached``: its pod network (undo: removed);
-- ``share-made``: its sandbox directory, the share its guest mounts (undo: dropped);
-- ``domain-defined``: for a restore from its shape's snapshot, or for a cold boot (undo: torn down);
-- ``guest-started``: restored (or, when that fails, cold-booted) or booted, its agent answering;
-- ``ready``: the guest's report checked, the row READY;
-- ``node-ports-opened``: a host-network pod's, listened on (undo: closed);
-- ``plugins-told``: the NRI plugins did not refuse it (undo: told it is removed).
+============  ==================================================  ================================
+step          what it did                                         its undo
+============  ==================================================  ================================
+plan          sized the pod from its declaration and the host's
+              facts; nothing held yet
+reserve-name  its name, namespace, uid and attempt name this      released
+              sandbox
+claim         its CPUs, pages, memory and devices, taken back     released
+              from a snapshot being made in the background when
+              the pod does not fit beside it
+record        its ``creating`` row, with a QEMU uid of its own    deleted
+network       its pod network attached                            removed
+share         its sandbox directory, the share its guest mounts   dropped
+define        its domain defined, for a restore from its shape's  torn down
+              snapshot or for a cold boot
+guest-start   its guest restored (or, when that fails,            (the domain's)
+              cold-booted) or booted, its agent answering
+ready         the guest's report checked, the row READY           (the row's)
+node-ports    a host-network pod's node ports listened on         closed
+nri-started   NRI plugins told RunPodSandbox, and none refused    told RemovePodSandbox
+============  ==================================================  ================================
 
 When the domain cannot be torn down the unwinding stops there: the guest may still hold the
 pod's CPUs and pages, so they stay claimed (with the row, network, directory and name) until the
@@ -44,56 +53,56 @@ log = logging.getLogger(__name__)
 RPC = "RunPodSandbox"
 rpc.declare(
     RPC,
-    "planned",
-    "name-reserved",
-    "claimed",
-    "recorded",
-    "network-attached",
-    "share-made",
-    "domain-defined",
-    "guest-started",
+    "plan",
+    "reserve-name",
+    "claim",
+    "record",
+    "network",
+    "share",
+    "define",
+    "guest-start",
     "ready",
-    "node-ports-opened",
-    "plugins-told",
+    "node-ports",
+    "nri-started",
 )
 
 
-def run_pod_sandbox(pods: Pods, request: RunPodSandbox) -> str:
-    """Run the pod of ``request``; its sandbox id. Any failure unwinds what was done and says what."""
+def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
+    """Run the pod ``req`` asks for; its sandbox id. Any failure unwinds what was done and says what."""
     started = time.monotonic()
-    spec = request.spec
+    spec = req.spec
     sb = pods.sandboxes
     pod = f"{spec.meta.namespace}/{spec.meta.name}"
     logs.bind(pod=pod)
     sandbox_id = new_id()
     with sb.locks.running(sandbox_id), rpc.steps(RPC, functools.partial(_failed, pod, sandbox_id)) as s:
         plan = sb.plan(spec)
-        s.done("planned")
+        s.done("plan")
         sb.records.reserve_name(spec.meta, sandbox_id)
-        s.done("name-reserved", functools.partial(sb.records.release_name, spec.meta, sandbox_id))
+        s.done("reserve-name", functools.partial(sb.records.release_name, spec.meta, sandbox_id))
         logs.bind(sandbox_id=sandbox_id)
         placement = _claim(sb, sandbox_id, plan)
-        s.done("claimed", functools.partial(sb.resources.release, sandbox_id))
+        s.done("claim", functools.partial(sb.resources.release, sandbox_id))
         record = sb.boot.record(spec, plan, placement, sandbox_id)
-        s.done("recorded", functools.partial(sb.records.delete_sandbox, sandbox_id))
+        s.done("record", functools.partial(sb.records.delete_sandbox, sandbox_id))
         attachment = sb.network.attach(
             sandbox_id, spec.meta, spec.namespaces, spec.port_mappings, dict(spec.annotations)
         )
-        s.done("network-attached", functools.partial(sb.network.remove, sandbox_id))
+        s.done("network", functools.partial(sb.network.remove, sandbox_id))
         record = replace(record, network=attachment.network)
         shared = sb.dirs.make(sandbox_id, record.qemu_uid, plan.shared_storage_bytes)
-        s.done("share-made", functools.partial(sb.dirs.drop, sandbox_id))
+        s.done("share", functools.partial(sb.dirs.drop, sandbox_id))
         guest = sb.boot.guest(record, plan, placement, attachment, shared)
         booting = time.monotonic()
         sb.boot.define(guest)
-        s.done("domain-defined", functools.partial(sb.boot.remove_domain, guest.domain.name))
+        s.done("define", functools.partial(sb.boot.remove_domain, guest.domain.name))
         report, how = sb.boot.start(record, guest)
-        s.done("guest-started")
+        s.done("guest-start")
         record = sb.boot.ready(record, guest, report, how, int((time.monotonic() - booting) * 1000))
         s.done("ready")
-        s.done("node-ports-opened", _open_node_ports(pods, sandbox_id, spec))
+        s.done("node-ports", _open_node_ports(pods, sandbox_id, spec))
         pods.nri.sandbox_started(sandbox_id)
-        s.done("plugins-told", functools.partial(pods.nri.sandbox_removed, record, []))
+        s.done("nri-started", functools.partial(pods.nri.sandbox_removed, record, []))
     metrics.observe_start(record.runtime_handler, time.monotonic() - started)
     sb.boot.make_snapshot_later(guest)
     return sandbox_id

@@ -1,20 +1,22 @@
 """StopPodSandbox: a pod's guest and what it holds on the host let go; its record stays, NOTREADY.
 
-Its steps, in order (``shim.rpc``: each a fault point):
+A stop has nothing to undo: each step only lets go. A stop that fails at any of them leaves what
+the same RPC called again finishes, as the kubelet calls it until it succeeds: every step does
+nothing when it was done already (unknown ids and repeats succeed). RemovePodSandbox runs the
+same steps first (``stop_steps``):
 
-- ``node-ports-closed``: a host-network pod's node ports, and the connections relayed through them;
-- ``guest-destroyed``: its QEMU gone;
-- ``domain-removed``: its libvirt domain undefined;
-- ``claims-released``: its CPUs, pages, memory and devices free for other pods;
-- ``notready``: its containers EXITED, its row NOTREADY;
-- ``network-detached``: CNI DEL of its pod network (the namespace stays until RemovePodSandbox);
-- ``containers-stopped``: the copies of its containers' logs, its agent connection let go;
-- ``plugins-told``: the NRI plugins told of its containers' and its own stop.
-
-A stop has nothing to undo: each step only lets go. A failure part-way leaves a sandbox that the
-same RPC called again finishes, as the kubelet calls it until it succeeds: every step finds what
-is gone already and goes on (unknown ids and repeats succeed). RemovePodSandbox runs the same
-steps first (``stop_steps``).
+===============  ============================================================================
+step             what it did
+===============  ============================================================================
+node-ports       a host-network pod's node ports closed, and the connections relayed there
+guest-destroy    its QEMU gone
+undefine         its libvirt domain undefined
+release          its CPUs, pages, memory and devices free for other pods
+notready         its containers EXITED, its row NOTREADY
+network-detach   CNI DEL of its pod network (the namespace stays until RemovePodSandbox)
+containers-stop  the copies of its containers' logs and its agent connection let go
+nri-stopped      NRI plugins told StopContainer for its containers, then StopPodSandbox
+===============  ============================================================================
 """
 
 from __future__ import annotations
@@ -28,26 +30,18 @@ from shim.pods import Pods
 log = logging.getLogger(__name__)
 
 RPC = "StopPodSandbox"
-STOP_STEPS = (
-    "node-ports-closed",
-    "guest-destroyed",
-    "domain-removed",
-    "claims-released",
-    "notready",
-    "network-detached",
-    "containers-stopped",
-)
-rpc.declare(RPC, *STOP_STEPS, "plugins-told")
+STOP_STEPS = ("node-ports", "guest-destroy", "undefine", "release", "notready", "network-detach", "containers-stop")
+rpc.declare(RPC, *STOP_STEPS, "nri-stopped")
 
 
-def stop_pod_sandbox(pods: Pods, request: StopPodSandbox) -> None:
-    record = find(pods, request.sandbox_id)
+def stop_pod_sandbox(pods: Pods, req: StopPodSandbox) -> None:
+    record = find(pods, req.sandbox_id)
     if record is None:
         return
     with rpc.steps(RPC) as s:
         stop_steps(pods, record, s)
         pods.nri.sandbox_stopped(record)
-        s.done("plugins-told")
+        s.done("nri-stopped")
 
 
 def find(pods: Pods, sandbox_id: str | None) -> SandboxRecord | None:
@@ -62,22 +56,22 @@ def stop_steps(pods: Pods, record: SandboxRecord, s: rpc.Steps) -> None:
     sandbox_id = record.id
     if pods.host_ports is not None:
         pods.host_ports.close(sandbox_id)
-    s.done("node-ports-closed")
+    s.done("node-ports")
     with sb.locks.lock_for(sandbox_id):
         current = sb.records.find(sandbox_id)
         if current is not None:  # else removed meanwhile, by a call that stopped it first
             sb.hypervisor.destroy(current.domain)
-            s.done("guest-destroyed")
+            s.done("guest-destroy")
             sb.hypervisor.teardown(current.domain)
-            s.done("domain-removed")
+            s.done("undefine")
             sb.resources.release(sandbox_id)
-            s.done("claims-released")
+            s.done("release")
             sb.records.exit_containers(sandbox_id, reason="SandboxStopped")
             if current.state != SANDBOX_NOTREADY:
                 sb.records.put_sandbox(current.with_state(SANDBOX_NOTREADY))
                 log.info("sandbox %s stopped: domain %s removed, resources released", sandbox_id[:12], current.domain)
             s.done("notready")
             sb.network.detach(sandbox_id)  # raises while CNI DEL fails; the next stop tries again
-            s.done("network-detached")
+            s.done("network-detach")
     pods.containers.sandbox_stopped(sandbox_id)
-    s.done("containers-stopped")
+    s.done("containers-stop")

@@ -1,10 +1,15 @@
 """UpdatePodSandboxResources: the pod-level resources the kubelet now gives a pod, recorded when
 they fit its VM (which cannot grow: ``FAILED_PRECONDITION`` otherwise), then told to NRI plugins.
 
-Its steps, in order (``shim.rpc``: each a fault point, each undo pushed as its step succeeds):
+The steps, each undone should a later one fail (``shim.rpc``):
 
-- ``recorded``: the record holds the new resources (undo: the ones it held before);
-- ``plugins-told``: the NRI plugins told of the update (UpdatePodSandbox, PostUpdatePodSandbox).
+===========  ==================================================  ===================================
+step         what it did                                         its undo
+===========  ==================================================  ===================================
+record       the new resources fit the VM and are recorded       the resources recorded before
+nri-updated  NRI plugins told UpdatePodSandbox and               (nothing: plugins are not told of
+             PostUpdatePodSandbox                                an update's undo)
+===========  ==================================================  ===================================
 """
 
 from __future__ import annotations
@@ -20,22 +25,22 @@ from vmsandbox import admission
 from vmsandbox.sizing import LinuxResources
 
 RPC = "UpdatePodSandboxResources"
-rpc.declare(RPC, "recorded", "plugins-told")
+rpc.declare(RPC, "record", "nri-updated")
 
 
-def update_pod_sandbox_resources(pods: Pods, request: UpdatePodSandboxResources) -> None:
+def update_pod_sandbox_resources(pods: Pods, req: UpdatePodSandboxResources) -> None:
     sb = pods.sandboxes
-    sandbox_id = sb.records.get(request.sandbox_id).id
+    sandbox_id = sb.records.get(req.sandbox_id).id
     with rpc.steps(RPC) as s:
         with sb.locks.lock_for(sandbox_id):
             record = sb.records.get(sandbox_id)
             demand = record.sized_shape().demand
-            usage = admission.Usage.of_linux(request.resources)
+            usage = admission.Usage.of_linux(req.resources)
             admission.check_envelope(demand, [], usage, who="the pod's new resources")
-            sb.records.put_sandbox(replace(record, updated_resources=request.resources))
-            s.done("recorded", functools.partial(_put_back, sb, sandbox_id, record.updated_resources))
-        pods.nri.sandbox_updated(sandbox_id, request.overhead, request.resources)
-        s.done("plugins-told")
+            sb.records.put_sandbox(replace(record, updated_resources=req.resources))
+            s.done("record", functools.partial(_put_back, sb, sandbox_id, record.updated_resources))
+        pods.nri.sandbox_updated(sandbox_id, req.overhead, req.resources)
+        s.done("nri-updated")
 
 
 def _put_back(sb: Sandboxes, sandbox_id: str, resources: LinuxResources) -> None:

@@ -30,25 +30,25 @@ from vmsandbox.domain_xml import read_identity
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
 RUN_POINTS = (
-    "RunPodSandbox:name-reserved",
-    "RunPodSandbox:claimed",
-    "RunPodSandbox:domain-defined",
-    "RunPodSandbox:guest-started",
+    "RunPodSandbox:reserve-name",
+    "RunPodSandbox:claim",
+    "RunPodSandbox:define",
+    "RunPodSandbox:guest-start",
     "RunPodSandbox:ready",
 )
-REMOVE_POINTS = ("RemovePodSandbox:guest-destroyed", "RemovePodSandbox:claims-released")
+REMOVE_POINTS = ("RemovePodSandbox:guest-destroy", "RemovePodSandbox:release")
 REPEATS = 3  # 7 points x 3 = 21 injections
 RPC_TIMEOUT = 120
 
 # what the restarted shim must log about the sandbox the crash left behind
 EXPECTED_DECISION = {
-    "RunPodSandbox:name-reserved": None,
-    "RunPodSandbox:claimed": "which has no row: its RunPodSandbox died right after claiming",
-    "RunPodSandbox:domain-defined": "row still creating, guest defined, never started",
-    "RunPodSandbox:guest-started": "row still creating, guest running",
+    "RunPodSandbox:reserve-name": None,
+    "RunPodSandbox:claim": "which has no row: its RunPodSandbox died right after claiming",
+    "RunPodSandbox:define": "row still creating, guest defined, never started",
+    "RunPodSandbox:guest-start": "row still creating, guest running",
     "RunPodSandbox:ready": "reconcile: adopted sandbox",
-    "RemovePodSandbox:guest-destroyed": "the sandbox is READY but its guest is not running",
-    "RemovePodSandbox:claims-released": (
+    "RemovePodSandbox:guest-destroy": "the sandbox is READY but its guest is not running",
+    "RemovePodSandbox:release": (
         "has no running guest: marked NOTREADY, 0 claims released, 1 containers marked exited"
     ),
 }

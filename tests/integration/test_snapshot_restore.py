@@ -273,7 +273,7 @@ def test_a_pod_that_fits_without_the_snapshot_is_not_refused_while_its_guest_boo
 # -- kill -9 during a restore ------------------------------------------------------------------
 # with the shape's snapshot there, RunPodSandbox defines the pod's domain for its restore
 RESTORE_POINTS = (
-    "RunPodSandbox:domain-defined",
+    "RunPodSandbox:define",
     "restore:after-stage",
     "restore:after-restore",
     "restore:after-personalize",

@@ -147,8 +147,8 @@ def test_each_crash_state_is_resolved(
     env: tuple[Sandboxes, FakeLibvirt, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     sb, fake, console = env
-    # what a shim killed after each of these steps leaves: RunPodSandbox:claimed, :domain-defined, :guest-started,
-    # then ready, then RemovePodSandbox:guest-destroyed and :claims-released
+    # what a shim killed after each of these steps leaves: RunPodSandbox:claim, :define, :guest-start,
+    # then ready, then RemovePodSandbox:guest-destroy and :release
     claimed_only = add(sb, fake, 1, state=None, domain=None, cpus=(0,), pages=2)
     defined = add(sb, fake, 2, state=STATE_CREATING, domain=False, pages=3, console=console)
     started = add(sb, fake, 3, state=STATE_CREATING, domain=True, pages=3, console=console)

@@ -96,7 +96,7 @@ def run(sb: Sandboxes) -> None:
 
 def test_rollback_that_worked_says_so_and_leaves_nothing(env: tuple[Sandboxes, FailingHypervisor, Ledger]) -> None:
     sb, _hv, ledger = env
-    undone = "domain-defined, share-made, network-attached, recorded, claimed, name-reserved"
+    undone = "define, share, network, record, claim, reserve-name"
     with pytest.raises(InfrastructureError, match=rf"^pod default/web: .* \(rolled back: {undone} undone\)$"):
         run(sb)
     assert ledger.claim_owners() == set()
@@ -110,7 +110,7 @@ def test_rollback_that_could_not_remove_the_domain_keeps_claims_and_says_so(
     hv.libvirt_down = True
     with pytest.raises(InfrastructureError) as err:
         run(sb)
-    assert "rollback incomplete: undoing domain-defined failed" in str(err.value)
+    assert "rollback incomplete: undoing define failed" in str(err.value)
     assert "its resources stay held until the shim's reconciliation removes it" in str(err.value)
     assert "released" not in str(err.value)
     assert len(ledger.claim_owners()) == 1  # held: the domain may still hold the pages

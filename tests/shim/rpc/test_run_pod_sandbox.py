@@ -31,14 +31,14 @@ pytest.importorskip("libvirt")
 POINTS = rpc.rpc_points(RPC)
 # the steps that push an undo, in order: a fault after a step unwinds those up to it
 UNDONE = (
-    "name-reserved",
-    "claimed",
-    "recorded",
-    "network-attached",
-    "share-made",
-    "domain-defined",
-    "node-ports-opened",
-    "plugins-told",
+    "reserve-name",
+    "claim",
+    "record",
+    "network",
+    "share",
+    "define",
+    "node-ports",
+    "nri-started",
 )
 
 
@@ -96,10 +96,9 @@ def remove(server: Server, sandbox_id: str) -> None:
 
 def test_every_step_is_declared_in_order() -> None:
     assert [p.split(":", 1)[1] for p in POINTS] == [
-        "planned",
-        *UNDONE[:5],
-        "domain-defined",
-        "guest-started",
+        "plan",
+        *UNDONE[:6],
+        "guest-start",
         "ready",
         *UNDONE[6:],
     ]
@@ -152,7 +151,7 @@ def test_a_plugin_refusal_tears_the_new_pod_down_and_closes_its_node_ports(serve
     port = quiet_port()
     code, details, _ = server.rpc("RunPodSandbox", host_network_pod(port))
     assert code != grpc.StatusCode.OK and "plugin says no" in details, details
-    assert "rolled back: node-ports-opened, " in details  # the plugins refused: they are told nothing more
+    assert "rolled back: node-ports, " in details  # the plugins refused: they are told nothing more
     assert_left_nothing(server, port)
 
 
@@ -173,6 +172,6 @@ def test_a_pod_that_does_not_fit_is_refused_as_such_naming_it_and_what_was_undon
     with pytest.raises(CannotFit) as err:
         run_pod_sandbox(pods_of(server), inbound.run_pod_sandbox(request))
     assert str(err.value).startswith("pod default/web: cannot place the VM: ")
-    assert str(err.value).endswith(" (rolled back: name-reserved undone)")
+    assert str(err.value).endswith(" (rolled back: reserve-name undone)")
     assert err.value.shortfalls, "the refusal still names each short resource"
     assert_left_nothing(server, request.config.port_mappings[0].host_port)
