@@ -1,12 +1,14 @@
-"""``Boot``: a pod's guest, from the claim to READY, and the snapshots its shape is restored from.
+"""``Boot``: a pod's guest — its record's QEMU uid, its domain, its start (restored from the
+snapshot of its shape, or cold-booted) and the checks of its report — and the snapshots its
+shape is restored from.
 
-It owns starting a sandbox's VM: the claim of its host resources (through ``ResourceManager``),
-its QEMU uid (``qemu_uids``, shared with the guests that make snapshots, which no record holds),
-its pod network attachment (through ``PodNetworks``), its domain, restored from the snapshot of
-its shape when there is one (through ``Snapshots``) or cold-booted, its checks of the guest's
-report, and its console log's file. A boot is transactional: any failure after the claim tears
-the domain down and releases every claim (``_rollback``) before the error leaves this module.
-It also makes snapshots: in the background for a shape's first pod, and on demand for
+Each method is one step of RunPodSandbox (``shim.rpc.run_pod_sandbox``), which orders them and
+undoes them: ``record`` writes the ``creating`` row with a QEMU uid of its own (``qemu_uids``,
+shared with the guests that make snapshots, which no record holds), ``guest`` builds the domain
+and chooses a restore or a cold boot (through ``Snapshots``), ``define`` and ``start`` bring the
+guest up (a restore that fails is undone here and the guest cold-boots), ``ready`` checks its
+report and writes the READY row, and ``remove_domain`` is the undo of ``define``. It also makes
+snapshots: in the background for a shape's first pod (``make_snapshot_later``), and on demand for
 ``vmsandbox snapshot make``. Records are written through ``shim.records``.
 """
 
@@ -18,12 +20,11 @@ import os
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from shim import faults, logs, metrics
 from shim.host_policy import domain_for
 from shim.model import SANDBOX_READY, PassedGroup, SandboxRecord, SandboxSpec
 from shim.pod_networks import Attachment
@@ -52,6 +53,21 @@ _CONSOLE_TAIL_BYTES = 16 * 1024
 _CONSOLE_LINE_CHARS = 300
 
 
+@dataclass(frozen=True)
+class Guest:
+    """How a pod's guest starts: its domain, and the snapshot it is restored from (None: it
+    cold-boots, for the reason ``why`` gives)."""
+
+    domain: Domain
+    plan: SandboxPlan
+    nic: GuestNic | None
+    network_args: tuple[str, ...]  # the kernel command line's network parameters (a snapshot's input)
+    console: str | None
+    snapshot: StoredSnapshot | None
+    why: str
+    make: MakeRequest | None  # the shape has no snapshot yet: the one to make once the pod is READY
+
+
 class Boot(SandboxPart):
     def __init__(self, owners: Owners) -> None:
         super().__init__(owners)
@@ -61,31 +77,18 @@ class Boot(SandboxPart):
         # QEMU uids of snapshot guests being made (they run no pod, so no record holds them)
         self._snapshot_uids: set[int] = set()
 
-    def start_pod(self, spec: SandboxSpec, plan: SandboxPlan, sandbox_id: str, started: float) -> str:
-        """RunPodSandbox once its name is reserved: claim, record, network, guest; any failure after
-        the claim is rolled back and says so. ``started``: the RPC's start (``time.monotonic``)."""
-        meta = spec.meta
-        pod = f"{meta.namespace}/{meta.name}"
-        profile, shape, devices, accel = plan.profile, plan.shape, plan.devices, plan.accel
-        logs.bind(sandbox_id=sandbox_id)
-        name = domain_name(sandbox_id)
-        faults.checkpoint("run:before-claim")
-        try:
-            placement = self.resources.reserve(sandbox_id, shape, profile, devices)
-        except CannotFit:
-            # pods come first: a snapshot being made in the background gives its claim back
-            if not self.snapshots.give_way():
-                raise
-            placement = self.resources.reserve(sandbox_id, shape, profile, devices)
-        faults.checkpoint("run:after-claim")
+    def record(self, spec: SandboxSpec, plan: SandboxPlan, placement: Placement, sandbox_id: str) -> SandboxRecord:
+        """Write the pod's ``creating`` row: what it asked for, what it was given (``placement``,
+        claimed for it) and a QEMU uid no other sandbox or snapshot guest has."""
+        meta, shape = spec.meta, plan.shape
         record = SandboxRecord(
             id=sandbox_id,
             meta=meta,
             state=STATE_CREATING,
             created_ns=self._clock(),
             runtime_handler=spec.runtime_handler or self.config.default_handler,
-            profile=profile.name,
-            domain=name,
+            profile=plan.profile.name,
+            domain=domain_name(sandbox_id),
             labels=dict(spec.labels),
             annotations=dict(spec.annotations),
             hostname=spec.hostname,
@@ -96,45 +99,197 @@ class Boot(SandboxPart):
             emulator_cpus=tuple(placement.emulator_cpus),
             hugepages=tuple(placement.hugepages),
             devices=tuple(PassedGroup.of(g) for g in placement.devices),
-            accel=accel,
+            accel=plan.accel,
             linux_overhead=spec.linux_overhead,
             namespaces=spec.namespaces,
             port_mappings=tuple(spec.port_mappings),
             dns=spec.dns,
         )
         log.info(
-            "sandbox %s for pod %s: %d vCPUs on %s, %d MiB, %s, claimed %s",
+            "sandbox %s for pod %s/%s: %d vCPUs on %s, %d MiB, %s, claimed %s",
             sandbox_id[:12],
-            pod,
+            meta.namespace,
+            meta.name,
             shape.vcpus,
             placement.cpus,
             shape.memory_bytes >> 20,
             ", ".join(g.describe() for g in placement.devices) or "no devices",
             placement.claim.describe(),
         )
+        with self._uid_lock:
+            record = replace(record, qemu_uid=self._pick_uid())
+            self.records.put_sandbox(record)
+        return record
+
+    def guest(
+        self,
+        record: SandboxRecord,
+        plan: SandboxPlan,
+        placement: Placement,
+        attachment: Attachment,
+        shared: tuple[SharedDir, ...],
+    ) -> Guest:
+        """The pod's domain (on ``placement``, its NIC from ``attachment``, its shares ``shared``) and
+        how its guest starts: restored from the snapshot of its shape when there is one."""
+        profile = plan.profile
+        image = Path(profile.image_dir)
+        for f in (image / "vmlinux", image / "initramfs.img"):
+            if not f.is_file():
+                raise InfrastructureError(f"guest image file {f} is missing (run scripts/setup-host.sh)")
+        console = None
+        if self.config.console_dir:
+            Path(self.config.console_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            console = str(Path(self.config.console_dir) / f"{record.id}.log")
+        nic = attachment.network.nic
+        domain = domain_for(
+            identity=SandboxIdentity(
+                sandbox_id=record.id,
+                pod_name=record.meta.name,
+                pod_namespace=record.meta.namespace,
+                pod_uid=record.meta.uid,
+                attempt=record.meta.attempt,
+                runtime_handler=record.runtime_handler,
+                owner=self.ledger.instance_id,
+                state_dir=self._state_path,
+            ),
+            uuid=str(uuidlib.uuid4()),
+            shape=plan.shape,
+            placement=placement,
+            profile=profile,
+            accel=plan.accel,
+            console_log=console,
+            shared_dirs=shared,
+            qemu_uid=record.qemu_uid,
+            interfaces=(attachment.interface,) if attachment.interface else (),
+            guest_nic=nic,
+            hostname=record.hostname,
+        )
+        network_args = guest_network_args(nic, record.hostname)
+        refusal = restore_refusal(domain, enabled=profile.snapshots)
+        if refusal:
+            return Guest(domain, plan, nic, network_args, console, None, refusal, None)
+        inputs = self.snapshots.inputs(domain, network_args)
+        found = self.snapshots.find(inputs)
+        if found is None:
+            why = f"no snapshot for its shape yet ({inputs.key[:12]})"
+            return Guest(domain, plan, nic, network_args, console, None, why, MakeRequest(domain, network_args, inputs))
+        return Guest(domain, plan, nic, network_args, console, found, "", None)
+
+    def define(self, guest: Guest) -> None:
+        """Define the pod's domain: as its snapshot's restore needs it, or for a cold boot."""
+        if guest.snapshot is not None:
+            self.hypervisor.define(render(restore_domain(guest.domain, guest.network_args)))
+        else:
+            self.hypervisor.define(render(guest.domain))
+
+    def remove_domain(self, name: str) -> None:
+        """Tear the pod's domain down (the undo of ``define``). When libvirt cannot, the guest may
+        still hold the pod's CPUs and pages: the error says that they stay held."""
         try:
-            with self._uid_lock:
-                record = replace(record, qemu_uid=self._pick_uid())
-                self.records.put_sandbox(record)
-            attachment = self.network.attach(
-                sandbox_id, meta, spec.namespaces, spec.port_mappings, dict(spec.annotations)
+            self.hypervisor.teardown(name)
+        except VmSandboxError as exc:
+            raise InfrastructureError(
+                f"domain {name} could not be removed, so its resources stay held until the shim's reconciliation "
+                f"removes it: {exc}"
+            ) from exc
+
+    def start(self, record: SandboxRecord, guest: Guest) -> tuple[GuestReport, dict[str, Any]]:
+        """Start the guest of the defined domain: restored from its snapshot (a restore that fails is
+        undone, logged with its cause, and the guest cold-boots instead) or booted. Its report,
+        and how it started (as the READY record keeps it)."""
+        why = guest.why
+        if guest.snapshot is not None:
+            report = self._restore(record, guest, guest.snapshot)
+            if report is not None:
+                return report, {"by": "restore", "snapshot": guest.snapshot.key}
+            why = f"restore from snapshot {guest.snapshot.key[:12]} failed"
+            self.hypervisor.define(render(guest.domain))  # the restore's domain is gone: the cold boot's in its place
+        return self._cold_boot(record, guest), {"by": "boot", "why": why}
+
+    def ready(
+        self, record: SandboxRecord, guest: Guest, report: GuestReport, start: dict[str, Any], boot_ms: int
+    ) -> SandboxRecord:
+        """Check the guest's report against its domain and write the READY record."""
+        shape = guest.plan.shape
+        problems = [e for e in report.errors if e.startswith("network:")]
+        if problems:
+            raise InfrastructureError(f"the guest could not configure its network: {'; '.join(problems)[:512]}")
+        if report.vcpus != shape.vcpus:
+            raise InfrastructureError(f"guest reports {report.vcpus} vCPUs, the domain has {shape.vcpus}")
+        for size, count in shape.guest_hugepages:
+            pool = report.hugepages.get(size // 1024)
+            got = pool.total if pool is not None else 0
+            if got < count:
+                raise InfrastructureError(
+                    f"guest reserved {got} of the {count} {hugepage_resource(size)} pages its containers "
+                    f"declared (guest RAM {shape.memory_bytes >> 20} MiB){console_tail(guest.console)}"
+                )
+        ready = replace(record, state=SANDBOX_READY, guest={**_report_doc(report), "start": start}, boot_ms=boot_ms)
+        self.records.put_sandbox(ready)
+        log.info(
+            "sandbox %s ready in %d ms by %s (guest: %d vCPUs, MemTotal %d KiB)%s",
+            record.id[:12],
+            boot_ms,
+            start["by"],
+            report.vcpus,
+            report.mem_total_kib,
+            f": {start['why']}" if start.get("why") else "",
+        )
+        return ready
+
+    def make_snapshot_later(self, guest: Guest) -> None:
+        """Start making the snapshot of the guest's shape in the background when it had none (off
+        the pod's critical path: its RunPodSandbox has answered)."""
+        if guest.make is not None:
+            plan = guest.plan
+            self._make_snapshot(guest.make, plan.profile, plan.shape, plan.accel)
+
+    def _cold_boot(self, record: SandboxRecord, guest: Guest) -> GuestReport:
+        name = guest.domain.name
+        started = time.monotonic()
+        self.hypervisor.start(name)
+        path = self.hypervisor.channel_path(name, AGENT_CHANNEL)
+        running = time.monotonic()
+        try:
+            report = wait_for_hello(path, guest.plan.profile.boot_timeout_s, f"sandbox {record.id[:12]}")
+        except InfrastructureError as exc:
+            raise InfrastructureError(f"{exc}{console_tail(guest.console)}") from exc
+        log.info(
+            "sandbox %s boot: start %d ms, guest hello %d ms",
+            record.id[:12],
+            (running - started) * 1000,
+            (time.monotonic() - running) * 1000,
+        )
+        return report
+
+    def _restore(self, record: SandboxRecord, guest: Guest, snapshot: StoredSnapshot) -> GuestReport | None:
+        """Restore ``snapshot`` as the pod's (defined) domain; None when that failed and was undone
+        (the domain removed; the snapshot dropped when it was the snapshot that could not be
+        restored, so that a later pod makes it again), so the pod cold-boots. Raises when the
+        failed restore cannot be undone (the RPC's unwinding then says so)."""
+        domain = guest.domain
+        try:
+            return self.snapshots.restore(
+                snapshot,
+                record.id,
+                domain,
+                guest.network_args,
+                nic=guest.nic,
+                hostname=record.hostname,
+                timeout_s=guest.plan.profile.boot_timeout_s,
             )
-            faults.checkpoint("run:after-network")
-            record = replace(record, network=attachment.network)
-            record, make_snapshot = self._boot(
-                record, profile, shape, placement, accel, attachment, plan.shared_storage_bytes
+        except VmSandboxError as exc:
+            log.warning(
+                "sandbox %s: restore from snapshot %s failed, cold-booting instead: %s",
+                record.id[:12],
+                snapshot.key[:12],
+                validation.bound(str(exc), 1024),
             )
-        except BaseException as exc:
-            outcome = self._rollback(sandbox_id, name)
-            if isinstance(exc, VmSandboxError):
-                log.error("sandbox %s for pod %s failed: %s (%s)", sandbox_id[:12], pod, exc, outcome)
-                raise type(exc)(f"pod {pod}: {exc} ({outcome})") from exc
-            raise
-        faults.checkpoint("run:after-ready")
-        metrics.observe_start(record.runtime_handler, time.monotonic() - started)
-        if make_snapshot is not None:
-            make_snapshot()
-        return sandbox_id
+            unusable = isinstance(exc, SnapshotUnusable)
+        self.hypervisor.teardown(domain.name)  # raises when it cannot: the RPC's unwinding says so
+        if unusable and self.snapshots.store.remove(snapshot.key):
+            log.warning("snapshot %s removed after its restore failed; it is made again", snapshot.key[:12])
+        return None
 
     def _pick_uid(self) -> int:
         """A uid of ``qemu_uids`` no sandbox (creating ones too) and no snapshot guest has; the
@@ -168,163 +323,6 @@ class Boot(SandboxPart):
                     self._snapshot_uids.discard(uid)
             else:
                 log.error("snapshot %s: its guest is still there; QEMU uid %d stays taken", key[:12], uid)
-
-    def _boot(
-        self,
-        record: SandboxRecord,
-        profile: Profile,
-        shape: VmShape,
-        placement: Placement,
-        accel: str,
-        attachment: Attachment,
-        storage_bytes: int,
-    ) -> tuple[SandboxRecord, Callable[[], None] | None]:
-        """Start the pod's guest: restored from the snapshot of its shape when there is one (a
-        restore that fails is rolled back, logged with its cause, and the pod cold-boots), else
-        booted. Returns the READY record and, when the shape had no snapshot yet, the work that
-        makes one (for the caller to start once the pod is READY, off its critical path)."""
-        image = Path(profile.image_dir)
-        kernel, initrd = image / "vmlinux", image / "initramfs.img"
-        for f in (kernel, initrd):
-            if not f.is_file():
-                raise InfrastructureError(f"guest image file {f} is missing (run scripts/setup-host.sh)")
-        console = None
-        if self.config.console_dir:
-            Path(self.config.console_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-            console = str(Path(self.config.console_dir) / f"{record.id}.log")
-        nic = attachment.network.nic
-        domain = domain_for(
-            identity=SandboxIdentity(
-                sandbox_id=record.id,
-                pod_name=record.meta.name,
-                pod_namespace=record.meta.namespace,
-                pod_uid=record.meta.uid,
-                attempt=record.meta.attempt,
-                runtime_handler=record.runtime_handler,
-                owner=self.ledger.instance_id,
-                state_dir=self._state_path,
-            ),
-            uuid=str(uuidlib.uuid4()),
-            shape=shape,
-            placement=placement,
-            profile=profile,
-            accel=accel,
-            console_log=console,
-            shared_dirs=self.dirs.make(record.id, record.qemu_uid, storage_bytes),
-            qemu_uid=record.qemu_uid,
-            interfaces=(attachment.interface,) if attachment.interface else (),
-            guest_nic=nic,
-            hostname=record.hostname,
-        )
-        network_args = guest_network_args(nic, record.hostname)
-        started = time.monotonic()
-        make_later: Callable[[], None] | None = None
-        report: GuestReport | None = None
-        start: dict[str, Any] = {"by": "boot"}
-        refusal = restore_refusal(domain, enabled=profile.snapshots)
-        if refusal:
-            start["why"] = refusal
-        else:
-            inputs = self.snapshots.inputs(domain, network_args)
-            found = self.snapshots.find(inputs)
-            if found is None:
-                start["why"] = f"no snapshot for its shape yet ({inputs.key[:12]})"
-                request = MakeRequest(domain, network_args, inputs)
-                make_later = lambda: self._make_snapshot(request, profile, shape, accel)  # noqa: E731
-            else:
-                report = self._restore(record, domain, network_args, found, nic, profile)
-                if report is None:
-                    start["why"] = f"restore from snapshot {found.key[:12]} failed"
-                else:
-                    start = {"by": "restore", "snapshot": found.key}
-        if report is None:
-            report = self._cold_boot(record, domain, profile, console)
-        boot_ms = int((time.monotonic() - started) * 1000)
-        problems = [e for e in report.errors if e.startswith("network:")]
-        if problems:
-            raise InfrastructureError(f"the guest could not configure its network: {'; '.join(problems)[:512]}")
-        if report.vcpus != shape.vcpus:
-            raise InfrastructureError(f"guest reports {report.vcpus} vCPUs, the domain has {shape.vcpus}")
-        for size, count in shape.guest_hugepages:
-            pool = report.hugepages.get(size // 1024)
-            got = pool.total if pool is not None else 0
-            if got < count:
-                raise InfrastructureError(
-                    f"guest reserved {got} of the {count} {hugepage_resource(size)} pages its containers "
-                    f"declared (guest RAM {shape.memory_bytes >> 20} MiB){console_tail(console)}"
-                )
-        ready = replace(record, state=SANDBOX_READY, guest={**_report_doc(report), "start": start}, boot_ms=boot_ms)
-        self.records.put_sandbox(ready)
-        log.info(
-            "sandbox %s ready in %d ms by %s (guest: %d vCPUs, MemTotal %d KiB)%s",
-            record.id[:12],
-            boot_ms,
-            start["by"],
-            report.vcpus,
-            report.mem_total_kib,
-            f": {start['why']}" if "why" in start else "",
-        )
-        return ready, make_later
-
-    def _cold_boot(self, record: SandboxRecord, domain: Domain, profile: Profile, console: str | None) -> GuestReport:
-        started = time.monotonic()
-        self.hypervisor.define(render(domain))
-        faults.checkpoint("run:after-define")
-        defined = time.monotonic()
-        self.hypervisor.start(domain.name)
-        faults.checkpoint("run:after-start")
-        path = self.hypervisor.channel_path(domain.name, AGENT_CHANNEL)
-        running = time.monotonic()
-        try:
-            report = wait_for_hello(path, profile.boot_timeout_s, f"sandbox {record.id[:12]}")
-        except InfrastructureError as exc:
-            raise InfrastructureError(f"{exc}{console_tail(console)}") from exc
-        log.info(
-            "sandbox %s boot: define %d ms, start %d ms, guest hello %d ms",
-            record.id[:12],
-            (defined - started) * 1000,
-            (running - defined) * 1000,
-            (time.monotonic() - running) * 1000,
-        )
-        return report
-
-    def _restore(
-        self,
-        record: SandboxRecord,
-        domain: Domain,
-        network_args: tuple[str, ...],
-        snapshot: StoredSnapshot,
-        nic: GuestNic | None,
-        profile: Profile,
-    ) -> GuestReport | None:
-        """Restore ``snapshot`` as the pod's domain; None when that failed and was undone (the
-        domain removed; the snapshot dropped when it was the snapshot that could not be restored,
-        so that a later pod makes it again), so the pod cold-boots. Raises when the failed restore
-        cannot be undone (the caller's rollback then says so)."""
-        try:
-            self.hypervisor.define(render(restore_domain(domain, network_args)))
-            faults.checkpoint("restore:after-define")
-            return self.snapshots.restore(
-                snapshot,
-                record.id,
-                domain,
-                network_args,
-                nic=nic,
-                hostname=record.hostname,
-                timeout_s=profile.boot_timeout_s,
-            )
-        except VmSandboxError as exc:
-            log.warning(
-                "sandbox %s: restore from snapshot %s failed, cold-booting instead: %s",
-                record.id[:12],
-                snapshot.key[:12],
-                validation.bound(str(exc), 1024),
-            )
-            unusable = isinstance(exc, SnapshotUnusable)
-        self.hypervisor.teardown(domain.name)  # raises when it cannot: the pod's rollback says so
-        if unusable and self.snapshots.store.remove(snapshot.key):
-            log.warning("snapshot %s removed after its restore failed; it is made again", snapshot.key[:12])
-        return None
 
     def make_snapshot(
         self, spec: SandboxSpec, plan: SandboxPlan, progress: Progress, *, force: bool = False
@@ -438,31 +436,6 @@ class Boot(SandboxPart):
                 self.locks.in_flight.discard(key)
 
         self.snapshots.make_in_background(key, work)
-
-    def _rollback(self, sandbox_id: str, name: str) -> str:
-        """Undo a RunPodSandbox that failed; says what was undone, as it stands when it returns."""
-        try:
-            self.hypervisor.teardown(name)
-        except VmSandboxError as exc:  # keep the claims: the domain may still hold the pages
-            log.error("rollback of %s: tear-down failed, claims kept for reconciliation: %s", sandbox_id[:12], exc)
-            return (
-                f"rollback incomplete: domain {name} could not be removed, so its resources stay held until "
-                "the shim's reconciliation removes it"
-            )
-        try:
-            self.dirs.drop(sandbox_id)
-        except VmSandboxError as exc:  # the sweep of the next reconcile tries again
-            log.error("rollback of %s: shared directory not removed yet: %s", sandbox_id[:12], exc)
-        try:
-            self.network.remove(sandbox_id)
-        except VmSandboxError as exc:  # the record stays: reconcile deletes it once the sandbox is gone
-            log.error("rollback of %s: pod network not removed yet: %s", sandbox_id[:12], exc)
-            self.resources.release(sandbox_id)
-            self.records.delete_sandbox(sandbox_id)
-            return f"rolled back: domain removed, resources released; pod network left for reconciliation ({exc})"
-        self.resources.release(sandbox_id)
-        self.records.delete_sandbox(sandbox_id)
-        return "rolled back: domain removed, network removed, resources released"
 
 
 def console_tail(console: str | None) -> str:

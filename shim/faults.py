@@ -13,31 +13,21 @@ in the same process calls ``raising``.** The variable is read once, when this mo
 
 Production never sets either; then ``checkpoint()`` is a comparison with an empty string. The
 points of each RPC's steps are ``shim.rpc``'s ``<rpc>:<step>`` names (``rpc_points``), right
-after that step: ``CreateContainer:admit`` (admitted and recorded, its guest has not made it),
+after that step: ``RunPodSandbox:claim`` (the claims are committed, the sandbox row is not
+written yet), ``RemovePodSandbox:guest-destroy`` (the guest is gone, its domain still defined
+and its claims held), ``CreateContainer:admit`` (admitted and recorded, its guest has not made it),
 ``CreateContainer:guest-create`` (the guest made it, the record does not say so),
 ``StartContainer:guest-start`` (the guest started it, the record does not say so),
 ``PullImage:blobs`` (the blobs are in the store, no disk made) and ``PullImage:disk`` (the disk is
 in place, the catalogue does not name the image), for instance. The points below are the ones
-inside the owners' own work.
+inside the owners' own work:
 
-The points, in the order a sandbox passes them:
-
-``run:before-claim``   RunPodSandbox sized the pod, nothing is claimed yet
-``run:after-claim``    the claims are committed, the sandbox row is not written yet
-``network:after-add``  the row says ``creating``; CNI ADD is done, the macvtap not made yet
-``run:after-network``  the row says ``creating``; the pod network is whole, no domain yet
-``run:after-define``   the row says ``creating``; the domain is defined, not started
-``run:after-start``    the guest is running, the row still says ``creating``
-``restore:after-define``       the row says ``creating``; the pod's domain is defined for a restore
+``network:after-add``  RunPodSandbox's row says ``creating``; CNI ADD is done, the macvtap not made yet
 ``restore:after-stage``        the snapshot's image is copied for the pod, libvirt has not read it
 ``restore:after-restore``      the guest is restored and running, not yet made this pod's
 ``restore:after-personalize``  the restored guest is this pod's; the row still says ``creating``
 ``snapshot:after-start``       a snapshot's guest is booting (its claims held under the snapshot key)
 ``snapshot:after-save``        the snapshot's image is written, not yet moved into the store
-``run:after-ready``    the row says READY; the RPC has not answered yet
-``remove:after-destroy``  Stop/RemovePodSandbox destroyed the guest; the domain is still defined
-                          and the claims are still held
-``remove:after-release``  the domain is gone and the claims released; the row still says READY
 """
 
 from __future__ import annotations
@@ -54,21 +44,12 @@ log = logging.getLogger(__name__)
 
 ENV = "VMSANDBOX_FAULT"
 POINTS = (
-    "run:before-claim",
-    "run:after-claim",
     "network:after-add",
-    "run:after-network",
-    "run:after-define",
-    "run:after-start",
-    "restore:after-define",
     "restore:after-stage",
     "restore:after-restore",
     "restore:after-personalize",
     "snapshot:after-start",
     "snapshot:after-save",
-    "run:after-ready",
-    "remove:after-destroy",
-    "remove:after-release",
 )
 
 RAISE = "raise:"

@@ -2,7 +2,7 @@
 
 ``HostPolicy`` joins the shim's configuration (owned, shared and housekeeping CPUs, hugepage
 caps, reserved memory, device pools, CDI spec directories) with a host inventory into the pools
-the ResourceManager (``shim.host_resources``) hands out. RunPodSandbox (``shim.sandboxes``) and
+the ResourceManager (``shim.host_resources``) hands out. RunPodSandbox (``shim.rpc.run_pod_sandbox``) and
 ``vmsandbox plan`` (``cli.plan``) both place pods through that manager and build domains with
 ``domain_for``, so what ``plan`` predicts is what the shim does. ``qemu_reaches`` lists what those
 domains' QEMUs, as unprivileged uids, must reach on this host (checked at start and by ``validate``).

@@ -1,10 +1,12 @@
 """What the shim knows about sandboxes and containers: requests in, records kept (no protobuf).
 
-The container and image RPCs' requests, translated and checked (``shim.translate``), are one value
-each: ``CreateContainer`` (its ``ContainerSpec``, what it runs, its user and stop signal),
+The requests of the RPCs that change state (``shim.rpc``), translated and checked
+(``shim.translate``), are one value each: ``RunPodSandbox`` (its ``SandboxSpec``, the core's
+own: ``vmsandbox.pod``), ``StopPodSandbox``, ``RemovePodSandbox``, ``UpdatePodSandboxResources``,
+``CreateContainer`` (its ``ContainerSpec``, what it runs, its user and stop signal),
 ``StartContainer``, ``StopContainer``, ``RemoveContainer``, ``UpdateContainerResources``,
-``PullImage`` and ``RemoveImage`` (``SandboxSpec``, the RunPodSandbox request, is the core's own:
-``vmsandbox.pod``); ``SandboxRecord`` and ``ContainerRecord`` are what the state database keeps;
+``PullImage`` and ``RemoveImage``; ``SandboxRecord`` and ``ContainerRecord`` are what the state
+database keeps;
 ``SandboxFilter`` and ``ContainerFilter`` are list requests' filters; ``Condition``,
 ``SandboxStats`` and ``ContainerStats`` are answers on their way out.
 """
@@ -85,7 +87,29 @@ class ContainerSpec:
         return replace(self.attachments, mounts=frozenset(m.declared() for m in self.mounts))
 
 
-# -- the container and image RPCs' requests, translated (shim.translate) -----------------------------
+# -- the RPCs' requests, translated (shim.translate) --------------------------------------------------
+@dataclass(frozen=True)
+class RunPodSandbox:
+    spec: SandboxSpec
+
+
+@dataclass(frozen=True)
+class StopPodSandbox:
+    sandbox_id: str | None  # an id or a prefix of one; None: another runtime's kind of id, naming nothing here
+
+
+@dataclass(frozen=True)
+class RemovePodSandbox:
+    sandbox_id: str | None  # as StopPodSandbox's
+
+
+@dataclass(frozen=True)
+class UpdatePodSandboxResources:
+    sandbox_id: str  # an id or a unique prefix of one
+    overhead: LinuxResources
+    resources: LinuxResources
+
+
 @dataclass(frozen=True)
 class CreateContainer:
     sandbox_id: str  # an id or a unique prefix of one

@@ -12,12 +12,11 @@ A pod is four parts, each kept by the component that alone knows its storage:
 - what NRI plugins are told of it (``shim.nri.hooks``).
 
 Every RuntimeService RPC makes one call here, with the request already translated, but those
-that change a container: their steps (``shim.rpc``: CreateContainer, StartContainer,
-StopContainer, RemoveContainer, UpdateContainerResources) take the parts from here. For the pod
-RPCs this module decides in which order the parts move, and undoes a half-done call: a
-RunPodSandbox whose node ports or NRI plugins refuse it leaves no VM, claim, network or directory
-behind. It also keeps the last CPU sample of each sandbox and container, from which stats report
-nano cores.
+that change state: their steps (``shim.rpc``: RunPodSandbox, StopPodSandbox, RemovePodSandbox,
+UpdatePodSandboxResources, CreateContainer, StartContainer, StopContainer, RemoveContainer,
+UpdateContainerResources) take the parts from here, in their order, and undo a half-done call.
+It also keeps the last CPU sample of each sandbox and container, from which stats report nano
+cores.
 
 Locking stays with the parts: a sandbox's life cycle runs under its lock (``SandboxLocks``),
 record writes go through ``Records`` (one lock for container rows), a container's guest
@@ -54,8 +53,6 @@ from vmsandbox import cri_metrics, shared_storage, stream_rules
 from vmsandbox.adapters.host_checks import host_warnings
 from vmsandbox.agent_ops import CgroupStats, ExecResult
 from vmsandbox.errors import DeadlineExceeded, InvalidArgument, VmSandboxError, WrongState
-from vmsandbox.pod import SandboxSpec
-from vmsandbox.sizing import LinuxResources
 
 log = logging.getLogger(__name__)
 
@@ -146,67 +143,11 @@ class Pods:
                     log.error("sandbox %s: its node ports are not relayed: %s", record.id[:12], exc)
 
     # -- pods ----------------------------------------------------------------------------------------
-    def run(self, spec: SandboxSpec) -> str:
-        """RunPodSandbox: the VM (``Sandboxes.run`` rolls back its own half-done boot), then the node
-        ports, then the plugins; a refusal by either tears the new pod down again."""
-        sandbox_id = self.sandboxes.run(spec)
-        try:
-            if self.host_ports is not None:
-                self.host_ports.open(sandbox_id, spec.namespaces, spec.port_mappings)
-            self.nri.sandbox_started(sandbox_id)
-        except BaseException:
-            self._discard(sandbox_id)
-            raise
-        return sandbox_id
-
-    def _discard(self, sandbox_id: str) -> None:
-        """Undo a RunPodSandbox after its VM booted; what cannot be undone now is left to the
-        reconcile, which tears down every part of a sandbox it finds half there."""
-        try:
-            if self.host_ports is not None:
-                self.host_ports.close(sandbox_id)
-            self.sandboxes.stop(sandbox_id)
-            self.containers.sandbox_stopped(sandbox_id)
-            self.containers.sandbox_removed(sandbox_id)
-            self.sandboxes.remove(sandbox_id)
-        except VmSandboxError as exc:
-            log.error("sandbox %s: tearing down the refused pod failed (the reconcile finishes it): %s",
-                      sandbox_id[:12], exc)  # fmt: skip
-
-    def stop(self, sandbox_id: str) -> None:
-        """StopPodSandbox: unknown ids and repeats succeed."""
-        record = self.records.find_for_teardown(sandbox_id)
-        if record is None:
-            return
-        if self.host_ports is not None:
-            self.host_ports.close(record.id)
-        self.sandboxes.stop(record.id)
-        self.containers.sandbox_stopped(record.id)
-        self.nri.sandbox_stopped(record)
-
-    def remove(self, sandbox_id: str) -> None:
-        """RemovePodSandbox: stops it first when needed; unknown ids and repeats succeed."""
-        record = self.records.find_for_teardown(sandbox_id)
-        if record is None:
-            return
-        members = self.records.containers(record.id)
-        if self.host_ports is not None:
-            self.host_ports.close(record.id)
-        self.containers.sandbox_removed(record.id)
-        self.sandboxes.remove(record.id)
-        self._rates.forget(record.id, *(c.id for c in members))
-        self.nri.sandbox_removed(record, members)
-
     def sandbox(self, sandbox_id: str) -> SandboxRecord:
         return self.records.get(sandbox_id)
 
     def list_sandboxes(self, f: SandboxFilter) -> list[SandboxRecord]:
         return [r for r in self.records.list_sandboxes() if f.matches(r)]
-
-    def update(self, sandbox_id: str, overhead: LinuxResources, resources: LinuxResources) -> None:
-        """UpdatePodSandboxResources: recorded when it fits the VM, then told to the plugins."""
-        self.sandboxes.update_sandbox(sandbox_id, resources)
-        self.nri.sandbox_updated(sandbox_id, overhead, resources)
 
     # -- containers ----------------------------------------------------------------------------------
     def container(self, container_id: str) -> ContainerRecord:
@@ -258,9 +199,9 @@ class Pods:
             raise DeadlineExceeded(f"command timed out after {timeout_s} s")
         return res
 
-    def forget_rates(self, container_id: str) -> None:
-        """A removed container's last CPU sample goes with it."""
-        self._rates.forget(container_id)
+    def forget_rates(self, *ids: str) -> None:
+        """The last CPU samples of removed sandboxes and containers go with them."""
+        self._rates.forget(*ids)
 
     def reopen_log(self, container_id: str) -> None:
         self.containers.reopen_log(self.records.container(container_id).id)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -32,7 +33,7 @@ from shim.container_index import ContainerIndex
 from shim.model import CONTAINER_EXITED, ContainerRecord, PodMeta, SandboxRecord
 from vmsandbox import validation
 from vmsandbox.adapters.ledger import Ledger
-from vmsandbox.errors import AlreadyExists, InvalidArgument, NotFound, VmSandboxError
+from vmsandbox.errors import AlreadyExists, NotFound, VmSandboxError
 from vmsandbox.lifecycle import STATE_CREATING
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,16 @@ class SandboxLocks:
         self._sandbox_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         self.in_flight: set[str] = set()  # sandboxes whose RunPodSandbox is running (periodic reconcile skips them)
+
+    @contextmanager
+    def running(self, sandbox_id: str) -> Iterator[None]:
+        """``sandbox_id`` is being made while the ``with`` block runs (its RunPodSandbox, its
+        rollback included): the periodic reconcile leaves it alone."""
+        self.in_flight.add(sandbox_id)
+        try:
+            yield
+        finally:
+            self.in_flight.discard(sandbox_id)
 
     def lock_for(self, sandbox_id: str) -> threading.Lock:
         with self._locks_lock:
@@ -96,13 +107,6 @@ class Records:
             raise NotFound(f"pod sandbox {sandbox_id!r} not found")
         logs.bind(sandbox_id=record.id, pod=f"{record.meta.namespace}/{record.meta.name}")
         return record
-
-    def find_for_teardown(self, sandbox_id: str) -> SandboxRecord | None:
-        """Stop/RemovePodSandbox's lookup: None for any id that names nothing here, including other
-        runtimes' kinds of ids, since stopping or removing an unknown sandbox succeeds."""
-        if not sandbox_id:
-            raise InvalidArgument("pod_sandbox_id is empty")
-        return self.find(sandbox_id) if validation.teardown_id(sandbox_id, "pod_sandbox_id") else None
 
     def find(self, sandbox_id: str) -> SandboxRecord | None:
         try:

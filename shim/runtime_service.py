@@ -1,7 +1,7 @@
 """``runtime.v1.RuntimeService``: a thin servicer over ``Pods`` (ImageService: ``shim.image_service``).
 
 Each method translates the request (``shim.translate``), makes one call — into ``shim.pods.Pods``,
-the owner of pods and their containers, or, for an RPC that changes a container, into its steps
+the owner of pods and their containers, or, for an RPC that changes state, into its steps
 (``shim.rpc``) — and translates the answer. RPCs this build does not serve answer UNIMPLEMENTED
 with a sentence saying so.
 """
@@ -21,14 +21,18 @@ from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from shim.pods import Pods
 from shim.rpc.create_container import create_container
 from shim.rpc.remove_container import remove_container
+from shim.rpc.remove_pod_sandbox import remove_pod_sandbox
+from shim.rpc.run_pod_sandbox import run_pod_sandbox
 from shim.rpc.start_container import start_container
 from shim.rpc.stop_container import stop_container
+from shim.rpc.stop_pod_sandbox import stop_pod_sandbox
 from shim.rpc.update_container_resources import update_container_resources
+from shim.rpc.update_pod_sandbox_resources import update_pod_sandbox_resources
 from shim.status import rpc
 from shim.streaming.server import StreamingServer, Target
 from shim.translate import inbound, outbound, stats
 from vmsandbox import __version__
-from vmsandbox.errors import InfrastructureError, InvalidArgument
+from vmsandbox.errors import InfrastructureError
 
 log = logging.getLogger(__name__)
 
@@ -78,23 +82,21 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     def RunPodSandbox(
         self, request: pb.RunPodSandboxRequest, context: grpc.ServicerContext
     ) -> pb.RunPodSandboxResponse:
-        if not request.HasField("config"):
-            raise InvalidArgument("RunPodSandboxRequest.config is missing")
-        spec = inbound.sandbox_spec(request.config, request.runtime_handler)
-        return pb.RunPodSandboxResponse(pod_sandbox_id=self.pods.run(spec))
+        sandbox_id = run_pod_sandbox(self.pods, inbound.run_pod_sandbox(request))
+        return pb.RunPodSandboxResponse(pod_sandbox_id=sandbox_id)
 
     @rpc
     def StopPodSandbox(
         self, request: pb.StopPodSandboxRequest, context: grpc.ServicerContext
     ) -> pb.StopPodSandboxResponse:
-        self.pods.stop(request.pod_sandbox_id)
+        stop_pod_sandbox(self.pods, inbound.stop_pod_sandbox(request))
         return pb.StopPodSandboxResponse()
 
     @rpc
     def RemovePodSandbox(
         self, request: pb.RemovePodSandboxRequest, context: grpc.ServicerContext
     ) -> pb.RemovePodSandboxResponse:
-        self.pods.remove(request.pod_sandbox_id)
+        remove_pod_sandbox(self.pods, inbound.remove_pod_sandbox(request))
         return pb.RemovePodSandboxResponse()
 
     @rpc
@@ -119,9 +121,7 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
     def UpdatePodSandboxResources(
         self, request: pb.UpdatePodSandboxResourcesRequest, context: grpc.ServicerContext
     ) -> pb.UpdatePodSandboxResourcesResponse:
-        resources = inbound.linux_resources(request.resources, "resources")
-        overhead = inbound.linux_resources(request.overhead, "overhead")
-        self.pods.update(request.pod_sandbox_id, overhead, resources)
+        update_pod_sandbox_resources(self.pods, inbound.update_pod_sandbox_resources(request))
         return pb.UpdatePodSandboxResourcesResponse()
 
     @rpc

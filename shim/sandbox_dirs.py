@@ -11,8 +11,9 @@ let go by detaching every mount there (``binds.unbind_all``).
 This module alone knows those paths. It makes a sandbox's directory before its QEMU starts, owned
 by that QEMU's uid, removes it when the sandbox goes (unmounted, then its image deleted: nothing
 the guest wrote is walked), and sweeps the directories and images of sandboxes nobody remembers.
-``Sandboxes`` holds the one instance (a boot makes the directory, a rollback and a removal drop
-it, the reconcile sweeps); ``Containers`` works inside it through the same instance.
+``Sandboxes`` holds the one instance (RunPodSandbox makes the directory and its rollback drops
+it, a removal drops it through ``Containers``, the reconcile sweeps); ``Containers`` works inside
+it through the same instance.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
-"""``Sandboxes``: a pod's life cycle — run, stop, remove, update — and its containers' admission.
+"""``Sandboxes``: the owners of pods' state, made and composed once, and a pod's plan.
 
 It composes the owners of a pod's state: its records (``shim.records``: typed values decoded
-once, kept in memory and written through to the ledger, ledger first), its boot, snapshots and
-rollback (``shim.boot``), the reconcile with libvirt and the turning NOTREADY of a pod whose guest
-died or lost its agent (``shim.reconcile``), host resources (``shim.host_resources``), pod networks
-(``shim.pod_networks``), each sandbox's directory (``shim.sandbox_dirs``) and snapshots
-(``shim.snapshots``). Containers are admitted into a sandbox by ``shim.container_admission``,
-under the same per-sandbox lock (``locks``). RunPodSandbox is
-transactional: any failure after the claim tears the domain down and releases every claim
-before the error leaves ``shim.boot``.
+once, kept in memory and written through to the ledger, ledger first), its guest's boot and the
+snapshots of its shape (``shim.boot``), the reconcile with libvirt and the turning NOTREADY of a
+pod whose guest died or lost its agent (``shim.reconcile``), host resources
+(``shim.host_resources``), pod networks (``shim.pod_networks``), each sandbox's directory
+(``shim.sandbox_dirs``) and snapshots (``shim.snapshots``). The sandbox RPCs (``shim.rpc``) order
+their calls; it plans a pod (``plan``, as ``vmsandbox plan`` does). Containers are admitted into
+a sandbox by ``shim.container_admission``, under the same per-sandbox lock (``locks``).
 """
 
 from __future__ import annotations
@@ -17,34 +16,23 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
-from shim import faults, logs
 from shim.boot import Boot
 from shim.config import ShimConfig
 from shim.host_resources import ResourceManager
-from shim.model import (
-    SANDBOX_NOTREADY,
-    SandboxSpec,
-)
+from shim.model import SandboxSpec
 from shim.pod_networks import PodNetworks
-from shim.reconcile import Reconciler, remove_console_log
-from shim.records import Records, SandboxLocks, new_id
+from shim.reconcile import Reconciler
+from shim.records import Records, SandboxLocks
 from shim.sandbox_dirs import SandboxDirs
 from shim.sandbox_part import Owners
 from shim.snapshots import Snapshots
-from vmsandbox import admission
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
-from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory
-from vmsandbox.lifecycle import (
-    SandboxPlan,
-    plan_sandbox,
-)
+from vmsandbox.lifecycle import SandboxPlan, plan_sandbox
 from vmsandbox.profile import Profile
-from vmsandbox.sizing import LinuxResources
 
 log = logging.getLogger(__name__)
 
@@ -100,76 +88,7 @@ class Sandboxes:
             log.warning("%s", problem)
 
     # -- sandboxes ------------------------------------------------------------------------------
-    def run(self, spec: SandboxSpec) -> str:
-        started = time.monotonic()
-        meta = spec.meta
-        logs.bind(pod=f"{meta.namespace}/{meta.name}")
-        for field_name in ("name", "namespace", "uid"):
-            if not getattr(meta, field_name):
-                raise InvalidArgument(f"PodSandboxConfig.metadata.{field_name} is empty")
-        if meta.attempt < 0:
-            raise InvalidArgument(f"PodSandboxConfig.metadata.attempt is negative ({meta.attempt})")
-        plan = self.plan(spec)
-        sandbox_id = new_id()
-        self.records.reserve_name(meta, sandbox_id)
-        self.locks.in_flight.add(sandbox_id)
-        try:
-            return self.boot.start_pod(spec, plan, sandbox_id, started)
-        except BaseException:
-            self.records.release_name(meta, sandbox_id)
-            raise
-        finally:
-            self.locks.in_flight.discard(sandbox_id)
-
     def plan(self, spec: SandboxSpec) -> SandboxPlan:
         """What the pod gets (profile, shape, devices, accelerator): the same function ``vmsandbox plan`` runs."""
         facts = self.policy.facts(self.inventory(), spec.declaration, kvm_device=os.path.exists("/dev/kvm"))
         return plan_sandbox(spec, self.profiles, facts, default_handler=self.config.default_handler)
-
-    def stop(self, sandbox_id: str) -> None:
-        """Destroy the guest and release its resources; unknown ids and repeats succeed."""
-        found = self.records.find_for_teardown(sandbox_id)
-        if found is None:
-            return
-        sandbox_id = found.id
-        with self.locks.lock_for(sandbox_id):
-            record = self.records.find(sandbox_id)
-            if record is None:
-                return
-            self.hypervisor.destroy(record.domain)
-            faults.checkpoint("remove:after-destroy")
-            self.hypervisor.teardown(record.domain)  # undefine
-            self.resources.release(sandbox_id)
-            faults.checkpoint("remove:after-release")
-            self.records.exit_containers(sandbox_id, reason="SandboxStopped")
-            if record.state != SANDBOX_NOTREADY:
-                self.records.put_sandbox(record.with_state(SANDBOX_NOTREADY))
-                log.info("sandbox %s stopped: domain %s removed, resources released", sandbox_id[:12], record.domain)
-            self.network.detach(sandbox_id)  # raises while CNI DEL fails; the next Stop tries again
-
-    def remove(self, sandbox_id: str) -> None:
-        # paths below are built from the id of a row we wrote, never the client's
-        found = self.records.find_for_teardown(sandbox_id)
-        if found is None:
-            return
-        sandbox_id = found.id
-        self.stop(sandbox_id)
-        with self.locks.lock_for(sandbox_id):
-            self.network.remove(sandbox_id)
-            record = self.records.find(sandbox_id)
-            if record is not None:
-                self.records.release_name(record.meta, record.id)
-            self.records.delete_sandbox(sandbox_id)
-            remove_console_log(self.config.console_dir, sandbox_id)
-        self.locks.forget(sandbox_id)
-
-    def update_sandbox(self, sandbox_id: str, resources: LinuxResources) -> None:
-        """UpdatePodSandboxResources: accepted and recorded when it fits the VM, else FAILED_PRECONDITION."""
-        sandbox_id = self.records.get(sandbox_id).id
-        with self.locks.lock_for(sandbox_id):
-            record = self.records.get(sandbox_id)
-            admission.check_envelope(
-                record.sized_shape().demand, [], admission.Usage.of_linux(resources), who="the pod's new resources"
-            )
-            updated = replace(record, updated_resources=resources)
-            self.records.put_sandbox(updated)

@@ -1,5 +1,5 @@
 """Snapshots of booted guests, per shape: made on first use (in the background) or by
-``vmsandbox snapshot make``, and restored by RunPodSandbox (``shim.sandboxes``).
+``vmsandbox snapshot make``, and restored by RunPodSandbox (``shim.boot``).
 
 This owner computes a pod's snapshot inputs (``vmsandbox.snapshot_rules.inputs_for``: the shape, the
 guest image's digest, the QEMU and libvirt versions, ...), makes snapshots in domains of their own

@@ -3,17 +3,20 @@
 
 Three READY sandboxes are seeded (two share the id prefix "ab") with one container, as a
 RunPodSandbox and CreateContainer leave them; their guests do not exist, so a valid RunPodSandbox
-defines and starts a test-driver domain and then fails for want of a guest, and rolls back.
+defines and starts a test-driver domain and then fails for want of a guest, and rolls back (a
+test that wants it to go on points the agent channel at a fake guest: ``tests.fake_guest``).
+Host-network pods' node ports are listened on (their connections dial no guest).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
@@ -25,16 +28,19 @@ from gen.cri.runtime.v1 import api_pb2 as pb
 from shim import status
 from shim.config import ShimConfig
 from shim.containers import Containers
+from shim.host_ports import HostPorts
 from shim.image_service import ImageServicer
 from shim.image_store import ImageStore
 from shim.model import SANDBOX_READY, ContainerRecord, PodMeta, SandboxRecord
 from shim.pods import Pods
 from shim.runtime_service import RuntimeServicer
 from shim.sandboxes import Sandboxes
+from tests import fake_guest as fg
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.domain import domain_name
+from vmsandbox.errors import InfrastructureError
 from vmsandbox.lifecycle import STATE_CREATING
 from vmsandbox.profile import Profile
 from vmsandbox.sizing import PodDemand, shape_for
@@ -51,6 +57,7 @@ class Server:
     channel: grpc.Channel
     root: Path
     containers: Containers | None = None
+    pods: Pods | None = None
 
     def rpc(self, name: str, request: Message | bytes) -> tuple[grpc.StatusCode, str, bytes]:
         """Call RuntimeService/``name`` (or ImageService/``name``): status, details, response bytes."""
@@ -117,14 +124,54 @@ def seed(sb: Sandboxes) -> None:
     sb.records.save_container(c)
 
 
-def assert_no_leak(sb: Sandboxes) -> None:
-    """No half-made row; every claim and every domain belongs to a READY sandbox."""
+def assert_no_leak(sb: Sandboxes, pods: Pods | None = None) -> None:
+    """No half-made row and no RunPodSandbox in flight; every claim and every domain of this
+    ledger belongs to a READY sandbox, every sandbox directory, pod network record and (with
+    ``pods``) node port to a recorded one."""
     rows = {sid: state for sid, state, _, _ in sb.ledger.sandboxes()}
     assert STATE_CREATING not in rows.values(), "a RunPodSandbox left a half-made row"
+    assert not sb.locks.in_flight, f"sandboxes still being made: {sorted(sb.locks.in_flight)}"
     ready = {sid for sid, state in rows.items() if state == SANDBOX_READY}
     assert sb.ledger.claim_owners() <= ready, "claims held by no live sandbox"
-    domains = {d.sandbox_id for d in sb.hypervisor.list_ours()}
+    domains = {d.sandbox_id for d in sb.hypervisor.list_ours() if d.owner == sb.ledger.instance_id}
     assert domains <= ready, f"domains of no live sandbox: {sorted(domains - ready)}"
+    dirs = {p.name.removesuffix(".img") for p in sb.dirs.root.iterdir()} if sb.dirs.root.is_dir() else set()
+    assert dirs <= set(rows), f"directories of no sandbox: {sorted(dirs - set(rows))}"
+    networks = {p.stem for p in sb.network.records.glob("*.json")}
+    assert networks <= set(rows), f"pod networks of no sandbox: {sorted(networks - set(rows))}"
+    if pods is not None and pods.host_ports is not None:
+        listening = pods.host_ports.sandboxes()
+        assert listening <= ready, f"node ports of no live sandbox: {sorted(listening - ready)}"
+
+
+def pods_for(sb: Sandboxes, host_ports: HostPorts | None = None) -> Pods:
+    """The owners the RuntimeService's RPCs work with, over ``sb`` (an image store of its own in
+    its state directory)."""
+    images = ImageStore(Path(sb.config.state_dir) / "images")
+    return Pods(sb, Containers(sb.config.state_dir, sb, images, sb.hypervisor), host_ports=host_ports)
+
+
+@contextmanager
+def booting(server: Server) -> Iterator[fg.FakeGuest]:
+    """While the ``with`` block runs, a RunPodSandbox goes all the way to READY: every domain's
+    agent channel is one fake guest answering as an agent does (a one-vCPU guest, as the profile's
+    default pod gets), waited for as long as a busy machine may take to schedule it, and the
+    profile makes no snapshots (one made in the background would hold claims of its own)."""
+    sb = server.sandboxes
+    profile = sb.profiles["vmsandbox"]
+    guest = fg.FakeGuest(server.root / "agent.sock", lambda _n, peer: peer.serve(fg.agent()))
+    sb.profiles["vmsandbox"] = replace(profile, snapshots=False, boot_timeout_s=20)
+    sb.hypervisor.channel_path = lambda _domain, _channel: str(guest.path)  # type: ignore[method-assign, assignment]
+    try:
+        yield guest
+    finally:
+        del sb.hypervisor.channel_path  # the class's again
+        sb.profiles["vmsandbox"] = profile
+        guest.close()
+
+
+def _no_guest(sandbox_id: str, port: int) -> socket.socket:
+    raise InfrastructureError(f"sandbox {sandbox_id[:12]}: no guest in this test to relay port {port} to")
 
 
 @contextmanager
@@ -180,7 +227,9 @@ def cri_server() -> Iterator[Server]:
         images = ImageStore(root / "images")
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         containers = Containers(config.state_dir, sb, images, hypervisor)
-        runtime = RuntimeServicer(Pods(sb, containers))
+        host_ports = HostPorts(_no_guest)
+        pods = Pods(sb, containers, host_ports=host_ports)
+        runtime = RuntimeServicer(pods)
         status.add_servicer(server, pb.DESCRIPTOR.services_by_name["RuntimeService"], runtime)
         status.add_servicer(
             server,
@@ -192,10 +241,12 @@ def cri_server() -> Iterator[Server]:
         server.start()
         channel = grpc.insecure_channel(f"unix:{sock}")
         try:
-            yield Server(sb, channel, root, containers)
+            yield Server(sb, channel, root, containers, pods)
         finally:
             channel.close()
             server.stop(None).wait()
+            for sid in host_ports.sandboxes():
+                host_ports.close(sid)
             sb.dirs.sweep(set())  # a sandbox directory a test left is a mount: never rmtree through it
             hypervisor.close()
             ledger.close()

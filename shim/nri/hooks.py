@@ -12,7 +12,8 @@ When plugins are called, and why:
 - RunPodSandbox: after the VM booted (the pod has its id and IPs), with the pod's whole size as
   ``pod_resources``. NRI gives plugins no way to adjust a pod here, so the VM is sized from the
   pod's declaration alone; a plugin may only refuse the pod, which tears the new VM down and
-  fails RunPodSandbox with the plugin's message.
+  fails RunPodSandbox with the plugin's message. Plugins that accepted a pod whose RunPodSandbox
+  then fails are told RemovePodSandbox (``sandbox_removed``), as containerd tells them.
 - StopPodSandbox and RemovePodSandbox: after the teardown, so a failing or hanging plugin never
   holds a VM or its resources; each first tells StopContainer / RemoveContainer for the pod's
   containers, as containerd does.
@@ -86,7 +87,7 @@ class NriHooks:
 
     # -- pod events -------------------------------------------------------------------------------
     def sandbox_started(self, sandbox_id: str) -> None:
-        """Raises the plugins' refusal; the pod's owner (``shim.pods``) then tears the new VM down."""
+        """Raises the plugins' refusal; RunPodSandbox (``shim.rpc.run_pod_sandbox``) then tears the new VM down."""
         if self.host is not None:
             self.host.run_pod_sandbox(codec.pod(self.records.get(sandbox_id)))
 

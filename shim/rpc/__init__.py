@@ -27,6 +27,7 @@ from vmsandbox.errors import VmSandboxError
 log = logging.getLogger(__name__)
 
 _POINTS: dict[str, tuple[str, ...]] = {}  # rpc -> its steps, in order
+NOTHING_UNDONE = "nothing to roll back"  # the outcome of a failure before any step with an undo
 
 
 def declare(rpc: str, *names: str) -> None:
@@ -70,7 +71,7 @@ class Steps:
                 )
                 return f"rollback incomplete: undoing {step} failed ({exc}); left for the reconcile: {', '.join(left)}"
             undone.append(step)
-        return f"rolled back: {', '.join(undone)} undone" if undone else "nothing to roll back"
+        return f"rolled back: {', '.join(undone)} undone" if undone else NOTHING_UNDONE
 
 
 @contextmanager

@@ -1,12 +1,12 @@
 """RuntimeService requests -> core: the pod's and containers' specs, what a container runs, list filters.
 
-Each container RPC that changes state gets one value (``shim.model``: ``CreateContainer``,
-``StartContainer``, ``StopContainer``, ``RemoveContainer``, ``UpdateContainerResources``), checked
-here and nowhere else: required fields present, names, attempts, timeouts and ids in range, and
-the shapes the protobuf types cannot check (quantities, page sizes, mounts, and names, labels and
-annotations by Kubernetes' rules: ``vmsandbox.validation``). A bad one raises ``InvalidArgument``
-naming the field, so nothing malformed reaches the RPC's steps (``shim.rpc``), a log line or the
-domain XML.
+Each RPC that changes state gets one value (``shim.model``: ``RunPodSandbox``, ``StopPodSandbox``,
+``RemovePodSandbox``, ``UpdatePodSandboxResources``, ``CreateContainer``, ``StartContainer``,
+``StopContainer``, ``RemoveContainer``, ``UpdateContainerResources``), checked here and nowhere
+else: required fields present, names, attempts, timeouts and ids in range, and the shapes the
+protobuf types cannot check (quantities, page sizes, mounts, and names, labels and annotations by
+Kubernetes' rules: ``vmsandbox.validation``). A bad one raises ``InvalidArgument`` naming the
+field, so nothing malformed reaches the RPC's steps (``shim.rpc``), a log line or the domain XML.
 """
 
 from __future__ import annotations
@@ -25,11 +25,15 @@ from shim.model import (
     MountRequest,
     PodMeta,
     RemoveContainer,
+    RemovePodSandbox,
+    RunPodSandbox,
     SandboxFilter,
     SandboxSpec,
     StartContainer,
     StopContainer,
+    StopPodSandbox,
     UpdateContainerResources,
+    UpdatePodSandboxResources,
 )
 from vmsandbox import oci_spec, validation
 from vmsandbox.errors import InvalidArgument, Unsupported
@@ -242,7 +246,32 @@ def dns_config(msg: pb.DNSConfig, where: str) -> DnsConfig:
     return DnsConfig(servers=tuple(msg.servers), searches=tuple(msg.searches), options=tuple(msg.options))
 
 
+# -- the sandbox RPCs' requests ----------------------------------------------------------------------
+def run_pod_sandbox(request: pb.RunPodSandboxRequest) -> RunPodSandbox:
+    if not request.HasField("config"):
+        raise InvalidArgument("RunPodSandboxRequest.config is missing")
+    return RunPodSandbox(sandbox_spec(request.config, request.runtime_handler))
+
+
+def stop_pod_sandbox(request: pb.StopPodSandboxRequest) -> StopPodSandbox:
+    return StopPodSandbox(validation.teardown_id(request.pod_sandbox_id, "pod_sandbox_id"))
+
+
+def remove_pod_sandbox(request: pb.RemovePodSandboxRequest) -> RemovePodSandbox:
+    return RemovePodSandbox(validation.teardown_id(request.pod_sandbox_id, "pod_sandbox_id"))
+
+
+def update_pod_sandbox_resources(request: pb.UpdatePodSandboxResourcesRequest) -> UpdatePodSandboxResources:
+    return UpdatePodSandboxResources(
+        sandbox_id=validation.id_prefix(request.pod_sandbox_id, "pod_sandbox_id"),
+        overhead=linux_resources(request.overhead, "overhead"),
+        resources=linux_resources(request.resources, "resources"),
+    )
+
+
 def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSpec:
+    """The pod a RunPodSandbox asks for (its metadata's name, namespace and uid non-empty and
+    well-formed; its attempt is unsigned on the wire)."""
     md = config.metadata
     linux = config.linux
     validation.pod_name(md.name, "PodSandboxConfig.metadata.name")

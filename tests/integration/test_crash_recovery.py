@@ -29,20 +29,28 @@ from vmsandbox.domain_xml import read_identity
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
 
-RUN_POINTS = ("run:before-claim", "run:after-claim", "run:after-define", "run:after-start", "run:after-ready")
-REMOVE_POINTS = ("remove:after-destroy", "remove:after-release")
+RUN_POINTS = (
+    "RunPodSandbox:reserve-name",
+    "RunPodSandbox:claim",
+    "RunPodSandbox:define",
+    "RunPodSandbox:guest-start",
+    "RunPodSandbox:ready",
+)
+REMOVE_POINTS = ("RemovePodSandbox:guest-destroy", "RemovePodSandbox:release")
 REPEATS = 3  # 7 points x 3 = 21 injections
 RPC_TIMEOUT = 120
 
 # what the restarted shim must log about the sandbox the crash left behind
 EXPECTED_DECISION = {
-    "run:before-claim": None,
-    "run:after-claim": "which has no row: its RunPodSandbox died right after claiming",
-    "run:after-define": "row still creating, guest defined, never started",
-    "run:after-start": "row still creating, guest running",
-    "run:after-ready": "reconcile: adopted sandbox",
-    "remove:after-destroy": "the sandbox is READY but its guest is not running",
-    "remove:after-release": "has no running guest: marked NOTREADY, 0 claims released, 1 containers marked exited",
+    "RunPodSandbox:reserve-name": None,
+    "RunPodSandbox:claim": "which has no row: its RunPodSandbox died right after claiming",
+    "RunPodSandbox:define": "row still creating, guest defined, never started",
+    "RunPodSandbox:guest-start": "row still creating, guest running",
+    "RunPodSandbox:ready": "reconcile: adopted sandbox",
+    "RemovePodSandbox:guest-destroy": "the sandbox is READY but its guest is not running",
+    "RemovePodSandbox:release": (
+        "has no running guest: marked NOTREADY, 0 claims released, 1 containers marked exited"
+    ),
 }
 
 
@@ -139,7 +147,7 @@ INJECTIONS = [
 def test_kill_9_at_fault_point(host: Host, point: str, rep: int) -> None:
     victim = ""
     victim_container = ""
-    if point.startswith("run:"):
+    if point.startswith("RunPodSandbox:"):
         shim = host.start(fault=point)
         with pytest.raises(grpc.RpcError) as err:
             run(shim, pod(f"crash-{rep}"))
@@ -168,7 +176,7 @@ def test_kill_9_at_fault_point(host: Host, point: str, rep: int) -> None:
         if decision is not None:
             assert decision in text, text
         ready = [sid for sid, (state, _) in led.rows.items() if state == "SANDBOX_READY"]
-        if point == "run:after-ready":
+        if point == "RunPodSandbox:ready":
             # the RPC never answered, but the guest was whole: adopted, listed and READY
             (adopted,) = ready
             assert f"reconcile: adopted sandbox {adopted[:12]}" in text

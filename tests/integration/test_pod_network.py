@@ -226,7 +226,7 @@ def test_a_failed_cni_add_rolls_everything_back(env: Env) -> None:
         conf.unlink()
 
 
-@pytest.mark.parametrize("fault", ["network:after-add", "run:after-network", "run:after-define"])
+@pytest.mark.parametrize("fault", ["network:after-add", "RunPodSandbox:network", "RunPodSandbox:define"])
 def test_a_shim_killed_mid_run_cleans_up_on_restart(env: Env, fault: str) -> None:
     tmp = env.tmp / f"crash-{fault.replace(':', '-')}"
     tmp.mkdir()

@@ -106,7 +106,7 @@ def test_a_guest_writing_past_its_pods_ephemeral_storage_gets_enospc(
 
 def test_a_shim_killed_after_mounting_leaves_nothing_once_restarted(tmp_path: Path) -> None:
     require_host()
-    shim = start_shim(tmp_path, env={"VMSANDBOX_FAULT": "run:after-define"}, pull_busybox=False)
+    shim = start_shim(tmp_path, env={"VMSANDBOX_FAULT": "RunPodSandbox:define"}, pull_busybox=False)
     try:
         config = pod("killed", containers=[("app", LIMITED)])
         with pytest.raises(grpc.RpcError):

@@ -29,10 +29,15 @@ from shim.model import (
     ContainerRecord,
     ContainerSpec,
     PodMeta,
+    RemovePodSandbox,
     SandboxRecord,
+    UpdatePodSandboxResources,
 )
+from shim.rpc.remove_pod_sandbox import remove_pod_sandbox
+from shim.rpc.update_pod_sandbox_resources import update_pod_sandbox_resources
 from shim.sandboxes import Sandboxes
 from shim.translate import inbound, outbound
+from tests.cri_server import pods_for
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.profile_loader import load_profiles
@@ -652,10 +657,11 @@ def test_update_with_kubernetes_resources_is_recorded(sandboxes: Sandboxes) -> N
 
 def test_update_pod_sandbox_resources_is_recorded_or_refused(sandboxes: Sandboxes) -> None:
     add_sandbox(sandboxes, "a5" * 32, DECLARED)
-    sandboxes.update_sandbox("a5" * 32, lin(1000, 128))
+    pods = pods_for(sandboxes)
+    update_pod_sandbox_resources(pods, UpdatePodSandboxResources("a5" * 32, LinuxResources(), lin(1000, 128)))
     assert sandboxes.records.get("a5" * 32).updated_resources.memory_limit_bytes == 128 * MI
     with pytest.raises(Diverged) as err:
-        sandboxes.update_sandbox("a5" * 32, lin(1000, 256))
+        update_pod_sandbox_resources(pods, UpdatePodSandboxResources("a5" * 32, LinuxResources(), lin(1000, 256)))
     assert "memory: 256Mi in all > VM's 128Mi (it would have to grow by 128Mi)" in str(err.value)
     assert sandboxes.records.get("a5" * 32).updated_resources.memory_limit_bytes == 128 * MI
 
@@ -664,8 +670,9 @@ def test_remove_takes_the_containers_and_the_record(sandboxes: Sandboxes) -> Non
     add_sandbox(sandboxes, "a6" * 32, DECLARED)
     cid = admit_into(sandboxes, "a6" * 32, spec("app", declared=True))
     assert sandboxes.records.get("a6" * 32).declaration == DECLARED
-    sandboxes.remove("a6" * 32)
-    sandboxes.remove("a6" * 32)  # idempotent
+    pods = pods_for(sandboxes)
+    remove_pod_sandbox(pods, RemovePodSandbox("a6" * 32))
+    remove_pod_sandbox(pods, RemovePodSandbox("a6" * 32))  # idempotent
     assert sandboxes.records.containers("a6" * 32) == []
     assert sandboxes.records.find("a6" * 32) is None
     sandboxes.records.remove_container(cid)  # unknown now: still fine

@@ -14,8 +14,10 @@ import grpc
 import pytest
 
 from shim.front import Aborted, ListChannel
-from shim.model import CONTAINER_EXITED, CONTAINER_RUNNING
+from shim.model import CONTAINER_EXITED, CONTAINER_RUNNING, RemovePodSandbox, StopPodSandbox
 from shim.pods import Pods
+from shim.rpc.remove_pod_sandbox import remove_pod_sandbox
+from shim.rpc.stop_pod_sandbox import stop_pod_sandbox
 from tests.cri_server import SEED_CONTAINER, SEED_SANDBOXES, Server, cri_server
 
 HEAD = struct.Struct(">IIB")
@@ -29,14 +31,16 @@ def server() -> Iterator[Server]:
 
 def test_every_change_to_the_records_moves_the_generation_and_is_heard(server: Server) -> None:
     sb = server.sandboxes
+    assert server.pods is not None
+    pods = server.pods
     heard: list[int] = []
     sb.records.watch_generation(heard.append)
     seed = sb.records.container(SEED_CONTAINER)
     changes: list[tuple[str, Callable[[], object]]] = [
         ("a container's state", lambda: sb.records.save_container(replace(seed, state=CONTAINER_EXITED))),
         ("a container removed", lambda: sb.records.remove_container(SEED_CONTAINER)),
-        ("a sandbox stopped", lambda: sb.stop(SEED_SANDBOXES[1])),
-        ("a sandbox removed", lambda: sb.remove(SEED_SANDBOXES[1])),
+        ("a sandbox stopped", lambda: stop_pod_sandbox(pods, StopPodSandbox(SEED_SANDBOXES[1]))),
+        ("a sandbox removed", lambda: remove_pod_sandbox(pods, RemovePodSandbox(SEED_SANDBOXES[1]))),
     ]
     for what, change in changes:
         before = sb.records.generation

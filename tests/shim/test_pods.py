@@ -1,21 +1,18 @@
-"""``shim.pods``: list filters, and the rollback a half-done RunPodSandbox leaves to the owner
-(the container RPCs' steps and their rollback: ``tests/shim/rpc/``).
+"""``shim.pods``: list filters, and what it answers of sandboxes (the RPCs' steps and their
+rollback: ``tests/shim/rpc/``).
 
-The rollback tests use the production owners over a real ledger and libvirt's test driver
-(``tests/cri_server.py``); only ``Sandboxes.run`` is replaced, by the seeded READY sandbox a
-successful boot would have left, since no guest boots here.
+The tests use the production owners over a real ledger and libvirt's test driver
+(``tests/cri_server.py``), with the seeded READY sandboxes a successful boot would have left.
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 
 from gen.cri.runtime.v1 import api_pb2 as pb
-from shim.host_ports import HostPorts
 from shim.model import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
@@ -24,16 +21,17 @@ from shim.model import (
     ContainerFilter,
     ContainerRecord,
     PodMeta,
+    RemovePodSandbox,
     SandboxFilter,
     SandboxRecord,
-    SandboxSpec,
+    StopPodSandbox,
 )
-from shim.nri.hooks import NriHooks
 from shim.pods import Pods
+from shim.rpc.remove_pod_sandbox import remove_pod_sandbox
+from shim.rpc.stop_pod_sandbox import stop_pod_sandbox
 from shim.translate import inbound
-from tests.cri_server import SEED_CONTAINER, SEED_SANDBOXES, Server, assert_no_leak, cri_server
-from tests.ports import quiet_port
-from vmsandbox.errors import AlreadyExists, InvalidArgument, VmSandboxError
+from tests.cri_server import SEED_CONTAINER, SEED_SANDBOXES, Server, cri_server
+from vmsandbox.errors import InvalidArgument
 
 _POD = SandboxRecord(
     id="ab" * 32,
@@ -128,63 +126,11 @@ def server() -> Iterator[Server]:
         yield s
 
 
-def _host_network_spec(port: int) -> SandboxSpec:
-    config = pb.PodSandboxConfig(
-        metadata=pb.PodSandboxMetadata(name="web", namespace="default", uid="u-1"),
-        port_mappings=[pb.PortMapping(container_port=port, host_port=port, host_ip="127.0.0.1")],
-        linux=pb.LinuxPodSandboxConfig(
-            security_context=pb.LinuxSandboxSecurityContext(namespace_options=pb.NamespaceOption(network=pb.NODE))
-        ),
-    )
-    return inbound.sandbox_spec(config, "vmsandbox")
-
-
-def _booted(server: Server, sandbox_id: str) -> Pods:
-    """Pods whose ``Sandboxes.run`` answers with ``sandbox_id`` as a finished boot does."""
-    assert server.containers is not None
-    sb = server.sandboxes
-    sb.run = lambda spec: sandbox_id  # type: ignore[method-assign]
-    return Pods(sb, server.containers, host_ports=HostPorts(lambda sid, port: socket.socket()))
-
-
-def test_a_taken_node_port_tears_the_new_pod_down(server: Server) -> None:
-    sid = SEED_SANDBOXES[2]
-    pods = _booted(server, sid)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        with pytest.raises(AlreadyExists, match="is taken"):
-            pods.run(_host_network_spec(taken.getsockname()[1]))
-    assert server.sandboxes.records.find(sid) is None, "the refused pod is still recorded"
-    assert pods.host_ports is not None and sid not in pods.host_ports.sandboxes()
-    assert not (server.root / "state" / "sandboxes" / sid).exists()
-    assert_no_leak(server.sandboxes)
-
-
-def test_a_plugin_refusal_tears_the_new_pod_down_and_closes_its_node_ports(server: Server) -> None:
-    sid = SEED_SANDBOXES[2]
-    pods = _booted(server, sid)
-
-    class Refusing(NriHooks):
-        def sandbox_started(self, sandbox_id: str) -> None:
-            raise VmSandboxError("plugin says no")
-
-    assert server.containers is not None
-    pods.nri = Refusing(None, server.sandboxes, server.containers)
-    port = quiet_port()
-    with pytest.raises(VmSandboxError, match="plugin says no"):
-        pods.run(_host_network_spec(port))
-    assert server.sandboxes.records.find(sid) is None
-    with socket.socket() as again:  # the node port was let go
-        again.bind(("127.0.0.1", port))
-    assert_no_leak(server.sandboxes)
-
-
 def test_teardown_of_unknown_ids_succeeds_and_bad_input_is_refused(server: Server) -> None:
     assert server.containers is not None
     pods = Pods(server.sandboxes, server.containers)
-    pods.stop("f" * 64)
-    pods.remove("f" * 64)
+    stop_pod_sandbox(pods, StopPodSandbox("f" * 64))
+    remove_pod_sandbox(pods, RemovePodSandbox("f" * 64))
     with pytest.raises(InvalidArgument):
         pods.exec_sync(SEED_CONTAINER, ["true"], -1)
 

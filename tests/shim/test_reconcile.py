@@ -147,12 +147,14 @@ def test_each_crash_state_is_resolved(
     env: tuple[Sandboxes, FakeLibvirt, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     sb, fake, console = env
-    claimed_only = add(sb, fake, 1, state=None, domain=None, cpus=(0,), pages=2)  # run:after-claim
-    defined = add(sb, fake, 2, state=STATE_CREATING, domain=False, pages=3, console=console)  # run:after-define
-    started = add(sb, fake, 3, state=STATE_CREATING, domain=True, pages=3, console=console)  # run:after-start
+    # what a shim killed after each of these steps leaves: RunPodSandbox:claim, :define, :guest-start,
+    # then ready, then RemovePodSandbox:guest-destroy and :release
+    claimed_only = add(sb, fake, 1, state=None, domain=None, cpus=(0,), pages=2)
+    defined = add(sb, fake, 2, state=STATE_CREATING, domain=False, pages=3, console=console)
+    started = add(sb, fake, 3, state=STATE_CREATING, domain=True, pages=3, console=console)
     ready = add(sb, fake, 4, state=SANDBOX_READY, domain=True, cpus=(1,), pages=4, containers=2, console=console)
-    destroyed = add(sb, fake, 5, state=SANDBOX_READY, domain=False, pages=5, containers=1)  # remove:after-destroy
-    released = add(sb, fake, 6, state=SANDBOX_READY, domain=None, claim=False, pages=1)  # remove:after-release
+    destroyed = add(sb, fake, 5, state=SANDBOX_READY, domain=False, pages=5, containers=1)
+    released = add(sb, fake, 6, state=SANDBOX_READY, domain=None, claim=False, pages=1)
     half_stopped = add(sb, fake, 7, state=SANDBOX_NOTREADY, domain=False, pages=2)  # NOTREADY + domain
     no_row = add(sb, fake, 8, state=None, domain=True, claim=False, console=console)  # domain, no row
     forgotten_log = console / f"{sid(9)}.log"

@@ -1,6 +1,7 @@
 """A RunPodSandbox that fails half-way says what its rollback really did: when libvirt cannot remove
-the domain the claims stay held (the guest may hold the pages) and the error says so; otherwise
-nothing is left behind. The pod's name is free again either way."""
+the domain the unwinding stops there and the claims stay held (the guest may hold the pages), and
+the error says so, until the reconcile removes the domain; otherwise nothing is left behind. The
+pod's name is free again once nothing of its sandbox is left."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from typing import cast
 import pytest
 
 from shim.config import ShimConfig
-from shim.model import PodMeta, SandboxSpec
+from shim.model import PodMeta, RunPodSandbox, SandboxSpec
+from shim.rpc.run_pod_sandbox import run_pod_sandbox
 from shim.sandboxes import Sandboxes
+from tests.cri_server import pods_for
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
-from vmsandbox.errors import InfrastructureError
+from vmsandbox.errors import AlreadyExists, InfrastructureError
 from vmsandbox.profile import Profile
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "one-node-2cpu"
@@ -84,13 +87,18 @@ def env(tmp_path: Path) -> Iterator[tuple[Sandboxes, FailingHypervisor, Ledger]]
         ledger.close()
 
 
-SPEC = SandboxSpec(meta=PodMeta("web", "default", "uid-1"))
+REQUEST = RunPodSandbox(SandboxSpec(meta=PodMeta("web", "default", "uid-1")))
+
+
+def run(sb: Sandboxes) -> None:
+    run_pod_sandbox(pods_for(sb), REQUEST)
 
 
 def test_rollback_that_worked_says_so_and_leaves_nothing(env: tuple[Sandboxes, FailingHypervisor, Ledger]) -> None:
     sb, _hv, ledger = env
-    with pytest.raises(InfrastructureError, match=r"rolled back: domain removed, network removed, resources released"):
-        sb.run(SPEC)
+    undone = "define, share, network, record, claim, reserve-name"
+    with pytest.raises(InfrastructureError, match=rf"^pod default/web: .* \(rolled back: {undone} undone\)$"):
+        run(sb)
     assert ledger.claim_owners() == set()
     assert ledger.sandboxes() == []
 
@@ -101,20 +109,26 @@ def test_rollback_that_could_not_remove_the_domain_keeps_claims_and_says_so(
     sb, hv, ledger = env
     hv.libvirt_down = True
     with pytest.raises(InfrastructureError) as err:
-        sb.run(SPEC)
-    assert "rollback incomplete" in str(err.value)
+        run(sb)
+    assert "rollback incomplete: undoing define failed" in str(err.value)
+    assert "its resources stay held until the shim's reconciliation removes it" in str(err.value)
     assert "released" not in str(err.value)
     assert len(ledger.claim_owners()) == 1  # held: the domain may still hold the pages
+    with pytest.raises(AlreadyExists, match="already has sandbox"):
+        run(sb)  # the half-made sandbox keeps the pod's name while it is there
     # the next reconcile, with libvirt back, finishes the job
     hv.libvirt_down = False
     cast(Hypervisor, hv).list_ours = lambda: []  # type: ignore[method-assign]
     sb.reconciler.reconcile()
     assert ledger.claim_owners() == set()
     assert ledger.sandboxes() == []
+    assert not sb.dirs.root.exists() or list(sb.dirs.root.iterdir()) == []
+    with pytest.raises(InfrastructureError, match="rolled back"):
+        run(sb)  # the name is free again
 
 
 def test_a_failed_run_frees_the_pod_name(env: tuple[Sandboxes, FailingHypervisor, Ledger]) -> None:
     sb, _hv, _ledger = env
     for _ in range(2):  # the second attempt is not refused as a duplicate of the first
         with pytest.raises(InfrastructureError, match="rolled back"):
-            sb.run(SPEC)
+            run(sb)

@@ -11,8 +11,10 @@ import pytest
 import yaml
 
 from shim.config import ShimConfig
-from shim.model import PodMeta, SandboxSpec
+from shim.model import PodMeta, RunPodSandbox, SandboxSpec
+from shim.rpc.run_pod_sandbox import run_pod_sandbox
 from shim.sandboxes import Sandboxes
+from tests.cri_server import pods_for
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
@@ -428,6 +430,10 @@ def pod_spec(*containers: ContainerDeclaration) -> SandboxSpec:
     return SandboxSpec(meta=PodMeta("train", "ml", "uid-1"), declaration=PodDeclaration(containers=containers))
 
 
+def run(sb: Sandboxes, spec: SandboxSpec) -> str:
+    return run_pod_sandbox(pods_for(sb), RunPodSandbox(spec))
+
+
 @pytest.mark.parametrize(
     ("decl", "hostdevs"),
     [
@@ -453,7 +459,7 @@ def test_run_pod_sandbox_passes_whole_groups_and_rolls_back(
 ) -> None:
     sb, hypervisor = gpu_shim
     with pytest.raises(InfrastructureError, match=r"unit tests start no guest .*rolled back"):
-        sb.run(pod_spec(decl))
+        run(sb, pod_spec(decl))
     [xml] = hypervisor.defined
     assert read_hostdevs(xml) == hostdevs
     assert sb.ledger.held() == {}  # the rollback released CPUs, pages and PCI functions
@@ -486,7 +492,7 @@ def test_unconfigured_groups_are_refused_before_anything_is_claimed(
 ) -> None:
     sb, hypervisor = gpu_shim
     with pytest.raises(InvalidArgument, match=r'container "app": device /dev/vfio/20: IOMMU group 20 is not in a'):
-        sb.run(pod_spec(container("app", devices=("/dev/vfio/20",))))
+        run(sb, pod_spec(container("app", devices=("/dev/vfio/20",))))
     with pytest.raises(InvalidArgument, match=r'CDI device "example.com/gpu=0" is not defined by any CDI spec'):
-        sb.run(pod_spec(container("app", cdi=("example.com/gpu=0",))))
+        run(sb, pod_spec(container("app", cdi=("example.com/gpu=0",))))
     assert hypervisor.defined == [] and sb.ledger.held() == {}

@@ -1,0 +1,138 @@
+"""RunPodSandbox: a pod's VM from its plan to READY, then its node ports and the NRI plugins' word.
+
+The steps, each undone should a later one fail (``shim.rpc``):
+
+============  ==================================================  ================================
+step          what it did                                         its undo
+============  ==================================================  ================================
+plan          sized the pod from its declaration and the host's
+              facts; nothing held yet
+reserve-name  its name, namespace, uid and attempt name this      released
+              sandbox
+claim         its CPUs, pages, memory and devices, taken back     released
+              from a snapshot being made in the background when
+              the pod does not fit beside it
+record        its ``creating`` row, with a QEMU uid of its own    deleted
+network       its pod network attached                            removed
+share         its sandbox directory, the share its guest mounts   dropped
+define        its domain defined, for a restore from its shape's  torn down
+              snapshot or for a cold boot
+guest-start   its guest restored (or, when that fails,            (the domain's)
+              cold-booted) or booted, its agent answering
+ready         the guest's report checked, the row READY           (the row's)
+node-ports    a host-network pod's node ports listened on         closed
+nri-started   NRI plugins told RunPodSandbox, and none refused    told RemovePodSandbox
+============  ==================================================  ================================
+
+When the domain cannot be torn down the unwinding stops there: the guest may still hold the
+pod's CPUs and pages, so they stay claimed (with the row, network, directory and name) until the
+reconcile removes the domain, and the error says so. Once READY and answered, the snapshot of a
+shape that has none yet is made in the background.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from shim import logs, metrics, rpc
+from shim.model import RunPodSandbox, SandboxSpec
+from shim.pods import Pods
+from shim.records import new_id
+from shim.sandboxes import Sandboxes
+from vmsandbox.errors import CannotFit, VmSandboxError
+from vmsandbox.lifecycle import SandboxPlan
+from vmsandbox.placement import Placement
+
+log = logging.getLogger(__name__)
+
+RPC = "RunPodSandbox"
+rpc.declare(
+    RPC,
+    "plan",
+    "reserve-name",
+    "claim",
+    "record",
+    "network",
+    "share",
+    "define",
+    "guest-start",
+    "ready",
+    "node-ports",
+    "nri-started",
+)
+
+
+def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
+    """Run the pod ``req`` asks for; its sandbox id. Any failure unwinds what was done and says what."""
+    started = time.monotonic()
+    spec = req.spec
+    sb = pods.sandboxes
+    pod = f"{spec.meta.namespace}/{spec.meta.name}"
+    logs.bind(pod=pod)
+    sandbox_id = new_id()
+    with sb.locks.running(sandbox_id), rpc.steps(RPC, functools.partial(_failed, pod, sandbox_id)) as s:
+        plan = sb.plan(spec)
+        s.done("plan")
+        sb.records.reserve_name(spec.meta, sandbox_id)
+        s.done("reserve-name", functools.partial(sb.records.release_name, spec.meta, sandbox_id))
+        logs.bind(sandbox_id=sandbox_id)
+        placement = _claim(sb, sandbox_id, plan)
+        s.done("claim", functools.partial(sb.resources.release, sandbox_id))
+        record = sb.boot.record(spec, plan, placement, sandbox_id)
+        s.done("record", functools.partial(sb.records.delete_sandbox, sandbox_id))
+        attachment = sb.network.attach(
+            sandbox_id, spec.meta, spec.namespaces, spec.port_mappings, dict(spec.annotations)
+        )
+        s.done("network", functools.partial(sb.network.remove, sandbox_id))
+        record = replace(record, network=attachment.network)
+        shared = sb.dirs.make(sandbox_id, record.qemu_uid, plan.shared_storage_bytes)
+        s.done("share", functools.partial(sb.dirs.drop, sandbox_id))
+        guest = sb.boot.guest(record, plan, placement, attachment, shared)
+        booting = time.monotonic()
+        sb.boot.define(guest)
+        s.done("define", functools.partial(sb.boot.remove_domain, guest.domain.name))
+        report, how = sb.boot.start(record, guest)
+        s.done("guest-start")
+        record = sb.boot.ready(record, guest, report, how, int((time.monotonic() - booting) * 1000))
+        s.done("ready")
+        s.done("node-ports", _open_node_ports(pods, sandbox_id, spec))
+        pods.nri.sandbox_started(sandbox_id)
+        s.done("nri-started", functools.partial(pods.nri.sandbox_removed, record, []))
+    metrics.observe_start(record.runtime_handler, time.monotonic() - started)
+    sb.boot.make_snapshot_later(guest)
+    return sandbox_id
+
+
+def _claim(sb: Sandboxes, sandbox_id: str, plan: SandboxPlan) -> Placement:
+    """Claim what the pod needs. Pods come first: a snapshot being made in the background gives
+    its claim back when the pod does not fit beside it."""
+    try:
+        return sb.resources.reserve(sandbox_id, plan.shape, plan.profile, plan.devices)
+    except CannotFit:
+        if not sb.snapshots.give_way():
+            raise
+        return sb.resources.reserve(sandbox_id, plan.shape, plan.profile, plan.devices)
+
+
+def _open_node_ports(pods: Pods, sandbox_id: str, spec: SandboxSpec) -> Callable[[], None] | None:
+    """Listen on the node for a host-network pod's port mappings; the undo (None: nothing opened)."""
+    ports = pods.host_ports
+    if ports is None:
+        return None
+    ports.open(sandbox_id, spec.namespaces, spec.port_mappings)
+    return functools.partial(ports.close, sandbox_id)
+
+
+def _failed(pod: str, sandbox_id: str, exc: BaseException, outcome: str) -> BaseException | None:
+    """The error to answer: the pod named and what the unwinding did, once anything was held."""
+    if not isinstance(exc, VmSandboxError) or outcome == rpc.NOTHING_UNDONE:
+        return None
+    log.error("sandbox %s for pod %s failed: %s (%s)", sandbox_id[:12], pod, exc, outcome)
+    said = copy.copy(exc)  # its type and what it carries (a refusal's shortfalls, ...), saying more
+    said.args = (f"pod {pod}: {exc} ({outcome})",)
+    return said

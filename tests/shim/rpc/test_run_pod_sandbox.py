@@ -1,0 +1,177 @@
+"""RunPodSandbox (``shim.rpc.run_pod_sandbox``) through the real gRPC server in process
+(``tests/cri_server.py``, its guests faked by ``booting``, so that every step is reached).
+
+A fault injected after any of its steps unwinds exactly the steps done, newest first, and says
+so: no row, claim, domain, sandbox directory, pod network or node port is left, and the pod's
+name is free again, so the same pod then runs. A node port another process holds and an NRI
+plugin's refusal unwind the same way. (A domain libvirt cannot remove: ``tests/shim/test_rollback.py``;
+the pod network's CNI and a real guest: ``tests/integration/test_rpc_rollback.py``.)
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from gen.cri.runtime.v1 import api_pb2 as pb
+from shim import faults, rpc
+from shim.nri.hooks import NriHooks
+from shim.pods import Pods
+from shim.rpc.run_pod_sandbox import RPC, run_pod_sandbox
+from shim.translate import inbound
+from tests.cri_server import SEED_SANDBOXES, Server, assert_no_leak, booting, cri_server
+from tests.ports import quiet_port
+from vmsandbox.errors import CannotFit, VmSandboxError
+
+pytest.importorskip("libvirt")
+
+POINTS = rpc.rpc_points(RPC)
+# the steps that push an undo, in order: a fault after a step unwinds those up to it
+UNDONE = (
+    "reserve-name",
+    "claim",
+    "record",
+    "network",
+    "share",
+    "define",
+    "node-ports",
+    "nri-started",
+)
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    with cri_server() as s, booting(s):
+        yield s
+
+
+def pods_of(server: Server) -> Pods:
+    assert server.pods is not None
+    return server.pods
+
+
+def host_network_pod(port: int) -> pb.RunPodSandboxRequest:
+    """A host-network pod with a node port on 127.0.0.1, so that every step has something to do."""
+    return pb.RunPodSandboxRequest(
+        config=pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name="web", namespace="default", uid="u-1"),
+            log_directory="/var/log/pods/default_web_u-1",
+            port_mappings=[pb.PortMapping(container_port=port, host_port=port, host_ip="127.0.0.1")],
+            linux=pb.LinuxPodSandboxConfig(
+                security_context=pb.LinuxSandboxSecurityContext(namespace_options=pb.NamespaceOption(network=pb.NODE))
+            ),
+        ),
+        runtime_handler="vmsandbox",
+    )
+
+
+def run(server: Server, request: pb.RunPodSandboxRequest) -> str:
+    code, details, body = server.rpc("RunPodSandbox", request)
+    assert code == grpc.StatusCode.OK, details
+    return str(pb.RunPodSandboxResponse.FromString(body).pod_sandbox_id)
+
+
+def assert_left_nothing(server: Server, port: int) -> None:
+    """Only the seeded sandboxes are recorded, nothing else is held, and nothing listens on the
+    node port (a relayed connection's TIME_WAIT may stay, as for any server: so SO_REUSEADDR)."""
+    assert_no_leak(server.sandboxes, pods_of(server))
+    assert sorted(sid for sid, *_ in server.sandboxes.ledger.sandboxes()) == sorted(SEED_SANDBOXES)
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))
+        again.listen()
+
+
+def remove(server: Server, sandbox_id: str) -> None:
+    for name, req in (
+        ("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id)),
+        ("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id)),
+    ):
+        code, details, _ = server.rpc(name, req)
+        assert code == grpc.StatusCode.OK, details
+
+
+def test_every_step_is_declared_in_order() -> None:
+    assert [p.split(":", 1)[1] for p in POINTS] == [
+        "plan",
+        *UNDONE[:6],
+        "guest-start",
+        "ready",
+        *UNDONE[6:],
+    ]
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_fault_after_any_step_leaves_nothing_behind(server: Server, point: str) -> None:
+    port = quiet_port()
+    request = host_network_pod(port)
+    with faults.raising(point):
+        code, details, _ = server.rpc("RunPodSandbox", request)
+    assert code == grpc.StatusCode.UNAVAILABLE, details
+    assert f"fault injected at {point}" in details
+    step = point.split(":", 1)[1]
+    steps = [p.split(":", 1)[1] for p in POINTS]
+    undone = [s for s in UNDONE if steps.index(s) <= steps.index(step)]
+    if undone:
+        assert details.startswith("pod default/web: ")
+        assert f"(rolled back: {', '.join(reversed(undone))} undone)" in details
+    assert_left_nothing(server, port)
+
+    # the name is free again: the same pod runs, and goes as it came
+    sandbox_id = run(server, request)
+    code, details, body = server.rpc("PodSandboxStatus", pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id))
+    assert code == grpc.StatusCode.OK and pb.PodSandboxStatusResponse.FromString(body).status.state == pb.SANDBOX_READY
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()  # its node port listens
+    remove(server, sandbox_id)
+    assert_left_nothing(server, port)
+
+
+def test_a_taken_node_port_tears_the_new_pod_down(server: Server) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", quiet_port()))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, details, _ = server.rpc("RunPodSandbox", host_network_pod(port))
+        assert code == grpc.StatusCode.ALREADY_EXISTS and "is taken" in details, details
+        assert "rolled back: " in details
+    assert_left_nothing(server, port)
+
+
+def test_a_plugin_refusal_tears_the_new_pod_down_and_closes_its_node_ports(server: Server) -> None:
+    class Refusing(NriHooks):
+        def sandbox_started(self, sandbox_id: str) -> None:
+            raise VmSandboxError("plugin says no")
+
+    pods = pods_of(server)
+    assert server.containers is not None
+    pods.nri = Refusing(None, server.sandboxes, server.containers)
+    port = quiet_port()
+    code, details, _ = server.rpc("RunPodSandbox", host_network_pod(port))
+    assert code != grpc.StatusCode.OK and "plugin says no" in details, details
+    assert "rolled back: node-ports, " in details  # the plugins refused: they are told nothing more
+    assert_left_nothing(server, port)
+
+
+def test_a_second_run_of_a_running_pod_is_refused_and_changes_nothing(server: Server) -> None:
+    port = quiet_port()
+    sandbox_id = run(server, host_network_pod(port))
+    code, details, _ = server.rpc("RunPodSandbox", host_network_pod(port))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and f"already has sandbox {sandbox_id}" in details, details
+    assert server.sandboxes.records.get(sandbox_id).state == pb.PodSandboxState.Name(pb.SANDBOX_READY)
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    remove(server, sandbox_id)
+    assert_left_nothing(server, port)
+
+
+def test_a_pod_that_does_not_fit_is_refused_as_such_naming_it_and_what_was_undone(server: Server) -> None:
+    request = host_network_pod(quiet_port())
+    request.config.linux.resources.cpu_quota, request.config.linux.resources.cpu_period = 900_000, 100_000
+    with pytest.raises(CannotFit) as err:
+        run_pod_sandbox(pods_of(server), inbound.run_pod_sandbox(request))
+    assert str(err.value).startswith("pod default/web: cannot place the VM: ")
+    assert str(err.value).endswith(" (rolled back: reserve-name undone)")
+    assert err.value.shortfalls, "the refusal still names each short resource"
+    assert_left_nothing(server, request.config.port_mappings[0].host_port)
