@@ -14,6 +14,7 @@
 # three runs share one CNI bridge (CRITEST_BRIDGE, default vmsbr-crt0, 10.238.0.0/24, with portmap).
 # OUT_DIR gets each run's log (straight.log, default.log, vmsandbox.log) and summary.txt: ginkgo's
 # count line and the failed specs of each. Everything it started is stopped on the way out.
+# CRITEST_RUNS picks some of the three runs (default "straight default vmsandbox").
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib/common.sh
@@ -83,6 +84,7 @@ CONTAINERD_BIN_DIR=$BIN bash "$REPO_ROOT/scripts/containerd.sh" up "$CONTAINERD"
 critest() {
     local name=$1 endpoint=$2 t0
     shift 2
+    [[ " ${CRITEST_RUNS:-straight default vmsandbox} " == *" $name "* ]] || return 0
     log "critest $name ($*)"
     t0=$(now_ms)
     "$BIN/critest" --runtime-endpoint "$endpoint" --image-endpoint "$endpoint" --ginkgo.skip "$SKIP" \
