@@ -73,6 +73,7 @@ class Boot(SandboxPart):
         super().__init__(owners)
         # the state directory as each domain's metadata names it (the real path, links resolved)
         self._state_path = os.path.realpath(self.config.state_dir)
+        self._define_ms: dict[str, int] = {}  # domain -> how long its define took, for the boot's log line
         self._uid_lock = threading.Lock()  # held from choosing a QEMU uid until the record holding it is written
         # QEMU uids of snapshot guests being made (they run no pod, so no record holds them)
         self._snapshot_uids: set[int] = set()
@@ -177,14 +178,17 @@ class Boot(SandboxPart):
 
     def define(self, guest: Guest) -> None:
         """Define the pod's domain: as its snapshot's restore needs it, or for a cold boot."""
+        started = time.monotonic()
         if guest.snapshot is not None:
             self.hypervisor.define(render(restore_domain(guest.domain, guest.network_args)))
         else:
             self.hypervisor.define(render(guest.domain))
+        self._define_ms[guest.domain.name] = int((time.monotonic() - started) * 1000)
 
     def remove_domain(self, name: str) -> None:
         """Tear the pod's domain down (the undo of ``define``). When libvirt cannot, the guest may
         still hold the pod's CPUs and pages: the error says that they stay held."""
+        self._define_ms.pop(name, None)
         try:
             self.hypervisor.teardown(name)
         except VmSandboxError as exc:
@@ -201,9 +205,12 @@ class Boot(SandboxPart):
         if guest.snapshot is not None:
             report = self._restore(record, guest, guest.snapshot)
             if report is not None:
+                self._define_ms.pop(guest.domain.name, None)
                 return report, {"by": "restore", "snapshot": guest.snapshot.key}
             why = f"restore from snapshot {guest.snapshot.key[:12]} failed"
+            defining = time.monotonic()
             self.hypervisor.define(render(guest.domain))  # the restore's domain is gone: the cold boot's in its place
+            self._define_ms[guest.domain.name] = int((time.monotonic() - defining) * 1000)
         return self._cold_boot(record, guest), {"by": "boot", "why": why}
 
     def ready(
@@ -255,8 +262,9 @@ class Boot(SandboxPart):
         except InfrastructureError as exc:
             raise InfrastructureError(f"{exc}{console_tail(guest.console)}") from exc
         log.info(
-            "sandbox %s boot: start %d ms, guest hello %d ms",
+            "sandbox %s boot: define %d ms, start %d ms, guest hello %d ms",
             record.id[:12],
+            self._define_ms.pop(name, 0),
             (running - started) * 1000,
             (time.monotonic() - running) * 1000,
         )

@@ -126,7 +126,7 @@ def test_exit_code_status_and_logs(env: Env) -> None:
     assert (st.exit_code, st.reason) == (3, "Error")
     assert 0 < st.created_at <= st.started_at <= st.finished_at
     assert st.log_path == str(env.logs / "exit3.log")
-    assert st.image.image == env.image and st.image_ref.startswith(env.image.split(":1")[0] + "@sha256:")
+    assert st.image.image == env.image and st.image_ref.startswith(env.image.rsplit(":", 1)[0] + "@sha256:")
     lines = _log_lines(Path(st.log_path))
     assert ("stdout", "F", "hello") in lines and ("stderr", "F", "oops") in lines
     listed = env.shim.runtime.ListContainers(
