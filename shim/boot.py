@@ -73,7 +73,6 @@ class Boot(SandboxPart):
         super().__init__(owners)
         # the state directory as each domain's metadata names it (the real path, links resolved)
         self._state_path = os.path.realpath(self.config.state_dir)
-        self._define_ms: dict[str, int] = {}  # domain -> how long its define took, for the boot's log line
         self._uid_lock = threading.Lock()  # held from choosing a QEMU uid until the record holding it is written
         # QEMU uids of snapshot guests being made (they run no pod, so no record holds them)
         self._snapshot_uids: set[int] = set()
@@ -176,19 +175,19 @@ class Boot(SandboxPart):
             return Guest(domain, plan, nic, network_args, console, None, why, MakeRequest(domain, network_args, inputs))
         return Guest(domain, plan, nic, network_args, console, found, "", None)
 
-    def define(self, guest: Guest) -> None:
-        """Define the pod's domain: as its snapshot's restore needs it, or for a cold boot."""
+    def define(self, guest: Guest) -> int:
+        """Define the pod's domain: as its snapshot's restore needs it, or for a cold boot. How long
+        that took, in ms (for the boot's log line)."""
         started = time.monotonic()
         if guest.snapshot is not None:
             self.hypervisor.define(render(restore_domain(guest.domain, guest.network_args)))
         else:
             self.hypervisor.define(render(guest.domain))
-        self._define_ms[guest.domain.name] = int((time.monotonic() - started) * 1000)
+        return int((time.monotonic() - started) * 1000)
 
     def remove_domain(self, name: str) -> None:
         """Tear the pod's domain down (the undo of ``define``). When libvirt cannot, the guest may
         still hold the pod's CPUs and pages: the error says that they stay held."""
-        self._define_ms.pop(name, None)
         try:
             self.hypervisor.teardown(name)
         except VmSandboxError as exc:
@@ -197,21 +196,21 @@ class Boot(SandboxPart):
                 f"removes it: {exc}"
             ) from exc
 
-    def start(self, record: SandboxRecord, guest: Guest) -> tuple[GuestReport, dict[str, Any]]:
+    def start(self, record: SandboxRecord, guest: Guest, define_ms: int) -> tuple[GuestReport, dict[str, Any]]:
         """Start the guest of the defined domain: restored from its snapshot (a restore that fails is
-        undone, logged with its cause, and the guest cold-boots instead) or booted. Its report,
-        and how it started (as the READY record keeps it)."""
+        undone, logged with its cause, and the guest cold-boots instead) or booted. ``define_ms``:
+        how long ``define`` took, for the boot's log line. Its report, and how it started (as the
+        READY record keeps it)."""
         why = guest.why
         if guest.snapshot is not None:
             report = self._restore(record, guest, guest.snapshot)
             if report is not None:
-                self._define_ms.pop(guest.domain.name, None)
                 return report, {"by": "restore", "snapshot": guest.snapshot.key}
             why = f"restore from snapshot {guest.snapshot.key[:12]} failed"
             defining = time.monotonic()
             self.hypervisor.define(render(guest.domain))  # the restore's domain is gone: the cold boot's in its place
-            self._define_ms[guest.domain.name] = int((time.monotonic() - defining) * 1000)
-        return self._cold_boot(record, guest), {"by": "boot", "why": why}
+            define_ms = int((time.monotonic() - defining) * 1000)
+        return self._cold_boot(record, guest, define_ms), {"by": "boot", "why": why}
 
     def ready(
         self, record: SandboxRecord, guest: Guest, report: GuestReport, start: dict[str, Any], boot_ms: int
@@ -251,7 +250,7 @@ class Boot(SandboxPart):
             plan = guest.plan
             self._make_snapshot(guest.make, plan.profile, plan.shape, plan.accel)
 
-    def _cold_boot(self, record: SandboxRecord, guest: Guest) -> GuestReport:
+    def _cold_boot(self, record: SandboxRecord, guest: Guest, define_ms: int) -> GuestReport:
         name = guest.domain.name
         started = time.monotonic()
         self.hypervisor.start(name)
@@ -264,7 +263,7 @@ class Boot(SandboxPart):
         log.info(
             "sandbox %s boot: define %d ms, start %d ms, guest hello %d ms",
             record.id[:12],
-            self._define_ms.pop(name, 0),
+            define_ms,
             (running - started) * 1000,
             (time.monotonic() - running) * 1000,
         )
