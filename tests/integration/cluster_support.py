@@ -1,7 +1,8 @@
-"""What ``test_cluster.py`` needs around a one-node cluster of ``scripts/cluster.sh``: the binaries
-(``$KUBE_BIN``, else ``scripts/build-k8s.sh``'s), ``up``/``down``, kubectl, the shim's view of its
-sandboxes, what a pod may leave behind on the host, and the test image (busybox-static and
-``tests/cluster_kit/probe``, built by buildah in Docker format)."""
+"""What the ``test_cluster*.py`` files need around a one-node cluster of ``scripts/cluster.sh``: the
+binaries (``$KUBE_BIN``, else ``scripts/build-k8s.sh``'s), ``up``/``down`` (``running_cluster``, the
+body of each file's module fixture), kubectl, ``apply``/``running``/``until``/``exec_in``, the
+shim's view of its sandboxes, what a pod may leave behind on the host, and the test image
+(busybox-static and ``tests/cluster_kit/probe``, built by buildah in Docker format)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,23 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import yaml
 
 from cli.inspect_state import claims
 from gen.cri.runtime.v1 import api_pb2 as pb
 from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
+from tests.integration.image_setup import require_image_tools
 from tests.registry_kit import BUSYBOX, DOCKER_MANIFEST, Buildah, served_manifest
-from tests.shim_kit import REPO, state_domains
+from tests.shim_kit import REPO, require_host, state_domains
 
 SCRIPT = REPO / "scripts" / "cluster.sh"
 BUILD_K8S = REPO / "scripts" / "build-k8s.sh"
@@ -186,3 +192,66 @@ def push_image(tmp: Path) -> str:
     manifest = json.loads(served_manifest(REGISTRY, "vmsandbox-test/hello", "1", accept=DOCKER_MANIFEST))
     assert manifest["mediaType"] == DOCKER_MANIFEST, manifest
     return IMAGE
+
+
+def running_cluster() -> Iterator[Cluster]:
+    """``up`` a cluster in a directory of its own, yield it, ``down`` it (its logs kept beside it).
+    The body of each cluster test file's module fixture; one cluster at a time on a host (the
+    script's ports and bridge, ``CLUSTER_*`` variables, unless set otherwise)."""
+    bin_dir = kube_bin()
+    require_host()
+    require_image_tools()
+    # not below pytest's own 0700 directory: each sandbox's QEMU, as a uid of its own, must pass
+    # through every directory above its sandbox's (the shim's state lives in the cluster's)
+    tmp = Path(tempfile.mkdtemp(prefix="vmsandbox-cluster-", dir="/var/tmp"))
+    tmp.chmod(0o711)
+    cluster_dir = tmp / "c"
+    before = host_state()
+    t0 = time.monotonic()
+    up = script(cluster_dir, bin_dir, "up")
+    up_seconds = time.monotonic() - t0
+    assert up.returncode == 0, f"cluster.sh up failed:\n{up.stdout[-3000:]}\n{up.stderr[-6000:]}"
+    ready = [line for line in up.stdout.splitlines() if " Ready " in line]
+    print(f"\ncluster: up in {up_seconds:.1f} s ({ready[-1] if ready else 'no Ready line'})")
+    running = Cluster(cluster_dir, bin_dir, up_seconds, before)
+    try:
+        yield running
+    finally:
+        if cluster_dir.exists():
+            # keep the logs for a look afterwards; `down` removes the cluster's directory
+            shutil.copytree(cluster_dir / "logs", tmp / "logs", dirs_exist_ok=True)
+            done = script(cluster_dir, bin_dir, "down")
+            assert done.returncode == 0, f"cluster.sh down failed:\n{done.stdout}\n{done.stderr}"
+
+
+def apply(cluster: Cluster, tmp: Path, *docs: dict[str, Any]) -> None:
+    """``kubectl apply`` of these objects (written to a manifest under ``tmp``)."""
+    manifest = tmp / f"apply-{time.monotonic_ns()}.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    cluster.kubectl("apply", "-f", str(manifest))
+
+
+def running(cluster: Cluster, name: str, deadline: float) -> dict[str, Any]:
+    """The pod ``name`` once its phase is Running (fails at ``deadline``, a monotonic time)."""
+    while True:
+        pod: dict[str, Any] = json.loads(cluster.kubectl("get", "pod", name, "-o", "json").stdout)
+        if pod["status"].get("phase") == "Running":
+            return pod
+        assert time.monotonic() < deadline, f"{name} not Running: {json.dumps(pod['status'])}\n{cluster.logs_tail()}"
+        time.sleep(0.5)
+
+
+def until(what: str, deadline_s: float, probe: Callable[[], Any]) -> Any:
+    """Call ``probe`` every second until it returns something true; that value."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        got = probe()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what}: not within {deadline_s} s (last: {got!r})"
+        time.sleep(1)
+
+
+def exec_in(cluster: Cluster, pod: str, *argv: str, container: str = "main") -> subprocess.CompletedProcess[str]:
+    """``kubectl exec`` of ``argv`` in a container of ``pod``; not checked."""
+    return cluster.kubectl("exec", pod, "-c", container, "--", *argv, check=False, timeout=60)

@@ -25,26 +25,27 @@ import json
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from cli.inspect_state import read_sandboxes
 from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cluster_support import (
     Cluster,
+    apply,
+    exec_in,
     host_state,
-    kube_bin,
     push_image,
+    running,
+    running_cluster,
     script,
+    until,
 )
-from tests.integration.image_setup import require_image_tools
-from tests.shim_kit import require_host, state_domains
+from tests.shim_kit import state_domains
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(1800)]
 
@@ -56,42 +57,13 @@ PROBE = "/bin/probe"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    bin_dir = kube_bin()
-    require_host()
-    require_image_tools()
-    # not below pytest's own 0700 directory: each sandbox's QEMU, as a uid of its own, must pass
-    # through every directory above its sandbox's (the shim's state lives in the cluster's)
-    tmp = Path(tempfile.mkdtemp(prefix="vmsandbox-cluster-", dir="/var/tmp"))
-    tmp.chmod(0o711)
-    cluster_dir = tmp / "c"
-    before = host_state()
-    t0 = time.monotonic()
-    up = script(cluster_dir, bin_dir, "up")
-    up_seconds = time.monotonic() - t0
-    assert up.returncode == 0, f"cluster.sh up failed:\n{up.stdout[-3000:]}\n{up.stderr[-6000:]}"
-    ready = [line for line in up.stdout.splitlines() if " Ready " in line]
-    print(f"\ncluster: up in {up_seconds:.1f} s ({ready[-1] if ready else 'no Ready line'})")
-    running = Cluster(cluster_dir, bin_dir, up_seconds, before)
-    try:
-        yield running
-    finally:
-        if cluster_dir.exists():
-            # keep the logs for a look afterwards; `down` removes the cluster's directory
-            shutil.copytree(cluster_dir / "logs", tmp / "logs", dirs_exist_ok=True)
-            done = script(cluster_dir, bin_dir, "down")
-            assert done.returncode == 0, f"cluster.sh down failed:\n{done.stdout}\n{done.stderr}"
+def cluster() -> Iterator[Cluster]:
+    yield from running_cluster()
 
 
 @pytest.fixture(scope="module")
 def image(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
     return push_image(tmp_path_factory.mktemp("image"))
-
-
-def _apply(cluster: Cluster, tmp: Path, *docs: dict[str, Any]) -> None:
-    manifest = tmp / f"apply-{time.monotonic_ns()}.yaml"
-    manifest.write_text(yaml.safe_dump_all(docs))
-    cluster.kubectl("apply", "-f", str(manifest))
 
 
 def _deployment(image: str) -> dict[str, Any]:
@@ -122,26 +94,6 @@ def _hello_pod(cluster: Cluster) -> dict[str, Any] | None:
     return items[0] if items else None
 
 
-def _running(cluster: Cluster, name: str, deadline: float) -> dict[str, Any]:
-    while True:
-        pod: dict[str, Any] = json.loads(cluster.kubectl("get", "pod", name, "-o", "json").stdout)
-        if pod["status"].get("phase") == "Running":
-            return pod
-        assert time.monotonic() < deadline, f"{name} not Running: {json.dumps(pod['status'])}\n{cluster.logs_tail()}"
-        time.sleep(0.5)
-
-
-def _until(what: str, deadline_s: float, probe: Any) -> Any:
-    """Call ``probe`` every second until it returns something true; that value."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        got = probe()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what}: not within {deadline_s} s (last: {got!r})"
-        time.sleep(1)
-
-
 def test_node_is_ready_with_vmsandbox_as_its_runtime(cluster: Cluster) -> None:
     node = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
     assert len(node) == 1
@@ -156,7 +108,7 @@ def test_node_is_ready_with_vmsandbox_as_its_runtime(cluster: Cluster) -> None:
 
 def test_docker_format_deployment_runs_in_a_vm(cluster: Cluster, image: str, tmp_path: Path) -> None:
     t0 = time.monotonic()
-    _apply(cluster, tmp_path, _deployment(image))
+    apply(cluster, tmp_path, _deployment(image))
     deadline = t0 + 300
     while True:
         pod = _hello_pod(cluster)
@@ -184,7 +136,7 @@ def test_docker_format_deployment_runs_in_a_vm(cluster: Cluster, image: str, tmp
         out = cluster.kubectl("logs", name, check=False).stdout
         return out if "hello from a docker image" in out else ""
 
-    logs = _until("the Deployment's output in kubectl logs", 60, output)
+    logs = until("the Deployment's output in kubectl logs", 60, output)
     assert logs.splitlines()[:2] == ["hello from a docker image", "1000"], logs
 
     # its CPU back for the pods below (test_delete_leaves_nothing_behind checks what it left)
@@ -273,7 +225,7 @@ def pods(cluster: Cluster, image: str, tmp_path_factory: pytest.TempPathFactory)
         hostNetwork=True,
     )
     t0 = time.monotonic()
-    _apply(
+    apply(
         cluster,
         tmp,
         _config_map("hello from a config map"),
@@ -284,18 +236,14 @@ def pods(cluster: Cluster, image: str, tmp_path_factory: pytest.TempPathFactory)
         runc,
         host,
     )
-    running = {name: _running(cluster, name, t0 + 300) for name in ("vm-app", "runc-app", "host-net")}
+    pods_up = {name: running(cluster, name, t0 + 300) for name in ("vm-app", "runc-app", "host-net")}
     cluster.figures["three pods Running"] = time.monotonic() - t0
     print(f"\ncluster: vm-app, runc-app and host-net Running {cluster.figures['three pods Running']:.1f} s after apply")
-    return running
-
-
-def _exec(cluster: Cluster, pod: str, *argv: str, container: str = "main") -> subprocess.CompletedProcess[str]:
-    return cluster.kubectl("exec", pod, "-c", container, "--", *argv, check=False, timeout=60)
+    return pods_up
 
 
 def _dial(cluster: Cluster, pod: str, address: str, want: str) -> str:
-    done = _exec(cluster, pod, PROBE, "dial", address)
+    done = exec_in(cluster, pod, PROBE, "dial", address)
     return done.stdout if want in done.stdout else ""
 
 
@@ -311,29 +259,33 @@ def test_ordinary_and_host_network_pods_run_under_runc_beside_a_vm_pod(
 
     # the ordinary pod reaches the VM pod over TCP by its address, across the shared bridge
     vm_ip = pods["vm-app"]["status"]["podIP"]
-    _until("runc-app -> vm-app by pod IP", 60, lambda: _dial(cluster, "runc-app", f"{vm_ip}:8080", "from-the-vm"))
+    until("runc-app -> vm-app by pod IP", 60, lambda: _dial(cluster, "runc-app", f"{vm_ip}:8080", "from-the-vm"))
 
     # kubectl logs for all three
     expect = {"runc-app": "serving on :8080", "host-net": "on the host network", "vm-app": "serving on :8080"}
     for name, text in expect.items():
-        _until(f"kubectl logs {name}", 60, lambda n=name, t=text: t in cluster.kubectl("logs", n, "-c", "main").stdout)
+
+        def logged(n: str = name, t: str = text) -> bool:
+            return t in cluster.kubectl("logs", n, "-c", "main").stdout
+
+        until(f"kubectl logs {name}", 60, logged)
 
 
 def test_services_reach_pods_by_name_both_ways(cluster: Cluster, pods: dict[str, dict[str, Any]]) -> None:
     # both pods are ClusterFirst: their resolv.conf names the kube-dns Service (CoreDNS behind it)
     for name in ("vm-app", "runc-app"):
-        resolv = _exec(cluster, name, "/bin/busybox", "cat", "/etc/resolv.conf").stdout
+        resolv = exec_in(cluster, name, "/bin/busybox", "cat", "/etc/resolv.conf").stdout
         assert "nameserver 10.0.0.10" in resolv and "default.svc.cluster.local" in resolv, (name, resolv)
     t0 = time.monotonic()
     # a runc pod to the VM pod, by the Service's short name (search domains) and its full one
-    _until("runc-app -> vm-svc", 90, lambda: _dial(cluster, "runc-app", "vm-svc:8080", "from-the-vm"))
-    _until(
+    until("runc-app -> vm-svc", 90, lambda: _dial(cluster, "runc-app", "vm-svc:8080", "from-the-vm"))
+    until(
         "runc-app -> vm-svc FQDN",
         30,
         lambda: _dial(cluster, "runc-app", "vm-svc.default.svc.cluster.local:8080", "from-the-vm"),
     )
     # and the VM pod to the runc pod
-    _until("vm-app -> runc-svc", 90, lambda: _dial(cluster, "vm-app", "runc-svc:8080", "from-runc"))
+    until("vm-app -> runc-svc", 90, lambda: _dial(cluster, "vm-app", "runc-svc:8080", "from-runc"))
     print(f"\ncluster: Services reached by name both ways after {time.monotonic() - t0:.1f} s")
 
 
@@ -354,7 +306,7 @@ def test_exec_attach_port_forward_and_logs_into_a_vm_pod(cluster: Cluster, pods:
         input="over stdin\n",
     )
     assert (done.returncode, done.stdout) == (3, "in the vm: over stdin\n"), done
-    assert _exec(cluster, "vm-app", "/bin/busybox", "true").returncode == 0
+    assert exec_in(cluster, "vm-app", "/bin/busybox", "true").returncode == 0
 
     # attach: a line to the `echo` container's stdin comes back on its stdout; it then exits
     done = cluster.kubectl("attach", "-i", "vm-app", "-c", "echo", check=False, input="through attach\n", timeout=90)
@@ -387,7 +339,7 @@ def test_exec_attach_port_forward_and_logs_into_a_vm_pod(cluster: Cluster, pods:
 
     # logs: the serving container's own output, and the attached one's answer
     assert "serving on :8080" in cluster.kubectl("logs", "vm-app", "-c", "main").stdout
-    _until(
+    until(
         "kubectl logs of the attached container",
         30,
         lambda: (
@@ -406,14 +358,14 @@ def test_service_account_token_calls_the_api_server_from_a_vm_pod(
     # by the `kubernetes` Service's name (cluster DNS, kube-proxy to the API server), verified with
     # the pod's CA, authenticated with the pod's token
     def version() -> str:
-        out = _exec(cluster, "vm-app", PROBE, "api", "https://kubernetes.default.svc/version").stdout
+        out = exec_in(cluster, "vm-app", PROBE, "api", "https://kubernetes.default.svc/version").stdout
         return out if out.startswith("status ") else ""
 
-    api = _until("GET /version from vm-app", 60, version)
+    api = until("GET /version from vm-app", 60, version)
     assert api.startswith("status 200"), api
     assert json.loads(api.split("\n", 1)[1])["gitVersion"].startswith("v"), api
     # the token is the pod's service account: listing pods is not granted to it
-    denied = _exec(cluster, "vm-app", PROBE, "api", "https://10.0.0.1/api/v1/namespaces/default/pods").stdout
+    denied = exec_in(cluster, "vm-app", PROBE, "api", "https://10.0.0.1/api/v1/namespaces/default/pods").stdout
     assert denied.startswith("status 403"), denied
     assert 'User \\"system:serviceaccount:default:default\\" cannot list resource \\"pods\\"' in denied, denied
 
@@ -421,14 +373,16 @@ def test_service_account_token_calls_the_api_server_from_a_vm_pod(
 def test_config_map_and_secret_volumes_in_a_vm_pod_follow_updates(
     cluster: Cluster, pods: dict[str, dict[str, Any]], tmp_path: Path
 ) -> None:
-    read = _exec(cluster, "vm-app", "/bin/busybox", "cat", "/config/greeting", "/secret/password")
+    read = exec_in(cluster, "vm-app", "/bin/busybox", "cat", "/config/greeting", "/secret/password")
     assert read.stdout == "hello from a config map" + "s3cret-in-a-vm", read
     t0 = time.monotonic()
-    _apply(cluster, tmp_path, _config_map("an update while it runs"))
-    _until(
+    apply(cluster, tmp_path, _config_map("an update while it runs"))
+    until(
         "the ConfigMap update in the VM pod",
         120,
-        lambda: _exec(cluster, "vm-app", "/bin/busybox", "cat", "/config/greeting").stdout == "an update while it runs",
+        lambda: (
+            exec_in(cluster, "vm-app", "/bin/busybox", "cat", "/config/greeting").stdout == "an update while it runs"
+        ),
     )
     print(f"\ncluster: ConfigMap update seen in the VM pod {time.monotonic() - t0:.1f} s after apply")
 
@@ -452,16 +406,16 @@ def test_pod_level_resources_size_the_vm_and_containers_without_limits_share_the
             "containers": [{"name": n, "image": image, "command": sleeper} for n in ("first", "second")],
         },
     }
-    _apply(cluster, tmp_path, pod)
-    running = _running(cluster, "vm-pod-level", time.monotonic() + 300)
-    assert [c["name"] for c in running["status"]["containerStatuses"] if c.get("ready")] == ["first", "second"]
+    apply(cluster, tmp_path, pod)
+    up = running(cluster, "vm-pod-level", time.monotonic() + 300)
+    assert [c["name"] for c in up["status"]["containerStatuses"] if c.get("ready")] == ["first", "second"]
     listed = [s for s in cluster.sandboxes() if s.metadata.name == "vm-pod-level"]
     assert len(listed) == 1
     (view,) = [v for v in read_sandboxes(cluster.state_dir) if v.id == listed[0].id]
     demand = view.record["shape"]["demand"]
     assert (demand["mode"], demand["cpu_millis"], demand["memory_bytes"]) == ("linux-resources", 200, 96 * MiB), demand
     for name in ("first", "second"):  # each container's cgroup holds the pod-level limit
-        done = _exec(
+        done = exec_in(
             cluster,
             "vm-pod-level",
             "/bin/busybox",
