@@ -7,7 +7,8 @@ undoes them: ``record`` writes the ``creating`` row with a QEMU uid of its own (
 shared with the guests that make snapshots, which no record holds), ``guest`` builds the domain
 and chooses a restore or a cold boot (through ``Snapshots``), ``define`` and ``start`` bring the
 guest up (a restore that fails is undone here and the guest cold-boots), ``ready`` checks its
-report and writes the READY row, and ``remove_domain`` is the undo of ``define``. It also makes
+report and writes the READY row, and ``remove_domain`` is the undo of ``define``; ``place`` moves
+its QEMU into the pod's cgroup on the host. It also makes
 snapshots: in the background for a shape's first pod (``make_snapshot_later``), and on demand for
 ``vmsandbox snapshot make``. Records are written through ``shim.records``.
 """
@@ -15,12 +16,13 @@ snapshots: in the background for a shape's first pod (``make_snapshot_later``), 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +35,7 @@ from shim.sandbox_part import Owners, SandboxPart
 from shim.snapshots import MakeRequest, Progress, SnapshotUnusable
 from vmsandbox import validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
+from vmsandbox.adapters.host_cgroup import HostCgroups
 from vmsandbox.adapters.snapshot_store import StoredSnapshot
 from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.devices import NO_DEVICES
@@ -76,6 +79,8 @@ class Boot(SandboxPart):
         self._uid_lock = threading.Lock()  # held from choosing a QEMU uid until the record holding it is written
         # QEMU uids of snapshot guests being made (they run no pod, so no record holds them)
         self._snapshot_uids: set[int] = set()
+        # the host's cgroups a pod's QEMU joins (its record's cgroup_parent)
+        self.cgroups = HostCgroups(self.config.cgroup_root, self.config.proc_root)
 
     def record(self, spec: SandboxSpec, plan: SandboxPlan, placement: Placement, sandbox_id: str) -> SandboxRecord:
         """Write the pod's ``creating`` row: what it asked for, what it was given (``placement``,
@@ -104,6 +109,7 @@ class Boot(SandboxPart):
             namespaces=spec.namespaces,
             port_mappings=tuple(spec.port_mappings),
             dns=spec.dns,
+            cgroup_parent=spec.cgroup_parent,
         )
         log.info(
             "sandbox %s for pod %s/%s: %d vCPUs on %s, %d MiB, %s, claimed %s",
@@ -242,6 +248,19 @@ class Boot(SandboxPart):
             f": {start['why']}" if start.get("why") else "",
         )
         return ready
+
+    def place(self, record: SandboxRecord) -> Callable[[], None] | None:
+        """Move the pod's QEMU, all its threads, into the pod's cgroup (its record's
+        ``cgroup_parent``), where the kubelet accounts and evicts; the undo that moves it back
+        (None: the pod names no cgroup, QEMU stays in libvirt's)."""
+        if not record.cgroup_parent:
+            return None
+        pid = self.hypervisor.emulator_pid(record.domain)
+        if pid is None:
+            raise InfrastructureError(f"sandbox {record.id[:12]}: no QEMU process to move into {record.cgroup_parent}")
+        placed = self.cgroups.place(pid, record.cgroup_parent)
+        log.info("sandbox %s: QEMU (pid %d) in the cgroup %s", record.id[:12], pid, record.cgroup_parent)
+        return functools.partial(self.cgroups.put_back, placed)
 
     def make_snapshot_later(self, guest: Guest) -> None:
         """Start making the snapshot of the guest's shape in the background when it had none (off

@@ -219,6 +219,8 @@ class SandboxRecord:
     network: PodNetwork | None = None
     # the host uid (and gid) its QEMU runs as; 0: a sandbox of an earlier version, whose QEMU is root
     qemu_uid: int = 0
+    # the pod's cgroup on the host its QEMU is moved into (LinuxPodSandboxConfig.cgroup_parent); "": none
+    cgroup_parent: str = ""
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -249,6 +251,7 @@ class SandboxRecord:
             "dns": {k: list(v) for k, v in asdict(self.dns).items()},
             "network": self.network.to_doc() if self.network is not None else {},
             "qemu_uid": self.qemu_uid,
+            "cgroup_parent": self.cgroup_parent,
         }
 
     @staticmethod
@@ -283,6 +286,7 @@ class SandboxRecord:
             dns=DnsConfig(**{k: tuple(v) for k, v in dns.items()}),
             network=PodNetwork.from_doc(network) if network else None,
             qemu_uid=int(doc.get("qemu_uid", 0)),
+            cgroup_parent=str(doc.get("cgroup_parent", "")),
         )
 
     def with_state(self, state: str) -> SandboxRecord:

@@ -35,3 +35,4 @@ class SandboxSpec:
     namespaces: NamespaceOptions = field(default_factory=NamespaceOptions)
     port_mappings: tuple[PortMapping, ...] = ()
     dns: DnsConfig = field(default_factory=DnsConfig)
+    cgroup_parent: str = ""  # the pod's cgroup on the host (vmsandbox.pod_cgroup); "": none given

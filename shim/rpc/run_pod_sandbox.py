@@ -19,6 +19,9 @@ define        its domain defined, for a restore from its shape's  torn down
               snapshot or for a cold boot
 guest-start   its guest restored (or, when that fails,            (the domain's)
               cold-booted) or booted, its agent answering
+cgroup        its QEMU, all threads, moved into the pod's         moved back
+              ``cgroup_parent`` (cpu, cpuacct, memory, pids),
+              when the pod names one
 ready         the guest's report checked, the row READY           (the row's)
 node-ports    a host-network pod's node ports listened on         closed
 nri-started   NRI plugins told RunPodSandbox, and none refused    told RemovePodSandbox
@@ -61,6 +64,7 @@ rpc.declare(
     "share",
     "define",
     "guest-start",
+    "cgroup",
     "ready",
     "node-ports",
     "nri-started",
@@ -98,6 +102,7 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
         s.done("define", functools.partial(sb.boot.remove_domain, guest.domain.name))
         report, how = sb.boot.start(record, guest, define_ms)
         s.done("guest-start")
+        s.done("cgroup", sb.boot.place(record))
         record = sb.boot.ready(record, guest, report, how, int((time.monotonic() - booting) * 1000))
         s.done("ready")
         s.done("node-ports", _open_node_ports(pods, sandbox_id, spec))
