@@ -202,21 +202,25 @@ class Boot(SandboxPart):
                 f"removes it: {exc}"
             ) from exc
 
-    def start(self, record: SandboxRecord, guest: Guest, define_ms: int) -> tuple[GuestReport, dict[str, Any]]:
+    def start(
+        self, record: SandboxRecord, guest: Guest, define_ms: int, started: Callable[[], None] = lambda: None
+    ) -> tuple[GuestReport, dict[str, Any]]:
         """Start the guest of the defined domain: restored from its snapshot (a restore that fails is
         undone, logged with its cause, and the guest cold-boots instead) or booted. ``define_ms``:
-        how long ``define`` took, for the boot's log line. Its report, and how it started (as the
-        READY record keeps it)."""
+        how long ``define`` took, for the boot's log line. ``started`` is called once the pod's QEMU
+        runs, before its guest does when it cold-boots (its vCPUs paused until then), right after
+        the restore when it is restored. Its report, and how it started (as the READY record keeps it)."""
         why = guest.why
         if guest.snapshot is not None:
             report = self._restore(record, guest, guest.snapshot)
             if report is not None:
+                started()
                 return report, {"by": "restore", "snapshot": guest.snapshot.key}
             why = f"restore from snapshot {guest.snapshot.key[:12]} failed"
             defining = time.monotonic()
             self.hypervisor.define(render(guest.domain))  # the restore's domain is gone: the cold boot's in its place
             define_ms = int((time.monotonic() - defining) * 1000)
-        return self._cold_boot(record, guest, define_ms), {"by": "boot", "why": why}
+        return self._cold_boot(record, guest, define_ms, started), {"by": "boot", "why": why}
 
     def ready(
         self, record: SandboxRecord, guest: Guest, report: GuestReport, start: dict[str, Any], boot_ms: int
@@ -269,10 +273,20 @@ class Boot(SandboxPart):
             plan = guest.plan
             self._make_snapshot(guest.make, plan.profile, plan.shape, plan.accel)
 
-    def _cold_boot(self, record: SandboxRecord, guest: Guest, define_ms: int) -> GuestReport:
+    def _cold_boot(
+        self, record: SandboxRecord, guest: Guest, define_ms: int, qemu_started: Callable[[], None]
+    ) -> GuestReport:
         name = guest.domain.name
         started = time.monotonic()
-        self.hypervisor.start(name)
+        # a pod with a cgroup of its own: QEMU moves there before the guest touches a page (its
+        # memory is charged to the cgroup that first touched it, and a v1 move leaves charges behind)
+        if record.cgroup_parent:
+            self.hypervisor.start(name, paused=True)
+            qemu_started()
+            self.hypervisor.resume(name)
+        else:
+            self.hypervisor.start(name)
+            qemu_started()
         path = self.hypervisor.channel_path(name, AGENT_CHANNEL)
         running = time.monotonic()
         try:
