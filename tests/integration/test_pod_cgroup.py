@@ -1,0 +1,178 @@
+"""A VM pod in its ``cgroup_parent``, through the CRI socket with a real guest: the pod's cgroup made
+as the kubelet makes it (in every v1 hierarchy), RunPodSandbox names it, and then
+
+- every thread of the pod's QEMU (vCPUs, emulator, I/O) is in it in cpu, cpuacct, memory and pids,
+  while cpuset stays libvirt's per-vCPU and emulator groups (the pinning);
+- the guest's memory is charged there (it cold-booted paused until QEMU was moved), not to
+  libvirt's per-domain cgroup;
+- the cgroup is root's: QEMU's uid can write none of its files;
+- PodSandboxStats reports what the cgroup says: CPU time between two reads of ``cpuacct.usage``
+  around it, the working set within 10% of the cgroup's (usage less inactive file pages);
+- a bad ``cgroup_parent`` is refused before anything is made; the pod's removal leaves the cgroup
+  empty."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.shim_kit import IMAGE_DIR, Shim, pod, q, require_host, running_shim
+from vmsandbox.domain import domain_name
+from vmsandbox.pod_cgroup import CONTROLLERS, parse_stat, proc_cgroups
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
+
+ROOT = Path("/sys/fs/cgroup")
+MEMORY = "96Mi"
+FILL_MIB = 48  # what the container writes to its tmpfs: guest RAM touched after the start
+
+
+@pytest.fixture
+def parent() -> Iterator[str]:
+    """A pod cgroup made as the kubelet makes one, removed afterwards."""
+    path = f"/vmsandbox-test/pod{uuid.uuid4()}"
+    for c in ("cpu", "cpuacct", "cpuset", "memory", "pids"):
+        (ROOT / c / path.lstrip("/")).mkdir(parents=True)
+    try:
+        yield path
+    finally:
+        for c in ("cpu", "cpuacct", "cpuset", "memory", "pids"):
+            for d in (ROOT / c / path.lstrip("/"), ROOT / c / "vmsandbox-test"):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+
+
+@pytest.fixture
+def shim(tmp_path: Path) -> Iterator[Shim]:
+    require_host()
+    if (ROOT / "cgroup.controllers").exists() or not all((ROOT / c).is_dir() for c in CONTROLLERS):
+        pytest.skip("not a cgroup v1 host")
+    profiles = tmp_path / "profiles.yaml"
+    # ordinary guest memory (4Ki pages): hugepages are not charged to a v1 memory cgroup
+    profiles.write_text(
+        yaml.safe_dump(
+            {
+                "name": "vmsandbox",
+                "handler": "vmsandbox",
+                "page_size": "4Ki",
+                "snapshots": False,
+                "guest": {"image_dir": str(IMAGE_DIR), "boot_timeout_s": 90},
+            }
+        )
+    )
+    (tmp_path / "shim").mkdir()
+    with running_shim(tmp_path / "shim", extra_config={"profile_files": [str(profiles)]}) as s:
+        yield s
+
+
+def _read(controller: str, path: str, name: str) -> str:
+    return (ROOT / controller / path.lstrip("/") / name).read_text()
+
+
+def _working_set(path: str) -> int:
+    usage = int(_read("memory", path, "memory.usage_in_bytes"))
+    return max(usage - parse_stat(_read("memory", path, "memory.stat")).get("total_inactive_file", 0), 0)
+
+
+def test_a_vm_pods_qemu_lives_and_is_counted_in_its_cgroup_parent(shim: Shim, parent: str) -> None:
+    config = pod("acct", containers=[("c", q({"cpu": "500m", "memory": MEMORY}))])
+    config.linux.cgroup_parent = parent
+    rt = shim.runtime
+    sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300).pod_sandbox_id
+    pid = int(Path(f"/run/libvirt/qemu/{domain_name(sid)}.pid").read_text())
+
+    threads = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    assert len(threads) > 2  # vCPU, emulator, I/O threads
+    for tid in threads:
+        where = proc_cgroups(Path(f"/proc/{pid}/task/{tid}/cgroup").read_text())
+        for c in CONTROLLERS:
+            assert where[c] == parent, (tid, c, where)
+        assert where["cpuset"].startswith("/machine/"), (tid, where)  # libvirt's pinning groups
+    assert {int(p) for p in _read("cpu", parent, "cgroup.procs").split()} == {pid}
+
+    # the guest's pages are charged here: at least its kernel's and agent's, little left to libvirt
+    qemu_uid = os.stat(f"/proc/{pid}").st_uid
+    assert qemu_uid != 0
+    usage = int(_read("memory", parent, "memory.usage_in_bytes"))
+    status = dict(ln.split(":", 1) for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in ln)
+    anon = int(status["RssAnon"].split()[0]) * 1024  # guest RAM and QEMU's heap: charged to who touched it
+    libvirts = proc_cgroups(Path(f"/proc/{pid}/cgroup").read_text())["cpuset"].rsplit("/", 1)[0]
+    left = ROOT / "memory" / libvirts.lstrip("/") / "memory.usage_in_bytes"
+    left_bytes = int(left.read_text()) if left.exists() else 0
+    print(f"\npod cgroup memory {usage >> 20} MiB, QEMU anon {anon >> 20} MiB, libvirt's {left_bytes >> 20} MiB")
+    # what QEMU touched before its vCPUs ran (the kernel and initramfs it loads into guest RAM, its
+    # start-up heap) stays charged to libvirt's per-domain group: a v1 move leaves charges behind
+    assert usage + left_bytes >= 0.9 * anon, (usage, left_bytes, anon)
+    assert usage >= 32 << 20, usage  # the guest's boot
+
+    # what the guest touches from now on is the pod's
+    container = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name="c"),
+        image=pb.ImageSpec(image="busybox"),
+        command=["sh", "-c", f"dd if=/dev/zero of=/dev/shm/fill bs=1M count={FILL_MIB} && sleep 600"],
+    )
+    container.kubernetes_resources.CopyFrom(q({"cpu": "500m", "memory": MEMORY}))
+    cid = rt.CreateContainer(
+        pb.CreateContainerRequest(pod_sandbox_id=sid, config=container, sandbox_config=config), timeout=120
+    ).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+    grown = 0
+    deadline = time.monotonic() + 120
+    while grown < (FILL_MIB - 8) << 20:
+        assert time.monotonic() < deadline, f"the pod's cgroup grew {grown >> 20} MiB, not {FILL_MIB}"
+        time.sleep(1)
+        grown = int(_read("memory", parent, "memory.usage_in_bytes")) - usage
+    if left.exists():
+        assert int(left.read_text()) - left_bytes < 8 << 20  # libvirt's group did not grow with it
+
+    # the cgroup is root's: QEMU's uid can write none of its files
+    for c in CONTROLLERS:
+        d = ROOT / c / parent.lstrip("/")
+        for f in (d, d / "cgroup.procs", d / "tasks"):
+            st = f.stat()
+            assert st.st_uid == 0 and st.st_mode & 0o022 == 0, (f, oct(st.st_mode), st.st_uid)
+
+    # PodSandboxStats is what the cgroup says
+    time.sleep(2)
+    before = int(_read("cpuacct", parent, "cpuacct.usage"))
+    stats = rt.PodSandboxStats(pb.PodSandboxStatsRequest(pod_sandbox_id=sid), timeout=30).stats.linux
+    after = int(_read("cpuacct", parent, "cpuacct.usage"))
+    working_set = _working_set(parent)
+    assert before > 0
+    assert before <= stats.cpu.usage_core_nano_seconds.value <= after
+    got = stats.memory.working_set_bytes.value
+    assert abs(got - working_set) <= 0.1 * working_set, (got, working_set)
+    listed = rt.ListPodSandboxStats(pb.ListPodSandboxStatsRequest(), timeout=30).stats
+    assert [s.linux.cpu.usage_core_nano_seconds.value >= before for s in listed if s.attributes.id == sid] == [True]
+
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+    for c in CONTROLLERS:
+        assert _read(c, parent, "cgroup.procs").split() == []
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("kubepods-burstable-pod1.slice", "systemd slice name"),
+        ("/kubepods/../../x", "'..'"),
+        ("relative/path", "absolute"),
+    ],
+)
+def test_a_bad_cgroup_parent_is_refused_before_anything_is_made(shim: Shim, value: str, message: str) -> None:
+    config = pod("bad", containers=[("c", q({"cpu": "500m", "memory": MEMORY}))])
+    config.linux.cgroup_parent = value
+    with pytest.raises(grpc.RpcError) as err:
+        shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in str(err.value.details())
+    assert list(shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items) == []
