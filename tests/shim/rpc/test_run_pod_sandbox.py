@@ -67,12 +67,15 @@ def server(tmp_path: Path) -> Iterator[Server]:
         boot = s.sandboxes.boot
         boot.cgroups = HostCgroups(str(root), str(tmp_path / "proc"))
         hv = s.sandboxes.hypervisor
+
+        def start(name: str, paused: bool = False) -> None:
+            # libvirt's test driver cannot start a domain paused: started, then paused at once
+            Hypervisor.start(hv, name)
+            if paused:
+                hv._call("suspend", lambda conn: conn.lookupByName(name).suspend())
+
         hv.emulator_pid = lambda _name: QEMU_PID  # type: ignore[method-assign]
-        # libvirt's test driver cannot start a domain paused: started, then paused at once
-        hv.start = lambda name, paused=False: (  # type: ignore[method-assign]
-            Hypervisor.start(hv, name),
-            paused and hv._call("suspend", lambda conn: conn.lookupByName(name).suspend()),
-        )
+        hv.start = start  # type: ignore[method-assign]
         try:
             yield s
         finally:
