@@ -74,7 +74,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
             if paused:
                 hv._call("suspend", lambda conn: conn.lookupByName(name).suspend())
 
-        hv.emulator_pid = lambda _name: QEMU_PID  # type: ignore[method-assign]
+        hv.emulator_pid = lambda _name: QEMU_PID  # type: ignore[method-assign, assignment]
         hv.start = start  # type: ignore[method-assign]
         try:
             yield s
