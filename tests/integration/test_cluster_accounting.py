@@ -173,7 +173,7 @@ def test_the_kubelets_summary_counts_a_vm_pod_as_its_cgroup_does(cluster: Cluste
         raw = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{node}/proxy/metrics/resource").stdout
         time.sleep(3)
         series = _pod_series(raw, NAME)
-        assert set(series) == {"pod_cpu_usage_seconds_total", "pod_memory_working_set_bytes"}, raw[-2000:]
+        assert {"pod_cpu_usage_seconds_total", "pod_memory_working_set_bytes"} <= set(series), raw[-2000:]
         value, stamp = series["pod_cpu_usage_seconds_total"]
         assert _within(int(value * 1e9), [s[1] for s in sampler.around(stamp)]), (value, stamp)
         value, stamp = series["pod_memory_working_set_bytes"]
