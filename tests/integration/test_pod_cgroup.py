@@ -8,6 +8,7 @@ as the kubelet makes it (in every v1 hierarchy), RunPodSandbox names it, and the
 - the cgroup is root's: QEMU's uid can write none of its files;
 - PodSandboxStats reports what the cgroup says: CPU time between two reads of ``cpuacct.usage``
   around it, the working set within 10% of the cgroup's (usage less inactive file pages);
+- a pod restored from its shape's snapshot is moved there too, once restored;
 - a bad ``cgroup_parent`` is refused before anything is made; the pod's removal leaves the cgroup
   empty."""
 
@@ -25,6 +26,9 @@ import pytest
 import yaml
 
 from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.test_snapshot_restore import remove as snapshot_remove
+from tests.integration.test_snapshot_restore import run as snapshot_run
+from tests.integration.test_snapshot_restore import seed_snapshot, snap_pod, started_by
 from tests.shim_kit import IMAGE_DIR, Shim, pod, q, require_host, running_shim
 from vmsandbox.domain import domain_name
 from vmsandbox.pod_cgroup import CONTROLLERS, parse_stat, proc_cgroups
@@ -176,3 +180,31 @@ def test_a_bad_cgroup_parent_is_refused_before_anything_is_made(shim: Shim, valu
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in str(err.value.details())
     assert list(shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items) == []
+
+
+@pytest.fixture
+def snapshot_shim(tmp_path: Path) -> Iterator[Shim]:
+    require_host()
+    if (ROOT / "cgroup.controllers").exists() or not all((ROOT / c).is_dir() for c in CONTROLLERS):
+        pytest.skip("not a cgroup v1 host")
+    (tmp_path / "shim").mkdir()
+    with running_shim(tmp_path / "shim") as s:
+        yield s
+
+
+def test_a_restored_pods_qemu_is_moved_into_its_cgroup_parent_too(snapshot_shim: Shim, parent: str) -> None:
+    shim = snapshot_shim
+    made = seed_snapshot(shim)
+    config = snap_pod("restored")
+    config.linux.cgroup_parent = parent
+    sid = snapshot_run(shim, config)
+    assert started_by(shim, sid) == {"by": "restore", "snapshot": made.name}, shim.log_text()[-3000:]
+    pid = int(Path(f"/run/libvirt/qemu/{domain_name(sid)}.pid").read_text())
+    for tid in Path(f"/proc/{pid}/task").iterdir():
+        where = proc_cgroups((tid / "cgroup").read_text())
+        assert {c: where[c] for c in CONTROLLERS} == dict.fromkeys(CONTROLLERS, parent), where
+    stats = shim.runtime.PodSandboxStats(pb.PodSandboxStatsRequest(pod_sandbox_id=sid), timeout=30).stats.linux
+    assert 0 < stats.cpu.usage_core_nano_seconds.value <= int(_read("cpuacct", parent, "cpuacct.usage"))
+    snapshot_remove(shim, sid)
+    for c in CONTROLLERS:
+        assert _read(c, parent, "cgroup.procs").split() == []
