@@ -170,7 +170,7 @@ class ContainerAgent:
     guest is left holding (``containers``, ``volumes``) and what it was told (``cgroup``). The
     ops in ``refuse`` fail, as a guest that cannot carry them out answers."""
 
-    PROTOCOL = 6  # volume copies and terminals
+    PROTOCOL = 7  # image volumes, volume copies and terminals
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
