@@ -73,6 +73,8 @@ class MountRequest:
             recursive_read_only=self.recursive,
             selinux_relabel=self.selinux_relabel,
             propagation=PROPAGATIONS.index(self.propagation),
+            image=self.image.image if self.image is not None else "",
+            image_sub_path=self.image.sub_path if self.image is not None else "",
         )
 
 

@@ -113,20 +113,26 @@ def _quantities(m: Mapping[str, Any], where: str) -> ResourceList:
 
 
 def _mounts(items: Iterable[pb.Mount], where: str) -> frozenset[Mount]:
+    """A declaration's mounts, as admission compares them with a container's (an image volume's as
+    ``mount_requests`` makes it: read-only, its sub path cleaned)."""
+    out = []
     for m in items:
         validation.text(m.host_path, f"{where}.host_path")
         validation.text(m.container_path, f"{where}.container_path")
-    return frozenset(
-        Mount(
-            container_path=m.container_path,
-            host_path=m.host_path,
-            readonly=m.readonly,
-            recursive_read_only=m.recursive_read_only,
-            selinux_relabel=m.selinux_relabel,
-            propagation=int(m.propagation),
+        if m.image.image or m.image_sub_path:
+            out.append(_image_mount(m, validation.quote(m.container_path)).declared())
+            continue
+        out.append(
+            Mount(
+                container_path=m.container_path,
+                host_path=m.host_path,
+                readonly=m.readonly,
+                recursive_read_only=m.recursive_read_only,
+                selinux_relabel=m.selinux_relabel,
+                propagation=int(m.propagation),
+            )
         )
-        for m in items
-    )
+    return frozenset(out)
 
 
 def _devices(items: Iterable[pb.Device], where: str) -> frozenset[Device]:
@@ -483,6 +489,8 @@ def _image_mount(m: pb.Mount, shown: str) -> MountRequest:
     ``image_sub_path``, read-only whatever ``readonly`` says (an image's tree is never written).
     Its propagation must be private (an image's tree has no mounts below it to propagate), and
     idmapped mounts and mount options are refused as for other mounts."""
+    if not 0 <= m.propagation < len(PROPAGATIONS):
+        raise InvalidArgument(f"mount {shown}: propagation {m.propagation} is not a MountPropagation")
     validation.text(m.image.image, f"mount {shown}: image.image")
     if not m.image.image:
         raise InvalidArgument(f"mount {shown}: image_sub_path is set but image.image is empty")

@@ -228,3 +228,34 @@ def test_a_stop_signal_the_cri_does_not_define_is_invalid(value: int) -> None:
     config.stop_signal = value  # type: ignore[assignment]
     with pytest.raises(InvalidArgument, match=f"stop_signal {value} is not a signal"):
         inbound.container_request(config, {})
+
+
+def test_container_status_reports_an_image_volume_as_the_kubelet_sent_it() -> None:
+    (request,) = inbound.mount_requests([pb.Mount(container_path="/d", image=_IMAGE, image_sub_path="x")], "mounts")
+    record = ContainerRecord(
+        id="c" * 64,
+        sandbox_id="s" * 64,
+        name="app",
+        attempt=0,
+        state=CONTAINER_CREATED,
+        created_ns=1,
+        resources=ContainerResources(mounts=frozenset({request.declared()})),
+    )
+    (m,) = outbound.container_status(record).mounts
+    assert (m.container_path, m.host_path, m.readonly, m.image.image, m.image_sub_path) == (
+        "/d",
+        "",
+        True,
+        _IMAGE.image,
+        "x",
+    )
+
+
+def test_a_declared_image_volume_matches_the_containers() -> None:
+    """A pod's declaration (KEP-4112) names an image volume as the container config does: admission
+    compares the two as one mount (read-only, the sub path cleaned) and tells images apart."""
+    mount = pb.Mount(container_path="/d", image=_IMAGE, image_sub_path="./x")
+    (asked,) = inbound.mount_requests([mount], "mounts")
+    assert inbound._mounts([mount], "declared") == frozenset({asked.declared()})
+    other = pb.Mount(container_path="/d", image=pb.ImageSpec(image="other:1"), image_sub_path="x")
+    assert inbound._mounts([other], "declared") != frozenset({asked.declared()})
