@@ -5,9 +5,9 @@ Container records are admitted and written by ``shim.container_admission`` into
 exited (exit code, reason, times), removed. It builds each container's OCI spec (the image's
 config, the user, the admitted cgroup limits, a ``localhost/`` seccomp profile) and holds the
 container's image, and those of its image volumes, from its create until its removal; it keeps
-one lock per container for its guest operations, the copy of each container's log from its guest agent to the kubelet's
-``log_directory/log_path`` (through ``shim.log_copy``), and answers status and stats from the
-guest. Its parts: the agent connection of each guest (``shim.agent_pool``) and what a
+one lock per container for its guest operations, the copy of each container's log from its guest
+agent to the kubelet's ``log_directory/log_path`` (through ``shim.log_copy``), and answers status
+and stats from the guest. Its parts: the agent connection of each guest (``shim.agent_pool``) and what a
 container's guest sees of the host — image disks, volume binds, pod files
 (``shim.container_mounts``).
 
