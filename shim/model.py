@@ -44,8 +44,17 @@ PROPAGATIONS = ("private", "host-to-container", "bidirectional")
 
 
 @dataclass(frozen=True)
+class ImageVolume:
+    """What an image volume mounts (KEP-4639): an image's tree, or ``sub_path`` below its root."""
+
+    image: str  # the reference or id the kubelet pulled it by (ImageSpec.image)
+    sub_path: str = ""  # relative, no '..' ("": the image's root)
+
+
+@dataclass(frozen=True)
 class MountRequest:
-    """A host path a CreateContainer mounts, as validated by the translation layer."""
+    """A host path (or, with ``image``, an image's tree) a CreateContainer mounts, as validated
+    by the translation layer. An image volume has no host path and is always read-only."""
 
     container_path: str
     host_path: str
@@ -53,6 +62,7 @@ class MountRequest:
     recursive: bool = False  # read-only for the mounts below host_path too (recursive_read_only)
     propagation: str = "private"  # one of PROPAGATIONS
     selinux_relabel: bool = False
+    image: ImageVolume | None = None  # set: an image volume, mounted from the image's disk in the guest
 
     def declared(self) -> Mount:
         """The mount as a pod's declaration lists it, for admission to compare."""
@@ -63,7 +73,14 @@ class MountRequest:
             recursive_read_only=self.recursive,
             selinux_relabel=self.selinux_relabel,
             propagation=PROPAGATIONS.index(self.propagation),
+            image=self.image.image if self.image is not None else "",
+            image_sub_path=self.image.sub_path if self.image is not None else "",
         )
+
+
+def image_volumes(mounts: Iterable[MountRequest]) -> dict[int, ImageVolume]:
+    """The image volumes among a container's mounts, by their index there."""
+    return {i: m.image for i, m in enumerate(mounts) if m.image is not None}
 
 
 @dataclass(frozen=True)
@@ -339,6 +356,13 @@ class ContainerRecord:
     net_bind_service: bool = False  # holds CAP_NET_BIND_SERVICE: its pod's privileged node ports open
     # host paths of the atomic-writer volumes its guest keeps copies of for it (shim.pod_volumes)
     volume_copies: tuple[str, ...] = ()
+    # ids of the images its image volumes mount, each held for it (by ``volume_holder``) until its removal
+    volume_images: tuple[str, ...] = ()
+
+    @property
+    def volume_holder(self) -> str:
+        """The name its image volumes hold their images by (its image is held by its id)."""
+        return f"{self.id}/volumes"
 
     def to_doc(self) -> dict[str, Any]:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -355,6 +379,7 @@ class ContainerRecord:
         args["resources"] = record_docs.resources_from_doc(doc.get("resources") or {}, f"container {doc.get('id', '')}")
         args["linux"] = record_docs.linux_from_doc(doc.get("linux") or {})
         args["volume_copies"] = tuple(str(p) for p in doc.get("volume_copies") or ())
+        args["volume_images"] = tuple(str(i) for i in doc.get("volume_images") or ())
         return ContainerRecord(**args)
 
 

@@ -32,6 +32,8 @@ def resources_doc(res: ContainerResources) -> dict[str, Any]:
                 "recursive_read_only": m.recursive_read_only,
                 "selinux_relabel": m.selinux_relabel,
                 "propagation": m.propagation,
+                # an image volume's (written only for those: other mounts' documents stay as they were)
+                **({"image": m.image, "image_sub_path": m.image_sub_path} if m.image else {}),
             }
             for m in sorted(res.mounts)
         ],

@@ -158,6 +158,8 @@ def container_status(c: ContainerRecord) -> pb.ContainerStatus:
                 recursive_read_only=m.recursive_read_only,
                 selinux_relabel=m.selinux_relabel,
                 propagation=m.propagation,  # type: ignore[arg-type]
+                image=pb.ImageSpec(image=m.image) if m.image else None,
+                image_sub_path=m.image_sub_path,
             )
             for m in sorted(c.resources.mounts)
         ],
