@@ -175,6 +175,7 @@ func main() {
 	}
 	logf("agent %s on %s", currentInstance(), dev)
 	p := &port{f: f}
+	go watchHotplug()
 	go p.greet()
 	p.serve()
 }
