@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from shim import faults
 from shim.agent_pool import AgentPool
 from shim.model import SandboxRecord
 from vmsandbox.adapters.hypervisor import Hypervisor
@@ -60,10 +61,12 @@ class HotPlug:
         target = Plugged(vcpus=max(want.vcpus, have.vcpus), memory_bytes=max(want.memory_bytes, have.memory_bytes))
         if target.vcpus > have.vcpus:
             self.hypervisor.set_vcpus(name, shape.vcpus + target.vcpus)
+        faults.checkpoint("hot-plug:after-vcpus")
         added = target.memory_bytes - have.memory_bytes
         if added:
             page_kib = shape.backing_page_size // 1024 if shape.hugepage_backed else 4
             self.hypervisor.attach_device(name, memory_dimm(added // 1024, page_kib))
+        faults.checkpoint("hot-plug:after-dimm")
         vcpus = shape.vcpus + target.vcpus
         # the guest's MemTotal grows by the DIMM, less the page structures the kernel takes for it
         # (1/64 of it for 4 KiB pages)

@@ -5,21 +5,25 @@ asks: claimed on the host at RunPodSandbox, offline in the guest. A resize that 
 booted changes nothing plugged; one that needs more than it booted with plugs the headroom, and
 the container sees it (``nproc``, ``MemTotal``); a resize down keeps it; one beyond the headroom is
 refused FAILED_PRECONDITION naming both, with nothing changed. No claim is taken or given back by
-any resize.
+any resize, and a shim killed half-way through a plug loses none: the next resize finishes it.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
+import libvirt
 import pytest
 
 from cli.inspect_state import claims
 from gen.cri.runtime.v1 import api_pb2 as pb
-from tests.shim_kit import HEADROOM_HANDLER, Shim, busybox_registry
+from tests.shim_kit import HEADROOM_HANDLER, LIBVIRT_URI, Shim, busybox_registry, start_shim, stop_shim
+from vmsandbox.domain_xml import read_plugged
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -135,3 +139,45 @@ def test_the_headroom_is_claimed_at_boot_and_plugged_by_a_resize(shim: Shim, pod
     assert _guest(shim, cid) == (nproc1, mem1)
     # no resize took or gave back a claim
     assert claims(shim.state_dir)[sid] == mine
+
+
+@pytest.mark.parametrize("point", ["hot-plug:after-vcpus", "hot-plug:after-dimm"])
+def test_a_shim_killed_during_a_plug_loses_no_claim(tmp_path: Path, point: str) -> None:
+    config = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name="plugged", namespace="resize", uid="uid-plugged", attempt=0),
+        linux=pb.LinuxPodSandboxConfig(resources=_linux(50_000, 64)),
+    )
+    shim = start_shim(tmp_path, env={"VMSANDBOX_FAULT": point}, pull_busybox=False)
+    sid = ""
+    try:
+        sid = shim.runtime.RunPodSandbox(
+            pb.RunPodSandboxRequest(config=config, runtime_handler=HEADROOM_HANDLER), timeout=300
+        ).pod_sandbox_id
+        held = claims(shim.state_dir)[sid]
+        with pytest.raises(grpc.RpcError) as err:
+            shim.runtime.UpdatePodSandboxResources(
+                pb.UpdatePodSandboxResourcesRequest(pod_sandbox_id=sid, resources=_linux(200_000, 160)), timeout=120
+            )
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
+        assert shim.process.wait(timeout=60) == -signal.SIGKILL
+        assert f"fault injection: SIGKILL at {point}" in shim.log_text()
+        stop_shim(shim)
+        shim = start_shim(tmp_path, pull_busybox=False)  # the same state, no fault
+        # the sandbox is adopted with every claim it held, and the retried resize finishes the plug
+        assert claims(shim.state_dir)[sid] == held
+        shim.runtime.UpdatePodSandboxResources(
+            pb.UpdatePodSandboxResourcesRequest(pod_sandbox_id=sid, resources=_linux(200_000, 160)), timeout=120
+        )
+        assert _info(shim, sid)["growth"] == {"cpu_millis": 1500, "memory_bytes": 96 * MI}
+        conn = libvirt.open(LIBVIRT_URI)
+        try:
+            live = conn.lookupByName(f"vmsandbox-{sid[:32]}").XMLDesc(0)
+        finally:
+            conn.close()
+        assert read_plugged(live) == (2, 128 * 1024), live  # one DIMM, not two
+        assert claims(shim.state_dir)[sid] == held
+    finally:
+        if sid and shim.process.poll() is None:
+            shim.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+            shim.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+        stop_shim(shim)
