@@ -34,6 +34,7 @@ from pathlib import Path
 from shim.agent_pool import AgentPool
 from shim.container_admission import ContainerAdmission
 from shim.container_mounts import ContainerMounts
+from shim.hot_plug import HotPlug
 from shim.image_store import HeldImage, ImageStore
 from shim.log_copy import LogCopies
 from shim.model import (
@@ -100,6 +101,7 @@ class Containers:
         self.volumes = PodVolumes(self.pool.call)
         self.mounts = ContainerMounts(self.config, self.records, hypervisor, self.dirs, self.follow, self.volumes)
         self.admission = ContainerAdmission(self.records, sandboxes.locks)
+        self.hot_plug = HotPlug(hypervisor, self.pool)  # resizes into the pods' headroom
 
     def forget_lock(self, container_id: str) -> None:
         """A removed container's lock goes with it (the map holds only containers that exist)."""

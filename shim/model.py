@@ -27,8 +27,9 @@ from vmsandbox.network import DnsConfig, NamespaceOptions, PodNetwork, PortMappi
 from vmsandbox.pod import PodMeta as PodMeta
 from vmsandbox.pod import SandboxSpec as SandboxSpec
 from vmsandbox.registries import Credentials
+from vmsandbox.resize import Growth, grown
 from vmsandbox.resources import ContainerResources, Mount, PodDeclaration
-from vmsandbox.sizing import LinuxResources, VmShape
+from vmsandbox.sizing import LinuxResources, PodDemand, VmShape
 
 # the state names' one home is vmsandbox.states; the shim's modules take them from here too
 from vmsandbox.states import CONTAINER_CREATED as CONTAINER_CREATED
@@ -236,6 +237,8 @@ class SandboxRecord:
     network: PodNetwork | None = None
     # the host uid (and gid) its QEMU runs as; 0: a sandbox of an earlier version, whose QEMU is root
     qemu_uid: int = 0
+    # how far in-place resizes have grown the pod's envelope into its resize headroom
+    growth: Growth = field(default_factory=Growth)
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -266,6 +269,7 @@ class SandboxRecord:
             "dns": {k: list(v) for k, v in asdict(self.dns).items()},
             "network": self.network.to_doc() if self.network is not None else {},
             "qemu_uid": self.qemu_uid,
+            "growth": asdict(self.growth),
         }
 
     @staticmethod
@@ -300,6 +304,7 @@ class SandboxRecord:
             dns=DnsConfig(**{k: tuple(v) for k, v in dns.items()}),
             network=PodNetwork.from_doc(network) if network else None,
             qemu_uid=int(doc.get("qemu_uid", 0)),
+            growth=Growth(**(doc.get("growth") or {})),
         )
 
     def with_state(self, state: str) -> SandboxRecord:
@@ -324,6 +329,11 @@ class SandboxRecord:
         if self.shape is None:
             raise NotFound(f"pod sandbox {self.id[:12]} has no recorded VM shape")
         return self.shape
+
+    def envelope(self) -> PodDemand:
+        """What the pod's containers must fit in: the demand its VM was sized for, grown by its
+        in-place resizes (``vmsandbox.resize``)."""
+        return grown(self.sized_shape().demand, self.growth)
 
 
 @dataclass(frozen=True)

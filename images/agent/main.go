@@ -176,6 +176,7 @@ func main() {
 	}
 	logf("agent %s on %s", currentInstance(), dev)
 	p := &port{f: f}
+	go watchHotplug()
 	go p.greet()
 	p.serve()
 }

@@ -84,6 +84,7 @@ def sandbox_info(r: SandboxRecord) -> dict[str, str]:
         "ephemeral_storage_bytes": r.shape.demand.ephemeral_storage_bytes if r.shape is not None else 0,
         "linux_overhead": record["linux_overhead"],
         "updated_resources": record["updated_resources"],
+        "growth": record["growth"],
     }
     return {"info": json.dumps(doc, sort_keys=True)}
 
