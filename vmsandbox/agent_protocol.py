@@ -30,8 +30,8 @@ from typing import NamedTuple, TypeAlias
 from vmsandbox import validation
 from vmsandbox.errors import InfrastructureError
 
-VERSION = 6
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
+VERSION = 7
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
 TTY_VERSION = 4
 """The first protocol whose agents give a container created with ``tty`` a terminal (older ones
 only joined its stderr to its stdout)."""
@@ -40,6 +40,8 @@ PERSONALIZE_VERSION = 5
 VOLUMES_VERSION = 6
 """The first protocol version with the ``volume_*`` ops (copies of the kubelet's atomic-writer
 volumes: ``vmsandbox.kubelet_volumes``)."""
+IMAGE_MOUNTS_VERSION = 7
+"""The first protocol version whose ``create`` takes ``image_mounts`` (image volumes, KEP-4639)."""
 CHANNEL_NAME = "io.vmsandbox.agent.0"
 """Name of the virtio-serial port the guest agent listens on."""
 SHARED_TAG = "vmsandbox.shared"
@@ -71,6 +73,20 @@ _INSTANCE = re.compile(r"[0-9a-f]{16,64}")
 _REPORT_TEXT_MAX = 256
 _CMDLINE_MAX = 4096
 _REPORT_ITEMS_MAX = 64
+
+
+@dataclass(frozen=True)
+class ImageMount:
+    """An image volume of a ``create``: the spec's bind mount at ``destination`` gets, as its
+    source, ``sub_path`` of the image disk whose serial is ``serial``, resolved by the agent
+    inside that disk's tree (symlinks never lead out of it)."""
+
+    destination: str
+    serial: str
+    sub_path: str = ""
+
+    def to_arg(self) -> dict[str, str]:
+        return {"destination": self.destination, "serial": self.serial, "sub_path": self.sub_path}
 
 
 class ProtocolError(InfrastructureError):

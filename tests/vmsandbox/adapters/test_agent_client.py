@@ -14,7 +14,14 @@ import pytest
 from tests import fake_guest as fg
 from vmsandbox.adapters.agent_client import AgentClient, AgentLost
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
-from vmsandbox.agent_protocol import TTY_VERSION, UNKNOWN_CONTAINER, UNSOLICITED_BURST, ProtocolError
+from vmsandbox.agent_protocol import (
+    IMAGE_MOUNTS_VERSION,
+    TTY_VERSION,
+    UNKNOWN_CONTAINER,
+    UNSOLICITED_BURST,
+    ImageMount,
+    ProtocolError,
+)
 from vmsandbox.errors import InfrastructureError, WrongState
 
 LABEL = "sandbox 0123456789ab"
@@ -175,4 +182,22 @@ def test_a_tty_container_is_refused_before_an_agent_that_gives_no_terminal_sees_
     assert seen == []
     client.create("c1", lower="images/x", spec={"process": {}})
     assert len(seen) == 1
+    client.close()
+
+
+def test_an_image_volume_is_refused_before_an_agent_that_mounts_none_sees_it(guest, lost: Lost, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An agent older than protocol 7 would ignore ``image_mounts`` and bind the placeholder
+    source: the host refuses with a reason instead of sending the create."""
+    seen: list[object] = []
+
+    def create(msg: dict[str, object]) -> bytes:
+        seen.append(msg["args"])
+        return fg.ok(msg["id"], fg.state("c1", "created"))
+
+    guest(lambda n, peer: peer.serve(fg.agent(answers={"create": create})))
+    client = _client(tmp_path / "agent.sock", lost)
+    assert client.report.protocol < IMAGE_MOUNTS_VERSION
+    with pytest.raises(WrongState, match=r"speaks protocol 2, .* an image volume needs protocol 7"):
+        client.create("c1", lower="disks/abc", spec={"process": {}}, image_mounts=(ImageMount("/v", "abc", "x"),))
+    assert seen == []
     client.close()
