@@ -8,7 +8,8 @@ as the kubelet makes it (in every v1 hierarchy), RunPodSandbox names it, and the
 - the cgroup is root's: QEMU's uid can write none of its files;
 - PodSandboxStats reports what the cgroup says: CPU time between two reads of ``cpuacct.usage``
   around it, the working set within 10% of the cgroup's (usage less inactive file pages);
-- a pod restored from its shape's snapshot is moved there too, once restored;
+- a pod restored from its shape's snapshot is moved there too, once restored, and so is the thread
+  of a vCPU a resize hot-plugs;
 - a bad ``cgroup_parent`` is refused before anything is made; the pod's removal leaves the cgroup
   empty."""
 
@@ -29,7 +30,7 @@ from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.test_snapshot_restore import remove as snapshot_remove
 from tests.integration.test_snapshot_restore import run as snapshot_run
 from tests.integration.test_snapshot_restore import seed_snapshot, snap_pod, started_by
-from tests.shim_kit import IMAGE_DIR, Shim, pod, q, require_host, running_shim
+from tests.shim_kit import HEADROOM_HANDLER, IMAGE_DIR, Shim, pod, q, require_host, running_shim
 from vmsandbox.domain import domain_name
 from vmsandbox.pod_cgroup import CONTROLLERS, parse_stat, proc_cgroups
 
@@ -208,3 +209,31 @@ def test_a_restored_pods_qemu_is_moved_into_its_cgroup_parent_too(snapshot_shim:
     snapshot_remove(shim, sid)
     for c in CONTROLLERS:
         assert _read(c, parent, "cgroup.procs").split() == []
+
+
+def test_a_hot_plugged_vcpu_joins_the_pods_cgroup(snapshot_shim: Shim, parent: str) -> None:
+    """libvirt puts a hot-plugged vCPU's thread in its own per-vCPU groups: a resize into the
+    headroom (``tests/integration/test_resize_headroom.py``) moves it back into the pod's."""
+    shim = snapshot_shim
+
+    def linux(quota: int) -> pb.LinuxContainerResources:
+        return pb.LinuxContainerResources(cpu_period=100_000, cpu_quota=quota, memory_limit_in_bytes=64 << 20)
+
+    config = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name="plugged", namespace="test", uid=str(uuid.uuid4()), attempt=0),
+        linux=pb.LinuxPodSandboxConfig(resources=linux(50_000), cgroup_parent=parent),
+    )
+    sid = shim.runtime.RunPodSandbox(
+        pb.RunPodSandboxRequest(config=config, runtime_handler=HEADROOM_HANDLER), timeout=300
+    ).pod_sandbox_id
+    pid = int(Path(f"/run/libvirt/qemu/{domain_name(sid)}.pid").read_text())
+    before = {t.name for t in Path(f"/proc/{pid}/task").iterdir()}
+    shim.runtime.UpdatePodSandboxResources(
+        pb.UpdatePodSandboxResourcesRequest(pod_sandbox_id=sid, resources=linux(200_000)), timeout=120
+    )
+    threads = list(Path(f"/proc/{pid}/task").iterdir())
+    assert {t.name for t in threads} - before, "no vCPU thread was plugged"
+    for tid in threads:
+        where = proc_cgroups((tid / "cgroup").read_text())
+        assert {c: where[c] for c in CONTROLLERS} == dict.fromkeys(CONTROLLERS, parent), (tid.name, where)
+    snapshot_remove(shim, sid)
