@@ -10,8 +10,8 @@ as the kubelet makes it (in every v1 hierarchy), RunPodSandbox names it, and the
   around it, the working set within 10% of the cgroup's (usage less inactive file pages);
 - a pod restored from its shape's snapshot is moved there too, once restored, and so is the thread
   of a vCPU a resize hot-plugs;
-- a bad ``cgroup_parent`` is refused before anything is made; the pod's removal leaves the cgroup
-  empty."""
+- a bad ``cgroup_parent`` is refused before anything is made; the pod's removal, and a
+  RunPodSandbox failed after the move, leave the cgroup empty."""
 
 from __future__ import annotations
 
@@ -30,7 +30,17 @@ from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.test_snapshot_restore import remove as snapshot_remove
 from tests.integration.test_snapshot_restore import run as snapshot_run
 from tests.integration.test_snapshot_restore import seed_snapshot, snap_pod, started_by
-from tests.shim_kit import HEADROOM_HANDLER, IMAGE_DIR, Shim, pod, q, require_host, running_shim
+from tests.shim_kit import (
+    HEADROOM_HANDLER,
+    IMAGE_DIR,
+    Shim,
+    pod,
+    q,
+    require_host,
+    running_shim,
+    start_shim,
+    stop_shim,
+)
 from vmsandbox.domain import domain_name
 from vmsandbox.pod_cgroup import CONTROLLERS, parse_stat, proc_cgroups
 
@@ -241,3 +251,24 @@ def test_a_hot_plugged_vcpu_joins_the_pods_cgroup(snapshot_shim: Shim, parent: s
         f"\nhugepage-backed pod: its cgroup's memory {int(_read('memory', parent, 'memory.usage_in_bytes')) >> 20} MiB"
     )
     snapshot_remove(shim, sid)
+
+
+@pytest.mark.parametrize("point", ["RunPodSandbox:cgroup", "RunPodSandbox:ready"])
+def test_a_run_failed_after_the_move_leaves_the_pods_cgroup_empty(tmp_path: Path, parent: str, point: str) -> None:
+    require_host()
+    if (ROOT / "cgroup.controllers").exists() or not all((ROOT / c).is_dir() for c in CONTROLLERS):
+        pytest.skip("not a cgroup v1 host")
+    (tmp_path / "shim").mkdir()
+    shim = start_shim(tmp_path / "shim", env={"VMSANDBOX_FAULT": f"raise:{point}"}, pull_busybox=False)
+    try:
+        config = pod("undone", containers=[("c", q({"cpu": "500m", "memory": MEMORY}))])
+        config.linux.cgroup_parent = parent
+        with pytest.raises(grpc.RpcError) as err:
+            shim.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=300)
+        assert f"fault injected at {point}" in str(err.value.details())
+        assert "cgroup, define" in str(err.value.details())  # undone: moved back, then torn down
+        assert list(shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items) == []
+        for c in CONTROLLERS:
+            assert _read(c, parent, "cgroup.procs").split() == [], c
+    finally:
+        stop_shim(shim)
