@@ -37,6 +37,7 @@ from vmsandbox.states import CONTAINER_RUNNING as CONTAINER_RUNNING
 from vmsandbox.states import CONTAINER_UNKNOWN as CONTAINER_UNKNOWN
 from vmsandbox.states import SANDBOX_NOTREADY as SANDBOX_NOTREADY
 from vmsandbox.states import SANDBOX_READY as SANDBOX_READY
+from vmsandbox.userns import UserNamespace
 
 PROPAGATIONS = ("private", "host-to-container", "bidirectional")
 """A mount's propagation as ``vmsandbox.adapters.binds`` names it, at the index of the CRI's
@@ -219,6 +220,8 @@ class SandboxRecord:
     network: PodNetwork | None = None
     # the host uid (and gid) its QEMU runs as; 0: a sandbox of an earlier version, whose QEMU is root
     qemu_uid: int = 0
+    # the pod's own user namespace (hostUsers: false); None: the node's
+    userns: UserNamespace | None = None
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -249,6 +252,7 @@ class SandboxRecord:
             "dns": {k: list(v) for k, v in asdict(self.dns).items()},
             "network": self.network.to_doc() if self.network is not None else {},
             "qemu_uid": self.qemu_uid,
+            "userns": self.userns.to_doc() if self.userns is not None else None,
         }
 
     @staticmethod
@@ -283,6 +287,7 @@ class SandboxRecord:
             dns=DnsConfig(**{k: tuple(v) for k, v in dns.items()}),
             network=PodNetwork.from_doc(network) if network else None,
             qemu_uid=int(doc.get("qemu_uid", 0)),
+            userns=UserNamespace.from_doc(doc["userns"]) if doc.get("userns") else None,
         )
 
     def with_state(self, state: str) -> SandboxRecord:

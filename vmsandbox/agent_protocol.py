@@ -30,8 +30,8 @@ from typing import NamedTuple, TypeAlias
 from vmsandbox import validation
 from vmsandbox.errors import InfrastructureError
 
-VERSION = 6
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
+VERSION = 7
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
 TTY_VERSION = 4
 """The first protocol whose agents give a container created with ``tty`` a terminal (older ones
 only joined its stderr to its stdout)."""
@@ -40,6 +40,9 @@ PERSONALIZE_VERSION = 5
 VOLUMES_VERSION = 6
 """The first protocol version with the ``volume_*`` ops (copies of the kubelet's atomic-writer
 volumes: ``vmsandbox.kubelet_volumes``)."""
+USERNS_VERSION = 7
+"""The first protocol whose agents give a container whose spec has a user namespace an idmapped
+root file system (``create``; older ones would leave its image's files unmapped)."""
 CHANNEL_NAME = "io.vmsandbox.agent.0"
 """Name of the virtio-serial port the guest agent listens on."""
 SHARED_TAG = "vmsandbox.shared"

@@ -345,7 +345,10 @@ def test_the_schema_states_the_versions_and_bounds_the_host_uses() -> None:
         "volume_commit",
         "volume_remove",
     }
-    assert max(since.values()) == agent_protocol.VERSION
+    # each version adds an op or changes one (x-changed: the newest version that changed it)
+    changed = {op: DEFS[f"args.{op}"]["x-changed"] for op in OPS if "x-changed" in DEFS[f"args.{op}"]}
+    assert changed == {"create": agent_protocol.USERNS_VERSION}
+    assert max([*since.values(), *changed.values()]) == agent_protocol.VERSION
     lines = SCHEMA["x-lines"]
     assert lines["guest-to-host-max-bytes"] == agent_protocol.MAX_FRAME_BYTES
     assert lines["host-to-guest-max-bytes"] == agent_protocol.MAX_REQUEST_BYTES
@@ -513,7 +516,7 @@ def test_an_answer_that_breaks_the_schema_is_refused(
 
 
 ENVELOPE_REFUSED: list[tuple[str, str, object]] = [
-    ("hello", "v", 7),
+    ("hello", "v", 8),
     ("hello", "v", 0),
     ("hello", "v", "6"),
     ("hello", "type", MISSING),

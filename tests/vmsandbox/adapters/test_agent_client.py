@@ -14,7 +14,13 @@ import pytest
 from tests import fake_guest as fg
 from vmsandbox.adapters.agent_client import AgentClient, AgentLost
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
-from vmsandbox.agent_protocol import TTY_VERSION, UNKNOWN_CONTAINER, UNSOLICITED_BURST, ProtocolError
+from vmsandbox.agent_protocol import (
+    TTY_VERSION,
+    UNKNOWN_CONTAINER,
+    UNSOLICITED_BURST,
+    USERNS_VERSION,
+    ProtocolError,
+)
 from vmsandbox.errors import InfrastructureError, WrongState
 
 LABEL = "sandbox 0123456789ab"
@@ -174,5 +180,28 @@ def test_a_tty_container_is_refused_before_an_agent_that_gives_no_terminal_sees_
         client.create("c1", lower="images/x", spec={"process": {}}, tty=True)
     assert seen == []
     client.create("c1", lower="images/x", spec={"process": {}})
+    assert len(seen) == 1
+    client.close()
+
+
+def test_a_user_namespace_container_is_refused_before_an_agent_that_would_not_idmap_its_root(  # type: ignore[no-untyped-def]
+    guest, lost: Lost, tmp_path
+) -> None:
+    """An agent older than protocol 7 would run a container in a user namespace on a root whose
+    files are not mapped into it: the host refuses with a reason instead of sending it."""
+    seen: list[object] = []
+
+    def create(msg: dict[str, object]) -> bytes:
+        seen.append(msg["args"])
+        return fg.ok(msg["id"], fg.state("c1", "created"))
+
+    guest(lambda n, peer: peer.serve(fg.agent(answers={"create": create})))
+    client = _client(tmp_path / "agent.sock", lost)
+    assert client.report.protocol < USERNS_VERSION
+    spec = {"process": {}, "linux": {"namespaces": [{"type": "pid"}, {"type": "user"}]}}
+    with pytest.raises(WrongState, match=r"speaks protocol 2, .* \(hostUsers: false\) needs protocol 7"):
+        client.create("c1", lower="disks/x", spec=spec)
+    assert seen == []
+    client.create("c1", lower="disks/x", spec={"process": {}, "linux": {"namespaces": [{"type": "pid"}]}})
     assert len(seen) == 1
     client.close()
