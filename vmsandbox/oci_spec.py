@@ -333,6 +333,13 @@ def _mounts(request: ContainerRequest) -> list[dict[str, object]]:
         kernel_fs("/sys", "sysfs", "sysfs", *nosuid, "rw" if request.privileged else "ro"),
         kernel_fs("/sys/fs/cgroup", "cgroup", "cgroup", *nosuid, "relatime", "rw" if request.privileged else "ro"),
     ]
+    if request.userns is not None:
+        # The guest's network and IPC namespaces (the pod's) belong to the guest's initial user
+        # namespace, so the container's cannot mount a sysfs or an mqueue of them: it gets the
+        # guest's, bound (the guest agent mounts the mqueue at /dev/mqueue first), as runc does.
+        ro = "rw" if request.privileged else "ro"
+        mounts[5] = kernel_fs("/sys", "bind", "/sys", "rbind", *nosuid, ro)
+        mounts[4] = kernel_fs("/dev/mqueue", "bind", "/dev/mqueue", "rbind", *nosuid)
     for m in request.mounts:
         if not m.destination.startswith("/"):
             raise InvalidArgument(f"mount destination {m.destination[:128]!r} is not absolute")

@@ -174,6 +174,10 @@ func idmappedLower(lowerName, lower, dir string, uids, gids []syscall.SysProcIDM
 		return "", fmt.Errorf("create: a container in a user namespace of its own needs its image on a disk "+
 			"(disks/SERIAL); %q is shared over 9p, which cannot be idmapped", lowerName)
 	}
+	// the spec binds the guest's mqueue (the container cannot mount one of the guest's IPC namespace)
+	if err := ensureMqueue(); err != nil {
+		return "", err
+	}
 	target := dir + "/lower"
 	if err := os.MkdirAll(target, 0o755); err != nil {
 		return "", err
@@ -193,4 +197,21 @@ func idmappedLower(lowerName, lower, dir string, uids, gids []syscall.SysProcIDM
 		return "", err
 	}
 	return target, nil
+}
+
+// ensureMqueue mounts the guest's POSIX message queue file system at /dev/mqueue once.
+func ensureMqueue() error {
+	mountMu.Lock()
+	defer mountMu.Unlock()
+	if mounted["mqueue"] {
+		return nil
+	}
+	if err := os.MkdirAll("/dev/mqueue", 0o755); err != nil {
+		return err
+	}
+	if err := syscall.Mount("mqueue", "/dev/mqueue", "mqueue", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, ""); err != nil && !errors.Is(err, syscall.EBUSY) {
+		return fmt.Errorf("create: mount the guest's mqueue at /dev/mqueue: %v", err)
+	}
+	mounted["mqueue"] = true
+	return nil
 }
