@@ -248,3 +248,25 @@ def test_a_user_namespace_gets_exactly_its_mappings(
 def test_without_a_user_namespace_the_spec_has_no_mappings() -> None:
     linux = build_spec(ContainerRequest(command=("sh",)), IMAGE, UserIds(70000, 70000))["linux"]
     assert "uidMappings" not in linux and "gidMappings" not in linux  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("privileged", [False, True])
+def test_a_user_namespace_binds_the_guests_sysfs_and_mqueue(privileged: bool) -> None:
+    mounts = build_spec(ContainerRequest(command=("sh",), userns=NS, privileged=privileged), IMAGE, ROOT)["mounts"]
+    by_dest = {m["destination"]: m for m in mounts}  # type: ignore[attr-defined]
+    ro = "rw" if privileged else "ro"
+    assert by_dest["/sys"] == {
+        "destination": "/sys",
+        "type": "bind",
+        "source": "/sys",
+        "options": ["rbind", "nosuid", "noexec", "nodev", ro],
+    }
+    assert by_dest["/dev/mqueue"] == {
+        "destination": "/dev/mqueue",
+        "type": "bind",
+        "source": "/dev/mqueue",
+        "options": ["rbind", "nosuid", "noexec", "nodev"],
+    }
+    assert by_dest["/sys/fs/cgroup"]["type"] == "cgroup"  # its own cgroup namespace's, mounted
+    plain = {m["destination"]: m["type"] for m in build_spec(ContainerRequest(command=("sh",)), IMAGE, ROOT)["mounts"]}  # type: ignore[attr-defined]
+    assert (plain["/sys"], plain["/dev/mqueue"]) == ("sysfs", "mqueue")
