@@ -95,6 +95,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             write_volume(secret, {"password": b"s3cret\n"}, mode=0o440, fs_group=FS_GROUP)
             token = volume_dir(pods, uid, "projected", "kube-api-access-u1")
             write_volume(token, {"token": b"token-1", "namespace": b"test"}, mode=0o600)
+            token.chmod(0o1777)  # a projected volume is a tmpfs of its own, sticky and world-writable
             scratch = volume_dir(pods, uid, "empty-dir", "scratch")
             scratch.mkdir(parents=True, exist_ok=True)
             scratch.chmod(0o777)  # as the kubelet makes an emptyDir
@@ -151,6 +152,8 @@ def test_its_volumes_read_with_the_kubelets_owners(running: Env) -> None:
     )
     sa = "/var/run/secrets/kubernetes.io/serviceaccount"
     assert _exec(running, f"cat {sa}/token; echo; stat -L -c '%u %g %a' {sa}/token") == "token-1\n0 0 600\n"
+    # its links are the volume directory's owner's, so the kernel follows them in a sticky directory
+    assert _exec(running, f"stat -c '%u %g' {sa} {sa}/..data {sa}/token").split("\n")[:3] == ["0 0"] * 3
 
 
 def test_a_shared_volume_is_writable_but_shows_no_host_owner(running: Env) -> None:
