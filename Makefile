@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 
 # the benchmarks `make bench` runs; bench/cpu_readback.py and bench/qemu_direct.py measure parts that
 # bench/sandbox_start.py reports beside its own figures, and run alone on demand
-BENCHMARKS := sandbox_start admission placement image_pull pod_network container_start cri_scale
+BENCHMARKS := sandbox_start admission placement image_pull pod_network container_start cri_scale resize
 
 .PHONY: setup demo test lint unit integration bench bench-smoke stop-host proto cluster cluster-down k8s-tools
 

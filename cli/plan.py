@@ -361,7 +361,14 @@ def _shape_line(shape: VmShape, profile: Profile) -> str:
     if shape.guest_hugepages:
         text += ", guest hugepages " + " ".join(f"{n}x{textout.page_label(s)}" for s, n in shape.guest_hugepages)
     overhead = max(profile.memory_overhead_bytes, shape.demand.overhead_memory_bytes)
-    return text + f"; overhead {textout.size(overhead)}"
+    text += f"; overhead {textout.size(overhead)}"
+    if shape.headroom_vcpus or shape.headroom_memory_bytes:
+        pages = f" ({shape.reserved_pages - shape.backing_pages} pages)" if shape.hugepage_backed else ""
+        text += (
+            f"; resize headroom {shape.headroom_vcpus} vCPU{'s' if shape.headroom_vcpus != 1 else ''} and "
+            f"{textout.size(shape.headroom_memory_bytes)}{pages}, reserved on the host now, plugged by a resize"
+        )
+    return text
 
 
 def _placement_line(shape: VmShape, placement: Placement) -> str:

@@ -28,7 +28,8 @@ from shim.model import (
 from shim.records import Records, SandboxLocks, new_id
 from vmsandbox import admission, validation
 from vmsandbox.errors import Diverged, NotFound
-from vmsandbox.lifecycle import ContainerAsk, admit_container, check_fits_beside
+from vmsandbox.lifecycle import ContainerAsk, admit_container, check_fits_beside, growth_beside
+from vmsandbox.resize import Growth
 from vmsandbox.resources import ContainerResources
 from vmsandbox.sizing import LinuxResources
 
@@ -50,7 +51,12 @@ class ContainerAdmission:
             existing = self.records.containers(sandbox.id)
             ask = ContainerAsk(spec.name, spec.attempt, spec.resources, spec.asked_attachments(), spec.linux)
             admitted = admit_container(
-                sandbox.declaration, sandbox.sized_shape(), ask, siblings_of(existing), sandbox.annotations
+                sandbox.declaration,
+                sandbox.sized_shape(),
+                ask,
+                siblings_of(existing),
+                sandbox.annotations,
+                sandbox.growth,
             )
             container = ContainerRecord(
                 id=new_id(),
@@ -84,7 +90,7 @@ class ContainerAdmission:
                 admission.Usage.of_resources(resources) if resources is not None else admission.Usage.of_linux(linux)
             )
             check_fits_beside(
-                sandbox.sized_shape().demand,
+                sandbox.envelope(),
                 c.name,
                 usage,
                 siblings_of(self.records.containers(sandbox.id)),
@@ -99,6 +105,24 @@ class ContainerAdmission:
         if changed is None:
             raise NotFound(f"container {c.id[:12]} was removed")
         return changed
+
+    def growth(
+        self, sandbox: SandboxRecord, c: ContainerRecord, resources: ContainerResources | None, linux: LinuxResources
+    ) -> Growth:
+        """How far the pod's envelope must grow for the container's new limits to fit beside its
+        siblings: the pod's growth when they fit; Diverged when its resize headroom cannot hold them."""
+        usage = admission.Usage.of_resources(resources) if resources is not None else admission.Usage.of_linux(linux)
+        with self.locks.lock_for(sandbox.id):
+            return growth_beside(
+                sandbox.sized_shape(),
+                sandbox.growth,
+                c.name,
+                usage,
+                siblings_of(self.records.containers(sandbox.id)),
+                init_order=sandbox.init_container_names,
+                annotations=sandbox.annotations,
+                who=f'update of "{c.name}"',
+            )
 
     def restore(self, c: ContainerRecord) -> None:
         """Undo of ``update``: the limits ``c`` recorded."""

@@ -2,8 +2,9 @@
 
 It owns:
 - the read-only disk of each image in the pod's guest: hot-plugged when the pod's first
-  container of that image is created (bound, idmapped, into that QEMU's mount namespace alone),
-  counted by its users, detached again when a failed create was its only one;
+  container of that image, or with an image volume of it, is created (bound, idmapped, into that
+  QEMU's mount namespace alone), counted by its users, detached again when a failed create was
+  its only one, else kept until the pod goes;
 - each container's place and volume binds in the pod's share (the directory itself is
   ``shim.sandbox_dirs``'): host paths checked once against the kubelet's pod directory and the
   allowlist (``plan``: what is checked is what is bound), bound into the guest's QEMU
@@ -37,6 +38,7 @@ from shim.sandbox_dirs import SandboxDirs
 from vmsandbox import hugetlbfs, kubelet_volumes, oci_spec, validation
 from vmsandbox.adapters import binds, shared_tree
 from vmsandbox.adapters.hypervisor import Hypervisor
+from vmsandbox.agent_protocol import ImageMount
 from vmsandbox.domain import IMAGE_DISK_SLOTS, ImageDiskDevice, free_disk_target
 from vmsandbox.domain_xml import read_image_disks, render_image_disk
 from vmsandbox.errors import CannotFit, InvalidArgument, VmSandboxError, WrongState
@@ -47,6 +49,9 @@ log = logging.getLogger(__name__)
 
 GUEST_SHARED_MOUNT = "/run/vmsandbox/shared"
 """Where the guest agent mounts the shared directory (images/agent)."""
+GUEST_DISKS_MOUNT = "/run/vmsandbox/disks"
+"""Where the guest agent mounts each image disk, at ``<serial>`` (images/agent; an image volume's
+bind source, which the agent sets itself once it resolved the sub path)."""
 _RESOLV_CONF_MAX = 64 * 1024
 
 
@@ -184,6 +189,46 @@ class ContainerMounts:
                     return
             with contextlib.suppress(VmSandboxError):  # QEMU closed it; a bind that stays goes with QEMU
                 self._unbind(sandbox, self.dirs.disks(sandbox.id) / f"{held.serial}.erofs")
+
+    def attach_volume_images(
+        self, sandbox: SandboxRecord, helds: dict[int, HeldImage]
+    ) -> tuple[tuple[HeldImage, bool], ...]:
+        """The disks of a container's image volumes in its guest, each attached as its own image's
+        is (``attach_image``: once per guest, whether a container's root or a volume uses it, and
+        counted by its users until the pod goes); returns, per distinct disk, whether this call
+        attached it. On failure it counts as a user of none of them (undo:
+        ``detach_volume_images``)."""
+        done: list[tuple[HeldImage, bool]] = []
+        try:
+            for held in {h.serial: h for h in helds.values()}.values():
+                _, attached = self.attach_image(sandbox, held)
+                done.append((held, attached))
+        except BaseException:
+            self.detach_volume_images(sandbox, tuple(done))
+            raise
+        return tuple(done)
+
+    def detach_volume_images(self, sandbox: SandboxRecord, attached: tuple[tuple[HeldImage, bool], ...]) -> None:
+        """Undo of ``attach_volume_images`` (``detach_unused`` of each disk, newest first)."""
+        for held, was_attached in reversed(attached):
+            self.detach_unused(sandbox, held, was_attached)
+
+    @staticmethod
+    def image_volume_mounts(
+        mounts: tuple[MountRequest, ...], helds: dict[int, HeldImage]
+    ) -> tuple[dict[int, oci_spec.Mount], tuple[ImageMount, ...]]:
+        """The spec's read-only binds of a container's image volumes, by the index of their mount,
+        and what the guest agent mounts at each (the disk it finds by serial and the sub path it
+        resolves inside that disk's tree, which becomes the bind's source)."""
+        spec: dict[int, oci_spec.Mount] = {}
+        agent: list[ImageMount] = []
+        for i, held in sorted(helds.items()):
+            m = mounts[i]
+            assert m.image is not None
+            source = f"{GUEST_DISKS_MOUNT}/{held.serial}/{m.image.sub_path}".rstrip("/")
+            spec[i] = oci_spec.Mount(m.container_path, source, readonly=True)
+            agent.append(ImageMount(m.container_path, held.serial, m.image.sub_path))
+        return spec, tuple(agent)
 
     def disk_users(self, sandbox_id: str) -> dict[str, int]:
         """Image disk serial -> the creates that counted themselves as its users in this sandbox."""

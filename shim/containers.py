@@ -4,10 +4,10 @@ Container records are admitted and written by ``shim.container_admission`` into
 ``shim.records``; this owner moves them through their life: created in the guest, running,
 exited (exit code, reason, times), removed. It builds each container's OCI spec (the image's
 config, the user, the admitted cgroup limits, a ``localhost/`` seccomp profile) and holds the
-container's image from its create until its removal; it keeps one lock per container for its
-guest operations, the copy of each container's log from its guest agent to the kubelet's
-``log_directory/log_path`` (through ``shim.log_copy``), and answers status and stats from the
-guest. Its parts: the agent connection of each guest (``shim.agent_pool``) and what a
+container's image, and those of its image volumes, from its create until its removal; it keeps
+one lock per container for its guest operations, the copy of each container's log from its guest
+agent to the kubelet's ``log_directory/log_path`` (through ``shim.log_copy``), and answers status
+and stats from the guest. Its parts: the agent connection of each guest (``shim.agent_pool``) and what a
 container's guest sees of the host — image disks, volume binds, pod files
 (``shim.container_mounts``).
 
@@ -27,13 +27,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from shim.agent_pool import AgentPool
 from shim.container_admission import ContainerAdmission
 from shim.container_mounts import ContainerMounts
+from shim.hot_plug import HotPlug
 from shim.image_store import HeldImage, ImageStore
 from shim.log_copy import LogCopies
 from shim.model import (
@@ -42,6 +43,7 @@ from shim.model import (
     CONTAINER_RUNNING,
     SANDBOX_READY,
     ContainerRecord,
+    ImageVolume,
     SandboxRecord,
 )
 from shim.mount_follow import MountFollower
@@ -54,7 +56,7 @@ from vmsandbox.adapters.agent_streams import AgentStream
 from vmsandbox.adapters.guest_channel import GuestChannelClosed, GuestRequestFailed
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.agent_ops import CgroupStats, ContainerState, ExecResult, LogChunk
-from vmsandbox.agent_protocol import UNKNOWN_CONTAINER, ProtocolError
+from vmsandbox.agent_protocol import UNKNOWN_CONTAINER, ImageMount, ProtocolError
 from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, VmSandboxError, WrongState
 from vmsandbox.image_catalogue import ImageRecord
 from vmsandbox.sizing import LinuxResources
@@ -99,6 +101,7 @@ class Containers:
         self.volumes = PodVolumes(self.pool.call)
         self.mounts = ContainerMounts(self.config, self.records, hypervisor, self.dirs, self.follow, self.volumes)
         self.admission = ContainerAdmission(self.records, sandboxes.locks)
+        self.hot_plug = HotPlug(hypervisor, self.pool)  # resizes into the pods' headroom
 
     def forget_lock(self, container_id: str) -> None:
         """A removed container's lock goes with it (the map holds only containers that exist)."""
@@ -131,6 +134,32 @@ class Containers:
             raise NotFound(f"image {c.image[:256]!r} is not pulled (PullImage it first)")
         return image, self.images.acquire(image.id, c.id)
 
+    def hold_volume_images(
+        self, c: ContainerRecord, volumes: dict[int, ImageVolume]
+    ) -> tuple[dict[int, HeldImage], tuple[str, ...]]:
+        """The images of the container's image volumes (by the index of their mount), each held for
+        it by ``c.volume_holder``, and their ids; NOT_FOUND naming the first not pulled (or
+        removed: the same rule as for its own image), and then it holds none of them (undo:
+        ``release_volume_images``)."""
+        out: dict[int, HeldImage] = {}
+        held: list[str] = []
+        try:
+            for i, v in volumes.items():
+                image = self.images.get(v.image)
+                if image is None:
+                    raise NotFound(f"image {v.image[:256]!r} of an image volume is not pulled (PullImage it first)")
+                out[i] = self.images.acquire(image.id, c.volume_holder)
+                held.append(image.id)
+        except BaseException:
+            self.release_volume_images(c, held)
+            raise
+        return out, tuple(dict.fromkeys(held))
+
+    def release_volume_images(self, c: ContainerRecord, image_ids: Sequence[str]) -> None:
+        """The container holds none of ``image_ids`` (its image volumes' images) any more."""
+        for image_id in image_ids:
+            self.images.release(image_id, c.volume_holder)
+
     def guest_spec(
         self,
         c: ContainerRecord,
@@ -161,9 +190,15 @@ class Containers:
         return oci_spec.build_spec(run, image_cfg, user), signal
 
     def create_in_guest(
-        self, c: ContainerRecord, lower: str, spec: dict[str, object], run: oci_spec.ContainerRequest
+        self,
+        c: ContainerRecord,
+        lower: str,
+        spec: dict[str, object],
+        run: oci_spec.ContainerRequest,
+        image_mounts: Sequence[ImageMount] = (),
     ) -> None:
-        """The guest makes the container (undo: ``delete_in_guest``)."""
+        """The guest makes the container, its image volumes mounted from their disks (undo:
+        ``delete_in_guest``)."""
         self.pool.call(
             c.sandbox_id,
             "create",
@@ -173,6 +208,7 @@ class Containers:
             stdin=run.stdin,
             stdin_once=run.stdin_once,
             tty=run.tty,
+            **({"image_mounts": tuple(image_mounts)} if image_mounts else {}),
         )
 
     def delete_in_guest(self, c: ContainerRecord) -> None:
@@ -194,9 +230,11 @@ class Containers:
         signal: str,
         run: oci_spec.ContainerRequest,
         net_bind_service: bool,
+        volume_images: Sequence[str] = (),
     ) -> ContainerRecord:
-        """The record names the container's image: it exists in its guest (a record naming none is
-        one whose CreateContainer never answered: ``reconcile_with_guests``)."""
+        """The record names the container's image (and its image volumes' images): it exists in its
+        guest (a record naming none is one whose CreateContainer never answered:
+        ``reconcile_with_guests``)."""
         created = replace(
             c,
             image_id=image.id,
@@ -208,6 +246,7 @@ class Containers:
             message="",
             net_bind_service=net_bind_service,
             volume_copies=self.volumes.used_by(sandbox.id, c.id),
+            volume_images=tuple(volume_images),
         )
         self.records.save_container(created)
         return created
@@ -379,6 +418,11 @@ class Containers:
                 held += 1
             except NotFound:
                 log.warning("container %s: its image %s is not stored any more", c.id[:12], c.image_id)
+            for image_id in c.volume_images:  # its image volumes' images, likewise
+                try:
+                    self.images.acquire(image_id, c.volume_holder)
+                except NotFound:
+                    log.warning("container %s: its volume's image %s is not stored any more", c.id[:12], image_id)
         return held
 
     @staticmethod
@@ -468,6 +512,7 @@ class Containers:
             self.logs.forget(c.id)
             if c.image_id:
                 self.images.release(c.image_id, c.id)
+            self.release_volume_images(c, c.volume_images)
         self.pool.drop(sandbox_id)
         self.dirs.drop(sandbox_id)
         self.mounts.forget_sandbox(sandbox_id)

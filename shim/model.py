@@ -27,8 +27,9 @@ from vmsandbox.network import DnsConfig, NamespaceOptions, PodNetwork, PortMappi
 from vmsandbox.pod import PodMeta as PodMeta
 from vmsandbox.pod import SandboxSpec as SandboxSpec
 from vmsandbox.registries import Credentials
+from vmsandbox.resize import Growth, grown
 from vmsandbox.resources import ContainerResources, Mount, PodDeclaration
-from vmsandbox.sizing import LinuxResources, VmShape
+from vmsandbox.sizing import LinuxResources, PodDemand, VmShape
 
 # the state names' one home is vmsandbox.states; the shim's modules take them from here too
 from vmsandbox.states import CONTAINER_CREATED as CONTAINER_CREATED
@@ -45,8 +46,17 @@ PROPAGATIONS = ("private", "host-to-container", "bidirectional")
 
 
 @dataclass(frozen=True)
+class ImageVolume:
+    """What an image volume mounts (KEP-4639): an image's tree, or ``sub_path`` below its root."""
+
+    image: str  # the reference or id the kubelet pulled it by (ImageSpec.image)
+    sub_path: str = ""  # relative, no '..' ("": the image's root)
+
+
+@dataclass(frozen=True)
 class MountRequest:
-    """A host path a CreateContainer mounts, as validated by the translation layer."""
+    """A host path (or, with ``image``, an image's tree) a CreateContainer mounts, as validated
+    by the translation layer. An image volume has no host path and is always read-only."""
 
     container_path: str
     host_path: str
@@ -54,6 +64,7 @@ class MountRequest:
     recursive: bool = False  # read-only for the mounts below host_path too (recursive_read_only)
     propagation: str = "private"  # one of PROPAGATIONS
     selinux_relabel: bool = False
+    image: ImageVolume | None = None  # set: an image volume, mounted from the image's disk in the guest
 
     def declared(self) -> Mount:
         """The mount as a pod's declaration lists it, for admission to compare."""
@@ -64,7 +75,14 @@ class MountRequest:
             recursive_read_only=self.recursive,
             selinux_relabel=self.selinux_relabel,
             propagation=PROPAGATIONS.index(self.propagation),
+            image=self.image.image if self.image is not None else "",
+            image_sub_path=self.image.sub_path if self.image is not None else "",
         )
+
+
+def image_volumes(mounts: Iterable[MountRequest]) -> dict[int, ImageVolume]:
+    """The image volumes among a container's mounts, by their index there."""
+    return {i: m.image for i, m in enumerate(mounts) if m.image is not None}
 
 
 @dataclass(frozen=True)
@@ -220,6 +238,8 @@ class SandboxRecord:
     network: PodNetwork | None = None
     # the host uid (and gid) its QEMU runs as; 0: a sandbox of an earlier version, whose QEMU is root
     qemu_uid: int = 0
+    # how far in-place resizes have grown the pod's envelope into its resize headroom
+    growth: Growth = field(default_factory=Growth)
     # the pod's own user namespace (hostUsers: false); None: the node's
     userns: UserNamespace | None = None
 
@@ -252,6 +272,7 @@ class SandboxRecord:
             "dns": {k: list(v) for k, v in asdict(self.dns).items()},
             "network": self.network.to_doc() if self.network is not None else {},
             "qemu_uid": self.qemu_uid,
+            "growth": asdict(self.growth),
             "userns": self.userns.to_doc() if self.userns is not None else None,
         }
 
@@ -287,6 +308,7 @@ class SandboxRecord:
             dns=DnsConfig(**{k: tuple(v) for k, v in dns.items()}),
             network=PodNetwork.from_doc(network) if network else None,
             qemu_uid=int(doc.get("qemu_uid", 0)),
+            growth=Growth(**(doc.get("growth") or {})),
             userns=UserNamespace.from_doc(doc["userns"]) if doc.get("userns") else None,
         )
 
@@ -312,6 +334,11 @@ class SandboxRecord:
         if self.shape is None:
             raise NotFound(f"pod sandbox {self.id[:12]} has no recorded VM shape")
         return self.shape
+
+    def envelope(self) -> PodDemand:
+        """What the pod's containers must fit in: the demand its VM was sized for, grown by its
+        in-place resizes (``vmsandbox.resize``)."""
+        return grown(self.sized_shape().demand, self.growth)
 
 
 @dataclass(frozen=True)
@@ -344,6 +371,13 @@ class ContainerRecord:
     net_bind_service: bool = False  # holds CAP_NET_BIND_SERVICE: its pod's privileged node ports open
     # host paths of the atomic-writer volumes its guest keeps copies of for it (shim.pod_volumes)
     volume_copies: tuple[str, ...] = ()
+    # ids of the images its image volumes mount, each held for it (by ``volume_holder``) until its removal
+    volume_images: tuple[str, ...] = ()
+
+    @property
+    def volume_holder(self) -> str:
+        """The name its image volumes hold their images by (its image is held by its id)."""
+        return f"{self.id}/volumes"
 
     def to_doc(self) -> dict[str, Any]:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -360,6 +394,7 @@ class ContainerRecord:
         args["resources"] = record_docs.resources_from_doc(doc.get("resources") or {}, f"container {doc.get('id', '')}")
         args["linux"] = record_docs.linux_from_doc(doc.get("linux") or {})
         args["volume_copies"] = tuple(str(p) for p in doc.get("volume_copies") or ())
+        args["volume_images"] = tuple(str(i) for i in doc.get("volume_images") or ())
         return ContainerRecord(**args)
 
 

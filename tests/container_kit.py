@@ -6,7 +6,8 @@ RunPodSandbox leaves one: a QEMU uid, its directory made, its agent channel a ``
 (``tests/fake_guest.py``) that keeps its containers and volume copies, and a host-network pod
 whose privileged node port waits for a container holding CAP_NET_BIND_SERVICE. What the shim
 would do to the pod's QEMU (image disks hot-plugged, binds into its mount namespace) is recorded
-by ``FakeVm`` instead. An image is stored as a pull leaves it (its disk a placeholder file), and
+by ``FakeVm`` instead. Two images are stored as a pull leaves them (their disks placeholder
+files: the container's, and one its image volumes mount), and
 the kubelet's pod directory holds a plain directory and a ConfigMap volume of the pod's.
 
 ``Pod.leftovers`` is everything a container RPC can leave behind, host and guest side: a test
@@ -48,6 +49,9 @@ QEMU_UID = 2_000_000_000
 IMAGE = "registry.test/app:1"
 IMAGE_ID = "sha256:" + "1" * 64
 _TREE = "sha256:" + "3" * 64
+VOLUME_IMAGE = "registry.test/data:1"  # mounted as an image volume
+VOLUME_IMAGE_ID = "sha256:" + "4" * 64
+_VOLUME_TREE = "sha256:" + "5" * 64
 
 
 class FakeVm:
@@ -146,6 +150,19 @@ class Pod:
             ),
         )
 
+    def image_volume_config(self, name: str = "app") -> pb.ContainerConfig:
+        """``config(name)`` with image volumes as the kubelet sends them: VOLUME_IMAGE twice (its
+        root and a sub path) and the container's own image (the same disk as its root)."""
+        config = self.config(name)
+        config.mounts.extend(
+            [
+                pb.Mount(container_path="/vol", image=pb.ImageSpec(image=VOLUME_IMAGE_ID), readonly=True),
+                pb.Mount(container_path="/vol-etc", image=pb.ImageSpec(image=VOLUME_IMAGE), image_sub_path="etc"),
+                pb.Mount(container_path="/self", image=pb.ImageSpec(image=IMAGE)),
+            ]
+        )
+        return config
+
     def create_request(self, name: str = "app", config: pb.ContainerConfig | None = None) -> CreateContainer:
         """A CreateContainer of ``config`` (default: ``config(name)``) in this pod, translated."""
         request = pb.CreateContainerRequest(pod_sandbox_id=self.sandbox_id, config=config or self.config(name))
@@ -169,6 +186,7 @@ class Pod:
         return {
             "records": {r.id: (r.state, r.image_id, r.linux) for r in self.pods.records.containers()},
             "image holders": c.images.holders(IMAGE_ID),
+            "volume image holders": c.images.holders(VOLUME_IMAGE_ID),
             "image disks": dict(self.vm.disks),
             "disk users": c.mounts.disk_users(self.sandbox_id),
             "binds": set(self.vm.binds),
@@ -183,23 +201,31 @@ class Pod:
 
 
 def _store_image(root: Path) -> ImageStore:
-    """A store holding IMAGE as a pull leaves it (its disk an empty placeholder, never read here)."""
+    """A store holding IMAGE and VOLUME_IMAGE as a pull leaves them (their disks empty
+    placeholders, never read here)."""
     disk = ImageDisk(root)
-    record = ImageRecord(
-        id=IMAGE_ID,
-        repo_tags=(IMAGE,),
-        repo_digests=(),
-        manifest="sha256:" + "2" * 64,
-        config=IMAGE_ID,
-        layers=(),
-        size=0,
-        spec={"cmd": ["sh"], "env": ["PATH=/bin"]},
-        tree=_TREE,
-    )
-    disk.save_catalogue([record_doc(record)])
+    records = [
+        ImageRecord(
+            id=image_id,
+            repo_tags=(ref,),
+            repo_digests=(),
+            manifest="sha256:" + digit * 64,
+            config=image_id,
+            layers=(),
+            size=0,
+            spec={"cmd": ["sh"], "env": ["PATH=/bin"]},
+            tree=tree,
+        )
+        for image_id, ref, tree, digit in (
+            (IMAGE_ID, IMAGE, _TREE, "2"),
+            (VOLUME_IMAGE_ID, VOLUME_IMAGE, _VOLUME_TREE, "6"),
+        )
+    ]
+    disk.save_catalogue([record_doc(r) for r in records])
     facts = {"unpacked_bytes": 0, "unpacked_inodes": 1, "passwd": ["root:x:0:0::/root:/bin/sh"], "group": ["root:x:0:"]}
-    disk.disk_path(_TREE).with_suffix(".json").write_text(json.dumps(facts))
-    disk.disk_path(_TREE).write_bytes(b"")
+    for r in records:
+        disk.disk_path(r.tree).with_suffix(".json").write_text(json.dumps(facts))
+        disk.disk_path(r.tree).write_bytes(b"")
     return ImageStore(root)
 
 

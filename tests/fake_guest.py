@@ -170,7 +170,7 @@ class ContainerAgent:
     guest is left holding (``containers``, ``volumes``) and what it was told (``cgroup``). The
     ops in ``refuse`` fail, as a guest that cannot carry them out answers."""
 
-    PROTOCOL = 6  # volume copies and terminals
+    PROTOCOL = 7  # image volumes, volume copies and terminals
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -179,6 +179,7 @@ class ContainerAgent:
         self.cgroup: dict[str, dict[str, str]] = {}  # container id -> the limit files written last
         self.asked: list[str] = []  # ops, in order
         self.refuse: set[str] = set()  # ops refused, as a guest that cannot carry them out
+        self.creates: dict[str, dict[str, object]] = {}  # container id -> the args of its create
 
     LOG_WAIT_S = 0.2  # how long a log_read waits for output that never comes (a long poll, answered apart)
 
@@ -220,6 +221,7 @@ class ContainerAgent:
                 if cid in self.containers:
                     return refused(rid, f'container "{cid}" exists')
                 self.containers[cid] = "created"
+                self.creates[cid] = a
                 return ok(rid, self._state(cid))
             if cid not in self.containers:
                 return refused(rid, f'no container "{cid}"', UNKNOWN_CONTAINER)

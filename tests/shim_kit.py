@@ -141,6 +141,10 @@ turn snapshots off: the tests that use them count pages, CPUs and domains exactl
 being made in the background (a guest of the pod's shape) would upset."""
 
 
+#: a profile that reserves resize headroom (one vCPU, 128 MiB) beside what its pods ask
+HEADROOM_HANDLER = "headroom"
+
+
 def write_profiles(path: Path) -> None:
     docs = [
         {
@@ -163,6 +167,13 @@ def write_profiles(path: Path) -> None:
             "guest": {"image_dir": str(IMAGE_DIR)},
         },
         {"name": "snap", "handler": SNAPSHOT_HANDLER, "guest": {"image_dir": str(IMAGE_DIR), "boot_timeout_s": 60}},
+        {
+            "name": "headroom",
+            "handler": HEADROOM_HANDLER,
+            "snapshots": False,
+            "resize_headroom": {"vcpus": 1, "memory": "128Mi"},
+            "guest": {"image_dir": str(IMAGE_DIR), "boot_timeout_s": 60},
+        },
     ]
     path.write_text(yaml.safe_dump_all(docs))
 

@@ -185,6 +185,21 @@ class Usage:
         return Usage.of_linux(implied_linux(res))
 
 
+def _counted(demand: PodDemand, amount: int, envelope: int) -> int:
+    """What a container's limit adds to its siblings' (``check_envelope``): nothing when it is the
+    pod-level limit the kubelet handed it."""
+    return 0 if demand.mode == "linux-resources" and amount == envelope else amount
+
+
+def totals(demand: PodDemand, others: Sequence[Usage], new: Usage) -> tuple[int, int]:
+    """The cpu (millicores) and memory (bytes) the containers' limits add up to against ``demand``."""
+    usages = (*others, new)
+    return (
+        sum(_counted(demand, u.cpu_millis, demand.cpu_millis) for u in usages),
+        sum(_counted(demand, u.memory_bytes, demand.memory_bytes) for u in usages),
+    )
+
+
 def check_envelope(demand: PodDemand, others: Sequence[Usage], new: Usage, *, who: str) -> None:
     """The containers' limits, summed, must stay within what the VM was sized for.
 
@@ -193,20 +208,14 @@ def check_envelope(demand: PodDemand, others: Sequence[Usage], new: Usage, *, wh
     cgroup. A container whose limit of a resource equals the pod's own is one the kubelet gave the
     pod-level limit because it has none of its own (KEP-2837 ``spec.resources``): it shares the
     envelope with its siblings and does not add to their sum."""
-    shared = demand.mode == "linux-resources"
-
-    def counted(amount: int, envelope: int) -> int:
-        return 0 if shared and amount == envelope else amount
-
+    cpu, mem = totals(demand, others, new)
     problems = []
-    cpu = sum(counted(u.cpu_millis, demand.cpu_millis) for u in (*others, new))
     if cpu > demand.cpu_millis:
         problems.append(
             f"cpu: {format_quantity(Fraction(cpu, 1000), 'DecimalSI')} in all > VM's "
             f"{format_quantity(Fraction(demand.cpu_millis, 1000), 'DecimalSI')} "
             f"(it would have to grow by {format_quantity(Fraction(cpu - demand.cpu_millis, 1000), 'DecimalSI')})"
         )
-    mem = sum(counted(u.memory_bytes, demand.memory_bytes) for u in (*others, new))
     if mem > demand.memory_bytes:
         problems.append(
             f"memory: {format_quantity(mem, 'BinarySI')} in all > "
@@ -215,7 +224,7 @@ def check_envelope(demand: PodDemand, others: Sequence[Usage], new: Usage, *, wh
         )
     for size, _ in new.hugepages:
         have = demand.hugepage_bytes(size)
-        used = sum(counted(dict(u.hugepages).get(size, 0), have) for u in (*others, new))
+        used = sum(_counted(demand, dict(u.hugepages).get(size, 0), have) for u in (*others, new))
         if used > have:
             problems.append(
                 f"{hugepage_resource(size)}: {format_quantity(used, 'BinarySI')} in all > VM's "

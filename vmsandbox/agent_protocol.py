@@ -30,8 +30,8 @@ from typing import NamedTuple, TypeAlias
 from vmsandbox import validation
 from vmsandbox.errors import InfrastructureError
 
-VERSION = 7
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
+VERSION = 8
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
 TTY_VERSION = 4
 """The first protocol whose agents give a container created with ``tty`` a terminal (older ones
 only joined its stderr to its stdout)."""
@@ -40,7 +40,9 @@ PERSONALIZE_VERSION = 5
 VOLUMES_VERSION = 6
 """The first protocol version with the ``volume_*`` ops (copies of the kubelet's atomic-writer
 volumes: ``vmsandbox.kubelet_volumes``)."""
-USERNS_VERSION = 7
+IMAGE_MOUNTS_VERSION = 7
+"""The first protocol version whose ``create`` takes ``image_mounts`` (image volumes, KEP-4639)."""
+USERNS_VERSION = 8
 """The first protocol whose agents give a container whose spec has a user namespace an idmapped
 root file system (``create``; older ones would leave its image's files unmapped)."""
 CHANNEL_NAME = "io.vmsandbox.agent.0"
@@ -74,6 +76,20 @@ _INSTANCE = re.compile(r"[0-9a-f]{16,64}")
 _REPORT_TEXT_MAX = 256
 _CMDLINE_MAX = 4096
 _REPORT_ITEMS_MAX = 64
+
+
+@dataclass(frozen=True)
+class ImageMount:
+    """An image volume of a ``create``: the spec's bind mount at ``destination`` gets, as its
+    source, ``sub_path`` of the image disk whose serial is ``serial``, resolved by the agent
+    inside that disk's tree (symlinks never lead out of it)."""
+
+    destination: str
+    serial: str
+    sub_path: str = ""
+
+    def to_arg(self) -> dict[str, str]:
+        return {"destination": self.destination, "serial": self.serial, "sub_path": self.sub_path}
 
 
 class ProtocolError(InfrastructureError):

@@ -13,6 +13,7 @@ from typing import Literal
 from vmsandbox.errors import InternalError
 from vmsandbox.network import GuestNic, guest_network_args
 from vmsandbox.placement import GuestCell
+from vmsandbox.profile import HOTPLUG_BLOCK
 from vmsandbox.sizing import VmShape
 
 METADATA_NS = "https://vmsandbox.dev/xmlns/sandbox/1"
@@ -178,6 +179,11 @@ class Domain:
     hotplug_ports: int = 0
     # the host uid and gid (same number) QEMU runs as; 0: host root (a sandbox of an earlier version)
     qemu_uid: int = 0
+    # resize headroom: the vCPUs online at boot (0: all of ``vcpus``), and the most RAM memory
+    # DIMMs may bring the guest to in ``memory_slots`` slots (0: no memory hot-plug)
+    current_vcpus: int = 0
+    max_memory_kib: int = 0
+    memory_slots: int = 0
 
 
 def domain_name(sandbox_id: str) -> str:
@@ -190,6 +196,8 @@ def guest_cmdline(shape: VmShape, extra: str, network: tuple[str, ...] = ()) -> 
     hostname (``vmsandbox.network.guest_network_args``), then the profile's extra."""
     # cryptomgr.notests: skip the crypto self-tests, a third of a TCG boot (measured: 1.8 s vs 2.1 s)
     parts = ["console=ttyS0", "panic=-1", "quiet", "cryptomgr.notests"]
+    if shape.headroom_memory_bytes:  # hot-plugged memory blocks come online as they arrive
+        parts.append("memhp_default_state=online")
     for size, count in shape.guest_hugepages:
         parts.append(f"hugepagesz={size // (1024 * 1024)}M" if size < 1 << 30 else f"hugepagesz={size >> 30}G")
         parts.append(f"hugepages={count}")
@@ -226,19 +234,28 @@ def build_domain(
 ) -> Domain:
     """Assemble the domain. With pinning, vCPU i runs on ``host_cpus[i]``; shared pods float."""
     pins: tuple[tuple[int, tuple[int, ...]], ...]
+    vcpus = shape.reserved_vcpus  # the headroom's vCPUs are pinned from the start, offline until plugged
     if shape.cpu_policy == "exclusive":
-        if len(host_cpus) != shape.vcpus:
-            raise InternalError(f"{shape.vcpus} vCPUs need {shape.vcpus} host CPUs, got {len(host_cpus)}")
+        if len(host_cpus) != vcpus:
+            raise InternalError(f"{vcpus} vCPUs need {vcpus} host CPUs, got {len(host_cpus)}")
         pins = tuple((i, (cpu,)) for i, cpu in enumerate(host_cpus))
     else:
-        pins = tuple((i, tuple(sorted(host_cpus))) for i in range(shape.vcpus))
+        pins = tuple((i, tuple(sorted(host_cpus))) for i in range(vcpus))
     cputune = CpuTune(vcpupins=pins, emulatorpin=tuple(sorted(emulator_cpus or host_cpus))) if host_cpus else None
     if numa_cells:
         cell_pages = sum(c.pages for c in numa_cells)
         if cell_pages != shape.backing_pages:
             raise InternalError(f"NUMA cells hold {cell_pages} pages, the guest has {shape.backing_pages}")
-        if sorted(v for c in numa_cells for v in c.vcpus) != list(range(shape.vcpus)):
-            raise InternalError(f"NUMA cells must hold each of the {shape.vcpus} vCPUs once")
+        if sorted(v for c in numa_cells for v in c.vcpus) != list(range(vcpus)):
+            raise InternalError(f"NUMA cells must hold each of the {vcpus} vCPUs once")
+    cells = tuple(
+        NumaCell(vcpus=c.vcpus, memory_kib=c.pages * shape.backing_page_size // 1024, host_node=c.host_node)
+        for c in numa_cells
+    )
+    if shape.headroom_memory_bytes and not cells:
+        # libvirt plugs memory DIMMs only into a guest with NUMA cells: one, holding it all
+        node = hugepage_nodes[0] if len(hugepage_nodes) == 1 else 0
+        cells = (NumaCell(vcpus=tuple(range(vcpus)), memory_kib=shape.memory_bytes // 1024, host_node=node),)
     backing = (
         HugepageBacking(page_size_kib=shape.backing_page_size // 1024, host_nodes=hugepage_nodes)
         if shape.hugepage_backed
@@ -249,7 +266,7 @@ def build_domain(
         uuid=uuid,
         type="kvm" if accel == "kvm" else "qemu",
         memory_kib=shape.memory_bytes // 1024,
-        vcpus=shape.vcpus,
+        vcpus=vcpus,
         cputune=cputune,
         memory_backing=backing,
         boot=KernelBoot(
@@ -265,14 +282,19 @@ def build_domain(
         console=ConsoleLog(console_log) if console_log else None,
         tcg_tb_cache_mib=tcg_tb_cache_mib if accel == "tcg" else None,
         cpu_features=("pdpe1gb",) if accel != "kvm" and any(s >= 1 << 30 for s, _ in shape.guest_hugepages) else (),
-        numa_cells=tuple(
-            NumaCell(vcpus=c.vcpus, memory_kib=c.pages * shape.backing_page_size // 1024, host_node=c.host_node)
-            for c in numa_cells
-        ),
+        numa_cells=cells,
         hostdevs=tuple(hostdevs),
         shared_dirs=tuple(shared_dirs),
         interfaces=tuple(interfaces),
         rng=RngDevice(),
         hotplug_ports=hotplug_ports if "q35" in machine else 0,
         qemu_uid=qemu_uid,
+        current_vcpus=shape.vcpus if shape.headroom_vcpus else 0,
+        max_memory_kib=shape.reserved_memory_bytes // 1024 if shape.headroom_memory_bytes else 0,
+        memory_slots=shape.headroom_memory_bytes // hotplug_block(shape.backing_page_size),
     )
+
+
+def hotplug_block(page_size: int) -> int:
+    """The unit of memory hot-plug: the guest kernel's memory block, or the backing page if larger."""
+    return max(HOTPLUG_BLOCK, page_size)

@@ -64,13 +64,18 @@ def render(domain: Domain) -> str:
     _sub(root, "name", domain.name)
     _sub(root, "uuid", domain.uuid)
     _metadata(root, domain)
+    if domain.max_memory_kib:
+        _sub(root, "maxMemory", str(domain.max_memory_kib), slots=str(domain.memory_slots), unit="KiB")
     _sub(root, "memory", str(domain.memory_kib), unit="KiB")
     _sub(root, "currentMemory", str(domain.memory_kib), unit="KiB")
     if domain.memory_backing is not None:
         backing = _sub(root, "memoryBacking")
         pages = _sub(backing, "hugepages")
         _sub(pages, "page", size=str(domain.memory_backing.page_size_kib), unit="KiB")
-    _sub(root, "vcpu", str(domain.vcpus), placement="static")
+    if domain.current_vcpus:
+        _sub(root, "vcpu", str(domain.vcpus), placement="static", current=str(domain.current_vcpus))
+    else:
+        _sub(root, "vcpu", str(domain.vcpus), placement="static")
     if domain.cputune is not None:
         tune = _sub(root, "cputune")
         for vcpu, cpus in domain.cputune.vcpupins:
@@ -250,3 +255,30 @@ def read_hostdevs(xml: str) -> tuple[str, ...]:
 def read_vcpu_pins(xml: str) -> dict[int, str]:
     root = ET.fromstring(xml)
     return {int(p.get("vcpu", "-1")): p.get("cpuset", "") for p in root.iterfind("cputune/vcpupin")}
+
+
+def memory_dimm(size_kib: int, page_size_kib: int, node: int = 0) -> str:
+    """A DIMM of ``size_kib`` for guest NUMA cell ``node``, backed by pages of ``page_size_kib``
+    (4: ordinary memory) like the rest of the guest's RAM: hot-plugged by a resize."""
+    el = ET.Element("memory", model="dimm")
+    if page_size_kib > 4:
+        source = _sub(el, "source")
+        _sub(source, "pagesize", str(page_size_kib), unit="KiB")
+    target = _sub(el, "target")
+    _sub(target, "size", str(size_kib), unit="KiB")
+    _sub(target, "node", str(node))
+    return ET.tostring(el, encoding="unicode")
+
+
+def read_plugged(xml: str) -> tuple[int, int]:
+    """(vCPUs online, KiB in DIMMs) of a running guest, from its live XML: what resizes plugged."""
+    root = ET.fromstring(xml)
+    vcpu = root.find("vcpu")
+    online = int((vcpu.get("current") or vcpu.text or "0") if vcpu is not None else "0")
+    dimms = 0
+    for mem in root.iterfind("devices/memory"):
+        if mem.get("model") == "dimm":
+            size = mem.find("target/size")
+            if size is not None and size.text:
+                dimms += int(size.text) * {"KiB": 1, "MiB": 1024, "GiB": 1 << 20}.get(size.get("unit", "KiB"), 1)
+    return online, dimms

@@ -26,12 +26,12 @@ later action for that sandbox is skipped and tried again at the next reconcile.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol, TypeVar
 
-from vmsandbox import admission, shared_storage, states, validation
+from vmsandbox import admission, resize, shared_storage, states, validation
 from vmsandbox.cdi import CdiRegistry
 from vmsandbox.devices import NO_DEVICES, DevicePools, DeviceRequest, request_devices
 from vmsandbox.errors import AlreadyExists, Diverged, InvalidArgument
@@ -305,11 +305,37 @@ def check_fits_beside(
     (KEP-753: sidecars stay, plain init containers end; ``init_order`` and the sidecar annotations
     say which is which). A sibling counts as its latest attempt, and not once it exited;
     CannotFit naming ``who`` otherwise."""
+    for others in _beside(name, siblings, init_order, annotations):
+        admission.check_envelope(demand, others, usage, who=who)
+
+
+def growth_beside(
+    shape: VmShape,
+    growth: resize.Growth,
+    name: str,
+    usage: admission.Usage,
+    siblings: Iterable[Sibling],
+    *,
+    init_order: Sequence[str] = (),
+    annotations: Mapping[str, str] | None = None,
+    who: str,
+) -> resize.Growth:
+    """``check_fits_beside`` for a pod whose envelope may grow into its resize headroom: the growth
+    (``growth`` or more) with which container ``name`` using ``usage`` fits beside its siblings in
+    every phase; Diverged naming ``who`` when the headroom cannot hold it."""
+    for others in _beside(name, siblings, init_order, annotations):
+        growth = resize.container_growth(shape, growth, others, usage, who=who)
+    return growth
+
+
+def _beside(
+    name: str, siblings: Iterable[Sibling], init_order: Sequence[str], annotations: Mapping[str, str] | None
+) -> Iterator[list[admission.Usage]]:
+    """The limits of the siblings container ``name`` may run beside, one list per phase."""
     live = {o.name: o for o in live_attempts(siblings, {name}, lambda o: o.exited)}
     sidecars = frozenset(sidecar_names(annotations or {}))
     for phase in running_alongside(name, init_order, sidecars, live):
-        others = [admission.Usage.of_linux(live[n].linux) for n in sorted(phase) if n in live]
-        admission.check_envelope(demand, others, usage, who=who)
+        yield [admission.Usage.of_linux(live[n].linux) for n in sorted(phase) if n in live]
 
 
 def admit_container(
@@ -318,6 +344,7 @@ def admit_container(
     ask: ContainerAsk,
     siblings: Sequence[Sibling],
     annotations: Mapping[str, str] | None = None,
+    growth: resize.Growth | None = None,
 ) -> Admitted:
     """Admit a CreateContainer or raise Diverged / AlreadyExists naming every difference.
 
@@ -360,5 +387,6 @@ def admit_container(
         if ask.resources is not None
         else admission.Usage.of_linux(ask.linux)
     )
-    check_fits_beside(shape.demand, ask.name, usage, siblings, annotations=annotations, who=f'container "{ask.name}"')
+    envelope = resize.grown(shape.demand, growth or resize.Growth())
+    check_fits_beside(envelope, ask.name, usage, siblings, annotations=annotations, who=f'container "{ask.name}"')
     return Admitted(requested, linux)

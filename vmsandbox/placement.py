@@ -277,7 +277,7 @@ def decide(
             "(set housekeeping_cpus, a subset of cpu_pool, in the shim's configuration)"
         )
     size = shape.backing_page_size
-    pages = shape.backing_pages
+    pages = shape.reserved_pages
     named: list[DeviceGroup] = []
     for number in devices.named:
         group = pools.devices.group(number)
@@ -293,7 +293,7 @@ def decide(
         cpu_res = _Resource(
             "cpu",
             "",
-            shape.vcpus,
+            shape.reserved_vcpus,
             state.ncpu,
             pools.cpu_capacity,
             pool="exclusive CPUs: cpu_pool less shared_cpus and housekeeping_cpus",
@@ -314,7 +314,7 @@ def decide(
         page_res = _Resource(
             "memory",
             "",
-            shape.memory_bytes,
+            shape.reserved_memory_bytes,
             state.memory,
             pools.memory_capacity,
             pool="MemTotal less hugepages and memory_reserved",
@@ -421,7 +421,7 @@ def _assemble(
     cpus: list[int] = []
     on_node: dict[int, int] = {}
     if exclusive:
-        left = shape.vcpus
+        left = shape.reserved_vcpus
         for n in cpu_nodes:
             take = min(state.ncpu[n], left)
             if take:
@@ -434,7 +434,7 @@ def _assemble(
     counts: dict[int, int] = {}  # pages (hugepage-backed) or bytes (ordinary memory) per node
     if page_nodes:
         backed = shape.hugepage_backed
-        left = shape.backing_pages if backed else shape.memory_bytes
+        left = shape.reserved_pages if backed else shape.reserved_memory_bytes
 
         def free_on(n: int) -> int:
             return state.usable_pages(n, size) if backed else max(state.memory.get(n, 0), 0)
@@ -476,13 +476,19 @@ def _assemble(
     else:
         emulator_cpus = tuple(sorted(cpu_tuple))
     cells: tuple[GuestCell, ...] = ()
+    if len(counts) > 1 and shape.headroom_memory_bytes:
+        raise CannotFit(
+            f"the guest's RAM and its resize headroom ({shape.headroom_memory_bytes >> 20} MiB) would span "
+            f"{len(counts)} NUMA nodes; hot-plugged memory goes to one guest node, so a pod with memory headroom "
+            "must fit on one host node (numa_policy: single-numa-node, or a smaller headroom)"
+        )
     if len(counts) > 1:
         page_order = sorted(counts)
         vcpus_of: dict[int, list[int]] = {n: [] for n in page_order}
         for i, cpu in enumerate(cpu_tuple if exclusive else ()):
             vcpus_of.get(pools.cpu_node[cpu], vcpus_of[page_order[0]]).append(i)
         if not exclusive:
-            vcpus_of[page_order[0]].extend(range(shape.vcpus))
+            vcpus_of[page_order[0]].extend(range(shape.reserved_vcpus))
         cells = tuple(GuestCell(n, tuple(sorted(vcpus_of[n])), counts[n]) for n in page_order)
     return Placement(
         cpus=cpu_tuple,

@@ -32,6 +32,11 @@ PAGE_SIZES: Mapping[str, int] = {"4Ki": PAGE_4K, **HUGEPAGE_SIZES}
 #: Bounds of what a sandbox's guest may write on the host (``shared_storage``, ``vmsandbox.shared_storage``).
 SHARED_STORAGE_MIN = 8 * 1024 * 1024
 SHARED_STORAGE_MAX = 8 << 40  # its image stays below ext4's largest file (16 TiB)
+#: The guest kernel's memory block (x86-64, guests below 64 GiB): hot-plugged memory comes in these.
+HOTPLUG_BLOCK = 128 * 1024 * 1024
+#: At most this many vCPUs or memory blocks of resize headroom (one DIMM slot per block at most).
+HEADROOM_VCPUS_MAX = 64
+HEADROOM_BLOCKS_MAX = 64
 
 
 class ProfileError(InvalidArgument):
@@ -72,6 +77,9 @@ class Profile:
     snapshots: bool = True
     # what a sandbox's guest may write on the host when its pod declares no ephemeral-storage limit
     shared_storage_bytes: int = 1 << 30
+    # reserved at RunPodSandbox beyond the pod's shape, plugged into the running VM by a resize
+    resize_headroom_vcpus: int = 0
+    resize_headroom_memory_bytes: int = 0
 
     @property
     def pinning(self) -> bool:
@@ -95,6 +103,7 @@ _KEYS = {
     "emulator",
     "snapshots",
     "shared_storage",
+    "resize_headroom",
 }
 #: keys earlier versions read, and why they are refused now
 RETIRED_KEYS: Mapping[str, str] = {
@@ -109,6 +118,7 @@ _SECTION_KEYS: Mapping[str, frozenset[str]] = {
     "memory": frozenset({"overhead", "min"}),
     "defaults": frozenset({"cpu", "memory"}),
     "guest": frozenset({"kernel_cmdline", "image_dir", "boot_timeout_s", "tcg_tb_cache_mib"}),
+    "resize_headroom": frozenset({"vcpus", "memory"}),
 }
 # a RuntimeClass handler is a DNS-1123 label: lower-case alphanumerics and '-', at most 63 characters
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -291,6 +301,24 @@ def profile_problems(data: Mapping[str, Any], *, source: str) -> tuple[Profile |
         return amount
 
     read("shared_storage_bytes", shared_storage)
+    headroom = section("resize_headroom")
+    read(
+        "resize_headroom_vcpus",
+        lambda: integer("resize_headroom.vcpus", headroom.get("vcpus", 0), 0, HEADROOM_VCPUS_MAX),
+    )
+
+    def headroom_memory() -> int:
+        amount = quantity("resize_headroom.memory", headroom.get("memory", "0"))
+        block = HOTPLUG_BLOCK * max(1, values.get("page_size_bytes", HOTPLUG_BLOCK) // HOTPLUG_BLOCK)
+        if amount % block or amount > HEADROOM_BLOCKS_MAX * block:
+            raise fail(
+                "resize_headroom.memory",
+                f"must be a multiple of {block >> 20}Mi (the guest's hot-plug block, or the page size if larger) "
+                f"of at most {HEADROOM_BLOCKS_MAX} blocks, got {amount} bytes",
+            )
+        return amount
+
+    read("resize_headroom_memory_bytes", headroom_memory)
     if problems:
         return None, problems
     return Profile(**values), []

@@ -32,6 +32,8 @@ def resources_doc(res: ContainerResources) -> dict[str, Any]:
                 "recursive_read_only": m.recursive_read_only,
                 "selinux_relabel": m.selinux_relabel,
                 "propagation": m.propagation,
+                # an image volume's (written only for those: other mounts' documents stay as they were)
+                **({"image": m.image, "image_sub_path": m.image_sub_path} if m.image else {}),
             }
             for m in sorted(res.mounts)
         ],
@@ -103,7 +105,7 @@ def demand_from_doc(doc: dict[str, Any]) -> PodDemand:
 
 
 def shape_doc(s: VmShape) -> dict[str, Any]:
-    return {
+    doc: dict[str, Any] = {
         "vcpus": s.vcpus,
         "memory_bytes": s.memory_bytes,
         "backing_page_size": s.backing_page_size,
@@ -111,6 +113,9 @@ def shape_doc(s: VmShape) -> dict[str, Any]:
         "cpu_policy": s.cpu_policy,
         "demand": demand_doc(s.demand),
     }
+    if s.headroom_vcpus or s.headroom_memory_bytes:  # written only when there is some
+        doc["headroom"] = {"vcpus": s.headroom_vcpus, "memory_bytes": s.headroom_memory_bytes}
+    return doc
 
 
 def shape_from_doc(doc: dict[str, Any]) -> VmShape:
@@ -121,6 +126,8 @@ def shape_from_doc(doc: dict[str, Any]) -> VmShape:
         guest_hugepages=tuple((int(s), int(c)) for s, c in doc.get("guest_hugepages", [])),
         cpu_policy=doc["cpu_policy"],
         demand=demand_from_doc(doc["demand"]),
+        headroom_vcpus=int(doc.get("headroom", {}).get("vcpus", 0)),
+        headroom_memory_bytes=int(doc.get("headroom", {}).get("memory_bytes", 0)),
     )
 
 

@@ -134,9 +134,14 @@ class Mount:
     recursive_read_only: bool = False
     selinux_relabel: bool = False
     propagation: int = 0
+    image: str = ""  # an image volume's image (then no host path), as the kubelet names it
+    image_sub_path: str = ""
 
     def describe(self) -> str:
         mode = "ro" if self.readonly else "rw"
+        if self.image:
+            sub = f"/{self.image_sub_path}" if self.image_sub_path else ""
+            return f"image {self.image}{sub}:{self.container_path}:{mode}"
         return f"{self.host_path or '?'}:{self.container_path}:{mode}"
 
 

@@ -80,6 +80,10 @@ class VmShape:
     guest_hugepages: tuple[tuple[int, int], ...]  # (page size in bytes, page count) inside the guest
     cpu_policy: Literal["exclusive", "shared"]
     demand: PodDemand
+    # the profile's resize headroom: reserved on the host with the rest, absent from the guest at
+    # boot, plugged into it by a resize (``vmsandbox.resize``)
+    headroom_vcpus: int = 0
+    headroom_memory_bytes: int = 0
 
     @property
     def hugepage_backed(self) -> bool:
@@ -87,7 +91,23 @@ class VmShape:
 
     @property
     def backing_pages(self) -> int:
+        """Pages backing the guest's RAM at boot."""
         return self.memory_bytes // self.backing_page_size if self.hugepage_backed else 0
+
+    @property
+    def reserved_vcpus(self) -> int:
+        """vCPUs the host reserves for the VM: those it boots with and its headroom."""
+        return self.vcpus + self.headroom_vcpus
+
+    @property
+    def reserved_memory_bytes(self) -> int:
+        """Guest RAM the host reserves: the boot RAM and the headroom."""
+        return self.memory_bytes + self.headroom_memory_bytes
+
+    @property
+    def reserved_pages(self) -> int:
+        """Backing pages the host reserves (boot RAM and headroom); 0 for ordinary memory."""
+        return self.reserved_memory_bytes // self.backing_page_size if self.hugepage_backed else 0
 
 
 def _container_amount(decl: ContainerDeclaration, name: str, default: int, *, milli: bool) -> int:
@@ -324,6 +344,12 @@ def demand_from_linux(
     return with_overhead(PodDemand(cpu_millis=cpu, memory_bytes=memory, hugepages=hugepages, mode=mode), overhead)
 
 
+#: The least RAM a guest with memory hot-plug slots boots in: the guest kernel (Debian 6.1) sets
+#: more aside for a guest with a hot-pluggable range, and ran out of memory unpacking its
+#: initramfs at 128 and 160 MiB (booted at 192 MiB), where a guest without the range boots at 128.
+HOTPLUG_BOOT_MIN_BYTES = 192 * MIB
+
+
 def _round_up(value: int, unit: int) -> int:
     return -(-value // unit) * unit
 
@@ -349,6 +375,8 @@ def shape_for(demand: PodDemand, profile: Profile) -> VmShape:
     hugepage_total = sum(amount for _, amount in demand.hugepages)
     overhead = max(profile.memory_overhead_bytes, demand.overhead_memory_bytes)
     memory = max(demand.memory_bytes + hugepage_total + overhead, profile.memory_min_bytes)
+    if profile.resize_headroom_memory_bytes:
+        memory = max(memory, HOTPLUG_BOOT_MIN_BYTES)
     memory = _round_up(_round_up(memory, MIB), backing)
     guest_pages = tuple((size, amount // size) for size, amount in demand.hugepages)
     return VmShape(
@@ -358,4 +386,6 @@ def shape_for(demand: PodDemand, profile: Profile) -> VmShape:
         guest_hugepages=guest_pages,
         cpu_policy=profile.cpu_policy,
         demand=demand,
+        headroom_vcpus=profile.resize_headroom_vcpus,
+        headroom_memory_bytes=profile.resize_headroom_memory_bytes,
     )

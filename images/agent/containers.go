@@ -248,6 +248,109 @@ type createArgs struct {
 	// tty: the process gets a terminal (crun hands its master over a console socket); its one
 	// output stream is logged as stdout, as containerd logs a container with a terminal
 	TTY bool `json:"tty"`
+	// image volumes (protocol 7): the spec's bind mount at each destination gets its source here
+	ImageMounts []imageMount `json:"image_mounts"`
+}
+
+// imageMount is an image volume: sub_path of the image disk whose serial is serial, bound at
+// destination.
+type imageMount struct {
+	Destination string `json:"destination"`
+	Serial      string `json:"serial"`
+	SubPath     string `json:"sub_path"`
+}
+
+// maxLinks bounds the symlinks one sub path's resolution follows (as the kernel's ELOOP does).
+const maxLinks = 40
+
+// resolveInTree is sub (relative, no "..") inside the tree at root, every symlink on the way
+// resolved as if root were "/" (an absolute target starts again at root, ".." stops at root), so
+// no link leads out of the tree; the result has no symlink left in it and exists. The tree is
+// a read-only image disk's, so it cannot change between this walk and the bind.
+func resolveInTree(root, sub string) (string, error) {
+	if strings.HasPrefix(sub, "/") {
+		return "", fmt.Errorf("sub path %q is not relative", sub)
+	}
+	for _, part := range strings.Split(sub, "/") {
+		if part == ".." {
+			return "", fmt.Errorf("sub path %q leaves the image ('..')", sub)
+		}
+	}
+	var done []string
+	todo := strings.Split(sub, "/")
+	links := 0
+	for len(todo) > 0 {
+		part := todo[0]
+		todo = todo[1:]
+		switch part {
+		case "", ".":
+			continue
+		case "..":
+			if len(done) > 0 {
+				done = done[:len(done)-1]
+			}
+			continue
+		}
+		p := filepath.Join(append([]string{root}, append(done, part)...)...)
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return "", fmt.Errorf("sub path %q: %v", sub, err)
+		}
+		if fi.Mode()&os.ModeSymlink == 0 {
+			if len(todo) > 0 && !fi.IsDir() {
+				return "", fmt.Errorf("sub path %q: %s is not a directory", sub, filepath.Join(append(done, part)...))
+			}
+			done = append(done, part)
+			continue
+		}
+		links++
+		if links > maxLinks {
+			return "", fmt.Errorf("sub path %q: more than %d symlinks", sub, maxLinks)
+		}
+		target, err := os.Readlink(p)
+		if err != nil {
+			return "", fmt.Errorf("sub path %q: %v", sub, err)
+		}
+		if strings.HasPrefix(target, "/") {
+			done = nil
+		}
+		todo = append(strings.Split(target, "/"), todo...)
+	}
+	return filepath.Join(append([]string{root}, done...)...), nil
+}
+
+// setImageMounts mounts each image volume's disk and sets, as the source of the spec's one bind
+// mount at its destination, its sub path resolved inside the disk's tree.
+func setImageMounts(spec map[string]interface{}, mounts []imageMount) error {
+	list, _ := spec["mounts"].([]interface{})
+	for _, im := range mounts {
+		if !serialPattern.MatchString(im.Serial) {
+			return fmt.Errorf("create: image mount: bad disk serial %q", im.Serial)
+		}
+		if !strings.HasPrefix(im.Destination, "/") {
+			return fmt.Errorf("create: image mount: destination %q is not absolute", im.Destination)
+		}
+		root, err := ensureDisk(im.Serial)
+		if err != nil {
+			return fmt.Errorf("create: image mount at %s: %v", im.Destination, err)
+		}
+		source, err := resolveInTree(root, im.SubPath)
+		if err != nil {
+			return fmt.Errorf("create: image mount at %s: %v", im.Destination, err)
+		}
+		found := 0
+		for _, item := range list {
+			m, _ := item.(map[string]interface{})
+			if m != nil && m["destination"] == im.Destination && m["type"] == "bind" {
+				m["source"] = source
+				found++
+			}
+		}
+		if found != 1 {
+			return fmt.Errorf("create: image mount at %s: the spec has %d bind mounts there, not one", im.Destination, found)
+		}
+	}
+	return nil
 }
 
 func opCreate(raw json.RawMessage) (interface{}, error) {
@@ -266,6 +369,9 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 	}
 	lower, err := lowerPath(a.Lower)
 	if err != nil {
+		return nil, err
+	}
+	if err := setImageMounts(a.Spec, a.ImageMounts); err != nil {
 		return nil, err
 	}
 	cmu.Lock()

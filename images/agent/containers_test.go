@@ -2,6 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -49,5 +52,66 @@ func TestContainerUnderCreationIsNotYetThere(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("status did not answer once the create had")
+	}
+}
+
+func TestResolveInTreeKeepsSymlinksInsideTheTree(t *testing.T) {
+	root := t.TempDir()
+	outside := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(root, "data/sub"), 0o755))
+	must(os.WriteFile(filepath.Join(root, "data/sub/f"), []byte("x"), 0o644))
+	must(os.WriteFile(filepath.Join(root, "etc-file"), []byte("x"), 0o644))
+	must(os.WriteFile(filepath.Join(outside, "secret"), []byte("x"), 0o644))
+	must(os.Symlink("/data", filepath.Join(root, "abs")))                    // absolute: starts again at the tree's root
+	must(os.Symlink("../../../../data/sub", filepath.Join(root, "data/up"))) // '..' stops at the tree's root
+	must(os.Symlink(outside, filepath.Join(root, "out")))                    // would leave the tree: resolved inside it
+	must(os.Symlink("loop", filepath.Join(root, "loop")))
+	for _, tc := range []struct{ sub, want, err string }{
+		{"", root, ""},
+		{"data", root + "/data", ""},
+		{"./data//sub/", root + "/data/sub", ""},
+		{"abs/sub/f", root + "/data/sub/f", ""},
+		{"data/up/f", root + "/data/sub/f", ""},
+		{"out/secret", "", "no such file"},
+		{"loop", "", "more than 40 symlinks"},
+		{"data/../etc-file", "", "leaves the image"},
+		{"/data", "", "not relative"},
+		{"etc-file/x", "", "not a directory"},
+		{"missing", "", "no such file"},
+	} {
+		got, err := resolveInTree(root, tc.sub)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("resolveInTree(%q) = %q, %v; want an error with %q", tc.sub, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("resolveInTree(%q) = %q, %v; want %q", tc.sub, got, err, tc.want)
+		}
+	}
+}
+
+func TestSetImageMountsSetsTheOneBindAtItsDestination(t *testing.T) {
+	spec := map[string]interface{}{"mounts": []interface{}{
+		map[string]interface{}{"destination": "/proc", "type": "proc", "source": "proc"},
+		map[string]interface{}{"destination": "/v", "type": "bind", "source": "/x"},
+	}}
+	for _, tc := range []struct {
+		m   imageMount
+		err string
+	}{
+		{imageMount{Destination: "/v", Serial: "BAD!"}, "bad disk serial"},
+		{imageMount{Destination: "v", Serial: "abc"}, "not absolute"},
+	} {
+		if err := setImageMounts(spec, []imageMount{tc.m}); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("setImageMounts(%+v) = %v; want an error with %q", tc.m, err, tc.err)
+		}
 	}
 }

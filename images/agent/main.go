@@ -32,9 +32,11 @@ var errLineTooLong = errors.New("message longer than the agent reads")
 // protocolVersion is what this agent sends; it also reads requests of every earlier version. Version 4:
 // `create` with `tty` gives the container a terminal (before, it only joined stderr to stdout),
 // and attach_resize. Version 5: personalize (a guest restored from a snapshot). Version 6: the
-// volume_* ops (copies of the kubelet's atomic-writer volumes, volumes.go). Version 7: `create` of a
-// container whose spec has a user namespace idmaps its root file system with its mappings (userns.go).
-const protocolVersion = 7
+// volume_* ops (copies of the kubelet's atomic-writer volumes, volumes.go). Version 7: `create`
+// takes image_mounts (image volumes, containers.go).
+// Version 8: `create` of a container whose spec has a user namespace idmaps its root file system with
+// its mappings (userns.go).
+const protocolVersion = 8
 
 // instance names this agent process: random, made at start and reported in hello and report, so
 // that the host tells an agent that restarted (and lost its containers) from one it reconnects to.
@@ -179,6 +181,7 @@ func main() {
 	}
 	logf("agent %s on %s", currentInstance(), dev)
 	p := &port{f: f}
+	go watchHotplug()
 	go p.greet()
 	p.serve()
 }

@@ -198,7 +198,7 @@ class NriHooks:
 
         def fits(usage: admission.Usage, who: str) -> None:
             check_fits_beside(
-                sandbox.sized_shape().demand,
+                sandbox.envelope(),
                 name,
                 usage,
                 siblings,

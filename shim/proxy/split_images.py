@@ -7,11 +7,12 @@ The rule (docs/sharing-the-node.md, "Images"):
 - ``ImageStatus`` has no pod context: it answers present when either store holds the image (the
   downstream's answer first), since the kubelet reads the image's user from it after the pull.
 - So the kubelet may skip the pull for a pod whose side lacks the image. ``CreateContainer`` makes
-  up for it (``ensure``): when the pod's side does not hold the image the container names, it is
-  pulled there first, by the repo digest (else the tag) the other store knows it by, with the
-  credentials the kubelet last gave for that repository; the container then starts on an image of
-  its own store. The cost: the first container of an image on the side that lacks it waits for
-  that pull inside ``CreateContainer``; an image both kinds of pods use is stored twice.
+  up for it (``ensure``): when the pod's side does not hold the image the container names (or one
+  its image volumes name), it is pulled there first, by the repo digest (else the tag) the other
+  store knows it by, with the credentials the kubelet last gave for that repository; the container
+  then starts on an image of its own store. The cost: the first container of an image on the side
+  that lacks it waits for that pull inside ``CreateContainer``; an image both kinds of pods use is
+  stored twice.
   With the downstream unreachable ``ImageStatus`` answers from vmsandbox's store alone, and a
   ``PullImage`` for both stores succeeds with vmsandbox's pull.
 - ``ListImages`` is one entry per image id (both stores name an image by its config digest): the
@@ -104,9 +105,16 @@ class ImageRouter:
         return pb.ImageStatusResponse.FromString(self._theirs("ImageStatus", data, context))
 
     def ensure(self, side: Side, request: pb.CreateContainerRequest, context: grpc.ServicerContext) -> None:
-        """Before a container is created on ``side``: pull its image there when only the other store has it."""
-        image = request.config.image.image
-        if not image or self._status(side, image, context).HasField("image"):
+        """Before a container is created on ``side``: pull its image, and those of its image
+        volumes, there when only the other store has them."""
+        images = [request.config.image.image, *(m.image.image for m in request.config.mounts)]
+        for image in dict.fromkeys(i for i in images if i):
+            self._ensure_one(side, image, request, context)
+
+    def _ensure_one(
+        self, side: Side, image: str, request: pb.CreateContainerRequest, context: grpc.ServicerContext
+    ) -> None:
+        if self._status(side, image, context).HasField("image"):
             return
         other = Side.DOWNSTREAM if side == Side.LOCAL else Side.LOCAL
         try:

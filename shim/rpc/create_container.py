@@ -7,25 +7,28 @@ VM, fails the RPC) and its host paths are checked, once, against the kubelet's p
 the allowlist (``ContainerMounts.plan``). Then the steps, each undone should a later one fail
 (``shim.rpc``); a pod an earlier version started is refused once the container is admitted:
 
-=============  ====================================================  ==================================
-step           what it did                                           its undo
-=============  ====================================================  ==================================
-admit          admitted against the pod's declaration and VM, and    the record removed
-               recorded CREATED, naming no image yet
-hold-image     its image held for it                                 released
-container-dir  its directory in the pod's share                      its binds detached, the directory
-                                                                     removed
-volumes        guest copies of its atomic-writer volumes             released (a copy no other
-                                                                     container uses is removed)
-binds          its host paths bound into the guest's QEMU            detached
-attach-disk    its image's disk in the guest (hot-plugged unless     detached, unless another
-               the pod has it)                                       container uses it
-guest-create   the guest made the container                          deleted in the guest
-mark-created   the record names its image: the container exists      (the record goes with admit's)
-node-ports     a host-network pod's privileged node ports opened,    closed again
-               for a container holding CAP_NET_BIND_SERVICE
-nri-created    NRI plugins told PostCreateContainer                  told RemoveContainer
-=============  ====================================================  ==================================
+===================  ====================================================  ==================================
+step                 what it did                                           its undo
+===================  ====================================================  ==================================
+admit                admitted against the pod's declaration and VM, and    the record removed
+                     recorded CREATED, naming no image yet
+hold-image           its image held for it                                 released
+hold-volume-images   the images of its image volumes held for it           released
+container-dir        its directory in the pod's share                      its binds detached, the directory
+                                                                           removed
+volumes              guest copies of its atomic-writer volumes             released (a copy no other
+                                                                           container uses is removed)
+binds                its host paths bound into the guest's QEMU            detached
+attach-disk          its image's disk in the guest (hot-plugged unless     detached, unless another
+                     the pod has it)                                       container uses it
+attach-volume-disks  the disks of its image volumes' images likewise       each detached likewise
+                     (once per guest, whoever uses them)
+guest-create         the guest made the container                          deleted in the guest
+mark-created         the record names its image: the container exists      (the record goes with admit's)
+node-ports           a host-network pod's privileged node ports opened,    closed again
+                     for a container holding CAP_NET_BIND_SERVICE
+nri-created          NRI plugins told PostCreateContainer                  told RemoveContainer
+===================  ====================================================  ==================================
 
 The pod's ``resolv.conf`` and ``hostname`` in its share are the pod's, written by its first
 container and kept for the others: no step's. A shim killed after ``admit`` and before
@@ -41,7 +44,7 @@ from functools import partial
 
 from shim import rpc
 from shim.container_mounts import hugepage_mounts
-from shim.model import CreateContainer
+from shim.model import CreateContainer, image_volumes
 from shim.pods import Pods
 from vmsandbox import oci_spec, userns
 from vmsandbox.network import NET_BIND_SERVICE
@@ -53,10 +56,12 @@ rpc.declare(
     RPC,
     "admit",
     "hold-image",
+    "hold-volume-images",
     "container-dir",
     "volumes",
     "binds",
     "attach-disk",
+    "attach-volume-disks",
     "guest-create",
     "mark-created",
     "node-ports",
@@ -79,12 +84,16 @@ def create_container(pods: Pods, req: CreateContainer) -> str:
         containers.check_takes_containers(sandbox)  # after admission, whose refusal says more
         image, held = containers.hold_image(c)
         s.done("hold-image", partial(containers.images.release, image.id, c.id))
+        volume_helds, volume_images = containers.hold_volume_images(c, image_volumes(asked))
+        s.done("hold-volume-images", partial(containers.release_volume_images, c, volume_images))
         mounts.make_container_dir(sandbox, c.id)
         s.done("container-dir", partial(mounts.drop_container_dir, sandbox, c.id))
         by_index = mounts.attach_volumes(sandbox, c.id, planned)
         s.done("volumes", partial(containers.volumes.release, sandbox.id, c.id))
         by_index |= mounts.bind(sandbox, c.id, planned)
         s.done("binds", partial(mounts.unbind_container, sandbox, c.id))
+        image_binds, image_mounts = mounts.image_volume_mounts(tuple(asked), volume_helds)
+        by_index |= image_binds
         guest_mounts = tuple(by_index[i] for i in sorted(by_index))
         guest_mounts += mounts.pod_file_mounts(sandbox, {m.destination for m in guest_mounts})
         guest_mounts += hugepage_mounts(c.linux, guest_mounts)
@@ -92,10 +101,12 @@ def create_container(pods: Pods, req: CreateContainer) -> str:
         oci, signal = containers.guest_spec(c, run, req.user, req.stop_signal, image, held)
         lower, attached = mounts.attach_image(sandbox, held)
         s.done("attach-disk", partial(mounts.detach_unused, sandbox, held, attached))
-        containers.create_in_guest(c, lower, oci, run)
+        volume_disks = mounts.attach_volume_images(sandbox, volume_helds)
+        s.done("attach-volume-disks", partial(mounts.detach_volume_images, sandbox, volume_disks))
+        containers.create_in_guest(c, lower, oci, run, image_mounts)
         s.done("guest-create", partial(containers.delete_in_guest, c))
         net_bind = pods.host_ports is not None and oci_spec.has_capability(run, NET_BIND_SERVICE)
-        c = containers.mark_created(c, sandbox, image, signal, run, net_bind)
+        c = containers.mark_created(c, sandbox, image, signal, run, net_bind, volume_images)
         s.done("mark-created")
         if pods.host_ports is not None and net_bind:
             granted = pods.host_ports.grant_privileged(sandbox.id)

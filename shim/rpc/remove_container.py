@@ -15,7 +15,8 @@ guest-delete   its guest deleted it (killed first if it ran; a guest that does n
                keeps it until the pod goes)
 volumes        it uses no guest copy of a volume (one no other container uses is removed)
 container-dir  its binds detached and its directory in the pod's share removed
-image          its image no longer held for it (one removed while held is freed)
+image          its image, and its image volumes' images, no longer held for it (one removed
+               while held is freed)
 nri-removed    NRI plugins told RemoveContainer
 record         its record gone
 =============  ===============================================================================
@@ -49,6 +50,7 @@ def remove_container(pods: Pods, req: RemoveContainer) -> None:
         s.done("container-dir")
         if c.image_id:
             containers.images.release(c.image_id, c.id)
+        containers.release_volume_images(c, c.volume_images)
         s.done("image")
         pods.nri.container_removed(sandbox, c)
         s.done("nri-removed")

@@ -1,12 +1,16 @@
-"""UpdatePodSandboxResources: the pod-level resources the kubelet now gives a pod, recorded when
-they fit its VM (which cannot grow: ``FAILED_PRECONDITION`` otherwise), then told to NRI plugins.
+"""UpdatePodSandboxResources: the pod-level resources the kubelet now gives a pod. They must fit
+its VM: the demand it was sized for, grown into its profile's resize headroom when it has some
+(``vmsandbox.resize``; ``FAILED_PRECONDITION`` beyond it, naming both). Then they are recorded and
+told to NRI plugins.
 
 The steps, each undone should a later one fail (``shim.rpc``):
 
 ===========  ==================================================  ===================================
 step         what it did                                         its undo
 ===========  ==================================================  ===================================
-record       the new resources fit the VM and are recorded       the resources recorded before
+grow         the headroom the new resources need is plugged      the growth recorded before (what
+             into the guest and the pod's growth recorded        was plugged stays: never unplugged)
+record       the new resources are recorded                      the resources recorded before
 nri-updated  NRI plugins told UpdatePodSandbox and               (nothing: plugins are not told of
              PostUpdatePodSandbox                                an update's undo)
 ===========  ==================================================  ===================================
@@ -17,28 +21,30 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from shim import rpc
+from shim import pod_growth, rpc
 from shim.model import UpdatePodSandboxResources
 from shim.pods import Pods
 from shim.sandboxes import Sandboxes
-from vmsandbox import admission
+from vmsandbox import admission, resize
 from vmsandbox.sizing import LinuxResources
 
 RPC = "UpdatePodSandboxResources"
-rpc.declare(RPC, "record", "nri-updated")
+rpc.declare(RPC, "grow", "record", "nri-updated")
 
 
 def update_pod_sandbox_resources(pods: Pods, req: UpdatePodSandboxResources) -> None:
     sb = pods.sandboxes
-    sandbox_id = sb.records.get(req.sandbox_id).id
+    record = sb.records.get(req.sandbox_id)
+    sandbox_id = record.id
+    usage = admission.Usage.of_linux(req.resources)
+    growth = resize.pod_growth(record.sized_shape(), usage, who="the pod's new resources")
     with rpc.steps(RPC) as s:
+        pod_growth.grow(sb, pods.containers.hot_plug, record, growth)
+        s.done("grow", functools.partial(pod_growth.put_growth, sb, sandbox_id, record.growth))
         with sb.locks.lock_for(sandbox_id):
-            record = sb.records.get(sandbox_id)
-            demand = record.sized_shape().demand
-            usage = admission.Usage.of_linux(req.resources)
-            admission.check_envelope(demand, [], usage, who="the pod's new resources")
-            sb.records.put_sandbox(replace(record, updated_resources=req.resources))
-            s.done("record", functools.partial(_put_back, sb, sandbox_id, record.updated_resources))
+            current = sb.records.get(sandbox_id)
+            sb.records.put_sandbox(replace(current, updated_resources=req.resources))
+            s.done("record", functools.partial(_put_back, sb, sandbox_id, current.updated_resources))
         pods.nri.sandbox_updated(sandbox_id, req.overhead, req.resources)
         s.done("nri-updated")
 

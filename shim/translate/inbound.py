@@ -22,6 +22,7 @@ from shim.model import (
     ContainerFilter,
     ContainerSpec,
     CreateContainer,
+    ImageVolume,
     MountRequest,
     PodMeta,
     RemoveContainer,
@@ -113,20 +114,26 @@ def _quantities(m: Mapping[str, Any], where: str) -> ResourceList:
 
 
 def _mounts(items: Iterable[pb.Mount], where: str) -> frozenset[Mount]:
+    """A declaration's mounts, as admission compares them with a container's (an image volume's as
+    ``mount_requests`` makes it: read-only, its sub path cleaned)."""
+    out = []
     for m in items:
         validation.text(m.host_path, f"{where}.host_path")
         validation.text(m.container_path, f"{where}.container_path")
-    return frozenset(
-        Mount(
-            container_path=m.container_path,
-            host_path=m.host_path,
-            readonly=m.readonly,
-            recursive_read_only=m.recursive_read_only,
-            selinux_relabel=m.selinux_relabel,
-            propagation=int(m.propagation),
+        if m.image.image or m.image_sub_path:
+            out.append(_image_mount(m, validation.quote(m.container_path)).declared())
+            continue
+        out.append(
+            Mount(
+                container_path=m.container_path,
+                host_path=m.host_path,
+                readonly=m.readonly,
+                recursive_read_only=m.recursive_read_only,
+                selinux_relabel=m.selinux_relabel,
+                propagation=int(m.propagation),
+            )
         )
-        for m in items
-    )
+    return frozenset(out)
 
 
 def _devices(items: Iterable[pb.Device], where: str) -> frozenset[Device]:
@@ -492,7 +499,8 @@ def mount_requests(items: Iterable[pb.Mount], where: str, ns: UserNamespace | No
         if not 0 <= m.propagation < len(PROPAGATIONS):
             raise InvalidArgument(f"mount {shown}: propagation {m.propagation} is not a MountPropagation")
         if m.image.image or m.image_sub_path:
-            raise Unsupported(f"mount {shown}: image volumes (Mount.image) are not supported in VM pods yet")
+            out.append(_image_mount(m, shown))
+            continue
         if m.uidMappings or m.gidMappings:
             _mount_idmap(m, ns, f"mount {shown}")
         if m.mount_options:
@@ -529,6 +537,43 @@ def _mount_idmap(m: pb.Mount, ns: UserNamespace | None, where: str) -> None:
             f"{where}: its idmapping ({userns.describe(asked)}) is not the container's user namespace "
             f"({userns.describe(ns)}); a VM pod idmaps a volume with its user namespace's mappings only"
         )
+
+
+def _image_mount(m: pb.Mount, shown: str) -> MountRequest:
+    """An image volume's mount (KEP-4639: ``image`` set, no host path): the image's tree, or its
+    ``image_sub_path``, read-only whatever ``readonly`` says (an image's tree is never written).
+    Its propagation must be private (an image's tree has no mounts below it to propagate), and
+    idmapped mounts and mount options are refused as for other mounts."""
+    if not 0 <= m.propagation < len(PROPAGATIONS):
+        raise InvalidArgument(f"mount {shown}: propagation {m.propagation} is not a MountPropagation")
+    validation.text(m.image.image, f"mount {shown}: image.image")
+    if not m.image.image:
+        raise InvalidArgument(f"mount {shown}: image_sub_path is set but image.image is empty")
+    if m.host_path:
+        raise InvalidArgument(f"mount {shown}: an image volume (image set) has no host_path")
+    sub = m.image_sub_path
+    if sub:
+        validation.relative_file(sub, f"mount {shown}: image_sub_path")
+    if m.propagation != pb.PROPAGATION_PRIVATE:
+        mode = pb.MountPropagation.Name(m.propagation)
+        raise Unsupported(f"mount {shown}: an image volume's propagation must be PROPAGATION_PRIVATE, not {mode}")
+    if m.uidMappings or m.gidMappings:
+        raise Unsupported(
+            f"mount {shown}: an idmapped image volume (uidMappings, gidMappings: a pod with a user namespace of its "
+            "own) is not supported in VM pods"
+        )
+    if m.mount_options:
+        raise Unsupported(f"mount {shown}: mount_options are not supported in VM pods")
+    # its sub path as the guest resolves it: '.' and empty components dropped
+    clean = "/".join(part for part in sub.split("/") if part not in ("", "."))
+    return MountRequest(
+        m.container_path,
+        "",
+        readonly=True,
+        recursive=m.recursive_read_only,
+        selinux_relabel=m.selinux_relabel,
+        image=ImageVolume(m.image.image, clean),
+    )
 
 
 # -- list filters ---------------------------------------------------------------------------------

@@ -92,6 +92,7 @@ def sandbox_info(r: SandboxRecord) -> dict[str, str]:
         "ephemeral_storage_bytes": r.shape.demand.ephemeral_storage_bytes if r.shape is not None else 0,
         "linux_overhead": record["linux_overhead"],
         "updated_resources": record["updated_resources"],
+        "growth": record["growth"],
     }
     return {"info": json.dumps(doc, sort_keys=True)}
 
@@ -166,6 +167,8 @@ def container_status(c: ContainerRecord) -> pb.ContainerStatus:
                 recursive_read_only=m.recursive_read_only,
                 selinux_relabel=m.selinux_relabel,
                 propagation=m.propagation,  # type: ignore[arg-type]
+                image=pb.ImageSpec(image=m.image) if m.image else None,
+                image_sub_path=m.image_sub_path,
             )
             for m in sorted(c.resources.mounts)
         ],

@@ -198,8 +198,8 @@ def test_deploy_profiles_are_valid_on_a_numa_host() -> None:
         # 64 CPUs on two nodes, 8 of each node's 32 shared: 24 exclusive CPUs on one node
         f"{DEPLOY / 'profiles.yaml'}:71: vcpu.max: warning: 32 exceeds the shim's 24 exclusive CPUs on one NUMA node: "
         "pods needing more than 24 vCPUs will be refused",
-        f"{DEPLOY / 'profiles.yaml'}: 4 profiles OK (small -> vmsandbox, medium -> vmsandbox-medium, "
-        "dedicated -> vmsandbox-dedicated, hugepages -> vmsandbox-hugepages)",
+        f"{DEPLOY / 'profiles.yaml'}: 5 profiles OK (small -> vmsandbox, medium -> vmsandbox-medium, "
+        "dedicated -> vmsandbox-dedicated, hugepages -> vmsandbox-hugepages, resizable -> vmsandbox-resizable)",
     ]
 
 
@@ -217,7 +217,13 @@ def test_runtimeclass_matches_deploy() -> None:
     assert done.stdout == (DEPLOY / "runtimeclass.yaml").read_text()
     classes = list(yaml.safe_load_all(done.stdout))
     by_name = {c["metadata"]["name"]: c for c in classes}
-    assert set(by_name) == {"vmsandbox", "vmsandbox-medium", "vmsandbox-dedicated", "vmsandbox-hugepages"}
+    assert set(by_name) == {
+        "vmsandbox",
+        "vmsandbox-medium",
+        "vmsandbox-dedicated",
+        "vmsandbox-hugepages",
+        "vmsandbox-resizable",
+    }
     assert by_name["vmsandbox-dedicated"]["overhead"]["podFixed"] == {"cpu": "1", "memory": "96Mi"}
     assert by_name["vmsandbox"]["handler"] == "vmsandbox"
 

@@ -423,9 +423,18 @@ def test_an_idmapped_mount_without_a_user_namespace_is_refused(server: Server) -
     ("mount", "needle"),
     [
         pytest.param(
-            pb.Mount(container_path="/data", image=pb.ImageSpec(image="registry.local/data:1")),
-            "image volumes (Mount.image)",
-            id="image-volume",
+            pb.Mount(
+                container_path="/data",
+                image=pb.ImageSpec(image="registry.local/data:1"),
+                propagation=pb.PROPAGATION_HOST_TO_CONTAINER,
+            ),
+            "an image volume's propagation must be PROPAGATION_PRIVATE",
+            id="image-volume-propagation",
+        ),
+        pytest.param(
+            pb.Mount(container_path="/data", image=pb.ImageSpec(image="registry.local/data:1"), mount_options=["x"]),
+            "mount_options",
+            id="image-volume-mount-options",
         ),
         pytest.param(
             pb.Mount(container_path="/data", host_path="/tmp", mount_options=["noexec"]),

@@ -211,7 +211,14 @@ def _each(call: Callable[[Mapping[str, object]], None], batches: Iterator[dict[s
 
 
 CALLS: dict[str, Callable[[AgentClient], object]] = {
-    "create": lambda c: c.create(CID, lower="disks/i0c0ffee", spec={"process": {"args": ["sh"]}}, stdin=True, tty=True),
+    "create": lambda c: c.create(
+        CID,
+        lower="disks/i0c0ffee",
+        spec={"process": {"args": ["sh"]}, "mounts": [{"destination": "/v", "type": "bind", "source": "/x"}]},
+        stdin=True,
+        tty=True,
+        image_mounts=(agent_protocol.ImageMount("/v", "0d15ea5e", "etc/x"),),
+    ),
     "log_read": lambda c: c.log_read(CID, 0, 65536, 0.5),
     "start": lambda c: c.start(CID),
     "kill": lambda c: c.kill(CID, "TERM"),
@@ -345,10 +352,17 @@ def test_the_schema_states_the_versions_and_bounds_the_host_uses() -> None:
         "volume_commit",
         "volume_remove",
     }
-    # each version adds an op or changes one (x-changed: the newest version that changed it)
+    fields_since = {
+        (op, name): field["x-since"]
+        for op in OPS
+        for name, field in DEFS[f"args.{op}"].get("properties", {}).items()
+        if "x-since" in field
+    }
+    assert fields_since == {("create", "image_mounts"): agent_protocol.IMAGE_MOUNTS_VERSION}
+    # each version adds an op, a field or changes one (x-changed: the newest version that changed it)
     changed = {op: DEFS[f"args.{op}"]["x-changed"] for op in OPS if "x-changed" in DEFS[f"args.{op}"]}
     assert changed == {"create": agent_protocol.USERNS_VERSION}
-    assert max([*since.values(), *changed.values()]) == agent_protocol.VERSION
+    assert max([*since.values(), *fields_since.values(), *changed.values()]) == agent_protocol.VERSION
     lines = SCHEMA["x-lines"]
     assert lines["guest-to-host-max-bytes"] == agent_protocol.MAX_FRAME_BYTES
     assert lines["host-to-guest-max-bytes"] == agent_protocol.MAX_REQUEST_BYTES
@@ -516,7 +530,7 @@ def test_an_answer_that_breaks_the_schema_is_refused(
 
 
 ENVELOPE_REFUSED: list[tuple[str, str, object]] = [
-    ("hello", "v", 8),
+    ("hello", "v", agent_protocol.VERSION + 1),
     ("hello", "v", 0),
     ("hello", "v", "6"),
     ("hello", "type", MISSING),

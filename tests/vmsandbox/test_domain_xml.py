@@ -115,6 +115,19 @@ CASES = {
         extra_cmdline="",
         console_log=None,
     ),
+    # (a') the same with resize headroom: 3 pinned vCPUs, 2 online; 2 DIMM slots of 128 MiB; one guest cell
+    "exclusive-2mi-headroom": Case(
+        identity=SandboxIdentity(SID, "resizable", "default", "uid-h", 0, "vmsandbox"),
+        shape=sized(
+            {"cpu": "1500m", "memory": "192Mi"},
+            Profile(name="h", handler="h", resize_headroom_vcpus=1, resize_headroom_memory_bytes=256 * MI),
+        ),
+        host_cpus=(0, 1, 2),
+        hugepage_nodes=(0,),
+        accel="tcg",
+        extra_cmdline="",
+        console_log=None,
+    ),
     # (b) shared CPU pool, ordinary 4 KiB pages; containers' shared directory over 9p, root ports for image disks
     "shared-4k-tcg": Case(
         identity=SandboxIdentity("fedcba98" * 8, "batch", "kube-system", "uid-b", 2, "shared"),
@@ -370,7 +383,9 @@ def test_libvirt_accepts_the_xml(name: str) -> None:
             assert read_identity(live) == CASES[name].identity
             assert read_vcpu_pins(live) == read_vcpu_pins(xml)
             assert dom.maxMemory() == CASES[name].shape.memory_bytes // 1024
-            assert dom.vcpusFlags(libvirt.VIR_DOMAIN_VCPU_MAXIMUM) == CASES[name].shape.vcpus
+            # the headroom's vCPUs are defined (and pinned) from the start, offline until a resize
+            assert dom.vcpusFlags(libvirt.VIR_DOMAIN_VCPU_MAXIMUM) == CASES[name].shape.reserved_vcpus
+            assert dom.vcpusFlags(libvirt.VIR_DOMAIN_AFFECT_CONFIG) == CASES[name].shape.vcpus
             assert read_hostdevs(live) == CASES[name].hostdevs
         finally:
             dom.undefine()

@@ -17,6 +17,7 @@ from vmsandbox.record_docs import (
     declaration_from_doc,
     demand_doc,
     demand_from_doc,
+    resources_doc,
     resources_from_doc,
     shape_doc,
     shape_from_doc,
@@ -231,3 +232,23 @@ SHAPES = st.builds(
 def test_shape_round_trips(shape: VmShape) -> None:
     assert shape_from_doc(via_json(shape_doc(shape))) == shape
     assert demand_from_doc(via_json(demand_doc(shape.demand))) == shape.demand
+
+
+def test_an_image_volumes_mount_round_trips_and_other_mounts_documents_stay_as_they_were() -> None:
+    image = Mount("/img", readonly=True, image="sha256:" + "ab" * 32, image_sub_path="etc/x")
+    res = ContainerResources(mounts=frozenset({image, Mount("/a", "/h")}))
+    doc = via_json(resources_doc(res))
+    assert resources_from_doc(doc, "x") == res
+    assert [sorted(m) for m in doc["mounts"]] == [
+        ["container_path", "host_path", "propagation", "readonly", "recursive_read_only", "selinux_relabel"],
+        [
+            "container_path",
+            "host_path",
+            "image",
+            "image_sub_path",
+            "propagation",
+            "readonly",
+            "recursive_read_only",
+            "selinux_relabel",
+        ],
+    ]

@@ -43,12 +43,14 @@ from vmsandbox.agent_ops import (
 )
 from vmsandbox.agent_protocol import (
     EXEC_OUTPUT_MAX,
+    IMAGE_MOUNTS_VERSION,
     TTY_VERSION,
     USERNS_VERSION,
     VOLUMES_VERSION,
     Ack,
     GuestReport,
     Hello,
+    ImageMount,
     ProtocolError,
     Request,
     Response,
@@ -225,12 +227,20 @@ class AgentClient:
         stdin: bool = False,
         stdin_once: bool = False,
         tty: bool = False,
+        image_mounts: Sequence[ImageMount] = (),
     ) -> ContainerState:
         """Creates container ``cid``: overlay of ``lower`` (an image disk, ``disks/SERIAL``, or a
         tree the guest sees shared from the host) and a writable layer; the agent keeps its output
         for ``log_read``; with ``stdin``, a stdin that Attach sessions write to; with ``tty``, a
         terminal (agents of protocol 4 on: an older one is refused here rather than given a
-        container without one)."""
+        container without one); ``image_mounts``: its image volumes (agents of protocol 7 on,
+        likewise)."""
+        if image_mounts and self.report.protocol < IMAGE_MOUNTS_VERSION:
+            raise WrongState(
+                f"the guest agent on {self.label} speaks protocol {self.report.protocol}, which mounts no image "
+                f"volume; an image volume needs protocol {IMAGE_MOUNTS_VERSION} (a guest image built from this "
+                "release: recreate the pod)"
+            )
         if tty and self.report.protocol < TTY_VERSION:
             raise WrongState(
                 f"the guest agent on {self.label} speaks protocol {self.report.protocol}, which gives containers no "
@@ -247,6 +257,8 @@ class AgentClient:
             args |= {"stdin": True, "stdin_once": stdin_once}
         if tty:
             args["tty"] = True
+        if image_mounts:
+            args["image_mounts"] = [m.to_arg() for m in image_mounts]
         body = self.request("create", args, timeout_s)
         return container_state_from_body(body, f"{self.label}: create response")
 

@@ -13,8 +13,8 @@ from gen.cri.runtime.v1 import api_pb2 as pb
 from shim import faults, rpc
 from shim.model import CONTAINER_CREATED
 from shim.rpc.create_container import create_container
-from tests.container_kit import IMAGE_ID, Pod, running_pod
-from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound
+from tests.container_kit import IMAGE_ID, VOLUME_IMAGE_ID, Pod, running_pod
+from vmsandbox.errors import InfrastructureError, InvalidArgument, NotFound, WrongState
 
 pytest.importorskip("libvirt")
 
@@ -137,3 +137,70 @@ def test_a_privileged_node_port_opens_with_a_container_that_could_bind_it(
     pod.pods.host_ports.close(pod.sandbox_id)  # a shim started again opens them as the container's record says
     pod.pods.resume_node_ports()
     assert pod.node_port_open() is opens
+
+
+# -- image volumes (KEP-4639) ----------------------------------------------------------------------
+def test_image_volumes_are_their_images_disks_attached_once_and_held(pod: Pod) -> None:
+    cid = create_container(pod.pods, pod.create_request(config=pod.image_volume_config()))
+    c = pod.pods.records.container(cid)
+    images = pod.pods.containers.images
+    assert c.volume_images == (VOLUME_IMAGE_ID, IMAGE_ID)
+    # one disk per image in the guest, whether a root or volumes (two of one image) use it
+    assert len(pod.vm.disks) == 2
+    assert images.holders(VOLUME_IMAGE_ID) == 1 and images.holders(IMAGE_ID) == 2  # the root's and the volume's
+    args = pod.agent.creates[cid]
+    root_serial = str(args["lower"]).removeprefix("disks/")
+    (volume_serial,) = set(pod.vm.disks) - {root_serial}
+    assert args["image_mounts"] == [
+        {"destination": "/vol", "serial": volume_serial, "sub_path": ""},
+        {"destination": "/vol-etc", "serial": volume_serial, "sub_path": "etc"},
+        {"destination": "/self", "serial": root_serial, "sub_path": ""},
+    ]
+    spec = args["spec"]
+    assert isinstance(spec, dict)
+    binds = [(m["destination"], m["options"]) for m in spec["mounts"] if m["type"] == "bind"]
+    # in the kubelet's order, after the host paths, each read-only
+    assert [d for d, _ in binds][:5] == ["/data", "/etc/config", "/vol", "/vol-etc", "/self"]
+    assert all(opts == ["rbind", "ro"] for d, opts in binds[2:5])
+
+
+@pytest.mark.parametrize("point", rpc.rpc_points("CreateContainer"))
+def test_a_fault_after_any_step_with_image_volumes_leaves_nothing_behind(pod: Pod, point: str) -> None:
+    before = pod.leftovers()
+    config = pod.image_volume_config()
+    with faults.raising(point), pytest.raises(faults.InjectedFault, match=point):
+        create_container(pod.pods, pod.create_request(config=config))
+    assert pod.leftovers() == before
+    cid = create_container(pod.pods, pod.create_request(config=config))  # the kubelet's retry
+    assert pod.agent.containers == {cid: "created"} and len(pod.vm.disks) == 2
+
+
+def test_a_second_containers_failure_leaves_the_volume_disk_the_first_uses(pod: Pod) -> None:
+    first = create_container(pod.pods, pod.create_request("first", pod.image_volume_config("first")))
+    shared = pod.leftovers()
+    with faults.raising("CreateContainer:guest-create"), pytest.raises(faults.InjectedFault):
+        create_container(pod.pods, pod.create_request("second", pod.image_volume_config("second")))
+    assert pod.leftovers() == shared and len(pod.vm.disks) == 2
+    assert pod.agent.containers == {first: "created"}
+
+
+def _volume_not_pulled(config: pb.ContainerConfig) -> None:
+    config.mounts.add(container_path="/v", image=pb.ImageSpec(image="registry.test/absent:1"))
+
+
+def test_an_image_volume_of_an_image_not_pulled_leaves_nothing_behind(pod: Pod) -> None:
+    before = pod.leftovers()
+    config = pod.image_volume_config()
+    _volume_not_pulled(config)
+    with pytest.raises(NotFound, match=r"registry\.test/absent:1' of an image volume is not pulled"):
+        create_container(pod.pods, pod.create_request(config=config))
+    assert pod.leftovers() == before
+
+
+def test_an_image_volume_is_refused_in_the_guest_of_an_older_agent(pod: Pod) -> None:
+    before = pod.leftovers()
+    pod.agent.PROTOCOL = 6
+    with pytest.raises(WrongState, match="an image volume needs protocol 7"):
+        create_container(pod.pods, pod.create_request(config=pod.image_volume_config()))
+    assert pod.leftovers() == before
+    create_container(pod.pods, pod.create_request())  # a container without one is made there

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from gen.cri.runtime.v1 import api_pb2 as pb
-from shim.model import CONTAINER_CREATED, ContainerRecord, ContainerStats, MountRequest
+from shim.model import CONTAINER_CREATED, ContainerRecord, ContainerStats, ImageVolume, MountRequest, image_volumes
 from shim.translate import inbound, outbound, stats
 from vmsandbox.agent_ops import CgroupStats
-from vmsandbox.errors import InvalidArgument
+from vmsandbox.errors import InvalidArgument, Unsupported
 from vmsandbox.resources import ContainerResources, Mount
 
 
@@ -117,6 +117,78 @@ def test_mount_requests(mount: pb.Mount, error: str | None) -> None:
             inbound.mount_requests([mount], "mounts")
 
 
+_IMAGE = pb.ImageSpec(image="sha256:" + "ab" * 32, user_specified_image="registry.local/data:1")
+
+
+@pytest.mark.parametrize(
+    ("mount", "want", "error"),
+    [
+        # read-only whatever the kubelet says: an image's tree is never written
+        (
+            pb.Mount(container_path="/d", image=_IMAGE),
+            MountRequest("/d", "", True, image=ImageVolume(_IMAGE.image)),
+            None,
+        ),
+        (
+            pb.Mount(container_path="/d", image=_IMAGE, readonly=True, image_sub_path="etc/x"),
+            MountRequest("/d", "", True, image=ImageVolume(_IMAGE.image, "etc/x")),
+            None,
+        ),
+        (
+            pb.Mount(container_path="/d", image=_IMAGE, image_sub_path="./etc//x/"),
+            MountRequest("/d", "", True, image=ImageVolume(_IMAGE.image, "etc/x")),
+            None,
+        ),
+        (
+            pb.Mount(container_path="/d", image=_IMAGE, readonly=True, recursive_read_only=True, selinux_relabel=True),
+            MountRequest("/d", "", True, True, selinux_relabel=True, image=ImageVolume(_IMAGE.image)),
+            None,
+        ),
+        (pb.Mount(container_path="/d", image_sub_path="etc"), None, "image.image is empty"),
+        (pb.Mount(container_path="/d", image=_IMAGE, host_path="/h"), None, "has no host_path"),
+        (pb.Mount(container_path="/d", image=_IMAGE, image_sub_path="/etc"), None, "must be relative"),
+        (pb.Mount(container_path="/d", image=_IMAGE, image_sub_path="a/../../b"), None, r"must not leave"),
+        (pb.Mount(container_path="/d", image=_IMAGE, image_sub_path="a\x00b"), None, "control character"),
+        (pb.Mount(container_path="/d", image=pb.ImageSpec(image="x\n")), None, "control character"),
+        (
+            pb.Mount(container_path="/d", image=_IMAGE, propagation=pb.PROPAGATION_BIDIRECTIONAL),
+            None,
+            "propagation must be PROPAGATION_PRIVATE, not PROPAGATION_BIDIRECTIONAL",
+        ),
+        (
+            pb.Mount(container_path="/d", image=_IMAGE, uidMappings=[pb.IDMapping(host_id=1, length=1)]),
+            None,
+            r"an idmapped image volume \(uidMappings, gidMappings: a pod with a user namespace of its own\)",
+        ),
+        (pb.Mount(container_path="/d", image=_IMAGE, mount_options=["noexec"]), None, "mount_options"),
+    ],
+)
+def test_image_volume_mounts(mount: pb.Mount, want: MountRequest | None, error: str | None) -> None:
+    if error is None:
+        assert inbound.mount_requests([mount], "mounts") == (want,)
+    else:
+        with pytest.raises((InvalidArgument, Unsupported), match=error):
+            inbound.mount_requests([mount], "mounts")
+
+
+def test_image_volumes_keep_their_place_among_the_mounts() -> None:
+    mounts = inbound.mount_requests(
+        [
+            pb.Mount(container_path="/a", host_path="/h"),
+            pb.Mount(container_path="/b", image=_IMAGE, image_sub_path="x"),
+            pb.Mount(container_path="/c", image=_IMAGE),
+        ],
+        "mounts",
+    )
+    assert image_volumes(mounts) == {1: ImageVolume(_IMAGE.image, "x"), 2: ImageVolume(_IMAGE.image)}
+    assert [m.declared().host_path for m in mounts] == ["/h", "", ""]
+
+
+def test_an_empty_image_spec_beside_a_host_path_is_an_ordinary_mount() -> None:
+    mount = pb.Mount(container_path="/a", host_path="/h", image=pb.ImageSpec())
+    assert inbound.mount_requests([mount], "mounts") == (MountRequest("/a", "/h"),)
+
+
 def test_container_status_reports_the_mounts() -> None:
     record = ContainerRecord(
         id="c" * 64,
@@ -156,3 +228,34 @@ def test_a_stop_signal_the_cri_does_not_define_is_invalid(value: int) -> None:
     config.stop_signal = value  # type: ignore[assignment]
     with pytest.raises(InvalidArgument, match=f"stop_signal {value} is not a signal"):
         inbound.container_request(config, {})
+
+
+def test_container_status_reports_an_image_volume_as_the_kubelet_sent_it() -> None:
+    (request,) = inbound.mount_requests([pb.Mount(container_path="/d", image=_IMAGE, image_sub_path="x")], "mounts")
+    record = ContainerRecord(
+        id="c" * 64,
+        sandbox_id="s" * 64,
+        name="app",
+        attempt=0,
+        state=CONTAINER_CREATED,
+        created_ns=1,
+        resources=ContainerResources(mounts=frozenset({request.declared()})),
+    )
+    (m,) = outbound.container_status(record).mounts
+    assert (m.container_path, m.host_path, m.readonly, m.image.image, m.image_sub_path) == (
+        "/d",
+        "",
+        True,
+        _IMAGE.image,
+        "x",
+    )
+
+
+def test_a_declared_image_volume_matches_the_containers() -> None:
+    """A pod's declaration (KEP-4112) names an image volume as the container config does: admission
+    compares the two as one mount (read-only, the sub path cleaned) and tells images apart."""
+    mount = pb.Mount(container_path="/d", image=_IMAGE, image_sub_path="./x")
+    (asked,) = inbound.mount_requests([mount], "mounts")
+    assert inbound._mounts([mount], "declared") == frozenset({asked.declared()})
+    other = pb.Mount(container_path="/d", image=pb.ImageSpec(image="other:1"), image_sub_path="x")
+    assert inbound._mounts([other], "declared") != frozenset({asked.declared()})

@@ -15,10 +15,12 @@ from tests import fake_guest as fg
 from vmsandbox.adapters.agent_client import AgentClient, AgentLost
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
 from vmsandbox.agent_protocol import (
+    IMAGE_MOUNTS_VERSION,
     TTY_VERSION,
     UNKNOWN_CONTAINER,
     UNSOLICITED_BURST,
     USERNS_VERSION,
+    ImageMount,
     ProtocolError,
 )
 from vmsandbox.errors import InfrastructureError, WrongState
@@ -184,10 +186,28 @@ def test_a_tty_container_is_refused_before_an_agent_that_gives_no_terminal_sees_
     client.close()
 
 
+def test_an_image_volume_is_refused_before_an_agent_that_mounts_none_sees_it(guest, lost: Lost, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An agent older than protocol 7 would ignore ``image_mounts`` and bind the placeholder
+    source: the host refuses with a reason instead of sending the create."""
+    seen: list[object] = []
+
+    def create(msg: dict[str, object]) -> bytes:
+        seen.append(msg["args"])
+        return fg.ok(msg["id"], fg.state("c1", "created"))
+
+    guest(lambda n, peer: peer.serve(fg.agent(answers={"create": create})))
+    client = _client(tmp_path / "agent.sock", lost)
+    assert client.report.protocol < IMAGE_MOUNTS_VERSION
+    with pytest.raises(WrongState, match=r"speaks protocol 2, .* an image volume needs protocol 7"):
+        client.create("c1", lower="disks/abc", spec={"process": {}}, image_mounts=(ImageMount("/v", "abc", "x"),))
+    assert seen == []
+    client.close()
+
+
 def test_a_user_namespace_container_is_refused_before_an_agent_that_would_not_idmap_its_root(  # type: ignore[no-untyped-def]
     guest, lost: Lost, tmp_path
 ) -> None:
-    """An agent older than protocol 7 would run a container in a user namespace on a root whose
+    """An agent older than protocol 8 would run a container in a user namespace on a root whose
     files are not mapped into it: the host refuses with a reason instead of sending it."""
     seen: list[object] = []
 
@@ -199,7 +219,7 @@ def test_a_user_namespace_container_is_refused_before_an_agent_that_would_not_id
     client = _client(tmp_path / "agent.sock", lost)
     assert client.report.protocol < USERNS_VERSION
     spec = {"process": {}, "linux": {"namespaces": [{"type": "pid"}, {"type": "user"}]}}
-    with pytest.raises(WrongState, match=r"speaks protocol 2, .* \(hostUsers: false\) needs protocol 7"):
+    with pytest.raises(WrongState, match=r"speaks protocol 2, .* \(hostUsers: false\) needs protocol 8"):
         client.create("c1", lower="disks/x", spec=spec)
     assert seen == []
     client.create("c1", lower="disks/x", spec={"process": {}, "linux": {"namespaces": [{"type": "pid"}]}})

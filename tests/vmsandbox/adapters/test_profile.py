@@ -16,7 +16,7 @@ QUANTITY_GRAMMAR = (
 )
 TOP_KEYS = (
     "accel, allowed_profiles, cpu_policy, defaults, emulator, extended_resources, guest, handler, machine, memory, "
-    "name, numa_policy, page_size, shared_storage, snapshots, vcpu"
+    "name, numa_policy, page_size, resize_headroom, shared_storage, snapshots, vcpu"
 )
 
 
