@@ -107,6 +107,7 @@ class Boot(SandboxPart):
             accel=plan.accel,
             linux_overhead=spec.linux_overhead,
             namespaces=spec.namespaces,
+            userns=spec.userns,
             port_mappings=tuple(spec.port_mappings),
             dns=spec.dns,
             cgroup_parent=spec.cgroup_parent,

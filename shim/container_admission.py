@@ -86,18 +86,7 @@ class ContainerAdmission:
         CannotFit naming it); undo: ``restore``."""
         with self.locks.lock_for(sandbox.id):
             new_linux = admission.implied_linux(resources) if resources is not None and linux.empty else linux
-            usage = (
-                admission.Usage.of_resources(resources) if resources is not None else admission.Usage.of_linux(linux)
-            )
-            check_fits_beside(
-                sandbox.envelope(),
-                c.name,
-                usage,
-                siblings_of(self.records.containers(sandbox.id)),
-                init_order=sandbox.init_container_names,
-                annotations=sandbox.annotations,
-                who=f'update of "{c.name}"',
-            )
+            check_fits_beside(sandbox.envelope(), c.name, _usage(resources, linux), **self._beside(sandbox, c))
             changes: dict[str, Any] = {"linux": new_linux}
             if resources is not None:
                 changes["resources"] = replace(c.resources, requests=resources.requests, limits=resources.limits)
@@ -111,19 +100,25 @@ class ContainerAdmission:
     ) -> Growth:
         """How far the pod's envelope must grow for the container's new limits to fit beside its
         siblings: the pod's growth when they fit; Diverged when its resize headroom cannot hold them."""
-        usage = admission.Usage.of_resources(resources) if resources is not None else admission.Usage.of_linux(linux)
         with self.locks.lock_for(sandbox.id):
             return growth_beside(
-                sandbox.sized_shape(),
-                sandbox.growth,
-                c.name,
-                usage,
-                siblings_of(self.records.containers(sandbox.id)),
-                init_order=sandbox.init_container_names,
-                annotations=sandbox.annotations,
-                who=f'update of "{c.name}"',
+                sandbox.sized_shape(), sandbox.growth, c.name, _usage(resources, linux), **self._beside(sandbox, c)
             )
+
+    def _beside(self, sandbox: SandboxRecord, c: ContainerRecord) -> dict[str, Any]:
+        """What the envelope rule needs of an update of ``c`` beside its siblings (under the pod's lock)."""
+        return {
+            "siblings": siblings_of(self.records.containers(sandbox.id)),
+            "init_order": sandbox.init_container_names,
+            "annotations": sandbox.annotations,
+            "who": f'update of "{c.name}"',
+        }
 
     def restore(self, c: ContainerRecord) -> None:
         """Undo of ``update``: the limits ``c`` recorded."""
         self.records.change_container(c.id, linux=c.linux, resources=c.resources)
+
+
+def _usage(resources: ContainerResources | None, linux: LinuxResources) -> admission.Usage:
+    """What an update's limits use: its kubernetes_resources when sent, else its LinuxContainerResources."""
+    return admission.Usage.of_resources(resources) if resources is not None else admission.Usage.of_linux(linux)

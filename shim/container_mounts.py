@@ -323,7 +323,7 @@ class ContainerMounts:
         try:
             for p in planned:
                 if p.kind == "volume":
-                    source = self.volumes.attach(sandbox.id, container_id, p.real)
+                    source = self.volumes.attach(sandbox.id, container_id, p.real, sandbox.userns)
                     out[p.index] = oci_spec.Mount(p.request.container_path, source, p.request.readonly)
         except BaseException:
             self.volumes.release(sandbox.id, container_id)

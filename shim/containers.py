@@ -398,11 +398,11 @@ class Containers:
     def resume_volumes(self) -> int:
         """At start-up: the copies of atomic-writer volumes that running guests keep for their
         containers (as the records say) are kept current again; returns how many containers use one."""
-        ready = {s.id for s in self.records.list_sandboxes() if s.state == SANDBOX_READY}
+        ready = {s.id: s for s in self.records.list_sandboxes() if s.state == SANDBOX_READY}
         users = 0
         for c in self.records.containers():
             if c.volume_copies and c.sandbox_id in ready:
-                self.volumes.adopt(c.sandbox_id, c.id, c.volume_copies)
+                self.volumes.adopt(c.sandbox_id, c.id, c.volume_copies, ready[c.sandbox_id].userns)
                 users += 1
         self.volumes.start()
         return users

@@ -38,6 +38,7 @@ from vmsandbox.states import CONTAINER_RUNNING as CONTAINER_RUNNING
 from vmsandbox.states import CONTAINER_UNKNOWN as CONTAINER_UNKNOWN
 from vmsandbox.states import SANDBOX_NOTREADY as SANDBOX_NOTREADY
 from vmsandbox.states import SANDBOX_READY as SANDBOX_READY
+from vmsandbox.userns import UserNamespace
 
 PROPAGATIONS = ("private", "host-to-container", "bidirectional")
 """A mount's propagation as ``vmsandbox.adapters.binds`` names it, at the index of the CRI's
@@ -239,6 +240,8 @@ class SandboxRecord:
     qemu_uid: int = 0
     # how far in-place resizes have grown the pod's envelope into its resize headroom
     growth: Growth = field(default_factory=Growth)
+    # the pod's own user namespace (hostUsers: false); None: the node's
+    userns: UserNamespace | None = None
     # the pod's cgroup on the host its QEMU is moved into (LinuxPodSandboxConfig.cgroup_parent); "": none
     cgroup_parent: str = ""
 
@@ -272,6 +275,7 @@ class SandboxRecord:
             "network": self.network.to_doc() if self.network is not None else {},
             "qemu_uid": self.qemu_uid,
             "growth": asdict(self.growth),
+            "userns": self.userns.to_doc() if self.userns is not None else None,
             "cgroup_parent": self.cgroup_parent,
         }
 
@@ -308,6 +312,7 @@ class SandboxRecord:
             network=PodNetwork.from_doc(network) if network else None,
             qemu_uid=int(doc.get("qemu_uid", 0)),
             growth=Growth(**(doc.get("growth") or {})),
+            userns=UserNamespace.from_doc(doc["userns"]) if doc.get("userns") else None,
             cgroup_parent=str(doc.get("cgroup_parent", "")),
         )
 

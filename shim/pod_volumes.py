@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from shim.periodic import Periodic
 from vmsandbox.adapters import volume_reader
 from vmsandbox.errors import VmSandboxError
-from vmsandbox.kubelet_volumes import commit_args, guest_path, volume_id, write_batches
+from vmsandbox.kubelet_volumes import commit_args, guest_path, shifted, volume_id, write_batches
+from vmsandbox.userns import UserNamespace
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ _GUEST_TIMEOUT_S = 30.0
 @dataclass
 class _Copy:
     vid: str
+    userns: UserNamespace | None = None  # the pod's own user namespace: owners are stored shifted through it
     version: str = ""  # the version the guest holds; "" not known (adopted after a restart)
     users: set[str] = field(default_factory=set)  # container ids
     lock: threading.Lock = field(default_factory=threading.Lock)  # one sync at a time
@@ -60,15 +62,17 @@ class PodVolumes:
     def close(self) -> None:
         self._periodic.stop()
 
-    def attach(self, sandbox_id: str, container_id: str, host_path: str) -> str:
+    def attach(self, sandbox_id: str, container_id: str, host_path: str, userns: UserNamespace | None = None) -> str:
         """Puts the volume at ``host_path`` (symlinks resolved) into the sandbox's guest unless it
         has it, for ``container_id``; returns the guest directory the container mounts. On failure
-        nothing is left: the container is not a user, a copy made for it alone is removed."""
+        nothing is left: the container is not a user, a copy made for it alone is removed. With the
+        pod's own user namespace (``userns``), the copy's owners are stored shifted through its
+        mappings, so that the container sees the kubelet's (``kubelet_volumes.shifted``)."""
         with self._lock:
             copies = self._copies.setdefault(sandbox_id, {})
             copy = copies.get(host_path)
             if copy is None:
-                copy = copies[host_path] = _Copy(volume_id(host_path))
+                copy = copies[host_path] = _Copy(volume_id(host_path), userns)
             copy.users.add(container_id)
         try:
             self._sync(sandbox_id, host_path, copy)
@@ -87,13 +91,15 @@ class PodVolumes:
         with self._lock:
             return {p: frozenset(c.users) for p, c in self._copies.get(sandbox_id, {}).items()}
 
-    def adopt(self, sandbox_id: str, container_id: str, host_paths: tuple[str, ...]) -> None:
+    def adopt(
+        self, sandbox_id: str, container_id: str, host_paths: tuple[str, ...], userns: UserNamespace | None = None
+    ) -> None:
         """At start-up: a container of a running guest uses these copies, as its record says; the
         next refresh asks the guest which version it holds and sends only a newer one."""
         with self._lock:
             copies = self._copies.setdefault(sandbox_id, {})
             for path in host_paths:
-                copies.setdefault(path, _Copy(volume_id(path))).users.add(container_id)
+                copies.setdefault(path, _Copy(volume_id(path), userns)).users.add(container_id)
 
     def release(self, sandbox_id: str, container_id: str, only: str = "") -> None:
         """``container_id`` no longer uses its copies (or the one of host path ``only``); a copy
@@ -127,7 +133,7 @@ class PodVolumes:
         with copy.lock:
             if copy.version and volume_reader.read_version(host_path) == copy.version:
                 return
-            tree = volume_reader.read_tree(host_path)
+            tree = shifted(volume_reader.read_tree(host_path), copy.userns)
             if copy.version == tree.version:
                 return
             has = self._call(sandbox_id, "volume_begin", copy.vid, tree.version, timeout_s=_GUEST_TIMEOUT_S)

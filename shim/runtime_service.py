@@ -71,9 +71,12 @@ class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
         return pb.StatusResponse(
             status=pb.RuntimeStatus(conditions=[outbound.runtime_condition(c) for c in conditions]),
             info=info,
-            # recursive read-only mounts: enforced by the host's bind (vmsandbox/adapters/binds.py)
+            # recursive read-only mounts: enforced by the host's bind (vmsandbox/adapters/binds.py); user
+            # namespaces (hostUsers: false): the guest's crun makes the pod's, its root idmapped (docs/containers.md)
             runtime_handlers=[
-                pb.RuntimeHandler(name=h, features=pb.RuntimeHandlerFeatures(recursive_read_only_mounts=True))
+                pb.RuntimeHandler(
+                    name=h, features=pb.RuntimeHandlerFeatures(recursive_read_only_mounts=True, user_namespaces=True)
+                )
                 for h in self.pods.handlers()
             ],
         )

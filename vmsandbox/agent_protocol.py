@@ -30,8 +30,8 @@ from typing import NamedTuple, TypeAlias
 from vmsandbox import validation
 from vmsandbox.errors import InfrastructureError
 
-VERSION = 7
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
+VERSION = 8
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
 TTY_VERSION = 4
 """The first protocol whose agents give a container created with ``tty`` a terminal (older ones
 only joined its stderr to its stdout)."""
@@ -42,6 +42,9 @@ VOLUMES_VERSION = 6
 volumes: ``vmsandbox.kubelet_volumes``)."""
 IMAGE_MOUNTS_VERSION = 7
 """The first protocol version whose ``create`` takes ``image_mounts`` (image volumes, KEP-4639)."""
+USERNS_VERSION = 8
+"""The first protocol whose agents give a container whose spec has a user namespace an idmapped
+root file system (``create``; older ones would leave its image's files unmapped)."""
 CHANNEL_NAME = "io.vmsandbox.agent.0"
 """Name of the virtio-serial port the guest agent listens on."""
 SHARED_TAG = "vmsandbox.shared"

@@ -21,8 +21,10 @@ import hashlib
 import posixpath
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
+
+from vmsandbox.userns import UserNamespace
 
 PLUGINS = (
     "kubernetes.io~configmap",
@@ -171,3 +173,22 @@ def commit_args(vid: str, tree: VolumeTree) -> dict[str, object]:
         "top": _meta(tree.top),
         "names": list(tree.names),
     }
+
+
+def shifted(tree: VolumeTree, ns: UserNamespace | None) -> VolumeTree:
+    """``tree`` with every owner and group as the guest must store them for a container in the
+    pod's user namespace to see the kubelet's: each id taken through the namespace's mappings, as
+    an idmapped bind of the kubelet's directory shows it (an id it does not map shows as
+    ``userns.OVERFLOW_ID``). Unchanged for a pod in the node's user namespace."""
+    if ns is None:
+        return tree
+
+    def meta(m: Meta) -> Meta:
+        return Meta(m.mode, ns.host_uid(m.uid), ns.host_gid(m.gid))
+
+    return replace(
+        tree,
+        root=meta(tree.root),
+        top=meta(tree.top),
+        entries=tuple(replace(e, meta=meta(e.meta)) for e in tree.entries),
+    )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.seccomp import oci_seccomp
+from vmsandbox.userns import UserNamespace
 
 OCI_VERSION = "1.0.2"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -199,6 +200,9 @@ class ContainerRequest:
     """That pipe closes when the first Attach that used it ends."""
     tty: bool = False
     """The container asked for a terminal: its output is one stream, logged as stdout (as containerd does)."""
+    userns: UserNamespace | None = None
+    """The pod's own user namespace (``hostUsers: false``): the container gets a user namespace with
+    exactly these mappings (the guest's ids are the "host" ones); None: the guest's."""
 
 
 def process_args(request: ContainerRequest, image: ImageConfig) -> tuple[str, ...]:
@@ -329,6 +333,13 @@ def _mounts(request: ContainerRequest) -> list[dict[str, object]]:
         kernel_fs("/sys", "sysfs", "sysfs", *nosuid, "rw" if request.privileged else "ro"),
         kernel_fs("/sys/fs/cgroup", "cgroup", "cgroup", *nosuid, "relatime", "rw" if request.privileged else "ro"),
     ]
+    if request.userns is not None:
+        # The guest's network and IPC namespaces (the pod's) belong to the guest's initial user
+        # namespace, so the container's cannot mount a sysfs or an mqueue of them: it gets the
+        # guest's, bound (the guest agent mounts the mqueue at /dev/mqueue first), as runc does.
+        ro = "rw" if request.privileged else "ro"
+        mounts[5] = kernel_fs("/sys", "bind", "/sys", "rbind", *nosuid, ro)
+        mounts[4] = kernel_fs("/dev/mqueue", "bind", "/dev/mqueue", "rbind", *nosuid)
     for m in request.mounts:
         if not m.destination.startswith("/"):
             raise InvalidArgument(f"mount destination {m.destination[:128]!r} is not absolute")
@@ -377,15 +388,18 @@ def build_spec(request: ContainerRequest, image: ImageConfig, user: UserIds) -> 
     }  # fmt: skip
     if request.apparmor not in ("", "unconfined", "runtime/default"):
         raise InvalidArgument(f"apparmor profile {request.apparmor[:128]!r} is not supported in the guest")
+    if request.userns is not None:
+        _check_mapped(request.userns, user.uid, user.gid, groups)
+    kinds = ("pid", "uts", "mount", "cgroup") + (("user",) if request.userns is not None else ())
     linux: dict[str, object] = {
         # network and IPC: the guest's, which are the pod's (a VM per pod)
-        "namespaces": [
-            {"type": t} for t in ("pid", "uts", "mount", "cgroup") if t != "pid" or request.own_pid_namespace
-        ],
+        "namespaces": [{"type": t} for t in kinds if t != "pid" or request.own_pid_namespace],
         "resources": _resources(request.resources),
         "maskedPaths": [] if request.privileged else list(_or(request.masked_paths, MASKED_PATHS)),
         "readonlyPaths": [] if request.privileged else list(_or(request.readonly_paths, READONLY_PATHS)),
     }
+    if request.userns is not None:
+        linux |= request.userns.oci()
     if request.sysctls:
         for key in request.sysctls:
             if not key.replace(".", "").replace("_", "").replace("-", "").isalnum():
@@ -402,6 +416,16 @@ def build_spec(request: ContainerRequest, image: ImageConfig, user: UserIds) -> 
         "mounts": _mounts(request),
         "linux": linux,
     }
+
+
+def _check_mapped(ns: UserNamespace, uid: int, gid: int, groups: list[int]) -> None:
+    """The process's user and groups must be ids the container's user namespace maps (the kernel
+    refuses to switch to an unmapped one)."""
+    if not ns.maps_uid(uid):
+        raise InvalidArgument(f"the container's user {uid} is not mapped by its user namespace's uid mappings")
+    for g in [gid, *groups]:
+        if not ns.maps_gid(g):
+            raise InvalidArgument(f"the container's group {g} is not mapped by its user namespace's gid mappings")
 
 
 def stop_signal(request_signal: str, image: ImageConfig) -> str:

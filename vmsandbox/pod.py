@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from vmsandbox.network import DnsConfig, NamespaceOptions, PortMapping
 from vmsandbox.resources import PodDeclaration
 from vmsandbox.sizing import LinuxResources
+from vmsandbox.userns import UserNamespace
 
 
 @dataclass(frozen=True)
@@ -35,4 +36,5 @@ class SandboxSpec:
     namespaces: NamespaceOptions = field(default_factory=NamespaceOptions)
     port_mappings: tuple[PortMapping, ...] = ()
     dns: DnsConfig = field(default_factory=DnsConfig)
+    userns: UserNamespace | None = None  # None: the node's user namespace (hostUsers unset or true)
     cgroup_parent: str = ""  # the pod's cgroup on the host (vmsandbox.pod_cgroup); "": none given

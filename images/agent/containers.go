@@ -1,7 +1,8 @@
 package main
 
 // Containers: OCI bundles run with crun, their root file systems an overlay of a read-only lower
-// tree (an image's read-only virtio-blk disk, or a tree shared in from the host over virtio-9p) and
+// tree (an image's read-only virtio-blk disk, or a tree shared in from the host over virtio-9p;
+// idmapped for a container in a user namespace of its own: userns.go) and
 // a writable layer in guest memory; their output
 // is kept in the guest in the CRI log format until the host reads it over the channel (logbuf.go).
 
@@ -402,6 +403,15 @@ func opCreate(raw json.RawMessage) (interface{}, error) {
 			return fail(err)
 		}
 	}
+	uids, gids, err := specMappings(a.Spec)
+	if err != nil {
+		return fail(err)
+	}
+	if uids != nil {
+		if lower, err = idmappedLower(a.Lower, lower, dir, uids, gids); err != nil {
+			return fail(err)
+		}
+	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lower, dir, dir)
 	if err := syscall.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
 		return fail(fmt.Errorf("create: overlay over %s: %v", a.Lower, err))
@@ -717,6 +727,7 @@ func opList(json.RawMessage) (interface{}, error) {
 func cleanup(id string) {
 	dir := filepath.Join(stateDir, id)
 	syscall.Unmount(filepath.Join(dir, "rootfs"), syscall.MNT_DETACH)
+	syscall.Unmount(filepath.Join(dir, "lower"), syscall.MNT_DETACH) // a user namespace's idmapped lower
 	os.RemoveAll(dir)
 }
 

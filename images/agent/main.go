@@ -34,7 +34,9 @@ var errLineTooLong = errors.New("message longer than the agent reads")
 // and attach_resize. Version 5: personalize (a guest restored from a snapshot). Version 6: the
 // volume_* ops (copies of the kubelet's atomic-writer volumes, volumes.go). Version 7: `create`
 // takes image_mounts (image volumes, containers.go).
-const protocolVersion = 7
+// Version 8: `create` of a container whose spec has a user namespace idmaps its root file system with
+// its mappings (userns.go).
+const protocolVersion = 8
 
 // instance names this agent process: random, made at start and reported in hello and report, so
 // that the host tells an agent that restarted (and lost its containers) from one it reconnects to.
@@ -163,6 +165,9 @@ func findPort() string {
 }
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == holdArg {
+		holdUserns() // a child that only holds a user namespace open (userns.go)
+	}
 	// Containers are reparented to us when crun exits, so that we can wait for them.
 	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, 36 /* PR_SET_CHILD_SUBREAPER */, 1, 0); errno != 0 {
 		logf("PR_SET_CHILD_SUBREAPER: %v", errno)

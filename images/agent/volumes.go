@@ -226,6 +226,12 @@ func opVolumeCommit(raw json.RawMessage) (interface{}, error) {
 	if err := os.Symlink(a.Version, tmp); err != nil {
 		return nil, fmt.Errorf("volume_commit: %v", err)
 	}
+	// the links are the volume directory's owner's, as the kubelet's are: in a sticky directory
+	// (a projected volume's tmpfs is 1777) the kernel follows only a link of the directory's owner
+	// or of the follower, and a container in a user namespace maps neither the agent's root
+	if err := os.Lchown(tmp, a.Root.UID, a.Root.GID); err != nil {
+		return nil, fmt.Errorf("volume_commit: %v", err)
+	}
 	if err := os.Rename(tmp, filepath.Join(dir, dataLink)); err != nil {
 		return nil, fmt.Errorf("volume_commit: %v", err)
 	}
@@ -235,6 +241,9 @@ func opVolumeCommit(raw json.RawMessage) (interface{}, error) {
 			continue
 		}
 		if err := os.Symlink(dataLink+"/"+n, link); err != nil {
+			return nil, fmt.Errorf("volume_commit: %v", err)
+		}
+		if err := os.Lchown(link, a.Root.UID, a.Root.GID); err != nil {
 			return nil, fmt.Errorf("volume_commit: %v", err)
 		}
 	}

@@ -1,6 +1,7 @@
 """CreateContainer: a container admitted into its pod, then made in the pod's guest.
 
-Before any step nothing changes: the pod's record is read (once: every step is given it), NRI
+Before any step nothing changes: the pod's record is read (once: every step is given it), the
+container's user namespace checked to be the pod's (``vmsandbox.userns``), NRI
 plugins adjust the container (a refusal, or an adjustment that leaves the pod's declaration or
 VM, fails the RPC) and its host paths are checked, once, against the kubelet's pod directory and
 the allowlist (``ContainerMounts.plan``). Then the steps, each undone should a later one fail
@@ -45,7 +46,7 @@ from shim import rpc
 from shim.container_mounts import hugepage_mounts
 from shim.model import CreateContainer, image_volumes
 from shim.pods import Pods
-from vmsandbox import oci_spec
+from vmsandbox import oci_spec, userns
 from vmsandbox.network import NET_BIND_SERVICE
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ def create_container(pods: Pods, req: CreateContainer) -> str:
     """The new container's id."""
     records, containers, mounts = pods.records, pods.containers, pods.containers.mounts
     sandbox = records.get(req.sandbox_id)
+    userns.check_same(sandbox.userns, req.run.userns, f'container "{req.spec.name}"')  # the pod's, or refused
     run = replace(req.run, hostname=sandbox.hostname)  # the pod's, whatever the request says
     spec, run, asked = pods.nri.adjust_container(sandbox, req.spec, run)
     planned = mounts.plan(sandbox, asked)

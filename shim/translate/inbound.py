@@ -36,7 +36,7 @@ from shim.model import (
     UpdateContainerResources,
     UpdatePodSandboxResources,
 )
-from vmsandbox import oci_spec, pod_cgroup, validation
+from vmsandbox import oci_spec, pod_cgroup, userns, validation
 from vmsandbox.errors import InvalidArgument, Unsupported
 from vmsandbox.network import (
     HOSTNAME_MAX,
@@ -58,6 +58,7 @@ from vmsandbox.resources import (
     ResourceList,
 )
 from vmsandbox.sizing import LinuxResources
+from vmsandbox.userns import UserNamespace
 
 _PAGE_SIZE = re.compile(r"([0-9]{1,16})(B|KB|MB|GB|TB|Ki|Mi|Gi|Ti)")  # ASCII digits only
 _UNITS = {
@@ -206,16 +207,23 @@ def namespace_options(msg: pb.NamespaceOption, where: str) -> NamespaceOptions:
     )
     if msg.target_id:
         validation.id_prefix(msg.target_id, f"{where}.target_id")
-    if msg.HasField("userns_options"):  # unset: the pod shares the node's user namespace, as before
-        mode = msg.userns_options.mode
-        if mode == pb.POD:
-            raise Unsupported(
-                f"{where}.userns_options: a user namespace of the pod's own (hostUsers: false) is not supported in "
-                "VM pods yet; the VM already separates the pod from the node (leave hostUsers unset or true)"
-            )
-        if mode != pb.NODE:
-            raise InvalidArgument(f"{where}.userns_options.mode is {mode}, not POD or NODE")
     return options
+
+
+def user_namespace(msg: pb.NamespaceOption, where: str) -> UserNamespace | None:
+    """A user namespace of the pod's own (``userns_options`` in mode POD, ``hostUsers: false``)
+    with its checked mappings; None for the node's (unset, or mode NODE without mappings)."""
+    if not msg.HasField("userns_options"):
+        return None
+    u = msg.userns_options
+    where = f"{where}.userns_options"
+    if u.mode == pb.NODE:
+        if u.uids or u.gids:
+            raise InvalidArgument(f"{where}: mode NODE (the node's user namespace) takes no uids or gids mappings")
+        return None
+    if u.mode != pb.POD:
+        raise InvalidArgument(f"{where}.mode is {u.mode}, not POD or NODE")
+    return UserNamespace(userns.mappings(u.uids, f"{where}.uids"), userns.mappings(u.gids, f"{where}.gids"))
 
 
 def _ip(value: str, where: str) -> None:
@@ -294,6 +302,14 @@ def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSp
     validation.absolute_path(config.log_directory, "PodSandboxConfig.log_directory")
     validation.label_map(config.labels, "PodSandboxConfig.labels")
     validation.annotation_map(config.annotations, "PodSandboxConfig.annotations")
+    where = "PodSandboxConfig.linux.security_context.namespace_options"
+    namespaces = namespace_options(linux.security_context.namespace_options, where)
+    pod_userns = user_namespace(linux.security_context.namespace_options, where)
+    if pod_userns is not None and namespaces.host_network:
+        raise Unsupported(
+            f"{where}: a user namespace of the pod's own with the node's network (hostNetwork) is not supported "
+            "in VM pods (the runtime does not advertise user_namespaces_host_network)"
+        )
     return SandboxSpec(
         meta=PodMeta(name=md.name, namespace=md.namespace, uid=md.uid, attempt=md.attempt),
         runtime_handler=runtime_handler,
@@ -304,9 +320,8 @@ def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSp
         declaration=declaration(config.pod_resources) if config.HasField("pod_resources") else None,
         linux_resources=linux_resources(linux.resources, "linux.resources"),
         linux_overhead=linux_resources(linux.overhead, "linux.overhead"),
-        namespaces=namespace_options(
-            linux.security_context.namespace_options, "PodSandboxConfig.linux.security_context.namespace_options"
-        ),
+        namespaces=namespaces,
+        userns=pod_userns,
         port_mappings=port_mappings(config.port_mappings, "PodSandboxConfig.port_mappings"),
         dns=dns_config(config.dns_config, "PodSandboxConfig.dns_config"),
         # the driver is the one RuntimeConfig answers
@@ -336,7 +351,7 @@ def container_spec(config: pb.ContainerConfig) -> ContainerSpec:
         annotations=dict(config.annotations),
         log_path=config.log_path,
         resources=resources,
-        mounts=mount_requests(config.mounts, f"{where}: mounts"),
+        mounts=mount_requests(config.mounts, f"{where}: mounts", _container_userns(config)),
         attachments=ContainerResources(
             devices=_devices(config.devices, f"{where}: devices"),
             cdi_devices=_cdi(config.CDI_devices, f"{where}: CDI_devices"),
@@ -352,6 +367,12 @@ def create_container(request: pb.CreateContainerRequest) -> CreateContainer:
     if not request.HasField("config"):
         raise InvalidArgument("CreateContainerRequest.config is missing")
     run, user, stop_signal = container_request(request.config, request.sandbox_config.linux.sysctls)
+    if request.HasField("sandbox_config"):
+        sandbox_ns = user_namespace(
+            request.sandbox_config.linux.security_context.namespace_options,
+            "CreateContainerRequest.sandbox_config.linux.security_context.namespace_options",
+        )
+        userns.check_same(sandbox_ns, run.userns, f'container "{request.config.metadata.name}"')
     return CreateContainer(request.pod_sandbox_id, container_spec(request.config), run, user, stop_signal)
 
 
@@ -411,6 +432,14 @@ def container_request(
             raise InvalidArgument("run_as_group needs run_as_user or run_as_username")
         user += f":{sc.run_as_group.value}"
     hugepages = {h.page_size: h.limit for h in res.hugepage_limits if h.limit > 0}
+    ns = _container_userns(config)
+    if ns is not None and sc.namespace_options.pid != pb.CONTAINER:
+        # the guest's PID namespace belongs to the guest's initial user namespace: the container's
+        # cannot mount a /proc of it
+        raise Unsupported(
+            "ContainerConfig.linux.security_context.namespace_options: a user namespace of the pod's own with "
+            "a PID namespace shared with the pod (shareProcessNamespace) is not supported in VM pods"
+        )
     request = oci_spec.ContainerRequest(
         command=tuple(config.command),
         args=tuple(config.args),
@@ -438,6 +467,7 @@ def container_request(
         oom_score_adj=int(res.oom_score_adj),
         sysctls=dict(sysctls),
         own_pid_namespace=sc.namespace_options.pid == pb.CONTAINER,
+        userns=ns,
         # the kubelet sends the paths to mask (its defaults unless the pod's procMount is Unmasked)
         masked_paths=tuple(sc.masked_paths) if sc.masked_paths else None,
         readonly_paths=tuple(sc.readonly_paths) if sc.readonly_paths else None,
@@ -453,9 +483,18 @@ def container_request(
     return request, user, signal
 
 
-def mount_requests(items: Iterable[pb.Mount], where: str) -> tuple[MountRequest, ...]:
+def _container_userns(config: pb.ContainerConfig) -> UserNamespace | None:
+    return user_namespace(
+        config.linux.security_context.namespace_options, "ContainerConfig.linux.security_context.namespace_options"
+    )
+
+
+def mount_requests(items: Iterable[pb.Mount], where: str, ns: UserNamespace | None = None) -> tuple[MountRequest, ...]:
     """The mounts a container config asks for, in its order. A recursive read-only mount must be
-    read-only and private (as the CRI defines recursive_read_only), else INVALID_ARGUMENT."""
+    read-only and private (as the CRI defines recursive_read_only), else INVALID_ARGUMENT. A
+    mount's ``uidMappings``/``gidMappings`` (an idmapped mount) must be the container's own user
+    namespace's, as the kubelet sets them (``ns``; the guest shows the volume through them, see
+    docs/containers.md), else INVALID_ARGUMENT; none at all without one."""
     out = []
     for m in items:
         validation.text(m.host_path, f"{where}.host_path")
@@ -467,7 +506,7 @@ def mount_requests(items: Iterable[pb.Mount], where: str) -> tuple[MountRequest,
             out.append(_image_mount(m, shown))
             continue
         if m.uidMappings or m.gidMappings:
-            raise Unsupported(f"mount {shown}: idmapped mounts (uidMappings, gidMappings) are not supported in VM pods")
+            _mount_idmap(m, ns, f"mount {shown}")
         if m.mount_options:
             raise Unsupported(f"mount {shown}: mount_options are not supported in VM pods")
         if m.recursive_read_only and not m.readonly:
@@ -486,6 +525,22 @@ def mount_requests(items: Iterable[pb.Mount], where: str) -> tuple[MountRequest,
             )
         )
     return tuple(out)
+
+
+def _mount_idmap(m: pb.Mount, ns: UserNamespace | None, where: str) -> None:
+    if ns is None:
+        raise InvalidArgument(
+            f"{where}: uidMappings/gidMappings (an idmapped mount) need the container to have a user namespace "
+            "of its pod's own (userns_options in mode POD)"
+        )
+    asked = UserNamespace(
+        userns.mappings(m.uidMappings, f"{where}.uidMappings"), userns.mappings(m.gidMappings, f"{where}.gidMappings")
+    )
+    if asked != ns:
+        raise InvalidArgument(
+            f"{where}: its idmapping ({userns.describe(asked)}) is not the container's user namespace "
+            f"({userns.describe(ns)}); a VM pod idmaps a volume with its user namespace's mappings only"
+        )
 
 
 def _image_mount(m: pb.Mount, shown: str) -> MountRequest:
@@ -507,7 +562,10 @@ def _image_mount(m: pb.Mount, shown: str) -> MountRequest:
         mode = pb.MountPropagation.Name(m.propagation)
         raise Unsupported(f"mount {shown}: an image volume's propagation must be PROPAGATION_PRIVATE, not {mode}")
     if m.uidMappings or m.gidMappings:
-        raise Unsupported(f"mount {shown}: idmapped mounts (uidMappings, gidMappings) are not supported in VM pods")
+        raise Unsupported(
+            f"mount {shown}: an idmapped image volume (uidMappings, gidMappings: a pod with a user namespace of its "
+            "own) is not supported in VM pods"
+        )
     if m.mount_options:
         raise Unsupported(f"mount {shown}: mount_options are not supported in VM pods")
     # its sub path as the guest resolves it: '.' and empty components dropped

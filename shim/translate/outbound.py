@@ -9,6 +9,7 @@ from shim.model import Condition, ContainerRecord, SandboxRecord
 from vmsandbox import states
 from vmsandbox.network import NAMESPACE_MODES, NamespaceOptions
 from vmsandbox.sizing import LinuxResources
+from vmsandbox.userns import IdMapping, UserNamespace
 
 
 def sandbox_state(state: str) -> int:
@@ -45,7 +46,7 @@ def pod_sandbox_status(r: SandboxRecord) -> pb.PodSandboxStatus:
         annotations=r.annotations,
         runtime_handler=r.runtime_handler,
         network=_network_status(r),
-        linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=_namespace_option_msg(r.namespaces))),
+        linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=_namespace_option_msg(r.namespaces, r.userns))),
     )
 
 
@@ -55,13 +56,20 @@ def _network_status(r: SandboxRecord) -> pb.PodSandboxNetworkStatus:
     return pb.PodSandboxNetworkStatus(ip=ips[0] if ips else "", additional_ips=[pb.PodIP(ip=ip) for ip in ips[1:]])
 
 
-def _namespace_option_msg(o: NamespaceOptions) -> pb.NamespaceOption:
-    return pb.NamespaceOption(
+def _namespace_option_msg(o: NamespaceOptions, ns: UserNamespace | None = None) -> pb.NamespaceOption:
+    msg = pb.NamespaceOption(
         network=NAMESPACE_MODES.index(o.network),  # type: ignore[arg-type]
         pid=NAMESPACE_MODES.index(o.pid),  # type: ignore[arg-type]
         ipc=NAMESPACE_MODES.index(o.ipc),  # type: ignore[arg-type]
         target_id=o.target_id,
     )
+    if ns is not None:  # the pod's own user namespace, echoed as the kubelet sent it
+
+        def ids(items: tuple[IdMapping, ...]) -> list[pb.IDMapping]:
+            return [pb.IDMapping(host_id=m.host_id, container_id=m.container_id, length=m.length) for m in items]
+
+        msg.userns_options.CopyFrom(pb.UserNamespace(mode=pb.POD, uids=ids(ns.uids), gids=ids(ns.gids)))
+    return msg
 
 
 def sandbox_info(r: SandboxRecord) -> dict[str, str]:

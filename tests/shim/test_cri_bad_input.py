@@ -387,16 +387,36 @@ def _userns(mode: pb.NamespaceMode.ValueType) -> pb.RunPodSandboxRequest:
     return request
 
 
-def test_a_pod_user_namespace_is_refused_by_name_and_the_nodes_is_accepted(server: Server) -> None:
-    code, details, _ = server.rpc("RunPodSandbox", _userns(pb.POD))
-    assert code == grpc.StatusCode.UNIMPLEMENTED, details
-    assert "userns_options" in details and "hostUsers: false" in details
-    assert_no_leak(server.sandboxes)
+def test_a_pod_user_namespace_and_the_nodes_are_accepted_and_other_modes_refused(server: Server) -> None:
+    for mode in (pb.POD, pb.NODE):
+        code, details, _ = server.rpc("RunPodSandbox", _userns(mode))
+        assert code == grpc.StatusCode.UNAVAILABLE and "rolled back" in details  # no guest image: past validation
+        assert_no_leak(server.sandboxes)
     code, details, _ = server.rpc("RunPodSandbox", _userns(pb.CONTAINER))
     assert code == INVALID and "userns_options.mode" in details
-    code, details, _ = server.rpc("RunPodSandbox", _userns(pb.NODE))
-    assert code == grpc.StatusCode.UNAVAILABLE and "rolled back" in details  # no guest image: past validation
+    empty = run_request()
+    empty.config.linux.security_context.namespace_options.userns_options.mode = pb.POD  # mode POD, no mappings
+    code, details, _ = server.rpc("RunPodSandbox", empty)
+    assert code == INVALID and "userns_options.uids is empty" in details
+    node_with_mappings = _userns(pb.POD)
+    node_with_mappings.config.linux.security_context.namespace_options.userns_options.mode = pb.NODE
+    code, details, _ = server.rpc("RunPodSandbox", node_with_mappings)
+    assert code == INVALID and "mode NODE" in details and "takes no uids or gids" in details
     assert_no_leak(server.sandboxes)
+
+
+def test_status_tells_the_kubelet_every_handler_takes_user_namespaces(server: Server) -> None:
+    code, details, body = server.rpc("Status", pb.StatusRequest())
+    assert code == grpc.StatusCode.OK, details
+    handlers = pb.StatusResponse.FromString(body).runtime_handlers
+    assert handlers and all(h.features.user_namespaces and h.features.recursive_read_only_mounts for h in handlers)
+
+
+def test_an_idmapped_mount_without_a_user_namespace_is_refused(server: Server) -> None:
+    mount = pb.Mount(container_path="/data", host_path="/tmp", uidMappings=[pb.IDMapping(host_id=1, length=1)])
+    code, details, _ = create(server, pb.ContainerConfig(metadata=pb.ContainerMetadata(name="web"), mounts=[mount]))
+    assert code == INVALID, details
+    assert "uidMappings/gidMappings (an idmapped mount) need the container to have a user namespace" in details
 
 
 @pytest.mark.parametrize(
@@ -415,11 +435,6 @@ def test_a_pod_user_namespace_is_refused_by_name_and_the_nodes_is_accepted(serve
             pb.Mount(container_path="/data", image=pb.ImageSpec(image="registry.local/data:1"), mount_options=["x"]),
             "mount_options",
             id="image-volume-mount-options",
-        ),
-        pytest.param(
-            pb.Mount(container_path="/data", host_path="/tmp", uidMappings=[pb.IDMapping(host_id=1, length=1)]),
-            "idmapped mounts",
-            id="idmapped-mount",
         ),
         pytest.param(
             pb.Mount(container_path="/data", host_path="/tmp", mount_options=["noexec"]),

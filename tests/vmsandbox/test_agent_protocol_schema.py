@@ -359,7 +359,10 @@ def test_the_schema_states_the_versions_and_bounds_the_host_uses() -> None:
         if "x-since" in field
     }
     assert fields_since == {("create", "image_mounts"): agent_protocol.IMAGE_MOUNTS_VERSION}
-    assert max([*since.values(), *fields_since.values()]) == agent_protocol.VERSION
+    # each version adds an op, a field or changes one (x-changed: the newest version that changed it)
+    changed = {op: DEFS[f"args.{op}"]["x-changed"] for op in OPS if "x-changed" in DEFS[f"args.{op}"]}
+    assert changed == {"create": agent_protocol.USERNS_VERSION}
+    assert max([*since.values(), *fields_since.values(), *changed.values()]) == agent_protocol.VERSION
     lines = SCHEMA["x-lines"]
     assert lines["guest-to-host-max-bytes"] == agent_protocol.MAX_FRAME_BYTES
     assert lines["host-to-guest-max-bytes"] == agent_protocol.MAX_REQUEST_BYTES

@@ -19,6 +19,7 @@ from vmsandbox.oci_spec import (
     process_args,
     stop_signal,
 )
+from vmsandbox.userns import IdMapping, UserNamespace
 
 IMAGE = ImageConfig(entrypoint=("/entry",), cmd=("serve", "--port=80"), env=("PATH=/img/bin", "A=image"))
 ROOT = UserIds(0, 0)
@@ -209,3 +210,63 @@ def test_privileged_gets_every_capability_and_no_masks() -> None:
 def test_masked_paths_as_asked() -> None:
     spec = build_spec(ContainerRequest(command=("sh",), masked_paths=("/proc/x",), readonly_paths=()), IMAGE, ROOT)
     assert (spec["linux"]["maskedPaths"], spec["linux"]["readonlyPaths"]) == (["/proc/x"], [])  # type: ignore[index]
+
+
+NS = UserNamespace((IdMapping(0, 65536, 65536),), (IdMapping(0, 65536, 1000), IdMapping(1000, 300000, 10)))
+
+
+@pytest.mark.parametrize(
+    ("user", "groups", "problem"),
+    [
+        (ROOT, (), None),
+        (UserIds(65535, 999, (1005,)), (1009,), None),
+        (UserIds(65536, 0), (), "the container's user 65536 is not mapped by its user namespace's uid mappings"),
+        (UserIds(0, 1010), (), "the container's group 1010 is not mapped by its user namespace's gid mappings"),
+        (UserIds(0, 0, (2000,)), (), "the container's group 2000 is not mapped"),
+        (ROOT, (1010,), "the container's group 1010 is not mapped"),
+    ],
+)
+def test_a_user_namespace_gets_exactly_its_mappings(
+    user: UserIds, groups: tuple[int, ...], problem: str | None
+) -> None:
+    request = ContainerRequest(command=("sh",), userns=NS, supplemental_groups=groups)
+    if problem is not None:
+        with pytest.raises(InvalidArgument, match=problem):
+            build_spec(request, IMAGE, user)
+        return
+    spec = build_spec(request, IMAGE, user)
+    linux = spec["linux"]
+    assert [n["type"] for n in linux["namespaces"]] == ["pid", "uts", "mount", "cgroup", "user"]  # type: ignore[index]
+    assert linux["uidMappings"] == [{"containerID": 0, "hostID": 65536, "size": 65536}]  # type: ignore[index]
+    assert linux["gidMappings"] == [  # type: ignore[index]
+        {"containerID": 0, "hostID": 65536, "size": 1000},
+        {"containerID": 1000, "hostID": 300000, "size": 10},
+    ]
+    assert spec["process"]["user"]["uid"] == user.uid  # type: ignore[index]  # ids inside the namespace
+
+
+def test_without_a_user_namespace_the_spec_has_no_mappings() -> None:
+    linux = build_spec(ContainerRequest(command=("sh",)), IMAGE, UserIds(70000, 70000))["linux"]
+    assert "uidMappings" not in linux and "gidMappings" not in linux  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("privileged", [False, True])
+def test_a_user_namespace_binds_the_guests_sysfs_and_mqueue(privileged: bool) -> None:
+    mounts = build_spec(ContainerRequest(command=("sh",), userns=NS, privileged=privileged), IMAGE, ROOT)["mounts"]
+    by_dest = {m["destination"]: m for m in mounts}  # type: ignore[attr-defined]
+    ro = "rw" if privileged else "ro"
+    assert by_dest["/sys"] == {
+        "destination": "/sys",
+        "type": "bind",
+        "source": "/sys",
+        "options": ["rbind", "nosuid", "noexec", "nodev", ro],
+    }
+    assert by_dest["/dev/mqueue"] == {
+        "destination": "/dev/mqueue",
+        "type": "bind",
+        "source": "/dev/mqueue",
+        "options": ["rbind", "nosuid", "noexec", "nodev"],
+    }
+    assert by_dest["/sys/fs/cgroup"]["type"] == "cgroup"  # its own cgroup namespace's, mounted
+    plain = {m["destination"]: m["type"] for m in build_spec(ContainerRequest(command=("sh",)), IMAGE, ROOT)["mounts"]}  # type: ignore[attr-defined]
+    assert (plain["/sys"], plain["/dev/mqueue"]) == ("sysfs", "mqueue")

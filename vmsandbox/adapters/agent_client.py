@@ -45,6 +45,7 @@ from vmsandbox.agent_protocol import (
     EXEC_OUTPUT_MAX,
     IMAGE_MOUNTS_VERSION,
     TTY_VERSION,
+    USERNS_VERSION,
     VOLUMES_VERSION,
     Ack,
     GuestReport,
@@ -63,6 +64,13 @@ RESPONSE_SLACK_S = 10.0
 
 _READ_WAIT_S = 3600.0
 """The reader thread waits this long per message (and again); the socket closing ends it."""
+
+
+def _has_userns(spec: Mapping[str, object]) -> bool:
+    """Whether an OCI spec gives its container a user namespace of its own."""
+    linux = spec.get("linux")
+    namespaces = linux.get("namespaces") if isinstance(linux, Mapping) else None
+    return isinstance(namespaces, list) and any(isinstance(n, Mapping) and n.get("type") == "user" for n in namespaces)
 
 
 class AgentLost(InfrastructureError):
@@ -237,6 +245,12 @@ class AgentClient:
             raise WrongState(
                 f"the guest agent on {self.label} speaks protocol {self.report.protocol}, which gives containers no "
                 f"terminal; a container with tty needs protocol {TTY_VERSION} (a guest image built from this release)"
+            )
+        if _has_userns(spec) and self.report.protocol < USERNS_VERSION:
+            raise WrongState(
+                f"the guest agent on {self.label} speaks protocol {self.report.protocol}, which does not idmap a "
+                f"container's root file system; a container in a user namespace of its pod's own (hostUsers: false) "
+                f"needs protocol {USERNS_VERSION} (a guest image built from this release)"
             )
         args: dict[str, object] = {"id": cid, "lower": lower, "spec": dict(spec)}
         if stdin:

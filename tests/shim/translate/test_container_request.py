@@ -158,7 +158,7 @@ _IMAGE = pb.ImageSpec(image="sha256:" + "ab" * 32, user_specified_image="registr
         (
             pb.Mount(container_path="/d", image=_IMAGE, uidMappings=[pb.IDMapping(host_id=1, length=1)]),
             None,
-            "idmapped mounts",
+            r"an idmapped image volume \(uidMappings, gidMappings: a pod with a user namespace of its own\)",
         ),
         (pb.Mount(container_path="/d", image=_IMAGE, mount_options=["noexec"]), None, "mount_options"),
     ],

@@ -19,6 +19,7 @@ from vmsandbox.agent_protocol import (
     TTY_VERSION,
     UNKNOWN_CONTAINER,
     UNSOLICITED_BURST,
+    USERNS_VERSION,
     ImageMount,
     ProtocolError,
 )
@@ -200,4 +201,27 @@ def test_an_image_volume_is_refused_before_an_agent_that_mounts_none_sees_it(gue
     with pytest.raises(WrongState, match=r"speaks protocol 2, .* an image volume needs protocol 7"):
         client.create("c1", lower="disks/abc", spec={"process": {}}, image_mounts=(ImageMount("/v", "abc", "x"),))
     assert seen == []
+    client.close()
+
+
+def test_a_user_namespace_container_is_refused_before_an_agent_that_would_not_idmap_its_root(  # type: ignore[no-untyped-def]
+    guest, lost: Lost, tmp_path
+) -> None:
+    """An agent older than protocol 8 would run a container in a user namespace on a root whose
+    files are not mapped into it: the host refuses with a reason instead of sending it."""
+    seen: list[object] = []
+
+    def create(msg: dict[str, object]) -> bytes:
+        seen.append(msg["args"])
+        return fg.ok(msg["id"], fg.state("c1", "created"))
+
+    guest(lambda n, peer: peer.serve(fg.agent(answers={"create": create})))
+    client = _client(tmp_path / "agent.sock", lost)
+    assert client.report.protocol < USERNS_VERSION
+    spec = {"process": {}, "linux": {"namespaces": [{"type": "pid"}, {"type": "user"}]}}
+    with pytest.raises(WrongState, match=r"speaks protocol 2, .* \(hostUsers: false\) needs protocol 8"):
+        client.create("c1", lower="disks/x", spec=spec)
+    assert seen == []
+    client.create("c1", lower="disks/x", spec={"process": {}, "linux": {"namespaces": [{"type": "pid"}]}})
+    assert len(seen) == 1
     client.close()
