@@ -53,7 +53,8 @@ FILL_MIB = 48  # what the container writes to its tmpfs: guest RAM touched after
 
 @pytest.fixture
 def parent() -> Iterator[str]:
-    """A pod cgroup made as the kubelet makes one, removed afterwards."""
+    """A pod cgroup made as the kubelet makes one, removed afterwards: tests ask for it before their
+    shim, so that it goes after the shim has removed the pods it holds."""
     path = f"/vmsandbox-test/pod{uuid.uuid4()}"
     for c in ("cpu", "cpuacct", "cpuset", "memory", "pids"):
         (ROOT / c / path.lstrip("/")).mkdir(parents=True)
@@ -98,7 +99,7 @@ def _working_set(path: str) -> int:
     return max(usage - parse_stat(_read("memory", path, "memory.stat")).get("total_inactive_file", 0), 0)
 
 
-def test_a_vm_pods_qemu_lives_and_is_counted_in_its_cgroup_parent(shim: Shim, parent: str) -> None:
+def test_a_vm_pods_qemu_lives_and_is_counted_in_its_cgroup_parent(parent: str, shim: Shim) -> None:
     config = pod("acct", containers=[("c", q({"cpu": "500m", "memory": MEMORY}))])
     config.linux.cgroup_parent = parent
     rt = shim.runtime
@@ -203,7 +204,7 @@ def snapshot_shim(tmp_path: Path) -> Iterator[Shim]:
         yield s
 
 
-def test_a_restored_pods_qemu_is_moved_into_its_cgroup_parent_too(snapshot_shim: Shim, parent: str) -> None:
+def test_a_restored_pods_qemu_is_moved_into_its_cgroup_parent_too(parent: str, snapshot_shim: Shim) -> None:
     shim = snapshot_shim
     made = seed_snapshot(shim)
     config = snap_pod("restored")
@@ -221,7 +222,7 @@ def test_a_restored_pods_qemu_is_moved_into_its_cgroup_parent_too(snapshot_shim:
         assert _read(c, parent, "cgroup.procs").split() == []
 
 
-def test_a_hot_plugged_vcpu_joins_the_pods_cgroup(snapshot_shim: Shim, parent: str) -> None:
+def test_a_hot_plugged_vcpu_joins_the_pods_cgroup(parent: str, snapshot_shim: Shim) -> None:
     """libvirt puts a hot-plugged vCPU's thread in its own per-vCPU groups: a resize into the
     headroom (``tests/integration/test_resize_headroom.py``) moves it back into the pod's."""
     shim = snapshot_shim
