@@ -291,6 +291,10 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available:
 imageGCHighThresholdPercent: 98
 imageGCLowThresholdPercent: 95
 maxPods: 16
+# node allocatable, enforced on /kubepods (--enforce-node-allocatable=pods): what a 2-CPU node keeps
+# back for the kubelet, the runtimes and the system; every pod, VM pods' QEMU included, is under it
+kubeReserved: {cpu: 200m, memory: 512Mi, pid: "1000"}
+systemReserved: {cpu: 200m, memory: 512Mi, pid: "1000"}
 EOF
 }
 
@@ -341,7 +345,7 @@ node_namespace() {
         "$KUBE_BIN/kubelet" --config="$NODE/kubelet-config.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" \
         --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --node-labels=vmsandbox.dev/runtime=true \
         --volume-plugin-dir="$NODE/volume-plugins" \
-        --cgroups-per-qos=false --enforce-node-allocatable="" --fail-swap-on=false
+        --cgroups-per-qos=true --enforce-node-allocatable=pods --fail-swap-on=false
 }
 
 # ---- up -----------------------------------------------------------------------------------------------
@@ -709,6 +713,18 @@ remove_state_domains() {
     "$PY" -m cli.teardown domains --state-dir "$SHIM/state"
 }
 
+# The kubelet's pod cgroups (--cgroups-per-qos: /kubepods/{burstable,besteffort}/pod<uid> in each v1
+# hierarchy), deepest first, once its pods and their VMs are gone: a cgroup directory goes only empty.
+remove_pod_cgroups() {
+    local root ok=0
+    for root in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+        [[ -d $root ]] || continue
+        find "$root" -depth -type d -exec rmdir {} + 2>/dev/null || true
+        [[ ! -d $root ]] || { warn "$root is still there"; ok=1; }
+    done
+    return $ok
+}
+
 down() {
     require_root
     [[ -d $CLUSTER_DIR ]] || { log "no cluster in $CLUSTER_DIR"; return 0; }
@@ -738,6 +754,7 @@ down() {
         log "stopping containerd"
         CONTAINERD_BIN_DIR=${CONTAINERD_BIN_DIR:-} bash "$REPO_ROOT/scripts/containerd.sh" down "$CONTAINERD" || problem "containerd did not stop cleanly"
     fi
+    remove_pod_cgroups || problem "the kubelet's /kubepods cgroups were not all removed (a process still in one?)"
     local name secs
     for name in coredns:10 kube-proxy:20 scheduler:20 controller-manager:20 apiserver:30 etcd:20 registry:10; do
         secs=${name##*:}

@@ -7,7 +7,8 @@ undoes them: ``record`` writes the ``creating`` row with a QEMU uid of its own (
 shared with the guests that make snapshots, which no record holds), ``guest`` builds the domain
 and chooses a restore or a cold boot (through ``Snapshots``), ``define`` and ``start`` bring the
 guest up (a restore that fails is undone here and the guest cold-boots), ``ready`` checks its
-report and writes the READY row, and ``remove_domain`` is the undo of ``define``. It also makes
+report and writes the READY row, and ``remove_domain`` is the undo of ``define``; ``place`` moves
+its QEMU into the pod's cgroup on the host. It also makes
 snapshots: in the background for a shape's first pod (``make_snapshot_later``), and on demand for
 ``vmsandbox snapshot make``. Records are written through ``shim.records``.
 """
@@ -15,12 +16,13 @@ snapshots: in the background for a shape's first pod (``make_snapshot_later``), 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +35,7 @@ from shim.sandbox_part import Owners, SandboxPart
 from shim.snapshots import MakeRequest, Progress, SnapshotUnusable
 from vmsandbox import validation
 from vmsandbox.adapters.guest_channel import wait_for_hello
+from vmsandbox.adapters.host_cgroup import HostCgroups
 from vmsandbox.adapters.snapshot_store import StoredSnapshot
 from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.devices import NO_DEVICES
@@ -76,6 +79,8 @@ class Boot(SandboxPart):
         self._uid_lock = threading.Lock()  # held from choosing a QEMU uid until the record holding it is written
         # QEMU uids of snapshot guests being made (they run no pod, so no record holds them)
         self._snapshot_uids: set[int] = set()
+        # the host's cgroups a pod's QEMU joins (its record's cgroup_parent)
+        self.cgroups = HostCgroups(self.config.cgroup_root, self.config.proc_root)
 
     def record(self, spec: SandboxSpec, plan: SandboxPlan, placement: Placement, sandbox_id: str) -> SandboxRecord:
         """Write the pod's ``creating`` row: what it asked for, what it was given (``placement``,
@@ -105,6 +110,7 @@ class Boot(SandboxPart):
             userns=spec.userns,
             port_mappings=tuple(spec.port_mappings),
             dns=spec.dns,
+            cgroup_parent=spec.cgroup_parent,
         )
         log.info(
             "sandbox %s for pod %s/%s: %d vCPUs on %s, %d MiB, %s, claimed %s",
@@ -197,21 +203,25 @@ class Boot(SandboxPart):
                 f"removes it: {exc}"
             ) from exc
 
-    def start(self, record: SandboxRecord, guest: Guest, define_ms: int) -> tuple[GuestReport, dict[str, Any]]:
+    def start(
+        self, record: SandboxRecord, guest: Guest, define_ms: int, started: Callable[[], None] = lambda: None
+    ) -> tuple[GuestReport, dict[str, Any]]:
         """Start the guest of the defined domain: restored from its snapshot (a restore that fails is
         undone, logged with its cause, and the guest cold-boots instead) or booted. ``define_ms``:
-        how long ``define`` took, for the boot's log line. Its report, and how it started (as the
-        READY record keeps it)."""
+        how long ``define`` took, for the boot's log line. ``started`` is called once the pod's QEMU
+        runs, before its guest does when it cold-boots (its vCPUs paused until then), right after
+        the restore when it is restored. Its report, and how it started (as the READY record keeps it)."""
         why = guest.why
         if guest.snapshot is not None:
             report = self._restore(record, guest, guest.snapshot)
             if report is not None:
+                started()
                 return report, {"by": "restore", "snapshot": guest.snapshot.key}
             why = f"restore from snapshot {guest.snapshot.key[:12]} failed"
             defining = time.monotonic()
             self.hypervisor.define(render(guest.domain))  # the restore's domain is gone: the cold boot's in its place
             define_ms = int((time.monotonic() - defining) * 1000)
-        return self._cold_boot(record, guest, define_ms), {"by": "boot", "why": why}
+        return self._cold_boot(record, guest, define_ms, started), {"by": "boot", "why": why}
 
     def ready(
         self, record: SandboxRecord, guest: Guest, report: GuestReport, start: dict[str, Any], boot_ms: int
@@ -244,6 +254,19 @@ class Boot(SandboxPart):
         )
         return ready
 
+    def place(self, record: SandboxRecord) -> Callable[[], None] | None:
+        """Move the pod's QEMU, all its threads, into the pod's cgroup (its record's
+        ``cgroup_parent``), where the kubelet accounts and evicts; the undo that moves it back
+        (None: the pod names no cgroup, QEMU stays in libvirt's)."""
+        if not record.cgroup_parent:
+            return None
+        pid = self.hypervisor.emulator_pid(record.domain)
+        if pid is None:
+            raise InfrastructureError(f"sandbox {record.id[:12]}: no QEMU process to move into {record.cgroup_parent}")
+        placed = self.cgroups.place(pid, record.cgroup_parent)
+        log.info("sandbox %s: QEMU (pid %d) in the cgroup %s", record.id[:12], pid, record.cgroup_parent)
+        return functools.partial(self.cgroups.put_back, placed)
+
     def make_snapshot_later(self, guest: Guest) -> None:
         """Start making the snapshot of the guest's shape in the background when it had none (off
         the pod's critical path: its RunPodSandbox has answered)."""
@@ -251,10 +274,20 @@ class Boot(SandboxPart):
             plan = guest.plan
             self._make_snapshot(guest.make, plan.profile, plan.shape, plan.accel)
 
-    def _cold_boot(self, record: SandboxRecord, guest: Guest, define_ms: int) -> GuestReport:
+    def _cold_boot(
+        self, record: SandboxRecord, guest: Guest, define_ms: int, qemu_started: Callable[[], None]
+    ) -> GuestReport:
         name = guest.domain.name
         started = time.monotonic()
-        self.hypervisor.start(name)
+        # a pod with a cgroup of its own: QEMU moves there before the guest touches a page (its
+        # memory is charged to the cgroup that first touched it, and a v1 move leaves charges behind)
+        if record.cgroup_parent:
+            self.hypervisor.start(name, paused=True)
+            qemu_started()
+            self.hypervisor.resume(name)
+        else:
+            self.hypervisor.start(name)
+            qemu_started()
         path = self.hypervisor.channel_path(name, AGENT_CHANNEL)
         running = time.monotonic()
         try:

@@ -55,6 +55,7 @@ class ShimConfig:
     default_handler: str = "vmsandbox"
     sys_root: str = "/sys"
     proc_root: str = "/proc"
+    cgroup_root: str = "/sys/fs/cgroup"  # the v1 hierarchies VM pods' QEMUs are moved into (cgroup_parent)
     workers: int = 16
     reconcile_interval_s: int = 30  # how often ledger and libvirt are compared while serving; 0 = start-up only
     metrics_address: str = ""  # host:port for Prometheus /metrics (":port" = 127.0.0.1); empty = off
@@ -123,6 +124,7 @@ _KEYS = {
     "default_handler",
     "sys_root",
     "proc_root",
+    "cgroup_root",
     "workers",
     "reconcile_interval_s",
     "metrics_address",
@@ -190,6 +192,7 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         "default_handler",
         "sys_root",
         "proc_root",
+        "cgroup_root",
         "metrics_address",
         "log_format",
         "registry_auth_file",

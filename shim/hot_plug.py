@@ -37,8 +37,12 @@ class HotPlug:
         *,
         timeout_s: float = ONLINE_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        vcpus_plugged: Callable[[SandboxRecord], object] = lambda _record: None,
     ) -> None:
         self.hypervisor = hypervisor
+        # libvirt puts a hot-plugged vCPU's thread in its own per-vCPU cpu and cpuacct groups: this
+        # moves the pod's QEMU back into its pod's cgroup (``Boot.place``)
+        self._vcpus_plugged = vcpus_plugged
         self.agents = agents
         self.timeout_s = timeout_s
         self._clock = clock
@@ -61,6 +65,7 @@ class HotPlug:
         target = Plugged(vcpus=max(want.vcpus, have.vcpus), memory_bytes=max(want.memory_bytes, have.memory_bytes))
         if target.vcpus > have.vcpus:
             self.hypervisor.set_vcpus(name, shape.vcpus + target.vcpus)
+            self._vcpus_plugged(record)
         faults.checkpoint("hot-plug:after-vcpus")
         added = target.memory_bytes - have.memory_bytes
         if added:

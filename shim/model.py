@@ -242,6 +242,8 @@ class SandboxRecord:
     growth: Growth = field(default_factory=Growth)
     # the pod's own user namespace (hostUsers: false); None: the node's
     userns: UserNamespace | None = None
+    # the pod's cgroup on the host its QEMU is moved into (LinuxPodSandboxConfig.cgroup_parent); "": none
+    cgroup_parent: str = ""
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -274,6 +276,7 @@ class SandboxRecord:
             "qemu_uid": self.qemu_uid,
             "growth": asdict(self.growth),
             "userns": self.userns.to_doc() if self.userns is not None else None,
+            "cgroup_parent": self.cgroup_parent,
         }
 
     @staticmethod
@@ -310,6 +313,7 @@ class SandboxRecord:
             qemu_uid=int(doc.get("qemu_uid", 0)),
             growth=Growth(**(doc.get("growth") or {})),
             userns=UserNamespace.from_doc(doc["userns"]) if doc.get("userns") else None,
+            cgroup_parent=str(doc.get("cgroup_parent", "")),
         )
 
     def with_state(self, state: str) -> SandboxRecord:

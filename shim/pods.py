@@ -305,8 +305,34 @@ class Pods:
         split_inodes = shared_storage.split(usage.used_inodes, weights)
         return {c.id: (b, i) for c, b, i in zip(running, split_bytes, split_inodes, strict=True)}
 
+    def _host_usage(self, r: SandboxRecord) -> CgroupStats | None:
+        """The pod's usage as its cgroup on the host counts it (its QEMU: guest memory, vCPUs,
+        emulator and I/O threads), as the kubelet's accounting sees it; None when the pod names
+        no cgroup (the guest's own count is reported then) or it cannot be read."""
+        if not r.cgroup_parent:
+            return None
+        try:
+            u = self.sandboxes.boot.cgroups.usage(r.cgroup_parent)
+        except VmSandboxError as exc:
+            log.info("stats: sandbox %s: %s; the guest's own count instead", r.id[:12], exc)
+            return None
+        return CgroupStats(
+            timestamp_ns=u.timestamp_ns,
+            cpu_usage_ns=u.cpu_usage_ns,
+            memory_usage_bytes=u.memory_usage_bytes,
+            memory_working_set_bytes=u.memory_working_set_bytes,
+            memory_rss_bytes=u.memory_rss_bytes,
+            page_faults=u.page_faults,
+            major_page_faults=u.major_page_faults,
+            pids=0,
+            writable_bytes=0,
+            writable_inodes=0,
+        )
+
     def _sandbox_stats(self, r: SandboxRecord) -> SandboxStats:
-        s = self.containers.sandbox_stats(r.id) if r.state == SANDBOX_READY else None
+        s = self._host_usage(r) if r.state == SANDBOX_READY else None
+        if s is None and r.state == SANDBOX_READY:
+            s = self.containers.sandbox_stats(r.id)
         parts = self._shared_parts(r.id)
         members = tuple(
             self._container_stats(c, parts.get(c.id, (0, 0)))

@@ -37,3 +37,4 @@ class SandboxSpec:
     port_mappings: tuple[PortMapping, ...] = ()
     dns: DnsConfig = field(default_factory=DnsConfig)
     userns: UserNamespace | None = None  # None: the node's user namespace (hostUsers unset or true)
+    cgroup_parent: str = ""  # the pod's cgroup on the host (vmsandbox.pod_cgroup); "": none given

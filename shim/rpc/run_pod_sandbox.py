@@ -17,6 +17,10 @@ network       its pod network attached                            removed
 share         its sandbox directory, the share its guest mounts   dropped
 define        its domain defined, for a restore from its shape's  torn down
               snapshot or for a cold boot
+cgroup        its QEMU, all threads, moved into the pod's         moved back
+              ``cgroup_parent`` (cpu, cpuacct, memory, pids),
+              when the pod names one: before its vCPUs run
+              when it cold-boots, once restored when restored
 guest-start   its guest restored (or, when that fails,            (the domain's)
               cold-booted) or booted, its agent answering
 ready         the guest's report checked, the row READY           (the row's)
@@ -40,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from shim import logs, metrics, rpc
-from shim.model import RunPodSandbox, SandboxSpec
+from shim.model import RunPodSandbox, SandboxRecord, SandboxSpec
 from shim.pods import Pods
 from shim.records import new_id
 from shim.sandboxes import Sandboxes
@@ -60,6 +64,7 @@ rpc.declare(
     "network",
     "share",
     "define",
+    "cgroup",
     "guest-start",
     "ready",
     "node-ports",
@@ -96,7 +101,11 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
         booting = time.monotonic()
         define_ms = sb.boot.define(guest)
         s.done("define", functools.partial(sb.boot.remove_domain, guest.domain.name))
-        report, how = sb.boot.start(record, guest, define_ms)
+
+        def placed(record: SandboxRecord = record) -> None:  # its QEMU runs: into the pod's cgroup
+            s.done("cgroup", sb.boot.place(record))
+
+        report, how = sb.boot.start(record, guest, define_ms, placed)
         s.done("guest-start")
         record = sb.boot.ready(record, guest, report, how, int((time.monotonic() - booting) * 1000))
         s.done("ready")

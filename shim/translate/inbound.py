@@ -36,7 +36,7 @@ from shim.model import (
     UpdateContainerResources,
     UpdatePodSandboxResources,
 )
-from vmsandbox import oci_spec, userns, validation
+from vmsandbox import oci_spec, pod_cgroup, userns, validation
 from vmsandbox.errors import InvalidArgument, Unsupported
 from vmsandbox.network import (
     HOSTNAME_MAX,
@@ -324,6 +324,10 @@ def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSp
         userns=pod_userns,
         port_mappings=port_mappings(config.port_mappings, "PodSandboxConfig.port_mappings"),
         dns=dns_config(config.dns_config, "PodSandboxConfig.dns_config"),
+        # the driver is the one RuntimeConfig answers
+        cgroup_parent=pod_cgroup.cgroup_parent(
+            linux.cgroup_parent, pod_cgroup.CGROUPFS, "PodSandboxConfig.linux.cgroup_parent"
+        ),
     )
 
 

@@ -93,6 +93,7 @@ SANDBOXES = st.builds(
         DnsConfig, servers=st.lists(TEXT, max_size=2).map(tuple), options=st.lists(TEXT, max_size=2).map(tuple)
     ),
     network=NETWORKS,
+    cgroup_parent=TEXT,
 )
 
 
@@ -178,7 +179,13 @@ def test_documents_of_earlier_versions_still_decode() -> None:
     assert record.dns == DnsConfig(servers=("10.96.0.10",))
     # the document written back is the one read, field for field, plus what later versions added
     assert via_json(record.to_doc()) == via_json(
-        {**EARLIER_SANDBOX, "qemu_uid": 0, "growth": {"cpu_millis": 0, "memory_bytes": 0}, "userns": None}
+        {
+            **EARLIER_SANDBOX,
+            "qemu_uid": 0,
+            "growth": {"cpu_millis": 0, "memory_bytes": 0},
+            "userns": None,
+            "cgroup_parent": "",
+        }
     )
     container = ContainerRecord.from_doc(
         {

@@ -239,8 +239,13 @@ class Hypervisor:
     def define(self, xml: str) -> None:
         self._call("define", lambda conn: conn.defineXML(xml))
 
-    def start(self, name: str) -> None:
-        self._call(f"start {name}", lambda conn: conn.lookupByName(name).create())
+    def start(self, name: str, paused: bool = False) -> None:
+        """Start the defined domain ``name``; ``paused``: its QEMU runs, its vCPUs not yet (``resume``)."""
+        flags = libvirt.VIR_DOMAIN_START_PAUSED if paused else 0
+        self._call(f"start {name}", lambda conn: conn.lookupByName(name).createWithFlags(flags))
+
+    def resume(self, name: str) -> None:
+        self._call(f"resume {name}", lambda conn: conn.lookupByName(name).resume())
 
     def create_transient(self, xml: str) -> None:
         """Start a domain that libvirt forgets when it stops (a snapshot's guest)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -24,6 +25,8 @@ from shim.rpc.run_pod_sandbox import RPC, run_pod_sandbox
 from shim.translate import inbound
 from tests.cri_server import SEED_SANDBOXES, Server, assert_no_leak, booting, cri_server
 from tests.ports import quiet_port
+from vmsandbox.adapters.host_cgroup import HostCgroups
+from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.errors import CannotFit, VmSandboxError
 
 pytest.importorskip("libvirt")
@@ -37,15 +40,53 @@ UNDONE = (
     "network",
     "share",
     "define",
+    "cgroup",
     "node-ports",
     "nri-started",
 )
 
 
+# the pod's cgroup; its QEMU is a made-up pid whose cgroups a fake /proc names, moved in a fake tree
+CGROUP_PARENT = "/kubepods/burstable/podu-1"
+QEMU_PID = 4242
+QEMU_WAS = {"cpu": "/machine/q", "cpuacct": "/machine/q", "memory": "/machine/q", "pids": "/"}
+
+
 @pytest.fixture
-def server() -> Iterator[Server]:
+def server(tmp_path: Path) -> Iterator[Server]:
     with cri_server() as s, booting(s):
-        yield s
+        root = tmp_path / "cgroup"
+        for controller, path in QEMU_WAS.items():
+            for d in (root / controller / path.lstrip("/"), root / controller / CGROUP_PARENT.lstrip("/")):
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "cgroup.procs").write_text("")
+        (tmp_path / "proc" / str(QEMU_PID)).mkdir(parents=True)
+        (tmp_path / "proc" / str(QEMU_PID) / "cgroup").write_text(
+            "".join(f"{i}:{c}:{p}\n" for i, (c, p) in enumerate(QEMU_WAS.items(), 1))
+        )
+        boot = s.sandboxes.boot
+        boot.cgroups = HostCgroups(str(root), str(tmp_path / "proc"))
+        hv = s.sandboxes.hypervisor
+
+        def start(name: str, paused: bool = False) -> None:
+            # libvirt's test driver cannot start a domain paused: started, then paused at once
+            Hypervisor.start(hv, name)
+            if paused:
+                hv._call("suspend", lambda conn: conn.lookupByName(name).suspend())
+
+        hv.emulator_pid = lambda _name: QEMU_PID  # type: ignore[method-assign, assignment]
+        hv.start = start  # type: ignore[method-assign]
+        try:
+            yield s
+        finally:
+            del hv.emulator_pid, hv.start
+
+
+def in_cgroup(server: Server, path: str) -> set[str]:
+    """The controllers whose ``path`` holds the pod's QEMU."""
+    root = server.sandboxes.boot.cgroups.root
+    procs = {c: root / c / path.lstrip("/") / "cgroup.procs" for c in QEMU_WAS}
+    return {c for c, f in procs.items() if f.is_file() and f.read_text() == str(QEMU_PID)}
 
 
 def pods_of(server: Server) -> Pods:
@@ -53,15 +94,17 @@ def pods_of(server: Server) -> Pods:
     return server.pods
 
 
-def host_network_pod(port: int) -> pb.RunPodSandboxRequest:
-    """A host-network pod with a node port on 127.0.0.1, so that every step has something to do."""
+def host_network_pod(port: int, cgroup_parent: str = "") -> pb.RunPodSandboxRequest:
+    """A host-network pod with a node port on 127.0.0.1 (and a cgroup of its own on the host when
+    ``cgroup_parent``: the ``server`` fixture's), so that every step has something to do."""
     return pb.RunPodSandboxRequest(
         config=pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name="web", namespace="default", uid="u-1"),
             log_directory="/var/log/pods/default_web_u-1",
             port_mappings=[pb.PortMapping(container_port=port, host_port=port, host_ip="127.0.0.1")],
             linux=pb.LinuxPodSandboxConfig(
-                security_context=pb.LinuxSandboxSecurityContext(namespace_options=pb.NamespaceOption(network=pb.NODE))
+                cgroup_parent=cgroup_parent,
+                security_context=pb.LinuxSandboxSecurityContext(namespace_options=pb.NamespaceOption(network=pb.NODE)),
             ),
         ),
         runtime_handler="vmsandbox",
@@ -97,17 +140,17 @@ def remove(server: Server, sandbox_id: str) -> None:
 def test_every_step_is_declared_in_order() -> None:
     assert [p.split(":", 1)[1] for p in POINTS] == [
         "plan",
-        *UNDONE[:6],
+        *UNDONE[:7],
         "guest-start",
         "ready",
-        *UNDONE[6:],
+        *UNDONE[7:],
     ]
 
 
 @pytest.mark.parametrize("point", POINTS)
 def test_a_fault_after_any_step_leaves_nothing_behind(server: Server, point: str) -> None:
     port = quiet_port()
-    request = host_network_pod(port)
+    request = host_network_pod(port, CGROUP_PARENT)
     with faults.raising(point):
         code, details, _ = server.rpc("RunPodSandbox", request)
     assert code == grpc.StatusCode.UNAVAILABLE, details
@@ -119,11 +162,18 @@ def test_a_fault_after_any_step_leaves_nothing_behind(server: Server, point: str
         assert details.startswith("pod default/web: ")
         assert f"(rolled back: {', '.join(reversed(undone))} undone)" in details
     assert_left_nothing(server, port)
+    if "cgroup" in undone:  # its QEMU was put back where libvirt had it (written last: plain files here)
+        assert in_cgroup(server, "/machine/q") == {"cpu", "cpuacct", "memory"}
+        assert in_cgroup(server, "/") == {"pids"}
+    else:
+        assert in_cgroup(server, CGROUP_PARENT) == set()
 
     # the name is free again: the same pod runs, and goes as it came
     sandbox_id = run(server, request)
     code, details, body = server.rpc("PodSandboxStatus", pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id))
     assert code == grpc.StatusCode.OK and pb.PodSandboxStatusResponse.FromString(body).status.state == pb.SANDBOX_READY
+    assert in_cgroup(server, CGROUP_PARENT) == set(QEMU_WAS)  # its QEMU is in the pod's cgroup
+    assert server.sandboxes.records.get(sandbox_id).cgroup_parent == CGROUP_PARENT
     socket.create_connection(("127.0.0.1", port), timeout=5).close()  # its node port listens
     remove(server, sandbox_id)
     assert_left_nothing(server, port)
