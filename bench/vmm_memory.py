@@ -164,6 +164,7 @@ def _qemu_env(name: str, value: str) -> Callable[[ET.Element], None]:
 CANDIDATES: dict[str, Callable[[ET.Element], None]] = {
     "tb_cache_16": _tb_cache(16),
     "tb_cache_12": _tb_cache(12),
+    "tb_cache_10": _tb_cache(10),
     "tb_cache_8": _tb_cache(8),
     "malloc_arena_max_1": _qemu_env("MALLOC_ARENA_MAX", "1"),
     "machine_pc": _machine_pc,

@@ -69,6 +69,12 @@ class KernelBoot:
     machine: str
 
 
+VIRTIO_SERIAL_PORTS = 2
+"""Ports of the guest's virtio-serial controller: 0 (reserved for a console, unused) and the
+agent's channel, 1. QEMU's default of 31 keeps a pair of virtqueues and their state for each port
+(bench/vmm_memory.py: about 0.4 MiB of QEMU's memory per pod)."""
+
+
 @dataclass(frozen=True)
 class AgentChannel:
     """A virtio-serial port; libvirt picks the host socket path when ``path`` is empty."""
