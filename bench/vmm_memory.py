@@ -162,6 +162,7 @@ def _qemu_env(name: str, value: str) -> Callable[[ET.Element], None]:
 
 
 CANDIDATES: dict[str, Callable[[ET.Element], None]] = {
+    "tb_cache_32": _tb_cache(32),
     "tb_cache_16": _tb_cache(16),
     "tb_cache_12": _tb_cache(12),
     "tb_cache_10": _tb_cache(10),
