@@ -119,7 +119,7 @@ HOTPLUG_VCPU_TB_CACHE_MIB = 32
 vCPU QEMU 7.2 splits the cache into regions, one or more per vCPU thread, and a thread takes a new
 region each time its own fills, until none is left and the whole cache is flushed; a vCPU plugged
 in then finds no region and QEMU aborts (tcg/region.c, ``tcg_region_initial_alloc__locked``). A
-booted guest holds every region of a 10 MiB cache (measured: the resize test's plug crashed it);
+booted guest can hold every region of a 10 MiB cache (the resize test's plug crashed so);
 32 MiB is the cache the resize tests pass with. Under KVM there is no such cache."""
 
 
