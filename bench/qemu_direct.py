@@ -10,7 +10,7 @@ backing, vCPUs and their host CPUs, TCG translation-cache size). The QEMU config
 what libvirt 9.0 generates for our q35 domain (vmsandbox/domain_xml.py) where it matters for boot:
 
 - same: machine type, accel and ``tb-size``, ``-cpu qemu64`` under TCG (``host`` under KVM), ACPI
-  on, no default devices, no USB, the virtio-serial controller behind a ``pcie-root-port`` and
+  on, no default devices, no USB, the virtio-serial controller (2 ports) behind a ``pcie-root-port`` and
   port ``io.vmsandbox.agent.0`` on a unix socket, a serial console on ttyS0 going to a file, no
   memory balloon, vCPUs/memory, kernel/initrd/cmdline; guest RAM from hugetlbfs, preallocated
   (libvirt's ``<hugepages>``); the process confined to the guest's host CPUs; 9p shares with the
@@ -154,9 +154,9 @@ def qemu_argv(
         ]  # fmt: skip
     if guest.machine == "q35":
         argv += ["-device", "pcie-root-port,id=pci.1,bus=pcie.0,chassis=1,port=16,addr=0x1"]
-        argv += ["-device", "virtio-serial-pci,id=virtio-serial0,bus=pci.1,addr=0x0"]
+        argv += ["-device", "virtio-serial-pci,id=virtio-serial0,max_ports=2,bus=pci.1,addr=0x0"]
     else:
-        argv += ["-device", "virtio-serial-pci,id=virtio-serial0"]
+        argv += ["-device", "virtio-serial-pci,id=virtio-serial0,max_ports=2"]
     argv += ["-device", f"virtserialport,bus=virtio-serial0.0,nr=1,chardev=agent,name={CHANNEL_NAME}"]
     shares = [*guest.shares, *([(shared_dir, SHARED_TAG, False)] if shared_dir else [])]
     for i, (path, tag, readonly) in enumerate(shares):  # as libvirt's <filesystem accessmode=...>

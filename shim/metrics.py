@@ -5,14 +5,15 @@ Events are counted where they happen with one-line calls (``observe_start`` in t
 log copy, ``libvirt_event`` from the
 hypervisor adapter's hook); the host's state (guests running, CPUs, hugepages and ordinary memory
 allocated vs free per NUMA node) is read from the ResourceManager and the sysfs inventory at scrape
-time by ``HostCollector``. The core
+time by ``HostCollector``, and so is each running guest's QEMU memory beyond guest RAM (its
+``/proc/<pid>/smaps_rollup``, through the hypervisor adapter). The core
 (``vmsandbox/``) never imports this module.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -110,11 +111,16 @@ class HostCollector(Collector):
     """Guests running and the shim's CPUs and hugepages per NUMA node, read at scrape time."""
 
     def __init__(
-        self, resources: ResourceManager, inventory: Callable[[], HostInventory], guests_running: Callable[[], int]
+        self,
+        resources: ResourceManager,
+        inventory: Callable[[], HostInventory],
+        guests_running: Callable[[], int],
+        vmm_memory: Callable[[], Iterable[tuple[str, int]]] = lambda: (),
     ) -> None:
         self.resources = resources
         self.inventory = inventory
         self.guests_running = guests_running
+        self.vmm_memory = vmm_memory
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # no collect() at registration: the ledger may not be ready yet
@@ -171,6 +177,29 @@ class HostCollector(Collector):
         for pool in sorted(inv.hugepages):
             host_free.add_metric([str(pool.node), page_size_label(pool.page_size)], pool.free)
         yield host_free
+        yield from self._vmm_memory()
+
+    def _vmm_memory(self) -> Iterator[Metric]:
+        try:
+            measured = sorted(self.vmm_memory())
+        except Exception as exc:  # a scrape must not take the server down
+            log.warning("metrics: cannot read QEMU's memory: %s", exc)
+            return
+        vmm = GaugeMetricFamily(
+            "vmsandbox_vmm_private_memory_bytes",
+            "Memory each running sandbox's QEMU holds beyond guest RAM (its anonymous pages: TCG "
+            "translation cache, device state, heap), by sandbox",
+            labels=["sandbox_id"],
+        )
+        for sandbox_id, kib in measured:
+            vmm.add_metric([sandbox_id], kib * 1024)
+        yield vmm
+        total = GaugeMetricFamily(
+            "vmsandbox_vmm_private_memory_total_bytes",
+            "The sum of vmsandbox_vmm_private_memory_bytes over the sandboxes measured",
+        )
+        total.add_metric([], sum(kib for _, kib in measured) * 1024)
+        yield total
 
 
 def parse_address(address: str) -> tuple[str, int]:

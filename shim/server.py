@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,6 +232,7 @@ def start(config: ShimConfig) -> Running:
             sandboxes.resources,
             sandboxes.inventory,
             lambda: sum(1 for s in sandboxes.records.list_sandboxes() if s.state == SANDBOX_READY),
+            lambda: _vmm_memory(sandboxes),
         )
         stop_metrics = metrics.serve(config.metrics_address, collector)
     sock = Path(config.socket_path)
@@ -282,6 +283,15 @@ def start(config: ShimConfig) -> Running:
         downstream=downstream,
         front=front,
     )
+
+
+def _vmm_memory(sandboxes: Sandboxes) -> Iterator[tuple[str, int]]:
+    """(sandbox id, KiB) of each ready sandbox's QEMU beyond guest RAM, for the metrics' scrape."""
+    for s in sandboxes.records.list_sandboxes():
+        if s.state == SANDBOX_READY and s.domain:
+            kib = sandboxes.hypervisor.emulator_memory_kib(s.domain)
+            if kib is not None:
+                yield s.id, kib
 
 
 def _fronted(config: ShimConfig) -> bool:

@@ -69,6 +69,12 @@ class KernelBoot:
     machine: str
 
 
+VIRTIO_SERIAL_PORTS = 2
+"""Ports of the guest's virtio-serial controller: 0 (reserved for a console, unused) and the
+agent's channel, 1. QEMU's default of 31 keeps a pair of virtqueues and their state for each port
+(bench/vmm_memory.py: about 0.4 MiB of QEMU's memory per pod)."""
+
+
 @dataclass(frozen=True)
 class AgentChannel:
     """A virtio-serial port; libvirt picks the host socket path when ``path`` is empty."""
@@ -106,6 +112,23 @@ class ImageDiskDevice:
     source: str
     serial: str
     target_dev: str
+
+
+HOTPLUG_VCPU_TB_CACHE_MIB = 32
+"""The least TCG translation cache of a guest with vCPUs to hot-plug. With more than one possible
+vCPU QEMU 7.2 splits the cache into regions, one or more per vCPU thread, and a thread takes a new
+region each time its own fills, until none is left and the whole cache is flushed; a vCPU plugged
+in then finds no region and QEMU aborts (tcg/region.c, ``tcg_region_initial_alloc__locked``). A
+booted guest can hold every region of a 10 MiB cache (the resize test's plug crashed so);
+32 MiB is the cache the resize tests pass with. Under KVM there is no such cache."""
+
+
+def tb_cache_mib(profile_mib: int | None, headroom_vcpus: int) -> int | None:
+    """The translation cache a TCG guest gets: the profile's, at least
+    ``HOTPLUG_VCPU_TB_CACHE_MIB`` when vCPUs may be plugged into it."""
+    if profile_mib and headroom_vcpus:
+        return max(profile_mib, HOTPLUG_VCPU_TB_CACHE_MIB)
+    return profile_mib
 
 
 IMAGE_DISK_SLOTS = 8
@@ -280,7 +303,7 @@ def build_domain(
         shape_json=shape_json,
         channel=AgentChannel(),
         console=ConsoleLog(console_log) if console_log else None,
-        tcg_tb_cache_mib=tcg_tb_cache_mib if accel == "tcg" else None,
+        tcg_tb_cache_mib=tb_cache_mib(tcg_tb_cache_mib, shape.headroom_vcpus) if accel == "tcg" else None,
         cpu_features=("pdpe1gb",) if accel != "kvm" and any(s >= 1 << 30 for s, _ in shape.guest_hugepages) else (),
         numa_cells=cells,
         hostdevs=tuple(hostdevs),

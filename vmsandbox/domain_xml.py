@@ -11,6 +11,7 @@ import xml.etree.ElementTree as ET
 from vmsandbox.domain import (
     METADATA_NS,
     METADATA_PREFIX,
+    VIRTIO_SERIAL_PORTS,
     Domain,
     ImageDiskDevice,
     NetworkInterface,
@@ -130,7 +131,7 @@ def render(domain: Domain) -> str:
     # No USB: libvirt would add a qemu-xhci controller (and a PCIe root port for it on q35) that
     # nothing uses; the guest probes it at boot and QEMU carries its state.
     _sub(devices, "controller", type="usb", model="none")
-    _sub(devices, "controller", type="virtio-serial", index="0")
+    _sub(devices, "controller", type="virtio-serial", index="0", ports=str(VIRTIO_SERIAL_PORTS))
     channel = _sub(devices, "channel", type="unix")
     source_attrs = {"mode": "bind"}
     if domain.channel.path:

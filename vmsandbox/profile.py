@@ -67,7 +67,11 @@ class Profile:
     kernel_cmdline: str = ""
     image_dir: str = "/var/lib/vmsandbox/images/default"
     boot_timeout_s: float = 60.0
-    tcg_tb_cache_mib: int = 32
+    # TCG's translation cache, which fills to its cap in a cold boot: QEMU's largest cost per pod
+    # beyond guest RAM. 10 MiB holds a pod's QEMU within 32 MiB (docs/benchmarks.md "VMM memory":
+    # 30.6 MiB at hello against 54 MiB at 32) for a cold boot about a second (a fifth) slower;
+    # a guest with vCPUs to hot-plug gets at least 32 (vmsandbox.domain.HOTPLUG_VCPU_TB_CACHE_MIB)
+    tcg_tb_cache_mib: int = 10
     extended_resources: Mapping[str, str] = field(default_factory=dict)
     # other profiles (by name) a pod of this handler may choose with the io.vmsandbox/profile annotation
     allowed_profiles: tuple[str, ...] = ()
@@ -272,7 +276,7 @@ def profile_problems(data: Mapping[str, Any], *, source: str) -> tuple[Profile |
     read("boot_timeout_s", timeout)
     read(
         "tcg_tb_cache_mib",
-        lambda: integer("guest.tcg_tb_cache_mib", guest.get("tcg_tb_cache_mib", 32), 8, 4096),
+        lambda: integer("guest.tcg_tb_cache_mib", guest.get("tcg_tb_cache_mib", Profile.tcg_tb_cache_mib), 8, 4096),
     )
     read("extended_resources", extended)
     read("allowed_profiles", allowed)

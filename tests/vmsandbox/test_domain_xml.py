@@ -28,6 +28,7 @@ from vmsandbox.domain import (
     domain_name,
     free_disk_target,
     guest_cmdline,
+    tb_cache_mib,
 )
 from vmsandbox.domain_xml import (
     read_channel_path,
@@ -499,3 +500,46 @@ def test_hotplug_ports_only_on_q35(machine: str, ports: int) -> None:
     )
     root = ET.fromstring(render(built))
     assert len(root.findall("devices/controller[@model='pcie-root-port']")) == ports
+
+
+@pytest.mark.parametrize(
+    ("profile_mib", "headroom_vcpus", "expected"),
+    [
+        (10, 0, 10),  # the profile's cache
+        (64, 0, 64),
+        (None, 0, None),  # none asked: QEMU's default
+        (10, 1, 32),  # vCPUs to plug: QEMU 7.2 aborts a plug that finds every region of a small cache taken
+        (8, 3, 32),
+        (64, 1, 64),
+        (None, 1, None),
+    ],
+)
+def test_tb_cache_of_a_guest_with_vcpus_to_plug(
+    profile_mib: int | None, headroom_vcpus: int, expected: int | None
+) -> None:
+    assert tb_cache_mib(profile_mib, headroom_vcpus) == expected
+
+
+@pytest.mark.parametrize(
+    ("accel", "name", "expected"),
+    [("tcg", "exclusive-2mi-headroom", 32), ("tcg", "exclusive-2mi-tcg", 10), ("kvm", "exclusive-2mi-headroom", None)],
+)
+def test_build_domain_gives_the_tb_cache(accel: Literal["kvm", "tcg"], name: str, expected: int | None) -> None:
+    case = replace(CASES[name], accel=accel)
+    domain = build_domain(
+        identity=case.identity,
+        uuid="6f1f3f3e-6b0d-4a5e-9c58-0b0f9e1f2a3b",
+        shape=case.shape,
+        host_cpus=case.host_cpus,
+        emulator_cpus=case.host_cpus,
+        hugepage_nodes=case.hugepage_nodes,
+        accel=accel,
+        kernel="k",
+        initrd="i",
+        machine="q35",
+        extra_cmdline="",
+        shape_json="{}",
+        console_log=None,
+        tcg_tb_cache_mib=10,
+    )
+    assert domain.tcg_tb_cache_mib == expected

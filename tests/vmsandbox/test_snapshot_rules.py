@@ -19,6 +19,7 @@ from vmsandbox.network import GuestNic, Route, guest_network_args
 from vmsandbox.placement import GuestCell
 from vmsandbox.sizing import PodDemand, VmShape
 from vmsandbox.snapshot_rules import (
+    FORMAT,
     PLACEHOLDER_MAC,
     SAVE_HEADER_BYTES,
     SAVE_MAGIC,
@@ -127,7 +128,7 @@ CHANGES = [
     pytest.param({"image_digest": "b" * 64}, id="guest-image"),
     pytest.param({"qemu_version": "8.0.0"}, id="qemu-version"),
     pytest.param({"libvirt_version": "9.1.0"}, id="libvirt-version"),
-    pytest.param({"format": 2}, id="recipe-format"),
+    pytest.param({"format": FORMAT + 1}, id="recipe-format"),
 ]
 
 

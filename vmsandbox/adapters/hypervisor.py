@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from tenacity import (
 from vmsandbox.domain import DOMAIN_PREFIX
 from vmsandbox.domain_xml import read_channel_path, read_identity
 from vmsandbox.errors import InfrastructureError
+from vmsandbox.qemu_memory import SMAPS_ROLLUP_MAX, beyond_guest_ram_kib, parse_smaps_rollup
 
 log = logging.getLogger(__name__)
 _log_retry = before_sleep_log(log, logging.WARNING)
@@ -182,6 +184,27 @@ class Hypervisor:
             return int(Path(QEMU_RUN_DIR, f"{name}.pid").read_text().strip())
         except (OSError, ValueError):
             return None
+
+    def emulator_memory_kib(self, name: str) -> int | None:
+        """QEMU's private memory beyond guest RAM for the running domain ``name``, in KiB (its
+        anonymous pages, ``vmsandbox.qemu_memory``); None when it is not running or cannot be read.
+        The pid file names a process that may have exited since, its pid taken by another: only a
+        process named ``qemu*`` is read, at most ``SMAPS_ROLLUP_MAX`` bytes, never through a symlink."""
+        pid = self.emulator_pid(name)
+        if pid is None:
+            return None
+        proc = Path("/proc", str(pid))
+        try:
+            if not proc.joinpath("comm").read_text()[:64].startswith("qemu"):
+                return None
+            fd = os.open(proc / "smaps_rollup", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                data = os.read(fd, SMAPS_ROLLUP_MAX)
+            finally:
+                os.close(fd)
+        except (OSError, UnicodeDecodeError):
+            return None
+        return beyond_guest_ram_kib(parse_smaps_rollup(data))
 
     def daemon_pid(self) -> int | None:
         """The pid of the libvirt daemon that starts this URI's QEMUs (``libvirtd`` or

@@ -3,10 +3,12 @@ tear-down removing it between listAllDomains and the per-domain calls): the shim
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import libvirt
+import pytest
 
 from vmsandbox.adapters.hypervisor import Hypervisor
 
@@ -53,3 +55,12 @@ def test_domains_that_vanish_while_listed_are_skipped() -> None:
         [VanishingDomain("vmsandbox-" + "a" * 32, "xml"), VanishingDomain("vmsandbox-" + "b" * 32, "state")]
     )
     assert hv.list_ours() == []
+
+
+def test_emulator_memory_of_a_process_that_is_not_qemu_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pid file naming a pid that another process took since: nothing is read from it."""
+    hv = Hypervisor("test:///default", attempts=1)
+    monkeypatch.setattr(hv, "emulator_pid", lambda name: os.getpid())
+    assert hv.emulator_memory_kib("vmsandbox-x") is None
+    monkeypatch.setattr(hv, "emulator_pid", lambda name: None)
+    assert hv.emulator_memory_kib("vmsandbox-x") is None
