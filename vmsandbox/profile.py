@@ -68,10 +68,11 @@ class Profile:
     image_dir: str = "/var/lib/vmsandbox/images/default"
     boot_timeout_s: float = 60.0
     # TCG's translation cache, which fills to its cap in a cold boot: QEMU's largest cost per pod
-    # beyond guest RAM. 10 MiB holds a pod's QEMU within 32 MiB (docs/benchmarks.md "VMM memory":
-    # 30.6 MiB at hello against 54 MiB at 32) for a cold boot about a second (a fifth) slower;
-    # a guest with vCPUs to hot-plug gets at least 32 (vmsandbox.domain.HOTPLUG_VCPU_TB_CACHE_MIB)
-    tcg_tb_cache_mib: int = 10
+    # beyond guest RAM (docs/benchmarks.md "VMM memory"). 16 MiB: about 36 MiB beyond guest RAM
+    # against 54 MiB at 32, its cold boot 6 % slower; 10 MiB would hold QEMU within 32 MiB but boot
+    # a fifth slower (up to 3 s under load), which every cold-booted pod pays. A guest with vCPUs
+    # to hot-plug gets at least 32 (vmsandbox.domain.HOTPLUG_VCPU_TB_CACHE_MIB)
+    tcg_tb_cache_mib: int = 16
     extended_resources: Mapping[str, str] = field(default_factory=dict)
     # other profiles (by name) a pod of this handler may choose with the io.vmsandbox/profile annotation
     allowed_profiles: tuple[str, ...] = ()
