@@ -106,10 +106,11 @@ def test_metrics_follow_a_pod(observed: tuple[Shim, str]) -> None:
         )
         assert rejected == 1
         assert ("vmsandbox_libvirt_errors_total", ()) in during
-        # the pod's QEMU beyond guest RAM (the 128Mi on hugepages are not in it): a few MiB of
-        # QEMU's own, at most the 32 MiB the default profile keeps it within (docs/benchmarks.md)
+        # the pod's QEMU beyond guest RAM (the 128Mi on hugepages are not in it): QEMU's own and
+        # its TCG translation cache, about 36 MiB with the default 16 MiB cache (docs/benchmarks.md
+        # "VMM memory"; readings move in 2 MiB steps), never the 54 MiB of a 32 MiB cache
         vmm = value(during, "vmsandbox_vmm_private_memory_bytes", sandbox_id=sid)
-        assert 4 * 2**20 < vmm <= 32 * 2**20, vmm
+        assert 4 * 2**20 < vmm <= 42 * 2**20, vmm
         assert value(during, "vmsandbox_vmm_private_memory_total_bytes") == vmm
         assert ("vmsandbox_libvirt_retries_total", ()) in during
     finally:
