@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
-from bench.qemu_direct import DEFAULT_IMAGE_DIR, DirectGuest, percentile, qemu_argv
+from bench.qemu_direct import DEFAULT_IMAGE_DIR, DirectGuest, percentile, qemu_argv, wait_for_hugepages
 from tests import interrupts
 
 VCPU_PATH = "/machine/unattached/device[0]"  # libvirt's QOM path for vCPU 0 without hot-pluggable CPUs
@@ -43,7 +43,7 @@ class CpuReadback:
 
 
 class _Qmp:
-    def __init__(self, path: str, deadline: float) -> None:
+    def __init__(self, path: str, deadline: float, proc: subprocess.Popen[bytes], stderr: str) -> None:
         while True:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -51,8 +51,12 @@ class _Qmp:
                 break
             except OSError:
                 self.sock.close()
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"QEMU's QMP socket {path} never accepted a connection") from None
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    why = f"QEMU exited {proc.returncode}" if proc.returncode is not None else "timed out"
+                    said = Path(stderr).read_text(errors="replace")[-2000:]
+                    raise RuntimeError(
+                        f"QEMU's QMP socket {path} never accepted a connection ({why}); QEMU's stderr:\n{said}"
+                    ) from None
                 time.sleep(0.01)
         self.file = self.sock.makefile("rwb")
         json.loads(self.file.readline())  # the greeting
@@ -88,15 +92,18 @@ def measure(guest: DirectGuest, *, timeout_s: float = 30.0) -> CpuReadback:
         argv = [*qemu_argv(replace(guest, shares=tuple(shares)), os.path.join(tmp, "agent.sock")), "-S"]
         argv += ["-qmp", f"unix:{qmp_path},server=on,wait=off"]
         cpus = set(guest.host_cpus)
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-        )
+        stderr = os.path.join(tmp, "qemu.stderr")
+        wait_for_hugepages(guest)
+        with open(stderr, "wb") as err:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+            )
         try:
-            qmp = _Qmp(qmp_path, time.monotonic() + timeout_s)
+            qmp = _Qmp(qmp_path, time.monotonic() + timeout_s, proc, stderr)
             try:
                 start = time.monotonic()
                 props = qmp.call("qom-list", path=VCPU_PATH)

@@ -183,6 +183,22 @@ class DirectBoot:
     memory_kib: dict[str, int]  # QEMU's VmRSS, RssAnon, RssFile at hello (hugetlb guest RAM is in none)
 
 
+def wait_for_hugepages(guest: DirectGuest, timeout_s: float = 120.0) -> None:
+    """Wait (bounded) until the host has the 2 MiB pages a hugepage-backed ``guest`` preallocates:
+    beside a test run other guests hold them for a while, and a QEMU that finds too few exits at
+    once. Nothing is reserved: another process may still take them first."""
+    if not guest.hugepages_dir:
+        return
+    need = -(-guest.mem_mib // 2)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        free = int(meminfo.get("HugePages_Free", "0")) - int(meminfo.get("HugePages_Rsvd", "0"))
+        if free >= need or time.monotonic() > deadline:
+            return  # past the deadline QEMU says why it cannot start
+        time.sleep(0.2)
+
+
 def boot_direct(guest: DirectGuest, *, timeout_s: float = 60.0) -> DirectBoot:
     """Boot ``guest`` with bare QEMU until its hello; QEMU is killed before returning."""
     with tempfile.TemporaryDirectory(prefix="vmsandbox-direct-") as tmp:
@@ -195,6 +211,7 @@ def boot_direct(guest: DirectGuest, *, timeout_s: float = 60.0) -> DirectBoot:
                 os.makedirs(os.path.join(path, "containers"))
             shares.append((path, tag, readonly))
         argv = qemu_argv(replace(guest, shares=tuple(shares)), sock, console_path=console)
+        wait_for_hugepages(guest)
         with open(os.path.join(tmp, "qemu.stderr"), "w+b") as err, confined(guest) as confine:
             start = time.monotonic()
             proc = subprocess.Popen(
