@@ -362,7 +362,7 @@ def _shape_line(shape: VmShape, profile: Profile) -> str:
         text += ", guest hugepages " + " ".join(f"{n}x{textout.page_label(s)}" for s, n in shape.guest_hugepages)
     overhead = max(profile.memory_overhead_bytes, shape.demand.overhead_memory_bytes)
     text += f"; overhead {textout.size(overhead)}"
-    if shape.headroom_vcpus or shape.headroom_memory_bytes:
+    if shape.has_headroom:
         pages = f" ({shape.reserved_pages - shape.backing_pages} pages)" if shape.hugepage_backed else ""
         text += (
             f"; resize headroom {shape.headroom_vcpus} vCPU{'s' if shape.headroom_vcpus != 1 else ''} and "

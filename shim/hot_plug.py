@@ -73,8 +73,8 @@ class HotPlug:
             self.hypervisor.attach_device(name, memory_dimm(added // 1024, page_kib))
         faults.checkpoint("hot-plug:after-dimm")
         vcpus = shape.vcpus + target.vcpus
-        # the guest's MemTotal grows by the DIMM, less the page structures the kernel takes for it
-        # (1/64 of it for 4 KiB pages)
+        # the guest's MemTotal grows by the DIMM (by all of it, as measured: bench/resize.py); 1/64
+        # of slack for a kernel that keeps the DIMM's own page structures in it (memmap_on_memory)
         mem_kib = before.mem_total_kib + (added // 1024) * 63 // 64
         deadline = t0 + self.timeout_s
         while True:

@@ -113,7 +113,7 @@ def shape_doc(s: VmShape) -> dict[str, Any]:
         "cpu_policy": s.cpu_policy,
         "demand": demand_doc(s.demand),
     }
-    if s.headroom_vcpus or s.headroom_memory_bytes:  # written only when there is some
+    if s.has_headroom:  # written only when there is some
         doc["headroom"] = {"vcpus": s.headroom_vcpus, "memory_bytes": s.headroom_memory_bytes}
     return doc
 

@@ -93,7 +93,7 @@ def pod_growth(shape: VmShape, new: Usage, *, who: str) -> Growth:
     """UpdatePodSandboxResources: the growth the pod's new limits are (none when they fit the
     demand; a resize down shrinks it), refused beyond the headroom. Hugepage limits cannot grow."""
     demand = shape.demand
-    if not (shape.headroom_vcpus or shape.headroom_memory_bytes):
+    if not shape.has_headroom:
         check_envelope(demand, [], new, who=who)
         return Growth()
     growth = Growth(
@@ -109,9 +109,7 @@ def container_growth(shape: VmShape, growth: Growth, others: Sequence[Usage], ne
     else the growth they need (never less than ``growth``), refused beyond the headroom."""
     envelope = grown(shape.demand, growth)
     cpu, memory = totals(envelope, others, new)
-    if (cpu <= envelope.cpu_millis and memory <= envelope.memory_bytes) or not (
-        shape.headroom_vcpus or shape.headroom_memory_bytes
-    ):
+    if not shape.has_headroom or (cpu <= envelope.cpu_millis and memory <= envelope.memory_bytes):
         check_envelope(envelope, others, new, who=who)  # fits, or refused as a VM without headroom
         return growth
     want = Growth(
@@ -123,7 +121,8 @@ def container_growth(shape: VmShape, growth: Growth, others: Sequence[Usage], ne
 
 
 def describe(shape: VmShape, plugged: Plugged) -> str:
-    """The headroom left, for logs and errors: "1 of 2 vCPUs, 128Mi of 256Mi plugged"."""
+    """What of the headroom is plugged, for logs and errors: "1 of 2 headroom vCPUs, 128Mi of
+    256Mi headroom memory plugged"."""
     return (
         f"{plugged.vcpus} of {shape.headroom_vcpus} headroom vCPUs, "
         f"{format_quantity(plugged.memory_bytes, 'BinarySI')} of "

@@ -95,6 +95,11 @@ class VmShape:
         return self.memory_bytes // self.backing_page_size if self.hugepage_backed else 0
 
     @property
+    def has_headroom(self) -> bool:
+        """Whether the profile reserved resize headroom for this VM."""
+        return bool(self.headroom_vcpus or self.headroom_memory_bytes)
+
+    @property
     def reserved_vcpus(self) -> int:
         """vCPUs the host reserves for the VM: those it boots with and its headroom."""
         return self.vcpus + self.headroom_vcpus
