@@ -33,7 +33,9 @@ def cluster() -> Iterator[Cluster]:
 def pod(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("userns")
     image = push_image(tmp)
-    resources = {"cpu": "100m", "memory": "64Mi"}
+    # a whole CPU: the probe's TLS handshake with the API server, emulated (TCG) under a 100m quota,
+    # takes longer than its 20 s client timeout
+    resources = {"cpu": "1", "memory": "64Mi"}
     config = {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -215,8 +215,15 @@ def test_a_restored_pods_qemu_is_moved_into_its_cgroup_parent_too(parent: str, s
     for tid in Path(f"/proc/{pid}/task").iterdir():
         where = proc_cgroups((tid / "cgroup").read_text())
         assert {c: where[c] for c in CONTROLLERS} == dict.fromkeys(CONTROLLERS, parent), where
+    # the restore ran before the move, so the group counts only what QEMU has run since: wait
+    # until it has run at all (an idle guest's timer ticks), then the stats are what it counts
+    deadline = time.monotonic() + 30
+    while (before := int(_read("cpuacct", parent, "cpuacct.usage"))) == 0:
+        assert time.monotonic() < deadline, "the restored pod's QEMU ran for no time in 30 s"
+        time.sleep(0.5)
     stats = shim.runtime.PodSandboxStats(pb.PodSandboxStatsRequest(pod_sandbox_id=sid), timeout=30).stats.linux
-    assert 0 < stats.cpu.usage_core_nano_seconds.value <= int(_read("cpuacct", parent, "cpuacct.usage"))
+    after = int(_read("cpuacct", parent, "cpuacct.usage"))
+    assert 0 < before <= stats.cpu.usage_core_nano_seconds.value <= after
     snapshot_remove(shim, sid)
     for c in CONTROLLERS:
         assert _read(c, parent, "cgroup.procs").split() == []
