@@ -7,9 +7,9 @@ PYTEST_ARGS ?=
 # the benchmarks `make bench` runs; bench/cpu_readback.py and bench/qemu_direct.py measure parts that
 # bench/sandbox_start.py reports beside its own figures, and run alone on demand, as does
 # bench/restore_floor.py (a restore's parts beside bare QEMU loading the same saved guest)
-BENCHMARKS := sandbox_start admission placement image_pull pod_network container_start cri_scale resize
+BENCHMARKS := sandbox_start admission placement image_pull pod_network container_start cri_scale resize cluster_start
 
-.PHONY: setup demo test lint unit integration bench bench-smoke stop-host proto cluster cluster-down k8s-tools
+.PHONY: setup demo test lint unit integration bench perf-table bench-smoke stop-host proto cluster cluster-down k8s-tools
 
 setup:
 	scripts/setup-host.sh
@@ -35,8 +35,18 @@ unit:
 integration: setup
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
+# each benchmark's JSON is kept in bench/results/ (a failed one keeps its last), then the README's table
 bench: setup
-	for b in $(BENCHMARKS); do $(PY) bench/$$b.py || exit 1; done
+	mkdir -p bench/results
+	for b in $(BENCHMARKS); do \
+		$(PY) bench/$$b.py >bench/results/$$b.json.new && mv bench/results/$$b.json.new bench/results/$$b.json || \
+			{ rm -f bench/results/$$b.json.new; exit 1; }; \
+	done
+	$(PY) bench/table.py
+
+# the README's performance table from the JSON in bench/results/
+perf-table:
+	$(PY) bench/table.py
 
 # every bench/*.py with --smoke: its fewest runs and a check of its JSON (make test runs this too)
 bench-smoke: setup
