@@ -181,7 +181,6 @@ func main() {
 	}
 	logf("agent %s on %s", currentInstance(), dev)
 	p := &port{f: f}
-	go watchHotplug()
 	go p.greet()
 	p.serve()
 }
