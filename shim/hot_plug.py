@@ -64,9 +64,16 @@ class HotPlug:
         t0 = self._clock()
         before = self._report(record.id)
         have = self._plugged(record, before)
-        if have.covers(want):
-            return have
         shape = record.sized_shape()
+        if have.covers(want):  # e.g. a resize retried after a crash that had finished the plug
+            log.info(
+                "sandbox %s: %s already (guest: %d vCPUs, MemTotal %d KiB)",
+                record.id[:12],
+                describe(shape, have),
+                before.vcpus,
+                before.mem_total_kib,
+            )
+            return have
         name = domain_name(record.id)
         target = Plugged(vcpus=max(want.vcpus, have.vcpus), memory_bytes=max(want.memory_bytes, have.memory_bytes))
         vcpus = shape.vcpus + target.vcpus
