@@ -95,6 +95,19 @@ def test_grow_brings_online_what_is_missing(want: Plugged, asked: list[str], aft
     assert hp.plugged(RECORD) == after
 
 
+class Unreachable(Guest):
+    def request(self, op: str, args: Any, timeout_s: float) -> dict[str, object]:
+        raise AssertionError(f"the guest was asked {op}")
+
+    def live_xml(self, name: str) -> str:
+        raise AssertionError("the live XML was read")
+
+
+def test_a_growth_that_needs_nothing_asks_nothing_of_the_guest() -> None:
+    """A resize the VM holds as booted (its growth within the boot's vCPUs and RAM) costs no round trip."""
+    assert hot_plug(Unreachable()).grow(RECORD, Plugged()) == Plugged()
+
+
 def test_grow_adds_only_what_the_guest_lacks() -> None:
     guest = Guest(vcpus=2, dimms=[128 * 1024])
     hp = hot_plug(guest)
