@@ -4,8 +4,10 @@
 This owner computes a pod's snapshot inputs (``vmsandbox.snapshot_rules.inputs_for``: the shape, the
 guest image's digest, the QEMU and libvirt versions, ...), makes snapshots in domains of their own
 (``vmsnapshot-<key>``, never taken for a sandbox) on resources claimed like a pod's, and restores
-them: a copy of the image retargeted to the pod's domain, libvirt's restore with the pod's own XML,
-then the agent's ``personalize``. Where snapshots are kept belongs to
+them: a copy of the image retargeted to the pod's domain (the spare copy made ahead when there is
+one, so only its header is written on the pod's path), libvirt's restore with the pod's own XML,
+then the agent's ``personalize``, sent as the connection's first request (one round trip: what the
+agent would have said first is known from the making). Where snapshots are kept belongs to
 ``vmsandbox.adapters.snapshot_store``.
 
 A snapshot made in the background never keeps a pod out: its claim is taken here only while no pod
@@ -30,8 +32,8 @@ from shim import faults
 from shim.host_resources import ResourceManager
 from vmsandbox.adapters.guest_channel import GuestChannel
 from vmsandbox.adapters.hypervisor import Hypervisor
-from vmsandbox.adapters.snapshot_store import SnapshotStore, StoredSnapshot
-from vmsandbox.agent_protocol import PERSONALIZE_VERSION, GuestReport, report_from_body
+from vmsandbox.adapters.snapshot_store import SavedAgent, SnapshotStore, StoredSnapshot
+from vmsandbox.agent_protocol import PERSONALIZE_VERSION, VERSION, GuestReport
 from vmsandbox.domain import AGENT_CHANNEL, Domain, SharedDir
 from vmsandbox.domain_xml import read_identity, render
 from vmsandbox.errors import CannotFit, InfrastructureError, InternalError, VmSandboxError, WrongState
@@ -173,12 +175,14 @@ class Snapshots:
             self.hypervisor.save(domain.name, self.store.image_path(making))
             faults.checkpoint("snapshot:after-save")
             saved = time.monotonic()
-            stored = self.store.commit(key, request.inputs, making, int((saved - started) * 1000))
+            agent = SavedAgent(report.instance, report.protocol)
+            stored = self.store.commit(key, request.inputs, making, int((saved - started) * 1000), agent)
         except BaseException:
             self._remove_domain(domain.name)
             self.store.abandon(key)
             raise
         self._remove_domain(domain.name)  # saving stopped it; a transient domain is then gone
+        self._refill_spare(key)  # so that the first restore copies nothing either
         progress(f"saved {stored.size_bytes >> 20} MiB in {saved - booted:.2f} s (snapshot {key[:12]})")
         log.info(
             "snapshot %s made: %s, %d MiB, boot %d ms, save %d ms",
@@ -304,6 +308,8 @@ class Snapshots:
         this pod's; the guest's report after ``personalize``. On failure the caller tears the domain
         down (the domain's name is the pod's, as for a cold boot)."""
         xml = render(restore_domain(pod_domain, network_args))
+        if snapshot.agent.protocol < PERSONALIZE_VERSION:
+            raise SnapshotUnusable(f"the snapshot's agent speaks protocol {snapshot.agent.protocol}")
         started = time.monotonic()
         try:
             with self.store.staged(snapshot.key, sandbox_id, pod_domain.name, pod_domain.uuid) as path:
@@ -315,15 +321,20 @@ class Snapshots:
         faults.checkpoint("restore:after-restore")
         restored = time.monotonic()
         channel_path = self.hypervisor.channel_path(pod_domain.name, AGENT_CHANNEL)
-        with GuestChannel.open(channel_path, timeout_s, f"sandbox {sandbox_id[:12]}") as channel:
-            if channel.report.protocol < PERSONALIZE_VERSION:
-                raise InfrastructureError(f"the restored agent speaks protocol {channel.report.protocol}")
-            saved_instance = channel.report.instance
-            args = personalize_args(nic, hostname, seed=os.urandom(SEED_BYTES), time_ns=time.time_ns())
-            body = channel.request("personalize", timeout_s, args)
-        report = report_from_body(body, f"sandbox {sandbox_id[:12]}: personalize response")
+        # the restored agent is the snapshot's, whose protocol the making recorded: personalize is the
+        # connection's first request, and its answer the agent's report (one round trip)
+        args = personalize_args(nic, hostname, seed=os.urandom(SEED_BYTES), time_ns=time.time_ns())
+        with GuestChannel.open_with_request(
+            channel_path,
+            "personalize",
+            args,
+            version=min(VERSION, snapshot.agent.protocol),
+            timeout_s=timeout_s,
+            label=f"sandbox {sandbox_id[:12]}",
+        ) as channel:
+            report = channel.report
         faults.checkpoint("restore:after-personalize")
-        if report.instance == saved_instance:
+        if report.instance == snapshot.agent.instance:
             raise InfrastructureError("the restored agent kept the snapshot's instance id")
         log.info(
             "sandbox %s restore from snapshot %s: copy %d ms, libvirt restore %d ms, personalize %d ms",
@@ -333,7 +344,20 @@ class Snapshots:
             (restored - staged) * 1000,
             (time.monotonic() - restored) * 1000,
         )
+        self._refill_spare(snapshot.key)
         return report
+
+    def _refill_spare(self, key: str) -> None:
+        """Copy the image ahead for the next restore, in a thread of its own (never on a pod's path)."""
+
+        def run() -> None:
+            try:
+                if self.store.refill_spare(key):
+                    log.debug("snapshot %s: spare copy made for the next restore", key[:12])
+            except (OSError, VmSandboxError) as exc:
+                log.warning("snapshot %s: no spare copy (the next restore copies the image): %s", key[:12], exc)
+
+        threading.Thread(target=run, name=f"spare-{key[:8]}", daemon=True).start()
 
     def stop(self) -> None:
         """At shutdown: make no more snapshots and remove the guest of one being made (it would

@@ -31,10 +31,11 @@ from vmsandbox.domain import Domain, NetworkInterface, SandboxIdentity, SharedDi
 from vmsandbox.errors import InfrastructureError
 from vmsandbox.network import GuestNic, guest_network_args
 
-FORMAT = 2
+FORMAT = 3
 """Version of what a snapshot holds and how it is made; bumped when the recipe changes (2: the
 domain's virtio-serial controller has 2 ports, not QEMU's 31; a guest saved with 31 does not
-restore into it)."""
+restore into it. 3: the store keeps what the snapshot's agent reported before it was saved, which
+a restore's one-round-trip ``personalize`` checks against)."""
 
 SNAPSHOT_DOMAIN_PREFIX = "vmsnapshot-"
 """Prefix of the domains snapshots are made in (not ``DOMAIN_PREFIX``: never taken for a sandbox)."""

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -80,6 +81,40 @@ type port struct {
 	wmu   sync.Mutex
 	acked bool
 	amu   sync.Mutex
+	// host gets a token each time the kernel signals the port (SIGIO): a host connected or went
+	// away, or data arrived. A read that found no host waits on it instead of polling, so a host
+	// that connects (a restored guest's first one above all) is answered at once.
+	host <-chan os.Signal
+}
+
+// hostWait is the longest a read that found no host waits for the port's signal before it tries
+// again (a signal can be missed: one that came before the wait is what the channel holds, no more).
+const hostWait = 100 * time.Millisecond
+
+// watchHost asks the kernel for SIGIO on the port (O_ASYNC, owned by this process): virtio_console
+// sends it when the host side opens or closes the port and when data arrives.
+func watchHost(f *os.File) <-chan os.Signal {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGIO)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		logf("no SIGIO on the port (it is polled): %v", err)
+		return ch
+	}
+	rc.Control(func(fd uintptr) {
+		if _, _, e := syscall.Syscall(syscall.SYS_FCNTL, fd, syscall.F_SETOWN, uintptr(os.Getpid())); e != 0 {
+			logf("F_SETOWN on the port (it is polled): %v", e)
+			return
+		}
+		flags, _, e := syscall.Syscall(syscall.SYS_FCNTL, fd, syscall.F_GETFL, 0)
+		if e == 0 {
+			_, _, e = syscall.Syscall(syscall.SYS_FCNTL, fd, syscall.F_SETFL, flags|syscall.O_ASYNC)
+		}
+		if e != 0 {
+			logf("O_ASYNC on the port (it is polled): %v", e)
+		}
+	})
+	return ch
 }
 
 func (p *port) send(obj map[string]interface{}) {
@@ -180,7 +215,7 @@ func main() {
 		os.Exit(1)
 	}
 	logf("agent %s on %s", currentInstance(), dev)
-	p := &port{f: f}
+	p := &port{f: f, host: watchHost(f)}
 	go p.greet()
 	p.serve()
 }
@@ -209,10 +244,13 @@ func (p *port) serve() {
 		}
 		if err != nil {
 			// EOF: the host went away; greet whoever connects next. A read on a port
-			// without a host returns EOF at once, so do not spin.
+			// without a host returns EOF at once, so do not spin: wait for the port's signal.
 			p.setAcked(false)
 			releaseAllLeases() // nobody reads the streamed processes of a host that went away
-			time.Sleep(100 * time.Millisecond)
+			select {
+			case <-p.host:
+			case <-time.After(hostWait):
+			}
 			r.Reset(p.f)
 			continue
 		}

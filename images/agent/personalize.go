@@ -11,8 +11,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -76,12 +76,10 @@ func nicByMAC(mac string) string {
 	return ""
 }
 
-func ipCmd(args ...string) error {
-	out, err := exec.Command("ip", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
+// step is one change of the NIC's configuration, named as `ip` would be told it (for errors).
+type step struct {
+	what string
+	do   func() error
 }
 
 func configureNic(n *personalizeNic) error {
@@ -92,24 +90,45 @@ func configureNic(n *personalizeNic) error {
 	if dev == "" {
 		return fmt.Errorf("no NIC with MAC %s", n.FromMAC)
 	}
-	steps := [][]string{{"link", "set", "dev", dev, "down"}, {"link", "set", "dev", dev, "address", n.MAC}}
+	ifc, err := net.InterfaceByName(dev)
+	if err != nil {
+		return err
+	}
+	idx := ifc.Index
+	mac, err := net.ParseMAC(n.MAC)
+	if err != nil || len(mac) != 6 {
+		return fmt.Errorf("bad MAC %q", n.MAC)
+	}
+	steps := []step{
+		{"link set dev " + dev + " down", func() error { return setLink(idx, 0, syscall.IFF_UP, nil) }},
+		{"link set dev " + dev + " address " + n.MAC, func() error {
+			return setLink(idx, 0, 0, func(m *nlMsg) { m.attr(syscall.IFLA_ADDRESS, mac) })
+		}},
+	}
 	if n.MTU > 0 {
-		steps = append(steps, []string{"link", "set", "dev", dev, "mtu", fmt.Sprint(n.MTU)})
+		mtu := uint32(n.MTU)
+		steps = append(steps, step{fmt.Sprintf("link set dev %s mtu %d", dev, n.MTU), func() error {
+			return setLink(idx, 0, 0, func(m *nlMsg) { m.attr(syscall.IFLA_MTU, u32bytes(mtu)) })
+		}})
 	}
 	for _, a := range n.Addresses {
-		steps = append(steps, []string{"addr", "add", a, "dev", dev})
+		a := a
+		steps = append(steps, step{"addr add " + a + " dev " + dev, func() error { return addAddress(idx, a) }})
 	}
-	steps = append(steps, []string{"link", "set", "dev", dev, "up"})
+	steps = append(steps, step{"link set dev " + dev + " up", func() error {
+		return setLink(idx, syscall.IFF_UP, syscall.IFF_UP, nil)
+	}})
 	for _, r := range n.Routes {
-		if r.Gw == "" {
-			steps = append(steps, []string{"route", "add", r.Dst, "dev", dev})
-		} else {
-			steps = append(steps, []string{"route", "add", r.Dst, "via", r.Gw, "dev", dev})
+		r := r
+		what := "route add " + r.Dst + " dev " + dev
+		if r.Gw != "" {
+			what = "route add " + r.Dst + " via " + r.Gw + " dev " + dev
 		}
+		steps = append(steps, step{what, func() error { return addRoute(idx, r.Dst, r.Gw) }})
 	}
 	for _, s := range steps {
-		if err := ipCmd(s...); err != nil {
-			return err
+		if err := s.do(); err != nil {
+			return fmt.Errorf("ip %s: %v", s.what, err)
 		}
 	}
 	return nil

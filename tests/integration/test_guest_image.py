@@ -171,6 +171,25 @@ def test_hosts_can_come_and_go(guest: Guest) -> None:
             assert ch.request("ping", timeout_s=10) == {}
 
 
+def test_a_host_that_comes_back_is_answered_without_a_poll(guest: Guest) -> None:
+    """The agent waits for the port's SIGIO, not a 100 ms nap, when no host is there: a host that
+    comes back is answered within a round trip, however long it was away (pauses chosen so that
+    no two meet a polling agent in the same phase of its naps)."""
+    wait_for_hello(guest.socket_path, BOOT_TIMEOUT_S)
+    late = []  # the first answer's time beyond a round trip on the open channel (the host's load)
+    for i in range(9):
+        time.sleep(0.3 + 0.037 * i)
+        start = time.monotonic()
+        with GuestChannel.open(guest.socket_path, 10) as ch:
+            first = time.monotonic() - start
+            start = time.monotonic()
+            assert ch.request("ping", timeout_s=10) == {}
+            late.append(first - (time.monotonic() - start))
+    assert "is polled" not in guest.console_tail()  # SIGIO was armed on the port
+    # a polling agent answers 0-100 ms late, 50 ms at the median
+    assert sorted(late)[len(late) // 2] < 0.025, [round(t * 1000, 1) for t in late]
+
+
 def test_fresh_guest_greets_until_acked_then_powers_off(manifest: dict[str, object], tmp_path: Path) -> None:
     with booted_guest(tmp_path) as g, socket.socket(socket.AF_UNIX) as s:
         deadline = time.monotonic() + BOOT_TIMEOUT_S

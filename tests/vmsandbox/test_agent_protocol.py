@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -554,3 +555,71 @@ def test_host_speaks_the_version_the_guest_reads(tmp_path: Path, protocol: int) 
     thread.join(timeout=10)
     assert seen[0] == 1  # the greeting report request
     assert set(seen[1:]) == {min(protocol, VERSION)}, seen
+
+
+def test_open_with_request_is_one_round_trip_and_skips_a_hello(tmp_path: Path) -> None:
+    """A restored guest's agent is known: the connection opens with the request itself (no
+    greeting), a hello the guest sent before reading it is skipped, and the answer is the report."""
+    seen: list[Message] = []
+    fresh = report_to_body(replace(REPORT, instance="b" * 32))
+
+    def unacked_guest(recv: Callable[[], Message], send: Callable[[Message], None]) -> None:
+        send(Hello(REPORT))
+        seen.append(recv())
+        send(Response("1", True, fresh))
+        seen.append(recv())
+        send(Response("2", True, {}))
+
+    guest = FakeGuest(tmp_path / "g.sock", unacked_guest, delay_s=0.2)
+    with GuestChannel.open_with_request(
+        tmp_path / "g.sock", "personalize", {"hostname": "h"}, version=5, timeout_s=5
+    ) as channel:
+        assert channel.report.instance == "b" * 32
+        assert channel.request("ping", 5) == {}
+    guest.join()
+    assert seen == [Request("1", "personalize", {"hostname": "h"}), Request("2", "ping")]
+
+
+def test_open_with_request_never_sends_it_twice(tmp_path: Path) -> None:
+    def refuses(recv: Callable[[], Message], send: Callable[[Message], None]) -> None:
+        recv()
+        send(Response("1", False, error="bad seed"))
+
+    guest = FakeGuest(tmp_path / "g.sock", refuses)
+    with pytest.raises(GuestRequestFailed, match=r"refused 'personalize'.*bad seed"):
+        GuestChannel.open_with_request(tmp_path / "g.sock", "personalize", {}, version=5, timeout_s=5)
+    guest.join()
+
+    def leaves(recv: Callable[[], Message], send: Callable[[Message], None]) -> None:
+        recv()
+
+    guest = FakeGuest(tmp_path / "h.sock", leaves)
+    with pytest.raises(GuestChannelClosed, match="by the other end"):
+        GuestChannel.open_with_request(tmp_path / "h.sock", "personalize", {}, version=5, timeout_s=5)
+    guest.join()
+
+
+@pytest.mark.parametrize(("version", "sent"), [(5, 5), (VERSION + 3, VERSION), (0, 1)])
+def test_open_with_request_speaks_the_version_it_is_given(tmp_path: Path, version: int, sent: int) -> None:
+    seen: list[int] = []
+    path = tmp_path / "agent.sock"
+
+    def serve() -> None:
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(str(path))
+            server.listen()
+            server.settimeout(10)
+            conn, _ = server.accept()
+            with conn, conn.makefile("rwb") as f:
+                obj = json.loads(f.readline())
+                seen.append(obj["v"])
+                answer = {"v": 2, "type": "response", "id": obj["id"], "ok": True, "body": report_to_body(REPORT)}
+                f.write(json.dumps(answer).encode() + b"\n")
+                f.flush()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with GuestChannel.open_with_request(path, "personalize", {}, version=version, timeout_s=10) as channel:
+        assert channel.report == REPORT
+    thread.join(timeout=10)
+    assert seen == [sent]

@@ -80,3 +80,25 @@ def test_an_undeclared_step_or_point_is_a_bug() -> None:
         s.done("four")
     with pytest.raises(ValueError), faults.raising("test-rpc:four"):
         pass
+
+
+def test_a_call_says_how_long_each_step_took() -> None:
+    ticks = iter([10.0, 10.002, 10.012, 10.5, 10.501])
+    s = rpc.Steps("test-rpc", _clock=lambda: next(ticks))
+    s.done("one")
+    s.done("two")
+    s.done("three")
+    assert s.timings() == "501 ms: one 2, two 10, three 488"
+
+
+def test_a_call_that_succeeded_logs_its_timings(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="shim.rpc"):
+        _run(None, [])
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "shim.rpc"]
+    assert line.startswith("test-rpc done in ") and line.endswith(": one 0, two 0, three 0"), line
+
+
+def test_a_call_that_failed_logs_no_timings(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="shim.rpc"), pytest.raises(InvalidArgument):
+        _run("two", [])
+    assert [r for r in caplog.records if r.name == "shim.rpc" and "done in" in r.getMessage()] == []

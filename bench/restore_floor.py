@@ -1,0 +1,361 @@
+"""The floor of a restore on this stack: what RunPodSandbox by restore costs, part by part, beside
+what QEMU itself needs to load the very same saved guest without libvirt.
+
+    .venv/bin/python bench/restore_floor.py --runs 5
+    .venv/bin/python bench/restore_floor.py --smoke   # one run of each; checks the JSON
+
+A shim makes the shape's snapshot (its first pod cold-boots). Then, interleaved in each run:
+
+- ``shim``: RunPodSandbox by restore through the socket, split by the shim's own log line (image
+  copy, libvirt's restore, personalize, the rest);
+- ``bare``: the QEMU command line libvirt ran for that restored pod (read from its process), with
+  libvirt's inherited file descriptors replaced by paths of our own, started paused with
+  ``-incoming defer`` and fed the snapshot's migration stream from an open file descriptor (what
+  libvirt hands QEMU; no copy): QEMU's start to its QMP greeting, the load of the saved state
+  (``migrate-incoming`` to ``completed``), ``cont``; then the agent's first answer on the channel
+  (it notices a host) and the ``personalize`` round trip, as the shim sends it;
+- ``readback``: libvirt 9.0's guest-CPU read-back (``bench/cpu_readback.py``), replayed against that
+  paused QEMU between the load and ``cont``, where libvirt issues it;
+- ``direct``: a cold boot of the same guest with bare QEMU (``bench/qemu_direct.py``), the ratio's
+  denominator.
+
+The JSON gives p50/p95 of each part, the shim's restore against the direct boot
+(``ratio_restore_p50``), the floors as ratios (QEMU alone: ``ratio_bare_qemu_p50``; QEMU plus the
+read-back libvirt 9.0 cannot skip: ``ratio_bare_with_readback_p50``) and what libvirt's restore adds
+beyond QEMU's own load and the read-back (``libvirt_overhead_s``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import smoke
+from bench.cpu_readback import VCPU_PATH
+from bench.qemu_direct import DirectGuest, boot_direct, percentile, wait_for_hugepages
+from bench.sandbox_start import (
+    IMAGE_DIR,
+    RESTORE,
+    SNAPSHOT_WAIT_S,
+    _stats_shape,
+    live_xml,
+    machine_cgroup,
+    pod,
+    restore_phases,
+    snapshot_made,
+    stats,
+    write_profiles,
+)
+from bench.shim_process import shim_process
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests import interrupts
+from vmsandbox.adapters.guest_channel import GuestChannel
+from vmsandbox.snapshot_rules import SEED_BYTES, parse_save_header, personalize_args
+
+TIMEOUT_S = 60.0
+SETTLE_S = float(os.environ.get("RESTORE_FLOOR_SETTLE_S", "0"))
+
+
+class Qmp:
+    """A QMP client on a unix socket (events are skipped)."""
+
+    def __init__(self, path: str, deadline: float, proc: subprocess.Popen[bytes], stderr: Path) -> None:
+        while True:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self.sock.connect(path)
+                break
+            except OSError:
+                self.sock.close()
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    said = stderr.read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"QEMU's QMP never answered: {said}") from None
+                time.sleep(0.002)
+        self.file = self.sock.makefile("rwb")
+        json.loads(self.file.readline())  # the greeting
+        self.call("qmp_capabilities")
+
+    def call(self, command: str, **arguments: Any) -> Any:
+        msg: dict[str, Any] = {"execute": command}
+        if arguments:
+            msg["arguments"] = arguments
+        self.file.write(json.dumps(msg).encode() + b"\n")
+        self.file.flush()
+        while True:
+            reply = json.loads(self.file.readline())
+            if "error" in reply:
+                raise RuntimeError(f"QMP {command}: {reply['error']}")
+            if "return" in reply:
+                return reply["return"]
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+def qemu_cmdline(domain: str) -> list[str]:
+    """The argv of the running QEMU of ``domain`` (libvirt's pid file)."""
+    pid = int(Path(f"/run/libvirt/qemu/{domain}.pid").read_text())
+    return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+
+
+_FD_ARG = re.compile(r"(^|,)fd=\d+")
+
+
+def bare_argv(libvirt_argv: list[str], tmp: Path) -> list[str]:
+    """libvirt's QEMU command line made to run on its own: the monitor, the agent channel and the
+    console on paths under ``tmp``, guest RAM in a hugetlbfs file of its own, the 9p shares on
+    empty directories, no master-key secret (nothing uses it), and ``-incoming defer``."""
+    out: list[str] = []
+    it = iter(libvirt_argv)
+    shares = 0
+    for arg in it:
+        if arg in ("-object", "-add-fd"):
+            value = next(it)
+            if arg == "-add-fd" or '"secret"' in value:
+                continue
+            doc = json.loads(value)
+            if doc.get("qom-type") == "memory-backend-file":
+                doc["mem-path"] = os.path.dirname(doc["mem-path"].rstrip("/")).rsplit("/libvirt/", 1)[0]
+            out += [arg, json.dumps(doc)]
+            continue
+        if arg == "-chardev":
+            value = next(it)
+            kind, _, rest = value.partition(",")
+            opts = {k: v for k, _, v in (o.partition("=") for o in rest.split(","))}
+            if kind == "socket":
+                opts.pop("fd", None)
+                opts["path"] = str(tmp / f"{opts['id']}.sock")
+            elif kind == "file":
+                opts["path"] = str(tmp / "console.log")
+            out += [arg, kind + "," + ",".join(f"{k}={v}" if v != "" else k for k, v in opts.items())]
+            continue
+        if arg == "-fsdev":
+            value = next(it)
+            share = tmp / f"share{shares}"
+            shares += 1
+            (share / "containers").mkdir(parents=True)
+            out += [arg, re.sub(r"(^|,)path=[^,]*", rf"\1path={share}", value)]
+            continue
+        if _FD_ARG.search(arg):
+            raise RuntimeError(f"a QEMU argument this benchmark cannot replace: {arg[:200]}")
+        out.append(arg)
+    return [*out, "-incoming", "defer"]
+
+
+def bare_restore(argv: list[str], image: Path, guest: DirectGuest, tmp: Path) -> dict[str, float]:
+    """Restore the snapshot with bare QEMU; the seconds of each step (see the module docstring)."""
+    stderr = tmp / "qemu.stderr"
+    with open(image, "rb") as f:
+        offset = parse_save_header(f.read(2 << 20)).stream_offset
+    fd = os.open(image, os.O_RDONLY)
+    os.lseek(fd, offset, os.SEEK_SET)
+    cpus = set(guest.host_cpus)
+    wait_for_hugepages(guest)
+    out: dict[str, float] = {}
+    try:
+        with open(stderr, "wb") as err:
+            start = time.monotonic()
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                pass_fds=(fd,),
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        qmp = Qmp(str(tmp / "charmonitor.sock"), time.monotonic() + TIMEOUT_S, proc, stderr)
+        up = time.monotonic()
+        out["qemu_start"] = up - start
+        qmp.call("migrate-incoming", uri=f"fd:{fd}")
+        deadline = up + TIMEOUT_S
+        while (status := qmp.call("query-migrate").get("status")) != "completed":
+            if status == "failed" or time.monotonic() > deadline:
+                raise RuntimeError(f"incoming migration {status}: {stderr.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.002)
+        loaded = time.monotonic()
+        out["load"] = loaded - up
+        flags = [p["name"] for p in qmp.call("qom-list", path=VCPU_PATH) if p.get("type") == "bool"]
+        for name in flags:
+            qmp.call("qom-get", path=VCPU_PATH, property=name)
+        read_back = time.monotonic()
+        out["cpu_readback"] = read_back - loaded
+        qmp.call("cont")
+        running = time.monotonic()
+        out["cont"] = running - read_back
+        if SETTLE_S:
+            time.sleep(SETTLE_S)
+            running = time.monotonic()
+        with GuestChannel.open(str(tmp / "charchannel0.sock"), TIMEOUT_S, "bare restore") as channel:
+            answered = time.monotonic()
+            out["agent_first_answer"] = answered - running
+            args = personalize_args(None, "bench", seed=os.urandom(SEED_BYTES), time_ns=time.time_ns())
+            channel.request("personalize", TIMEOUT_S, args)
+            personalized = time.monotonic()
+            out["personalize_request"] = personalized - answered
+            channel.request("report", TIMEOUT_S)  # one more round trip: the channel's own floor
+            out["report_request"] = time.monotonic() - personalized
+        qmp.close()
+    finally:
+        os.close(fd)
+        proc.kill()
+        proc.wait()
+    out["bare_qemu"] = out["qemu_start"] + out["load"] + out["cont"]
+    return out
+
+
+SHAPE: dict[str, Any] = {
+    "benchmark": "restore_floor",
+    "runs": smoke.COUNT,
+    "load_avg_1m": smoke.NON_NEGATIVE,
+    "snapshot": {"size_mib": smoke.POSITIVE, "make_s": smoke.POSITIVE},
+    "shim_restore_s": _stats_shape(),
+    "shim_split_s": {k: _stats_shape(smoke.FINITE) for k in ("copy", "restore", "personalize", "other")},
+    "bare_split_s": {  # cont can round to 0 ms
+        k: _stats_shape(smoke.NON_NEGATIVE if k == "cont" else smoke.POSITIVE)
+        for k in (
+            "qemu_start",
+            "load",
+            "cpu_readback",
+            "cont",
+            "agent_first_answer",
+            "personalize_request",
+            "report_request",
+            "bare_qemu",
+        )
+    },
+    "direct_boot_s": _stats_shape(),
+    "libvirt_overhead_s": smoke.FINITE,
+    "ratio_restore_p50": smoke.POSITIVE,
+    "ratio_bare_qemu_p50": smoke.POSITIVE,
+    "ratio_bare_with_readback_p50": smoke.POSITIVE,
+    "target_restore_ratio": 0.12,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--cpu", default="1")
+    parser.add_argument("--memory", default="192Mi", help="pod memory; the profile adds 64Mi guest overhead")
+    parser.add_argument("--smoke", action="store_true", help="one run of each; check the JSON, exit 1 if wrong")
+    args = parser.parse_args()
+    if args.smoke:
+        args.runs = 1
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    smoke.require(smoke.missing_guest_host(), smoke.missing_tools("qemu-system-x86_64"))
+    shim_s: list[float] = []
+    shim_split: dict[str, list[float]] = {k: [] for k in ("copy", "restore", "personalize", "other")}
+    bare: dict[str, list[float]] = {k: [] for k in SHAPE["bare_split_s"]}
+    direct_s: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-") as tmp:
+        profiles = Path(tmp) / "profiles.yaml"
+        write_profiles(profiles)
+        state = Path(tmp) / "state"
+        with shim_process(tmp, "--profile", str(profiles)) as rt:
+
+            def run() -> tuple[str, float, dict[str, Any]]:
+                start = time.monotonic()
+                request = pb.RunPodSandboxRequest(config=pod(args.cpu, args.memory), runtime_handler=RESTORE)
+                sid = rt.RunPodSandbox(request, timeout=300).pod_sandbox_id
+                total = time.monotonic() - start
+                status = rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True), timeout=30)
+                return sid, total, json.loads(status.info["info"])
+
+            def remove(sid: str) -> None:
+                rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+                rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+
+            first, _, _ = run()  # cold: the snapshot is made once it is READY
+            deadline = time.monotonic() + SNAPSHOT_WAIT_S
+            while (snapshot := snapshot_made(state)) is None:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the shim made no snapshot within {SNAPSHOT_WAIT_S} s (image {IMAGE_DIR})")
+                time.sleep(0.5)
+            remove(first)
+            images = list((state / "snapshots").glob("*/image.save"))
+            if len(images) != 1:
+                raise SystemExit(f"expected one snapshot image, found {images}")
+            libvirt_argv: list[str] = []
+            guest: DirectGuest | None = None
+
+            def restored() -> None:
+                nonlocal libvirt_argv, guest
+                sid, total, info = run()
+                if info["guest"].get("start", {}).get("by") != "restore":
+                    raise SystemExit(f"pod {sid[:12]} was not restored: {info['guest'].get('start')}")
+                shim_s.append(total)
+                ph = restore_phases(Path(tmp) / "shim.log", sid)
+                for k in ("copy", "restore", "personalize"):
+                    shim_split[k].append(ph[k] / 1000)
+                shim_split["other"].append(total - sum(ph.values()) / 1000)
+                if not libvirt_argv:
+                    libvirt_argv = qemu_cmdline(info["domain"])
+                    guest = DirectGuest.from_domain_xml(live_xml(info["domain"]), cgroup_parent=machine_cgroup())
+                remove(sid)
+
+            def bare_run() -> None:
+                assert guest is not None
+                with tempfile.TemporaryDirectory(prefix="vmsandbox-bare-") as run_tmp:
+                    steps = bare_restore(bare_argv(libvirt_argv, Path(run_tmp)), images[0], guest, Path(run_tmp))
+                for k, v in steps.items():
+                    bare[k].append(v)
+
+            def direct() -> None:
+                assert guest is not None
+                direct_s.append(boot_direct(guest).seconds)
+
+            restored()  # the first: it gives the command line and the guest the others copy
+            for i in range(args.runs):
+                for step in [bare_run, direct, restored] if i % 2 == 0 else [restored, bare_run, direct]:
+                    if step is not restored or i > 0:
+                        step()
+    p50 = {k: percentile(v, 50) for k, v in bare.items()}
+    p50_direct = percentile(direct_s, 50)
+    result = {
+        "benchmark": "restore_floor",
+        "runs": args.runs,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "snapshot": snapshot,
+        "shim_restore_s": stats(shim_s),
+        # copy: the image to the pod's copy; restore: libvirt's (QEMU start, read-back, load, cont);
+        # personalize: agent connection and the op; other: sizing, placement, define, ledger, gRPC
+        "shim_split_s": {k: stats(v) for k, v in shim_split.items()},
+        # bare_qemu = qemu_start + load + cont (no read-back): what QEMU itself needs
+        "bare_split_s": {k: stats(v) for k, v in bare.items()},
+        "direct_boot_s": stats(direct_s),
+        # libvirt's restore beyond QEMU's own start, load, cont and the CPU read-back
+        "libvirt_overhead_s": round(percentile(shim_split["restore"], 50) - p50["bare_qemu"] - p50["cpu_readback"], 3),
+        "ratio_restore_p50": round(percentile(shim_s, 50) / p50_direct, 3),
+        "ratio_bare_qemu_p50": round(
+            (p50["bare_qemu"] + p50["agent_first_answer"] + p50["personalize_request"]) / p50_direct, 3
+        ),
+        "ratio_bare_with_readback_p50": round(
+            (p50["bare_qemu"] + p50["cpu_readback"] + p50["agent_first_answer"] + p50["personalize_request"])
+            / p50_direct,
+            3,
+        ),
+        "target_restore_ratio": 0.12,
+    }
+    smoke.report(result, SHAPE, smoke=args.smoke)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(interrupts.run_main(main))
