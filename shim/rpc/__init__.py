@@ -2,8 +2,9 @@
 
 Each RPC runs its steps inside ``steps(rpc, ...)``. A step that changed something pushes its undo
 as soon as it succeeded (``Steps.done``); a failure later on unwinds exactly what was done, newest
-first, as Go's ``defer`` does. When the RPC returns, the undos are dropped: what it made stays, and one log line says how long
-each step took (``CreateContainer done in 312 ms: admit 2, ...``; ``bench/cluster_start.py`` reads it).
+first, as Go's ``defer`` does. When the RPC returns, the undos are dropped: what it made stays,
+and one log line says how long each step took (``CreateContainer done in 312 ms: admit 2, ...``;
+``bench/cluster_start.py`` reads it).
 
 Every ``done`` is also a fault point, ``<rpc>:<step>`` (``shim.faults``): a test can fail the RPC
 right after any step and check that nothing the RPC made is left behind. The points of an RPC are
