@@ -1,5 +1,6 @@
 """In-place resize of a VM pod: an UpdatePodSandboxResources into the profile's resize headroom
-(vCPU and memory hot-plug, until the guest has them online) against one the VM holds as booted.
+(a vCPU onlined by the guest agent, a memory DIMM hot-plugged, until the guest has them online)
+against one the VM holds as booted.
 
     .venv/bin/python bench/resize.py --runs 5
     .venv/bin/python bench/resize.py --smoke   # one run; checks the JSON
@@ -10,7 +11,8 @@ run pod by pod in this process, their order turned around every other run:
 - **fits** (the baseline): the pod's new limits fit the demand its VM was sized for; the shim
   records them (nothing to plug).
 - **plug**: the limits need one more vCPU and one 128 MiB memory block; the shim plugs both
-  (libvirt's live vCPU count, a hugepage-backed DIMM) and returns once the guest's report shows
+  (the agent's ``cpus_online`` of the vCPU present since boot, a hugepage-backed DIMM through
+  libvirt) and returns once the guest's report shows
   them online. Its split comes from the shim's log line (``plugged ... in N ms``).
 
 The ratio is what a resize into headroom costs over a resize that needs none. Each run checks the

@@ -101,8 +101,9 @@ class Containers:
         self.volumes = PodVolumes(self.pool.call)
         self.mounts = ContainerMounts(self.config, self.records, hypervisor, self.dirs, self.follow, self.volumes)
         self.admission = ContainerAdmission(self.records, sandboxes.locks)
-        # resizes into the pods' headroom; a hot-plugged vCPU's thread goes back into its pod's cgroup
-        self.hot_plug = HotPlug(hypervisor, self.pool, vcpus_plugged=sandboxes.boot.place)
+        # resizes into the pods' headroom (every vCPU's QEMU thread exists from the start: it moved
+        # into the pod's cgroup with QEMU, nothing to move after a resize)
+        self.hot_plug = HotPlug(hypervisor, self.pool)
 
     def forget_lock(self, container_id: str) -> None:
         """A removed container's lock goes with it (the map holds only containers that exist)."""

@@ -28,7 +28,7 @@ inside the owners' own work:
 ``restore:after-personalize``  the restored guest is this pod's; the row still says ``creating``
 ``snapshot:after-start``       a snapshot's guest is booting (its claims held under the snapshot key)
 ``snapshot:after-save``        the snapshot's image is written, not yet moved into the store
-``hot-plug:after-vcpus``       a resize's vCPUs are plugged into the guest, its memory not yet
+``hot-plug:after-vcpus``       a resize's vCPUs are online in the guest, its memory not yet plugged
 ``hot-plug:after-dimm``        a resize's DIMM is plugged too; the guest has not shown them online
 """
 

@@ -1,4 +1,5 @@
-"""The container ops of the host <-> guest agent protocol (protocol 2 and later): their answers, read (no IO).
+"""The container ops of the host <-> guest agent protocol (protocol 2 and later), and the guest's
+``cpus_online`` (protocol 9): their answers, read (no IO).
 
 ``vmsandbox.agent_protocol`` frames and decodes the messages; this reads the bodies of the
 responses to container ops (a container's state, an exec's result, cgroup statistics, a chunk of
@@ -255,6 +256,18 @@ def stats_from_body(body: Mapping[str, object], where: str = "stats") -> CgroupS
         oom_kills=read_count(body, "oom_kills", where) if "oom_kills" in body else None,
         readings=readings_from_body(body, where),
     )
+
+
+# ---- the guest's CPUs (protocol 9) ---------------------------------------------------------------
+
+MAX_ONLINE_CPUS = 4096
+"""The most CPUs ``cpus_online`` asks a guest to have online (the agent refuses more)."""
+
+
+def cpus_online_from_body(body: Mapping[str, object], where: str = "cpus_online") -> int:
+    """How many CPUs the guest says are online after ``cpus_online``. Only the guest relies on it:
+    its vCPUs' host CPUs are reserved and pinned whatever it says, and the host waits for its report."""
+    return read_count(body, "online", where, INT32_MAX)
 
 
 # ---- container logs (protocol 3) ------------------------------------------------------------------

@@ -5,10 +5,11 @@ is in ``images/README.md``. The guest speaks first (``hello``, repeated until th
 ``ack``); the host sends ``request`` messages (an ``op`` and its ``args``), each answered by a
 ``response`` with the same ``id``, in any order. Unknown keys are ignored, so later agents can add
 fields without breaking this host; missing or mistyped fields are errors. This host reads versions
-1 to 6 (version 1 has no ``args``, version 3 adds ``log_read``, version 4 gives a container created
+1 to 9 (version 1 has no ``args``, version 3 adds ``log_read``, version 4 gives a container created
 with ``tty`` a terminal and adds ``attach_resize``, version 5 adds ``personalize``, version 6 the
-kubelet volume copies, ``volume_begin`` to ``volume_remove``) and sends the highest version both
-sides speak.
+kubelet volume copies, ``volume_begin`` to ``volume_remove``, version 7 ``create``'s
+``image_mounts``, version 8 the idmapped root of a container in a user namespace, version 9
+``cpus_online``) and sends the highest version both sides speak.
 
 Everything here reads what an untrusted guest wrote, so it is bounded before it is parsed: a line
 is at most ``MAX_FRAME_BYTES``, its arrays and objects nest at most ``MAX_DEPTH`` deep (checked by a
@@ -30,8 +31,8 @@ from typing import NamedTuple, TypeAlias
 from vmsandbox import validation
 from vmsandbox.errors import InfrastructureError
 
-VERSION = 8
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
+VERSION = 9
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9})
 TTY_VERSION = 4
 """The first protocol whose agents give a container created with ``tty`` a terminal (older ones
 only joined its stderr to its stdout)."""
@@ -45,6 +46,9 @@ IMAGE_MOUNTS_VERSION = 7
 USERNS_VERSION = 8
 """The first protocol whose agents give a container whose spec has a user namespace an idmapped
 root file system (``create``; older ones would leave its image's files unmapped)."""
+CPUS_ONLINE_VERSION = 9
+"""The first protocol version with the ``cpus_online`` op (a resize into the pod's vCPU headroom:
+the guest booted its pod's vCPUs alone and onlines the headroom's present ones)."""
 CHANNEL_NAME = "io.vmsandbox.agent.0"
 """Name of the virtio-serial port the guest agent listens on."""
 SHARED_TAG = "vmsandbox.shared"

@@ -114,23 +114,6 @@ class ImageDiskDevice:
     target_dev: str
 
 
-HOTPLUG_VCPU_TB_CACHE_MIB = 32
-"""The least TCG translation cache of a guest with vCPUs to hot-plug. With more than one possible
-vCPU QEMU 7.2 splits the cache into regions, one or more per vCPU thread, and a thread takes a new
-region each time its own fills, until none is left and the whole cache is flushed; a vCPU plugged
-in then finds no region and QEMU aborts (tcg/region.c, ``tcg_region_initial_alloc__locked``). A
-booted guest can hold every region of a 10 MiB cache (the resize test's plug crashed so);
-32 MiB is the cache the resize tests pass with. Under KVM there is no such cache."""
-
-
-def tb_cache_mib(profile_mib: int | None, headroom_vcpus: int) -> int | None:
-    """The translation cache a TCG guest gets: the profile's, at least
-    ``HOTPLUG_VCPU_TB_CACHE_MIB`` when vCPUs may be plugged into it."""
-    if profile_mib and headroom_vcpus:
-        return max(profile_mib, HOTPLUG_VCPU_TB_CACHE_MIB)
-    return profile_mib
-
-
 IMAGE_DISK_SLOTS = 8
 """How many images' disks one pod's guest can hold: its domain has this many empty PCIe root ports."""
 IMAGE_DISK_TARGETS = tuple(f"vd{c}" for c in "bcdefghijklmnopqrstuvwxyz")
@@ -202,9 +185,11 @@ class Domain:
     hotplug_ports: int = 0
     # the host uid and gid (same number) QEMU runs as; 0: host root (a sandbox of an earlier version)
     qemu_uid: int = 0
-    # resize headroom: the vCPUs online at boot (0: all of ``vcpus``), and the most RAM memory
-    # DIMMs may bring the guest to in ``memory_slots`` slots (0: no memory hot-plug)
-    current_vcpus: int = 0
+    # resize headroom: the vCPUs the guest's kernel brings online at boot (its ``maxcpus=``; 0: all
+    # of ``vcpus``; the others are present, each with its QEMU thread, and offline until a resize
+    # onlines them through the agent), and the most RAM memory DIMMs may bring the guest to in
+    # ``memory_slots`` slots (0: no memory hot-plug)
+    boot_vcpus: int = 0
     max_memory_kib: int = 0
     memory_slots: int = 0
 
@@ -215,10 +200,13 @@ def domain_name(sandbox_id: str) -> str:
 
 
 def guest_cmdline(shape: VmShape, extra: str, network: tuple[str, ...] = ()) -> str:
-    """Kernel command line: serial console, the containers' hugepages, the pod's network and
-    hostname (``vmsandbox.network.guest_network_args``), then the profile's extra."""
+    """Kernel command line: serial console, the vCPUs to bring up (``maxcpus=``, with vCPU
+    headroom), the containers' hugepages, the pod's network and hostname
+    (``vmsandbox.network.guest_network_args``), then the profile's extra."""
     # cryptomgr.notests: skip the crypto self-tests, a third of a TCG boot (measured: 1.8 s vs 2.1 s)
     parts = ["console=ttyS0", "panic=-1", "quiet", "cryptomgr.notests"]
+    if shape.headroom_vcpus:  # the headroom's vCPUs are present but stay offline until a resize
+        parts.append(f"maxcpus={shape.vcpus}")
     if shape.headroom_memory_bytes:  # hot-plugged memory blocks come online as they arrive
         parts.append("memhp_default_state=online")
     for size, count in shape.guest_hugepages:
@@ -257,7 +245,9 @@ def build_domain(
 ) -> Domain:
     """Assemble the domain. With pinning, vCPU i runs on ``host_cpus[i]``; shared pods float."""
     pins: tuple[tuple[int, tuple[int, ...]], ...]
-    vcpus = shape.reserved_vcpus  # the headroom's vCPUs are pinned from the start, offline until plugged
+    # the headroom's vCPUs are present and pinned from the start (a QEMU thread each), offline in
+    # the guest (``maxcpus=``) until a resize onlines them
+    vcpus = shape.reserved_vcpus
     if shape.cpu_policy == "exclusive":
         if len(host_cpus) != vcpus:
             raise InternalError(f"{vcpus} vCPUs need {vcpus} host CPUs, got {len(host_cpus)}")
@@ -303,7 +293,7 @@ def build_domain(
         shape_json=shape_json,
         channel=AgentChannel(),
         console=ConsoleLog(console_log) if console_log else None,
-        tcg_tb_cache_mib=tb_cache_mib(tcg_tb_cache_mib, shape.headroom_vcpus) if accel == "tcg" else None,
+        tcg_tb_cache_mib=tcg_tb_cache_mib if accel == "tcg" else None,
         cpu_features=("pdpe1gb",) if accel != "kvm" and any(s >= 1 << 30 for s, _ in shape.guest_hugepages) else (),
         numa_cells=cells,
         hostdevs=tuple(hostdevs),
@@ -312,7 +302,7 @@ def build_domain(
         rng=RngDevice(),
         hotplug_ports=hotplug_ports if "q35" in machine else 0,
         qemu_uid=qemu_uid,
-        current_vcpus=shape.vcpus if shape.headroom_vcpus else 0,
+        boot_vcpus=shape.vcpus if shape.headroom_vcpus else 0,
         max_memory_kib=shape.reserved_memory_bytes // 1024 if shape.headroom_memory_bytes else 0,
         memory_slots=shape.headroom_memory_bytes // hotplug_block(shape.backing_page_size),
     )

@@ -73,10 +73,8 @@ def render(domain: Domain) -> str:
         backing = _sub(root, "memoryBacking")
         pages = _sub(backing, "hugepages")
         _sub(pages, "page", size=str(domain.memory_backing.page_size_kib), unit="KiB")
-    if domain.current_vcpus:
-        _sub(root, "vcpu", str(domain.vcpus), placement="static", current=str(domain.current_vcpus))
-    else:
-        _sub(root, "vcpu", str(domain.vcpus), placement="static")
+    # every vCPU is present from the start, the headroom's too (offline in the guest: ``maxcpus=``)
+    _sub(root, "vcpu", str(domain.vcpus), placement="static")
     if domain.cputune is not None:
         tune = _sub(root, "cputune")
         for vcpu, cpus in domain.cputune.vcpupins:
@@ -271,15 +269,12 @@ def memory_dimm(size_kib: int, page_size_kib: int, node: int = 0) -> str:
     return ET.tostring(el, encoding="unicode")
 
 
-def read_plugged(xml: str) -> tuple[int, int]:
-    """(vCPUs online, KiB in DIMMs) of a running guest, from its live XML: what resizes plugged."""
-    root = ET.fromstring(xml)
-    vcpu = root.find("vcpu")
-    online = int((vcpu.get("current") or vcpu.text or "0") if vcpu is not None else "0")
+def read_dimm_kib(xml: str) -> int:
+    """KiB in the memory DIMMs of a running guest, from its live XML: the RAM resizes plugged."""
     dimms = 0
-    for mem in root.iterfind("devices/memory"):
+    for mem in ET.fromstring(xml).iterfind("devices/memory"):
         if mem.get("model") == "dimm":
             size = mem.find("target/size")
             if size is not None and size.text:
                 dimms += int(size.text) * {"KiB": 1, "MiB": 1024, "GiB": 1 << 20}.get(size.get("unit", "KiB"), 1)
-    return online, dimms
+    return dimms

@@ -70,8 +70,8 @@ class Profile:
     # TCG's translation cache, which fills to its cap in a cold boot: QEMU's largest cost per pod
     # beyond guest RAM (docs/benchmarks.md "VMM memory"). 16 MiB: about 36 MiB beyond guest RAM
     # against 54 MiB at 32, its cold boot 6 % slower; 10 MiB would hold QEMU within 32 MiB but boot
-    # a fifth slower (up to 3 s under load), which every cold-booted pod pays. A guest with vCPUs
-    # to hot-plug gets at least 32 (vmsandbox.domain.HOTPLUG_VCPU_TB_CACHE_MIB)
+    # a fifth slower (up to 3 s under load), which every cold-booted pod pays. A guest with vCPU
+    # headroom gets it too: its vCPUs' threads all exist from QEMU's start
     tcg_tb_cache_mib: int = 16
     extended_resources: Mapping[str, str] = field(default_factory=dict)
     # other profiles (by name) a pod of this handler may choose with the io.vmsandbox/profile annotation

@@ -3,9 +3,10 @@ that must be plugged into the guest for it (pure).
 
 A VM cannot grow beyond what the host reserved for it at RunPodSandbox. A profile's
 ``resize_headroom`` reserves more (``VmShape.headroom_vcpus`` / ``headroom_memory_bytes``: host
-CPUs and pages claimed with the rest, the vCPUs offline and no DIMM in the guest at boot). A resize
-whose limits no longer fit the pod's demand grows its envelope (``Growth``); the hardware that
-growth needs (``needed``) is plugged into the guest, never unplugged: a resize down shrinks the
+CPUs and pages claimed with the rest, the vCPUs present but offline and no DIMM in the guest at
+boot). A resize whose limits no longer fit the pod's demand grows its envelope (``Growth``); the
+hardware that growth needs (``needed``) is brought online in the guest (vCPUs) or plugged into it
+(RAM), never taken back: a resize down shrinks the
 envelope and releases nothing reserved. A growth beyond the headroom is refused, naming both.
 """
 
@@ -35,7 +36,7 @@ class Growth:
 
 @dataclass(frozen=True)
 class Plugged:
-    """Resize headroom plugged into a guest: vCPUs beyond its boot count, RAM in DIMMs."""
+    """Resize headroom plugged into a guest: vCPUs online beyond its boot count, RAM in DIMMs."""
 
     vcpus: int = 0
     memory_bytes: int = 0

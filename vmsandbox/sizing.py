@@ -80,8 +80,8 @@ class VmShape:
     guest_hugepages: tuple[tuple[int, int], ...]  # (page size in bytes, page count) inside the guest
     cpu_policy: Literal["exclusive", "shared"]
     demand: PodDemand
-    # the profile's resize headroom: reserved on the host with the rest, absent from the guest at
-    # boot, plugged into it by a resize (``vmsandbox.resize``)
+    # the profile's resize headroom: reserved on the host with the rest, offline (vCPUs) or absent
+    # (RAM) in the guest at boot, brought into it by a resize (``vmsandbox.resize``)
     headroom_vcpus: int = 0
     headroom_memory_bytes: int = 0
 

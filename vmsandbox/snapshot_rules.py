@@ -143,7 +143,7 @@ def restore_refusal(domain: Domain, *, enabled: bool) -> str:
     """Why a pod with ``domain`` must cold-boot rather than restore ("" when it may restore)."""
     if not enabled:
         return "the profile turns snapshots off"
-    if domain.current_vcpus or domain.max_memory_kib:
+    if domain.boot_vcpus or domain.max_memory_kib:
         return "the profile reserves resize headroom (snapshots are made for guests without hot-plug slots)"
     if domain.hostdevs:
         return "devices are passed through (VFIO state cannot be saved)"

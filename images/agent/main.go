@@ -36,8 +36,8 @@ var errLineTooLong = errors.New("message longer than the agent reads")
 // volume_* ops (copies of the kubelet's atomic-writer volumes, volumes.go). Version 7: `create`
 // takes image_mounts (image volumes, containers.go).
 // Version 8: `create` of a container whose spec has a user namespace idmaps its root file system with
-// its mappings (userns.go).
-const protocolVersion = 8
+// its mappings (userns.go). Version 9: cpus_online (a resize into the pod's vCPU headroom, cpus.go).
+const protocolVersion = 9
 
 // instance names this agent process: random, made at start and reported in hello and report, so
 // that the host tells an agent that restarted (and lost its containers) from one it reconnects to.
@@ -216,7 +216,6 @@ func main() {
 	}
 	logf("agent %s on %s", currentInstance(), dev)
 	p := &port{f: f, host: watchHost(f)}
-	go watchHotplug()
 	go p.greet()
 	p.serve()
 }

@@ -196,7 +196,8 @@ func TestSchemaHelloAndAnswers(t *testing.T) {
 
 	o.answer("ping", map[string]interface{}{})
 	o.answer("report", map[string]interface{}{})
-	o.answer("poweroff", map[string]interface{}{}) // answer only: handle powers off after it
+	o.answer("poweroff", map[string]interface{}{})              // answer only: handle powers off after it
+	o.answer("cpus_online", map[string]interface{}{"count": 1}) // cpu0 alone: nothing is written to /sys
 
 	for _, part := range []struct {
 		name string

@@ -229,9 +229,27 @@ def test_a_restored_pods_qemu_is_moved_into_its_cgroup_parent_too(parent: str, s
         assert _read(c, parent, "cgroup.procs").split() == []
 
 
-def test_a_hot_plugged_vcpu_joins_the_pods_cgroup(parent: str, snapshot_shim: Shim) -> None:
-    """libvirt puts a hot-plugged vCPU's thread in its own per-vCPU groups: a resize into the
-    headroom (``tests/integration/test_resize_headroom.py``) moves it back into the pod's."""
+def _vcpu_threads(pid: int) -> dict[str, str]:
+    """QEMU's vCPU threads by name ("CPU 1/TCG", "CPU 1/KVM"): thread id of each."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            comm = (task / "comm").read_text().strip()
+            if comm.startswith("CPU "):
+                out[comm] = task.name
+    return out
+
+
+def _all_in(pid: int, parent: str) -> None:
+    for tid in Path(f"/proc/{pid}/task").iterdir():
+        where = proc_cgroups((tid / "cgroup").read_text())
+        assert {c: where[c] for c in CONTROLLERS} == dict.fromkeys(CONTROLLERS, parent), (tid.name, where)
+
+
+def test_a_resized_pods_vcpus_are_all_in_the_pods_cgroup(parent: str, snapshot_shim: Shim) -> None:
+    """The headroom's vCPUs are present from QEMU's start, a thread each, and move into the pod's
+    cgroup with QEMU at RunPodSandbox; a resize into the headroom (``tests/integration/test_resize_headroom.py``)
+    onlines one in the guest and makes no thread: every thread of QEMU is in the pod's cgroup before and after."""
     shim = snapshot_shim
 
     def linux(quota: int) -> pb.LinuxContainerResources:
@@ -245,15 +263,15 @@ def test_a_hot_plugged_vcpu_joins_the_pods_cgroup(parent: str, snapshot_shim: Sh
         pb.RunPodSandboxRequest(config=config, runtime_handler=HEADROOM_HANDLER), timeout=300
     ).pod_sandbox_id
     pid = int(Path(f"/run/libvirt/qemu/{domain_name(sid)}.pid").read_text())
-    before = {t.name for t in Path(f"/proc/{pid}/task").iterdir()}
+    vcpus = _vcpu_threads(pid)
+    # one vCPU booted, one of headroom: both threads exist before any resize
+    assert sorted(name.split("/")[0] for name in vcpus) == ["CPU 0", "CPU 1"], vcpus
+    _all_in(pid, parent)
     shim.runtime.UpdatePodSandboxResources(
         pb.UpdatePodSandboxResourcesRequest(pod_sandbox_id=sid, resources=linux(200_000)), timeout=120
     )
-    threads = list(Path(f"/proc/{pid}/task").iterdir())
-    assert {t.name for t in threads} - before, "no vCPU thread was plugged"
-    for tid in threads:
-        where = proc_cgroups((tid / "cgroup").read_text())
-        assert {c: where[c] for c in CONTROLLERS} == dict.fromkeys(CONTROLLERS, parent), (tid.name, where)
+    assert _vcpu_threads(pid) == vcpus, "the resize onlines a vCPU QEMU already had"
+    _all_in(pid, parent)
     # a hugepage-backed guest: its RAM is charged to no memory cgroup, QEMU's own memory is
     print(
         f"\nhugepage-backed pod: its cgroup's memory {int(_read('memory', parent, 'memory.usage_in_bytes')) >> 20} MiB"

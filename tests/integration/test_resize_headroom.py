@@ -1,8 +1,9 @@
 """In-place resize into a profile's resize headroom, through the real socket with a real guest.
 
 The ``headroom`` profile (``tests/shim_kit.py``) reserves one vCPU and 128 MiB beyond what a pod
-asks: claimed on the host at RunPodSandbox, offline in the guest. A resize that fits the VM as
-booted changes nothing plugged; one that needs more than it booted with plugs the headroom, and
+asks: claimed on the host at RunPodSandbox, present but offline in the guest (its vCPU) or not
+plugged (its RAM). A resize that fits the VM as booted changes nothing plugged; one that needs more
+than it booted with brings the headroom online (the agent onlines the vCPU, libvirt plugs a DIMM), and
 the container sees it (``nproc``, ``MemTotal``); a resize down keeps it; one beyond the headroom is
 refused FAILED_PRECONDITION naming both, with nothing changed. No claim is taken or given back by
 any resize, and a shim killed half-way through a plug loses none: the next resize finishes it.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import signal
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ import pytest
 from cli.inspect_state import claims
 from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.shim_kit import HEADROOM_HANDLER, LIBVIRT_URI, Shim, busybox_registry, start_shim, stop_shim
-from vmsandbox.domain_xml import read_plugged
+from vmsandbox.domain_xml import read_dimm_kib
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -44,6 +46,21 @@ def _run(shim: Shim, cid: str, *argv: str) -> str:
     res = shim.runtime.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=list(argv), timeout=30), timeout=60)
     assert res.exit_code == 0, res
     return res.stdout.decode()
+
+
+def _live_xml(sid: str) -> str:
+    conn = libvirt.open(LIBVIRT_URI)
+    try:
+        return str(conn.lookupByName(f"vmsandbox-{sid[:32]}").XMLDesc(0))
+    finally:
+        conn.close()
+
+
+def _present_vcpus(live: str) -> int:
+    """The vCPUs QEMU has (each its thread, from its start): all of them, none left for libvirt to plug."""
+    vcpu = ET.fromstring(live).find("vcpu")
+    assert vcpu is not None and vcpu.get("current") in (None, vcpu.text), live
+    return int(vcpu.text or "0")
 
 
 def _guest(shim: Shim, cid: str) -> tuple[int, int]:
@@ -98,6 +115,8 @@ def test_the_headroom_is_claimed_at_boot_and_plugged_by_a_resize(shim: Shim, pod
     assert len(mine.cpus) == 2, mine
     nproc0, mem0 = _guest(shim, cid)
     assert nproc0 == 1
+    # the headroom's vCPU is present from the start, offline in the guest
+    assert _present_vcpus(_live_xml(sid)) == 2
 
     # within what the VM booted with: nothing is plugged
     shim.runtime.UpdatePodSandboxResources(
@@ -169,12 +188,11 @@ def test_a_shim_killed_during_a_plug_loses_no_claim(tmp_path: Path, point: str) 
             pb.UpdatePodSandboxResourcesRequest(pod_sandbox_id=sid, resources=_linux(200_000, 160)), timeout=120
         )
         assert _info(shim, sid)["growth"] == {"cpu_millis": 1500, "memory_bytes": 96 * MI}
-        conn = libvirt.open(LIBVIRT_URI)
-        try:
-            live = conn.lookupByName(f"vmsandbox-{sid[:32]}").XMLDesc(0)
-        finally:
-            conn.close()
-        assert read_plugged(live) == (2, 128 * 1024), live  # one DIMM, not two
+        live = _live_xml(sid)
+        assert read_dimm_kib(live) == 128 * 1024, live  # one DIMM, not two
+        # the headroom's vCPU was present from the start and is online now (the guest's report said so)
+        assert _present_vcpus(live) == 2, live
+        assert "(guest: 2 vCPUs," in shim.log_text()
         assert claims(shim.state_dir)[sid] == held
     finally:
         if sid and shim.process.poll() is None:

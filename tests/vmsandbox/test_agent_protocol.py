@@ -167,7 +167,7 @@ def test_report_is_hashable_and_frozen() -> None:
         pytest.param(b"[1,2]", "not a JSON object", id="array"),
         pytest.param(b'"hello"', "not a JSON object", id="string"),
         pytest.param(b'{"type":"ack"}', "no protocol version", id="no-version"),
-        pytest.param(b'{"v":9,"type":"ack"}', "unsupported protocol version 9", id="version-9"),
+        pytest.param(b'{"v":10,"type":"ack"}', "unsupported protocol version 10", id="version-10"),
         pytest.param(b'{"v":"1","type":"ack"}', "unsupported protocol version '1'", id="version-string"),
         pytest.param(b'{"v":true,"type":"ack"}', "unsupported protocol version True", id="version-bool"),
         pytest.param(b'{"v":1.0,"type":"ack"}', "unsupported protocol version 1.0", id="version-float"),
@@ -267,7 +267,7 @@ STATE_BODY = {
 def test_request_args_round_trip() -> None:
     msg = Request("9", "create", {"id": "c1", "spec": {"process": {"args": ["sh"]}}})
     data = encode(msg)
-    assert json.loads(data)["v"] == VERSION == 8
+    assert json.loads(data)["v"] == VERSION == 9
     assert json.loads(encode(msg, 2))["v"] == 2
     assert decode(data) == msg
     assert decode(data).args == msg.args  # type: ignore[union-attr]

@@ -233,6 +233,7 @@ CALLS: dict[str, Callable[[AgentClient], object]] = {
     "volume_write": lambda c: _each(c.volume_write, kubelet_volumes.write_batches(VOLUME, TREE)),
     "volume_commit": lambda c: c.volume_commit(kubelet_volumes.commit_args(VOLUME, TREE)),
     "volume_remove": lambda c: c.volume_remove(VOLUME),
+    "cpus_online": lambda c: c.cpus_online(2),
     "proc_start": lambda c: agent_streams.proc_start(c, CID, ["sh"], tty=True, stdin=True, rows=24, cols=80),
     "proc_read": lambda c: _stream(c, agent_ops.PROC).read(agent_ops.STREAM_READ_MAX, 1),
     "proc_write": lambda c: _stream(c, agent_ops.PROC).write_some(b"hello\n"),
@@ -346,6 +347,7 @@ def test_the_schema_states_the_versions_and_bounds_the_host_uses() -> None:
     assert since["log_read"] == 3
     assert since["attach_resize"] == agent_protocol.TTY_VERSION
     assert since["personalize"] == agent_protocol.PERSONALIZE_VERSION
+    assert since["cpus_online"] == agent_protocol.CPUS_ONLINE_VERSION
     assert {op for op, v in since.items() if v == agent_protocol.VOLUMES_VERSION} == {
         "volume_begin",
         "volume_write",

@@ -28,10 +28,10 @@ from vmsandbox.domain import (
     domain_name,
     free_disk_target,
     guest_cmdline,
-    tb_cache_mib,
 )
 from vmsandbox.domain_xml import (
     read_channel_path,
+    read_dimm_kib,
     read_hostdevs,
     read_identity,
     read_image_disks,
@@ -116,7 +116,8 @@ CASES = {
         extra_cmdline="",
         console_log=None,
     ),
-    # (a') the same with resize headroom: 3 pinned vCPUs, 2 online; 2 DIMM slots of 128 MiB; one guest cell
+    # (a') the same with resize headroom: 3 pinned vCPUs present, 2 online at boot (maxcpus=2); 2 DIMM
+    # slots of 128 MiB; one guest cell
     "exclusive-2mi-headroom": Case(
         identity=SandboxIdentity(SID, "resizable", "default", "uid-h", 0, "vmsandbox"),
         shape=sized(
@@ -317,6 +318,51 @@ def test_guest_cmdline(guest_hugepages: tuple[tuple[int, int], ...], extra: str,
     assert guest_cmdline(shape, extra) == cmdline
 
 
+BASE = "console=ttyS0 panic=-1 quiet cryptomgr.notests"
+
+
+@pytest.mark.parametrize(
+    ("headroom_vcpus", "headroom_memory", "cmdline"),
+    [
+        pytest.param(0, 0, BASE, id="none"),
+        # the headroom's vCPUs are present, the kernel brings up the pod's alone
+        pytest.param(2, 0, f"{BASE} maxcpus=3", id="vcpus"),
+        pytest.param(0, 128 * MI, f"{BASE} memhp_default_state=online", id="ram"),
+        pytest.param(1, 128 * MI, f"{BASE} maxcpus=3 memhp_default_state=online", id="both"),
+    ],
+)
+def test_guest_cmdline_with_headroom(headroom_vcpus: int, headroom_memory: int, cmdline: str) -> None:
+    shape = VmShape(3, 256 * MI, 4096, (), "exclusive", PodDemand(2500, MI), headroom_vcpus, headroom_memory)
+    assert guest_cmdline(shape, "") == cmdline
+
+
+def test_a_headroom_guest_has_every_vcpu_present_and_boots_the_pods() -> None:
+    domain = CASES["exclusive-2mi-headroom"].domain()
+    root = ET.fromstring(render(domain))
+    vcpu = root.find("vcpu")
+    assert vcpu is not None and vcpu.text == "3" and vcpu.get("current") is None  # nothing for libvirt to plug
+    assert domain.boot_vcpus == 2
+    assert "maxcpus=2" in (root.findtext("os/cmdline") or "").split()
+    assert CASES["exclusive-2mi-tcg"].domain().boot_vcpus == 0
+
+
+@pytest.mark.parametrize(
+    ("devices", "kib"),
+    [
+        ("", 0),
+        ("<memory model='dimm'><target><size unit='KiB'>131072</size><node>0</node></target></memory>", 131072),
+        (
+            "<memory model='dimm'><target><size unit='MiB'>128</size></target></memory>"
+            "<memory model='dimm'><target><size unit='GiB'>1</size></target></memory>"
+            "<memory model='nvdimm'><target><size unit='KiB'>4</size></target></memory>",
+            131072 + (1 << 20),
+        ),
+    ],
+)
+def test_read_dimm_kib(devices: str, kib: int) -> None:
+    assert read_dimm_kib(f"<domain><vcpu current='1'>2</vcpu><devices>{devices}</devices></domain>") == kib
+
+
 def test_domain_name_uses_the_id_only() -> None:
     assert domain_name(SID) == "vmsandbox-0123456789abcdef0123456789abcdef"
     assert CASES["exclusive-2mi-tcg"].domain().name == "vmsandbox-0123456789abcdef0123456789abcdef"
@@ -384,9 +430,9 @@ def test_libvirt_accepts_the_xml(name: str) -> None:
             assert read_identity(live) == CASES[name].identity
             assert read_vcpu_pins(live) == read_vcpu_pins(xml)
             assert dom.maxMemory() == CASES[name].shape.memory_bytes // 1024
-            # the headroom's vCPUs are defined (and pinned) from the start, offline until a resize
+            # the headroom's vCPUs are present (and pinned) from the start, offline in the guest until a resize
             assert dom.vcpusFlags(libvirt.VIR_DOMAIN_VCPU_MAXIMUM) == CASES[name].shape.reserved_vcpus
-            assert dom.vcpusFlags(libvirt.VIR_DOMAIN_AFFECT_CONFIG) == CASES[name].shape.vcpus
+            assert dom.vcpusFlags(libvirt.VIR_DOMAIN_AFFECT_CONFIG) == CASES[name].shape.reserved_vcpus
             assert read_hostdevs(live) == CASES[name].hostdevs
         finally:
             dom.undefine()
@@ -503,26 +549,10 @@ def test_hotplug_ports_only_on_q35(machine: str, ports: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("profile_mib", "headroom_vcpus", "expected"),
-    [
-        (10, 0, 10),  # the profile's cache
-        (64, 0, 64),
-        (None, 0, None),  # none asked: QEMU's default
-        (10, 1, 32),  # vCPUs to plug: QEMU 7.2 aborts a plug that finds every region of a small cache taken
-        (8, 3, 32),
-        (64, 1, 64),
-        (None, 1, None),
-    ],
-)
-def test_tb_cache_of_a_guest_with_vcpus_to_plug(
-    profile_mib: int | None, headroom_vcpus: int, expected: int | None
-) -> None:
-    assert tb_cache_mib(profile_mib, headroom_vcpus) == expected
-
-
-@pytest.mark.parametrize(
     ("accel", "name", "expected"),
-    [("tcg", "exclusive-2mi-headroom", 32), ("tcg", "exclusive-2mi-tcg", 10), ("kvm", "exclusive-2mi-headroom", None)],
+    # a guest with vCPU headroom has every vCPU thread from QEMU's start (none registers later and
+    # finds the cache's regions taken): the profile's cache, as any other guest
+    [("tcg", "exclusive-2mi-headroom", 10), ("tcg", "exclusive-2mi-tcg", 10), ("kvm", "exclusive-2mi-headroom", None)],
 )
 def test_build_domain_gives_the_tb_cache(accel: Literal["kvm", "tcg"], name: str, expected: int | None) -> None:
     case = replace(CASES[name], accel=accel)

@@ -31,17 +31,20 @@ from vmsandbox.adapters.guest_channel import (
     GuestRequestFailed,
 )
 from vmsandbox.agent_ops import (
+    MAX_ONLINE_CPUS,
     CgroupStats,
     ContainerState,
     ExecResult,
     LogChunk,
     container_state_from_body,
     container_states_from_body,
+    cpus_online_from_body,
     exec_result_from_body,
     log_chunk_from_body,
     stats_from_body,
 )
 from vmsandbox.agent_protocol import (
+    CPUS_ONLINE_VERSION,
     EXEC_OUTPUT_MAX,
     IMAGE_MOUNTS_VERSION,
     TTY_VERSION,
@@ -56,7 +59,7 @@ from vmsandbox.agent_protocol import (
     Response,
     UnsolicitedBudget,
 )
-from vmsandbox.errors import InfrastructureError, WrongState
+from vmsandbox.errors import InfrastructureError, InternalError, WrongState
 
 RESPONSE_SLACK_S = 10.0
 """Extra time a blocking op (wait, exec, a stream session's read) gets over its own timeout for the round trip."""
@@ -307,6 +310,21 @@ class AgentClient:
     def update(self, cid: str, files: Mapping[str, str], timeout_s: float = 30) -> None:
         """Writes cgroup limit files ("memory.max", "cpu.max", ...) of a container."""
         self.request("update", {"id": cid, "files": dict(files)}, timeout_s)
+
+    def cpus_online(self, count: int, timeout_s: float = 30) -> int:
+        """Has the guest bring its CPUs online up to ``count`` (present ones it booted offline: a
+        resize into the pod's vCPU headroom; none is taken offline); how many it says are online
+        after. An agent older than protocol 9 is refused here."""
+        if not 1 <= count <= MAX_ONLINE_CPUS:
+            raise InternalError(f"cpus_online of {count} CPUs (1 to {MAX_ONLINE_CPUS})")
+        if self.report.protocol < CPUS_ONLINE_VERSION:
+            raise WrongState(
+                f"the guest agent on {self.label} speaks protocol {self.report.protocol}, which cannot bring the "
+                f"pod's headroom vCPUs online; that needs protocol {CPUS_ONLINE_VERSION} (a guest image built from "
+                "this release: recreate the pod)"
+            )
+        body = self.request("cpus_online", {"count": count}, timeout_s)
+        return cpus_online_from_body(body, f"{self.label}: cpus_online response")
 
     # ---- copies of the kubelet's atomic-writer volumes (vmsandbox.kubelet_volumes) -------------
 

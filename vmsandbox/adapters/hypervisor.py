@@ -335,14 +335,6 @@ class Hypervisor:
             lambda conn: conn.lookupByName(name).attachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE),
         )
 
-    def set_vcpus(self, name: str, count: int) -> None:
-        """Bring the running guest of ``name`` to ``count`` vCPUs (live only; the hot-plugged ones
-        keep the pinning the definition gave them)."""
-        self._call(
-            f"set {name} to {count} vCPUs",
-            lambda conn: conn.lookupByName(name).setVcpusFlags(count, libvirt.VIR_DOMAIN_AFFECT_LIVE),
-        )
-
     def detach_device(self, name: str, xml: str) -> None:
         """Ask the running guest of ``name`` to give up the device ``xml``; libvirt finishes the
         removal when the guest agrees. A guest that is not running has nothing to detach."""

@@ -14,7 +14,9 @@ import pytest
 from tests import fake_guest as fg
 from vmsandbox.adapters.agent_client import AgentClient, AgentLost
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
+from vmsandbox.agent_ops import MAX_ONLINE_CPUS
 from vmsandbox.agent_protocol import (
+    CPUS_ONLINE_VERSION,
     IMAGE_MOUNTS_VERSION,
     TTY_VERSION,
     UNKNOWN_CONTAINER,
@@ -23,7 +25,7 @@ from vmsandbox.agent_protocol import (
     ImageMount,
     ProtocolError,
 )
-from vmsandbox.errors import InfrastructureError, WrongState
+from vmsandbox.errors import InfrastructureError, InternalError, WrongState
 
 LABEL = "sandbox 0123456789ab"
 
@@ -224,4 +226,56 @@ def test_a_user_namespace_container_is_refused_before_an_agent_that_would_not_id
     assert seen == []
     client.create("c1", lower="disks/x", spec={"process": {}, "linux": {"namespaces": [{"type": "pid"}]}})
     assert len(seen) == 1
+    client.close()
+
+
+def _cpus_agent(protocol: int, online: object, seen: list[object]) -> Callable[[dict[str, object]], bytes]:
+    def cpus_online(msg: dict[str, object]) -> bytes:
+        seen.append(msg["args"])
+        return fg.ok(msg["id"], {"online": online})
+
+    def report(msg: dict[str, object]) -> bytes:
+        return fg.ok(msg["id"], {**fg.report_body(), "protocol": protocol})
+
+    return fg.agent(answers={"cpus_online": cpus_online, "report": report})
+
+
+def test_cpus_online_asks_the_agent_for_a_count(guest, lost: Lost, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    seen: list[object] = []
+    guest(lambda n, peer: peer.serve(_cpus_agent(CPUS_ONLINE_VERSION, 2, seen)))
+    client = _client(tmp_path / "agent.sock", lost)
+    assert client.cpus_online(2) == 2
+    assert seen == [{"count": 2}]
+    client.close()
+
+
+@pytest.mark.parametrize("count", [0, -1, MAX_ONLINE_CPUS + 1])
+def test_cpus_online_of_a_count_out_of_bounds_is_not_sent(guest, lost: Lost, tmp_path, count: int) -> None:  # type: ignore[no-untyped-def]
+    seen: list[object] = []
+    guest(lambda n, peer: peer.serve(_cpus_agent(CPUS_ONLINE_VERSION, 2, seen)))
+    client = _client(tmp_path / "agent.sock", lost)
+    with pytest.raises(InternalError, match="cpus_online of"):
+        client.cpus_online(count)
+    assert seen == []
+    client.close()
+
+
+def test_cpus_online_is_refused_before_an_agent_without_it(guest, lost: Lost, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An agent older than protocol 9 has no cpus_online (and its guest booted every vCPU it had):
+    the host refuses with a reason instead of sending it."""
+    seen: list[object] = []
+    guest(lambda n, peer: peer.serve(_cpus_agent(CPUS_ONLINE_VERSION - 1, 2, seen)))
+    client = _client(tmp_path / "agent.sock", lost)
+    with pytest.raises(WrongState, match=r"speaks protocol 8, .* needs protocol 9"):
+        client.cpus_online(2)
+    assert seen == []
+    client.close()
+
+
+@pytest.mark.parametrize("online", [-1, "2", 2.0, None, 1 << 31])
+def test_a_bad_cpus_online_answer_is_a_protocol_error(guest, lost: Lost, tmp_path, online: object) -> None:  # type: ignore[no-untyped-def]
+    guest(lambda n, peer: peer.serve(_cpus_agent(CPUS_ONLINE_VERSION, online, [])))
+    client = _client(tmp_path / "agent.sock", lost)
+    with pytest.raises(ProtocolError, match="online"):
+        client.cpus_online(2)
     client.close()
