@@ -42,8 +42,11 @@ class CpuReadback:
     per_command_ms: float
 
 
-class _Qmp:
-    def __init__(self, path: str, deadline: float, proc: subprocess.Popen[bytes], stderr: str) -> None:
+class Qmp:
+    """A QMP client on QEMU's unix socket, connected once QEMU listens (events are skipped); also
+    ``bench/restore_floor.py``'s."""
+
+    def __init__(self, path: str, deadline: float, proc: subprocess.Popen[bytes], stderr: str | Path) -> None:
         while True:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -103,7 +106,7 @@ def measure(guest: DirectGuest, *, timeout_s: float = 30.0) -> CpuReadback:
                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
             )
         try:
-            qmp = _Qmp(qmp_path, time.monotonic() + timeout_s, proc, stderr)
+            qmp = Qmp(qmp_path, time.monotonic() + timeout_s, proc, stderr)
             try:
                 start = time.monotonic()
                 props = qmp.call("qom-list", path=VCPU_PATH)

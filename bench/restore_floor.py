@@ -27,11 +27,9 @@ beyond QEMU's own load and the read-back (``libvirt_overhead_s``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,7 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
-from bench.cpu_readback import VCPU_PATH
+from bench.cpu_readback import VCPU_PATH, Qmp
 from bench.qemu_direct import DirectGuest, boot_direct, percentile, wait_for_hugepages
 from bench.sandbox_start import (
     IMAGE_DIR,
@@ -52,6 +50,7 @@ from bench.sandbox_start import (
     live_xml,
     machine_cgroup,
     pod,
+    pod_arguments,
     restore_phases,
     snapshot_made,
     stats,
@@ -65,43 +64,6 @@ from vmsandbox.snapshot_rules import SEED_BYTES, parse_save_header, personalize_
 
 TIMEOUT_S = 60.0
 SETTLE_S = float(os.environ.get("RESTORE_FLOOR_SETTLE_S", "0"))
-
-
-class Qmp:
-    """A QMP client on a unix socket (events are skipped)."""
-
-    def __init__(self, path: str, deadline: float, proc: subprocess.Popen[bytes], stderr: Path) -> None:
-        while True:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                self.sock.connect(path)
-                break
-            except OSError:
-                self.sock.close()
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    said = stderr.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"QEMU's QMP never answered: {said}") from None
-                time.sleep(0.002)
-        self.file = self.sock.makefile("rwb")
-        json.loads(self.file.readline())  # the greeting
-        self.call("qmp_capabilities")
-
-    def call(self, command: str, **arguments: Any) -> Any:
-        msg: dict[str, Any] = {"execute": command}
-        if arguments:
-            msg["arguments"] = arguments
-        self.file.write(json.dumps(msg).encode() + b"\n")
-        self.file.flush()
-        while True:
-            reply = json.loads(self.file.readline())
-            if "error" in reply:
-                raise RuntimeError(f"QMP {command}: {reply['error']}")
-            if "return" in reply:
-                return reply["return"]
-
-    def close(self) -> None:
-        self.file.close()
-        self.sock.close()
 
 
 def qemu_cmdline(domain: str) -> list[str]:
@@ -249,17 +211,7 @@ SHAPE: dict[str, Any] = {
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--cpu", default="1")
-    parser.add_argument("--memory", default="192Mi", help="pod memory; the profile adds 64Mi guest overhead")
-    parser.add_argument("--smoke", action="store_true", help="one run of each; check the JSON, exit 1 if wrong")
-    args = parser.parse_args()
-    if args.smoke:
-        args.runs = 1
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    smoke.require(smoke.missing_guest_host(), smoke.missing_tools("qemu-system-x86_64"))
+    args = pod_arguments(__doc__ or "")
     shim_s: list[float] = []
     shim_split: dict[str, list[float]] = {k: [] for k in ("copy", "restore", "personalize", "other")}
     bare: dict[str, list[float]] = {k: [] for k in SHAPE["bare_split_s"]}

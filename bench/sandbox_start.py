@@ -185,8 +185,11 @@ SHAPE: dict[str, Any] = {
 }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def pod_arguments(doc: str) -> argparse.Namespace:
+    """The command line of the benchmarks that start one pod's guest per run (this one and
+    ``bench/restore_floor.py``): ``--runs``, the pod's ``--cpu`` and ``--memory``, ``--smoke``;
+    exits naming what the host lacks to run them."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--cpu", default="1")
     parser.add_argument("--memory", default="192Mi", help="pod memory; the profile adds 64Mi guest overhead")
@@ -197,6 +200,11 @@ def main() -> int:
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     smoke.require(smoke.missing_guest_host(), smoke.missing_tools("qemu-system-x86_64"))
+    return args
+
+
+def main() -> int:
+    args = pod_arguments(__doc__ or "")
     sandbox_s: list[float] = []
     direct_s: list[float] = []
     split: dict[str, list[float]] = {k: [] for k in ("define", "start", "guest_boot", "agent_hello", "rpc_other")}
