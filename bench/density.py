@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -321,14 +322,14 @@ def times(pods: list[Pod]) -> dict[str, Any]:
     }
 
 
-def push_image(work: Path) -> tuple[Any, str]:
-    from tests.registry_kit import Layout, Registry, busybox_entries, push
+def push_image(registry: Any, work: Path) -> str:
+    """busybox with ``sleep`` and ``true``, its command ``CONTAINER_CMD``, pushed to ``registry``."""
+    from tests.registry_kit import Layout, busybox_entries, push
 
-    registry = Registry(work / "registry").start()
     layout = Layout(work / "layout")
     layout.tag("img", layout.image([layout.layer(busybox_entries(("sleep", "true")))], cmd=tuple(CONTAINER_CMD)))
     push(layout, "img", f"{registry.host}/bench/sleep:1")
-    return registry, f"{registry.host}/bench/sleep:1"
+    return f"{registry.host}/bench/sleep:1"
 
 
 def write_profile(path: Path) -> dict[str, Any]:
@@ -349,8 +350,10 @@ def vm_phase(
     warm = start_pod(rt, vm_pod_config(0, logs), image, handler, vm=True)
     deadline = time.monotonic() + SNAPSHOT_WAIT_S
     while snapshot_made(state_dir) is None:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the shim made no snapshot within {SNAPSHOT_WAIT_S} s (see {work / 'shim.log'})")
+        failed = re.search(r"snapshot [0-9a-f]{12} not made.*", (work / "shim.log").read_text(errors="replace"))
+        if failed or time.monotonic() > deadline:
+            why = failed[0] if failed else f"none within {SNAPSHOT_WAIT_S} s"
+            raise SystemExit(f"the shim made no snapshot: {why} (guest image: {IMAGE_DIR})")
         time.sleep(0.5)
     remove_pod(rt, warm.sandbox_id)
     capacity = ledger_memory(metrics_url)
@@ -492,20 +495,23 @@ def runc_phase(
 
 
 def measure(capacity: int, settle_s: float) -> dict[str, Any]:
-    from tests.registry_kit import free_port
+    from tests.registry_kit import Registry, free_port
 
     script = REPO / "scripts" / "containerd.sh"
     with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-density-") as tmp:
         work = Path(tmp)
-        registry, image = push_image(work)
+        registry = Registry(work / "registry").start()
         ctd_dir = work / "containerd"
         try:
-            subprocess.run(
+            image = push_image(registry, work)
+            up = subprocess.run(
                 ["bash", str(script), "up", str(ctd_dir), image, str(work / "net.d"), registry.host],
-                check=True,
                 capture_output=True,
+                text=True,
                 timeout=120,
             )
+            if up.returncode != 0:
+                raise SystemExit(f"containerd.sh up failed ({up.returncode}):\n{up.stdout}{up.stderr}")
             endpoint = f"unix://{ctd_dir / 'containerd.sock'}"
             with grpc.insecure_channel(endpoint) as channel:
                 version = pb_grpc.RuntimeServiceStub(channel).Version(pb.VersionRequest(), timeout=30)
