@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import pytest
 
-from bench.density import guest_ram_mapping_kib, invariants, is_placement_refusal, memory_reserved_for
+from bench.density import Pod, guest_ram_mapping_kib, invariants, is_placement_refusal, memory_reserved_for, times
 from vmsandbox.host import HostCpu, HostInventory, HugepagePool
 
 RAM_KIB = 131072  # 128 MiB
@@ -128,3 +128,22 @@ def _doc(fit: int = 2, vm_pods: int = 2, runc_pods: int = 2, free: float = 64.0,
 )
 def test_invariants(doc: Any, problems: int) -> None:
     assert len(invariants(doc)) == problems
+
+
+def _pods(*totals: float) -> list[Pod]:
+    return [Pod(f"s{i}", f"c{i}", t, 0.0, 0.0) for i, t in enumerate(totals)]
+
+
+@pytest.mark.parametrize(
+    ("totals", "last_first", "thirds"),
+    [
+        ((2.0,), 1.0, 1.0),
+        ((2.0, 3.0, 4.0), 2.0, 2.0),  # a third of 3 pods is one pod
+        ((2.0, 4.0, 3.0, 3.0, 9.0, 4.0), 2.0, 6.5 / 3.0),  # thirds of two: medians 3.0 and 6.5
+    ],
+    ids=["one", "three", "six"],
+)
+def test_start_times_last_against_first(totals: tuple[float, ...], last_first: float, thirds: float) -> None:
+    got = times(_pods(*totals))
+    assert got["ratio_last_first"] == round(last_first, 3)
+    assert got["ratio_last_third_first_third"] == round(thirds, 3)
