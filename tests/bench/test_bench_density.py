@@ -4,11 +4,14 @@ its document that its shape cannot make."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from bench import table
 from bench.density import Pod, guest_ram_mapping_kib, invariants, is_placement_refusal, memory_reserved_for, times
 from vmsandbox.host import HostCpu, HostInventory, HugepagePool
 
@@ -147,3 +150,17 @@ def test_start_times_last_against_first(totals: tuple[float, ...], last_first: f
     got = times(_pods(*totals))
     assert got["ratio_last_first"] == round(last_first, 3)
     assert got["ratio_last_third_first_third"] == round(thirds, 3)
+
+
+def test_the_readmes_row_of_a_density_document(tmp_path: Path) -> None:
+    doc = {
+        "pods_fit": 15,
+        "capacity": {"capacity_mib": 1984.0},
+        "vm": {"host_memory_per_pod_mib": 140.3, "start_s": {"first": 2.3, "last": 2.1, "ratio_last_first": 0.913}},
+        "runc": {"host_memory_per_pod_mib": 4.5},
+        "ratio_memory_vm_runc": 31.18,
+    }
+    (tmp_path / "density.json").write_text(json.dumps(doc))
+    lines = [line for line in table.render(tmp_path).splitlines() if line.startswith("| `density`")]
+    memory = "host memory per idle VM pod (15 fit in 1984 MiB) | 140 MiB | runc pod 4.5 MiB | 31.18 |  |  |"
+    assert lines == [f"| `density` | {memory}"]
