@@ -133,6 +133,15 @@ def _cluster_start(d: dict[str, Any]) -> list[Row]:
     ]  # fmt: skip
 
 
+def _density(d: dict[str, Any]) -> list[Row]:
+    vm, runc = d["vm"], d["runc"]
+    return [
+        Row(f"host memory per idle VM pod ({d['pods_fit']} fit in {d['capacity']['capacity_mib']:.0f} MiB)",
+            _mib(vm["host_memory_per_pod_mib"]), f"runc pod {runc['host_memory_per_pod_mib']:.1f} MiB",
+            d["ratio_memory_vm_runc"], "", None),
+    ]  # fmt: skip
+
+
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "sandbox_start": _sandbox_start,
     "container_start": _container_start,
@@ -143,6 +152,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "pod_network": _pod_network,
     "cri_scale": _cri_scale,
     "resize": _resize,
+    "density": _density,
 }
 
 
