@@ -96,7 +96,7 @@ from tests import interrupts
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory
-from vmsandbox.qemu_memory import parse_smaps_rollup
+from vmsandbox.qemu_memory import guest_ram_mapping_kib, parse_smaps_rollup
 from vmsandbox.quantity import parse_nonnegative_quantity
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,36 +112,6 @@ MIB = 1 << 20
 
 
 # -- memory from /proc ------------------------------------------------------------------------------------
-def guest_ram_mapping_kib(smaps: str, ram_kib: int) -> dict[str, int] | None:
-    """``Rss`` and ``Anonymous`` (KiB) of the mapping that backs guest RAM in a QEMU's
-    ``/proc/<pid>/smaps``: of the writable mappings no file backs that are at least ``ram_kib``
-    large, the smallest (QEMU's ``memory-backend-ram``); None when there is none."""
-    best: tuple[int, dict[str, int]] | None = None
-    size, candidate = 0, False
-    fields: dict[str, int] = {}
-
-    def close() -> None:
-        nonlocal best
-        if candidate and size >= ram_kib and (best is None or size < best[0]):
-            best = (size, {"Rss": fields.get("Rss", 0), "Anonymous": fields.get("Anonymous", 0)})
-
-    for line in smaps.splitlines():
-        head = line.split(maxsplit=5)
-        if len(head) >= 5 and "-" in head[0] and len(head[1]) == 4:
-            close()
-            start, _, end = head[0].partition("-")
-            size, fields = (int(end, 16) - int(start, 16)) // 1024, {}
-            path = head[5] if len(head) == 6 else ""
-            candidate = head[1].startswith("rw") and (path == "" or path.startswith("[anon"))
-        elif candidate:
-            name, _, rest = line.partition(":")
-            value = rest.split()
-            if len(value) == 2 and value[1] == "kB" and value[0].isdigit():
-                fields[name] = int(value[0])
-    close()
-    return best[1] if best is not None else None
-
-
 def rollup(pid: int) -> dict[str, int]:
     return parse_smaps_rollup(Path(f"/proc/{pid}/smaps_rollup").read_bytes())
 

@@ -289,7 +289,9 @@ def _vmm_memory(sandboxes: Sandboxes) -> Iterator[tuple[str, int]]:
     """(sandbox id, KiB) of each ready sandbox's QEMU beyond guest RAM, for the metrics' scrape."""
     for s in sandboxes.records.list_sandboxes():
         if s.state == SANDBOX_READY and s.domain:
-            kib = sandboxes.hypervisor.emulator_memory_kib(s.domain)
+            shape = s.sized_shape()
+            ordinary = 0 if shape.hugepage_backed else shape.memory_bytes // 1024
+            kib = sandboxes.hypervisor.emulator_memory_kib(s.domain, ordinary)
             if kib is not None:
                 yield s.id, kib
 

@@ -12,8 +12,9 @@ import grpc
 import pytest
 
 from bench import table
-from bench.density import Pod, guest_ram_mapping_kib, invariants, is_placement_refusal, memory_reserved_for, times
+from bench.density import Pod, invariants, is_placement_refusal, memory_reserved_for, times
 from vmsandbox.host import HostCpu, HostInventory, HugepagePool
+from vmsandbox.qemu_memory import guest_ram_mapping_kib
 
 RAM_KIB = 131072  # 128 MiB
 HEAP = "55b2e4d6b000-55b2e66d0000 rw-p 00000000 00:00 0      [heap]\nRss: 25000 kB\nAnonymous: 25000 kB\n"

@@ -58,3 +58,18 @@ def test_only_the_first_bytes_are_read() -> None:
 )
 def test_beyond_guest_ram(fields: dict[str, int], expected: int | None) -> None:
     assert beyond_guest_ram_kib(fields) == expected
+
+
+@pytest.mark.parametrize(
+    ("guest_ram", "expected"),
+    [
+        (None, 140_000),  # hugepage-backed: guest RAM was never anonymous
+        ({"Rss": 104_000, "Anonymous": 104_000}, 36_000),  # ordinary pages: the guest's touched RAM out
+        ({"Rss": 0}, 140_000),
+        ({"Anonymous": 150_000}, 0),  # never below zero, whatever the two reads saw
+    ],
+)
+def test_guest_ram_on_ordinary_pages_is_not_counted_as_the_vmms(
+    guest_ram: dict[str, int] | None, expected: int
+) -> None:
+    assert beyond_guest_ram_kib({"Anonymous": 140_000}, guest_ram) == expected

@@ -30,7 +30,13 @@ from tenacity import (
 from vmsandbox.domain import DOMAIN_PREFIX
 from vmsandbox.domain_xml import read_channel_path, read_identity
 from vmsandbox.errors import InfrastructureError
-from vmsandbox.qemu_memory import SMAPS_ROLLUP_MAX, beyond_guest_ram_kib, parse_smaps_rollup
+from vmsandbox.qemu_memory import (
+    SMAPS_MAX,
+    SMAPS_ROLLUP_MAX,
+    beyond_guest_ram_kib,
+    guest_ram_mapping_kib,
+    parse_smaps_rollup,
+)
 
 log = logging.getLogger(__name__)
 _log_retry = before_sleep_log(log, logging.WARNING)
@@ -185,11 +191,13 @@ class Hypervisor:
         except (OSError, ValueError):
             return None
 
-    def emulator_memory_kib(self, name: str) -> int | None:
+    def emulator_memory_kib(self, name: str, guest_ram_kib: int = 0) -> int | None:
         """QEMU's private memory beyond guest RAM for the running domain ``name``, in KiB (its
-        anonymous pages, ``vmsandbox.qemu_memory``); None when it is not running or cannot be read.
-        The pid file names a process that may have exited since, its pid taken by another: only a
-        process named ``qemu*`` is read, at most ``SMAPS_ROLLUP_MAX`` bytes, never through a symlink."""
+        anonymous pages, ``vmsandbox.qemu_memory``); ``guest_ram_kib``: the guest RAM of a domain on
+        ordinary pages, whose mapping (found in the full smaps) is taken out (0: hugepage-backed,
+        never anonymous). None when it is not running or cannot be read. The pid file names a
+        process that may have exited since, its pid taken by another: only a process named
+        ``qemu*`` is read, at most ``SMAPS_ROLLUP_MAX`` (``SMAPS_MAX``) bytes, never through a symlink."""
         pid = self.emulator_pid(name)
         if pid is None:
             return None
@@ -197,14 +205,14 @@ class Hypervisor:
         try:
             if not proc.joinpath("comm").read_text()[:64].startswith("qemu"):
                 return None
-            fd = os.open(proc / "smaps_rollup", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                data = os.read(fd, SMAPS_ROLLUP_MAX)
-            finally:
-                os.close(fd)
+            rollup = parse_smaps_rollup(_read_proc(proc / "smaps_rollup", SMAPS_ROLLUP_MAX))
+            guest_ram = None
+            if guest_ram_kib > 0:
+                smaps = _read_proc(proc / "smaps", SMAPS_MAX).decode("ascii", errors="replace")
+                guest_ram = guest_ram_mapping_kib(smaps, guest_ram_kib)
         except (OSError, UnicodeDecodeError):
             return None
-        return beyond_guest_ram_kib(parse_smaps_rollup(data))
+        return beyond_guest_ram_kib(rollup, guest_ram)
 
     def daemon_pid(self) -> int | None:
         """The pid of the libvirt daemon that starts this URI's QEMUs (``libvirtd`` or
@@ -348,3 +356,16 @@ class Hypervisor:
                     raise
 
         self._call(f"detach a device from {name}", detach)
+
+
+def _read_proc(path: Path, limit: int) -> bytes:
+    """At most ``limit`` bytes of a /proc file, never through a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        chunks, left = [], limit
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
