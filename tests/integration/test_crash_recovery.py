@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -60,13 +60,22 @@ class Host:
     tmp: Path
     baseline: int
     shims: int = 0
+    started: list[Shim] = field(default_factory=list)  # this test's shims: none outlives it
 
     def start(self, fault: str | None = None) -> Shim:
         log = self.tmp / "shim.log"
         if log.exists():
             self.shims += 1
             log.rename(self.tmp / f"shim-{self.shims:03d}.log")
-        return start_shim(self.tmp, env={"VMSANDBOX_FAULT": fault} if fault else None)
+        shim = start_shim(self.tmp, env={"VMSANDBOX_FAULT": fault} if fault else None)
+        self.started.append(shim)
+        return shim
+
+    def stop_all(self) -> None:
+        """Kill every shim this test started that still runs (one whose fault point was never
+        reached, when the test failed before its own clean-up)."""
+        while self.started:
+            stop_shim(self.started.pop(), kill=True)
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +88,12 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     finally:
         _clean_up(h)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_shim_left(host: Host) -> Iterator[None]:
+    yield
+    host.stop_all()
 
 
 def _clean_up(h: Host) -> None:
