@@ -133,8 +133,9 @@ def test_docker_format_deployment_runs_in_a_vm(cluster: Cluster, image: str, tmp
 
     # kubectl logs: the container's output, through the API server, the kubelet and the shim
     def output() -> str:
+        # both lines the command prints: the shim writes each to the log file as the guest sends it
         out = cluster.kubectl("logs", name, check=False).stdout
-        return out if "hello from a docker image" in out else ""
+        return out if "hello from a docker image" in out and len(out.splitlines()) >= 2 else ""
 
     logs = until("the Deployment's output in kubectl logs", 60, output)
     assert logs.splitlines()[:2] == ["hello from a docker image", "1000"], logs
