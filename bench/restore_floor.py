@@ -49,15 +49,15 @@ from bench.sandbox_start import (
     _stats_shape,
     live_xml,
     machine_cgroup,
-    pod,
     pod_arguments,
+    remove_pod,
     restore_phases,
     snapshot_made,
     stats,
+    timed_run,
     write_profiles,
 )
 from bench.shim_process import shim_process
-from gen.cri.runtime.v1 import api_pb2 as pb
 from tests import interrupts
 from vmsandbox.adapters.guest_channel import GuestChannel
 from vmsandbox.snapshot_rules import SEED_BYTES, parse_save_header, personalize_args
@@ -223,16 +223,10 @@ def main() -> int:
         with shim_process(tmp, "--profile", str(profiles)) as rt:
 
             def run() -> tuple[str, float, dict[str, Any]]:
-                start = time.monotonic()
-                request = pb.RunPodSandboxRequest(config=pod(args.cpu, args.memory), runtime_handler=RESTORE)
-                sid = rt.RunPodSandbox(request, timeout=300).pod_sandbox_id
-                total = time.monotonic() - start
-                status = rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True), timeout=30)
-                return sid, total, json.loads(status.info["info"])
+                return timed_run(rt, RESTORE, args)
 
             def remove(sid: str) -> None:
-                rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
-                rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+                remove_pod(rt, sid)
 
             first, _, _ = run()  # cold: the snapshot is made once it is READY
             deadline = time.monotonic() + SNAPSHOT_WAIT_S

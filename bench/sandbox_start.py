@@ -185,6 +185,22 @@ SHAPE: dict[str, Any] = {
 }
 
 
+def timed_run(rt: Any, handler: str, args: argparse.Namespace) -> tuple[str, float, dict[str, Any]]:
+    """RunPodSandbox of the benchmark's pod (``pod_arguments``' ``--cpu`` and ``--memory``) on
+    ``handler``: its id, the seconds it took, and its verbose status's info."""
+    start = time.monotonic()
+    request = pb.RunPodSandboxRequest(config=pod(args.cpu, args.memory), runtime_handler=handler)
+    sid = rt.RunPodSandbox(request, timeout=300).pod_sandbox_id
+    total = time.monotonic() - start
+    status = rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True), timeout=30)
+    return sid, total, json.loads(status.info["info"])
+
+
+def remove_pod(rt: Any, sid: str) -> None:
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+
+
 def pod_arguments(doc: str) -> argparse.Namespace:
     """The command line of the benchmarks that start one pod's guest per run (this one and
     ``bench/restore_floor.py``): ``--runs``, the pod's ``--cpu`` and ``--memory``, ``--smoke``;
@@ -245,16 +261,10 @@ def main() -> int:
         with shim_process(tmp, "--profile", str(profiles)) as rt:
 
             def run(handler: str) -> tuple[str, float, dict[str, Any]]:
-                start = time.monotonic()
-                request = pb.RunPodSandboxRequest(config=pod(args.cpu, args.memory), runtime_handler=handler)
-                sid = rt.RunPodSandbox(request, timeout=300).pod_sandbox_id
-                total = time.monotonic() - start
-                status = rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True), timeout=30)
-                return sid, total, json.loads(status.info["info"])
+                return timed_run(rt, handler, args)
 
             def remove(sid: str) -> None:
-                rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
-                rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
+                remove_pod(rt, sid)
 
             def cold() -> None:
                 nonlocal guest, shape
