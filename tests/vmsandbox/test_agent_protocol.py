@@ -5,6 +5,7 @@ The guest's own implementation (images/agent) is tested in a real guest
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import threading
@@ -523,13 +524,9 @@ def test_guest_leaving_mid_request_is_reported(tmp_path: Path) -> None:
     guest.join()
 
 
-@pytest.mark.parametrize("protocol", [2, 3, 4, 9])
-def test_host_speaks_the_version_the_guest_reads(tmp_path: Path, protocol: int) -> None:
-    """The greeting goes out as version 1 (every agent reads it); after the guest said which it
-    speaks, the host sends the highest version both sides know."""
-    seen: list[int] = []
-    path = tmp_path / "agent.sock"
-    report = {**report_to_body(REPORT), "protocol": protocol}
+def _serve_raw(path: Path, guest: Callable[[io.BufferedIOBase], None]) -> threading.Thread:
+    """A guest on ``path`` that takes one connection and runs ``guest`` on its raw lines (JSON
+    frames written by hand, to see the versions the host sends), in a thread of its own."""
 
     def serve() -> None:
         with socket.socket(socket.AF_UNIX) as server:
@@ -538,18 +535,33 @@ def test_host_speaks_the_version_the_guest_reads(tmp_path: Path, protocol: int) 
             server.settimeout(10)
             conn, _ = server.accept()
             with conn, conn.makefile("rwb") as f:
-                f.write(json.dumps({"v": 2, "type": "hello", "body": report}).encode() + b"\n")
-                f.flush()
-                for line in f:
-                    obj = json.loads(line)
-                    seen.append(obj["v"])
-                    if obj["type"] == "request":
-                        answer = {"v": 2, "type": "response", "id": obj["id"], "ok": True, "body": {}}
-                        f.write(json.dumps(answer).encode() + b"\n")
-                        f.flush()
+                guest(f)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 9])
+def test_host_speaks_the_version_the_guest_reads(tmp_path: Path, protocol: int) -> None:
+    """The greeting goes out as version 1 (every agent reads it); after the guest said which it
+    speaks, the host sends the highest version both sides know."""
+    seen: list[int] = []
+    path = tmp_path / "agent.sock"
+    report = {**report_to_body(REPORT), "protocol": protocol}
+
+    def guest(f: io.BufferedIOBase) -> None:
+        f.write(json.dumps({"v": 2, "type": "hello", "body": report}).encode() + b"\n")
+        f.flush()
+        for line in f:
+            obj = json.loads(line)
+            seen.append(obj["v"])
+            if obj["type"] == "request":
+                answer = {"v": 2, "type": "response", "id": obj["id"], "ok": True, "body": {}}
+                f.write(json.dumps(answer).encode() + b"\n")
+                f.flush()
+
+    thread = _serve_raw(path, guest)
     with GuestChannel.open(path, 10) as channel:
         channel.request("ping", 10)
     thread.join(timeout=10)
@@ -604,21 +616,14 @@ def test_open_with_request_speaks_the_version_it_is_given(tmp_path: Path, versio
     seen: list[int] = []
     path = tmp_path / "agent.sock"
 
-    def serve() -> None:
-        with socket.socket(socket.AF_UNIX) as server:
-            server.bind(str(path))
-            server.listen()
-            server.settimeout(10)
-            conn, _ = server.accept()
-            with conn, conn.makefile("rwb") as f:
-                obj = json.loads(f.readline())
-                seen.append(obj["v"])
-                answer = {"v": 2, "type": "response", "id": obj["id"], "ok": True, "body": report_to_body(REPORT)}
-                f.write(json.dumps(answer).encode() + b"\n")
-                f.flush()
+    def guest(f: io.BufferedIOBase) -> None:
+        obj = json.loads(f.readline())
+        seen.append(obj["v"])
+        answer = {"v": 2, "type": "response", "id": obj["id"], "ok": True, "body": report_to_body(REPORT)}
+        f.write(json.dumps(answer).encode() + b"\n")
+        f.flush()
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    thread = _serve_raw(path, guest)
     with GuestChannel.open_with_request(path, "personalize", {}, version=version, timeout_s=10) as channel:
         assert channel.report == REPORT
     thread.join(timeout=10)
