@@ -223,7 +223,14 @@ def user_namespace(msg: pb.NamespaceOption, where: str) -> UserNamespace | None:
         return None
     if u.mode != pb.POD:
         raise InvalidArgument(f"{where}.mode is {u.mode}, not POD or NODE")
-    return UserNamespace(userns.mappings(u.uids, f"{where}.uids"), userns.mappings(u.gids, f"{where}.gids"))
+    ns = UserNamespace(userns.mappings(u.uids, f"{where}.uids"), userns.mappings(u.gids, f"{where}.gids"))
+    for side, mapped in (("uids", ns.maps_uid(0)), ("gids", ns.maps_gid(0))):
+        if not mapped:
+            raise InvalidArgument(
+                f"{where}.{side} maps no container id 0: the pod's user namespace would have no root, "
+                "which its sandbox and containers start as (map container id 0, as the kubelet does)"
+            )
+    return ns
 
 
 def _ip(value: str, where: str) -> None:
