@@ -25,6 +25,7 @@ from tests.critest_images import build_lookalike
 from tests.integration.image_setup import one_image_registry
 from tests.registry_kit import busybox_entries, file
 from tests.shim_kit import Shim, pod, q, require_host, running_shim
+from vmsandbox.domain import domain_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -115,13 +116,8 @@ def _run(env: Env, name: str, script: str, *args: str) -> tuple[int, list[str]]:
 
 
 def _qemu_pid(env: Env) -> str:
-    """The process of this sandbox's QEMU (libvirt's pid file names it)."""
-    for line in Path("/run/libvirt/qemu").glob("*.pid"):
-        pid = line.read_text().strip()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if env.sandbox.encode() in cmdline:
-            return pid
-    raise AssertionError(f"no QEMU for sandbox {env.sandbox[:12]}")
+    """The process of this sandbox's QEMU (libvirt's pid file of its domain names it)."""
+    return Path(f"/run/libvirt/qemu/{domain_name(env.sandbox)}.pid").read_text().strip()
 
 
 def _qemu_uid(env: Env) -> int:
