@@ -1,0 +1,84 @@
+"""containerd's runtime shim API as generated from proto/gen/containerd/: up to date, and the
+names and numbers the wire depends on (containerd/containerd/api v1.12.0, containerd v2.4.2)."""
+
+from __future__ import annotations
+
+import filecmp
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gen.containerd.events import task_pb2 as events
+from gen.containerd.runtime.bootstrap.v1 import bootstrap_pb2
+from gen.containerd.runtime.sandbox.v1 import sandbox_pb2
+from gen.containerd.runtime.task.v3 import shim_pb2
+from gen.containerd.services.ttrpc.events.v1 import events_pb2
+from gen.containerd.types.runtimeoptions.v1 import api_pb2 as runtimeoptions
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GENERATED = REPO_ROOT / "gen" / "containerd"
+
+
+def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
+    if importlib.util.find_spec("grpc_tools") is None:
+        pytest.skip("grpcio-tools is not installed, cannot regenerate")
+    result = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "gen-proto.sh"), str(tmp_path)],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    fresh = tmp_path / "gen" / "containerd"
+    made = sorted(str(p.relative_to(fresh)) for p in fresh.rglob("*") if p.is_file())
+    kept = sorted(str(p.relative_to(GENERATED)) for p in GENERATED.rglob("*") if p.is_file() and p.suffix != ".pyc")
+    assert made == [k for k in kept if not k.endswith("__init__.py")]
+    assert [n for n in made if not filecmp.cmp(fresh / n, GENERATED / n, shallow=False)] == []
+
+
+@pytest.mark.parametrize(
+    ("descriptor", "service", "methods"),
+    [
+        (
+            sandbox_pb2.DESCRIPTOR,
+            "containerd.runtime.sandbox.v1.Sandbox",
+            ["CreateSandbox", "StartSandbox", "Platform", "StopSandbox", "WaitSandbox", "SandboxStatus",
+             "PingSandbox", "ShutdownSandbox", "SandboxMetrics", "UpdateSandbox"],
+        ),
+        (
+            shim_pb2.DESCRIPTOR,
+            "containerd.task.v3.Task",
+            ["State", "Create", "Start", "Delete", "Pids", "Pause", "Resume", "Checkpoint", "Kill", "Exec",
+             "ResizePty", "CloseIO", "Update", "Wait", "Stats", "Connect", "Shutdown"],
+        ),
+        (events_pb2.DESCRIPTOR, "containerd.services.events.ttrpc.v1.Events", ["Forward"]),
+    ],
+)  # fmt: skip
+def test_services_as_containerd_calls_them(descriptor: object, service: str, methods: list[str]) -> None:
+    found = {s.full_name: [m.name for m in s.methods] for s in descriptor.services_by_name.values()}  # type: ignore[attr-defined]
+    assert found[service] == methods
+
+
+@pytest.mark.parametrize(
+    ("message", "fields"),
+    [
+        (sandbox_pb2.CreateSandboxRequest, {"sandbox_id": 1, "bundle_path": 2, "rootfs": 3, "options": 4,
+                                             "netns_path": 5, "annotations": 6}),
+        (shim_pb2.CreateTaskRequest, {"id": 1, "bundle": 2, "rootfs": 3, "terminal": 4, "stdin": 5, "stdout": 6,
+                                      "stderr": 7, "checkpoint": 8, "parent_checkpoint": 9, "options": 10}),
+        (events.TaskExit, {"container_id": 1, "id": 2, "pid": 3, "exit_status": 4, "exited_at": 5}),
+        (bootstrap_pb2.BootstrapResult, {"version": 1, "address": 2, "protocol": 3, "capabilities": 4,
+                                         "metadata": 5, "extensions": 6}),
+        (runtimeoptions.Options, {"type_url": 1, "config_path": 2, "config_body": 3}),
+    ],
+)  # fmt: skip
+def test_field_numbers(message: type, fields: dict[str, int]) -> None:
+    got = {f.name: f.number for f in message.DESCRIPTOR.fields}  # type: ignore[attr-defined]
+    assert {k: got.get(k) for k in fields} == fields
