@@ -187,11 +187,9 @@ class Containers:
         )
         user = oci_spec.parse_user(user_spec or image.user, list(held.passwd), list(held.group))
         signal = oci_spec.stop_signal(stop_signal, image_cfg)
-        run = replace(
-            run,
-            resources=_admitted_limits(run.resources, c.linux),
-            seccomp_profile=self._seccomp_document(run.seccomp),
-        )
+        # a profile given as it is (shim mode: the one containerd resolved), else the file's
+        profile = run.seccomp_profile if run.seccomp_profile is not None else self._seccomp_document(run.seccomp)
+        run = replace(run, resources=_admitted_limits(run.resources, c.linux), seccomp_profile=profile)
         return oci_spec.build_spec(run, image_cfg, user), signal
 
     def create_in_guest(

@@ -111,6 +111,7 @@ class ContainerSpec:
 class RunPodSandbox:
     spec: SandboxSpec
     sandbox_id: str = ""  # the id its caller chose (containerd's, in shim mode); "": a new one
+    given_netns: str | None = None  # the network namespace its caller made and ran CNI in (shim mode)
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,8 @@ def _env(items: Sequence[str]) -> list[pb.KeyValue]:
     return out
 
 
-def _resources(res: Mapping[str, Any], oom_score_adj: int) -> pb.LinuxContainerResources:
+def linux_resources(res: Mapping[str, Any], oom_score_adj: int = 0) -> pb.LinuxContainerResources:
+    """OCI ``LinuxResources`` (a spec's ``linux.resources``, or an update's) as the CRI's."""
     cpu = _obj(res.get("cpu"), "linux.resources.cpu")
     memory = _obj(res.get("memory"), "linux.resources.memory")
     out = pb.LinuxContainerResources(oom_score_adj=oom_score_adj)
@@ -277,7 +278,7 @@ def container_config(spec: Mapping[str, Any], *, stdin: bool) -> ContainerdConta
         stdin=stdin,
         tty=bool(process.get("terminal", False)),
         linux=pb.LinuxContainerConfig(
-            resources=_resources(_obj(linux.get("resources"), "linux.resources"), oom),
+            resources=linux_resources(_obj(linux.get("resources"), "linux.resources"), oom),
             security_context=security,
         ),
     )
