@@ -27,7 +27,7 @@ from shim.config import ShimConfig
 from vmsandbox import cni, cri_metrics
 from vmsandbox.adapters import cni_exec, netns, sysfs
 from vmsandbox.domain import NetworkInterface
-from vmsandbox.errors import VmSandboxError, WrongState
+from vmsandbox.errors import InvalidArgument, VmSandboxError, WrongState
 from vmsandbox.network import GuestNic, NamespaceOptions, PodNetwork, PortMapping, Route
 from vmsandbox.pod import PodMeta
 
@@ -154,8 +154,10 @@ class PodNetworks:
         namespaces: NamespaceOptions,
         ports: tuple[PortMapping, ...],
         annotations: dict[str, str],
+        given_netns: str | None = None,
     ) -> Attachment:
-        """The pod's network, made whole or not at all (everything undone before an error leaves)."""
+        """The pod's network, made whole or not at all (everything undone before an error leaves);
+        with ``given_netns``, in that namespace, where its caller (containerd) ran CNI itself."""
         if self.mode == "none":
             return Attachment(PodNetwork(), None)
         if namespaces.host_network:
@@ -164,6 +166,8 @@ class PodNetworks:
                 PodNetwork(nic=GuestNic(mac, USER_NET.addresses, USER_NET.routes)),
                 NetworkInterface("user", mac),
             )
+        if given_netns is not None:
+            return self._attach_given(sandbox_id, Path(given_netns))
         network, _ = self._current()
         if network is None:
             raise WrongState(self.ready()[2])
@@ -220,6 +224,40 @@ class PodNetworks:
         )
         return Attachment(pod, NetworkInterface("ethernet", mac, doc["macvtap"]))
 
+    def _attach_given(self, sandbox_id: str, path: Path) -> Attachment:
+        """The guest's NIC on the given namespace's ``eth0``: its address, gateway and MAC as the
+        namespace shows them; the namespace and its CNI attachment stay its caller's (recorded as
+        ``owner: caller``, so detach, remove and reconcile delete only the macvtap)."""
+        if not netns.is_netns(path):
+            raise InvalidArgument(f"pod network namespace {str(path)[:256]} is not a network namespace's mount")
+        doc: dict[str, Any] = {
+            "netns": str(path),
+            "owner": "caller",
+            "macvtap": f"{MACVTAP_PREFIX}{sandbox_id[:12]}",
+            "state": "adding",
+        }
+        self._write(sandbox_id, doc)
+        try:
+            mac, mtu = netns.link(path, cni.IFNAME)
+            result = cni.result_of_namespace(netns.addresses(path, cni.IFNAME), netns.routes(path))
+            pod = cni.pod_network(result, mac, mtu)
+            netns.add_macvtap(path, cni.IFNAME, doc["macvtap"])
+            doc["state"] = "attached"
+            self._write(sandbox_id, doc)
+        except BaseException as exc:
+            netns.delete_link(doc["macvtap"])
+            self._record_path(sandbox_id).unlink(missing_ok=True)
+            if isinstance(exc, VmSandboxError):
+                raise type(exc)(f"pod network in {path}: {exc}") from exc
+            raise
+        log.info("pod network of %s: %s in %s (given), macvtap %s", sandbox_id[:12], ", ".join(pod.ips), path,
+                 doc["macvtap"])  # fmt: skip
+        return Attachment(pod, NetworkInterface("ethernet", mac, doc["macvtap"]))
+
+    @staticmethod
+    def _given(doc: dict[str, Any]) -> bool:
+        return doc.get("owner") == "caller"
+
     def _del(self, sandbox_id: str, doc: dict[str, Any]) -> None:
         """CNI DEL of every plugin, last first, with the ADD result (a plugin tolerates DEL of what
         it never added, so a half-made ADD is deleted the same way)."""
@@ -252,6 +290,10 @@ class PodNetworks:
         if doc is None or doc.get("state") == "deleted":
             return
         netns.delete_link(doc["macvtap"])
+        if self._given(doc):  # containerd's CNI DEL, not ours
+            doc["state"] = "deleted"
+            self._write(sandbox_id, doc)
+            return
         for attempt in range(DEL_ATTEMPTS):
             try:
                 self._del(sandbox_id, doc)
@@ -273,7 +315,8 @@ class PodNetworks:
         if doc is None:
             return
         self.detach(sandbox_id)
-        netns.delete(Path(doc["netns"]))
+        if not self._given(doc):  # a given namespace is its caller's to delete
+            netns.delete(Path(doc["netns"]))
         self._record_path(sandbox_id).unlink(missing_ok=True)
 
     def reconcile(self, live: set[str]) -> list[str]:

@@ -12,7 +12,8 @@ is the ttrpc socket vmsandbox serves that handler on (``shim.containerd.front``)
 container of the handler is served by the running vmsandbox, which must be up (else ``start``
 fails, saying so, and containerd fails RunPodSandbox with it). Nothing is started here.
 
-``delete`` is what containerd runs when it lost a shim's connection: vmsandbox holds the task's
+``-info`` answers containerd's introspection (``RuntimeInfo``: the runtime type and vmsandbox's
+version). ``delete`` is what containerd runs when it lost a shim's connection: vmsandbox holds the task's
 state, so this answers a ``DeleteResponse`` (exit status 255, now) for containerd's bookkeeping.
 
 Only the answer goes to stdout (containerd reads stdout and stderr together as the answer);
@@ -31,14 +32,17 @@ from collections.abc import Sequence
 
 from gen.containerd.runtime.bootstrap.v1 import bootstrap_pb2 as boot
 from gen.containerd.runtime.task.v3 import shim_pb2 as task
+from gen.containerd.types import introspection_pb2 as introspection
 from gen.containerd.types.runtimeoptions.v1 import api_pb2 as runtimeoptions
 from shim.containerd.wire import handler_socket, timestamp
+from vmsandbox import __version__
 
 DEFAULT_HANDLER = "vmsandbox"
 DEFAULT_SHIM_DIR = "/run/vmsandbox/containerd"
 SHIM_DIR_ENV = "VMSANDBOX_CONTAINERD_SHIM_DIR"
 MAX_STDIN = 1 << 20
 RUNTIME_OPTIONS = "runtimeoptions.v1.Options"
+RUNTIME_TYPE = "io.containerd.vmsandbox.v1"
 
 
 class LaunchError(Exception):
@@ -97,6 +101,12 @@ def start(stdin: bytes, shim_dir: str) -> bytes:
     return boot.BootstrapResult(version=3, address=f"unix://{path}", protocol="ttrpc").SerializeToString()
 
 
+def info() -> bytes:
+    """``-info``: what containerd's introspection reports of this runtime."""
+    version = introspection.RuntimeVersion(version=__version__)
+    return introspection.RuntimeInfo(name=RUNTIME_TYPE, version=version).SerializeToString()
+
+
 def delete() -> bytes:
     return task.DeleteResponse(exit_status=255, exited_at=timestamp(time.time_ns())).SerializeToString()
 
@@ -106,8 +116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for flag in ("-namespace", "-address", "-publish-binary", "-id", "-bundle", "-socket"):
         parser.add_argument(flag, default="")
     parser.add_argument("-debug", action="store_true")
-    parser.add_argument("action", choices=("start", "delete"))
+    parser.add_argument("-info", action="store_true")
+    parser.add_argument("action", choices=("start", "delete"), nargs="?")
     args = parser.parse_args(argv)
+    if args.info:
+        sys.stdout.buffer.write(info())
+        return 0
+    if args.action is None:
+        parser.error("an action is needed: start or delete")
     shim_dir = os.environ.get(SHIM_DIR_ENV, DEFAULT_SHIM_DIR)
     try:
         if args.action == "start":

@@ -20,9 +20,9 @@ from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
 
 from gen.containerd.runtime.sandbox.v1 import sandbox_pb2 as sb
-from gen.containerd.types import platform_pb2
+from gen.containerd.types import metrics_pb2, platform_pb2
 from gen.cri.runtime.v1 import api_pb2 as cri
-from shim.containerd.wire import Handler, handler, timestamp
+from shim.containerd.wire import Handler, cgroup_metrics, handler, timestamp
 from shim.model import SANDBOX_NOTREADY, SANDBOX_READY, RemovePodSandbox, RunPodSandbox, SandboxRecord, StopPodSandbox
 from shim.pods import Pods
 from shim.rpc.remove_pod_sandbox import remove_pod_sandbox
@@ -70,6 +70,7 @@ class SandboxService:
             "PingSandbox": handler(sb.PingRequest, self.ping),
             "ShutdownSandbox": handler(sb.ShutdownSandboxRequest, self.shutdown),
             "SandboxMetrics": handler(sb.SandboxMetricsRequest, self.metrics),
+            "UpdateSandbox": handler(sb.UpdateSandboxRequest, self.update),
         }
 
     def _mine(self, sandbox_id: str) -> SandboxRecord:
@@ -159,8 +160,15 @@ class SandboxService:
         return sb.ShutdownSandboxResponse()
 
     def metrics(self, req: sb.SandboxMetricsRequest) -> sb.SandboxMetricsResponse:
+        """The pod's usage as PodSandboxStats reports it (its VM on the host, else its guest)."""
+        record = self._mine(req.sandbox_id)
+        sample = self.pods.sandbox_stats(record.id).sample
+        metric = metrics_pb2.Metric(timestamp=timestamp(time.time_ns()), id=record.id, data=cgroup_metrics(sample))
+        return sb.SandboxMetricsResponse(metrics=metric)
+
+    def update(self, req: sb.UpdateSandboxRequest) -> sb.UpdateSandboxResponse:
         self._mine(req.sandbox_id)
         raise Unsupported(
-            "SandboxMetrics is not implemented by vmsandbox's shim mode: read the pod's usage with "
-            "ListPodSandboxStats or the vmsandbox_* metrics"
+            "UpdateSandbox is not implemented by vmsandbox's shim mode: a VM pod's resources are resized "
+            "through its containers (UpdateContainerResources), within its resize headroom"
         )

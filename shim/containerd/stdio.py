@@ -23,6 +23,7 @@ import os
 import select
 import stat
 import threading
+import time
 from collections.abc import Callable
 
 from vmsandbox.adapters.agent_streams import AgentStream
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 STALL_S = 30.0
 """A fifo whose reader takes nothing for this long loses what was to be written."""
+OPEN_WAIT_S = 5.0
+"""How long a fifo's other end (containerd's) is waited for."""
 READ_WAIT_S = 2.0
 
 
@@ -59,6 +62,21 @@ class Fifo:
                 raise OSError(errno.EINVAL, f"{self.path} is not a fifo")
             self._fd = fd
         return self._fd
+
+    def open_now(self, wait_s: float = OPEN_WAIT_S) -> bool:
+        """Opens it now, waiting up to ``wait_s`` for containerd's end: its reader sees the end of
+        the stream when this end closes, whether or not anything was written."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                if self._open() is not None:
+                    return True
+            except OSError as exc:
+                log.warning("fifo %s cannot be opened: %s", self.path, exc)
+                return False
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
 
     def write_all(self, data: bytes, stop: threading.Event | None = None) -> bool:
         """Writes ``data``; False when the reader is gone or stalled (what is left is dropped)."""
@@ -133,6 +151,9 @@ class FifoSink:
     def __init__(self, stdout: str, stderr: str) -> None:
         self._out = Fifo(stdout, write=True) if stdout else None
         self._err = Fifo(stderr, write=True) if stderr else None
+        for f in (self._out, self._err):
+            if f is not None:
+                f.open_now()
 
     def __str__(self) -> str:
         return f"containerd's fifos {self._out.path if self._out else '-'}"
@@ -165,24 +186,9 @@ def pump_exec(
     stop = threading.Event()
     out = Fifo(stdout, write=True) if stdout else None
     err = Fifo(stderr, write=True) if stderr else None
-
-    def feed() -> None:
-        fifo = Fifo(stdin, write=False)
-        try:
-            while not stop.is_set():
-                data = fifo.read_some(1.0)
-                if data is None:
-                    stream.close_input()
-                    return
-                while data and not stop.is_set():
-                    n, closed = stream.write_some(data[:STREAM_WRITE_MAX])
-                    if closed:
-                        return
-                    data = data[n:]
-        except (VmSandboxError, OSError) as exc:
-            log.debug("exec stdin ends: %s", exc)
-        finally:
-            fifo.close()
+    for f in (out, err):
+        if f is not None:
+            f.open_now()
 
     def drain() -> None:
         code = 255
@@ -208,7 +214,34 @@ def pump_exec(
             exited(code)
 
     if stdin:
-        threading.Thread(target=feed, name=f"exec-in-{stream.id[:8]}", daemon=True).start()
+        feed_stdin(stream, stdin, stop)
     t = threading.Thread(target=drain, name=f"exec-out-{stream.id[:8]}", daemon=True)
+    t.start()
+    return t
+
+
+def feed_stdin(stream: AgentStream, path: str, stop: threading.Event) -> threading.Thread:
+    """Carries what containerd writes to the stdin fifo ``path`` into the stream session, in a
+    thread; its end (containerd closed the fifo) closes the session's input."""
+
+    def feed() -> None:
+        fifo = Fifo(path, write=False)
+        try:
+            while not stop.is_set():
+                data = fifo.read_some(1.0)
+                if data is None:
+                    stream.close_input()
+                    return
+                while data and not stop.is_set():
+                    n, closed = stream.write_some(data[:STREAM_WRITE_MAX])
+                    if closed:
+                        return
+                    data = data[n:]
+        except (VmSandboxError, OSError) as exc:
+            log.debug("stdin of stream %s ends: %s", stream.id, exc)
+        finally:
+            fifo.close()
+
+    t = threading.Thread(target=feed, name=f"stdin-{stream.id[:8]}", daemon=True)
     t.start()
     return t

@@ -14,9 +14,8 @@ containerd's fifos through the log copy (``shim.containerd.stdio``). ``Exec`` an
 exec id run a process in the container (the agent's stream session), its stdio on its fifos.
 
 Not served, each refused precisely: Pause, Resume, Checkpoint (a VM pod is not frozen or
-checkpointed per container), Stats (containerd's cgroup metrics types; ListContainerStats is
-served on vmsandbox's CRI socket), a container's own terminal resize and stdin close (an
-exec's are served).
+checkpointed per container), a container's own terminal resize and stdin close (an exec's are
+served). ``Stats`` is the guest's sample of the container's cgroup, as ContainerStats reports it.
 """
 
 from __future__ import annotations
@@ -39,9 +38,9 @@ from gen.containerd.types.task import task_pb2 as task_types
 from gen.cri.runtime.v1 import api_pb2 as cri
 from shim.containerd.events import EventPublisher
 from shim.containerd.rootfs import ContainerdImages
-from shim.containerd.stdio import FifoSink, pump_exec
+from shim.containerd.stdio import FifoSink, feed_stdin, pump_exec
 from shim.containerd.tasks import ExecProcess, TaskIO, Tasks, check_io
-from shim.containerd.wire import Handler, handler, timestamp
+from shim.containerd.wire import Handler, cgroup_metrics, handler, timestamp
 from shim.model import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
@@ -135,10 +134,7 @@ class TaskService:
             "CloseIO": handler(task.CloseIORequest, self.close_io),
             "Update": handler(task.UpdateTaskRequest, self.update),
             "Wait": handler(task.WaitRequest, self.wait),
-            "Stats": handler(
-                task.StatsRequest,
-                self.refused("Stats", "read the container's usage with ListContainerStats on vmsandbox's CRI socket"),
-            ),
+            "Stats": handler(task.StatsRequest, self.stats),
             "Connect": handler(task.ConnectRequest, self.connect),
             "Shutdown": handler(task.ShutdownRequest, self.shutdown),
         }
@@ -218,6 +214,9 @@ class TaskService:
         if req.exec_id:
             return self._start_exec(c, req.exec_id)
         start_container(self.pods, StartContainer(c.id))
+        io = self.tasks.io(c.id)
+        if io is not None and io.stdin:  # what containerd writes to the container's stdin (kubectl attach -i)
+            feed_stdin(self.pods.containers.attach_start(c.id), io.stdin, threading.Event())
         self.watch(c.id)
         pid = self._pid(c)
         self.events.publish("/tasks/start", events_pb.TaskStart(container_id=c.id, pid=pid))
@@ -346,6 +345,11 @@ class TaskService:
             reply.exit_status = c.exit_code if c.exit_code is not None else 255
             reply.exited_at.CopyFrom(timestamp(c.finished_ns or time.time_ns()))
         return reply
+
+    def stats(self, req: task.StatsRequest) -> task.StatsResponse:
+        """The container's usage as its guest measures it (the same sample as ContainerStats)."""
+        c = self._container(req.id)
+        return task.StatsResponse(stats=cgroup_metrics(self.pods.container_stats(c.id).sample))
 
     def pids(self, req: task.PidsRequest) -> task.PidsResponse:
         c = self._container(req.id)

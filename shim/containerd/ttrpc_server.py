@@ -86,7 +86,9 @@ class _Conn:
             except (VmSandboxError, NotImplementedError) as exc:
                 code = code_for(exc).value[0]
                 message = validation.bound(str(exc) or request.method)
-                log.info("%s %s -> %s: %s", self.server.name, request.method, code_for(exc).name, message)
+                # containerd asks for what is not served again and again (Stats every second): not worth a line each
+                level = logging.DEBUG if code == ttrpc.UNIMPLEMENTED else logging.INFO
+                log.log(level, "%s %s -> %s: %s", self.server.name, request.method, code_for(exc).name, message)
                 self.reply(stream_id, code, message, b"")
                 return
             except Exception as exc:

@@ -93,7 +93,7 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
         record = sb.boot.record(spec, plan, placement, sandbox_id)
         s.done("record", functools.partial(sb.records.delete_sandbox, sandbox_id))
         attachment = sb.network.attach(
-            sandbox_id, spec.meta, spec.namespaces, spec.port_mappings, dict(spec.annotations)
+            sandbox_id, spec.meta, spec.namespaces, spec.port_mappings, dict(spec.annotations), req.given_netns
         )
         s.done("network", functools.partial(sb.network.remove, sandbox_id))
         record = replace(record, network=attachment.network)

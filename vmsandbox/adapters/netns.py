@@ -9,8 +9,10 @@ the macvtap with it.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -101,3 +103,52 @@ def delete_link(name: str) -> None:
 def exists(path: Path) -> bool:
     """Whether ``path`` holds a namespace (is mounted), not just a left-over file."""
     return _mounted_on(path)
+
+
+def addresses(path: Path, ifname: str) -> list[dict[str, object]]:
+    """``ip -j addr show dev ifname`` in the namespace: [{"local", "prefixlen", "family"}, ...]
+    of its global addresses."""
+    out = _run(["nsenter", f"--net={path}", "ip", "-j", "addr", "show", "dev", ifname], f"reading {ifname} in {path}")
+    try:
+        (info,) = json.loads(out)
+        return [
+            {"local": str(a["local"]), "prefixlen": int(a["prefixlen"]), "family": str(a["family"])}
+            for a in info.get("addr_info", [])
+            if a.get("scope") == "global"
+        ]
+    except (ValueError, KeyError, TypeError):
+        raise NetnsError(f"reading {ifname}'s addresses in {path}: unexpected output {out[:200]!r}") from None
+
+
+def routes(path: Path) -> list[dict[str, object]]:
+    """The namespace's IPv4 and IPv6 routes (``ip -j route show``): [{"dst", "gateway", "dev"}, ...]."""
+    found: list[dict[str, object]] = []
+    for family in ("-4", "-6"):
+        out = _run(["nsenter", f"--net={path}", "ip", "-j", family, "route", "show"], f"reading routes in {path}")
+        try:
+            for r in json.loads(out or "[]"):
+                found.append({k: str(r.get(k, "")) for k in ("dst", "gateway", "dev")})
+        except (ValueError, TypeError, AttributeError):
+            raise NetnsError(f"reading routes in {path}: unexpected output {out[:200]!r}") from None
+    return found
+
+
+class _StatFs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+NSFS_MAGIC = 0x6E736673
+
+
+def is_netns(path: Path) -> bool:
+    """Whether ``path`` is a namespace's bind mount (a file on nsfs), not reached through a symlink."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    buf = _StatFs()
+    if _libc.statfs(str(path).encode(), ctypes.byref(buf)) != 0:
+        return False
+    return bool(buf.f_type == NSFS_MAGIC)

@@ -99,3 +99,20 @@ def test_delete_answers_a_delete_response(tmp_path: Path) -> None:
     reply = task.DeleteResponse()
     reply.ParseFromString(done.stdout)
     assert reply.exit_status == 255 and reply.exited_at.seconds > 0
+
+
+def test_info_answers_runtime_info(tmp_path: Path) -> None:
+    from gen.containerd.types import introspection_pb2
+
+    done = subprocess.run(
+        [sys.executable, "-m", "shim.containerd.launch", "-info"],
+        input=b"",
+        capture_output=True,
+        cwd=Path(__file__).resolve().parents[3],
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    reply = introspection_pb2.RuntimeInfo()
+    reply.ParseFromString(done.stdout)
+    assert reply.name == "io.containerd.vmsandbox.v1" and reply.version.version

@@ -1,0 +1,198 @@
+"""Shim mode end to end: containerd 2.4 (the pinned build) keeps the CRI socket and runs VM pods
+through vmsandbox's runtime shim (``runtime_type io.containerd.vmsandbox.v1``, ``sandboxer shim``,
+added by a drop-in), driven by crictl on containerd's socket: a pod sized from its config, a
+container from the image containerd pulled (its disk made once), its output in ``crictl logs``,
+``crictl exec``, a divergent container refused with vmsandbox's message, and stop/remove leaving
+nothing (no domain, no macvtap, no record) while containerd keeps its own bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.cluster_support import kube_bin
+from tests.integration.cni_kit import CniEnv, cni_env
+from tests.integration.downstream_kit import Containerd, containerd, tools_image
+from tests.shim_kit import REPO, Shim, busybox_registry, require_host, start_shim, stop_shim
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(900)]
+
+SHIM_BINARY = REPO / ".venv" / "bin" / "containerd-shim-vmsandbox-v1"
+
+
+def drop_in(shim_dir: Path) -> str:
+    """What the installer adds to containerd's configuration for the handler "vmsandbox"."""
+    return f"""version = 3
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.vmsandbox]
+  runtime_type = 'io.containerd.vmsandbox.v1'
+  sandboxer = 'shim'
+  snapshotter = 'overlayfs'
+  disable_pause_image_pull = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.vmsandbox.options]
+    Handler = 'vmsandbox'
+    ShimDir = '{shim_dir}'
+"""
+
+
+@dataclass
+class Env:
+    tmp: Path
+    ctd: Containerd
+    shim: Shim
+    cni: CniEnv
+    crictl_bin: str
+    image: str
+
+    def crictl(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [self.crictl_bin, "--runtime-endpoint", self.ctd.endpoint, "--image-endpoint", self.ctd.endpoint,
+             "--timeout", "240s", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )  # fmt: skip
+        if check:
+            assert done.returncode == 0, (
+                f"crictl {' '.join(args)}: {done.stderr}\n--- vmsandbox:\n{self.shim.log_text()[-3000:]}"
+                f"\n--- containerd:\n{(self.ctd.dir / 'containerd.log').read_text()[-3000:]}"
+            )
+        return done
+
+    def write(self, name: str, doc: dict[str, object]) -> str:
+        path = self.tmp / name
+        path.write_text(json.dumps(doc))
+        return str(path)
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[Env]:
+    require_host()
+    if busybox_registry() is None:
+        pytest.skip("no local registry (docker-registry, skopeo, busybox-static)")
+    bin_dir = kube_bin()
+    tmp = Path(tempfile.mkdtemp(prefix="vmsandbox-cshim-"))
+    (tmp / "cni").mkdir()
+    shim_dir = tmp / "shim-sockets"
+    # containerd finds a runtime type's shim binary on its PATH, as it finds runc's: the pinned
+    # containerd and runc shim, and vmsandbox's launcher
+    path_dir = tmp / "bin"
+    path_dir.mkdir()
+    for name in ("containerd", "containerd-shim-runc-v2"):
+        (path_dir / name).symlink_to(Path(bin_dir) / name)
+    (path_dir / SHIM_BINARY.name).symlink_to(SHIM_BINARY)
+    old = os.environ.get("CONTAINERD_BIN_DIR")
+    os.environ["CONTAINERD_BIN_DIR"] = str(path_dir)
+    try:
+        with cni_env(tmp / "cni", bridge="vmsbr-csh0", subnet="10.238.0.0/24") as cni:
+            ctd_dir = tmp / "ctd"
+            (ctd_dir / "conf.d").mkdir(parents=True)
+            (ctd_dir / "conf.d" / "vmsandbox.toml").write_text(drop_in(shim_dir))
+            with containerd(ctd_dir, cni.conf_dir) as ctd:
+                (tmp / "shim").mkdir()
+                shim = start_shim(
+                    tmp / "shim",
+                    extra_config={
+                        **cni.shim_config(),
+                        "containerd_address": str(ctd.socket),
+                        "containerd_root": str(ctd.dir / "root"),
+                        "containerd_shim_dir": str(shim_dir),
+                    },
+                    pull_busybox=False,
+                )
+                try:
+                    yield Env(tmp, ctd, shim, cni, os.path.join(bin_dir, "crictl"), tools_image())
+                finally:
+                    try:
+                        ctd.remove_all()
+                    finally:
+                        stop_shim(shim)
+    finally:
+        if old is None:
+            os.environ.pop("CONTAINERD_BIN_DIR", None)
+        else:
+            os.environ["CONTAINERD_BIN_DIR"] = old
+        if not os.environ.get("VMSANDBOX_KEEP_TMP"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pod_config(name: str, cpu_millis: int = 500, memory: int = 128 << 20) -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "namespace": "shimtest", "uid": f"uid-{name}-{time.time_ns()}", "attempt": 0},
+        "log_directory": "/tmp",
+        "linux": {
+            "cgroup_parent": "",
+            "resources": {"cpu_period": 100000, "cpu_quota": cpu_millis * 100, "memory_limit_in_bytes": memory},
+        },
+    }
+
+
+def container_config(name: str, command: list[str], image: str, memory: int = 64 << 20) -> dict[str, object]:
+    return {
+        "metadata": {"name": name},
+        "image": {"image": image},
+        "command": command,
+        "log_path": f"{name}.log",
+        "linux": {"resources": {"memory_limit_in_bytes": memory, "cpu_period": 100000, "cpu_quota": 20000}},
+    }
+
+
+def test_a_vm_pod_through_containerds_socket(env: Env) -> None:
+    env.crictl("pull", env.image)
+    pod = env.write("pod.json", pod_config("web"))
+    sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
+    # the same pod, seen on vmsandbox's own socket: a VM, under containerd's id
+    listed = env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30)
+    assert [s.id for s in listed.items] == [sid]
+    inspect = json.loads(env.crictl("inspectp", sid).stdout)
+    assert inspect["status"]["state"] == "SANDBOX_READY"
+    ip = inspect["status"]["network"]["ip"]
+    assert ip.startswith("10.238.0.")
+
+    ctr = env.write(
+        "ctr.json", container_config("hello", ["/bin/sh", "-c", "echo hello from a VM; sleep 3600"], env.image)
+    )
+    cid = env.crictl("create", sid, ctr, pod).stdout.strip()
+    env.crictl("start", cid)
+    deadline = time.monotonic() + 60
+    while "hello from a VM" not in env.crictl("logs", cid).stdout:
+        assert time.monotonic() < deadline, env.crictl("logs", cid).stdout
+        time.sleep(0.5)
+    assert env.crictl("exec", cid, "cat", "/proc/self/cgroup").returncode == 0
+    # containerd's stats come from the guest's sample of the container's cgroup
+    deadline = time.monotonic() + 60
+    while True:
+        stats = json.loads(env.crictl("stats", "-o", "json", "--id", cid).stdout)["stats"]
+        if stats and int(stats[0]["memory"]["workingSetBytes"]["value"]) > 0:
+            break
+        assert time.monotonic() < deadline, stats
+        time.sleep(1)
+    out = env.crictl("exec", cid, "/bin/sh", "-c", "echo $((6*7)); exit 3", check=False)
+    assert out.stdout.strip() == "42" and "exit code 3" in out.stderr, out.stderr
+
+    # a container beyond what the pod's VM holds is refused with vmsandbox's reason, when containerd
+    # makes its task (StartContainer: containerd's CreateContainer only records the container)
+    big = env.write("big.json", container_config("big", ["/bin/sleep", "3600"], env.image, memory=4 << 30))
+    big_id = env.crictl("create", sid, big, pod).stdout.strip()
+    refused = env.crictl("start", big_id, check=False)
+    assert refused.returncode != 0 and "memory" in refused.stderr, refused.stderr
+    env.crictl("rm", big_id)
+
+    env.crictl("stop", "--timeout", "5", cid)
+    state = json.loads(env.crictl("inspect", cid).stdout)["status"]
+    assert state["state"] == "CONTAINER_EXITED" and state["exitCode"] in (137, 143), state
+    env.crictl("rm", cid)
+    env.crictl("stopp", sid)
+    env.crictl("rmp", sid)
+    assert env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items == []
+    assert not [p for p in Path("/sys/class/net").iterdir() if p.name == f"vmt{sid[:12]}"]
