@@ -351,9 +351,21 @@ class TaskService:
         c = self._container(req.id)
         return task.StatsResponse(stats=cgroup_metrics(self.pods.container_stats(c.id).sample))
 
+    def _sandbox_pid(self, sandbox_id: str) -> int | None:
+        """QEMU's pid when ``sandbox_id`` is a pod of this handler (containerd asks the Task service
+        about a sandbox's shim too, when it loads its shims again after a restart); None otherwise."""
+        if not validation.is_full_id(sandbox_id):
+            return None
+        record = self.pods.records.find(sandbox_id)
+        if record is None or record.id != sandbox_id or record.runtime_handler != self.runtime_handler:
+            return None
+        return self.pods.sandboxes.hypervisor.emulator_pid(record.domain) or 0
+
     def pids(self, req: task.PidsRequest) -> task.PidsResponse:
-        c = self._container(req.id)
-        return task.PidsResponse(processes=[task_types.ProcessInfo(pid=self._pid(c))])
+        pid = self._sandbox_pid(req.id)
+        if pid is None:
+            pid = self._pid(self._container(req.id))
+        return task.PidsResponse(processes=[task_types.ProcessInfo(pid=pid)])
 
     def update(self, req: task.UpdateTaskRequest) -> empty_pb2.Empty:
         c = self._container(req.id)
@@ -375,8 +387,10 @@ class TaskService:
         return empty_pb2.Empty()
 
     def connect(self, req: task.ConnectRequest) -> task.ConnectResponse:
-        c = self._container(req.id)
-        return task.ConnectResponse(shim_pid=os.getpid(), task_pid=self._pid(c), version="3")
+        pid = self._sandbox_pid(req.id)
+        if pid is None:
+            pid = self._pid(self._container(req.id))
+        return task.ConnectResponse(shim_pid=os.getpid(), task_pid=pid, version="3")
 
     def shutdown(self, req: task.ShutdownRequest) -> empty_pb2.Empty:
         """Nothing to do: every task of this handler is served by the one vmsandbox process."""

@@ -196,3 +196,36 @@ def test_a_vm_pod_through_containerds_socket(env: Env) -> None:
     env.crictl("rmp", sid)
     assert env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items == []
     assert not [p for p in Path("/sys/class/net").iterdir() if p.name == f"vmt{sid[:12]}"]
+
+
+def test_containerd_killed_and_restarted_adopts_the_running_vm_pod(env: Env) -> None:
+    """kill -9 of containerd: the VM pod and its container keep running in vmsandbox; containerd,
+    started again, finds them through the shim's socket (its bundles' bootstrap.json) and serves
+    them as before: the container running, its output, exec."""
+    pod = env.write("pod2.json", pod_config("survivor"))
+    sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
+    ctr = env.write(
+        "ctr2.json",
+        container_config("ticker", ["/bin/sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 1; done"],
+                         env.image),
+    )  # fmt: skip
+    cid = env.crictl("create", sid, ctr, pod).stdout.strip()
+    env.crictl("start", cid)
+    env.ctd.kill()
+    time.sleep(2)
+    assert [s.id for s in env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items] == [sid]
+    env.ctd.up()
+    state = json.loads(env.crictl("inspect", cid).stdout)["status"]["state"]
+    assert state == "CONTAINER_RUNNING", state
+    assert json.loads(env.crictl("inspectp", sid).stdout)["status"]["state"] == "SANDBOX_READY"
+    assert env.crictl("exec", cid, "echo", "still here").stdout.strip() == "still here"
+    seen = env.crictl("logs", cid).stdout
+    deadline = time.monotonic() + 30
+    while env.crictl("logs", cid).stdout == seen:  # output written after the restart reaches the log
+        assert time.monotonic() < deadline, seen[-500:]
+        time.sleep(1)
+    env.crictl("stop", "--timeout", "2", cid)
+    env.crictl("rm", cid)
+    env.crictl("stopp", sid)
+    env.crictl("rmp", sid)
+    assert env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items == []
