@@ -13,6 +13,7 @@ from google.protobuf import any_pb2
 
 from gen.containerd.runtime.bootstrap.v1 import bootstrap_pb2 as boot
 from gen.containerd.runtime.task.v3 import shim_pb2 as task
+from gen.containerd.types import introspection_pb2
 from gen.containerd.types.runtimeoptions.v1 import api_pb2 as runtimeoptions
 
 ARGS = ["-namespace", "k8s.io", "-address", "/run/containerd/containerd.sock", "-publish-binary", "/usr/bin/containerd",
@@ -102,8 +103,6 @@ def test_delete_answers_a_delete_response(tmp_path: Path) -> None:
 
 
 def test_info_answers_runtime_info(tmp_path: Path) -> None:
-    from gen.containerd.types import introspection_pb2
-
     done = subprocess.run(
         [sys.executable, "-m", "shim.containerd.launch", "-info"],
         input=b"",
