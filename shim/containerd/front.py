@@ -6,8 +6,9 @@ socket of its own, ``<containerd_shim_dir>/<handler>.sock`` (0600, root's): the 
 (``shim.containerd.launch``). Both services sit on the one core every RPC of the CRI socket uses
 (``shim.rpc``), so a pod is sized, admitted, placed and booted the same way either way. Task
 events go back to containerd's ttrpc socket (``shim.containerd.events``). The containers shim mode
-made write their output to containerd's fifos (``Containers.stdio_sink``); at start, the exits of
-those still running are watched again.
+made write their output to containerd's fifos (``Containers.stdio_sink``). At start, the pods
+containerd made through an earlier vmsandbox process are removed (containerd lost them with that
+process's connections), and the exits of the containers still running are watched again.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ from shim.containerd.tasks import Tasks
 from shim.containerd.ttrpc_server import TtrpcServer
 from shim.containerd.wire import handler_socket
 from shim.log_copy import Sink
-from shim.model import CONTAINER_EXITED, ContainerRecord
+from shim.model import CONTAINER_EXITED, ContainerRecord, RemovePodSandbox, StopPodSandbox
 from shim.pods import Pods
+from shim.rpc.remove_pod_sandbox import remove_pod_sandbox
+from shim.rpc.stop_pod_sandbox import stop_pod_sandbox
+from vmsandbox.errors import VmSandboxError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +49,7 @@ class ContainerdFront:
         )
         self.events = EventPublisher(config.containerd_address + ".ttrpc", config.containerd_namespace)
         self.services = {
-            h: (SandboxService(pods, h), TaskService(pods, h, self.tasks, self.images, self.events))
+            h: (SandboxService(pods, h, self.tasks), TaskService(pods, h, self.tasks, self.images, self.events))
             for h in pods.handlers()
         }
         self.servers: list[TtrpcServer] = []
@@ -70,6 +74,7 @@ class ContainerdFront:
             )
             server.start()
             self.servers.append(server)
+        self._remove_orphans()
         watched = 0
         for cid in self.tasks.known():
             c = self.pods.records.find_container(cid)
@@ -87,6 +92,22 @@ class ContainerdFront:
             shim_dir,
             watched,
         )
+
+    def _remove_orphans(self) -> None:
+        """The pods containerd made through an earlier vmsandbox process are removed: containerd
+        lost that process's connections, took their containers for exited and the pods for not
+        ready, and never asks this process about them again (it does not load a shim it lost)."""
+        for sid in self.tasks.known_sandboxes():
+            record = self.pods.records.find(sid)
+            if record is not None and record.id == sid:
+                try:
+                    stop_pod_sandbox(self.pods, StopPodSandbox(sid))
+                    remove_pod_sandbox(self.pods, RemovePodSandbox(sid))
+                except VmSandboxError as exc:
+                    log.error("shim mode: the pod %s containerd lost was not removed yet: %s", sid[:12], exc)
+                    continue
+                log.warning("shim mode: removed pod %s, which containerd lost with the vmsandbox that ran it", sid[:12])
+            self.tasks.forget_sandbox(sid)
 
     def close(self) -> None:
         for server in self.servers:

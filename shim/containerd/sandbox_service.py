@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from gen.containerd.runtime.sandbox.v1 import sandbox_pb2 as sb
 from gen.containerd.types import metrics_pb2, platform_pb2
 from gen.cri.runtime.v1 import api_pb2 as cri
+from shim.containerd.tasks import Tasks
 from shim.containerd.wire import Handler, cgroup_metrics, handler, timestamp
 from shim.model import SANDBOX_NOTREADY, SANDBOX_READY, RemovePodSandbox, RunPodSandbox, SandboxRecord, StopPodSandbox
 from shim.pods import Pods
@@ -55,9 +56,10 @@ def pod_sandbox_config(options: any_pb2.Any) -> cri.PodSandboxConfig:
 
 
 class SandboxService:
-    def __init__(self, pods: Pods, runtime_handler: str) -> None:
+    def __init__(self, pods: Pods, runtime_handler: str, tasks: Tasks) -> None:
         self.pods = pods
         self.runtime_handler = runtime_handler
+        self.tasks = tasks
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -97,7 +99,12 @@ class SandboxService:
                 "CreateSandboxRequest.netns_path is empty for a pod that is not host-network: containerd's CRI "
                 "plugin makes the pod's network namespace for a shim sandboxer"
             )
-        run_pod_sandbox(self.pods, RunPodSandbox(spec, req.sandbox_id, given_netns=req.netns_path or None))
+        self.tasks.add_sandbox(req.sandbox_id)
+        try:
+            run_pod_sandbox(self.pods, RunPodSandbox(spec, req.sandbox_id, given_netns=req.netns_path or None))
+        except BaseException:
+            self.tasks.forget_sandbox(req.sandbox_id)
+            raise
         return sb.CreateSandboxResponse()
 
     def _pid(self, record: SandboxRecord) -> int:
@@ -156,6 +163,7 @@ class SandboxService:
         except NotFound:
             return sb.ShutdownSandboxResponse()
         remove_pod_sandbox(self.pods, RemovePodSandbox(req.sandbox_id))
+        self.tasks.forget_sandbox(req.sandbox_id)
         log.info("sandbox %s shut down for containerd (pid %d)", req.sandbox_id[:12], os.getpid())
         return sb.ShutdownSandboxResponse()
 

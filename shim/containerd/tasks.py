@@ -3,7 +3,10 @@ records: each container's stdio (containerd's fifos) and each exec process.
 
 A container's fifos are recorded, one small JSON file per container under
 ``<state_dir>/containerd/tasks/`` (host-only), before the container is made, so the log copy of a
-shim that restarts writes on to them (``sink``) and the container's exit is still reported. Exec
+shim that restarts writes on to them (``sink``) and the container's exit is still reported. The
+pods containerd made are marked under ``<state_dir>/containerd/sandboxes/`` likewise: containerd
+drops a shim whose connection it lost, so those a vmsandbox that stopped leaves are removed when the
+next one starts (``shim.containerd.front``). Exec
 processes live in memory only: a shim that restarts loses their sessions, as the kubelet's
 streaming Exec does (containerd sees their connection go).
 
@@ -86,6 +89,7 @@ class ExecProcess:
 class Tasks:
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
         self.root = Path(state_dir) / "containerd" / "tasks"
+        self.sandboxes = Path(state_dir) / "containerd" / "sandboxes"
         self._lock = threading.Lock()
         self._exits: dict[str, Exit] = {}
         self._execs: dict[tuple[str, str], ExecProcess] = {}
@@ -138,6 +142,24 @@ class Tasks:
                 del self._execs[key]
         with contextlib.suppress(FileNotFoundError, InvalidArgument):
             self._path(cid).unlink()
+
+    # -- sandboxes ---------------------------------------------------------------------------------
+    def add_sandbox(self, sandbox_id: str) -> None:
+        """Records that containerd made ``sandbox_id`` (before it is made; undo: ``forget_sandbox``)."""
+        self._path(sandbox_id)  # checks the id
+        self.sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.sandboxes / sandbox_id).touch()
+
+    def known_sandboxes(self) -> list[str]:
+        try:
+            return sorted(p.name for p in self.sandboxes.iterdir() if validation.is_full_id(p.name))
+        except OSError:
+            return []
+
+    def forget_sandbox(self, sandbox_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError, InvalidArgument):
+            self._path(sandbox_id)
+            (self.sandboxes / sandbox_id).unlink()
 
     # -- exec processes ----------------------------------------------------------------------------
     def add_exec(self, p: ExecProcess) -> None:

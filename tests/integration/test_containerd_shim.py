@@ -23,7 +23,7 @@ from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cluster_support import kube_bin
 from tests.integration.cni_kit import CniEnv, cni_env
 from tests.integration.downstream_kit import Containerd, containerd, tools_image
-from tests.shim_kit import REPO, Shim, busybox_registry, require_host, start_shim, stop_shim
+from tests.shim_kit import REPO, Shim, busybox_registry, require_host, start_shim, state_domains, stop_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(900)]
 
@@ -52,6 +52,7 @@ class Env:
     cni: CniEnv
     crictl_bin: str
     image: str
+    shim_config: dict[str, object]
 
     def crictl(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
@@ -94,29 +95,27 @@ def env() -> Iterator[Env]:
     old = os.environ.get("CONTAINERD_BIN_DIR")
     os.environ["CONTAINERD_BIN_DIR"] = str(path_dir)
     try:
-        with cni_env(tmp / "cni", bridge="vmsbr-csh0", subnet="10.238.0.0/24") as cni:
+        with cni_env(tmp / "cni", bridge="vmsbr-csh0", subnet="10.234.0.0/24") as cni:
             ctd_dir = tmp / "ctd"
             (ctd_dir / "conf.d").mkdir(parents=True)
             (ctd_dir / "conf.d" / "vmsandbox.toml").write_text(drop_in(shim_dir))
             with containerd(ctd_dir, cni.conf_dir) as ctd:
                 (tmp / "shim").mkdir()
-                shim = start_shim(
-                    tmp / "shim",
-                    extra_config={
-                        **cni.shim_config(),
-                        "containerd_address": str(ctd.socket),
-                        "containerd_root": str(ctd.dir / "root"),
-                        "containerd_shim_dir": str(shim_dir),
-                    },
-                    pull_busybox=False,
-                )
+                config: dict[str, object] = {
+                    **cni.shim_config(),
+                    "containerd_address": str(ctd.socket),
+                    "containerd_root": str(ctd.dir / "root"),
+                    "containerd_shim_dir": str(shim_dir),
+                }
+                shim = start_shim(tmp / "shim", extra_config=config, pull_busybox=False)
+                env = Env(tmp, ctd, shim, cni, os.path.join(bin_dir, "crictl"), tools_image(), config)
                 try:
-                    yield Env(tmp, ctd, shim, cni, os.path.join(bin_dir, "crictl"), tools_image())
+                    yield env
                 finally:
                     try:
                         ctd.remove_all()
                     finally:
-                        stop_shim(shim)
+                        stop_shim(env.shim)
     finally:
         if old is None:
             os.environ.pop("CONTAINERD_BIN_DIR", None)
@@ -157,7 +156,7 @@ def test_a_vm_pod_through_containerds_socket(env: Env) -> None:
     inspect = json.loads(env.crictl("inspectp", sid).stdout)
     assert inspect["status"]["state"] == "SANDBOX_READY"
     ip = inspect["status"]["network"]["ip"]
-    assert ip.startswith("10.238.0.")
+    assert ip.startswith("10.234.0.")
 
     ctr = env.write(
         "ctr.json", container_config("hello", ["/bin/sh", "-c", "echo hello from a VM; sleep 3600"], env.image)
@@ -229,3 +228,28 @@ def test_containerd_killed_and_restarted_adopts_the_running_vm_pod(env: Env) -> 
     env.crictl("stopp", sid)
     env.crictl("rmp", sid)
     assert env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items == []
+
+
+def test_vmsandbox_killed_its_pods_are_exited_for_containerd_and_removed_at_its_restart(env: Env) -> None:
+    """kill -9 of vmsandbox, the shim of every VM pod: containerd sees the shim's connections go and
+    reports the container exited and the pod not ready; vmsandbox, started again, removes the
+    guest and everything it held (containerd never asks about a shim it lost), and the kubelet's
+    StopPodSandbox and RemovePodSandbox through containerd then succeed."""
+    pod = env.write("pod3.json", pod_config("orphan"))
+    sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
+    ctr = env.write("ctr3.json", container_config("sleeper", ["/bin/sleep", "3600"], env.image))
+    cid = env.crictl("create", sid, ctr, pod).stdout.strip()
+    env.crictl("start", cid)
+    stop_shim(env.shim, kill=True)
+    deadline = time.monotonic() + 60
+    while json.loads(env.crictl("inspect", cid).stdout)["status"]["state"] != "CONTAINER_EXITED":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert json.loads(env.crictl("inspectp", sid).stdout)["status"]["state"] == "SANDBOX_NOTREADY"
+    env.shim = start_shim(env.tmp / "shim", extra_config=env.shim_config, pull_busybox=False)
+    assert env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items == []
+    assert state_domains(env.shim.state_dir) == []
+    assert "removed pod" in env.shim.log_text()
+    env.crictl("rm", cid)
+    env.crictl("stopp", sid)
+    env.crictl("rmp", sid)

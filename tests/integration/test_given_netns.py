@@ -36,9 +36,9 @@ def namespace() -> Iterator[Path]:
     ip("netns", "add", name)
     try:
         ip("link", "add", peer, "type", "veth", "peer", "name", "eth0", "netns", name)
-        ip("-n", name, "addr", "add", "10.239.0.5/24", "dev", "eth0")
+        ip("-n", name, "addr", "add", "10.230.0.5/24", "dev", "eth0")
         ip("-n", name, "link", "set", "eth0", "up")
-        ip("-n", name, "route", "add", "default", "via", "10.239.0.1")
+        ip("-n", name, "route", "add", "default", "via", "10.230.0.1")
         yield Path("/run/netns") / name
     finally:
         subprocess.run(["ip", "link", "del", peer], capture_output=True, check=False)
@@ -57,10 +57,10 @@ def test_the_guest_gets_the_given_namespaces_address_and_leaves_it_as_it_was(tmp
     nets = networks(tmp_path)
     att = nets.attach(SID, META, NamespaceOptions(), (), {}, str(namespace))
     try:
-        assert att.network.ips == ("10.239.0.5",)
+        assert att.network.ips == ("10.230.0.5",)
         assert att.network.nic is not None
-        assert att.network.nic.addresses == ("10.239.0.5/24",)
-        assert att.network.nic.routes == (Route("0.0.0.0/0", "10.239.0.1"),)
+        assert att.network.nic.addresses == ("10.230.0.5/24",)
+        assert att.network.nic.routes == (Route("0.0.0.0/0", "10.230.0.1"),)
         assert att.interface is not None and att.interface.target_dev == f"vmt{SID[:12]}"
         assert macvtaps() == {f"vmt{SID[:12]}"}
     finally:
@@ -68,7 +68,7 @@ def test_the_guest_gets_the_given_namespaces_address_and_leaves_it_as_it_was(tmp
         nets.remove(SID)
     assert macvtaps() == set() and namespace.exists()
     out = subprocess.run(["ip", "-n", namespace.name, "-br", "addr", "show", "eth0"], capture_output=True, text=True)
-    assert "10.239.0.5/24" in out.stdout  # containerd's CNI attachment is containerd's to delete
+    assert "10.230.0.5/24" in out.stdout  # containerd's CNI attachment is containerd's to delete
     assert not (tmp_path / "network" / f"{SID}.json").exists()
 
 
