@@ -231,6 +231,7 @@ def test_a_given_namespace_reads_as_an_add_result(
     want_routes: tuple[Route, ...],
 ) -> None:
     pod = pod_network(result_of_namespace(addresses, routes), "02:00:00:00:00:01", 1500)
+    assert pod.nic is not None
     assert pod.nic.addresses == want_addresses and pod.nic.routes == want_routes
     assert pod.ips[0] == want_addresses[0].split("/")[0]
 
