@@ -366,27 +366,15 @@ node_namespace() {
 # shim mode: containerd finds vmsandbox's launcher on its PATH (a directory of links beside its own
 # binaries), and a drop-in maps every profile's handler to vmsandbox's runtime shim
 shim_mode_drop_in() {
-    local bin=$CLUSTER_DIR/bin handler from
+    local bin=$CLUSTER_DIR/bin from
     mkdir -p "$bin" "$CONTAINERD/conf.d"
     for from in containerd containerd-shim-runc-v2; do
         ln -sf "$(if [[ -n $CONTAINERD_BIN_DIR ]]; then echo "$CONTAINERD_BIN_DIR/$from"; else command -v "$from"; fi)" "$bin/$from"
     done
     ln -sf "$(dirname "$PY")/containerd-shim-vmsandbox-v1" "$bin/containerd-shim-vmsandbox-v1"
     CONTAINERD_BIN_DIR=$bin
-    : >"$CONTAINERD/conf.d/vmsandbox.toml"
-    echo "version = 3" >>"$CONTAINERD/conf.d/vmsandbox.toml"
-    for handler in $(awk '/^handler:/ {print $2}' "$REPO_ROOT/deploy/profiles.yaml"); do
-        cat >>"$CONTAINERD/conf.d/vmsandbox.toml" <<EOF
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.$handler]
-  runtime_type = 'io.containerd.vmsandbox.v1'
-  sandboxer = 'shim'
-  snapshotter = 'overlayfs'
-  disable_pause_image_pull = true
-  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.$handler.options]
-    Handler = '$handler'
-    ShimDir = '$SHIM_SOCKETS'
-EOF
-    done
+    "$PY" -m cli.main profile containerd "$REPO_ROOT/deploy/profiles.yaml" --shim-dir "$SHIM_SOCKETS" \
+        >"$CONTAINERD/conf.d/vmsandbox.toml"
 }
 
 # ---- up -----------------------------------------------------------------------------------------------

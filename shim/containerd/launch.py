@@ -36,13 +36,13 @@ from gen.containerd.types import introspection_pb2 as introspection
 from gen.containerd.types.runtimeoptions.v1 import api_pb2 as runtimeoptions
 from shim.containerd.wire import handler_socket, timestamp
 from vmsandbox import __version__
+from vmsandbox.containerd_config import RUNTIME_TYPE
 
 DEFAULT_HANDLER = "vmsandbox"
 DEFAULT_SHIM_DIR = "/run/vmsandbox/containerd"
 SHIM_DIR_ENV = "VMSANDBOX_CONTAINERD_SHIM_DIR"
 MAX_STDIN = 1 << 20
 RUNTIME_OPTIONS = "runtimeoptions.v1.Options"
-RUNTIME_TYPE = "io.containerd.vmsandbox.v1"
 
 
 class LaunchError(Exception):

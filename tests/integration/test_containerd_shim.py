@@ -24,24 +24,11 @@ from tests.integration.cluster_support import kube_bin
 from tests.integration.cni_kit import CniEnv, cni_env
 from tests.integration.downstream_kit import Containerd, containerd, tools_image
 from tests.shim_kit import REPO, Shim, busybox_registry, require_host, start_shim, state_domains, stop_shim
+from vmsandbox.containerd_config import drop_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(900)]
 
 SHIM_BINARY = REPO / ".venv" / "bin" / "containerd-shim-vmsandbox-v1"
-
-
-def drop_in(shim_dir: Path) -> str:
-    """What the installer adds to containerd's configuration for the handler "vmsandbox"."""
-    return f"""version = 3
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.vmsandbox]
-  runtime_type = 'io.containerd.vmsandbox.v1'
-  sandboxer = 'shim'
-  snapshotter = 'overlayfs'
-  disable_pause_image_pull = true
-  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.vmsandbox.options]
-    Handler = 'vmsandbox'
-    ShimDir = '{shim_dir}'
-"""
 
 
 @dataclass
@@ -98,7 +85,7 @@ def env() -> Iterator[Env]:
         with cni_env(tmp / "cni", bridge="vmsbr-csh0", subnet="10.234.0.0/24") as cni:
             ctd_dir = tmp / "ctd"
             (ctd_dir / "conf.d").mkdir(parents=True)
-            (ctd_dir / "conf.d" / "vmsandbox.toml").write_text(drop_in(shim_dir))
+            (ctd_dir / "conf.d" / "vmsandbox.toml").write_text(drop_in(["vmsandbox"], str(shim_dir)))
             with containerd(ctd_dir, cni.conf_dir) as ctd:
                 (tmp / "shim").mkdir()
                 config: dict[str, object] = {
