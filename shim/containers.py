@@ -68,9 +68,13 @@ _LOG_DRAIN_S = 5.0
 """How long an exit waits for the rest of the container's log to reach the kubelet's file."""
 
 
+OOM_KILLED = "OOMKilled"
+"""The exit reason of a container the guest's kernel killed for memory (the CRI's word)."""
+
+
 def _exit_reason(st: ContainerState) -> str:
     if st.oom_killed:
-        return "OOMKilled"
+        return OOM_KILLED
     return "Completed" if st.exit_code == 0 else "Error"
 
 

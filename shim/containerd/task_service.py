@@ -9,7 +9,8 @@ socket: the same checks, the same admission against the pod's declaration and VM
 that diverges is refused with the same message, which containerd hands the kubelet as the
 container's CreateContainerError event). ``Start``/``Kill``/``Delete`` are StartContainer, the
 guest's kill, and RemoveContainer; a waiter per started container reports its exit
-(``Tasks.exited`` and containerd's ``/tasks/exit`` event). The container's output reaches
+(``Tasks.exited`` and containerd's ``/tasks/exit`` event, after ``/tasks/oom`` when the guest's
+kernel killed it for memory). The container's output reaches
 containerd's fifos through the log copy (``shim.containerd.stdio``). ``Exec`` and ``Start`` of an
 exec id run a process in the container (the agent's stream session), its stdio on its fifos.
 
@@ -41,6 +42,7 @@ from shim.containerd.rootfs import ContainerdImages
 from shim.containerd.stdio import FifoSink, feed_stdin, pump_exec
 from shim.containerd.tasks import ExecProcess, TaskIO, Tasks, check_io
 from shim.containerd.wire import Handler, cgroup_metrics, handler, timestamp
+from shim.containers import OOM_KILLED
 from shim.model import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
@@ -251,6 +253,8 @@ class TaskService:
         code = c.exit_code if c.exit_code is not None else 255
         at = c.finished_ns or time.time_ns()
         if self.tasks.exited(c.id, code, at):
+            if c.reason == OOM_KILLED:  # containerd's CRI plugin takes the reason from this event
+                self.events.publish("/tasks/oom", events_pb.TaskOOM(container_id=c.id))
             exit_ = events_pb.TaskExit(
                 container_id=c.id, id=c.id, pid=self._pid(c), exit_status=code, exited_at=timestamp(at)
             )
