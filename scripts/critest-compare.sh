@@ -14,9 +14,9 @@
 # stands in for gcr.io, registry.k8s.io and k8s.gcr.io on both runtimes. NRI, AppArmor and SELinux
 # specs are skipped (neither side is set up for them); CRITEST_SKIP replaces that regex. Pods of all
 # three runs share one CNI bridge (CRITEST_BRIDGE, default vmsbr-crt0, 10.238.0.0/24, with portmap).
-# OUT_DIR gets each run's log (straight.log, default.log, vmsandbox.log, shim.log) and summary.txt:
+# OUT_DIR gets each run's log (straight.log, default.log, vmsandbox.log, containerd-shim.log) and summary.txt:
 # ginkgo's count line and the failed specs of each. Everything it started is stopped on the way out.
-# CRITEST_RUNS picks some of the four runs (default "straight default vmsandbox shim").
+# CRITEST_RUNS picks some of the four runs (default "straight default vmsandbox containerd-shim").
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib/common.sh
@@ -102,7 +102,7 @@ CONTAINERD_BIN_DIR=$WORK/bin bash "$REPO_ROOT/scripts/containerd.sh" up "$CONTAI
 critest() {
     local name=$1 endpoint=$2 t0
     shift 2
-    [[ " ${CRITEST_RUNS:-straight default vmsandbox shim} " == *" $name "* ]] || return 0
+    [[ " ${CRITEST_RUNS:-straight default vmsandbox containerd-shim} " == *" $name "* ]] || return 0
     log "critest $name ($*)"
     t0=$(now_ms)
     "$BIN/critest" --runtime-endpoint "$endpoint" --image-endpoint "$endpoint" --ginkgo.skip "$SKIP" \
@@ -148,5 +148,5 @@ done
 
 critest default "unix://$SHIM/cri.sock"
 critest vmsandbox "unix://$SHIM/cri.sock" --runtime-handler vmsandbox
-critest shim "unix://$CONTAINERD/containerd.sock" --runtime-handler vmsandbox
+critest containerd-shim "unix://$CONTAINERD/containerd.sock" --runtime-handler vmsandbox
 log "logs and summary in $OUT"

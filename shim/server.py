@@ -250,11 +250,12 @@ def start(config: ShimConfig) -> Running:
         listener = _listen(sock)
     else:
         _listen_grpc(server, sock, 0o117)
-    server.start()
     containerd = None
     if config.containerd_address:  # shim mode: containerd's runtime shim for every handler, too
+        # before the CRI socket answers: the pods containerd lost with the last process go first
         containerd = ContainerdFront(config, pods)
         containerd.start()
+    server.start()
     health.serving()
     _secure_socket(sock, gid)
     front = None

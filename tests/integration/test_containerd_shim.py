@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -238,5 +239,36 @@ def test_vmsandbox_killed_its_pods_are_exited_for_containerd_and_removed_at_its_
     assert state_domains(env.shim.state_dir) == []
     assert "removed pod" in env.shim.log_text()
     env.crictl("rm", cid)
+    env.crictl("stopp", sid)
+    env.crictl("rmp", sid)
+
+
+def test_attach_reaches_the_containers_stdin_and_output(env: Env) -> None:
+    """crictl attach -i through containerd: what is typed reaches the shell in the guest, its answer
+    comes back, and the end of stdin ends it (as critest's attach spec does)."""
+    env.crictl("pull", env.image)
+    pod = env.write("pod4.json", pod_config("attach"))
+    sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
+    config = container_config("shell", ["/bin/sh"], env.image)
+    config["stdin"] = True
+    ctr = env.write("ctr4.json", config)
+    cid = env.crictl("create", sid, ctr, pod).stdout.strip()
+    env.crictl("start", cid)
+    attach = subprocess.Popen(
+        [env.crictl_bin, "--runtime-endpoint", env.ctd.endpoint, "attach", "-i", cid],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert attach.stdin is not None and attach.stdout is not None
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(attach.stdout.read1(4096)), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    attach.stdin.write(b"echo hello from attach\n")
+    attach.stdin.flush()
+    reader.join(60)
+    attach.stdin.close()  # the end of stdin ends the shell, and the attach with it
+    attach.wait(60)
+    assert got and b"hello from attach" in got[0], (got, env.shim.log_text()[-2000:])
     env.crictl("stopp", sid)
     env.crictl("rmp", sid)
