@@ -5,7 +5,8 @@
 //	containerd_ttrpc state SOCKET ID...
 //	    calls containerd.task.v3.Task/State for each ID with the generated ttrpc client and
 //	    prints one JSON line per call: the reply's fields, or the error as containerd reads it
-//	    (errgrpc.ToNative, then errdefs' kinds).
+//	    (errgrpc.ToNative, then errdefs' kinds); then one line for a Pids call, which the test's
+//	    server does not serve.
 //	containerd_ttrpc events SOCKET COUNT
 //	    serves containerd.services.events.ttrpc.v1.Events on SOCKET, prints "listening", then one
 //	    JSON line per forwarded envelope, its event decoded by typeurl as containerd decodes it,
@@ -115,6 +116,14 @@ func state(socket string, ids []string) error {
 			"id": resp.ID, "bundle": resp.Bundle, "pid": resp.Pid, "status": resp.Status.String(),
 			"exit_status": resp.ExitStatus, "stdout": resp.Stdout, "terminal": resp.Terminal,
 		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := tasks.Pids(ctx, &taskv3.PidsRequest{ID: "any"}); err != nil {
+		native := errgrpc.ToNative(err)
+		emit(map[string]any{"method": "Pids", "error": native.Error(), "kind": kind(native)})
+	} else {
+		emit(map[string]any{"method": "Pids"})
 	}
 	return nil
 }

@@ -93,7 +93,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 ]  # fmt: skip
 
 
-def test_containerds_task_client_reads_state_and_errors(program: Path, task_socket: Path) -> None:
+def test_containerds_task_client_reads_state_errors_and_what_is_not_served(program: Path, task_socket: Path) -> None:
     ran = subprocess.run(
         [str(program), "state", str(task_socket), *(id_ for id_, _ in CASES)],
         capture_output=True,
@@ -102,8 +102,10 @@ def test_containerds_task_client_reads_state_and_errors(program: Path, task_sock
         check=False,
     )
     assert ran.returncode == 0, ran.stderr[-4000:]
-    got = [json.loads(line) for line in ran.stdout.splitlines()]
+    *got, pids = [json.loads(line) for line in ran.stdout.splitlines()]
     assert len(got) == len(CASES)
+    assert pids["kind"] == "not_implemented", pids
+    assert "containerd.task.v3.Task/Pids" in pids["error"]
     for (id_, want), line in zip(CASES, got, strict=True):
         if "kind" in want:
             assert line["id"] == id_
