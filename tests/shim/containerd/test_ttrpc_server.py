@@ -226,3 +226,20 @@ def test_closing_a_publisher_whose_peer_is_gone_waits_no_longer_than_asked(tmp_p
     started = time.monotonic()
     publisher.close(wait_s=1.0)
     assert time.monotonic() - started < 1.8
+
+
+def test_an_accept_that_keeps_failing_is_retried_without_spinning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tries = []
+
+    def out_of_files(self: socket.socket) -> tuple[socket.socket, object]:
+        tries.append(1)
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(socket.socket, "accept", out_of_files)
+    s = TtrpcServer(tmp_path / "t.sock", {}, name="test")
+    s.start()
+    time.sleep(0.5)
+    s.close()
+    assert 1 <= len(tries) <= 10
