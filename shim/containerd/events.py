@@ -42,6 +42,7 @@ class EventPublisher:
         self._queue: queue.Queue[tuple[str, Message] | None] = queue.Queue(QUEUE_MAX)
         self._sock: socket.socket | None = None
         self._stream = 1
+        self._dropping = threading.Event()  # close's time is up: what is still queued is dropped
         self._thread = threading.Thread(target=self._run, name="containerd-events", daemon=True)
         self._thread.start()
 
@@ -53,15 +54,22 @@ class EventPublisher:
             log.warning("containerd events: queue full, %s of %s dropped", topic, getattr(event, "container_id", "?"))
 
     def close(self, wait_s: float = 5.0) -> None:
+        """Lets the queued events go for at most ``wait_s`` in all; what is left then is dropped."""
+        deadline = time.monotonic() + wait_s
         with contextlib.suppress(queue.Full):
             self._queue.put(None, timeout=wait_s)
-        self._thread.join(timeout=wait_s)
-        self._disconnect()
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            self._dropping.set()
+            log.warning("containerd events: %d not delivered to %s by close", self._queue.qsize(), self.address)
+        else:
+            self._disconnect()
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
-            if item is None:
+            if item is None or self._dropping.is_set():
+                self._disconnect()
                 return
             topic, event = item
             envelope = event_pb2.Envelope(
@@ -77,10 +85,10 @@ class EventPublisher:
                     break
                 except (OSError, ttrpc.ProtocolError, EventRefused) as exc:
                     self._disconnect()
-                    if attempt == ATTEMPTS - 1:
+                    if attempt == ATTEMPTS - 1 or self._dropping.is_set():
                         log.warning("containerd events: %s not delivered to %s: %s", topic, self.address, exc)
-                    else:
-                        time.sleep(0.2 * (attempt + 1))
+                        break
+                    time.sleep(0.2 * (attempt + 1))
 
     def _call(self, payload: bytes) -> None:
         if self._sock is None:

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[bytes], bytes]
 SEND_TIMEOUT_S = 30
 READ_CHUNK = 64 * 1024
+ACCEPT_BACKOFF_S = 0.1
 
 
 class _Conn:
@@ -167,9 +168,12 @@ class TtrpcServer:
         while not self._stopping.is_set():
             try:
                 client, _ = self._sock.accept()
-            except OSError:
+            except OSError as exc:
                 if self._stopping.is_set():
                     return
+                # e.g. EMFILE: the next accept fails alike until something is closed; no busy loop
+                log.warning("%s: accept failed: %s", self.name, exc.strerror or exc)
+                self._stopping.wait(ACCEPT_BACKOFF_S)
                 continue
             conn = _Conn(self, client)
             with self._lock:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gen.containerd.events import task_pb2 as events
 from gen.containerd.services.ttrpc.events.v1 import events_pb2
-from shim.containerd.events import EventPublisher
+from shim.containerd.events import QUEUE_MAX, EventPublisher
 from shim.containerd.ttrpc_server import TtrpcServer
 from shim.nri import wire
 from vmsandbox import ttrpc
@@ -217,3 +217,29 @@ def test_events_reach_containerds_forward_and_survive_a_restart_of_it(tmp_path: 
     decoded.ParseFromString(exit_.envelope.event.value)
     assert decoded.exit_status == 3
     assert start.envelope.event.type_url == "containerd.events.TaskStart"
+
+
+def test_closing_a_publisher_whose_peer_is_gone_waits_no_longer_than_asked(tmp_path: Path) -> None:
+    publisher = EventPublisher(f"unix://{tmp_path / 'nobody.sock'}", "k8s.io")
+    for n in range(QUEUE_MAX + 100):  # a full queue, each event retried against a socket that is not there
+        publisher.publish("/tasks/start", events.TaskStart(container_id="c", pid=n))
+    started = time.monotonic()
+    publisher.close(wait_s=1.0)
+    assert time.monotonic() - started < 1.8
+
+
+def test_an_accept_that_keeps_failing_is_retried_without_spinning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tries = []
+
+    def out_of_files(self: socket.socket) -> tuple[socket.socket, object]:
+        tries.append(1)
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(socket.socket, "accept", out_of_files)
+    s = TtrpcServer(tmp_path / "t.sock", {}, name="test")
+    s.start()
+    time.sleep(0.5)
+    s.close()
+    assert 1 <= len(tries) <= 10
