@@ -245,3 +245,25 @@ def feed_stdin(stream: AgentStream, path: str, stop: threading.Event) -> threadi
     t = threading.Thread(target=feed, name=f"stdin-{stream.id[:8]}", daemon=True)
     t.start()
     return t
+
+
+def keep_attached(stream: AgentStream, stop: threading.Event) -> threading.Thread:
+    """Reads a container's own attach session and drops what it reads (its output reaches
+    containerd through the log copy), so that the session stays alive for its stdin and terminal
+    size until the container ends or ``stop`` is set; then releases it."""
+
+    def drain() -> None:
+        try:
+            while not stop.is_set():
+                if stream.read(STREAM_READ_MAX, READ_WAIT_S).done:
+                    return
+        except VmSandboxError as exc:
+            log.debug("attach session %s ends: %s", stream.id, exc)
+        finally:
+            stop.set()
+            with contextlib.suppress(VmSandboxError):
+                stream.release()
+
+    t = threading.Thread(target=drain, name=f"attached-{stream.id[:8]}", daemon=True)
+    t.start()
+    return t

@@ -15,8 +15,9 @@ containerd's fifos through the log copy (``shim.containerd.stdio``). ``Exec`` an
 exec id run a process in the container (the agent's stream session), its stdio on its fifos.
 
 Not served, each refused precisely: Pause, Resume, Checkpoint (a VM pod is not frozen or
-checkpointed per container), a container's own terminal resize and stdin close (an exec's are
-served). ``Stats`` is the guest's sample of the container's cgroup, as ContainerStats reports it.
+checkpointed per container). A container with a stdin or a terminal keeps a session on its own
+stdio in the guest for ``CloseIO`` and ``ResizePty``, as an exec's session serves them.
+``Stats`` is the guest's sample of the container's cgroup, as ContainerStats reports it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from gen.containerd.types.task import task_pb2 as task_types
 from gen.cri.runtime.v1 import api_pb2 as cri
 from shim.containerd.events import EventPublisher
 from shim.containerd.rootfs import ContainerdImages
-from shim.containerd.stdio import FifoSink, feed_stdin, pump_exec
+from shim.containerd.stdio import FifoSink, feed_stdin, keep_attached, pump_exec
 from shim.containerd.tasks import ExecProcess, TaskIO, Tasks, check_io
 from shim.containerd.wire import Handler, cgroup_metrics, handler, timestamp
 from shim.containers import OOM_KILLED
@@ -59,6 +60,7 @@ from shim.rpc.start_container import start_container
 from shim.rpc.update_container_resources import update_container_resources
 from shim.translate import containerd_spec, inbound
 from vmsandbox import validation
+from vmsandbox.adapters.agent_streams import AgentStream
 from vmsandbox.containerd_rootfs import RootfsMount
 from vmsandbox.errors import InvalidArgument, NotFound, Unsupported, VmSandboxError, WrongState
 
@@ -185,6 +187,9 @@ class TaskService:
         made = inbound.create_container(cri.CreateContainerRequest(pod_sandbox_id=sandbox.id, config=config))
         run = replace(
             made.run,
+            # containerd decides when the stdin ends (it closes the fifo, or CloseIO after the first
+            # attach of a StdinOnce container); the guest closes the container's on that word
+            stdin_once=made.run.stdin,
             sysctls=dict(asked.sysctls),
             rlimits=asked.rlimits,
             seccomp="localhost/containerd" if asked.seccomp is not None else "unconfined",
@@ -217,8 +222,13 @@ class TaskService:
             return self._start_exec(c, req.exec_id)
         start_container(self.pods, StartContainer(c.id))
         io = self.tasks.io(c.id)
-        if io is not None and io.stdin:  # what containerd writes to the container's stdin (kubectl attach -i)
-            feed_stdin(self.pods.containers.attach_start(c.id), io.stdin, threading.Event())
+        if io is not None and (io.stdin or io.terminal):
+            # the container's own session: its stdin (kubectl attach -i) and its terminal's size
+            stream, stop = self.pods.containers.attach_start(c.id), threading.Event()
+            self.tasks.attach(c.id, stream)
+            keep_attached(stream, stop)
+            if io.stdin:
+                feed_stdin(stream, io.stdin, stop)
         self.watch(c.id)
         pid = self._pid(c)
         self.events.publish("/tasks/start", events_pb.TaskStart(container_id=c.id, pid=pid))
@@ -441,21 +451,29 @@ class TaskService:
         self.events.publish("/tasks/exec-started", started)
         return task.StartResponse(pid=pid)
 
+    def _session(self, c: ContainerRecord, exec_id: str) -> AgentStream | None:
+        """The stream session of an exec, or of the container's own stdin and terminal."""
+        if exec_id:
+            p = self.tasks.exec(c.id, exec_id)
+            if p.stream is None:
+                raise WrongState(f"exec {exec_id} of task {c.id[:12]} was not started")
+            return p.stream
+        return self.tasks.attached(c.id)
+
     def resize_pty(self, req: task.ResizePtyRequest) -> empty_pb2.Empty:
-        c = self._container(req.id)
-        if not req.exec_id:
-            raise Unsupported("ResizePty of a container's own terminal is not implemented in VM pods (an exec's is)")
-        p = self.tasks.exec(c.id, req.exec_id)
-        if p.stream is None:
-            raise WrongState(f"exec {req.exec_id} of task {c.id[:12]} was not started")
-        p.stream.resize(req.height, req.width)
+        stream = self._session(self._container(req.id), req.exec_id)
+        if stream is None:
+            raise WrongState(f"task {req.id[:12]} has no terminal")
+        stream.resize(req.height, req.width)
         return empty_pb2.Empty()
 
     def close_io(self, req: task.CloseIORequest) -> empty_pb2.Empty:
-        c = self._container(req.id)
-        if not req.exec_id:
-            raise Unsupported("CloseIO of a container's own stdin is not implemented in VM pods (an exec's is)")
-        p = self.tasks.exec(c.id, req.exec_id)
-        if req.stdin and p.stream is not None:
-            p.stream.close_input()
+        """The end of the process's stdin (containerd's StdinOnce after the first attach)."""
+        stream = self._session(self._container(req.id), req.exec_id)
+        if req.stdin and stream is not None:
+            try:
+                stream.close_input()
+            except VmSandboxError as exc:
+                if self.pods.containers.refresh(self._container(req.id)).state != CONTAINER_EXITED:
+                    raise WrongState(f"task {req.id[:12]}: its stdin was not closed: {exc}") from None
         return empty_pb2.Empty()

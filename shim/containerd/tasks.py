@@ -93,6 +93,7 @@ class Tasks:
         self._lock = threading.Lock()
         self._exits: dict[str, Exit] = {}
         self._execs: dict[tuple[str, str], ExecProcess] = {}
+        self._attached: dict[str, AgentStream] = {}  # a container's own stdio session (stdin, terminal)
 
     def _path(self, cid: str) -> Path:
         if not validation.is_full_id(cid):
@@ -135,9 +136,19 @@ class Tasks:
         """The container's exit; False when it was known already."""
         return self.exit_of(cid).set(code, at_ns)
 
+    def attach(self, cid: str, stream: AgentStream) -> None:
+        with self._lock:
+            self._attached[cid] = stream
+
+    def attached(self, cid: str) -> AgentStream | None:
+        """The session on the container's own stdin and terminal, while it has one."""
+        with self._lock:
+            return self._attached.get(cid)
+
     def forget(self, cid: str) -> None:
         with self._lock:
             self._exits.pop(cid, None)
+            self._attached.pop(cid, None)
             for key in [k for k in self._execs if k[0] == cid]:
                 del self._execs[key]
         with contextlib.suppress(FileNotFoundError, InvalidArgument):
