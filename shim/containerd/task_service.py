@@ -171,6 +171,14 @@ class TaskService:
 
     # -- containers --------------------------------------------------------------------------------
     def create(self, req: task.CreateTaskRequest) -> task.CreateTaskResponse:
+        try:
+            return self._create(req)
+        except Unsupported as exc:
+            # containerd reads UNIMPLEMENTED from Create as "this shim does not serve task v3" and
+            # retries with v2: a request refused for what it asks is a failed precondition here
+            raise WrongState(str(exc)) from None
+
+    def _create(self, req: task.CreateTaskRequest) -> task.CreateTaskResponse:
         if req.checkpoint or req.parent_checkpoint:
             raise Unsupported("CreateTaskRequest.checkpoint: containers of VM pods are not restored from checkpoints")
         if not validation.is_full_id(req.id):

@@ -11,7 +11,8 @@ a VM pod uses and refused where it is not (``Unsupported``/``InvalidArgument``, 
   directory, ``process.user`` its ``run_as_user``/``run_as_group`` and supplemental groups;
 - ``linux.resources`` its ``LinuxContainerResources``; ``process.oomScoreAdj`` its score;
 - the capabilities are the bounding set read as ``add``/``drop`` against the default set; all of
-  them with no masked paths and no seccomp is a privileged container;
+  them with no masked paths and no seccomp is a privileged container (which gets the guest's
+  devices, not the host's its spec lists);
 - ``linux.seccomp``, the profile containerd resolved, goes to the guest as it is (``inline``);
   ``process.rlimits`` likewise;
 - a pid namespace joined by path is the pod's (NamespaceMode POD), else the container's own;
@@ -282,7 +283,9 @@ def container_config(spec: Mapping[str, Any], *, stdin: bool) -> ContainerdConta
             security_context=security,
         ),
     )
-    if _list(linux.get("devices"), "linux.devices"):
+    # a privileged container gets every device of the host in containerd's spec; in a VM pod it
+    # gets the guest's, as a privileged container created on vmsandbox's CRI socket does
+    if _list(linux.get("devices"), "linux.devices") and not security.privileged:
         raise Unsupported(
             "linux.devices: devices of a container are not passed into VM pods by containerd; give the pod "
             "devices through the profile's device pools"

@@ -154,6 +154,11 @@ def test_a_container_reads_back_as_its_cri_config() -> None:
             lambda c: [(m.container_id, m.host_id, m.length)
                        for m in c.linux.security_context.namespace_options.userns_options.uids] == [(0, 65536, 65536)],
         ),
+        (
+            {"process__capabilities": {"bounding": list(ALL_CAPABILITIES)}, "linux__maskedPaths": None,
+             "linux__seccomp": None, "linux__devices": [{"path": "/dev/kvm", "type": "c", "major": 10, "minor": 232}]},
+            lambda c: c.linux.security_context.privileged,
+        ),
         ({"process__terminal": True}, lambda c: c.tty),
         ({"root__readonly": True}, lambda c: c.linux.security_context.readonly_rootfs),
         (
