@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmsandbox.errors import InfrastructureError
-from vmsandbox.network import GuestNic, PodNetwork, PortMapping, Route
+from vmsandbox.network import PodNetwork, PortMapping, Route, pod_network_of
 from vmsandbox.quantity import parse_nonnegative_quantity
 
 CONFIG_SUFFIXES = (".conf", ".conflist", ".json")
@@ -257,6 +257,4 @@ def pod_network(result: Mapping[str, Any], mac: str, mtu: int = 0) -> PodNetwork
         routes.append(Route(network.with_prefixlen, gw))
     if not addresses:
         raise CniError("CNI result: the pod's eth0 got no IP address")
-    ordered = sorted(addresses, key=lambda a: ipaddress.ip_interface(a).version)
-    pod_ips = tuple(str(ipaddress.ip_interface(a).ip) for a in ordered)
-    return PodNetwork(nic=GuestNic(mac=mac, addresses=tuple(ordered), routes=tuple(routes), mtu=mtu), ips=pod_ips)
+    return pod_network_of(mac, addresses, routes, mtu)
