@@ -5,18 +5,39 @@ it outlives every process and CNI plugins can enter it by path. The guest's NIC 
 passthru mode on the namespace's ``eth0``, made inside the namespace and then moved to the shim's
 own namespace, where libvirt opens it (``/dev/tap<ifindex>``). Deleting ``eth0`` (CNI DEL) deletes
 the macvtap with it.
+
+A namespace someone else made (``given``: containerd's, when it runs CNI itself) is checked to be
+a network namespace file and held open while it is read (``read_network``, bounded) and its
+``eth0`` gets the macvtap; the shim never deletes it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import stat
 import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from vmsandbox.errors import InfrastructureError
+from vmsandbox.errors import InfrastructureError, InvalidArgument
+from vmsandbox.given_netns import MAX_OUTPUT, check_path
 
 TIMEOUT_S = 30.0
+NS_GET_NSTYPE = 0xB703  # ioctl on a namespace file: its kind, as a CLONE_NEW* flag (linux/nsfs.h)
+CLONE_NEWNET = 0x40000000
+_KINDS = {
+    0x00020000: "mount",
+    0x02000000: "cgroup",
+    0x04000000: "uts",
+    0x08000000: "ipc",
+    0x10000000: "user",
+    0x20000000: "pid",
+    0x00000080: "time",
+}
 
 
 class NetnsError(InfrastructureError):
@@ -101,3 +122,86 @@ def delete_link(name: str) -> None:
 def exists(path: Path) -> bool:
     """Whether ``path`` holds a namespace (is mounted), not just a left-over file."""
     return _mounted_on(path)
+
+
+@contextmanager
+def given(path: str) -> Iterator[Path]:
+    """The network namespace someone else made at ``path``, held open while the block runs: yields
+    a path (``/proc/<pid>/fd/<fd>``) that names that namespace even should ``path`` be replaced
+    meanwhile. InvalidArgument naming ``path`` unless it is a namespace file (nsfs, bind-mounted
+    as ``ip netns add`` and containerd do; not a symbolic link such as ``/proc/<pid>/ns/net``) of a
+    network namespace other than the shim's own."""
+    check_path(path)
+    own = os.stat("/proc/self/ns/net")
+    try:
+        seen = os.lstat(path)
+    except FileNotFoundError:
+        raise InvalidArgument(f"network namespace {path!r}: no such file") from None
+    except OSError as exc:
+        raise InvalidArgument(f"network namespace {path!r}: {exc.strerror}") from None
+    if stat.S_ISLNK(seen.st_mode):
+        raise InvalidArgument(f"network namespace {path!r} is a symbolic link, not a namespace file")
+    not_one = f"network namespace {path!r} is not a namespace file (a bind mount of one, such as `ip netns add` makes)"
+    if not stat.S_ISREG(seen.st_mode) or seen.st_dev != own.st_dev:  # every namespace file is on nsfs
+        raise InvalidArgument(not_one)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InvalidArgument(f"network namespace {path!r}: {exc.strerror}") from None
+    try:
+        held = os.fstat(fd)
+        if (held.st_dev, held.st_ino) != (seen.st_dev, seen.st_ino):
+            raise InvalidArgument(f"network namespace {path!r} changed while it was opened")
+        try:
+            kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
+        except OSError:
+            raise InvalidArgument(not_one) from None
+        if kind != CLONE_NEWNET:
+            raise InvalidArgument(
+                f"network namespace {path!r} is a {_KINDS.get(kind, hex(kind))} namespace, not a network namespace"
+            )
+        if held.st_ino == own.st_ino:
+            raise InvalidArgument(
+                f"network namespace {path!r} is the shim's own (the host's network): a pod needs one of its own"
+            )
+        yield Path(f"/proc/{os.getpid()}/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
+def _read_bounded(argv: list[str], what: str) -> str:
+    """What ``argv`` prints, at most MAX_OUTPUT bytes of it (more is an error), within TIMEOUT_S."""
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        raise NetnsError(f"{what}: {exc}") from None
+    timer = threading.Timer(TIMEOUT_S, proc.kill)
+    timer.start()
+    with proc:  # closes the pipes and waits for the process (killed below when it is still running)
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            out = proc.stdout.read(MAX_OUTPUT + 1)
+            if len(out) > MAX_OUTPUT:
+                raise NetnsError(f"{what}: more than {MAX_OUTPUT} bytes")
+            err = proc.stderr.read(4096)
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+    if code < 0:
+        raise NetnsError(f"{what}: killed after {TIMEOUT_S:.0f} s" if code == -9 else f"{what}: signal {-code}")
+    if code != 0:
+        raise NetnsError(f"{what}: {(err or out).decode(errors='replace').strip()[:512]}")
+    return out.decode(errors="replace")
+
+
+def read_network(path: Path) -> tuple[str, str, str]:
+    """What ``ip -j`` prints in the namespace ``path``: its interfaces with their addresses, and its
+    main table's IPv4 and IPv6 routes (parsed by ``vmsandbox.given_netns``)."""
+    inside = ["nsenter", f"--net={path}", "ip", "-j"]
+    return (
+        _read_bounded([*inside, "addr", "show"], f"reading the addresses in {path}"),
+        _read_bounded([*inside, "-4", "route", "show", "table", "main"], f"reading the IPv4 routes in {path}"),
+        _read_bounded([*inside, "-6", "route", "show", "table", "main"], f"reading the IPv6 routes in {path}"),
+    )

@@ -1,0 +1,294 @@
+"""A pod network in a namespace someone else made (shim/pod_networks.py with ``netns_path``), as
+containerd's CRI plugin makes it when vmsandbox is its sandbox shim: real namespaces made here with
+``ip netns add``, a veth pair with one end as their ``eth0``, no CNI and no guest. What matters: the
+macvtap lands on that ``eth0`` and the guest's network is what ``eth0`` carries; detach, remove and
+reconcile take the macvtap and the record only, never the namespace or its ``eth0``; anything but
+a network namespace of its own is refused naming the path."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from shim import faults
+from shim.config import ShimConfig
+from shim.pod_networks import PodNetworks
+from vmsandbox.errors import InvalidArgument, VmSandboxError, WrongState
+from vmsandbox.network import NamespaceOptions, Route
+from vmsandbox.pod import PodMeta
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.exclusive,  # makes macvtaps on the host, which test_pod_network counts
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
+]
+
+META = PodMeta(name="given", namespace="default", uid="uid-given")
+POD = NamespaceOptions()
+MAC = "0a:58:0a:e8:00:05"
+
+
+def sh(*argv: str) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, f"{' '.join(argv)}: {done.stderr}"
+    return done.stdout
+
+
+@dataclass
+class Netns:
+    name: str
+    host_end: str
+
+    @property
+    def path(self) -> str:
+        return f"/run/netns/{self.name}"
+
+    def ip(self, *argv: str) -> str:
+        return sh("ip", "-n", self.name, *argv)
+
+    def eth0(self) -> dict[str, object]:
+        (link,) = json.loads(self.ip("-j", "addr", "show", "dev", "eth0"))
+        return link  # type: ignore[no-any-return]
+
+
+@contextmanager
+def made_netns(*, eth0: bool = True) -> Iterator[Netns]:
+    tag = secrets.token_hex(3)
+    ns = Netns(f"vmsgn-{tag}", f"vmsgn{tag}")
+    sh("ip", "netns", "add", ns.name)
+    try:
+        if eth0:
+            sh("ip", "link", "add", ns.host_end, "type", "veth", "peer", "name", "eth0", "netns", ns.name)
+            ns.ip("link", "set", "dev", "eth0", "address", MAC, "mtu", "1450", "up")
+            sh("ip", "link", "set", "dev", ns.host_end, "up")
+        yield ns
+    finally:
+        subprocess.run(["ip", "link", "del", "dev", ns.host_end], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", ns.name], capture_output=True, check=False)
+
+
+@pytest.fixture
+def netns() -> Iterator[Netns]:
+    """A namespace with a veth end as its eth0, an IPv4 address and a default route, as CNI's
+    bridge plugin leaves one."""
+    with made_netns() as ns:
+        ns.ip("addr", "add", "10.232.0.5/24", "dev", "eth0")
+        ns.ip("route", "add", "default", "via", "10.232.0.1")
+        yield ns
+
+
+@pytest.fixture
+def networks(tmp_path: Path) -> PodNetworks:
+    # pod_network "cni" with no configuration at all: a given namespace needs none
+    return PodNetworks(ShimConfig(state_dir=str(tmp_path), pod_network="cni", cni_conf_dir=str(tmp_path / "net.d")))
+
+
+def sandbox_id() -> str:
+    return secrets.token_hex(32)
+
+
+def macvtap(sid: str) -> str:
+    return f"vmt{sid[:12]}"
+
+
+def host_link(name: str) -> dict[str, object] | None:
+    done = subprocess.run(["ip", "-j", "-d", "link", "show", "dev", name], capture_output=True, text=True)
+    return json.loads(done.stdout)[0] if done.returncode == 0 else None
+
+
+def record(networks: PodNetworks, sid: str) -> dict[str, object] | None:
+    path = networks.records / f"{sid}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def untouched(ns: Netns) -> None:
+    """The namespace is still there, its eth0 with its MAC and address, and no macvtap in it."""
+    assert Path(ns.path).exists()
+    eth0 = ns.eth0()
+    assert eth0["address"] == MAC
+    assert "10.232.0.5" in [a["local"] for a in eth0["addr_info"]]  # type: ignore[attr-defined]
+    links = [link["ifname"] for link in json.loads(ns.ip("-j", "link", "show"))]
+    assert sorted(links) == ["eth0", "lo"]
+
+
+def test_the_macvtap_goes_on_the_given_eth0_and_the_guest_gets_what_eth0_carries(
+    networks: PodNetworks, netns: Netns
+) -> None:
+    sid = sandbox_id()
+    attached = networks.attach(sid, META, POD, (), {}, netns_path=netns.path)
+    try:
+        nic = attached.network.nic
+        assert nic is not None
+        assert (nic.mac, nic.addresses, nic.routes, nic.mtu) == (
+            MAC,
+            ("10.232.0.5/24",),
+            (Route("0.0.0.0/0", "10.232.0.1"),),
+            1450,
+        )
+        assert attached.network.ips == ("10.232.0.5",)
+        assert attached.interface is not None
+        assert (attached.interface.kind, attached.interface.mac, attached.interface.target_dev) == (
+            "ethernet",
+            MAC,
+            macvtap(sid),
+        )
+        link = host_link(macvtap(sid))
+        assert link is not None, "the macvtap is in the shim's namespace, for libvirt"
+        info = link["linkinfo"]
+        assert info["info_kind"] == "macvtap" and info["info_data"]["mode"] == "passthru"  # type: ignore[index]
+        assert link["address"] == MAC
+        assert record(networks, sid) == {
+            "owner": "caller",
+            "netns": netns.path,
+            "macvtap": macvtap(sid),
+            "state": "attached",
+        }
+        assert networks.link_counters(sid)[0][0] == "eth0"
+    finally:
+        networks.detach(sid)
+    assert host_link(macvtap(sid)) is None
+    assert record(networks, sid)["state"] == "deleted"  # type: ignore[index]
+    untouched(netns)
+    networks.remove(sid)
+    assert record(networks, sid) is None
+    untouched(netns)
+    networks.remove(sid)  # idempotent
+
+
+def test_ipv6_only_with_several_addresses(networks: PodNetworks) -> None:
+    with made_netns() as ns:
+        ns.ip("-6", "addr", "add", "fd00:232::5/64", "dev", "eth0", "nodad")
+        ns.ip("-6", "addr", "add", "fd00:233::5/64", "dev", "eth0", "nodad")
+        ns.ip("-6", "route", "add", "default", "via", "fd00:232::1")
+        sid = sandbox_id()
+        attached = networks.attach(sid, META, POD, (), {}, netns_path=ns.path)
+        try:
+            # in the order ip lists them (the kernel puts the newest IPv6 address first)
+            assert sorted(attached.network.ips) == ["fd00:232::5", "fd00:233::5"]
+            assert attached.network.nic is not None
+            assert attached.network.nic.routes == (Route("::/0", "fd00:232::1"),)
+        finally:
+            networks.remove(sid)
+        assert host_link(macvtap(sid)) is None and Path(ns.path).exists()
+
+
+def test_with_pod_network_none_a_given_namespace_is_still_the_pods(tmp_path: Path, netns: Netns) -> None:
+    networks = PodNetworks(ShimConfig(state_dir=str(tmp_path), pod_network="none"))
+    sid = sandbox_id()
+    try:
+        assert networks.attach(sid, META, POD, (), {}, netns_path=netns.path).network.ips == ("10.232.0.5",)
+    finally:
+        networks.remove(sid)
+
+
+def test_a_failure_after_the_macvtap_is_undone_and_leaves_the_namespace(networks: PodNetworks, netns: Netns) -> None:
+    sid = sandbox_id()
+    with faults.raising("network:given-macvtap"), pytest.raises(VmSandboxError) as err:
+        networks.attach(sid, META, POD, (), {}, netns_path=netns.path)
+    assert str(err.value).startswith("pod network: ")
+    assert host_link(macvtap(sid)) is None and record(networks, sid) is None
+    untouched(netns)
+
+
+def test_a_shim_that_died_attached_is_cleaned_up_by_reconcile(
+    tmp_path: Path, networks: PodNetworks, netns: Netns
+) -> None:
+    sid = sandbox_id()
+    networks.attach(sid, META, POD, (), {}, netns_path=netns.path)
+    doc = record(networks, sid)
+    assert doc is not None
+    doc["state"] = "adding"  # as a shim killed between the macvtap and the record's update leaves it
+    (networks.records / f"{sid}.json").write_text(json.dumps(doc))
+    again = PodNetworks(ShimConfig(state_dir=str(tmp_path), pod_network="cni"))
+    assert again.reconcile(set()) == [sid]
+    assert host_link(macvtap(sid)) is None and record(again, sid) is None
+    untouched(netns)
+
+
+def test_a_live_sandbox_is_left_alone_by_reconcile(networks: PodNetworks, netns: Netns) -> None:
+    sid = sandbox_id()
+    networks.attach(sid, META, POD, (), {}, netns_path=netns.path)
+    try:
+        assert networks.reconcile({sid}) == []
+        assert host_link(macvtap(sid)) is not None
+    finally:
+        networks.remove(sid)
+
+
+# -- refusals ----------------------------------------------------------------------------------------
+def _refused(networks: PodNetworks, path: str, error: type[VmSandboxError] = InvalidArgument) -> str:
+    sid = sandbox_id()
+    with pytest.raises(error) as err:
+        networks.attach(sid, META, POD, (), {}, netns_path=path)
+    assert record(networks, sid) is None and host_link(macvtap(sid)) is None
+    return str(err.value)
+
+
+def test_a_path_that_is_not_a_network_namespace_is_refused_naming_it(
+    tmp_path: Path, networks: PodNetworks, netns: Netns
+) -> None:
+    regular = tmp_path / "regular"
+    regular.write_text("")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "link"
+    link.symlink_to(netns.path)
+    cases = {
+        str(tmp_path / "absent"): "no such file",
+        str(regular): "is not a namespace file",
+        str(tmp_path): "is not a namespace file",
+        str(fifo): "is not a namespace file",  # never opened: it would block
+        "/dev/null": "is not a namespace file",
+        str(link): "is a symbolic link",
+        "/proc/self/ns/net": "is a symbolic link",
+        "relative/netns": "is not absolute",
+    }
+    for path, says in cases.items():
+        message = _refused(networks, path)
+        assert path in message and says in message, (path, message)
+
+
+def test_a_namespace_of_another_kind_is_refused(tmp_path: Path, networks: PodNetworks) -> None:
+    uts = tmp_path / "uts"
+    uts.touch()
+    sh("unshare", f"--uts={uts}", "true")
+    try:
+        message = _refused(networks, str(uts))
+        assert "is a uts namespace, not a network namespace" in message
+    finally:
+        sh("umount", str(uts))
+
+
+def test_the_shims_own_network_namespace_is_refused(tmp_path: Path, networks: PodNetworks) -> None:
+    own = tmp_path / "own"
+    own.touch()
+    sh("mount", "--bind", "/proc/self/ns/net", str(own))
+    try:
+        assert "is the shim's own" in _refused(networks, str(own))
+    finally:
+        sh("umount", str(own))
+
+
+def test_a_host_network_pod_cannot_be_given_a_namespace(networks: PodNetworks, netns: Netns) -> None:
+    sid = sandbox_id()
+    with pytest.raises(InvalidArgument) as err:
+        networks.attach(sid, META, NamespaceOptions(network="NODE"), (), {}, netns_path=netns.path)
+    assert "host-network pod" in str(err.value) and record(networks, sid) is None
+
+
+def test_a_namespace_without_eth0_or_without_an_address_is_refused(networks: PodNetworks) -> None:
+    with made_netns(eth0=False) as empty:
+        message = _refused(networks, empty.path, WrongState)
+        assert empty.path in message and "there is no eth0 (its interfaces: lo)" in message
+    with made_netns() as bare:  # eth0 up with its IPv6 link-local address only
+        message = _refused(networks, bare.path, WrongState)
+        assert bare.path in message and "eth0 has no global IPv4 or IPv6 address" in message
+        assert [link["ifname"] for link in json.loads(bare.ip("-j", "link", "show"))] == ["lo", "eth0"]
