@@ -110,6 +110,10 @@ class ContainerSpec:
 @dataclass(frozen=True)
 class RunPodSandbox:
     spec: SandboxSpec
+    # the path of a network namespace the caller made and ran CNI in (containerd's sandbox API's
+    # CreateSandboxRequest.netns_path): the pod's network is read there; None (the CRI, always):
+    # the shim makes the pod's network (shim.pod_networks)
+    given_netns: str | None = None
 
 
 @dataclass(frozen=True)
