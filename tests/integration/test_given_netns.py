@@ -3,24 +3,36 @@ containerd's CRI plugin makes it when vmsandbox is its sandbox shim: real namesp
 ``ip netns add``, a veth pair with one end as their ``eth0``, no CNI and no guest. What matters: the
 macvtap lands on that ``eth0`` and the guest's network is what ``eth0`` carries; detach, remove and
 reconcile take the macvtap and the record only, never the namespace or its ``eth0``; anything but
-a network namespace of its own is refused naming the path."""
+a network namespace of its own is refused naming the path. One test boots a real guest in such a
+namespace through the shim's own RunPodSandbox, in process (the CRI cannot give a namespace)."""
 
 from __future__ import annotations
 
 import json
 import os
 import secrets
+import socket
+import struct
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from shim import faults
+from gen.cri.runtime.v1 import api_pb2 as pb
+from shim import faults, server
 from shim.config import ShimConfig
+from shim.model import RemovePodSandbox, StopPodSandbox
 from shim.pod_networks import PodNetworks
+from shim.rpc.remove_pod_sandbox import remove_pod_sandbox
+from shim.rpc.run_pod_sandbox import run_pod_sandbox
+from shim.rpc.stop_pod_sandbox import stop_pod_sandbox
+from shim.translate import inbound
+from tests.cri_server import pods_for
+from tests.shim_kit import LIBVIRT_URI, pod, q, require_host, state_dir, write_profiles
 from vmsandbox.errors import InvalidArgument, VmSandboxError, WrongState
 from vmsandbox.network import NamespaceOptions, Route
 from vmsandbox.pod import PodMeta
@@ -292,3 +304,71 @@ def test_a_namespace_without_eth0_or_without_an_address_is_refused(networks: Pod
         message = _refused(networks, bare.path, WrongState)
         assert bare.path in message and "eth0 has no global IPv4 or IPv6 address" in message
         assert [link["ifname"] for link in json.loads(bare.ip("-j", "link", "show"))] == ["lo", "eth0"]
+
+
+# -- a real guest ------------------------------------------------------------------------------------
+def _checksum(data: bytes) -> int:
+    total = sum(int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data) - 1, 2))
+    total += data[-1] << 8 if len(data) % 2 else 0
+    total = (total >> 16) + (total & 0xFFFF)
+    return ~(total + (total >> 16)) & 0xFFFF
+
+
+def echo_answered(address: str, attempts: int = 10) -> bool:
+    """Whether ``address`` answers an ICMP echo (a raw socket: this host has no ping)."""
+    ident = os.getpid() & 0xFFFF
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP) as s:
+        s.settimeout(1.0)
+        for seq in range(attempts):
+            body = struct.pack("!BBHHH", 8, 0, 0, ident, seq) + b"vmsandbox"
+            s.sendto(body[:2] + struct.pack("!H", _checksum(body)) + body[4:], (address, 0))
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                try:
+                    packet, (source, _) = s.recvfrom(1500)
+                except TimeoutError:
+                    break
+                icmp = packet[(packet[0] & 0x0F) * 4 :]
+                if source == address and icmp[0] == 0 and struct.unpack("!H", icmp[4:6])[0] == ident:
+                    return True
+    return False
+
+
+@pytest.mark.slow
+def test_a_guest_booted_in_a_given_namespace_carries_eth0s_address_and_answers_on_it(
+    tmp_path: Path, netns: Netns
+) -> None:
+    require_host()
+    sh("ip", "addr", "add", "10.232.0.1/24", "dev", netns.host_end)  # the gateway, on the host's end
+    profiles = tmp_path / "profiles.yaml"
+    write_profiles(profiles)
+    config = ShimConfig(
+        socket_path=str(tmp_path / "cri.sock"),
+        state_dir=str(state_dir(tmp_path)),
+        console_dir=str(tmp_path / "console"),
+        libvirt_uri=LIBVIRT_URI,
+        profile_files=(str(profiles),),
+        pod_network="none",  # the shim's own networks: none; the given namespace is the pod's all the same
+    )
+    running = server.start(config)
+    try:
+        pods = pods_for(running.sandboxes)
+        request = inbound.run_pod_sandbox(
+            pb.RunPodSandboxRequest(config=pod("given", containers=[("c", q({"cpu": "250m", "memory": "32Mi"}))]))
+        )
+        sid = run_pod_sandbox(pods, replace(request, given_netns=netns.path))
+        try:
+            sandbox = running.sandboxes.records.get(sid)
+            assert sandbox.network is not None and sandbox.network.ips == ("10.232.0.5",)
+            nics = [n for n in sandbox.guest["nics"] if n["mac"] == MAC]
+            assert len(nics) == 1 and nics[0]["up"], sandbox.guest["nics"]
+            assert nics[0]["addresses"][:1] == ["10.232.0.5/24"]
+            # through the macvtap: the host's end of the veth reaches the guest
+            assert echo_answered("10.232.0.5"), "the guest did not answer an ICMP echo through its macvtap"
+        finally:
+            stop_pod_sandbox(pods, StopPodSandbox(sid))
+            remove_pod_sandbox(pods, RemovePodSandbox(sid))
+        assert host_link(macvtap(sid)) is None and record(running.sandboxes.network, sid) is None
+        untouched(netns)
+    finally:
+        running.stop(grace=0)
