@@ -305,6 +305,8 @@ class PodNetworks:
             raise
 
     def _undo(self, sandbox_id: str, doc: dict[str, Any]) -> None:
+        # in a given namespace, a macvtap a crash left there (made, not moved out yet) goes with
+        # eth0 when the caller deletes the namespace, as the failed sandbox makes it do
         netns.delete_link(doc["macvtap"])
         if not _given(doc):
             self._del(sandbox_id, doc)
