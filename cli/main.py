@@ -50,6 +50,9 @@ RUNTIMECLASS_EXAMPLES = """examples:
   vmsandbox profile runtimeclass /etc/vmsandbox/profiles.yaml | kubectl apply -f -
   vmsandbox profile runtimeclass deploy/profiles.yaml --handler vmsandbox-dedicated
 """
+CONTAINERD_EXAMPLES = """examples:
+  vmsandbox profile containerd /etc/vmsandbox/profiles.yaml > /etc/containerd/conf.d/vmsandbox.toml
+"""
 SNAPSHOT_EXAMPLES = """examples:
   vmsandbox snapshot make my-pod.yaml --config /etc/vmsandbox/config.yaml   # while the shim is stopped
   vmsandbox snapshot list --config /etc/vmsandbox/config.yaml --format json
@@ -222,6 +225,15 @@ def _profile_runtimeclass(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _profile_containerd(args: argparse.Namespace) -> int:
+    from vmsandbox.adapters.profile_loader import load_profiles
+    from vmsandbox.containerd_config import drop_in
+
+    profiles = load_profiles(args.files)
+    sys.stdout.write(drop_in(sorted(profiles), args.shim_dir))
+    return EXIT_OK
+
+
 # -- snapshot -------------------------------------------------------------------------------------
 def _snapshot_make(args: argparse.Namespace) -> int:
     from cli import snapshot_cmd, textout
@@ -391,9 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     profile = sub.add_parser(
         "profile",
         parents=[_logging_options(argparse.SUPPRESS)],
-        help="check profile files; derive RuntimeClass manifests from them",
+        help="check profile files; derive RuntimeClass manifests and containerd's drop-in from them",
         description="Check sizing profiles and derive RuntimeClass manifests from them.",
-        epilog=VALIDATE_EXAMPLES + "\n" + RUNTIMECLASS_EXAMPLES,
+        epilog=VALIDATE_EXAMPLES + "\n" + RUNTIMECLASS_EXAMPLES + "\n" + CONTAINERD_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     psub = profile.add_subparsers(dest="profile_command", required=True, metavar="SUBCOMMAND")
@@ -416,6 +428,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rc.add_argument("files", metavar="FILE", nargs="+", help="profile YAML files")
     rc.add_argument("--handler", action="append", help="only this handler (repeatable)")
+    ctd = _sub(
+        psub,
+        "containerd",
+        "print containerd's drop-in that makes vmsandbox the runtime shim of each profile's handler",
+        CONTAINERD_EXAMPLES,
+        _profile_containerd,
+        formats=(),
+    )
+    ctd.add_argument("files", metavar="FILE", nargs="+", help="profile YAML files")
+    ctd.add_argument(
+        "--shim-dir", default="/run/vmsandbox/containerd", help="vmsandbox's containerd_shim_dir (default: %(default)s)"
+    )
 
     snapshot = sub.add_parser(
         "snapshot",

@@ -21,7 +21,9 @@
 # The kubelet talks to vmsandbox only. Pods with a vmsandbox RuntimeClass get a VM; every other pod
 # (host-network ones included) goes to the cluster's own containerd (scripts/containerd.sh, runc),
 # which runs in the same mount namespace and on the same CNI bridge. CLUSTER_DOWNSTREAM=none leaves
-# containerd out: vmsandbox is then the only runtime and every pod is a VM. kube-proxy and CoreDNS
+# containerd out: vmsandbox is then the only runtime and every pod is a VM. CLUSTER_MODE=shim runs
+# vmsandbox's shim mode instead (docs/containerd-shim.md): the kubelet talks to containerd, whose
+# drop-in maps each profile's handler to vmsandbox's runtime shim. kube-proxy and CoreDNS
 # run in the host's namespaces: kube-proxy's chains are what `down` removes with the kubelet's.
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -52,6 +54,7 @@ POD_SUBNET=${CLUSTER_POD_SUBNET:-10.236.0.0/24}
 SHARED_CPUS=${CLUSTER_SHARED_CPUS:-}
 READY_TIMEOUT_S=${CLUSTER_READY_TIMEOUT_S:-240}
 DOWNSTREAM=${CLUSTER_DOWNSTREAM:-containerd} # or none
+MODE=${CLUSTER_MODE:-proxy} # or shim: the kubelet talks to containerd, vmsandbox is its runtime shim
 KUBE_PROXY_HEALTHZ_PORT=${CLUSTER_KUBE_PROXY_HEALTHZ_PORT:-11256}
 KUBE_PROXY_METRICS_PORT=${CLUSTER_KUBE_PROXY_METRICS_PORT:-11249}
 # CoreDNS listens on the node's address at DNS_PORT; pods ask the kube-dns Service at DNS_IP:53,
@@ -68,7 +71,14 @@ LOGS=$CLUSTER_DIR/logs
 NODE=$CLUSTER_DIR/node   # the kubelet's directories, bound over the host's inside its namespace
 SHIM=$CLUSTER_DIR/shim
 SOCKET=$SHIM/cri.sock
+SHIM_SOCKETS=$SHIM/containerd # shim mode: vmsandbox's ttrpc socket per handler
 CONTAINERD=$CLUSTER_DIR/containerd # containerd's config, root, state and socket (scripts/containerd.sh)
+case $MODE in
+proxy) RUNTIME_SOCKET=$SOCKET ;;  # the kubelet's CRI socket
+shim) RUNTIME_SOCKET=$CONTAINERD/containerd.sock ;;
+*) die "CLUSTER_MODE: proxy or shim, not $MODE" ;;
+esac
+[[ $MODE == proxy || $DOWNSTREAM == containerd ]] || die "CLUSTER_MODE=shim needs containerd (CLUSTER_DOWNSTREAM=containerd)"
 ADMIN_KUBECONFIG=$CLUSTER_DIR/admin.kubeconfig
 # the host paths the kubelet uses whatever its flags say, bound to directories of ours in its namespace
 NODE_BINDS=("/var/lib/kubelet:$NODE/kubelet" "/var/log/pods:$NODE/pod-logs" "/var/log/containers:$NODE/container-logs")
@@ -244,7 +254,9 @@ pod_network: cni
 cni_conf_dir: $CLUSTER_DIR/net.d
 cni_bin_dirs: [/usr/lib/cni]
 netns_dir: $CLUSTER_DIR/netns
-$([[ $DOWNSTREAM == containerd ]] && echo "downstream_endpoint: unix://$CONTAINERD/containerd.sock")
+$([[ $DOWNSTREAM == containerd && $MODE == proxy ]] && echo "downstream_endpoint: unix://$CONTAINERD/containerd.sock")
+$([[ $MODE == shim ]] && printf 'containerd_address: %s\ncontainerd_root: %s\ncontainerd_shim_dir: %s\n' \
+    "$CONTAINERD/containerd.sock" "$CONTAINERD/root" "$SHIM_SOCKETS")
 registries:
   # the cluster's registry (127.0.0.1:$REGISTRY_PORT) mirrors docker.io: push busybox there and
   # \`image: busybox\` pulls it offline; images may also name 127.0.0.1:$REGISTRY_PORT/... directly
@@ -273,8 +285,8 @@ authentication:
   webhook: {enabled: true}
   x509: {clientCAFile: $PKI/ca.crt}
 authorization: {mode: Webhook}
-containerRuntimeEndpoint: unix://$SOCKET
-imageServiceEndpoint: unix://$SOCKET
+containerRuntimeEndpoint: unix://$RUNTIME_SOCKET
+imageServiceEndpoint: unix://$RUNTIME_SOCKET
 # a 1.34+ kubelet takes the driver from the runtime's RuntimeConfig (vmsandbox answers cgroupfs, or
 # passes the downstream's answer on); older ones use this
 cgroupDriver: cgroupfs
@@ -334,6 +346,9 @@ node_namespace() {
         cat "/proc/sys/$s" >"$f"
         mount --bind "$f" "/proc/sys/$s"
     done
+    if [[ $MODE == shim ]]; then
+        shim_mode_drop_in
+    fi
     if [[ $DOWNSTREAM == containerd ]]; then
         # its sandbox image comes from the cluster's registry, which also stands in for docker.io
         CONTAINERD_BIN_DIR=$CONTAINERD_BIN_DIR bash "$REPO_ROOT/scripts/containerd.sh" up "$CONTAINERD" "127.0.0.1:$REGISTRY_PORT/vmsandbox/pause:1" \
@@ -346,6 +361,20 @@ node_namespace() {
         --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --node-labels=vmsandbox.dev/runtime=true \
         --volume-plugin-dir="$NODE/volume-plugins" \
         --cgroups-per-qos=true --enforce-node-allocatable=pods --fail-swap-on=false
+}
+
+# shim mode: containerd finds vmsandbox's launcher on its PATH (a directory of links beside its own
+# binaries), and a drop-in maps every profile's handler to vmsandbox's runtime shim
+shim_mode_drop_in() {
+    local bin=$CLUSTER_DIR/bin from
+    mkdir -p "$bin" "$CONTAINERD/conf.d"
+    for from in containerd containerd-shim-runc-v2; do
+        ln -sf "$(if [[ -n $CONTAINERD_BIN_DIR ]]; then echo "$CONTAINERD_BIN_DIR/$from"; else command -v "$from"; fi)" "$bin/$from"
+    done
+    ln -sf "$(dirname "$PY")/containerd-shim-vmsandbox-v1" "$bin/containerd-shim-vmsandbox-v1"
+    CONTAINERD_BIN_DIR=$bin
+    "$PY" -m cli.main profile containerd "$REPO_ROOT/deploy/profiles.yaml" --shim-dir "$SHIM_SOCKETS" \
+        >"$CONTAINERD/conf.d/vmsandbox.toml"
 }
 
 # ---- up -----------------------------------------------------------------------------------------------

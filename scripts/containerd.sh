@@ -81,7 +81,8 @@ TOML
 
 # containerd 2.x: configuration version 3 (the CRI plugin split into io.containerd.cri.v1.images and
 # io.containerd.cri.v1.runtime; the sandbox image is a pinned image; registry hosts come from
-# hosts.toml files under DIR/certs.d). NRI is off (2.x turns it on, on a host-wide socket), and
+# hosts.toml files under DIR/certs.d; drop-ins from DIR/conf.d/*.toml, e.g. a runtime handler of
+# vmsandbox's shim mode). NRI is off (2.x turns it on, on a host-wide socket), and
 # network namespaces are mounted under DIR/state rather than the host's /var/run/netns.
 config_v3() {
     local image=$1 conf=$2 registry=$3 upstream server
@@ -107,7 +108,7 @@ version = 3
 root = "$dir/root"
 state = "$dir/state"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri"]
-imports = [] # none of the host's drop-ins (2.x reads /etc/containerd/conf.d/*.toml by default)
+imports = ['$dir/conf.d/*.toml'] # its own drop-ins only (2.x reads /etc/containerd/conf.d/*.toml by default)
 [grpc]
   address = "$dir/containerd.sock"
 [ttrpc]
@@ -147,7 +148,7 @@ up() {
     local image=${1:-registry.k8s.io/pause:3.6} conf=${2:-$dir/net.d} registry=${3:-}
     command -v containerd >/dev/null && command -v runc >/dev/null \
         || die "containerd and runc are not installed (scripts/setup-host.sh installs them)"
-    mkdir -p "$dir/root" "$dir/state" "$conf"
+    mkdir -p "$dir/root" "$dir/state" "$dir/conf.d" "$conf"
     if [[ -f $dir/containerd.pid ]] && alive "$(cat "$dir/containerd.pid")"; then
         die "a containerd already runs for $dir (pid $(cat "$dir/containerd.pid"))"
     fi

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# critest back to back on this machine, three ways, with the pin's binaries (scripts/build-k8s.sh):
+# critest back to back on this machine, four ways, with the pin's binaries (scripts/build-k8s.sh):
 #
 #   1. straight against containerd (scripts/containerd.sh, the pin's containerd 2.x, Debian's runc)
 #   2. through vmsandbox (its front and shim, that containerd as its downstream), default handler:
 #      every pod goes on to containerd
 #   3. through the same vmsandbox with --runtime-handler vmsandbox: every pod is a VM
+#   4. shim mode: against containerd's own socket with --runtime-handler vmsandbox, the handler a
+#      drop-in maps to vmsandbox's runtime shim (containerd-shim-vmsandbox-v1): every pod is a VM
 #
 #   scripts/critest-compare.sh [OUT_DIR]    # default /var/tmp/vmsandbox-critest; K8S_PIN picks the pin
 #
@@ -12,9 +14,9 @@
 # stands in for gcr.io, registry.k8s.io and k8s.gcr.io on both runtimes. NRI, AppArmor and SELinux
 # specs are skipped (neither side is set up for them); CRITEST_SKIP replaces that regex. Pods of all
 # three runs share one CNI bridge (CRITEST_BRIDGE, default vmsbr-crt0, 10.238.0.0/24, with portmap).
-# OUT_DIR gets each run's log (straight.log, default.log, vmsandbox.log) and summary.txt: ginkgo's
-# count line and the failed specs of each. Everything it started is stopped on the way out.
-# CRITEST_RUNS picks some of the three runs (default "straight default vmsandbox").
+# OUT_DIR gets each run's log (straight.log, default.log, vmsandbox.log, containerd-shim.log) and summary.txt:
+# ginkgo's count line and the failed specs of each. Everything it started is stopped on the way out.
+# CRITEST_RUNS picks some of the four runs (default "straight default vmsandbox containerd-shim").
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib/common.sh
@@ -48,7 +50,7 @@ cleanup() {
     fi
     if [[ -f $CONTAINERD/containerd.pid ]]; then
         log "stopping containerd"
-        CONTAINERD_BIN_DIR=$BIN bash "$REPO_ROOT/scripts/containerd.sh" down "$CONTAINERD"
+        CONTAINERD_BIN_DIR=$WORK/bin bash "$REPO_ROOT/scripts/containerd.sh" down "$CONTAINERD"
     fi
     [[ -z $REGISTRY_PID ]] || stop_pid "$REGISTRY_PID" docker-registry 10
     ip link del dev "$BRIDGE" 2>/dev/null
@@ -76,15 +78,31 @@ cat >"$WORK/net.d/10-critest.conflist" <<EOF
             "ranges": [[{"subnet": "$SUBNET"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOF
+# containerd finds a runtime type's shim binary on its PATH: the pin's containerd and runc shim, and
+# vmsandbox's launcher; its drop-in maps the handler "vmsandbox" to vmsandbox's runtime shim
+mkdir -p "$WORK/bin" "$CONTAINERD/conf.d"
+ln -sf "$BIN/containerd" "$BIN/containerd-shim-runc-v2" "$WORK/bin/"
+ln -sf "$(dirname "$PY")/containerd-shim-vmsandbox-v1" "$WORK/bin/"
+cat >"$CONTAINERD/conf.d/vmsandbox.toml" <<TOML
+version = 3
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.vmsandbox]
+  runtime_type = 'io.containerd.vmsandbox.v1'
+  sandboxer = 'shim'
+  snapshotter = 'overlayfs'
+  disable_pause_image_pull = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.vmsandbox.options]
+    Handler = 'vmsandbox'
+    ShimDir = '$SHIM/containerd'
+TOML
 log "containerd from $BIN"
-CONTAINERD_BIN_DIR=$BIN bash "$REPO_ROOT/scripts/containerd.sh" up "$CONTAINERD" registry.k8s.io/pause:3.10 \
+CONTAINERD_BIN_DIR=$WORK/bin bash "$REPO_ROOT/scripts/containerd.sh" up "$CONTAINERD" registry.k8s.io/pause:3.10 \
     "$WORK/net.d" "$REGISTRY" >&2
 
 # critest NAME ENDPOINT [ARGS...]: one run, its log in $OUT/NAME.log, its counts and failures in summary
 critest() {
     local name=$1 endpoint=$2 t0
     shift 2
-    [[ " ${CRITEST_RUNS:-straight default vmsandbox} " == *" $name "* ]] || return 0
+    [[ " ${CRITEST_RUNS:-straight default vmsandbox containerd-shim} " == *" $name "* ]] || return 0
     log "critest $name ($*)"
     t0=$(now_ms)
     "$BIN/critest" --runtime-endpoint "$endpoint" --image-endpoint "$endpoint" --ginkgo.skip "$SKIP" \
@@ -114,6 +132,9 @@ netns_dir: $WORK/netns
 mount_allowlist: [/tmp]
 seccomp_profile_root: /tmp
 downstream_endpoint: unix://$CONTAINERD/containerd.sock
+containerd_address: $CONTAINERD/containerd.sock
+containerd_root: $CONTAINERD/root
+containerd_shim_dir: $SHIM/containerd
 registries: $REGISTRIES
 EOF
 log "vmsandbox (front and shim) in front of that containerd"
@@ -127,4 +148,5 @@ done
 
 critest default "unix://$SHIM/cri.sock"
 critest vmsandbox "unix://$SHIM/cri.sock" --runtime-handler vmsandbox
+critest containerd-shim "unix://$CONTAINERD/containerd.sock" --runtime-handler vmsandbox
 log "logs and summary in $OUT"

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Regenerate the Python stubs of the CRI contract and of the NRI API from proto/.
+# Regenerate the Python stubs of the CRI contract, of the NRI API and of containerd's runtime shim
+# API (the Sandbox and Task services, their types and events: shim mode) from proto/.
 #
 #   scripts/gen-proto.sh [OUT_DIR]
 #
 # OUT_DIR defaults to the repository root, where the generated modules are
-# kept under gen/cri/ and gen/nri/ (the proto files sit under proto/gen/ so that
+# kept under gen/cri/, gen/nri/ and gen/containerd/ (the proto files sit under proto/gen/ so that
 # the generated modules import each other as gen.*) (tests/gen/test_proto_contract.py and
 # tests/gen/test_nri_proto.py regenerate into a temporary directory and check
 # they are up to date). The CRI is gRPC, so proto/gen/cri/ also gets gRPC stubs;
-# NRI speaks ttrpc (vmsandbox/ttrpc.py, shim/nri/), so proto/gen/nri/ gets
-# messages only. The interpreter is
+# NRI and containerd's shims speak ttrpc (vmsandbox/ttrpc.py, shim/nri/, shim/containerd/), so
+# proto/gen/nri/ and proto/gen/containerd/ get messages only. The interpreter is
 # $PYTHON, default .venv/bin/python; it needs grpcio-tools and mypy-protobuf.
 # Generated files are never edited by hand; only the __init__.py files under
 # gen/ are written by people.
@@ -28,9 +29,9 @@ export PATH="$scripts_dir:$PATH"
 
 cd "$repo_root"
 mapfile -t protos < <(cd proto && find gen/cri -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
-mapfile -t nri_protos < <(cd proto && find gen/nri -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
-if [ "${#protos[@]}" -eq 0 ] || [ "${#nri_protos[@]}" -eq 0 ]; then
-    echo "gen-proto: no .proto files under proto/gen/cri or proto/gen/nri" >&2
+mapfile -t ttrpc_protos < <(cd proto && find gen/nri gen/containerd -name '*.proto' -printf '%p\n' | LC_ALL=C sort)
+if [ "${#protos[@]}" -eq 0 ] || [ "${#ttrpc_protos[@]}" -eq 0 ]; then
+    echo "gen-proto: no .proto files under proto/gen/cri, proto/gen/nri or proto/gen/containerd" >&2
     exit 1
 fi
 
@@ -46,4 +47,4 @@ fi
     -I proto \
     --python_out="$out_dir" \
     --mypy_out="$out_dir" \
-    "${nri_protos[@]/#/proto/}"
+    "${ttrpc_protos[@]/#/proto/}"

@@ -103,6 +103,13 @@ class ShimConfig:
     front_max_buffered_mib: int = 256
     front_window_timeout_s: float = 10.0  # a reply that waits this long for its client's window is reset
     front_idle_timeout_s: float = 300.0  # a client connection without a stream or a frame this long is closed
+    # shim mode (docs/containerd-shim.md): the node's containerd, whose CRI plugin runs VM pods through
+    # vmsandbox's runtime shim; its gRPC socket ("": shim mode off), its root (its content store) and
+    # the namespace its CRI plugin uses; the ttrpc sockets the shim serves, one per runtime handler
+    containerd_address: str = ""
+    containerd_root: str = "/var/lib/containerd"
+    containerd_namespace: str = "k8s.io"
+    containerd_shim_dir: str = "/run/vmsandbox/containerd"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def memory_reserved_on(self, node: int) -> int:
@@ -113,6 +120,10 @@ class ShimConfig:
 
 
 _KEYS = {
+    "containerd_address",
+    "containerd_root",
+    "containerd_namespace",
+    "containerd_shim_dir",
     "socket_path",
     "socket_group",
     "state_dir",
@@ -206,6 +217,10 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         "streaming_tls_cert",
         "streaming_tls_key",
         "front_binary",
+        "containerd_address",
+        "containerd_root",
+        "containerd_namespace",
+        "containerd_shim_dir",
     ):
         if key in data:
             if not isinstance(data[key], str):
@@ -221,6 +236,9 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
         "cni_conf_dir",
         "netns_dir",
         "front_binary",
+        "containerd_address",
+        "containerd_root",
+        "containerd_shim_dir",
     ):
         if kwargs.get(key) and not kwargs[key].startswith("/"):
             raise InvalidArgument(f"{source}: {key}: must be an absolute path")

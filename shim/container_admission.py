@@ -27,7 +27,7 @@ from shim.model import (
 )
 from shim.records import Records, SandboxLocks, new_id
 from vmsandbox import admission, validation
-from vmsandbox.errors import Diverged, NotFound
+from vmsandbox.errors import AlreadyExists, Diverged, NotFound
 from vmsandbox.lifecycle import ContainerAsk, admit_container, check_fits_beside, growth_beside
 from vmsandbox.resize import Growth
 from vmsandbox.resources import ContainerResources
@@ -42,10 +42,13 @@ class ContainerAdmission:
         self.locks = locks
         self._clock = clock
 
-    def admit(self, sandbox: SandboxRecord, spec: ContainerSpec) -> ContainerRecord:
+    def admit(self, sandbox: SandboxRecord, spec: ContainerSpec, container_id: str = "") -> ContainerRecord:
         """The container, admitted into ``sandbox`` and recorded CREATED (naming no image yet: its
-        guest has not made it); undo: ``Records.remove_container``."""
+        guest has not made it), under ``container_id`` (its caller's choice; "": a new id);
+        undo: ``Records.remove_container``."""
         with self.locks.lock_for(sandbox.id):
+            if container_id and self.records.find_container(container_id) is not None:
+                raise AlreadyExists(f"container {container_id} exists already")
             if self.records.get(sandbox.id).state != SANDBOX_READY:
                 raise Diverged(f"pod sandbox {sandbox.id[:12]} is not ready (it was stopped)")
             existing = self.records.containers(sandbox.id)
@@ -59,7 +62,7 @@ class ContainerAdmission:
                 sandbox.growth,
             )
             container = ContainerRecord(
-                id=new_id(),
+                id=container_id or new_id(),
                 sandbox_id=sandbox.id,
                 name=spec.name,
                 attempt=spec.attempt,

@@ -36,7 +36,7 @@ from shim.container_admission import ContainerAdmission
 from shim.container_mounts import ContainerMounts
 from shim.hot_plug import HotPlug
 from shim.image_store import HeldImage, ImageStore
-from shim.log_copy import LogCopies
+from shim.log_copy import CriLogFile, LogCopies, Sink
 from shim.model import (
     CONTAINER_CREATED,
     CONTAINER_EXITED,
@@ -68,9 +68,13 @@ _LOG_DRAIN_S = 5.0
 """How long an exit waits for the rest of the container's log to reach the kubelet's file."""
 
 
+OOM_KILLED = "OOMKilled"
+"""The exit reason of a container the guest's kernel killed for memory (the CRI's word)."""
+
+
 def _exit_reason(st: ContainerState) -> str:
     if st.oom_killed:
-        return "OOMKilled"
+        return OOM_KILLED
     return "Completed" if st.exit_code == 0 else "Error"
 
 
@@ -104,6 +108,9 @@ class Containers:
         # resizes into the pods' headroom (every vCPU's QEMU thread exists from the start: it moved
         # into the pod's cgroup with QEMU, nothing to move after a resize)
         self.hot_plug = HotPlug(hypervisor, self.pool)
+        # shim mode: where a container containerd made writes its output (containerd's fifos,
+        # ``shim.containerd``); None, or None for a container: the kubelet's log file
+        self.stdio_sink: Callable[[ContainerRecord], Sink | None] | None = None
 
     def forget_lock(self, container_id: str) -> None:
         """A removed container's lock goes with it (the map holds only containers that exist)."""
@@ -184,11 +191,9 @@ class Containers:
         )
         user = oci_spec.parse_user(user_spec or image.user, list(held.passwd), list(held.group))
         signal = oci_spec.stop_signal(stop_signal, image_cfg)
-        run = replace(
-            run,
-            resources=_admitted_limits(run.resources, c.linux),
-            seccomp_profile=self._seccomp_document(run.seccomp),
-        )
+        # a profile given as it is (shim mode: the one containerd resolved), else the file's
+        profile = run.seccomp_profile if run.seccomp_profile is not None else self._seccomp_document(run.seccomp)
+        run = replace(run, resources=_admitted_limits(run.resources, c.linux), seccomp_profile=profile)
         return oci_spec.build_spec(run, image_cfg, user), signal
 
     def create_in_guest(
@@ -325,9 +330,11 @@ class Containers:
 
     def start_log_copy(self, c: ContainerRecord) -> None:
         """Copying of the container's log to the kubelet's file (undo: ``LogCopies.stop``)."""
-        dst = None
-        if c.log_path:
-            dst = Path(c.log_path) if c.log_path.startswith("/") else Path(c.log_directory or "/") / c.log_path
+        dst: Sink | None = self.stdio_sink(c) if self.stdio_sink is not None else None
+        if dst is None and c.log_path:
+            dst = CriLogFile(
+                Path(c.log_path) if c.log_path.startswith("/") else Path(c.log_directory or "/") / c.log_path
+            )
         sandbox_id, cid = c.sandbox_id, c.id
 
         def read(offset: int, max_bytes: int, wait_s: float) -> LogChunk:

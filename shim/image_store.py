@@ -48,7 +48,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -58,7 +58,7 @@ from shim.image_unpack import image_record, layers_disk, verify_unverified
 from vmsandbox.adapters.image_disk import ImageDisk
 from vmsandbox.adapters.layers import Limits
 from vmsandbox.adapters.skopeo import Skopeo
-from vmsandbox.errors import CannotFit, NotFound, VmSandboxError
+from vmsandbox.errors import CannotFit, InvalidArgument, NotFound, VmSandboxError
 from vmsandbox.image_catalogue import (
     ImageRecord,
     Usage,
@@ -69,12 +69,13 @@ from vmsandbox.image_catalogue import (
     referenced_blobs,
     referenced_trees,
     visible,
+    with_adopted,
     with_pulled,
     without,
 )
 from vmsandbox.image_catalogue import usage as catalogue_usage
 from vmsandbox.image_ref import ImageReference, bounded
-from vmsandbox.oci import MAX_DOCUMENT, NODE_PLATFORM, chain_id, parse_config
+from vmsandbox.oci import MAX_DOCUMENT, NODE_PLATFORM, Descriptor, Manifest, chain_id, parse_config
 from vmsandbox.registries import Credentials, Registries
 
 log = logging.getLogger(__name__)
@@ -449,6 +450,53 @@ class ImageStore:
             self.drop_disk(pulling)
             raise
         return image_record(image_id, resolved.manifest_digest, manifest, config, key, used, inodes)
+
+    def adopt(
+        self,
+        image_id: str,
+        config_doc: bytes,
+        names: tuple[Sequence[str], Sequence[str]],
+        make_tree: Callable[[], AbstractContextManager[Path]],
+    ) -> ImageRecord:
+        """An image containerd pulled (shim mode): its config ``config_doc`` (whose digest is
+        ``image_id``) and its layers, which ``make_tree`` shows merged, read-only. Its disk is made
+        once, under the ChainID of its layers as a pull's is (a disk of the same layers, from a
+        pull or an earlier adoption, serves as it is); the catalogue names it by ``names``
+        (containerd's repo tags and repo digests). The store keeps no blobs of it. A config that
+        is not the image's is refused."""
+        what = f"image {bounded(image_id)} from containerd"
+        if "sha256:" + hashlib.sha256(config_doc).hexdigest() != image_id:
+            raise InvalidArgument(f"{what}: its config's digest is not its id")
+        config = parse_config(config_doc, what)
+        key = chain_id(config.diff_ids)
+        with self.image_lock(image_id):
+            stored = self.stored(image_id)
+            if stored is not None:
+                return stored
+            with self._lock:
+                self._inflight_trees[key] += 1
+            try:
+                if not self.disk.has_disk(key):
+                    with self._space(what), make_tree() as tree:
+                        self.disk.make_disk(tree, key)
+                facts = self.disk.facts(key)
+                record = replace(
+                    image_record(image_id, "", Manifest("", Descriptor("", image_id, 0), ()), config, key,
+                                 facts.unpacked_bytes, facts.unpacked_inodes),
+                    size=facts.unpacked_bytes,
+                )  # fmt: skip
+                with self._lock:
+                    updated = with_adopted(self._images, record, *names)
+                    self._save(updated)
+                    self._images = updated
+            finally:
+                with self._lock:
+                    self._inflight_trees[key] -= 1
+                    self._inflight_trees += Counter()
+                    if key not in referenced_trees(self._images) and key not in self._inflight_trees:
+                        self.disk.remove_tree(key)
+        log.info("%s: disk of layers %s in place, named %s", what, key, ", ".join(names[0]) or "by digest")
+        return updated[image_id]
 
     def drop_disk(self, pulling: Pulling) -> None:
         """Undo of ``unpack``: its disk is no longer in flight, and deleted unless an image uses it."""

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from shim import metrics
 from vmsandbox import validation
@@ -55,10 +55,44 @@ Reader = Callable[[int, int, float], LogChunk]
 """``read(offset, max_bytes, wait_s)``: the container's log from ``offset`` (agent ``log_read``)."""
 
 
+class Sink(Protocol):
+    """Where a copy writes the checked CRI records of one container."""
+
+    def write(self, records: bytes) -> None: ...
+
+    def reopen(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class CriLogFile:
+    """The kubelet's log file of the container (``ContainerConfig.log_path``), appended to."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._out: BinaryIO = path.open("ab")
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def write(self, records: bytes) -> None:
+        self._out.write(records)
+        self._out.flush()
+
+    def reopen(self) -> None:
+        if not self._out.closed:
+            self._out.close()
+            self._out = self.path.open("ab")
+
+    def close(self) -> None:
+        self._out.close()
+
+
 class _Copy:
-    def __init__(self, cid: str, dst: Path | None, read: Reader, progress: LogCopies, tty: bool) -> None:
+    def __init__(self, cid: str, sink: Sink | None, read: Reader, progress: LogCopies, tty: bool) -> None:
         self.cid = cid
-        self.dst = dst
+        self.dst = sink
         self.tty = tty
         self._read = read
         self._progress = progress
@@ -66,10 +100,7 @@ class _Copy:
         self._finish_by: float | None = None
         self._lock = threading.Lock()
         self._offset, self._records = progress.progress(cid)
-        self._out: BinaryIO | None = None
-        if dst is not None:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            self._out = dst.open("ab")
+        self._out: Sink | None = sink
         now = time.monotonic()
         self._bucket = TokenBucket.full(progress.rate, progress.burst, now)
         self.ended = threading.Event()
@@ -126,7 +157,6 @@ class _Copy:
                 if checked.text and self._out is not None:
                     with self._lock:
                         self._out.write(checked.text)
-                        self._out.flush()
             if cut.consumed:
                 self._offset += cut.consumed
                 self._progress.record(self.cid, self._offset, self._records)
@@ -150,9 +180,8 @@ class _Copy:
 
     def reopen(self) -> None:
         with self._lock:
-            if self._out is not None and self.dst is not None and not self._out.closed:
-                self._out.close()
-                self._out = self.dst.open("ab")
+            if self._out is not None:
+                self._out.reopen()
 
     def finish(self, wait_s: float) -> None:
         """The container exited: copy what is left until the log ends (waiting ``wait_s`` here)."""
@@ -223,14 +252,17 @@ class LogCopies:
                     (self.root / name).unlink()
 
     # -- copies ---------------------------------------------------------------------------------
-    def start(self, cid: str, dst: Path | None, read: Reader, *, tty: bool = False) -> None:
-        """Copies ``cid``'s log to ``dst``; with None (a container without a log path), reads and
-        drops it, so that the container's writes do not block on a log nobody takes. ``tty``: the
-        container has a terminal, so all its records are stdout's."""
+    def start(self, cid: str, sink: Sink | None, read: Reader, *, tty: bool = False) -> None:
+        """Copies ``cid``'s log to ``sink`` (the kubelet's file, or containerd's fifos in shim
+        mode); with None (a container without a log path), reads and drops it, so that the
+        container's writes do not block on a log nobody takes. ``tty``: the container has a
+        terminal, so all its records are stdout's. The copy closes the sink when it ends."""
         with self._lock:
             if cid in self._copies and not self._copies[cid].ended.is_set():
+                if sink is not None:
+                    sink.close()
                 return
-            self._copies[cid] = _Copy(cid, dst, read, self, tty)
+            self._copies[cid] = _Copy(cid, sink, read, self, tty)
 
     def finish(self, cid: str, wait_s: float = 5.0) -> None:
         """``cid`` exited: its copy runs on until its log ends; returns after at most ``wait_s``."""

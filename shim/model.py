@@ -110,6 +110,7 @@ class ContainerSpec:
 @dataclass(frozen=True)
 class RunPodSandbox:
     spec: SandboxSpec
+    sandbox_id: str = ""  # the id its caller chose (containerd's, in shim mode); "": a new one
     # the path of a network namespace the caller made and ran CNI in (containerd's sandbox API's
     # CreateSandboxRequest.netns_path): the pod's network is read there; None (the CRI, always):
     # the shim makes the pod's network (shim.pod_networks)
@@ -140,6 +141,7 @@ class CreateContainer:
     run: oci_spec.ContainerRequest  # its hostname is the pod's, filled in when the pod is read
     user: str = ""  # run_as_user[:group] or a user name, resolved against the image ("": the image's)
     stop_signal: str = ""  # a signal's name ("": the image's, else TERM)
+    container_id: str = ""  # the id its caller chose (containerd's, in shim mode); "": a new one
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,11 @@ from typing import Any
 
 from shim import faults
 from shim.config import ShimConfig
-from vmsandbox import cni, cri_metrics, given_netns
+from vmsandbox import cni, cri_metrics
 from vmsandbox.adapters import cni_exec, netns, sysfs
 from vmsandbox.domain import NetworkInterface
 from vmsandbox.errors import InvalidArgument, VmSandboxError, WrongState
+from vmsandbox.given_netns import guest_network, parse_interfaces, parse_routes
 from vmsandbox.network import GuestNic, NamespaceOptions, PodNetwork, PortMapping, Route
 from vmsandbox.pod import PodMeta
 
@@ -169,17 +170,17 @@ class PodNetworks:
         namespaces: NamespaceOptions,
         ports: tuple[PortMapping, ...],
         annotations: dict[str, str],
-        netns_path: str | None = None,
+        given_netns: str | None = None,
     ) -> Attachment:
         """The pod's network, made whole or not at all (everything undone before an error leaves).
-        With ``netns_path``, in that namespace, which the caller made and ran CNI in (whatever
+        With ``given_netns``, in that namespace, which the caller made and ran CNI in (whatever
         ``pod_network`` says: the caller reports the pod's IPs, so its guest must carry them)."""
-        if netns_path is not None:
+        if given_netns is not None:
             if namespaces.host_network:
                 raise InvalidArgument(
-                    f"network namespace {netns_path[:200]!r} given for a host-network pod, which has none of its own"
+                    f"network namespace {given_netns[:200]!r} given for a host-network pod, which has none of its own"
                 )
-            return self._attach_given(sandbox_id, netns_path)
+            return self._attach_given(sandbox_id, given_netns)
         if self.mode == "none":
             return Attachment(PodNetwork(), None)
         if namespaces.host_network:
@@ -246,9 +247,9 @@ class PodNetworks:
             with netns.given(path) as held:
                 self._write(sandbox_id, doc)  # before the macvtap exists, so a crash from here on is cleaned up
                 interfaces, routes4, routes6 = netns.read_network(held)
-                pod = given_netns.guest_network(
-                    given_netns.parse_interfaces(interfaces),
-                    given_netns.parse_routes(routes4, 4) + given_netns.parse_routes(routes6, 6),
+                pod = guest_network(
+                    parse_interfaces(interfaces),
+                    parse_routes(routes4, 4) + parse_routes(routes6, 6),
                     f"network namespace {path}",
                 )
                 netns.add_macvtap(held, cni.IFNAME, doc["macvtap"])

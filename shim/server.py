@@ -6,7 +6,8 @@ the bind, then chmod), owned by root and the configured group; the state directo
 log directory are 0700 and the state database 0600 (SQLite gives its -wal and -shm files the
 database's mode). With a downstream runtime and a ``front_binary``, the shim binds and secures the
 CRI socket the same way and hands it to its front (``shim/front.py``), serving gRPC itself on
-``<state_dir>/shim.sock`` (0600).
+``<state_dir>/shim.sock`` (0600). With ``containerd_address`` it also serves the node's containerd
+as its runtime shim (shim mode, ``shim.containerd.front``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import grpc
 from gen.cri.runtime.v1 import api_pb2 as pb
 from shim import metrics, status
 from shim.config import ShimConfig
+from shim.containerd.front import ContainerdFront
 from shim.containers import Containers
 from shim.front import Front, FrontLimits, check_binary, shim_socket
 from shim.health import Health
@@ -73,10 +75,13 @@ class Running:
     nri: NriHost | None = None
     downstream: Downstream | None = None
     front: Front | None = None
+    containerd: ContainerdFront | None = None
 
     def stop(self, grace: float = 5.0) -> None:
         if self.front is not None:
             self.front.stop()  # no new calls; the shim still answers those under way
+        if self.containerd is not None:
+            self.containerd.close()
         if self.health is not None:
             self.health.shutting_down()
         self.server.stop(grace).wait()
@@ -245,6 +250,11 @@ def start(config: ShimConfig) -> Running:
         listener = _listen(sock)
     else:
         _listen_grpc(server, sock, 0o117)
+    containerd = None
+    if config.containerd_address:  # shim mode: containerd's runtime shim for every handler, too
+        # before the CRI socket answers: the pods containerd lost with the last process go first
+        containerd = ContainerdFront(config, pods)
+        containerd.start()
     server.start()
     health.serving()
     _secure_socket(sock, gid)
@@ -282,6 +292,7 @@ def start(config: ShimConfig) -> Running:
         nri=hooks.host,
         downstream=downstream,
         front=front,
+        containerd=containerd,
     )
 
 

@@ -11,7 +11,7 @@ onto another image moves it. The functions here take and return immutable mappin
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -27,7 +27,7 @@ class ImageRecord:
     id: str  # sha256:<hex of the config blob>
     repo_tags: tuple[str, ...]
     repo_digests: tuple[str, ...]
-    manifest: str  # digest of the manifest blob held for it
+    manifest: str  # digest of the manifest blob held for it ("": containerd pulled it, see ``blobs``)
     config: str  # == id
     layers: tuple[str, ...]  # layer blob digests, bottom first
     size: int  # bytes of the config and the compressed layers (what a registry transfers)
@@ -44,6 +44,10 @@ class ImageRecord:
 
     @property
     def blobs(self) -> tuple[str, ...]:
+        """The blobs the store holds for it: none for an image containerd pulled (``manifest`` "":
+        only its disk is the store's, made from containerd's layers)."""
+        if not self.manifest:
+            return ()
         return (self.manifest, self.config, *self.layers)
 
 
@@ -124,6 +128,24 @@ def with_pulled(
         base = replace(base, repo_tags=(), repo_digests=(), removed=False)
     tags = _add(base.repo_tags, tag) if tag else base.repo_tags
     out[record.id] = replace(base, repo_tags=tags, repo_digests=_add(base.repo_digests, repo_digest))
+    return out
+
+
+def with_adopted(
+    images: Catalogue, record: ImageRecord, tags: Sequence[str], digests: Sequence[str]
+) -> dict[str, ImageRecord]:
+    """``images`` after ``record``, an image containerd pulled, was adopted with containerd's
+    names: its tags (taken from any other image holding them) and repo digests."""
+    out = dict(images)
+    for i, r in images.items():
+        if i != record.id and set(r.repo_tags) & set(tags):
+            out[i] = replace(r, repo_tags=tuple(t for t in r.repo_tags if t not in tags))
+    base = out.get(record.id, record)
+    for tag in tags:
+        base = replace(base, repo_tags=_add(base.repo_tags, tag))
+    for digest in digests:
+        base = replace(base, repo_digests=_add(base.repo_digests, digest))
+    out[record.id] = base
     return out
 
 

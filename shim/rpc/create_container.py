@@ -79,7 +79,7 @@ def create_container(pods: Pods, req: CreateContainer) -> str:
     planned = mounts.plan(sandbox, asked)
     what = f'container "{spec.name}" of sandbox {sandbox.id[:12]}'
     with rpc.steps(RPC, partial(_failed, what)) as s:
-        c = containers.admission.admit(sandbox, spec)
+        c = containers.admission.admit(sandbox, spec, req.container_id)
         s.done("admit", partial(records.remove_container, c.id))
         containers.check_takes_containers(sandbox)  # after admission, whose refusal says more
         image, held = containers.hold_image(c)

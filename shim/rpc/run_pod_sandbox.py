@@ -51,7 +51,7 @@ from shim.model import RunPodSandbox, SandboxRecord, SandboxSpec
 from shim.pods import Pods
 from shim.records import new_id
 from shim.sandboxes import Sandboxes
-from vmsandbox.errors import CannotFit, VmSandboxError
+from vmsandbox.errors import AlreadyExists, CannotFit, VmSandboxError
 from vmsandbox.lifecycle import SandboxPlan
 from vmsandbox.placement import Placement
 
@@ -82,7 +82,9 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
     sb = pods.sandboxes
     pod = f"{spec.meta.namespace}/{spec.meta.name}"
     logs.bind(pod=pod)
-    sandbox_id = new_id()
+    sandbox_id = req.sandbox_id or new_id()
+    if req.sandbox_id and (sandbox_id in sb.locks.in_flight or sandbox_id in sb.records.ids_with_prefix(sandbox_id)):
+        raise AlreadyExists(f"sandbox {sandbox_id} exists already")
     with sb.locks.running(sandbox_id), rpc.steps(RPC, functools.partial(_failed, pod, sandbox_id)) as s:
         plan = sb.plan(spec)
         s.done("plan")
@@ -99,7 +101,7 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
             spec.namespaces,
             spec.port_mappings,
             dict(spec.annotations),
-            netns_path=req.given_netns,
+            given_netns=req.given_netns,
         )
         s.done("network", functools.partial(sb.network.remove, sandbox_id))
         record = replace(record, network=attachment.network)

@@ -148,9 +148,17 @@ def host_state() -> dict[str, Any]:
     }
 
 
-def script(cluster_dir: Path, bin_dir: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def script(
+    cluster_dir: Path, bin_dir: str, *args: str, timeout: float = 600, mode: str = "proxy"
+) -> subprocess.CompletedProcess[str]:
     # the kubelet syncs each pod every 10 s, so that a ConfigMap update reaches its volume soon
-    env = {**os.environ, "CLUSTER_DIR": str(cluster_dir), "KUBE_BIN": bin_dir, "CLUSTER_SYNC_FREQUENCY": "10s"}
+    env = {
+        **os.environ,
+        "CLUSTER_DIR": str(cluster_dir),
+        "KUBE_BIN": bin_dir,
+        "CLUSTER_SYNC_FREQUENCY": "10s",
+        "CLUSTER_MODE": mode,
+    }
     return subprocess.run(
         ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
     )
@@ -194,10 +202,12 @@ def push_image(tmp: Path) -> str:
     return IMAGE
 
 
-def running_cluster() -> Iterator[Cluster]:
+def running_cluster(mode: str = "proxy") -> Iterator[Cluster]:
     """``up`` a cluster in a directory of its own, yield it, ``down`` it (its logs kept beside it).
     The body of each cluster test file's module fixture; one cluster at a time on a host (the
-    script's ports and bridge, ``CLUSTER_*`` variables, unless set otherwise)."""
+    script's ports and bridge, ``CLUSTER_*`` variables, unless set otherwise). ``mode``: the
+    script's ``CLUSTER_MODE``, "proxy" (the kubelet on vmsandbox's socket) or "shim" (on
+    containerd's, vmsandbox its runtime shim)."""
     bin_dir = kube_bin()
     require_host()
     require_image_tools()
@@ -208,7 +218,7 @@ def running_cluster() -> Iterator[Cluster]:
     cluster_dir = tmp / "c"
     before = host_state()
     t0 = time.monotonic()
-    up = script(cluster_dir, bin_dir, "up")
+    up = script(cluster_dir, bin_dir, "up", mode=mode)
     up_seconds = time.monotonic() - t0
     assert up.returncode == 0, f"cluster.sh up failed:\n{up.stdout[-3000:]}\n{up.stderr[-6000:]}"
     ready = [line for line in up.stdout.splitlines() if " Ready " in line]
@@ -220,7 +230,7 @@ def running_cluster() -> Iterator[Cluster]:
         if cluster_dir.exists():
             # keep the logs for a look afterwards; `down` removes the cluster's directory
             shutil.copytree(cluster_dir / "logs", tmp / "logs", dirs_exist_ok=True)
-            done = script(cluster_dir, bin_dir, "down")
+            done = script(cluster_dir, bin_dir, "down", mode=mode)
             assert done.returncode == 0, f"cluster.sh down failed:\n{done.stdout}\n{done.stderr}"
 
 

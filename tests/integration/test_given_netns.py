@@ -135,7 +135,7 @@ def test_the_macvtap_goes_on_the_given_eth0_and_the_guest_gets_what_eth0_carries
     networks: PodNetworks, netns: Netns
 ) -> None:
     sid = sandbox_id()
-    attached = networks.attach(sid, META, POD, (), {}, netns_path=netns.path)
+    attached = networks.attach(sid, META, POD, (), {}, given_netns=netns.path)
     try:
         nic = attached.network.nic
         assert nic is not None
@@ -181,7 +181,7 @@ def test_ipv6_only_with_several_addresses(networks: PodNetworks) -> None:
         ns.ip("-6", "addr", "add", "fd00:233::5/64", "dev", "eth0", "nodad")
         ns.ip("-6", "route", "add", "default", "via", "fd00:232::1")
         sid = sandbox_id()
-        attached = networks.attach(sid, META, POD, (), {}, netns_path=ns.path)
+        attached = networks.attach(sid, META, POD, (), {}, given_netns=ns.path)
         try:
             # in the order ip lists them (the kernel puts the newest IPv6 address first)
             assert sorted(attached.network.ips) == ["fd00:232::5", "fd00:233::5"]
@@ -196,7 +196,7 @@ def test_with_pod_network_none_a_given_namespace_is_still_the_pods(tmp_path: Pat
     networks = PodNetworks(ShimConfig(state_dir=str(tmp_path), pod_network="none"))
     sid = sandbox_id()
     try:
-        assert networks.attach(sid, META, POD, (), {}, netns_path=netns.path).network.ips == ("10.232.0.5",)
+        assert networks.attach(sid, META, POD, (), {}, given_netns=netns.path).network.ips == ("10.232.0.5",)
     finally:
         networks.remove(sid)
 
@@ -204,7 +204,7 @@ def test_with_pod_network_none_a_given_namespace_is_still_the_pods(tmp_path: Pat
 def test_a_failure_after_the_macvtap_is_undone_and_leaves_the_namespace(networks: PodNetworks, netns: Netns) -> None:
     sid = sandbox_id()
     with faults.raising("network:given-macvtap"), pytest.raises(VmSandboxError) as err:
-        networks.attach(sid, META, POD, (), {}, netns_path=netns.path)
+        networks.attach(sid, META, POD, (), {}, given_netns=netns.path)
     assert str(err.value).startswith("pod network: ")
     assert host_link(macvtap(sid)) is None and record(networks, sid) is None
     untouched(netns)
@@ -214,7 +214,7 @@ def test_a_shim_that_died_attached_is_cleaned_up_by_reconcile(
     tmp_path: Path, networks: PodNetworks, netns: Netns
 ) -> None:
     sid = sandbox_id()
-    networks.attach(sid, META, POD, (), {}, netns_path=netns.path)
+    networks.attach(sid, META, POD, (), {}, given_netns=netns.path)
     doc = record(networks, sid)
     assert doc is not None
     doc["state"] = "adding"  # as a shim killed between the macvtap and the record's update leaves it
@@ -227,7 +227,7 @@ def test_a_shim_that_died_attached_is_cleaned_up_by_reconcile(
 
 def test_a_live_sandbox_is_left_alone_by_reconcile(networks: PodNetworks, netns: Netns) -> None:
     sid = sandbox_id()
-    networks.attach(sid, META, POD, (), {}, netns_path=netns.path)
+    networks.attach(sid, META, POD, (), {}, given_netns=netns.path)
     try:
         assert networks.reconcile({sid}) == []
         assert host_link(macvtap(sid)) is not None
@@ -239,7 +239,7 @@ def test_a_live_sandbox_is_left_alone_by_reconcile(networks: PodNetworks, netns:
 def _refused(networks: PodNetworks, path: str, error: type[VmSandboxError] = InvalidArgument) -> str:
     sid = sandbox_id()
     with pytest.raises(error) as err:
-        networks.attach(sid, META, POD, (), {}, netns_path=path)
+        networks.attach(sid, META, POD, (), {}, given_netns=path)
     assert record(networks, sid) is None and host_link(macvtap(sid)) is None
     return str(err.value)
 
@@ -255,10 +255,10 @@ def test_a_path_that_is_not_a_network_namespace_is_refused_naming_it(
     link.symlink_to(netns.path)
     cases = {
         str(tmp_path / "absent"): "no such file",
-        str(regular): "is not a namespace file",
-        str(tmp_path): "is not a namespace file",
-        str(fifo): "is not a namespace file",  # never opened: it would block
-        "/dev/null": "is not a namespace file",
+        str(regular): "is not a network namespace: not a namespace file",
+        str(tmp_path): "is not a network namespace: not a namespace file",
+        str(fifo): "is not a network namespace: not a namespace file",  # never opened: it would block
+        "/dev/null": "is not a network namespace: not a namespace file",
         str(link): "is a symbolic link",
         "/proc/self/ns/net": "is a symbolic link",
         "relative/netns": "is not absolute",
@@ -292,7 +292,7 @@ def test_the_shims_own_network_namespace_is_refused(tmp_path: Path, networks: Po
 def test_a_host_network_pod_cannot_be_given_a_namespace(networks: PodNetworks, netns: Netns) -> None:
     sid = sandbox_id()
     with pytest.raises(InvalidArgument) as err:
-        networks.attach(sid, META, NamespaceOptions(network="NODE"), (), {}, netns_path=netns.path)
+        networks.attach(sid, META, NamespaceOptions(network="NODE"), (), {}, given_netns=netns.path)
     assert "host-network pod" in str(err.value) and record(networks, sid) is None
 
 
@@ -372,3 +372,73 @@ def test_a_guest_booted_in_a_given_namespace_carries_eth0s_address_and_answers_o
         untouched(netns)
     finally:
         running.stop(grace=0)
+
+
+# -- the first tests of a given namespace (shim mode), as they were written --------------------------
+SID = "a1" * 32
+META_P = PodMeta(name="p", namespace="n", uid="u", attempt=0)
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def namespace() -> Iterator[Path]:
+    name = f"vmst-{secrets.token_hex(4)}"
+    peer = f"vp{secrets.token_hex(4)}"
+    ip("netns", "add", name)
+    try:
+        ip("link", "add", peer, "type", "veth", "peer", "name", "eth0", "netns", name)
+        ip("-n", name, "addr", "add", "10.230.0.5/24", "dev", "eth0")
+        ip("-n", name, "link", "set", "eth0", "up")
+        ip("-n", name, "route", "add", "default", "via", "10.230.0.1")
+        yield Path("/run/netns") / name
+    finally:
+        subprocess.run(["ip", "link", "del", peer], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+def networks_at(tmp_path: Path) -> PodNetworks:
+    return PodNetworks(ShimConfig(state_dir=str(tmp_path), pod_network="cni", cni_conf_dir=str(tmp_path / "none")))
+
+
+def macvtaps() -> set[str]:
+    return {p.name for p in Path("/sys/class/net").iterdir() if p.name == f"vmt{SID[:12]}"}
+
+
+def test_the_guest_gets_the_given_namespaces_address_and_leaves_it_as_it_was(tmp_path: Path, namespace: Path) -> None:
+    nets = networks_at(tmp_path)
+    att = nets.attach(SID, META_P, NamespaceOptions(), (), {}, str(namespace))
+    try:
+        assert att.network.ips == ("10.230.0.5",)
+        assert att.network.nic is not None
+        assert att.network.nic.addresses == ("10.230.0.5/24",)
+        assert att.network.nic.routes == (Route("0.0.0.0/0", "10.230.0.1"),)
+        assert att.interface is not None and att.interface.target_dev == f"vmt{SID[:12]}"
+        assert macvtaps() == {f"vmt{SID[:12]}"}
+    finally:
+        nets.detach(SID)
+        nets.remove(SID)
+    assert macvtaps() == set() and namespace.exists()
+    out = subprocess.run(["ip", "-n", namespace.name, "-br", "addr", "show", "eth0"], capture_output=True, text=True)
+    assert "10.230.0.5/24" in out.stdout  # containerd's CNI attachment is containerd's to delete
+    assert not (tmp_path / "network" / f"{SID}.json").exists()
+
+
+def test_not_a_namespace_is_refused(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    with pytest.raises(InvalidArgument, match="not a network namespace"):
+        networks_at(tmp_path).attach(SID, META_P, NamespaceOptions(), (), {}, str(plain))
+
+
+def test_a_namespace_without_eth0_leaves_nothing(tmp_path: Path) -> None:
+    name = f"vmst-{secrets.token_hex(4)}"
+    ip("netns", "add", name)
+    try:
+        with pytest.raises(VmSandboxError, match="eth0"):
+            networks_at(tmp_path).attach(SID, META_P, NamespaceOptions(), (), {}, f"/run/netns/{name}")
+        assert macvtaps() == set() and not (tmp_path / "network" / f"{SID}.json").exists()
+    finally:
+        ip("netns", "del", name)

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shim.log_copy import CHUNK_BYTES, LogCopies
+from shim.log_copy import CHUNK_BYTES, CriLogFile, LogCopies
 from vmsandbox.adapters.agent_client import AgentClient
 from vmsandbox.adapters.guest_channel import GuestRequestFailed
 from vmsandbox.agent_ops import LogChunk, log_chunk_from_body
@@ -259,7 +259,7 @@ def test_copies_whole_lines_and_records_progress(tmp_path: Path) -> None:
     stream = Stream(one + two + three[:-3])
     logs = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
     dst = tmp_path / "k" / "c.log"
-    logs.start(CID, dst, stream.read)
+    logs.start(CID, CriLogFile(dst), stream.read)
     wait_until(lambda: logs.offset(CID) == len(one + two))  # recorded after the write
     assert dst.read_bytes() == one + two
     with stream.lock:
@@ -283,7 +283,7 @@ def test_the_guests_records_are_checked_before_the_kubelet_reads_them(
     logs = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
     dst = tmp_path / "c.log"
     with caplog.at_level(logging.WARNING, logger="shim.log_copy"):
-        logs.start(CID, dst, stream.read, tty=True)
+        logs.start(CID, CriLogFile(dst), stream.read, tty=True)
         logs.finish(CID, 5)
     written = dst.read_bytes().split(b"\n")[:-1]
     assert len(written) == 3 and written[0] + b"\n" == honest
@@ -297,7 +297,7 @@ def test_a_record_time_is_checked_against_when_the_copy_began_even_after_a_resta
     stream = Stream(rec(b"a"))
     dst = tmp_path / "c.log"
     first = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
-    first.start(CID, dst, stream.read)
+    first.start(CID, CriLogFile(dst), stream.read)
     wait_until(lambda: first.offset(CID) == len(stream.data))
     first.close()
     began = first.progress(CID)[1].first_ns
@@ -305,7 +305,7 @@ def test_a_record_time_is_checked_against_when_the_copy_began_even_after_a_resta
         stream.data += render_time(began - 2 * RECORD_BEHIND_NS) + b" stdout F b\n"
     second = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
     assert second.progress(CID)[1].first_ns == began
-    second.start(CID, dst, stream.read)
+    second.start(CID, CriLogFile(dst), stream.read)
     wait_until(lambda: dst.read_bytes().endswith(b" stdout F b\n"))
     assert not dst.read_bytes().split(b"\n")[1].startswith(render_time(began - 2 * RECORD_BEHIND_NS))
     second.close()
@@ -316,13 +316,13 @@ def test_a_new_copy_resumes_from_the_recorded_offset(tmp_path: Path) -> None:
     stream = Stream(a + b)
     dst = tmp_path / "c.log"
     first = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
-    first.start(CID, dst, stream.read)
+    first.start(CID, CriLogFile(dst), stream.read)
     wait_until(lambda: first.offset(CID) == len(a + b))
     first.close()
     with stream.lock:
         stream.data += c
     second = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
-    second.start(CID, dst, stream.read)
+    second.start(CID, CriLogFile(dst), stream.read)
     wait_until(lambda: dst.read_bytes() == a + b + c)
     at = len(a + b)
     assert stream.asked[-1] >= at and 0 not in stream.asked[stream.asked.index(at) :]
@@ -336,7 +336,7 @@ def test_reopen_moves_to_a_new_file(tmp_path: Path) -> None:
     stream = Stream(old)
     dst = tmp_path / "c.log"
     logs = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
-    logs.start(CID, dst, stream.read)
+    logs.start(CID, CriLogFile(dst), stream.read)
     wait_until(lambda: dst.exists() and dst.read_bytes() == old)
     dst.rename(tmp_path / "c.log.1")
     logs.reopen(CID)
@@ -354,7 +354,7 @@ def test_rate_limit_per_container(tmp_path: Path) -> None:
     rate = 1 * MiB
     logs = LogCopies(tmp_path / "state", rate, CHUNK_BYTES)
     t0 = time.monotonic()
-    logs.start(CID, dst, stream.read)
+    logs.start(CID, CriLogFile(dst), stream.read)
     time.sleep(1.5)
     copied, elapsed = dst.stat().st_size, time.monotonic() - t0
     logs.close()
@@ -384,7 +384,7 @@ def test_a_lying_answer_stops_that_copy_with_a_warning(
     dst = tmp_path / "c.log"
     logs = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
     with caplog.at_level(logging.WARNING, logger="shim.log_copy"):
-        logs.start(CID, dst, read)
+        logs.start(CID, CriLogFile(dst), read)
         wait_until(lambda: problem in caplog.text)
     time.sleep(0.2)
     assert calls == [0, 6]  # stopped: never asked again
@@ -397,7 +397,7 @@ def test_a_deleted_container_ends_its_copy(tmp_path: Path) -> None:
         raise GuestRequestFailed("guest refused 'log_read': no container")
 
     logs = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
-    logs.start(CID, tmp_path / "c.log", read)
+    logs.start(CID, CriLogFile(tmp_path / "c.log"), read)
     copy = logs._copies[CID]
     assert copy.ended.wait(5)
     logs.close()
@@ -436,7 +436,7 @@ def test_shim_memory_stays_bounded_whatever_the_guest_streams(tmp_path: Path, mo
     logs = LogCopies(tmp_path / "state", 1 << 40, 1 << 40)
     try:
         before = peak = _rss()
-        logs.start(CID, Path("/dev/null"), read)
+        logs.start(CID, CriLogFile(Path("/dev/null")), read)
         deadline = time.monotonic() + 60
         while fed[0] < 200 * MiB and time.monotonic() < deadline:
             peak = max(peak, _rss())
@@ -457,7 +457,7 @@ def test_a_lying_agent_stops_the_copy_not_the_shim(tmp_path: Path, caplog: pytes
     logs = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
     try:
         with caplog.at_level(logging.WARNING, logger="shim.log_copy"):
-            logs.start(CID, tmp_path / "c.log", lambda o, m, w: agent.log_read(CID, o, m, w))
+            logs.start(CID, CriLogFile(tmp_path / "c.log"), lambda o, m, w: agent.log_read(CID, o, m, w))
             assert logs._copies[CID].ended.wait(10)
         assert "the guest answered wrongly" in caplog.text
         assert agent.request("ping", {}, 10) == {}  # the channel is still fine for everything else

@@ -145,6 +145,27 @@ DEFAULT6 = NsRoute(6, "::/0", "eth0", "fe80::1")
             ("fd00::5",),
         ),
         (
+            "a default route and the prefix's own on-link route, which the guest's kernel makes",
+            [eth0(V4)],
+            [DEFAULT4, NsRoute(4, "10.88.0.0/16", "eth0")],
+            ("10.88.0.5/16",),
+            (Route("0.0.0.0/0", "10.88.0.1"),),
+            ("10.88.0.5",),
+        ),
+        (
+            "dual stack with a route through a gateway and another interface's default",
+            [eth0(Address(6, "fd00::5/64"), Address(4, "10.1.0.5/24"))],
+            [
+                NsRoute(6, "::/0", "eth0", "fd00::1"),
+                NsRoute(4, "0.0.0.0/0", "eth0", "10.1.0.1"),
+                NsRoute(4, "192.168.0.0/16", "eth0", "10.1.0.254"),
+                NsRoute(4, "0.0.0.0/0", "other", "172.16.0.1"),
+            ],
+            ("10.1.0.5/24", "fd00::5/64"),
+            (Route("::/0", "fd00::1"), Route("0.0.0.0/0", "10.1.0.1"), Route("192.168.0.0/16", "10.1.0.254")),
+            ("10.1.0.5", "fd00::5"),
+        ),
+        (
             "dual stack, IPv6 listed first: IPv4 is the primary IP",
             [eth0(V6, V4)],
             [DEFAULT6, DEFAULT4],

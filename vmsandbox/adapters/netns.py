@@ -141,7 +141,7 @@ def given(path: str) -> Iterator[Path]:
         raise InvalidArgument(f"network namespace {path!r}: {exc.strerror}") from None
     if stat.S_ISLNK(seen.st_mode):
         raise InvalidArgument(f"network namespace {path!r} is a symbolic link, not a namespace file")
-    not_one = f"network namespace {path!r} is not a namespace file (a bind mount of one, such as `ip netns add` makes)"
+    not_one = f"{path!r} is not a network namespace: not a namespace file (as the bind mount `ip netns add` makes)"
     if not stat.S_ISREG(seen.st_mode) or seen.st_dev != own.st_dev:  # every namespace file is on nsfs
         raise InvalidArgument(not_one)
     try:

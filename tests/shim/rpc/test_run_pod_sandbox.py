@@ -241,8 +241,8 @@ def test_the_namespace_a_request_gives_reaches_the_network_step(
     real = network.attach
     given: list[str | None] = []
 
-    def attach(*args: Any, netns_path: str | None = None) -> Attachment:
-        given.append(netns_path)
+    def attach(*args: Any, given_netns: str | None = None) -> Attachment:
+        given.append(given_netns)
         return real(*args)  # pod_network "none" here: no NIC, nothing to read
 
     monkeypatch.setattr(network, "attach", attach)

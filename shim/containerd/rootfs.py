@@ -1,0 +1,84 @@
+"""A task's root file system in shim mode: the image containerd pulled, as the disk vmsandbox's
+guests take.
+
+containerd's CRI plugin names the container's image in the spec's annotations and hands the task
+its snapshot (``CreateTaskRequest.rootfs``). The image's id and names come from containerd's own
+CRI ``ImageStatus`` on its socket; its config blob, read from containerd's content store and
+checked against that id, gives its layers' ChainID; its layers are the snapshot's lower
+directories (``vmsandbox.containerd_rootfs``). ``ImageStore.adopt`` makes the disk once per set
+of layers (a disk the store has already, from a pull or an earlier container, is used as it is),
+so an image is pulled by containerd only and converted at most once.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from gen.cri.runtime.v1 import api_pb2 as cri
+from gen.cri.runtime.v1 import api_pb2_grpc as cri_grpc
+from shim.image_store import ImageStore
+from vmsandbox import validation
+from vmsandbox.adapters.layer_view import merged
+from vmsandbox.containerd_rootfs import RootfsMount, image_layers
+from vmsandbox.errors import InfrastructureError, NotFound
+from vmsandbox.oci import MAX_DOCUMENT
+
+STATUS_TIMEOUT_S = 10.0
+
+
+class ContainerdImages:
+    """The images of the node's containerd, read through its CRI socket and its content store."""
+
+    def __init__(self, address: str, content_root: str, store: ImageStore) -> None:
+        self.address = address
+        self.blobs = Path(content_root) / "blobs" / "sha256"
+        self.store = store
+        self._channel = grpc.insecure_channel(f"unix://{address}")
+        self._images = cri_grpc.ImageServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _status(self, name: str) -> cri.Image:
+        try:
+            reply = self._images.ImageStatus(
+                cri.ImageStatusRequest(image=cri.ImageSpec(image=name)), timeout=STATUS_TIMEOUT_S
+            )
+        except grpc.RpcError as exc:
+            raise InfrastructureError(
+                f"containerd ({self.address}) did not say what image {validation.quote(name)} is: {exc.details()}"
+            ) from None
+        if not reply.HasField("image") or not reply.image.id:
+            raise NotFound(f"image {validation.quote(name)} is not in containerd's store")
+        return reply.image
+
+    def _config(self, image_id: str) -> bytes:
+        hex_ = image_id.removeprefix("sha256:")
+        if not validation.is_full_id(hex_):
+            raise InfrastructureError(f"containerd named image {validation.quote(image_id[:80])}, not by a digest")
+        try:
+            fd = os.open(self.blobs / hex_, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                raise NotFound(f"image {image_id}: its config is not in containerd's content store") from None
+            raise
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_DOCUMENT + 1)
+        if len(data) > MAX_DOCUMENT:
+            raise InfrastructureError(f"image {image_id}: its config is larger than {MAX_DOCUMENT} bytes")
+        return data
+
+    def adopt(self, name: str, rootfs: Sequence[RootfsMount]) -> str:
+        """The id of the image ``name`` in vmsandbox's store, its disk made from containerd's
+        snapshot ``rootfs`` when the store has none of its layers yet."""
+        layers = image_layers(rootfs)
+        image = self._status(name)
+        config = self._config(image.id)
+        work = self.store.disk.work
+        names = (tuple(image.repo_tags), tuple(image.repo_digests))
+        return self.store.adopt(image.id, config, names, lambda: merged(layers, work)).id

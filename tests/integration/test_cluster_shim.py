@@ -1,0 +1,94 @@
+"""Shim mode in the one-node cluster (``CLUSTER_MODE=shim``): the kubelet talks to containerd 2.4,
+whose drop-in maps the profiles' handlers to vmsandbox's runtime shim. A Deployment with
+``runtimeClassName: vmsandbox`` runs in a VM sized from its resources (seen on vmsandbox's own
+socket), with its ConfigMap and service-account token readable; ``kubectl logs`` and ``exec``
+work through containerd's streaming; a runc pod beside it reaches it; deleting it leaves nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.cluster_support import Cluster, apply, exec_in, push_image, running_cluster, until
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(1800)]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    yield from running_cluster(mode="shim")
+
+
+SERVE = "cat /etc/cm/greeting; echo; exec /bin/busybox nc -lk -p 8080 -e /bin/busybox echo pong"
+
+
+def deployment(image: str) -> list[dict[str, Any]]:
+    resources = {"cpu": "300m", "memory": "96Mi"}
+    return [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shim-cm", "namespace": "default"},
+         "data": {"greeting": "hello through containerd"}},
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "shim-web", "namespace": "default"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "shim-web"}},
+                "template": {
+                    "metadata": {"labels": {"app": "shim-web"}},
+                    "spec": {
+                        "runtimeClassName": "vmsandbox",
+                        "terminationGracePeriodSeconds": 2,
+                        "volumes": [{"name": "cm", "configMap": {"name": "shim-cm"}}],
+                        "containers": [{
+                            "name": "main",
+                            "image": image,
+                            "command": ["/bin/busybox", "sh", "-c", SERVE],
+                            "resources": {"requests": resources, "limits": resources},
+                            "volumeMounts": [{"name": "cm", "mountPath": "/etc/cm"}],
+                        }],
+                    },
+                },
+            },
+        },
+    ]  # fmt: skip
+
+
+def test_a_deployment_runs_in_a_vm_through_containerd(cluster: Cluster, tmp_path: Path) -> None:
+    image = push_image(tmp_path)
+    apply(cluster, tmp_path, *deployment(image))
+
+    def pod() -> dict[str, Any] | None:
+        items = json.loads(cluster.kubectl("get", "pods", "-l", "app=shim-web", "-o", "json").stdout)["items"]
+        ready = [p for p in items if p["status"].get("phase") == "Running"]
+        return ready[0] if ready else None
+
+    p = until("the Deployment's pod Running", 300, pod)
+    name, ip = p["metadata"]["name"], p["status"]["podIP"]
+    # a VM of vmsandbox's, under the id containerd gave it, sized from the pod's resources
+    sandboxes = cluster.sandboxes()
+    assert len(sandboxes) == 1 and sandboxes[0].metadata.name == name
+    until("the ConfigMap's text in its log", 60, lambda: "through containerd" in cluster.kubectl("logs", name).stdout)
+    token = exec_in(cluster, name, "/bin/busybox", "wc", "-c", "/var/run/secrets/kubernetes.io/serviceaccount/token")
+    assert token.returncode == 0 and int(token.stdout.split()[0]) > 100, token
+    assert exec_in(cluster, name, "/bin/busybox", "nproc").stdout.strip() == "1"
+    # a runc pod on the same node reaches the VM pod's address
+    apply(cluster, tmp_path, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "runc-client", "namespace": "default"},
+        "spec": {"terminationGracePeriodSeconds": 1, "restartPolicy": "Never", "containers": [{
+            "name": "main", "image": image,
+            "command": ["/bin/busybox", "sh", "-c", f"echo ping | /bin/busybox nc -w 5 {ip} 8080"]}]},
+    })  # fmt: skip
+    until(
+        "the runc pod's answer from the VM pod",
+        120,
+        lambda: "pong" in cluster.kubectl("logs", "runc-client", check=False).stdout,
+    )
+    cluster.kubectl("delete", "pod", "runc-client", "--wait=true", timeout=120)
+    cluster.kubectl("delete", "deployment", "shim-web", "--wait=true", timeout=120)
+    until("the VM pod gone", 180, lambda: cluster.sandboxes() == [])
+    until("nothing left", 60, lambda: cluster.leftovers()["domains"] == [])

@@ -1,0 +1,279 @@
+"""Shim mode end to end: containerd 2.4 (the pinned build) keeps the CRI socket and runs VM pods
+through vmsandbox's runtime shim (``runtime_type io.containerd.vmsandbox.v1``, ``sandboxer shim``,
+added by a drop-in), driven by crictl on containerd's socket: a pod sized from its config, a
+container from the image containerd pulled (its disk made once), its output in ``crictl logs``,
+``crictl exec``, a divergent container refused with vmsandbox's message, and stop/remove leaving
+nothing (no domain, no macvtap, no record) while containerd keeps its own bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gen.cri.runtime.v1 import api_pb2 as pb
+from tests.integration.cluster_support import kube_bin
+from tests.integration.cni_kit import CniEnv, cni_env
+from tests.integration.downstream_kit import Containerd, containerd, tools_image
+from tests.shim_kit import REPO, Shim, busybox_registry, require_host, start_shim, state_domains, stop_shim
+from vmsandbox.containerd_config import drop_in
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(900)]
+
+SHIM_BINARY = REPO / ".venv" / "bin" / "containerd-shim-vmsandbox-v1"
+
+
+@dataclass
+class Env:
+    tmp: Path
+    ctd: Containerd
+    shim: Shim
+    cni: CniEnv
+    crictl_bin: str
+    image: str
+    shim_config: dict[str, object]
+
+    def crictl(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [self.crictl_bin, "--runtime-endpoint", self.ctd.endpoint, "--image-endpoint", self.ctd.endpoint,
+             "--timeout", "240s", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )  # fmt: skip
+        if check:
+            assert done.returncode == 0, (
+                f"crictl {' '.join(args)}: {done.stderr}\n--- vmsandbox:\n{self.shim.log_text()[-3000:]}"
+                f"\n--- containerd:\n{(self.ctd.dir / 'containerd.log').read_text()[-3000:]}"
+            )
+        return done
+
+    def write(self, name: str, doc: dict[str, object]) -> str:
+        path = self.tmp / name
+        path.write_text(json.dumps(doc))
+        return str(path)
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[Env]:
+    require_host()
+    if busybox_registry() is None:
+        pytest.skip("no local registry (docker-registry, skopeo, busybox-static)")
+    bin_dir = kube_bin()
+    tmp = Path(tempfile.mkdtemp(prefix="vmsandbox-cshim-"))
+    (tmp / "cni").mkdir()
+    shim_dir = tmp / "shim-sockets"
+    # containerd finds a runtime type's shim binary on its PATH, as it finds runc's: the pinned
+    # containerd and runc shim, and vmsandbox's launcher
+    path_dir = tmp / "bin"
+    path_dir.mkdir()
+    for name in ("containerd", "containerd-shim-runc-v2"):
+        (path_dir / name).symlink_to(Path(bin_dir) / name)
+    (path_dir / SHIM_BINARY.name).symlink_to(SHIM_BINARY)
+    old = os.environ.get("CONTAINERD_BIN_DIR")
+    os.environ["CONTAINERD_BIN_DIR"] = str(path_dir)
+    try:
+        with cni_env(tmp / "cni", bridge="vmsbr-csh0", subnet="10.234.0.0/24") as cni:
+            ctd_dir = tmp / "ctd"
+            (ctd_dir / "conf.d").mkdir(parents=True)
+            (ctd_dir / "conf.d" / "vmsandbox.toml").write_text(drop_in(["vmsandbox"], str(shim_dir)))
+            with containerd(ctd_dir, cni.conf_dir) as ctd:
+                (tmp / "shim").mkdir()
+                config: dict[str, object] = {
+                    **cni.shim_config(),
+                    "containerd_address": str(ctd.socket),
+                    "containerd_root": str(ctd.dir / "root"),
+                    "containerd_shim_dir": str(shim_dir),
+                }
+                shim = start_shim(tmp / "shim", extra_config=config, pull_busybox=False)
+                env = Env(tmp, ctd, shim, cni, os.path.join(bin_dir, "crictl"), tools_image(), config)
+                try:
+                    yield env
+                finally:
+                    try:
+                        ctd.remove_all()
+                    finally:
+                        stop_shim(env.shim)
+    finally:
+        if old is None:
+            os.environ.pop("CONTAINERD_BIN_DIR", None)
+        else:
+            os.environ["CONTAINERD_BIN_DIR"] = old
+        if not os.environ.get("VMSANDBOX_KEEP_TMP"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pod_config(name: str, cpu_millis: int = 500, memory: int = 128 << 20) -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "namespace": "shimtest", "uid": f"uid-{name}-{time.time_ns()}", "attempt": 0},
+        "log_directory": "/tmp",
+        "linux": {
+            "cgroup_parent": "",
+            "resources": {"cpu_period": 100000, "cpu_quota": cpu_millis * 100, "memory_limit_in_bytes": memory},
+        },
+    }
+
+
+def container_config(name: str, command: list[str], image: str, memory: int = 64 << 20) -> dict[str, object]:
+    return {
+        "metadata": {"name": name},
+        "image": {"image": image},
+        "command": command,
+        "log_path": f"{name}.log",
+        "linux": {"resources": {"memory_limit_in_bytes": memory, "cpu_period": 100000, "cpu_quota": 20000}},
+    }
+
+
+def test_a_vm_pod_through_containerds_socket(env: Env) -> None:
+    env.crictl("pull", env.image)
+    pod = env.write("pod.json", pod_config("web"))
+    sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
+    # the same pod, seen on vmsandbox's own socket: a VM, under containerd's id
+    listed = env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30)
+    assert [s.id for s in listed.items] == [sid]
+    inspect = json.loads(env.crictl("inspectp", sid).stdout)
+    assert inspect["status"]["state"] == "SANDBOX_READY"
+    ip = inspect["status"]["network"]["ip"]
+    assert ip.startswith("10.234.0.")
+
+    ctr = env.write(
+        "ctr.json", container_config("hello", ["/bin/sh", "-c", "echo hello from a VM; sleep 3600"], env.image)
+    )
+    cid = env.crictl("create", sid, ctr, pod).stdout.strip()
+    env.crictl("start", cid)
+    deadline = time.monotonic() + 60
+    while "hello from a VM" not in env.crictl("logs", cid).stdout:
+        assert time.monotonic() < deadline, env.crictl("logs", cid).stdout
+        time.sleep(0.5)
+    assert env.crictl("exec", cid, "cat", "/proc/self/cgroup").returncode == 0
+    # containerd's stats come from the guest's sample of the container's cgroup
+    deadline = time.monotonic() + 60
+    while True:
+        stats = json.loads(env.crictl("stats", "-o", "json", "--id", cid).stdout)["stats"]
+        if stats and int(stats[0]["memory"]["workingSetBytes"]["value"]) > 0:
+            break
+        assert time.monotonic() < deadline, stats
+        time.sleep(1)
+    out = env.crictl("exec", cid, "/bin/sh", "-c", "echo $((6*7)); exit 3", check=False)
+    assert out.stdout.strip() == "42" and "exit code 3" in out.stderr, out.stderr
+
+    # a container beyond what the pod's VM holds is refused with vmsandbox's reason, when containerd
+    # makes its task (StartContainer: containerd's CreateContainer only records the container)
+    big = env.write("big.json", container_config("big", ["/bin/sleep", "3600"], env.image, memory=4 << 30))
+    big_id = env.crictl("create", sid, big, pod).stdout.strip()
+    refused = env.crictl("start", big_id, check=False)
+    assert refused.returncode != 0 and "memory" in refused.stderr, refused.stderr
+    env.crictl("rm", big_id)
+
+    env.crictl("stop", "--timeout", "5", cid)
+    state = json.loads(env.crictl("inspect", cid).stdout)["status"]
+    assert state["state"] == "CONTAINER_EXITED" and state["exitCode"] in (137, 143), state
+    env.crictl("rm", cid)
+    env.crictl("stopp", sid)
+    env.crictl("rmp", sid)
+    assert env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items == []
+    assert not [p for p in Path("/sys/class/net").iterdir() if p.name == f"vmt{sid[:12]}"]
+
+
+def test_containerd_killed_and_restarted_adopts_the_running_vm_pod(env: Env) -> None:
+    """kill -9 of containerd: the VM pod and its container keep running in vmsandbox; containerd,
+    started again, finds them through the shim's socket (its bundles' bootstrap.json) and serves
+    them as before: the container running, its output, exec."""
+    pod = env.write("pod2.json", pod_config("survivor"))
+    sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
+    ctr = env.write(
+        "ctr2.json",
+        container_config("ticker", ["/bin/sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 1; done"],
+                         env.image),
+    )  # fmt: skip
+    cid = env.crictl("create", sid, ctr, pod).stdout.strip()
+    env.crictl("start", cid)
+    env.ctd.kill()
+    time.sleep(2)
+    assert [s.id for s in env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items] == [sid]
+    env.ctd.up()
+    state = json.loads(env.crictl("inspect", cid).stdout)["status"]["state"]
+    assert state == "CONTAINER_RUNNING", state
+    assert json.loads(env.crictl("inspectp", sid).stdout)["status"]["state"] == "SANDBOX_READY"
+    assert env.crictl("exec", cid, "echo", "still here").stdout.strip() == "still here"
+    seen = env.crictl("logs", cid).stdout
+    deadline = time.monotonic() + 30
+    while env.crictl("logs", cid).stdout == seen:  # output written after the restart reaches the log
+        assert time.monotonic() < deadline, seen[-500:]
+        time.sleep(1)
+    env.crictl("stop", "--timeout", "2", cid)
+    env.crictl("rm", cid)
+    env.crictl("stopp", sid)
+    env.crictl("rmp", sid)
+    assert env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items == []
+
+
+def test_vmsandbox_killed_its_pods_are_exited_for_containerd_and_removed_at_its_restart(env: Env) -> None:
+    """kill -9 of vmsandbox, the shim of every VM pod: containerd sees the shim's connections go and
+    reports the container exited and the pod not ready; vmsandbox, started again, removes the
+    guest and everything it held (containerd never asks about a shim it lost), and the kubelet's
+    StopPodSandbox and RemovePodSandbox through containerd then succeed."""
+    pod = env.write("pod3.json", pod_config("orphan"))
+    sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
+    ctr = env.write("ctr3.json", container_config("sleeper", ["/bin/sleep", "3600"], env.image))
+    cid = env.crictl("create", sid, ctr, pod).stdout.strip()
+    env.crictl("start", cid)
+    stop_shim(env.shim, kill=True)
+    deadline = time.monotonic() + 60
+    while json.loads(env.crictl("inspect", cid).stdout)["status"]["state"] != "CONTAINER_EXITED":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert json.loads(env.crictl("inspectp", sid).stdout)["status"]["state"] == "SANDBOX_NOTREADY"
+    env.shim = start_shim(env.tmp / "shim", extra_config=env.shim_config, pull_busybox=False)
+    assert env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items == []
+    assert state_domains(env.shim.state_dir) == []
+    assert "removed pod" in env.shim.log_text()
+    env.crictl("rm", cid)
+    env.crictl("stopp", sid)
+    env.crictl("rmp", sid)
+
+
+def test_attach_reaches_the_containers_stdin_and_output(env: Env) -> None:
+    """crictl attach -i through containerd: what is typed after a while reaches the shell in the guest
+    (its answer is in the container's log), and the end of stdin ends the shell (stdin_once:
+    containerd's Task.CloseIO)."""
+    env.crictl("pull", env.image)
+    pod = env.write("pod4.json", pod_config("attach"))
+    sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
+    config = container_config("shell", ["/bin/sh"], env.image)
+    config["stdin"] = True
+    config["stdin_once"] = True  # containerd closes its stdin (Task.CloseIO) when the attach ends
+    ctr = env.write("ctr4.json", config)
+    cid = env.crictl("create", sid, ctr, pod).stdout.strip()
+    env.crictl("start", cid)
+    attach = subprocess.Popen(
+        [env.crictl_bin, "--runtime-endpoint", env.ctd.endpoint, "attach", "-i", cid],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    assert attach.stdin is not None
+    time.sleep(12)  # as critest's attach spec waits: the container's stdin must still be there
+    attach.stdin.write(b"echo hello from attach\n")
+    attach.stdin.flush()
+    deadline = time.monotonic() + 60
+    while "hello from attach" not in env.crictl("logs", cid).stdout:
+        assert time.monotonic() < deadline, env.shim.log_text()[-2000:]
+        time.sleep(1)
+    attach.stdin.close()  # the end of stdin ends the shell (containerd's CloseIO: stdin once)
+    attach.wait(60)
+    deadline = time.monotonic() + 60
+    while json.loads(env.crictl("inspect", cid).stdout)["status"]["state"] != "CONTAINER_EXITED":
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    env.crictl("stopp", sid)
+    env.crictl("rmp", sid)
