@@ -23,6 +23,7 @@ in place, the catalogue does not name the image), for instance. The points below
 inside the owners' own work:
 
 ``network:after-add``  RunPodSandbox's row says ``creating``; CNI ADD is done, the macvtap not made yet
+``network:given-macvtap``  the macvtap is on the given namespace's ``eth0``; its record says ``adding``
 ``restore:after-stage``        the snapshot's image is copied for the pod, libvirt has not read it
 ``restore:after-restore``      the guest is restored and running, not yet made this pod's
 ``restore:after-personalize``  the restored guest is this pod's; the row still says ``creating``
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 ENV = "VMSANDBOX_FAULT"
 POINTS = (
     "network:after-add",
+    "network:given-macvtap",
     "restore:after-stage",
     "restore:after-restore",
     "restore:after-personalize",

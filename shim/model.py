@@ -111,7 +111,10 @@ class ContainerSpec:
 class RunPodSandbox:
     spec: SandboxSpec
     sandbox_id: str = ""  # the id its caller chose (containerd's, in shim mode); "": a new one
-    given_netns: str | None = None  # the network namespace its caller made and ran CNI in (shim mode)
+    # the path of a network namespace the caller made and ran CNI in (containerd's sandbox API's
+    # CreateSandboxRequest.netns_path): the pod's network is read there; None (the CRI, always):
+    # the shim makes the pod's network (shim.pod_networks)
+    given_netns: str | None = None
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,23 @@ macvtap on that ``eth0`` moved to the host namespace for libvirt (why: docs/netw
 done, so DEL (at StopPodSandbox, retried until it succeeds) and the clean-up of a shim that died
 half-way (``reconcile``) use the same configuration and the ADD result. A host-network pod gets
 QEMU's user-mode network and no CNI; ``pod_network: none`` gives pods no NIC at all.
+
+A pod may instead come with a namespace its caller made and ran CNI ADD in (containerd's CRI
+plugin, when vmsandbox is its sandbox shim): then no namespace is made and no CNI runs here; what
+``eth0`` carries is read there (``vmsandbox.given_netns``) and the macvtap goes on it as above. Its
+record says ``"owner": "caller"``, and the shim then only ever deletes the macvtap and the record:
+CNI DEL and the namespace are the caller's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +36,7 @@ from vmsandbox import cni, cri_metrics
 from vmsandbox.adapters import cni_exec, netns, sysfs
 from vmsandbox.domain import NetworkInterface
 from vmsandbox.errors import InvalidArgument, VmSandboxError, WrongState
+from vmsandbox.given_netns import guest_network, parse_interfaces, parse_routes
 from vmsandbox.network import GuestNic, NamespaceOptions, PodNetwork, PortMapping, Route
 from vmsandbox.pod import PodMeta
 
@@ -38,6 +47,7 @@ MACVTAP_PREFIX = "vmt"  # + 12 hex digits of the sandbox id: 15 characters, the 
 # QEMU's user-mode network: the guest's address, the gateway (the host) and its prefix are fixed
 USER_NET = GuestNic("", ("10.0.2.15/24",), (Route("0.0.0.0/0", "10.0.2.2"),))
 DEL_ATTEMPTS = 3
+OWNER_CALLER = "caller"  # a record's "owner" when the namespace was given (absent: the shim's own)
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,12 @@ class Attachment:
 def _user_mac(sandbox_id: str) -> str:
     """A locally administered MAC derived from the sandbox id (QEMU's 52:54:00 prefix)."""
     return "52:54:00:" + ":".join(sandbox_id[i : i + 2] for i in (0, 2, 4))
+
+
+def _given(doc: dict[str, Any]) -> bool:
+    """Whether a record's namespace is its caller's: then the shim runs no CNI DEL and never
+    deletes the namespace."""
+    return doc.get("owner") == OWNER_CALLER
 
 
 class PodNetworks:
@@ -156,8 +172,15 @@ class PodNetworks:
         annotations: dict[str, str],
         given_netns: str | None = None,
     ) -> Attachment:
-        """The pod's network, made whole or not at all (everything undone before an error leaves);
-        with ``given_netns``, in that namespace, where its caller (containerd) ran CNI itself."""
+        """The pod's network, made whole or not at all (everything undone before an error leaves).
+        With ``given_netns``, in that namespace, which the caller made and ran CNI in (whatever
+        ``pod_network`` says: the caller reports the pod's IPs, so its guest must carry them)."""
+        if given_netns is not None:
+            if namespaces.host_network:
+                raise InvalidArgument(
+                    f"network namespace {given_netns[:200]!r} given for a host-network pod, which has none of its own"
+                )
+            return self._attach_given(sandbox_id, given_netns)
         if self.mode == "none":
             return Attachment(PodNetwork(), None)
         if namespaces.host_network:
@@ -166,8 +189,6 @@ class PodNetworks:
                 PodNetwork(nic=GuestNic(mac, USER_NET.addresses, USER_NET.routes)),
                 NetworkInterface("user", mac),
             )
-        if given_netns is not None:
-            return self._attach_given(sandbox_id, Path(given_netns))
         network, _ = self._current()
         if network is None:
             raise WrongState(self.ready()[2])
@@ -185,7 +206,7 @@ class PodNetworks:
         }
         self._write(sandbox_id, doc)  # before anything exists, so a crash from here on is cleaned up
         started = time.monotonic()
-        try:
+        with self._whole(sandbox_id, doc):
             netns.create(path)
             result: dict[str, Any] | None = None
             for i, plugin in enumerate(network.plugins):
@@ -202,18 +223,6 @@ class PodNetworks:
             netns.add_macvtap(path, cni.IFNAME, doc["macvtap"])
             doc["state"] = "attached"
             self._write(sandbox_id, doc)
-        except BaseException as exc:
-            try:
-                self._undo(sandbox_id, doc)
-            except VmSandboxError as undo_exc:
-                log.error(
-                    "pod network of %s: undoing a failed set-up failed, left for reconcile: %s",
-                    sandbox_id[:12],
-                    undo_exc,
-                )
-            if isinstance(exc, VmSandboxError):
-                raise type(exc)(f"pod network: {exc}") from exc
-            raise
         log.info(
             "pod network of %s: %s on %s, macvtap %s, in %d ms",
             sandbox_id[:12],
@@ -224,39 +233,39 @@ class PodNetworks:
         )
         return Attachment(pod, NetworkInterface("ethernet", mac, doc["macvtap"]))
 
-    def _attach_given(self, sandbox_id: str, path: Path) -> Attachment:
-        """The guest's NIC on the given namespace's ``eth0``: its address, gateway and MAC as the
-        namespace shows them; the namespace and its CNI attachment stay its caller's (recorded as
-        ``owner: caller``, so detach, remove and reconcile delete only the macvtap)."""
-        if not netns.is_netns(path):
-            raise InvalidArgument(f"pod network namespace {str(path)[:256]} is not a network namespace's mount")
+    def _attach_given(self, sandbox_id: str, path: str) -> Attachment:
+        """The macvtap on ``eth0`` of the namespace ``path`` the caller made, and what ``eth0``
+        carries there for the guest; nothing of the namespace is changed but the macvtap."""
         doc: dict[str, Any] = {
-            "netns": str(path),
-            "owner": "caller",
+            "owner": OWNER_CALLER,
+            "netns": path,
             "macvtap": f"{MACVTAP_PREFIX}{sandbox_id[:12]}",
             "state": "adding",
         }
-        self._write(sandbox_id, doc)
-        try:
-            mac, mtu = netns.link(path, cni.IFNAME)
-            result = cni.result_of_namespace(netns.addresses(path, cni.IFNAME), netns.routes(path))
-            pod = cni.pod_network(result, mac, mtu)
-            netns.add_macvtap(path, cni.IFNAME, doc["macvtap"])
+        started = time.monotonic()
+        with self._whole(sandbox_id, doc):
+            with netns.given(path) as held:
+                self._write(sandbox_id, doc)  # before the macvtap exists, so a crash from here on is cleaned up
+                interfaces, routes4, routes6 = netns.read_network(held)
+                pod = guest_network(
+                    parse_interfaces(interfaces),
+                    parse_routes(routes4, 4) + parse_routes(routes6, 6),
+                    f"network namespace {path}",
+                )
+                netns.add_macvtap(held, cni.IFNAME, doc["macvtap"])
+                faults.checkpoint("network:given-macvtap")
             doc["state"] = "attached"
             self._write(sandbox_id, doc)
-        except BaseException as exc:
-            netns.delete_link(doc["macvtap"])
-            self._record_path(sandbox_id).unlink(missing_ok=True)
-            if isinstance(exc, VmSandboxError):
-                raise type(exc)(f"pod network in {path}: {exc}") from exc
-            raise
-        log.info("pod network of %s: %s in %s (given), macvtap %s", sandbox_id[:12], ", ".join(pod.ips), path,
-                 doc["macvtap"])  # fmt: skip
-        return Attachment(pod, NetworkInterface("ethernet", mac, doc["macvtap"]))
-
-    @staticmethod
-    def _given(doc: dict[str, Any]) -> bool:
-        return doc.get("owner") == "caller"
+        assert pod.nic is not None
+        log.info(
+            "pod network of %s: %s in the given namespace %s, macvtap %s, in %d ms",
+            sandbox_id[:12],
+            ", ".join(pod.ips),
+            path,
+            doc["macvtap"],
+            (time.monotonic() - started) * 1000,
+        )
+        return Attachment(pod, NetworkInterface("ethernet", pod.nic.mac, doc["macvtap"]))
 
     def _del(self, sandbox_id: str, doc: dict[str, Any]) -> None:
         """CNI DEL of every plugin, last first, with the ADD result (a plugin tolerates DEL of what
@@ -277,22 +286,46 @@ class PodNetworks:
                 want_result=False,
             )
 
+    @contextlib.contextmanager
+    def _whole(self, sandbox_id: str, doc: dict[str, Any]) -> Iterator[None]:
+        """Everything the block made of the network recorded in ``doc`` is undone when it fails;
+        the error says it was the pod network."""
+        try:
+            yield
+        except BaseException as exc:
+            try:
+                self._undo(sandbox_id, doc)
+            except VmSandboxError as undo_exc:
+                log.error(
+                    "pod network of %s: undoing a failed set-up failed, left for reconcile: %s",
+                    sandbox_id[:12],
+                    undo_exc,
+                )
+            if isinstance(exc, VmSandboxError):
+                raise type(exc)(f"pod network: {exc}") from exc
+            raise
+
     def _undo(self, sandbox_id: str, doc: dict[str, Any]) -> None:
+        # in a given namespace, a macvtap a crash left there (made, not moved out yet) goes with
+        # eth0 when the caller deletes the namespace, as the failed sandbox makes it do
         netns.delete_link(doc["macvtap"])
-        self._del(sandbox_id, doc)
-        netns.delete(Path(doc["netns"]))
+        if not _given(doc):
+            self._del(sandbox_id, doc)
+            netns.delete(Path(doc["netns"]))
         self._record_path(sandbox_id).unlink(missing_ok=True)
 
     def detach(self, sandbox_id: str) -> None:
         """StopPodSandbox: CNI DEL (retried); the namespace stays until ``remove``. Idempotent; a
-        DEL that keeps failing raises, and the attachment stays recorded for the next try."""
+        DEL that keeps failing raises, and the attachment stays recorded for the next try. In a
+        namespace the caller gave, only the macvtap goes (CNI DEL is the caller's)."""
         doc = self._read(sandbox_id)
         if doc is None or doc.get("state") == "deleted":
             return
         netns.delete_link(doc["macvtap"])
-        if self._given(doc):  # containerd's CNI DEL, not ours
+        if _given(doc):
             doc["state"] = "deleted"
             self._write(sandbox_id, doc)
+            log.info("pod network of %s: macvtap deleted (the namespace is its caller's)", sandbox_id[:12])
             return
         for attempt in range(DEL_ATTEMPTS):
             try:
@@ -310,12 +343,13 @@ class PodNetworks:
         log.info("pod network of %s: CNI DEL done", sandbox_id[:12])
 
     def remove(self, sandbox_id: str) -> None:
-        """RemovePodSandbox: DEL if not done yet, then the namespace and the record go."""
+        """RemovePodSandbox: DEL if not done yet, then the namespace (unless the caller's) and the
+        record go."""
         doc = self._read(sandbox_id)
         if doc is None:
             return
         self.detach(sandbox_id)
-        if not self._given(doc):  # a given namespace is its caller's to delete
+        if not _given(doc):
             netns.delete(Path(doc["netns"]))
         self._record_path(sandbox_id).unlink(missing_ok=True)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmsandbox.errors import InfrastructureError
-from vmsandbox.network import GuestNic, PodNetwork, PortMapping, Route
+from vmsandbox.network import PodNetwork, PortMapping, Route, pod_network_of
 from vmsandbox.quantity import parse_nonnegative_quantity
 
 CONFIG_SUFFIXES = (".conf", ".conflist", ".json")
@@ -257,37 +257,4 @@ def pod_network(result: Mapping[str, Any], mac: str, mtu: int = 0) -> PodNetwork
         routes.append(Route(network.with_prefixlen, gw))
     if not addresses:
         raise CniError("CNI result: the pod's eth0 got no IP address")
-    ordered = sorted(addresses, key=lambda a: ipaddress.ip_interface(a).version)
-    pod_ips = tuple(str(ipaddress.ip_interface(a).ip) for a in ordered)
-    return PodNetwork(nic=GuestNic(mac=mac, addresses=tuple(ordered), routes=tuple(routes), mtu=mtu), ips=pod_ips)
-
-
-def result_of_namespace(
-    addresses: Sequence[Mapping[str, object]], routes: Sequence[Mapping[str, object]]
-) -> dict[str, Any]:
-    """What a namespace someone else ran CNI ADD in shows of its ``eth0`` (``ip -j`` addresses with
-    ``local``/``prefixlen``, routes with ``dst``/``gateway``/``dev``), as the ADD result
-    ``pod_network`` reads: its global addresses, each family's default gateway, and the routes
-    through ``eth0`` that name a gateway (an on-link route is the guest's from its prefix)."""
-    gateways: dict[int, str] = {}
-    out_routes: list[dict[str, str]] = []
-    for r in routes:
-        if r.get("dev") not in ("", IFNAME) or not r.get("gateway"):
-            continue
-        dst = str(r.get("dst", ""))
-        try:
-            gw = ipaddress.ip_address(str(r["gateway"]))
-        except ValueError:
-            raise CniError(f"route {str(r)[:128]} in the pod's namespace has no valid gateway") from None
-        if dst == "default":
-            dst = "0.0.0.0/0" if gw.version == 4 else "::/0"
-            gateways.setdefault(gw.version, str(gw))
-        out_routes.append({"dst": dst, "gw": str(gw)})
-    ips = []
-    for a in addresses:
-        address = ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}")
-        entry: dict[str, object] = {"address": address.with_prefixlen, "interface": 0}
-        if address.version in gateways:
-            entry["gateway"] = gateways[address.version]
-        ips.append(entry)
-    return {"interfaces": [{"name": IFNAME, "sandbox": "given"}], "ips": ips, "routes": out_routes}
+    return pod_network_of(mac, addresses, routes, mtu)

@@ -1,8 +1,9 @@
 """A pod's network as the core sees it (pure): what the pod asked for and what it was given.
 
 Asked for (from ``PodSandboxConfig``): the namespace modes (``NamespaceOptions``), port mappings
-and DNS settings. Given (by CNI, through ``shim.pod_networks``): the guest NIC's MAC, addresses and
-routes (``GuestNic``) and the pod's IPs. ``guest_network_args`` turns the NIC and hostname into the
+and DNS settings. Given (by CNI, or read from a namespace the caller made, through
+``shim.pod_networks``): the guest NIC's MAC, addresses and routes (``GuestNic``) and the pod's IPs,
+put together by ``pod_network_of``. ``guest_network_args`` turns the NIC and hostname into the
 guest's kernel command-line parameters; ``resolv_conf`` renders the pod's DNS settings the way a
 container's ``/etc/resolv.conf`` holds them.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -161,6 +163,16 @@ class PodNetwork:
                 mtu=int(nic.get("mtu", 0)),
             ),
         )
+
+
+def pod_network_of(mac: str, addresses: Sequence[str], routes: Sequence[Route], mtu: int = 0) -> PodNetwork:
+    """The pod's network from what its ``eth0`` carries, however that was learnt (a CNI result, or
+    a namespace the caller made and the shim read): the addresses (CIDRs, each checked by the
+    caller) IPv4 first, the first of them the pod's primary IP; the routes in the order the guest
+    adds them."""
+    ordered = sorted(addresses, key=lambda a: ipaddress.ip_interface(a).version)
+    pod_ips = tuple(str(ipaddress.ip_interface(a).ip) for a in ordered)
+    return PodNetwork(nic=GuestNic(mac=mac, addresses=tuple(ordered), routes=tuple(routes), mtu=mtu), ips=pod_ips)
 
 
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")

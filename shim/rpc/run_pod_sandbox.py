@@ -13,7 +13,10 @@ claim         its CPUs, pages, memory and devices, taken back     released
               from a snapshot being made in the background when
               the pod does not fit beside it
 record        its ``creating`` row, with a QEMU uid of its own    deleted
-network       its pod network attached                            removed
+network       its pod network: a namespace of its own and CNI     removed: the macvtap, CNI DEL
+              ADD, or the namespace the request gave              and the namespace; of a given
+              (``given_netns``), read; the macvtap its guest's    namespace, the macvtap only
+              NIC uses on the namespace's ``eth0``
 share         its sandbox directory, the share its guest mounts   dropped
 define        its domain defined, for a restore from its shape's  torn down
               snapshot or for a cold boot
@@ -93,7 +96,12 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
         record = sb.boot.record(spec, plan, placement, sandbox_id)
         s.done("record", functools.partial(sb.records.delete_sandbox, sandbox_id))
         attachment = sb.network.attach(
-            sandbox_id, spec.meta, spec.namespaces, spec.port_mappings, dict(spec.annotations), req.given_netns
+            sandbox_id,
+            spec.meta,
+            spec.namespaces,
+            spec.port_mappings,
+            dict(spec.annotations),
+            given_netns=req.given_netns,
         )
         s.done("network", functools.partial(sb.network.remove, sandbox_id))
         record = replace(record, network=attachment.network)

@@ -272,7 +272,8 @@ def dns_config(msg: pb.DNSConfig, where: str) -> DnsConfig:
 def run_pod_sandbox(request: pb.RunPodSandboxRequest) -> RunPodSandbox:
     if not request.HasField("config"):
         raise InvalidArgument("RunPodSandboxRequest.config is missing")
-    return RunPodSandbox(sandbox_spec(request.config, request.runtime_handler))
+    # the CRI has no way to give a namespace: the shim makes the pod's network (given_netns None)
+    return RunPodSandbox(sandbox_spec(request.config, request.runtime_handler), given_netns=None)
 
 
 def stop_pod_sandbox(request: pb.StopPodSandboxRequest) -> StopPodSandbox:

@@ -21,7 +21,6 @@ from vmsandbox.cni import (
     plugin_env,
     plugin_input,
     pod_network,
-    result_of_namespace,
     runtime_config,
 )
 from vmsandbox.network import GuestNic, PodNetwork, PortMapping, Route
@@ -200,42 +199,3 @@ JSON = st.recursive(
 def test_any_result_is_read_or_refused_with_a_cni_error(result: dict[str, object]) -> None:
     with contextlib.suppress(CniError):
         pod_network(result, "0a:58:0a:00:00:05")
-
-
-@pytest.mark.parametrize(
-    ("addresses", "routes", "want_addresses", "want_routes"),
-    [
-        (
-            [{"local": "10.88.0.5", "prefixlen": 16, "family": "inet"}],
-            [{"dst": "default", "gateway": "10.88.0.1", "dev": "eth0"},
-             {"dst": "10.88.0.0/16", "gateway": "", "dev": "eth0"}],
-            ("10.88.0.5/16",),
-            (Route("0.0.0.0/0", "10.88.0.1"),),
-        ),
-        (
-            [{"local": "fd00::5", "prefixlen": 64, "family": "inet6"},
-             {"local": "10.1.0.5", "prefixlen": 24, "family": "inet"}],
-            [{"dst": "default", "gateway": "fd00::1", "dev": "eth0"},
-             {"dst": "default", "gateway": "10.1.0.1", "dev": "eth0"},
-             {"dst": "192.168.0.0/16", "gateway": "10.1.0.254", "dev": "eth0"},
-             {"dst": "default", "gateway": "172.16.0.1", "dev": "other"}],
-            ("10.1.0.5/24", "fd00::5/64"),
-            (Route("::/0", "fd00::1"), Route("0.0.0.0/0", "10.1.0.1"), Route("192.168.0.0/16", "10.1.0.254")),
-        ),
-    ],
-)  # fmt: skip
-def test_a_given_namespace_reads_as_an_add_result(
-    addresses: list[dict[str, object]],
-    routes: list[dict[str, object]],
-    want_addresses: tuple[str, ...],
-    want_routes: tuple[Route, ...],
-) -> None:
-    pod = pod_network(result_of_namespace(addresses, routes), "02:00:00:00:00:01", 1500)
-    assert pod.nic is not None
-    assert pod.nic.addresses == want_addresses and pod.nic.routes == want_routes
-    assert pod.ips[0] == want_addresses[0].split("/")[0]
-
-
-def test_a_given_namespace_without_an_address_is_refused() -> None:
-    with pytest.raises(CniError, match="no IP address"):
-        pod_network(result_of_namespace([], []), "02:00:00:00:00:01")

@@ -5,20 +5,39 @@ it outlives every process and CNI plugins can enter it by path. The guest's NIC 
 passthru mode on the namespace's ``eth0``, made inside the namespace and then moved to the shim's
 own namespace, where libvirt opens it (``/dev/tap<ifindex>``). Deleting ``eth0`` (CNI DEL) deletes
 the macvtap with it.
+
+A namespace someone else made (``given``: containerd's, when it runs CNI itself) is checked to be
+a network namespace file and held open while it is read (``read_network``, bounded) and its
+``eth0`` gets the macvtap; the shim never deletes it.
 """
 
 from __future__ import annotations
 
-import ctypes
+import fcntl
 import json
 import os
 import stat
 import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from vmsandbox.errors import InfrastructureError
+from vmsandbox.errors import InfrastructureError, InvalidArgument
+from vmsandbox.given_netns import MAX_OUTPUT, check_path
 
 TIMEOUT_S = 30.0
+NS_GET_NSTYPE = 0xB703  # ioctl on a namespace file: its kind, as a CLONE_NEW* flag (linux/nsfs.h)
+CLONE_NEWNET = 0x40000000
+_KINDS = {
+    0x00020000: "mount",
+    0x02000000: "cgroup",
+    0x04000000: "uts",
+    0x08000000: "ipc",
+    0x10000000: "user",
+    0x20000000: "pid",
+    0x00000080: "time",
+}
 
 
 class NetnsError(InfrastructureError):
@@ -105,50 +124,84 @@ def exists(path: Path) -> bool:
     return _mounted_on(path)
 
 
-def addresses(path: Path, ifname: str) -> list[dict[str, object]]:
-    """``ip -j addr show dev ifname`` in the namespace: [{"local", "prefixlen", "family"}, ...]
-    of its global addresses."""
-    out = _run(["nsenter", f"--net={path}", "ip", "-j", "addr", "show", "dev", ifname], f"reading {ifname} in {path}")
+@contextmanager
+def given(path: str) -> Iterator[Path]:
+    """The network namespace someone else made at ``path``, held open while the block runs: yields
+    a path (``/proc/<pid>/fd/<fd>``) that names that namespace even should ``path`` be replaced
+    meanwhile. InvalidArgument naming ``path`` unless it is a namespace file (nsfs, bind-mounted
+    as ``ip netns add`` and containerd do; not a symbolic link such as ``/proc/<pid>/ns/net``) of a
+    network namespace other than the shim's own."""
+    check_path(path)
+    own = os.stat("/proc/self/ns/net")
     try:
-        (info,) = json.loads(out)
-        return [
-            {"local": str(a["local"]), "prefixlen": int(a["prefixlen"]), "family": str(a["family"])}
-            for a in info.get("addr_info", [])
-            if a.get("scope") == "global"
-        ]
-    except (ValueError, KeyError, TypeError):
-        raise NetnsError(f"reading {ifname}'s addresses in {path}: unexpected output {out[:200]!r}") from None
-
-
-def routes(path: Path) -> list[dict[str, object]]:
-    """The namespace's IPv4 and IPv6 routes (``ip -j route show``): [{"dst", "gateway", "dev"}, ...]."""
-    found: list[dict[str, object]] = []
-    for family in ("-4", "-6"):
-        out = _run(["nsenter", f"--net={path}", "ip", "-j", family, "route", "show"], f"reading routes in {path}")
+        seen = os.lstat(path)
+    except FileNotFoundError:
+        raise InvalidArgument(f"network namespace {path!r}: no such file") from None
+    except OSError as exc:
+        raise InvalidArgument(f"network namespace {path!r}: {exc.strerror}") from None
+    if stat.S_ISLNK(seen.st_mode):
+        raise InvalidArgument(f"network namespace {path!r} is a symbolic link, not a namespace file")
+    not_one = f"{path!r} is not a network namespace: not a namespace file (as the bind mount `ip netns add` makes)"
+    if not stat.S_ISREG(seen.st_mode) or seen.st_dev != own.st_dev:  # every namespace file is on nsfs
+        raise InvalidArgument(not_one)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InvalidArgument(f"network namespace {path!r}: {exc.strerror}") from None
+    try:
+        held = os.fstat(fd)
+        if (held.st_dev, held.st_ino) != (seen.st_dev, seen.st_ino):
+            raise InvalidArgument(f"network namespace {path!r} changed while it was opened")
         try:
-            for r in json.loads(out or "[]"):
-                found.append({k: str(r.get(k, "")) for k in ("dst", "gateway", "dev")})
-        except (ValueError, TypeError, AttributeError):
-            raise NetnsError(f"reading routes in {path}: unexpected output {out[:200]!r}") from None
-    return found
+            kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
+        except OSError:
+            raise InvalidArgument(not_one) from None
+        if kind != CLONE_NEWNET:
+            raise InvalidArgument(
+                f"network namespace {path!r} is a {_KINDS.get(kind, hex(kind))} namespace, not a network namespace"
+            )
+        if held.st_ino == own.st_ino:
+            raise InvalidArgument(
+                f"network namespace {path!r} is the shim's own (the host's network): a pod needs one of its own"
+            )
+        yield Path(f"/proc/{os.getpid()}/fd/{fd}")
+    finally:
+        os.close(fd)
 
 
-class _StatFs(ctypes.Structure):
-    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-NSFS_MAGIC = 0x6E736673
-
-
-def is_netns(path: Path) -> bool:
-    """Whether ``path`` is a namespace's bind mount (a file on nsfs), not reached through a symlink."""
+def _read_bounded(argv: list[str], what: str) -> str:
+    """What ``argv`` prints, at most MAX_OUTPUT bytes of it (more is an error), within TIMEOUT_S."""
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return False
-    except OSError:
-        return False
-    buf = _StatFs()
-    if _libc.statfs(str(path).encode(), ctypes.byref(buf)) != 0:
-        return False
-    return bool(buf.f_type == NSFS_MAGIC)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        raise NetnsError(f"{what}: {exc}") from None
+    timer = threading.Timer(TIMEOUT_S, proc.kill)
+    timer.start()
+    with proc:  # closes the pipes and waits for the process (killed below when it is still running)
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            out = proc.stdout.read(MAX_OUTPUT + 1)
+            if len(out) > MAX_OUTPUT:
+                raise NetnsError(f"{what}: more than {MAX_OUTPUT} bytes")
+            err = proc.stderr.read(4096)
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+    if code < 0:
+        raise NetnsError(f"{what}: killed after {TIMEOUT_S:.0f} s" if code == -9 else f"{what}: signal {-code}")
+    if code != 0:
+        raise NetnsError(f"{what}: {(err or out).decode(errors='replace').strip()[:512]}")
+    return out.decode(errors="replace")
+
+
+def read_network(path: Path) -> tuple[str, str, str]:
+    """What ``ip -j`` prints in the namespace ``path``: its interfaces with their addresses, and its
+    main table's IPv4 and IPv6 routes (parsed by ``vmsandbox.given_netns``)."""
+    inside = ["nsenter", f"--net={path}", "ip", "-j"]
+    return (
+        _read_bounded([*inside, "addr", "show"], f"reading the addresses in {path}"),
+        _read_bounded([*inside, "-4", "route", "show", "table", "main"], f"reading the IPv4 routes in {path}"),
+        _read_bounded([*inside, "-6", "route", "show", "table", "main"], f"reading the IPv6 routes in {path}"),
+    )

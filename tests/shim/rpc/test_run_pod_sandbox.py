@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -20,6 +22,7 @@ import pytest
 from gen.cri.runtime.v1 import api_pb2 as pb
 from shim import faults, rpc
 from shim.nri.hooks import NriHooks
+from shim.pod_networks import Attachment
 from shim.pods import Pods
 from shim.rpc.run_pod_sandbox import RPC, run_pod_sandbox
 from shim.translate import inbound
@@ -224,4 +227,26 @@ def test_a_pod_that_does_not_fit_is_refused_as_such_naming_it_and_what_was_undon
     assert str(err.value).startswith("pod default/web: cannot place the VM: ")
     assert str(err.value).endswith(" (rolled back: reserve-name undone)")
     assert err.value.shortfalls, "the refusal still names each short resource"
+    assert_left_nothing(server, request.config.port_mappings[0].host_port)
+
+
+def test_the_namespace_a_request_gives_reaches_the_network_step(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = host_network_pod(quiet_port())
+    request.config.linux.security_context.namespace_options.network = pb.POD
+    req = inbound.run_pod_sandbox(request)
+    assert req.given_netns is None  # the CRI has no way to give one: the shim makes the network
+    network = server.sandboxes.network
+    real = network.attach
+    given: list[str | None] = []
+
+    def attach(*args: Any, given_netns: str | None = None) -> Attachment:
+        given.append(given_netns)
+        return real(*args)  # pod_network "none" here: no NIC, nothing to read
+
+    monkeypatch.setattr(network, "attach", attach)
+    sandbox_id = run_pod_sandbox(pods_of(server), replace(req, given_netns="/run/netns/cni-0a1b"))
+    assert given == ["/run/netns/cni-0a1b"]
+    remove(server, sandbox_id)
     assert_left_nothing(server, request.config.port_mappings[0].host_port)
