@@ -23,7 +23,8 @@ def cluster() -> Iterator[Cluster]:
     yield from running_cluster(mode="shim")
 
 
-SERVE = "cat /etc/cm/greeting; echo; exec /bin/busybox nc -lk -p 8080 -e /bin/busybox echo pong"
+PROBE = "/bin/probe"  # tests/cluster_kit/probe, in the pods' image
+SERVE = f"cat /etc/cm/greeting; echo; exec {PROBE} serve 8080 from-the-vm"
 
 
 def deployment(image: str) -> list[dict[str, Any]]:
@@ -79,14 +80,13 @@ def test_a_deployment_runs_in_a_vm_through_containerd(cluster: Cluster, tmp_path
     # a runc pod on the same node reaches the VM pod's address
     apply(cluster, tmp_path, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "runc-client", "namespace": "default"},
-        "spec": {"terminationGracePeriodSeconds": 1, "restartPolicy": "Never", "containers": [{
-            "name": "main", "image": image,
-            "command": ["/bin/busybox", "sh", "-c", f"echo ping | /bin/busybox nc -w 5 {ip} 8080"]}]},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "main", "image": image, "command": ["/bin/busybox", "sleep", "3600"]}]},
     })  # fmt: skip
     until(
-        "the runc pod's answer from the VM pod",
+        "the runc pod's dial of the VM pod",
         120,
-        lambda: "pong" in cluster.kubectl("logs", "runc-client", check=False).stdout,
+        lambda: "from-the-vm" in exec_in(cluster, "runc-client", PROBE, "dial", f"{ip}:8080").stdout,
     )
     cluster.kubectl("delete", "pod", "runc-client", "--wait=true", timeout=120)
     cluster.kubectl("delete", "deployment", "shim-web", "--wait=true", timeout=120)
