@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import empty_pb2
+from google.protobuf import any_pb2, empty_pb2
 
 from gen.containerd.events import task_pb2 as events_pb
 from gen.containerd.runtime.task.v3 import shim_pb2 as task
@@ -95,6 +95,20 @@ def read_spec(bundle: str) -> dict[str, Any]:
         raise InvalidArgument(f"the task's config.json is not JSON: {str(exc)[:200]}") from None
     if not isinstance(doc, dict):
         raise InvalidArgument("the task's config.json is not an object")
+    return doc
+
+
+def oci_document(value: any_pb2.Any, kind: str, where: str) -> dict[str, Any]:
+    """The OCI runtime-spec JSON object an ``Any`` of containerd's carries (``kind``: the end of its
+    type URL, e.g. ``opencontainers/runtime-spec/1/Process``); INVALID_ARGUMENT otherwise."""
+    if not value.type_url.endswith(kind):
+        raise InvalidArgument(f"{where} is {validation.quote(value.type_url[:128])}, not {kind.rsplit('/', 1)[-1]}")
+    try:
+        doc = json.loads(value.value)
+    except ValueError as exc:
+        raise InvalidArgument(f"{where} is not JSON: {str(exc)[:200]}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"{where} is not an object")
     return doc
 
 
@@ -383,24 +397,17 @@ class TaskService:
             return None
         return self.pods.sandboxes.hypervisor.emulator_pid(record.domain) or 0
 
+    def _task_pid(self, task_id: str) -> int:
+        """QEMU's pid for a task of this handler: a container, or (``Connect``, ``Pids``) its sandbox."""
+        pid = self._sandbox_pid(task_id)
+        return pid if pid is not None else self._pid(self._container(task_id))
+
     def pids(self, req: task.PidsRequest) -> task.PidsResponse:
-        pid = self._sandbox_pid(req.id)
-        if pid is None:
-            pid = self._pid(self._container(req.id))
-        return task.PidsResponse(processes=[task_types.ProcessInfo(pid=pid)])
+        return task.PidsResponse(processes=[task_types.ProcessInfo(pid=self._task_pid(req.id))])
 
     def update(self, req: task.UpdateTaskRequest) -> empty_pb2.Empty:
         c = self._container(req.id)
-        if not req.resources.type_url.endswith(OCI_RESOURCES):
-            raise InvalidArgument(
-                f"UpdateTaskRequest.resources is {validation.quote(req.resources.type_url[:128])}, not LinuxResources"
-            )
-        try:
-            doc = json.loads(req.resources.value)
-        except ValueError as exc:
-            raise InvalidArgument(f"UpdateTaskRequest.resources is not JSON: {str(exc)[:200]}") from None
-        if not isinstance(doc, dict):
-            raise InvalidArgument("UpdateTaskRequest.resources is not an object")
+        doc = oci_document(req.resources, OCI_RESOURCES, "UpdateTaskRequest.resources")
         linux = containerd_spec.linux_resources(doc)
         update_container_resources(
             self.pods,
@@ -409,10 +416,7 @@ class TaskService:
         return empty_pb2.Empty()
 
     def connect(self, req: task.ConnectRequest) -> task.ConnectResponse:
-        pid = self._sandbox_pid(req.id)
-        if pid is None:
-            pid = self._pid(self._container(req.id))
-        return task.ConnectResponse(shim_pid=os.getpid(), task_pid=pid, version="3")
+        return task.ConnectResponse(shim_pid=os.getpid(), task_pid=self._task_pid(req.id), version="3")
 
     def shutdown(self, req: task.ShutdownRequest) -> empty_pb2.Empty:
         """Nothing to do: every task of this handler is served by the one vmsandbox process."""
@@ -424,15 +428,7 @@ class TaskService:
         validation.text(req.exec_id, "ExecProcessRequest.exec_id")
         if not req.exec_id or len(req.exec_id) > 76:
             raise InvalidArgument("ExecProcessRequest.exec_id is empty or longer than 76 characters")
-        if not req.spec.type_url.endswith(OCI_PROCESS):
-            raise InvalidArgument(
-                f"ExecProcessRequest.spec is {validation.quote(req.spec.type_url[:128])}, not an OCI Process"
-            )
-        try:
-            process = json.loads(req.spec.value)
-        except ValueError as exc:
-            raise InvalidArgument(f"ExecProcessRequest.spec is not JSON: {str(exc)[:200]}") from None
-        argv = process.get("args") if isinstance(process, dict) else None
+        argv = oci_document(req.spec, OCI_PROCESS, "ExecProcessRequest.spec").get("args")
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise InvalidArgument("ExecProcessRequest.spec.args is not a non-empty list of strings")
         io = check_io(TaskIO(req.stdin, req.stdout, req.stderr, req.terminal), "ExecProcessRequest")

@@ -16,10 +16,11 @@ from gen.containerd.runtime.task.v3 import shim_pb2 as task
 from gen.containerd.types import mount_pb2
 from gen.cri.runtime.v1 import api_pb2 as cri
 from shim.containerd.sandbox_service import SandboxService, pod_sandbox_config
-from shim.containerd.task_service import TaskService, read_spec
+from shim.containerd.task_service import TaskService, oci_document, read_spec
 from vmsandbox.errors import InvalidArgument, NotFound, Unsupported, WrongState
 
 SID = "5" * 64
+SPEC = "types.containerd.io/opencontainers/runtime-spec/1"
 
 
 class NoPods:
@@ -130,3 +131,21 @@ def test_a_bundle_spec_is_read_bounded_and_not_through_a_symlink(tmp_path: Path)
     (tmp_path / "list" / "config.json").write_text("[]")
     with pytest.raises(InvalidArgument, match="not an object"):
         read_spec(str(tmp_path / "list"))
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (any_pb2.Any(type_url=f"{SPEC}/LinuxResources", value=b"{}"), "not Process"),
+        (any_pb2.Any(type_url=f"{SPEC}/Process", value=b"{"), "not JSON"),
+        (any_pb2.Any(type_url=f"{SPEC}/Process", value=b"[]"), "not an object"),
+    ],
+)  # fmt: skip
+def test_an_oci_document_of_another_kind_or_no_object_is_refused(value: any_pb2.Any, says: str) -> None:
+    with pytest.raises(InvalidArgument, match=says):
+        oci_document(value, "opencontainers/runtime-spec/1/Process", "ExecProcessRequest.spec")
+
+
+def test_an_oci_document_is_read() -> None:
+    value = any_pb2.Any(type_url="types.containerd.io/opencontainers/runtime-spec/1/Process", value=b'{"args": ["ls"]}')
+    assert oci_document(value, "opencontainers/runtime-spec/1/Process", "spec") == {"args": ["ls"]}
