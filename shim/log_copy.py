@@ -92,7 +92,6 @@ class CriLogFile:
 class _Copy:
     def __init__(self, cid: str, sink: Sink | None, read: Reader, progress: LogCopies, tty: bool) -> None:
         self.cid = cid
-        self.dst = sink
         self.tty = tty
         self._read = read
         self._progress = progress
@@ -111,7 +110,7 @@ class _Copy:
         try:
             self._loop()
         except OSError as exc:  # the kubelet's file or our state directory
-            log.warning("container %s: log copy to %s stopped: %s", self.cid[:12], self.dst, exc)
+            log.warning("container %s: log copy to %s stopped: %s", self.cid[:12], self._out, exc)
         except Exception:  # never let a copy thread die silently
             log.exception("container %s: log copy stopped", self.cid[:12])
         finally:

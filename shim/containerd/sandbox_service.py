@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from gen.containerd.runtime.sandbox.v1 import sandbox_pb2 as sb
 from gen.containerd.types import metrics_pb2, platform_pb2
 from gen.cri.runtime.v1 import api_pb2 as cri
+from shim.containerd.lookup import handler_sandbox, qemu_pid
 from shim.containerd.tasks import Tasks
 from shim.containerd.wire import Handler, cgroup_metrics, handler, timestamp
 from shim.model import SANDBOX_NOTREADY, SANDBOX_READY, RemovePodSandbox, RunPodSandbox, SandboxRecord, StopPodSandbox
@@ -79,8 +80,8 @@ class SandboxService:
         """The sandbox of this handler that ``sandbox_id`` names (NOT_FOUND otherwise)."""
         if not validation.is_full_id(sandbox_id):
             raise InvalidArgument(f"sandbox_id {validation.quote(sandbox_id[:80])} is not 64 hex digits")
-        record = self.pods.records.find(sandbox_id)
-        if record is None or record.id != sandbox_id or record.runtime_handler != self.runtime_handler:
+        record = handler_sandbox(self.pods, self.runtime_handler, sandbox_id)
+        if record is None:
             raise NotFound(f"sandbox {sandbox_id} does not exist (runtime handler {self.runtime_handler})")
         return record
 
@@ -107,14 +108,11 @@ class SandboxService:
             raise
         return sb.CreateSandboxResponse()
 
-    def _pid(self, record: SandboxRecord) -> int:
-        return self.pods.sandboxes.hypervisor.emulator_pid(record.domain) or 0
-
     def start(self, req: sb.StartSandboxRequest) -> sb.StartSandboxResponse:
         record = self._mine(req.sandbox_id)
         if record.state != SANDBOX_READY:
             raise NotFound(f"sandbox {req.sandbox_id} is not running (it was stopped)")
-        return sb.StartSandboxResponse(pid=self._pid(record), created_at=timestamp(record.created_ns))
+        return sb.StartSandboxResponse(pid=qemu_pid(self.pods, record), created_at=timestamp(record.created_ns))
 
     def platform(self, req: sb.PlatformRequest) -> sb.PlatformResponse:
         self._mine(req.sandbox_id)
@@ -145,7 +143,7 @@ class SandboxService:
         ready = record.state == SANDBOX_READY
         reply = sb.SandboxStatusResponse(
             sandbox_id=record.id,
-            pid=self._pid(record) if ready else 0,
+            pid=qemu_pid(self.pods, record) if ready else 0,
             state=SANDBOX_READY if ready else SANDBOX_NOTREADY,  # the CRI's names, which containerd's plugin takes
             created_at=timestamp(record.created_ns),
         )

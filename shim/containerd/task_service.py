@@ -39,6 +39,7 @@ from gen.containerd.runtime.task.v3 import shim_pb2 as task
 from gen.containerd.types.task import task_pb2 as task_types
 from gen.cri.runtime.v1 import api_pb2 as cri
 from shim.containerd.events import EventPublisher
+from shim.containerd.lookup import handler_sandbox, qemu_pid
 from shim.containerd.rootfs import ContainerdImages
 from shim.containerd.stdio import FifoSink, feed_stdin, keep_attached, pump_exec
 from shim.containerd.tasks import ExecProcess, TaskIO, Tasks, check_io
@@ -172,16 +173,13 @@ class TaskService:
         c = self.pods.records.find_container(cid)
         if c is None or c.id != cid:
             raise NotFound(f"task {cid} does not exist")
-        sandbox = self.pods.records.find(c.sandbox_id)
-        if sandbox is None or sandbox.runtime_handler != self.runtime_handler:
+        if handler_sandbox(self.pods, self.runtime_handler, c.sandbox_id) is None:
             raise NotFound(f"task {cid} does not exist (runtime handler {self.runtime_handler})")
         return c
 
     def _pid(self, c: ContainerRecord) -> int:
         sandbox = self.pods.records.find(c.sandbox_id)
-        if sandbox is None:
-            return 0
-        return self.pods.sandboxes.hypervisor.emulator_pid(sandbox.domain) or 0
+        return qemu_pid(self.pods, sandbox) if sandbox is not None else 0
 
     # -- containers --------------------------------------------------------------------------------
     def create(self, req: task.CreateTaskRequest) -> task.CreateTaskResponse:
@@ -199,8 +197,8 @@ class TaskService:
             raise InvalidArgument(f"task id {validation.quote(req.id[:80])} is not 64 hex digits")
         io = check_io(TaskIO(req.stdin, req.stdout, req.stderr, req.terminal), "CreateTaskRequest")
         asked = containerd_spec.container_config(read_spec(req.bundle), stdin=bool(req.stdin))
-        sandbox = self.pods.records.find(asked.sandbox_id)
-        if sandbox is None or sandbox.id != asked.sandbox_id or sandbox.runtime_handler != self.runtime_handler:
+        sandbox = handler_sandbox(self.pods, self.runtime_handler, asked.sandbox_id)
+        if sandbox is None:
             raise NotFound(f"the task's sandbox {asked.sandbox_id} does not exist (handler {self.runtime_handler})")
         rootfs = [RootfsMount(m.type, m.source, tuple(m.options)) for m in req.rootfs]
         config = cri.ContainerConfig()
@@ -342,8 +340,6 @@ class TaskService:
                     raise NotFound(f"task {c.id[:12]} was removed")
                 if now.state == CONTAINER_EXITED:
                     self._report_exit(now)
-                elif now.state == CONTAINER_CREATED:
-                    continue
         return task.WaitResponse(exit_status=exit_.code, exited_at=timestamp(exit_.at_ns))
 
     def state(self, req: task.StateRequest) -> task.StateResponse:
@@ -387,20 +383,12 @@ class TaskService:
         c = self._container(req.id)
         return task.StatsResponse(stats=cgroup_metrics(self.pods.container_stats(c.id).sample))
 
-    def _sandbox_pid(self, sandbox_id: str) -> int | None:
-        """QEMU's pid when ``sandbox_id`` is a pod of this handler (containerd asks the Task service
-        about a sandbox's shim too, when it loads its shims again after a restart); None otherwise."""
-        if not validation.is_full_id(sandbox_id):
-            return None
-        record = self.pods.records.find(sandbox_id)
-        if record is None or record.id != sandbox_id or record.runtime_handler != self.runtime_handler:
-            return None
-        return self.pods.sandboxes.hypervisor.emulator_pid(record.domain) or 0
-
     def _task_pid(self, task_id: str) -> int:
-        """QEMU's pid for a task of this handler: a container, or (``Connect``, ``Pids``) its sandbox."""
-        pid = self._sandbox_pid(task_id)
-        return pid if pid is not None else self._pid(self._container(task_id))
+        """QEMU's pid for a task of this handler: a container, or its sandbox (containerd asks the Task
+        service about a sandbox's shim too, with ``Connect`` and ``Pids``, when it loads its shims
+        again after a restart)."""
+        sandbox = handler_sandbox(self.pods, self.runtime_handler, task_id)
+        return qemu_pid(self.pods, sandbox) if sandbox is not None else self._pid(self._container(task_id))
 
     def pids(self, req: task.PidsRequest) -> task.PidsResponse:
         return task.PidsResponse(processes=[task_types.ProcessInfo(pid=self._task_pid(req.id))])
