@@ -82,10 +82,13 @@ _STATUS = {
 def read_spec(bundle: str) -> dict[str, Any]:
     """The bundle's config.json (containerd's; at most ``MAX_SPEC_BYTES``, never through a symlink)."""
     validation.absolute_path(bundle, "CreateTaskRequest.bundle")
+    if not bundle:
+        raise InvalidArgument("CreateTaskRequest.bundle is empty: containerd names the task's bundle directory")
     try:
         fd = os.open(Path(bundle) / "config.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise InvalidArgument(f"the task's bundle {bundle}: config.json cannot be read: {exc.strerror}") from None
+        shown = validation.quote(bundle[:256])
+        raise InvalidArgument(f"the task's bundle {shown}: config.json cannot be read: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as f:
         data = f.read(containerd_spec.MAX_SPEC_BYTES + 1)
     if len(data) > containerd_spec.MAX_SPEC_BYTES:

@@ -101,6 +101,7 @@ def tasks_service() -> TaskService:
         (task.CreateTaskRequest(id="../x"), InvalidArgument, "64 hex"),
         (task.CreateTaskRequest(id=SID, stdout="relative"), InvalidArgument, "absolute fifo path"),
         (task.CreateTaskRequest(id=SID, bundle="relative"), InvalidArgument, "bundle"),
+        (task.CreateTaskRequest(id=SID), InvalidArgument, "bundle is empty"),
     ],
 )
 def test_create_task_refuses(request_: task.CreateTaskRequest, error: type[Exception], says: str) -> None:
