@@ -265,3 +265,25 @@ def until(what: str, deadline_s: float, probe: Callable[[], Any]) -> Any:
 def exec_in(cluster: Cluster, pod: str, *argv: str, container: str = "main") -> subprocess.CompletedProcess[str]:
     """``kubectl exec`` of ``argv`` in a container of ``pod``; not checked."""
     return cluster.kubectl("exec", pod, "-c", container, "--", *argv, check=False, timeout=60)
+
+
+def resize(cluster: Cluster, pod: str, cpu: str, memory: str, container: str = "main") -> None:
+    """An in-place resize (KEP-1287) of ``container``'s requests and limits to ``cpu``/``memory``."""
+    resources = {"cpu": cpu, "memory": memory}
+    patch = {"spec": {"containers": [{"name": container, "resources": {"requests": resources, "limits": resources}}]}}
+    cluster.kubectl("patch", "pod", pod, "--subresource", "resize", "--type", "strategic", "-p", json.dumps(patch))
+
+
+def pod_doc(cluster: Cluster, pod: str) -> dict[str, Any]:
+    """``kubectl get pod -o json`` of ``pod``."""
+    doc: dict[str, Any] = json.loads(cluster.kubectl("get", "pod", pod, "-o", "json").stdout)
+    return doc
+
+
+def resize_conditions(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The pod's resize conditions (``PodResizePending``, ``PodResizeInProgress``) by type."""
+    return {
+        c["type"]: c
+        for c in pod["status"].get("conditions", [])
+        if c["type"] in ("PodResizePending", "PodResizeInProgress")
+    }

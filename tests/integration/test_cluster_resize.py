@@ -14,7 +14,6 @@ one vCPU and 128Mi of resize headroom reserved beyond what the pod asks).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,18 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster_support import Cluster, apply, exec_in, push_image, running, running_cluster, until
+from tests.integration.cluster_support import (
+    Cluster,
+    apply,
+    exec_in,
+    pod_doc,
+    push_image,
+    resize,
+    resize_conditions,
+    running,
+    running_cluster,
+    until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(1800)]
 
@@ -60,30 +70,11 @@ def pod(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     return running(cluster, POD, time.monotonic() + 300)
 
 
-def _resize(cluster: Cluster, cpu: str, memory: str) -> None:
-    resources = {"cpu": cpu, "memory": memory}
-    patch = {"spec": {"containers": [{"name": "main", "resources": {"requests": resources, "limits": resources}}]}}
-    cluster.kubectl("patch", "pod", POD, "--subresource", "resize", "--type", "strategic", "-p", json.dumps(patch))
-
-
-def _pod(cluster: Cluster) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(cluster.kubectl("get", "pod", POD, "-o", "json").stdout)
-    return doc
-
-
-def _resize_conditions(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {
-        c["type"]: c
-        for c in pod["status"].get("conditions", [])
-        if c["type"] in ("PodResizePending", "PodResizeInProgress")
-    }
-
-
 def _actuated(cluster: Cluster, cpu: str, memory: str) -> bool:
     """The kubelet reports the container running with these limits, and no resize is pending."""
-    pod = _pod(cluster)
+    pod = pod_doc(cluster, POD)
     status = pod["status"]["containerStatuses"][0].get("resources", {}).get("limits", {})
-    return status == {"cpu": cpu, "memory": memory} and not _resize_conditions(pod)
+    return status == {"cpu": cpu, "memory": memory} and not resize_conditions(pod)
 
 
 def _guest(cluster: Cluster) -> tuple[int, int, list[str]]:
@@ -99,19 +90,19 @@ def _guest(cluster: Cluster) -> tuple[int, int, list[str]]:
 def test_a_resize_the_vm_holds_is_applied_in_the_guest(cluster: Cluster, pod: dict[str, Any]) -> None:
     nproc, mem, cgroup = _guest(cluster)
     assert (nproc, cgroup) == (1, ["50000", "100000", str(64 * MI)]), (nproc, cgroup)
-    _resize(cluster, "800m", "64Mi")
+    resize(cluster, POD, "800m", "64Mi")
     until("the resize to 800m actuated", 120, lambda: _actuated(cluster, "800m", "64Mi"))
     assert _guest(cluster) == (1, mem, ["80000", "100000", str(64 * MI)])
 
 
 def test_a_resize_into_the_headroom_plugs_it(cluster: Cluster, pod: dict[str, Any]) -> None:
     _, mem, _ = _guest(cluster)
-    _resize(cluster, "1500m", "160Mi")
+    resize(cluster, POD, "1500m", "160Mi")
     until("the resize into the headroom actuated", 180, lambda: _actuated(cluster, "1500m", "160Mi"))
     nproc, grown, cgroup = _guest(cluster)
     assert nproc == 2 and grown >= mem + 128 * 1024 * 63 // 64, (nproc, grown, mem)
     assert cgroup == ["150000", "100000", str(160 * MI)], cgroup
-    spec = _pod(cluster)["spec"]["containers"][0]["resources"]["limits"]
+    spec = pod_doc(cluster, POD)["spec"]["containers"][0]["resources"]["limits"]
     assert spec == {"cpu": "1500m", "memory": "160Mi"}, spec  # kubectl get pod shows the new resources
 
 
@@ -119,10 +110,10 @@ def test_a_resize_beyond_the_headroom_is_refused_with_the_runtimes_message(
     cluster: Cluster, pod: dict[str, Any]
 ) -> None:
     before = _guest(cluster)
-    _resize(cluster, "1500m", "512Mi")
+    resize(cluster, POD, "1500m", "512Mi")
 
     def refused() -> dict[str, Any] | None:
-        condition = _resize_conditions(_pod(cluster)).get("PodResizeInProgress")
+        condition = resize_conditions(pod_doc(cluster, POD)).get("PodResizeInProgress")
         return condition if condition and "resize_headroom" in condition.get("message", "") else None
 
     condition = until("the refusal in PodResizeInProgress", 180, refused)
@@ -130,7 +121,7 @@ def test_a_resize_beyond_the_headroom_is_refused_with_the_runtimes_message(
     assert "can grow by 128Mi" in condition["message"], condition
     print(f"\ncluster: the pod's resize condition says: {condition['message']}")
     # nothing disturbed: the container keeps its limits, the guest what it had
-    limits = _pod(cluster)["status"]["containerStatuses"][0]["resources"]["limits"]
+    limits = pod_doc(cluster, POD)["status"]["containerStatuses"][0]["resources"]["limits"]
     assert limits == {"cpu": "1500m", "memory": "160Mi"}, limits
     assert _guest(cluster) == before
 

@@ -7,13 +7,25 @@ work through containerd's streaming; a runc pod beside it reaches it; deleting i
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.cluster_support import Cluster, apply, exec_in, push_image, running_cluster, until
+from tests.integration.cluster_support import (
+    Cluster,
+    apply,
+    exec_in,
+    pod_doc,
+    push_image,
+    resize,
+    resize_conditions,
+    running,
+    running_cluster,
+    until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(1800)]
 
@@ -51,6 +63,13 @@ def deployment(image: str) -> list[dict[str, Any]]:
                             "command": ["/bin/busybox", "sh", "-c", SERVE],
                             "resources": {"requests": resources, "limits": resources},
                             "volumeMounts": [{"name": "cm", "mountPath": "/etc/cm"}],
+                        }, {
+                            # reads one line from an attached stdin, answers it and exits (and is restarted)
+                            "name": "echo",
+                            "image": image,
+                            "command": ["/bin/busybox", "sh", "-c", 'read line; echo "got $line"'],
+                            "stdin": True,
+                            "stdinOnce": True,
                         }],
                     },
                 },
@@ -77,6 +96,15 @@ def test_a_deployment_runs_in_a_vm_through_containerd(cluster: Cluster, tmp_path
     token = exec_in(cluster, name, "/bin/busybox", "wc", "-c", "/var/run/secrets/kubernetes.io/serviceaccount/token")
     assert token.returncode == 0 and int(token.stdout.split()[0]) > 100, token
     assert exec_in(cluster, name, "/bin/busybox", "nproc").stdout.strip() == "1"
+    # exec with stdin, and the command's exit code, through containerd's streaming and the task's fifos
+    done = cluster.kubectl(
+        "exec", "-i", name, "-c", "main", "--", "/bin/busybox", "sh", "-c", 'read x; echo "in the vm: $x"; exit 3',
+        check=False, input="over stdin\n",
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (3, "in the vm: over stdin\n"), done
+    # attach: a line to the `echo` container's stdin comes back on its stdout
+    done = cluster.kubectl("attach", "-i", name, "-c", "echo", check=False, input="through attach\n", timeout=90)
+    assert "got through attach" in done.stdout, done
     # a runc pod on the same node reaches the VM pod's address
     apply(cluster, tmp_path, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "runc-client", "namespace": "default"},
@@ -92,3 +120,42 @@ def test_a_deployment_runs_in_a_vm_through_containerd(cluster: Cluster, tmp_path
     cluster.kubectl("delete", "deployment", "shim-web", "--wait=true", timeout=120)
     until("the VM pod gone", 180, lambda: cluster.sandboxes() == [])
     until("nothing left", 60, lambda: cluster.leftovers()["domains"] == [])
+
+
+def test_a_resize_through_containerd_is_applied_or_refused_with_vmsandboxs_message(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """In-place resize (KEP-1287) of a VM pod whose kubelet talks to containerd: a resize the VM holds
+    reaches the guest's cgroup through the task's Update; one beyond the profile's headroom is
+    refused, and vmsandbox's message is the pod's ``PodResizeInProgress`` condition."""
+    image = push_image(tmp_path)
+    resources = {"cpu": "500m", "memory": "64Mi"}
+    apply(cluster, tmp_path, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "shim-resizable", "namespace": "default"},
+        "spec": {"runtimeClassName": "vmsandbox-resizable", "terminationGracePeriodSeconds": 2, "containers": [{
+            "name": "main", "image": image, "command": ["/bin/busybox", "sh", "-c", "exec sleep 3600"],
+            "resources": {"requests": resources, "limits": resources}}]},
+    })  # fmt: skip
+    running(cluster, "shim-resizable", time.monotonic() + 300)
+
+    def cgroup() -> list[str]:
+        done = exec_in(cluster, "shim-resizable", "/bin/busybox", "cat", "/sys/fs/cgroup/cpu.max")
+        assert done.returncode == 0, done
+        return done.stdout.split()
+
+    assert cgroup() == ["50000", "100000"]
+    resize(cluster, "shim-resizable", "800m", "64Mi")
+    until("the resize to 800m in the guest", 120, lambda: cgroup() == ["80000", "100000"])
+
+    resize(cluster, "shim-resizable", "800m", "512Mi")
+
+    def refused() -> dict[str, Any] | None:
+        condition = resize_conditions(pod_doc(cluster, "shim-resizable")).get("PodResizeInProgress")
+        return condition if condition and "resize_headroom" in condition.get("message", "") else None
+
+    condition = until("the refusal in PodResizeInProgress", 180, refused)
+    assert condition["reason"] == "Error" and "can grow by 128Mi" in condition["message"], condition
+    print(f"\ncluster (shim mode): the pod's resize condition says: {condition['message']}")
+    assert cgroup() == ["80000", "100000"]
+    cluster.kubectl("delete", "pod", "shim-resizable", "--wait=true", timeout=180)
+    until("nothing left", 120, lambda: cluster.leftovers()["domains"] == [])
