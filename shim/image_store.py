@@ -463,7 +463,8 @@ class ImageStore:
         once, under the ChainID of its layers as a pull's is (a disk of the same layers, from a
         pull or an earlier adoption, serves as it is); the catalogue names it by ``names``
         (containerd's repo tags and repo digests). The store keeps no blobs of it. A config that
-        is not the image's is refused."""
+        is not the image's is refused, and layers beyond ``image_max_bytes`` or
+        ``image_max_entries`` are, as a pull's are (RESOURCE_EXHAUSTED), before a disk is written."""
         what = f"image {bounded(image_id)} from containerd"
         if "sha256:" + hashlib.sha256(config_doc).hexdigest() != image_id:
             raise InvalidArgument(f"{what}: its config's digest is not its id")
@@ -478,7 +479,7 @@ class ImageStore:
             try:
                 if not self.disk.has_disk(key):
                     with self._space(what), make_tree() as tree:
-                        self.disk.make_disk(tree, key)
+                        self.disk.make_disk(tree, key, limits=self.limits)
                 facts = self.disk.facts(key)
                 record = replace(
                     image_record(image_id, "", Manifest("", Descriptor("", image_id, 0), ()), config, key,

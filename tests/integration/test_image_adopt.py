@@ -14,8 +14,9 @@ import pytest
 
 from shim.image_store import ImageStore
 from vmsandbox.adapters.layer_view import merged
+from vmsandbox.adapters.layers import Limits
 from vmsandbox.containerd_rootfs import ImageLayers
-from vmsandbox.errors import InvalidArgument
+from vmsandbox.errors import CannotFit, InvalidArgument
 
 pytestmark = [pytest.mark.integration]
 
@@ -83,6 +84,32 @@ def test_a_config_that_is_not_the_image_is_refused_and_leaves_nothing(tmp_path: 
 
     with pytest.raises(InvalidArgument, match="digest"):
         store.adopt("sha256:" + "0" * 64, config_doc(), (["x:1"], []), view)
+    assert store.list() == [] and not list((tmp_path / "images" / "disks").glob("*"))
+
+
+@pytest.mark.parametrize(
+    ("limits", "refusal"),
+    [
+        (Limits(max_bytes=1 << 30, max_entries=2), "more than image_max_entries \\(2\\) entries"),
+        (Limits(max_bytes=4096, max_entries=1000), "more than image_max_bytes \\(4096\\)"),
+    ],
+)
+def test_layers_beyond_the_stores_limits_are_refused_before_a_disk_is_made(
+    tmp_path: Path, tree: Path, limits: Limits, refusal: str
+) -> None:
+    """containerd unpacked the layers, bounded by nothing of vmsandbox's: adopting them is held to
+    ``image_max_bytes`` and ``image_max_entries`` as a pull is."""
+    for i in range(8):
+        (tree / f"f{i}").write_bytes(b"x" * 8192)
+    store = ImageStore(tmp_path / "images", limits=limits)
+
+    @contextmanager
+    def view() -> Iterator[Path]:
+        yield tree
+
+    doc = config_doc()
+    with pytest.raises(CannotFit, match=refusal):
+        store.adopt(digest(doc), doc, (["x:1"], []), view)
     assert store.list() == [] and not list((tmp_path / "images" / "disks").glob("*"))
 
 

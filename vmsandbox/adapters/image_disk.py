@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox.adapters.layers import tree_usage
-from vmsandbox.errors import InfrastructureError, InternalError, InvalidArgument
+from vmsandbox.adapters.layers import Limits, tree_usage
+from vmsandbox.errors import CannotFit, InfrastructureError, InternalError, InvalidArgument
 
 CATALOGUE_VERSION = 2
 _DIGEST = re.compile(r"^sha256:([a-f0-9]{64})$")
@@ -197,11 +197,27 @@ class ImageDisk:
                     out[f"sha256:{name}"] = out.get(f"sha256:{name}", 0) + size
         return out
 
-    def make_disk(self, tree: Path, key: str, *, mkfs: str = "mkfs.erofs", fsck: str = "fsck.erofs") -> DiskFacts:
+    def make_disk(
+        self,
+        tree: Path,
+        key: str,
+        *,
+        limits: Limits | None = None,
+        mkfs: str = "mkfs.erofs",
+        fsck: str = "fsck.erofs",
+    ) -> DiskFacts:
         """Make the disk of ``tree`` (uncompressed EROFS: owners, modes, times, xattrs and file types
         as in the tree) in work/, check every file of it with ``fsck.erofs``, and move its facts,
-        then it, into place: a disk in place is whole and checked, and has its facts."""
-        used, inodes = tree_usage(str(tree))
+        then it, into place: a disk in place is whole and checked, and has its facts. With
+        ``limits`` (a tree the store did not unpack, hence did not bound) a tree beyond them is
+        refused before anything is written."""
+        used, inodes = tree_usage(str(tree), limits.max_entries if limits else None)
+        if limits is not None and (inodes > limits.max_entries or used > limits.max_bytes):
+            raise CannotFit(
+                f"image layers {_hex(key)[:12]}: more than image_max_entries ({limits.max_entries}) entries"
+                if inodes > limits.max_entries
+                else f"image layers {_hex(key)[:12]}: {used} bytes, more than image_max_bytes ({limits.max_bytes})"
+            )
         facts = DiskFacts(used, inodes, etc_lines(tree, "passwd"), etc_lines(tree, "group"))
         fd, tmp = tempfile.mkstemp(prefix="disk-", suffix=".erofs", dir=self.work)
         os.close(fd)

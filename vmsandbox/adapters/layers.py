@@ -419,14 +419,15 @@ class Tree:
             os.close(fd)
 
 
-def tree_usage(root: str) -> tuple[int, int]:
+def tree_usage(root: str, max_inodes: int | None = None) -> tuple[int, int]:
     """(bytes on disk, inodes) of a tree an image unpacked (its entries bounded by
-    ``image_max_entries``); hard links counted once. Iterative: an image may nest directories past
-    Python's recursion limit (``os.walk`` recurses)."""
+    ``image_max_entries``); hard links counted once. With ``max_inodes`` the walk stops as soon as
+    it has counted more (a tree the store did not unpack itself, whose size nothing bounded yet).
+    Iterative: an image may nest directories past Python's recursion limit (``os.walk`` recurses)."""
     seen: set[int] = set()
     used = inodes = 0
     pending = [root]
-    while pending:
+    while pending and (max_inodes is None or inodes <= max_inodes):
         try:
             with os.scandir(pending.pop()) as entries:
                 for e in entries:
