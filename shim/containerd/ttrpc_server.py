@@ -3,7 +3,9 @@
 Frames are ``vmsandbox.ttrpc``'s, requests and responses ``shim.nri.wire``'s (ttrpc's own
 messages). Each connection has one reader thread; each request runs in a thread of its own, since
 containerd holds some calls open for a pod's or a process's whole life (``WaitSandbox``,
-``Wait``), at most ``max_calls`` at once per server (beyond: RESOURCE_EXHAUSTED at once). Replies
+``Wait``), at most ``max_calls`` at once per server (beyond: RESOURCE_EXHAUSTED at once), and at
+most ``max_connections`` connections (containerd holds about one per pod; one beyond is closed at
+once, so a peer's half-sent frames hold at most that many 4 MiB buffers). Replies
 are written under the connection's lock, with a send timeout: a peer that stops reading loses its
 connection, never another's thread.
 
@@ -137,12 +139,14 @@ class TtrpcServer:
         *,
         name: str,
         max_calls: int = 4096,
+        max_connections: int = 1024,
         on_connection_closed: Callable[[], None] | None = None,
     ) -> None:
         self.path = path
         self.services = services
         self.name = name
         self._calls = threading.BoundedSemaphore(max_calls)
+        self.max_connections = max_connections
         self._on_closed = on_connection_closed
         self._lock = threading.Lock()
         self._conns: set[_Conn] = set()
@@ -174,6 +178,12 @@ class TtrpcServer:
                 # e.g. EMFILE: the next accept fails alike until something is closed; no busy loop
                 log.warning("%s: accept failed: %s", self.name, exc.strerror or exc)
                 self._stopping.wait(ACCEPT_BACKOFF_S)
+                continue
+            with self._lock:
+                full = len(self._conns) >= self.max_connections
+            if full:
+                log.warning("%s: %d connections open, one more is closed", self.name, self.max_connections)
+                client.close()
                 continue
             conn = _Conn(self, client)
             with self._lock:

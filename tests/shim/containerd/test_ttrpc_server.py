@@ -128,6 +128,27 @@ def test_a_client_that_stops_half_way_does_not_stall_another(server: TtrpcServer
     stalled.close()
 
 
+def test_connections_beyond_the_bound_are_closed_and_the_others_served(tmp_path: Path) -> None:
+    server = TtrpcServer(tmp_path / "c.sock", {SERVICE: {"Echo": echo}}, name="test", max_connections=2)
+    server.start()
+    try:
+        held = [connect(server), connect(server)]
+        assert call(held[0], "Echo", b"ab").payload == b"ba"
+        with connect(server) as extra:
+            assert extra.recv(1) == b""  # closed at once, nothing answered
+        assert call(held[1], "Echo", b"cd").payload == b"dc"
+        held[0].close()
+        deadline = time.monotonic() + 10
+        while server.connections() > 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with connect(server) as again:  # room again once one went
+            assert call(again, "Echo", b"ef").payload == b"fe"
+        held[1].close()
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize(
     "frame",
     [
