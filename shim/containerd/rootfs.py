@@ -7,7 +7,9 @@ CRI ``ImageStatus`` on its socket; its config blob, read from containerd's conte
 checked against that id, gives its layers' ChainID; its layers are the snapshot's lower
 directories (``vmsandbox.containerd_rootfs``). ``ImageStore.adopt`` makes the disk once per set
 of layers (a disk the store has already, from a pull or an earlier container, is used as it is),
-so an image is pulled by containerd only and converted at most once.
+so an image is pulled by containerd only and converted at most once. An image volume containerd
+mounted for a container (``vmsandbox.containerd_image_volume``) becomes an image of the store the
+same way, its layers read from the mount table and its config by way of its manifest.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from gen.cri.runtime.v1 import api_pb2_grpc as cri_grpc
 from shim.image_store import ImageStore
 from vmsandbox import validation
 from vmsandbox.adapters.layer_view import merged
+from vmsandbox.containerd_image_volume import MAX_MOUNTINFO_BYTES, ImageVolumeAt, mounted_layers
 from vmsandbox.containerd_rootfs import RootfsMount, image_layers
 from vmsandbox.errors import InfrastructureError, NotFound
-from vmsandbox.oci import MAX_DOCUMENT
+from vmsandbox.oci import MAX_DOCUMENT, Index, parse_document, select_platform
 
 STATUS_TIMEOUT_S = 10.0
 
@@ -58,19 +61,23 @@ class ContainerdImages:
         return reply.image
 
     def _config(self, image_id: str) -> bytes:
-        hex_ = image_id.removeprefix("sha256:")
+        return self._blob(image_id, f"image {image_id[:80]}: its config")
+
+    def _blob(self, digest: str, what: str) -> bytes:
+        """The content store's blob ``digest`` (a document: bounded, never through a symlink)."""
+        hex_ = digest.removeprefix("sha256:")
         if not validation.is_full_id(hex_):
-            raise InfrastructureError(f"containerd named image {validation.quote(image_id[:80])}, not by a digest")
+            raise InfrastructureError(f"{what} is named {validation.quote(digest[:80])}, not by a digest")
         try:
             fd = os.open(self.blobs / hex_, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
-                raise NotFound(f"image {image_id}: its config is not in containerd's content store") from None
+                raise NotFound(f"{what} is not in containerd's content store") from None
             raise
         with os.fdopen(fd, "rb") as f:
             data = f.read(MAX_DOCUMENT + 1)
         if len(data) > MAX_DOCUMENT:
-            raise InfrastructureError(f"image {image_id}: its config is larger than {MAX_DOCUMENT} bytes")
+            raise InfrastructureError(f"{what} is larger than {MAX_DOCUMENT} bytes")
         return data
 
     def adopt(self, name: str, rootfs: Sequence[RootfsMount]) -> str:
@@ -82,3 +89,25 @@ class ContainerdImages:
         work = self.store.disk.work
         names = (tuple(image.repo_tags), tuple(image.repo_digests))
         return self.store.adopt(image.id, config, names, lambda: merged(layers, work)).id
+
+    def adopt_volume(self, at: ImageVolumeAt) -> str | None:
+        """The id, in vmsandbox's store, of the image containerd mounted as the image volume
+        ``at``; None when no overlay is mounted there (then it is no image volume of containerd's)."""
+        with open("/proc/self/mountinfo", "rb") as f:
+            text = f.read(MAX_MOUNTINFO_BYTES).decode(errors="replace")
+        layers = mounted_layers(text, at.root)
+        if layers is None:
+            return None
+        what = f"image volume {at.manifest[:12]}"
+        doc = parse_document(self._blob("sha256:" + at.manifest, f"{what}: its manifest"), what)
+        if isinstance(doc, Index):
+            chosen = select_platform(doc, what)
+            doc = parse_document(self._blob(chosen.digest, f"{what}: its manifest"), what)
+            if isinstance(doc, Index):
+                raise InfrastructureError(f"{what}: an index within an index")
+        image_id = doc.config.digest
+        config = self._config(image_id)
+        image = self._status(image_id)
+        names = (tuple(image.repo_tags), tuple(image.repo_digests))
+        work = self.store.disk.work
+        return self.store.adopt(image_id, config, names, lambda: merged(layers, work)).id

@@ -62,6 +62,7 @@ from shim.rpc.update_container_resources import update_container_resources
 from shim.translate import containerd_spec, inbound
 from vmsandbox import validation
 from vmsandbox.adapters.agent_streams import AgentStream
+from vmsandbox.containerd_image_volume import image_volume_at
 from vmsandbox.containerd_rootfs import RootfsMount
 from vmsandbox.errors import InvalidArgument, NotFound, Unsupported, VmSandboxError, WrongState
 
@@ -207,6 +208,7 @@ class TaskService:
         config = cri.ContainerConfig()
         config.CopyFrom(asked.config)
         config.image.image = self.images.adopt(asked.config.image.image, rootfs)
+        self._image_volumes(config, asked.sandbox_id)
         made = inbound.create_container(cri.CreateContainerRequest(pod_sandbox_id=sandbox.id, config=config))
         run = replace(
             made.run,
@@ -230,6 +232,30 @@ class TaskService:
             "/tasks/create", events_pb.TaskCreate(container_id=req.id, bundle=req.bundle, io=io_, pid=self._pid(c))
         )
         return task.CreateTaskResponse(pid=self._pid(c))
+
+    def _image_volumes(self, config: cri.ContainerConfig, sandbox_id: str) -> None:
+        """The binds of image volumes containerd mounted on the host become the image volumes they
+        were (the image's disk in the guest), each image adopted into vmsandbox's store."""
+        for i, m in enumerate(config.mounts):
+            at = image_volume_at(m.host_path, sandbox_id)
+            image_id = self.images.adopt_volume(at) if at is not None else None
+            if at is None or image_id is None:
+                continue
+            log.info(
+                "image volume at %s: image %s%s",
+                m.container_path[:256],
+                image_id,
+                f" ({at.sub_path[:256]})" if at.sub_path else "",
+            )
+            config.mounts[i].CopyFrom(
+                cri.Mount(
+                    container_path=m.container_path,
+                    image=cri.ImageSpec(image=image_id),
+                    image_sub_path=at.sub_path,
+                    readonly=True,
+                    propagation=cri.PROPAGATION_PRIVATE,
+                )
+            )
 
     def sink(self, c: ContainerRecord) -> FifoSink | None:
         """Where the log copy of ``c`` writes (``Containers.stdio_sink``): its fifos when shim mode

@@ -172,3 +172,33 @@ def test_attach_reaches_the_containers_stdin_and_output(env: Env) -> None:
         time.sleep(1)
     env.crictl("stopp", sid)
     env.crictl("rmp", sid)
+
+
+def test_an_image_volume_containerd_mounts_is_the_images_disk_in_the_guest(env: Env) -> None:
+    """An image volume (KEP-4639) through containerd: containerd mounts the image's snapshot on the
+    host and binds it into the spec; the VM pod gets the image's disk instead (made once, from the
+    layers the mount table names), its sub path too."""
+    env.crictl("pull", env.image)
+    pod = env.write("pod5.json", pod_config("imagevol"))
+    sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
+    config = container_config(
+        "reader", ["/bin/sh", "-c", "ls /vol/bin/busybox /sub/busybox && echo volumes-read; sleep 3600"], env.image
+    )
+    config["mounts"] = [
+        {"container_path": "/vol", "image": {"image": env.image}, "readonly": True},
+        {"container_path": "/sub", "image": {"image": env.image}, "image_sub_path": "bin", "readonly": True},
+    ]
+    cid = env.crictl("create", sid, env.write("ctr5.json", config), pod).stdout.strip()
+    env.crictl("start", cid)
+    deadline = time.monotonic() + 60
+    while "volumes-read" not in env.crictl("logs", cid).stdout:
+        assert time.monotonic() < deadline, env.crictl("logs", cid).stdout + env.shim.log_text()[-2000:]
+        time.sleep(0.5)
+    # written to in the guest? no: an image volume is read-only
+    denied = env.crictl("exec", cid, "/bin/sh", "-c", "touch /vol/x", check=False)
+    assert denied.returncode != 0, denied
+    env.crictl("stop", "--timeout", "2", cid)
+    env.crictl("rm", cid)
+    env.crictl("stopp", sid)
+    env.crictl("rmp", sid)
+    assert env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items == []
