@@ -110,6 +110,8 @@ class ShimConfig:
     containerd_root: str = "/var/lib/containerd"
     containerd_namespace: str = "k8s.io"
     containerd_shim_dir: str = "/run/vmsandbox/containerd"
+    # how often the disks of images containerd removed leave vmsandbox's store; 0 = never
+    containerd_image_prune_s: int = 300
     extra: dict[str, Any] = field(default_factory=dict)
 
     def memory_reserved_on(self, node: int) -> int:
@@ -121,6 +123,7 @@ class ShimConfig:
 
 _KEYS = {
     "containerd_address",
+    "containerd_image_prune_s",
     "containerd_root",
     "containerd_namespace",
     "containerd_shim_dir",
@@ -266,11 +269,12 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
             if not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 1:
                 raise InvalidArgument(f"{source}: {key}: must be a positive integer")
             kwargs[key] = data[key]
-    if "reconcile_interval_s" in data:
-        value = data["reconcile_interval_s"]
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 86400:
-            raise InvalidArgument(f"{source}: reconcile_interval_s: must be a number of seconds from 0 to 86400")
-        kwargs["reconcile_interval_s"] = value
+    for key in ("reconcile_interval_s", "containerd_image_prune_s"):
+        if key in data:
+            value = data[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 86400:
+                raise InvalidArgument(f"{source}: {key}: must be a number of seconds from 0 to 86400")
+            kwargs[key] = value
     for key, (low, high) in _STREAMING_LIMITS.items():
         if key in data:
             value = data[key]

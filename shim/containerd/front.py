@@ -8,7 +8,8 @@ socket of its own, ``<containerd_shim_dir>/<handler>.sock`` (0600, root's): the 
 events go back to containerd's ttrpc socket (``shim.containerd.events``). The containers shim mode
 made write their output to containerd's fifos (``Containers.stdio_sink``). At start, the pods
 containerd made through an earlier vmsandbox process are removed (containerd lost them with that
-process's connections), and the exits of the containers still running are watched again.
+process's connections), and the exits of the containers still running are watched again. Every
+``containerd_image_prune_s`` the disks of images containerd removed are removed (``ContainerdImages.prune``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from shim.containerd.ttrpc_server import TtrpcServer
 from shim.containerd.wire import handler_socket
 from shim.log_copy import Sink
 from shim.model import CONTAINER_EXITED, ContainerRecord, RemovePodSandbox, StopPodSandbox
+from shim.periodic import Periodic
 from shim.pods import Pods
 from shim.rpc.remove_pod_sandbox import remove_pod_sandbox
 from shim.rpc.stop_pod_sandbox import stop_pod_sandbox
@@ -53,6 +55,7 @@ class ContainerdFront:
             for h in pods.handlers()
         }
         self.servers: list[TtrpcServer] = []
+        self.pruning = Periodic(config.containerd_image_prune_s, self.images.prune, name="containerd-image-prune")
         pods.containers.stdio_sink = self._sink
 
     def _sink(self, c: ContainerRecord) -> Sink | None:
@@ -75,6 +78,7 @@ class ContainerdFront:
             server.start()
             self.servers.append(server)
         self._remove_orphans()
+        self.pruning.start()
         watched = 0
         for cid in self.tasks.known():
             c = self.pods.records.find_container(cid)
@@ -110,6 +114,7 @@ class ContainerdFront:
             self.tasks.forget_sandbox(sid)
 
     def close(self) -> None:
+        self.pruning.stop()
         for server in self.servers:
             server.close()
         self.events.close()

@@ -7,7 +7,10 @@ CRI ``ImageStatus`` on its socket; its config blob, read from containerd's conte
 checked against that id, gives its layers' ChainID; its layers are the snapshot's lower
 directories (``vmsandbox.containerd_rootfs``). ``ImageStore.adopt`` makes the disk once per set
 of layers (a disk the store has already, from a pull or an earlier container, is used as it is),
-so an image is pulled by containerd only and converted at most once. An image volume containerd
+so an image is pulled by containerd only and converted at most once. The disk of an image
+containerd no longer has (the kubelet's image GC removed it there), held by no container, is
+removed by ``prune`` through RemoveImage's steps: the kubelet counts and collects containerd's
+store only. An image volume containerd
 mounted for a container (``vmsandbox.containerd_image_volume``) becomes an image of the store the
 same way, its layers read from the mount table and its config by way of its manifest.
 """
@@ -15,6 +18,7 @@ same way, its layers read from the mount table and its config by way of its mani
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,12 +28,16 @@ import grpc
 from gen.cri.runtime.v1 import api_pb2 as cri
 from gen.cri.runtime.v1 import api_pb2_grpc as cri_grpc
 from shim.image_store import ImageStore
+from shim.model import RemoveImage
+from shim.rpc.remove_image import remove_image
 from vmsandbox import validation
 from vmsandbox.adapters.layer_view import merged
 from vmsandbox.containerd_image_volume import MAX_MOUNTINFO_BYTES, ImageVolumeAt, mounted_layers
 from vmsandbox.containerd_rootfs import RootfsMount, image_layers
 from vmsandbox.errors import InfrastructureError, NotFound
 from vmsandbox.oci import MAX_DOCUMENT, Index, parse_document, select_platform
+
+log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT_S = 10.0
 
@@ -111,3 +119,23 @@ class ContainerdImages:
         names = (tuple(image.repo_tags), tuple(image.repo_digests))
         work = self.store.disk.work
         return self.store.adopt(image_id, config, names, lambda: merged(layers, work)).id
+
+    def prune(self) -> list[str]:
+        """Remove from vmsandbox's store the images adopted from containerd (no blobs of their own)
+        that containerd no longer has and no container holds; their ids. Nothing is removed while
+        containerd does not answer."""
+        removed = []
+        for record in self.store.list():
+            if record.blobs or self.store.holders(record.id):
+                continue
+            with self.store.image_lock(record.id):  # no adoption of it meanwhile
+                try:
+                    self._status(record.id)
+                    continue
+                except NotFound:
+                    pass
+                if self.store.holders(record.id) == 0 and remove_image(self.store, RemoveImage(record.id)):
+                    removed.append(record.id)
+        if removed:
+            log.info("images containerd no longer has, removed from vmsandbox's store: %s", ", ".join(removed))
+        return removed

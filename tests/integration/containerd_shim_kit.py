@@ -98,6 +98,7 @@ def shim_mode(prefix: str, bridge: str, subnet: str, *, proxy: bool = False) -> 
                     "containerd_address": str(ctd.socket),
                     "containerd_root": str(ctd.dir / "root"),
                     "containerd_shim_dir": str(shim_dir),
+                    "containerd_image_prune_s": 2,
                 }
                 if proxy:
                     config["downstream_endpoint"] = ctd.endpoint

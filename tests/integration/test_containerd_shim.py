@@ -17,6 +17,7 @@ import pytest
 
 from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.containerd_shim_kit import Env, container_config, pod_config, shim_mode
+from tests.integration.downstream_kit import pause_image
 from tests.shim_kit import start_shim, state_domains, stop_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(900)]
@@ -202,3 +203,41 @@ def test_an_image_volume_containerd_mounts_is_the_images_disk_in_the_guest(env: 
     env.crictl("stopp", sid)
     env.crictl("rmp", sid)
     assert env.shim.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items == []
+
+
+def test_the_disk_of_an_image_containerd_removed_leaves_vmsandboxs_store(env: Env) -> None:
+    """The kubelet's image GC counts and removes containerd's images only: once containerd no
+    longer has an image a VM pod ran, and no container holds it, its disk leaves vmsandbox's store;
+    an image containerd still has stays."""
+    image = pause_image()
+    env.crictl("pull", image)
+    env.crictl("pull", env.image)
+    pod = env.write("pod6.json", pod_config("prune"))
+    sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
+    ids = []
+    for name, ref in (("gone", image), ("kept", env.image)):
+        ctr = env.write(f"ctr6-{name}.json", container_config(name, ["/bin/sleep", "3600"], ref))
+        cid = env.crictl("create", sid, ctr, pod).stdout.strip()
+        env.crictl("start", cid)
+        ids.append(cid)
+
+    def stored() -> set[str]:
+        return {i.id for i in env.shim.images.ListImages(pb.ListImagesRequest(), timeout=30).images}
+
+    gone_id = json.loads(env.crictl("inspecti", image).stdout)["status"]["id"]
+    kept_id = json.loads(env.crictl("inspecti", env.image).stdout)["status"]["id"]
+    assert {gone_id, kept_id} <= stored()
+    env.crictl("rmi", image)  # containerd removes an image its containers still run from
+    time.sleep(5)  # prunes ran meanwhile
+    assert gone_id in stored()  # held by the container in the guest
+    for cid in ids:
+        env.crictl("stop", "--timeout", "2", cid)
+        env.crictl("rm", cid)
+    env.crictl("stopp", sid)
+    env.crictl("rmp", sid)
+    deadline = time.monotonic() + 60
+    while gone_id in stored():
+        assert time.monotonic() < deadline, env.shim.log_text()[-2000:]
+        time.sleep(1)
+    assert kept_id in stored()
+    assert "no longer has, removed from vmsandbox's store" in env.shim.log_text()
