@@ -6,7 +6,8 @@ PYTEST_ARGS ?=
 
 # the benchmarks `make bench` runs; bench/cpu_readback.py and bench/qemu_direct.py measure parts that
 # bench/sandbox_start.py reports beside its own figures, and run alone on demand, as does
-# bench/restore_floor.py (a restore's parts beside bare QEMU loading the same saved guest)
+# bench/restore_floor.py (a restore's parts beside bare QEMU loading the same saved guest) and
+# bench/image_adopt.py (shim mode's disk from containerd's layers beside vmsandbox's own pull)
 BENCHMARKS := sandbox_start admission placement image_pull pod_network container_start cri_scale resize cluster_start density
 
 .PHONY: setup demo test lint unit integration bench perf-table bench-smoke stop-host proto cluster cluster-down k8s-tools
