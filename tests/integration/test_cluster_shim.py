@@ -127,7 +127,8 @@ def test_a_resize_through_containerd_is_applied_or_refused_with_vmsandboxs_messa
 ) -> None:
     """In-place resize (KEP-1287) of a VM pod whose kubelet talks to containerd: a resize the VM holds
     reaches the guest's cgroup through the task's Update; one beyond the profile's headroom is
-    refused, and vmsandbox's message is the pod's ``PodResizeInProgress`` condition."""
+    refused, and vmsandbox's message is the pod's ``PodResizeInProgress`` condition and the
+    kubelet's ``ResizeError`` event (``kubectl describe pod``)."""
     image = push_image(tmp_path)
     resources = {"cpu": "500m", "memory": "64Mi"}
     apply(cluster, tmp_path, {
@@ -156,6 +157,14 @@ def test_a_resize_through_containerd_is_applied_or_refused_with_vmsandboxs_messa
     condition = until("the refusal in PodResizeInProgress", 180, refused)
     assert condition["reason"] == "Error" and "can grow by 128Mi" in condition["message"], condition
     print(f"\ncluster (shim mode): the pod's resize condition says: {condition['message']}")
+    # and the kubelet's event carries it: `kubectl describe pod` shows the refusal
+    until(
+        "the ResizeError event in kubectl describe",
+        60,
+        lambda: (lambda d: "ResizeError" in d and "can grow by 128Mi" in d)(
+            cluster.kubectl("describe", "pod", "shim-resizable").stdout
+        ),
+    )
     assert cgroup() == ["80000", "100000"]
     cluster.kubectl("delete", "pod", "shim-resizable", "--wait=true", timeout=180)
     until("nothing left", 120, lambda: cluster.leftovers()["domains"] == [])
