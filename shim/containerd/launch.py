@@ -23,6 +23,7 @@ errors go to stderr with exit status 1.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -30,11 +31,14 @@ import time
 import tomllib
 from collections.abc import Sequence
 
+from google.protobuf import any_pb2
+
 from gen.containerd.runtime.bootstrap.v1 import bootstrap_pb2 as boot
 from gen.containerd.runtime.task.v3 import shim_pb2 as task
 from gen.containerd.types import introspection_pb2 as introspection
 from gen.containerd.types.runtimeoptions.v1 import api_pb2 as runtimeoptions
 from shim.containerd.wire import handler_socket, timestamp
+from shim.translate import containerd_spec
 from vmsandbox import __version__
 from vmsandbox.containerd_config import RUNTIME_TYPE
 
@@ -101,10 +105,15 @@ def start(stdin: bytes, shim_dir: str) -> bytes:
     return boot.BootstrapResult(version=3, address=f"unix://{path}", protocol="ttrpc").SerializeToString()
 
 
+FEATURES_TYPE = "types.containerd.io/opencontainers/runtime-spec/1/features/Features"
+"""The type URL containerd's typeurl registry gives runtime-spec's ``features.Features`` (JSON)."""
+
+
 def info() -> bytes:
     """``-info``: what containerd's introspection reports of this runtime."""
     version = introspection.RuntimeVersion(version=__version__)
-    return introspection.RuntimeInfo(name=RUNTIME_TYPE, version=version).SerializeToString()
+    features = any_pb2.Any(type_url=FEATURES_TYPE, value=json.dumps(containerd_spec.runtime_features()).encode())
+    return introspection.RuntimeInfo(name=RUNTIME_TYPE, version=version, features=features).SerializeToString()
 
 
 def delete() -> bytes:

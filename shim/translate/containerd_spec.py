@@ -56,6 +56,25 @@ _PROPAGATION = {
     "shared": pb.PROPAGATION_BIDIRECTIONAL,
 }
 _BIND_OPTIONS = frozenset(("bind", "rbind", "ro", "rw", "rro", "nosuid", "nodev", "noexec"))
+OCI_VERSION_MAX = "1.2.1"  # containerd 2.4 writes specs of this version
+
+
+def runtime_features() -> dict[str, Any]:
+    """What the launcher's ``-info`` reports as the runtime's OCI features (runtime-spec
+    ``features.md``), from the rules above: the mount options the read-back takes (``rro``: so
+    containerd reports recursive read-only mounts), and the namespaces, without ``user`` and with
+    idmapped mounts off: a pod with a user namespace of its own has containerd make its network
+    namespace from the sandbox's process after it started, which a VM pod does not have (refused at
+    CreateSandbox), so containerd reports user namespaces unsupported."""
+    return {
+        "ociVersionMin": "1.0.0",
+        "ociVersionMax": OCI_VERSION_MAX,
+        "mountOptions": sorted(_BIND_OPTIONS | _PROPAGATION.keys()),
+        "linux": {
+            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "uts"],
+            "mountExtensions": {"idmap": {"enabled": False}},
+        },
+    }
 
 
 @dataclass(frozen=True)
