@@ -10,9 +10,9 @@ a VM pod uses and refused where it is not (``Unsupported``/``InvalidArgument``, 
   entrypoint and cmd), ``process.env`` its env (the image's included), ``process.cwd`` its working
   directory, ``process.user`` its ``run_as_user``/``run_as_group`` and supplemental groups;
 - ``linux.resources`` its ``LinuxContainerResources``; ``process.oomScoreAdj`` its score;
-- the capabilities are the bounding set read as ``add``/``drop`` against the default set; all of
-  them with no masked paths and no seccomp is a privileged container (which gets the guest's
-  devices, not the host's its spec lists);
+- the capabilities are the bounding set read as ``add``/``drop`` against the default set; a
+  read-write sysfs (or every capability) with no masked paths and no seccomp is a privileged
+  container (which gets the guest's devices, not the host's its spec lists);
 - ``linux.seccomp``, the profile containerd resolved, goes to the guest as it is (``inline``);
   ``process.rlimits`` likewise;
 - a pid namespace joined by path is the pod's (NamespaceMode POD), else the container's own;
@@ -137,8 +137,20 @@ def linux_resources(res: Mapping[str, Any], oom_score_adj: int = 0) -> pb.LinuxC
     return out
 
 
+def _writable_sysfs(mounts: Sequence[Any]) -> bool:
+    """containerd's mark of a privileged container: its sysfs mounted read-write (``WithPrivileged``
+    turns the default ``ro`` into ``rw``; every other container's is read-only). Its capabilities
+    are no such mark: they are the ones containerd's own process holds, which may be fewer than
+    the kernel knows."""
+    for m in mounts:
+        if isinstance(m, dict) and m.get("type") == "sysfs" and m.get("destination") == "/sys":
+            options = m.get("options")
+            return isinstance(options, list) and "ro" not in options
+    return False
+
+
 def _security(
-    process: Mapping[str, Any], linux: Mapping[str, Any], root: Mapping[str, Any]
+    process: Mapping[str, Any], linux: Mapping[str, Any], root: Mapping[str, Any], mounts: Sequence[Any]
 ) -> tuple[pb.LinuxContainerSecurityContext, Mapping[str, Any] | None]:
     sc = pb.LinuxContainerSecurityContext(
         readonly_rootfs=bool(root.get("readonly", False)),
@@ -160,7 +172,7 @@ def _security(
     seccomp = linux.get("seccomp")
     if seccomp is not None:
         seccomp = _obj(seccomp, "linux.seccomp")
-    if bounding >= set(ALL_CAPABILITIES) and not sc.masked_paths and seccomp is None:
+    if not sc.masked_paths and seccomp is None and (bounding >= set(ALL_CAPABILITIES) or _writable_sysfs(mounts)):
         sc.privileged = True
     else:
         sc.capabilities.add_capabilities.extend(sorted(bounding - set(DEFAULT_CAPABILITIES)))
@@ -263,7 +275,7 @@ def container_config(spec: Mapping[str, Any], *, stdin: bool) -> ContainerdConta
     process = _obj(spec.get("process"), "process")
     linux = _obj(spec.get("linux"), "linux")
     root = _obj(spec.get("root"), "root")
-    security, seccomp = _security(process, linux, root)
+    security, seccomp = _security(process, linux, root, _list(spec.get("mounts"), "mounts"))
     args = _strings(process.get("args"), "process.args")
     if not args:
         raise InvalidArgument("process.args is empty")

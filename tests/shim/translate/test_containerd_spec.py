@@ -159,6 +159,27 @@ def test_a_container_reads_back_as_its_cri_config() -> None:
              "linux__seccomp": None, "linux__devices": [{"path": "/dev/kvm", "type": "c", "major": 10, "minor": 232}]},
             lambda c: c.linux.security_context.privileged,
         ),
+        (
+            # containerd's privileged container on a host whose containerd lacks a capability: its
+            # bounding set is containerd's own, its sysfs read-write (the mark WithPrivileged leaves)
+            {"process__capabilities": {"bounding": [c for c in ALL_CAPABILITIES if c != "CAP_SYS_RESOURCE"]},
+             "linux__maskedPaths": None, "linux__readonlyPaths": None, "linux__seccomp": None,
+             "mounts": [{"destination": "/sys", "type": "sysfs", "source": "sysfs",
+                         "options": ["nosuid", "noexec", "nodev", "rw"]}],
+             "linux__devices": [{"path": "/dev/kvm", "type": "c", "major": 10, "minor": 232}]},
+            lambda c: c.linux.security_context.privileged,
+        ),
+        (
+            # the same capabilities, no masked paths, no seccomp, but a read-only sysfs: not privileged
+            {"process__capabilities": {"bounding": [c for c in ALL_CAPABILITIES if c != "CAP_SYS_RESOURCE"]},
+             "linux__maskedPaths": None, "linux__seccomp": None},
+            lambda c: not c.linux.security_context.privileged
+            and "CAP_SYS_ADMIN" in c.linux.security_context.capabilities.add_capabilities,
+        ),
+        (
+            {"mounts": [{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["rw"]}]},
+            lambda c: not c.linux.security_context.privileged,  # masked paths and seccomp: not privileged
+        ),
         ({"process__terminal": True}, lambda c: c.tty),
         ({"root__readonly": True}, lambda c: c.linux.security_context.readonly_rootfs),
         (
