@@ -215,7 +215,9 @@ class TaskService:
             # containerd decides when the stdin ends (it closes the fifo, or CloseIO after the first
             # attach of a StdinOnce container); the guest closes the container's on that word
             stdin_once=made.run.stdin,
-            sysctls=dict(asked.sysctls),
+            # containerd gives the pod's sysctls to its sandbox container only (which a VM pod has
+            # not): they are the pod's config's, as CreateSandbox had it, and the spec's own on top
+            sysctls={**sandbox.sysctls, **asked.sysctls},
             rlimits=asked.rlimits,
             seccomp="localhost/containerd" if asked.seccomp is not None else "unconfined",
             seccomp_profile=asked.seccomp,

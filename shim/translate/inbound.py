@@ -336,6 +336,7 @@ def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSp
         cgroup_parent=pod_cgroup.cgroup_parent(
             linux.cgroup_parent, pod_cgroup.CGROUPFS, "PodSandboxConfig.linux.cgroup_parent"
         ),
+        sysctls=dict(linux.sysctls),
     )
 
 
