@@ -8,7 +8,8 @@ a VM pod uses and refused where it is not (``Unsupported``/``InvalidArgument``, 
 
 - ``process.args`` become the config's ``command`` (containerd already merged the image's
   entrypoint and cmd), ``process.env`` its env (the image's included), ``process.cwd`` its working
-  directory, ``process.user`` its ``run_as_user``/``run_as_group`` and supplemental groups;
+  directory, ``process.user`` its ``run_as_user``/``run_as_group`` and supplemental groups (all of
+  them, as containerd resolved them by the SupplementalGroupsPolicy: read back as Strict);
 - ``linux.resources`` its ``LinuxContainerResources``; ``process.oomScoreAdj`` its score;
 - the capabilities are the bounding set read as ``add``/``drop`` against the default set; a
   read-write sysfs (or every capability) with no masked paths and no seccomp is a privileged
@@ -167,6 +168,9 @@ def _security(
         g = _int(g, f"process.user.additionalGids[{i}]", hi=(1 << 32) - 1)
         if g != gid:
             sc.supplemental_groups.append(g)
+    # containerd resolved the groups by the container's SupplementalGroupsPolicy (with the image's
+    # /etc/group for Merge): they are all the container gets, none added again from the image
+    sc.supplemental_groups_policy = pb.SupplementalGroupsPolicy.Strict
     caps = _obj(process.get("capabilities"), "process.capabilities")
     bounding = set(_strings(caps.get("bounding"), "process.capabilities.bounding"))
     seccomp = linux.get("seccomp")

@@ -110,6 +110,8 @@ def test_a_container_reads_back_as_its_cri_config() -> None:
     assert c.working_dir == "/work"
     sc = c.linux.security_context
     assert (sc.run_as_user.value, sc.run_as_group.value, list(sc.supplemental_groups)) == (1000, 1000, [10])
+    # containerd resolved the groups (the image's included for Merge): the guest adds none
+    assert sc.supplemental_groups_policy == pb.SupplementalGroupsPolicy.Strict
     assert not sc.privileged and not sc.capabilities.add_capabilities and not sc.capabilities.drop_capabilities
     assert sc.no_new_privs and list(sc.masked_paths) == ["/proc/kcore"] and list(sc.readonly_paths) == ["/proc/sys"]
     assert sc.namespace_options.pid == pb.CONTAINER
@@ -128,6 +130,7 @@ def test_a_container_reads_back_as_its_cri_config() -> None:
     # and the CRI path accepts it as the kubelet's
     created = inbound.create_container(pb.CreateContainerRequest(pod_sandbox_id=SID, config=c))
     assert created.run.command == ("/bin/sh", "-c", "echo hi")
+    assert created.run.supplemental_groups == (10,) and not created.run.image_groups
 
 
 @pytest.mark.parametrize(
