@@ -111,6 +111,7 @@ class Boot(SandboxPart):
             port_mappings=tuple(spec.port_mappings),
             dns=spec.dns,
             cgroup_parent=spec.cgroup_parent,
+            sysctls=dict(spec.sysctls),
         )
         log.info(
             "sandbox %s for pod %s/%s: %d vCPUs on %s, %d MiB, %s, claimed %s",

@@ -250,6 +250,9 @@ class SandboxRecord:
     userns: UserNamespace | None = None
     # the pod's cgroup on the host its QEMU is moved into (LinuxPodSandboxConfig.cgroup_parent); "": none
     cgroup_parent: str = ""
+    # the pod's sysctls (LinuxPodSandboxConfig.sysctls): a container's when its creator does not
+    # pass the pod's config along (containerd's task in shim mode)
+    sysctls: dict[str, str] = field(default_factory=dict)
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -283,6 +286,7 @@ class SandboxRecord:
             "growth": asdict(self.growth),
             "userns": self.userns.to_doc() if self.userns is not None else None,
             "cgroup_parent": self.cgroup_parent,
+            "sysctls": dict(self.sysctls),
         }
 
     @staticmethod
@@ -320,6 +324,7 @@ class SandboxRecord:
             growth=Growth(**(doc.get("growth") or {})),
             userns=UserNamespace.from_doc(doc["userns"]) if doc.get("userns") else None,
             cgroup_parent=str(doc.get("cgroup_parent", "")),
+            sysctls={str(k): str(v) for k, v in (doc.get("sysctls") or {}).items()},
         )
 
     def with_state(self, state: str) -> SandboxRecord:

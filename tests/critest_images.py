@@ -45,10 +45,14 @@ E2E = "e2e-test-images"
 PASSWD = (
     b"root:x:0:0:root:/root:/bin/sh\n"
     b"www-data:x:33:33:www-data:/var/www:/bin/false\n"
-    b"user:x:1000:50000:user:/home/user:/bin/sh\n"
+    b"default-user:x:1000:1000:Linux User,,,:/home/default-user:/bin/sh\n"
     b"nobody:x:65534:65534:nobody:/:/bin/false\n"
 )
-GROUP = b"root:x:0:\nwww-data:x:33:\ngroup1:x:50000:\nnogroup:x:65534:\n"
+# as test-image-predefined-group's Dockerfile makes them: default-user (1000, its own group 1000)
+# is also a member of group-defined-in-image (50000), which the SupplementalGroupsPolicy specs check
+GROUP = (
+    b"root:x:0:\nwww-data:x:33:\ndefault-user:x:1000:\ngroup-defined-in-image:x:50000:default-user\nnogroup:x:65534:\n"
+)
 
 # repository -> (tags, User, salt that makes otherwise equal images distinct)
 IMAGES: dict[str, tuple[tuple[str, ...], str, str]] = {

@@ -188,6 +188,9 @@ class ContainerRequest:
     oom_score_adj: int = 0
     supplemental_groups: tuple[int, ...] = ()
     """Added to the groups the image gives the user."""
+    image_groups: bool = True
+    """The groups the image's /etc/group gives the user are added (SupplementalGroupsPolicy Merge);
+    False: only ``supplemental_groups`` (Strict)."""
     masked_paths: tuple[str, ...] | None = None
     """None: the runtime's defaults (MASKED_PATHS)."""
     readonly_paths: tuple[str, ...] | None = None
@@ -372,7 +375,8 @@ def build_spec(request: ContainerRequest, image: ImageConfig, user: UserIds) -> 
     if not cwd.startswith("/"):
         raise InvalidArgument(f"working directory {cwd[:128]!r} is not absolute")
     ids: dict[str, object] = {"uid": user.uid, "gid": user.gid}
-    groups = list(user.additional_gids) + [g for g in request.supplemental_groups if g not in user.additional_gids]
+    from_image = list(user.additional_gids) if request.image_groups else []
+    groups = from_image + [g for g in request.supplemental_groups if g not in from_image]
     if groups:
         ids["additionalGids"] = groups
     process: dict[str, object] = {

@@ -38,3 +38,4 @@ class SandboxSpec:
     dns: DnsConfig = field(default_factory=DnsConfig)
     userns: UserNamespace | None = None  # None: the node's user namespace (hostUsers unset or true)
     cgroup_parent: str = ""  # the pod's cgroup on the host (vmsandbox.pod_cgroup); "": none given
+    sysctls: dict[str, str] = field(default_factory=dict)  # LinuxPodSandboxConfig.sysctls, for its containers

@@ -7,7 +7,11 @@ a task's stdin fifo. So in shim mode a container's output is not written to the 
 vmsandbox: the log copy (``shim.log_copy``, bounded and checked as always) hands its CRI records
 to a ``FifoSink``, which writes each record's text (a full line's newline restored) to the fifo of
 its stream. An exec's output goes straight from its agent stream session to its fifos
-(``pump_exec``).
+(``pump_exec``), and so does the output of a container with a stdin or a terminal, from its own
+attach session (``pump_attached``): containerd's Attach shows what reaches the fifos, and the log
+copy passes whole lines only, so a shell's answer without a newline (``echo -n``, a prompt) would
+wait for the next one. Such a container's output written before its session opens (the moment
+between its start in the guest and the session's opening) is in the guest's log only.
 
 A fifo is opened without blocking and written with a bounded wait: a reader that went away (the
 write fails: EPIPE, ENXIO) or stopped reading for ``STALL_S`` loses that output, with a warning,
@@ -247,20 +251,35 @@ def feed_stdin(stream: AgentStream, path: str, stop: threading.Event) -> threadi
     return t
 
 
-def keep_attached(stream: AgentStream, stop: threading.Event) -> threading.Thread:
-    """Reads a container's own attach session and drops what it reads (its output reaches
-    containerd through the log copy), so that the session stays alive for its stdin and terminal
-    size until the container ends or ``stop`` is set; then releases it."""
+def pump_attached(stream: AgentStream, stdout: str, stderr: str, stop: threading.Event) -> threading.Thread:
+    """Carries a container's output from its own attach session to containerd's fifos, as it
+    comes (a prompt, or ``echo -n``'s text, with no newline after it, included: the log copy
+    passes whole lines only, so an attach would not see those until a newline came), in a thread,
+    until the container ends and its output is drained or ``stop`` is set; then closes the fifos
+    (containerd's end of the container's stdio) and releases the session."""
+    out = Fifo(stdout, write=True) if stdout else None
+    err = Fifo(stderr, write=True) if stderr else None
+    for f in (out, err):
+        if f is not None:
+            f.open_now()
 
     def drain() -> None:
         try:
             while not stop.is_set():
-                if stream.read(STREAM_READ_MAX, READ_WAIT_S).done:
+                got = stream.read(STREAM_READ_MAX, READ_WAIT_S)
+                if got.stdout and out is not None:
+                    out.write_all(got.stdout, stop)
+                if got.stderr and err is not None:
+                    err.write_all(got.stderr, stop)
+                if got.done:
                     return
-        except VmSandboxError as exc:
-            log.debug("attach session %s ends: %s", stream.id, exc)
+        except (VmSandboxError, OSError) as exc:
+            log.warning("attach session %s ends: %s", stream.id, exc)
         finally:
             stop.set()
+            for f in (out, err):
+                if f is not None:
+                    f.close()
             with contextlib.suppress(VmSandboxError):
                 stream.release()
 

@@ -11,12 +11,13 @@ container's CreateContainerError event). ``Start``/``Kill``/``Delete`` are Start
 guest's kill, and RemoveContainer; a waiter per started container reports its exit
 (``Tasks.exited`` and containerd's ``/tasks/exit`` event, after ``/tasks/oom`` when the guest's
 kernel killed it for memory). The container's output reaches
-containerd's fifos through the log copy (``shim.containerd.stdio``). ``Exec`` and ``Start`` of an
+containerd's fifos through the log copy (``shim.containerd.stdio``), whole lines; a container
+with a stdin or a terminal's from its own attach session instead, as it comes. ``Exec`` and ``Start`` of an
 exec id run a process in the container (the agent's stream session), its stdio on its fifos.
 
 Not served, each refused precisely: Pause, Resume, Checkpoint (a VM pod is not frozen or
 checkpointed per container). A container with a stdin or a terminal keeps a session on its own
-stdio in the guest for ``CloseIO`` and ``ResizePty``, as an exec's session serves them.
+stdio in the guest for its output, ``CloseIO`` and ``ResizePty``, as an exec's session serves them.
 ``Stats`` is the guest's sample of the container's cgroup, as ContainerStats reports it.
 """
 
@@ -41,7 +42,7 @@ from gen.cri.runtime.v1 import api_pb2 as cri
 from shim.containerd.events import EventPublisher
 from shim.containerd.lookup import handler_sandbox, qemu_pid
 from shim.containerd.rootfs import ContainerdImages
-from shim.containerd.stdio import FifoSink, feed_stdin, keep_attached, pump_exec
+from shim.containerd.stdio import FifoSink, feed_stdin, pump_attached, pump_exec
 from shim.containerd.tasks import ExecProcess, TaskIO, Tasks, check_io
 from shim.containerd.wire import Handler, cgroup_metrics, handler, timestamp
 from shim.containers import OOM_KILLED
@@ -215,7 +216,9 @@ class TaskService:
             # containerd decides when the stdin ends (it closes the fifo, or CloseIO after the first
             # attach of a StdinOnce container); the guest closes the container's on that word
             stdin_once=made.run.stdin,
-            sysctls=dict(asked.sysctls),
+            # containerd gives the pod's sysctls to its sandbox container only (which a VM pod has
+            # not): they are the pod's config's, as CreateSandbox had it, and the spec's own on top
+            sysctls={**sandbox.sysctls, **asked.sysctls},
             rlimits=asked.rlimits,
             seccomp="localhost/containerd" if asked.seccomp is not None else "unconfined",
             seccomp_profile=asked.seccomp,
@@ -259,9 +262,10 @@ class TaskService:
 
     def sink(self, c: ContainerRecord) -> FifoSink | None:
         """Where the log copy of ``c`` writes (``Containers.stdio_sink``): its fifos when shim mode
-        made it."""
+        made it, unless its own attach session feeds them (a stdin or a terminal: ``start``); then
+        the copy only drains the guest's log."""
         io = self.tasks.io(c.id)
-        if io is None:
+        if io is None or io.stdin or io.terminal:
             return None
         return FifoSink(io.stdout, io.stderr)
 
@@ -272,10 +276,12 @@ class TaskService:
         start_container(self.pods, StartContainer(c.id))
         io = self.tasks.io(c.id)
         if io is not None and (io.stdin or io.terminal):
-            # the container's own session: its stdin (kubectl attach -i) and its terminal's size
+            # the container's own session: its output to the fifos as it comes (containerd's attach
+            # reads them: an interactive shell's answer need not end with a newline), its stdin
+            # (kubectl attach -i) and its terminal's size
             stream, stop = self.pods.containers.attach_start(c.id), threading.Event()
             self.tasks.attach(c.id, stream)
-            keep_attached(stream, stop)
+            pump_attached(stream, io.stdout, io.stderr, stop)
             if io.stdin:
                 feed_stdin(stream, io.stdin, stop)
         self.watch(c.id)

@@ -8,11 +8,12 @@ a VM pod uses and refused where it is not (``Unsupported``/``InvalidArgument``, 
 
 - ``process.args`` become the config's ``command`` (containerd already merged the image's
   entrypoint and cmd), ``process.env`` its env (the image's included), ``process.cwd`` its working
-  directory, ``process.user`` its ``run_as_user``/``run_as_group`` and supplemental groups;
+  directory, ``process.user`` its ``run_as_user``/``run_as_group`` and supplemental groups (all of
+  them, as containerd resolved them by the SupplementalGroupsPolicy: read back as Strict);
 - ``linux.resources`` its ``LinuxContainerResources``; ``process.oomScoreAdj`` its score;
-- the capabilities are the bounding set read as ``add``/``drop`` against the default set; all of
-  them with no masked paths and no seccomp is a privileged container (which gets the guest's
-  devices, not the host's its spec lists);
+- the capabilities are the bounding set read as ``add``/``drop`` against the default set; a
+  read-write sysfs (or every capability) with no masked paths and no seccomp is a privileged
+  container (which gets the guest's devices, not the host's its spec lists);
 - ``linux.seccomp``, the profile containerd resolved, goes to the guest as it is (``inline``);
   ``process.rlimits`` likewise;
 - a pid namespace joined by path is the pod's (NamespaceMode POD), else the container's own;
@@ -156,8 +157,20 @@ def linux_resources(res: Mapping[str, Any], oom_score_adj: int = 0) -> pb.LinuxC
     return out
 
 
+def _writable_sysfs(mounts: Sequence[Any]) -> bool:
+    """containerd's mark of a privileged container: its sysfs mounted read-write (``WithPrivileged``
+    turns the default ``ro`` into ``rw``; every other container's is read-only). Its capabilities
+    are no such mark: they are the ones containerd's own process holds, which may be fewer than
+    the kernel knows."""
+    for m in mounts:
+        if isinstance(m, dict) and m.get("type") == "sysfs" and m.get("destination") == "/sys":
+            options = m.get("options")
+            return isinstance(options, list) and "ro" not in options
+    return False
+
+
 def _security(
-    process: Mapping[str, Any], linux: Mapping[str, Any], root: Mapping[str, Any]
+    process: Mapping[str, Any], linux: Mapping[str, Any], root: Mapping[str, Any], mounts: Sequence[Any]
 ) -> tuple[pb.LinuxContainerSecurityContext, Mapping[str, Any] | None]:
     sc = pb.LinuxContainerSecurityContext(
         readonly_rootfs=bool(root.get("readonly", False)),
@@ -174,12 +187,15 @@ def _security(
         g = _int(g, f"process.user.additionalGids[{i}]", hi=(1 << 32) - 1)
         if g != gid:
             sc.supplemental_groups.append(g)
+    # containerd resolved the groups by the container's SupplementalGroupsPolicy (with the image's
+    # /etc/group for Merge): they are all the container gets, none added again from the image
+    sc.supplemental_groups_policy = pb.SupplementalGroupsPolicy.Strict
     caps = _obj(process.get("capabilities"), "process.capabilities")
     bounding = set(_strings(caps.get("bounding"), "process.capabilities.bounding"))
     seccomp = linux.get("seccomp")
     if seccomp is not None:
         seccomp = _obj(seccomp, "linux.seccomp")
-    if bounding >= set(ALL_CAPABILITIES) and not sc.masked_paths and seccomp is None:
+    if not sc.masked_paths and seccomp is None and (bounding >= set(ALL_CAPABILITIES) or _writable_sysfs(mounts)):
         sc.privileged = True
     else:
         sc.capabilities.add_capabilities.extend(sorted(bounding - set(DEFAULT_CAPABILITIES)))
@@ -282,7 +298,7 @@ def container_config(spec: Mapping[str, Any], *, stdin: bool) -> ContainerdConta
     process = _obj(spec.get("process"), "process")
     linux = _obj(spec.get("linux"), "linux")
     root = _obj(spec.get("root"), "root")
-    security, seccomp = _security(process, linux, root)
+    security, seccomp = _security(process, linux, root, _list(spec.get("mounts"), "mounts"))
     args = _strings(process.get("args"), "process.args")
     if not args:
         raise InvalidArgument("process.args is empty")

@@ -336,6 +336,7 @@ def sandbox_spec(config: pb.PodSandboxConfig, runtime_handler: str) -> SandboxSp
         cgroup_parent=pod_cgroup.cgroup_parent(
             linux.cgroup_parent, pod_cgroup.CGROUPFS, "PodSandboxConfig.linux.cgroup_parent"
         ),
+        sysctls=dict(linux.sysctls),
     )
 
 
@@ -480,6 +481,7 @@ def container_request(
         masked_paths=tuple(sc.masked_paths) if sc.masked_paths else None,
         readonly_paths=tuple(sc.readonly_paths) if sc.readonly_paths else None,
         supplemental_groups=tuple(int(g) for g in sc.supplemental_groups),
+        image_groups=_image_groups(sc.supplemental_groups_policy),
     )
     # upstream's enum names are SIGNAL_SIGTERM etc.; the signal itself is what follows the prefix
     try:
@@ -489,6 +491,17 @@ def container_request(
             f"ContainerConfig.stop_signal {config.stop_signal} is not a signal the CRI defines"
         ) from None
     return request, user, signal
+
+
+def _image_groups(policy: int) -> bool:
+    """SupplementalGroupsPolicy: Merge adds the groups the image gives the user, Strict does not."""
+    if policy == pb.SupplementalGroupsPolicy.Merge:
+        return True
+    if policy == pb.SupplementalGroupsPolicy.Strict:
+        return False
+    raise InvalidArgument(
+        f"ContainerConfig.linux.security_context.supplemental_groups_policy {policy} is not one the CRI defines"
+    )
 
 
 def _container_userns(config: pb.ContainerConfig) -> UserNamespace | None:

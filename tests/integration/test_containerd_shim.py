@@ -8,7 +8,9 @@ nothing (no domain, no macvtap, no record) while containerd keeps its own bookke
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,6 +176,52 @@ def test_attach_reaches_the_containers_stdin_and_output(env: Env) -> None:
     while json.loads(env.crictl("inspect", cid).stdout)["status"]["state"] != "CONTAINER_EXITED":
         assert time.monotonic() < deadline
         time.sleep(1)
+    env.crictl("stopp", sid)
+    env.crictl("rmp", sid)
+
+
+def test_attach_gets_the_output_of_what_it_typed(env: Env) -> None:
+    """critest's attach spec through containerd: a shell without a log path (so containerd keeps no
+    log of it), attached at once with stdin held open; what is typed after a couple of seconds is
+    answered on the attach's own stdout, before its stdin ends, though the answer ends with no
+    newline (critest's ``echo -n hello``)."""
+    env.crictl("pull", env.image)
+    config = pod_config("attach-out")
+    del config["log_directory"]
+    pod = env.write("pod5.json", config)
+    sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
+    shell = container_config("shell", ["/bin/sh"], env.image)
+    del shell["log_path"]
+    shell["stdin"] = True
+    shell["stdin_once"] = True
+    ctr = env.write("ctr5.json", shell)
+    cid = env.crictl("create", sid, ctr, pod).stdout.strip()
+    env.crictl("start", cid)
+    attach = subprocess.Popen(
+        [env.crictl_bin, "--runtime-endpoint", env.ctd.endpoint, "attach", "-i", cid],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert attach.stdin is not None and attach.stdout is not None
+    out, stdout = bytearray(), attach.stdout
+
+    def read() -> None:
+        while chunk := os.read(stdout.fileno(), 4096):
+            out.extend(chunk)
+
+    threading.Thread(target=read, daemon=True).start()
+    time.sleep(2)
+    attach.stdin.write(b"echo -n hello\n")
+    attach.stdin.flush()
+    deadline = time.monotonic() + 60
+    while b"hello" not in out:
+        assert time.monotonic() < deadline, (bytes(out), env.shim.log_text()[-3000:])
+        time.sleep(0.5)
+    time.sleep(2)
+    assert bytes(out) == b"hello"
+    attach.stdin.close()
+    attach.wait(60)
     env.crictl("stopp", sid)
     env.crictl("rmp", sid)
 

@@ -94,6 +94,7 @@ SANDBOXES = st.builds(
     ),
     network=NETWORKS,
     cgroup_parent=TEXT,
+    sysctls=st.dictionaries(TEXT, TEXT, max_size=2),
 )
 
 
@@ -185,6 +186,7 @@ def test_documents_of_earlier_versions_still_decode() -> None:
             "growth": {"cpu_millis": 0, "memory_bytes": 0},
             "userns": None,
             "cgroup_parent": "",
+            "sysctls": {},
         }
     )
     container = ContainerRecord.from_doc(

@@ -270,3 +270,22 @@ def test_a_user_namespace_binds_the_guests_sysfs_and_mqueue(privileged: bool) ->
     assert by_dest["/sys/fs/cgroup"]["type"] == "cgroup"  # its own cgroup namespace's, mounted
     plain = {m["destination"]: m["type"] for m in build_spec(ContainerRequest(command=("sh",)), IMAGE, ROOT)["mounts"]}  # type: ignore[attr-defined]
     assert (plain["/sys"], plain["/dev/mqueue"]) == ("sysfs", "mqueue")
+
+
+@pytest.mark.parametrize(
+    ("image_groups", "supplemental", "groups"),
+    [
+        (True, (), [50000]),  # Merge: the image's /etc/group membership
+        (True, (1234,), [50000, 1234]),
+        (True, (50000, 1234), [50000, 1234]),  # asked again: once
+        (False, (1234,), [1234]),  # Strict: only what the config asks
+        (False, (), None),
+    ],
+)
+def test_supplemental_groups_policy(
+    image_groups: bool, supplemental: tuple[int, ...], groups: list[int] | None
+) -> None:
+    request = ContainerRequest(command=("sh",), supplemental_groups=supplemental, image_groups=image_groups)
+    process = build_spec(request, IMAGE, UserIds(1000, 1000, (50000,)))["process"]
+    assert isinstance(process, dict)
+    assert process["user"].get("additionalGids") == groups

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from shim.containerd import stdio
 from shim.containerd.stdio import Fifo, FifoSink, record_texts
 from shim.containerd.tasks import ExecProcess, TaskIO, Tasks, check_io
+from vmsandbox.agent_ops import StreamOutput
 from vmsandbox.errors import AlreadyExists, InvalidArgument, NotFound
 
 CID = "c" * 64
@@ -126,3 +128,47 @@ def test_fifo_paths_must_be_absolute_and_plain(path: str) -> None:
 def test_a_task_id_must_be_a_container_id(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument):
         Tasks(tmp_path).add("../../etc", TaskIO())
+
+
+class FakeSession:
+    """An attach session whose reads are given in turn (then it waits for ``more``)."""
+
+    id = "s" * 16
+
+    def __init__(self, reads: list[StreamOutput]) -> None:
+        self.reads = reads
+        self.more = threading.Event()
+        self.released = threading.Event()
+
+    def read(self, max_bytes: int, timeout_s: float) -> StreamOutput:
+        if self.reads:
+            return self.reads.pop(0)
+        self.more.wait(timeout_s)
+        return StreamOutput(b"", b"", self.more.is_set(), None)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+def test_an_attached_containers_output_reaches_its_fifos_as_it_comes(tmp_path: Path) -> None:
+    """critest's attach: `echo -n hello` typed into a shell; its answer has no newline, and reaches
+    the fifo containerd's attach reads at once, not at the next newline (the log copy's unit)."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    os.mkfifo(out)
+    os.mkfifo(err)
+    rout, _ = reader(out)
+    rerr, _ = reader(err)
+    session = FakeSession([StreamOutput(b"hello", b"", False, None), StreamOutput(b"", b"oops", False, None)])
+    stop = threading.Event()
+    t = stdio.pump_attached(session, str(out), str(err), stop)  # type: ignore[arg-type]
+    got, deadline = b"", time.monotonic() + 5
+    while got != b"hello" and time.monotonic() < deadline:
+        got += drain(rout)
+        time.sleep(0.01)
+    assert got == b"hello" and not session.released.is_set()
+    session.more.set()  # the container exited and its output was taken
+    t.join(5)
+    assert drain(rerr) == b"oops" and session.released.is_set() and stop.is_set()
+    assert os.read(rout, 10) == b"" and os.read(rerr, 10) == b""  # containerd sees the end of its stdio
+    os.close(rout)
+    os.close(rerr)

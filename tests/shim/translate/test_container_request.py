@@ -56,6 +56,20 @@ def test_user_spec(security: dict[str, object], user: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("policy", "image_groups"),
+    [(pb.SupplementalGroupsPolicy.Merge, True), (pb.SupplementalGroupsPolicy.Strict, False)],
+)
+def test_supplemental_groups_policy(policy: int, image_groups: bool) -> None:
+    request = inbound.container_request(_config(supplemental_groups=[1234], supplemental_groups_policy=policy), {})[0]
+    assert (request.supplemental_groups, request.image_groups) == ((1234,), image_groups)
+
+
+def test_a_supplemental_groups_policy_the_cri_does_not_define_is_invalid() -> None:
+    with pytest.raises(InvalidArgument, match="supplemental_groups_policy 7"):
+        inbound.container_request(_config(supplemental_groups_policy=7), {})
+
+
+@pytest.mark.parametrize(
     ("profile", "expected"),
     [
         (pb.SecurityProfile(profile_type=pb.SecurityProfile.ProfileType.RuntimeDefault), "runtime/default"),

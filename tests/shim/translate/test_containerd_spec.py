@@ -110,6 +110,8 @@ def test_a_container_reads_back_as_its_cri_config() -> None:
     assert c.working_dir == "/work"
     sc = c.linux.security_context
     assert (sc.run_as_user.value, sc.run_as_group.value, list(sc.supplemental_groups)) == (1000, 1000, [10])
+    # containerd resolved the groups (the image's included for Merge): the guest adds none
+    assert sc.supplemental_groups_policy == pb.SupplementalGroupsPolicy.Strict
     assert not sc.privileged and not sc.capabilities.add_capabilities and not sc.capabilities.drop_capabilities
     assert sc.no_new_privs and list(sc.masked_paths) == ["/proc/kcore"] and list(sc.readonly_paths) == ["/proc/sys"]
     assert sc.namespace_options.pid == pb.CONTAINER
@@ -128,6 +130,7 @@ def test_a_container_reads_back_as_its_cri_config() -> None:
     # and the CRI path accepts it as the kubelet's
     created = inbound.create_container(pb.CreateContainerRequest(pod_sandbox_id=SID, config=c))
     assert created.run.command == ("/bin/sh", "-c", "echo hi")
+    assert created.run.supplemental_groups == (10,) and not created.run.image_groups
 
 
 @pytest.mark.parametrize(
@@ -158,6 +161,27 @@ def test_a_container_reads_back_as_its_cri_config() -> None:
             {"process__capabilities": {"bounding": list(ALL_CAPABILITIES)}, "linux__maskedPaths": None,
              "linux__seccomp": None, "linux__devices": [{"path": "/dev/kvm", "type": "c", "major": 10, "minor": 232}]},
             lambda c: c.linux.security_context.privileged,
+        ),
+        (
+            # containerd's privileged container on a host whose containerd lacks a capability: its
+            # bounding set is containerd's own, its sysfs read-write (the mark WithPrivileged leaves)
+            {"process__capabilities": {"bounding": [c for c in ALL_CAPABILITIES if c != "CAP_SYS_RESOURCE"]},
+             "linux__maskedPaths": None, "linux__readonlyPaths": None, "linux__seccomp": None,
+             "mounts": [{"destination": "/sys", "type": "sysfs", "source": "sysfs",
+                         "options": ["nosuid", "noexec", "nodev", "rw"]}],
+             "linux__devices": [{"path": "/dev/kvm", "type": "c", "major": 10, "minor": 232}]},
+            lambda c: c.linux.security_context.privileged,
+        ),
+        (
+            # the same capabilities, no masked paths, no seccomp, but a read-only sysfs: not privileged
+            {"process__capabilities": {"bounding": [c for c in ALL_CAPABILITIES if c != "CAP_SYS_RESOURCE"]},
+             "linux__maskedPaths": None, "linux__seccomp": None},
+            lambda c: not c.linux.security_context.privileged
+            and "CAP_SYS_ADMIN" in c.linux.security_context.capabilities.add_capabilities,
+        ),
+        (
+            {"mounts": [{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["rw"]}]},
+            lambda c: not c.linux.security_context.privileged,  # masked paths and seccomp: not privileged
         ),
         ({"process__terminal": True}, lambda c: c.tty),
         ({"root__readonly": True}, lambda c: c.linux.security_context.readonly_rootfs),

@@ -1,4 +1,5 @@
-"""The network part of RunPodSandbox's request: namespace modes, port mappings and DNS, read and refused."""
+"""The network part of RunPodSandbox's request: namespace modes, port mappings and DNS, read and refused;
+and the pod's sysctls it keeps for its containers."""
 
 from __future__ import annotations
 
@@ -172,3 +173,19 @@ def test_status_echoes_the_namespace_modes_and_reports_the_ips(
 def test_pod_files(dns: DnsConfig, hostname: str, files: dict[str, str]) -> None:
     assert pod_files(dns, hostname, "nameserver 192.0.2.53\n") == files
     assert set(files) <= set(POD_FILES)
+
+
+@pytest.mark.parametrize(
+    ("sysctls", "want"),
+    [
+        ({}, {}),
+        ({"kernel.shm_rmid_forced": "1"}, {"kernel.shm_rmid_forced": "1"}),
+        ({"fs.mqueue.msg_max": "100", "net.ipv4.ip_forward": "1"},
+         {"fs.mqueue.msg_max": "100", "net.ipv4.ip_forward": "1"}),
+    ],
+)  # fmt: skip
+def test_the_pods_sysctls_are_kept_for_its_containers(sysctls: dict[str, str], want: dict[str, str]) -> None:
+    """Kept in the pod's record: containerd's tasks (shim mode) carry no pod config to take them from."""
+    c = config()
+    c.linux.sysctls.update(sysctls)
+    assert inbound.sandbox_spec(c, "").sysctls == want
