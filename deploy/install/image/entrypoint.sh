@@ -31,6 +31,35 @@ on_host() {
     nsenter -t "$(host_pid)" -m -u -i -n -- /usr/bin/env -i PATH="$HOST_PATH" HOME=/root "$@"
 }
 
+# COMMAND...: on the host as on_host does, in a session of its own and out of this container's
+# cgroups, in those of the host process whose namespaces it enters: the install and the uninstall run
+# to their end even when the container is ended half way (run in the container's session, an
+# uninstall was seen killed while containerd restarted), and what they start is never the container's
+on_host_outside() {
+    pid=$(host_pid)
+    nsenter -t "$pid" -m -u -i -n -- /usr/bin/env -i PATH="$HOST_PATH" HOME=/root setsid -w /bin/sh -c '
+        while IFS=: read -r _ ctrl path; do
+            if [ -z "$ctrl" ]; then
+                base=/sys/fs/cgroup/unified
+                [ -d "$base" ] || base=/sys/fs/cgroup
+            else
+                base=/sys/fs/cgroup/${ctrl#name=}
+            fi
+            echo $$ >"$base$path/cgroup.procs" 2>/dev/null || true
+        done <"/proc/$0/cgroup"
+        exec "$@"' "$pid" "$@"
+}
+
+# the topmost directory of PATH that is not there (empty when PATH is)
+top_missing() {
+    d=$1 top=""
+    while [ -n "$d" ] && [ ! -d "$HOST$d" ]; do
+        top=$d
+        d=${d%/*}
+    done
+    echo "$top"
+}
+
 # the daemon's setting KEY from its config.yaml (a top-level "key: value" line), else DEFAULT
 setting() {
     v=$(sed -n "s/^$1:[[:space:]]*\\([^#[:space:]]*\\).*/\\1/p" /etc/vmsandbox-installer/config.yaml | head -n 1)
@@ -68,10 +97,15 @@ uninstall() {
     fi
     status=0
     if [ -x "$HOST$PREFIX/venv/bin/vmsandbox" ]; then
-        on_host "$PREFIX/venv/bin/vmsandbox" node uninstall --prefix "$PREFIX" --restart-command "$RESTART" || status=1
+        on_host_outside "$PREFIX/venv/bin/vmsandbox" node uninstall --prefix "$PREFIX" --restart-command "$RESTART" || status=1
     fi
     if [ $status = 0 ]; then
+        # the prefix, and the directories above it that the install made
+        made=$(cat "$HOST$PREFIX/.made-dirs" 2>/dev/null || true)
         rm -rf "$HOST$PREFIX"
+        case $PREFIX in
+        "$made"/*) rm -rf "${HOST:?}$made" ;;
+        esac
         say "uninstalled: $PREFIX removed"
     else
         say "the uninstall did not finish: $PREFIX kept (its install-record.json names what is left)"
@@ -82,7 +116,9 @@ uninstall() {
 # each step checked: `set -e` does not hold in a function called from `||`
 install() {
     say "copying the payload to $PREFIX"
+    made=$(top_missing "$PREFIX")
     mkdir -p "$HOST$PREFIX/etc" "$HOST$PREFIX/images" || return 1
+    [ -z "$made" ] || echo "$made" >"$HOST$PREFIX/.made-dirs" || return 1
     chmod 0755 "$HOST$PREFIX" "$HOST$PREFIX/images" || return 1
     rm -rf "$HOST$PREFIX/payload" "$HOST$PREFIX/images/default" || return 1
     cp -a /payload "$HOST$PREFIX/payload" || return 1
@@ -92,7 +128,7 @@ install() {
     say "the venv, with $PYTHON"
     on_host "$PYTHON" -m venv --clear "$PREFIX/venv" || return 1
     on_host "$PREFIX/venv/bin/pip" install --quiet --no-index --find-links "$PREFIX/payload/wheels" vmsandbox || return 1
-    on_host "$PREFIX/venv/bin/vmsandbox" node install --prefix "$PREFIX" \
+    on_host_outside "$PREFIX/venv/bin/vmsandbox" node install --prefix "$PREFIX" \
         --containerd-config "${VMSANDBOX_CONTAINERD_CONFIG:-/etc/containerd/config.toml}" \
         --drop-in "${VMSANDBOX_DROP_IN:-/etc/containerd/conf.d/vmsandbox.toml}" \
         --launcher-dir "${VMSANDBOX_LAUNCHER_DIR:-/usr/local/bin}" --restart-command "$RESTART" || return 1
@@ -102,7 +138,9 @@ trap uninstall TERM INT
 install || { say "the install failed"; uninstall; }
 socket=$(setting socket_path /run/vmsandbox/vmsandbox.sock)
 say "starting the daemon"
-on_host "$PREFIX/venv/bin/vmsandbox" serve --config "$PREFIX/etc/config.yaml" &
+# a simple command in the background, so that $! is the daemon's pid (nsenter and env exec it)
+nsenter -t "$(host_pid)" -m -u -i -n -- /usr/bin/env -i PATH="$HOST_PATH" HOME=/root \
+    "$PREFIX/venv/bin/vmsandbox" serve --config "$PREFIX/etc/config.yaml" &
 DAEMON=$!
 n=0
 until [ -S "$HOST$socket" ]; do
