@@ -310,4 +310,12 @@ def test_install_runs_vm_pods_and_its_removal_puts_the_node_back(cluster: Cluste
             "after",
             lineterm="",
         )
-        pytest.fail("the node is not as it was:\n" + "\n".join(diff) + "\n--- the uninstall's log\n" + uninstall_log)
+        node_log = cluster.dir / "opt" / "vmsandbox" / "node.log"  # kept when the uninstall did not finish
+        kept = node_log.read_text() if node_log.is_file() else ""
+        pytest.fail(
+            "the node is not as it was:\n"
+            + "\n".join(diff)
+            + "\n--- the uninstall's log\n"
+            + uninstall_log
+            + ("\n--- node.log\n" + kept if kept else "")
+        )

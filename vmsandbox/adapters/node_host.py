@@ -203,7 +203,7 @@ def patch_node_label(
             with urllib.request.urlopen(request, context=context, timeout=30) as reply:
                 reply.read(READ_LIMIT)
         except urllib.error.HTTPError as e:
-            detail = e.read(4096).decode("utf-8", errors="replace")
+            detail = e.read(4096).decode("utf-8", errors="replace").strip()
             raise InfrastructureError(f"PATCH node {node}: HTTP {e.code}: {detail}") from None
         except (urllib.error.URLError, OSError) as e:
             raise InfrastructureError(f"PATCH node {node} at {server}: {e}") from None

@@ -17,7 +17,7 @@ DEST=${1:?usage: $0 DEST}
 VENV=${VMSANDBOX_VENV:-$REPO_ROOT/.venv}
 GUEST=${VMSANDBOX_IMAGE_DIR:-/var/lib/vmsandbox/images/default}
 BUSYBOX=${BUSYBOX:-/bin/busybox}
-APPLETS=(sh cp mv rm rmdir mkdir chmod cat sed head sleep kill touch nsenter env ls echo test "[")
+APPLETS=(sh cp mv rm rmdir mkdir chmod cat sed head tail wc sleep kill touch nsenter env ls echo test "[")
 
 die() { echo "build.sh: $*" >&2; exit 1; }
 [[ -x $VENV/bin/python ]] || die "no venv at $VENV"

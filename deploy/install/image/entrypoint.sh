@@ -16,6 +16,7 @@ PREFIX=${VMSANDBOX_PREFIX:-/opt/vmsandbox}
 RESTART=${VMSANDBOX_RESTART:-systemctl restart containerd}
 PYTHON=${VMSANDBOX_HOST_PYTHON:-python3}
 READY=/tmp/vmsandbox-installed
+LOG=$PREFIX/node.log
 SA=/var/run/secrets/kubernetes.io/serviceaccount
 HOST_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 DAEMON=""
@@ -35,8 +36,11 @@ on_host() {
 # cgroups, in those of the host process whose namespaces it enters: the install and the uninstall run
 # to their end even when the container is ended half way (run in the container's session, an
 # uninstall was seen killed while containerd restarted), and what they start is never the container's
+# Its output goes to $PREFIX/node.log on the host (kept when the uninstall does not finish; the
+# container's own log stops while containerd restarts) and is copied here once it ends.
 on_host_outside() {
     pid=$(host_pid)
+    from=$(($(wc -l <"$HOST$LOG" 2>/dev/null || echo 0) + 1))
     nsenter -t "$pid" -m -u -i -n -- /usr/bin/env -i PATH="$HOST_PATH" HOME=/root setsid -w /bin/sh -c '
         while IFS=: read -r _ ctrl path; do
             if [ -z "$ctrl" ]; then
@@ -47,7 +51,12 @@ on_host_outside() {
             fi
             echo $$ >"$base$path/cgroup.procs" 2>/dev/null || true
         done <"/proc/$0/cgroup"
-        exec "$@"' "$pid" "$@"
+        log=$1
+        shift
+        exec "$@" >>"$log" 2>&1' "$pid" "$LOG" "$@"
+    rc=$?
+    tail -n "+$from" "$HOST$LOG" >&2 || true
+    return $rc
 }
 
 # the topmost directory of PATH that is not there (empty when PATH is)
@@ -108,7 +117,7 @@ uninstall() {
         esac
         say "uninstalled: $PREFIX removed"
     else
-        say "the uninstall did not finish: $PREFIX kept (its install-record.json names what is left)"
+        say "the uninstall did not finish: $PREFIX kept (its install-record.json names what is left, node.log why)"
     fi
     exit $status
 }
