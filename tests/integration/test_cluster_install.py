@@ -6,7 +6,8 @@ node ready (the DaemonSet's pod ready, the node labelled ``vmsandbox.dev/runtime
 the ``vmsandbox`` RuntimeClass then runs in a VM, and ``kubectl delete`` of the same manifests puts
 the node back: the files the installer touches (with their modes and hashes), containerd's
 configuration and drop-ins, the node's labels, the processes and mounts of the installed daemon and
-its domains are as they were before."""
+its domains are as they were before (mounts: those under the cluster's directory, where every path of
+the install is)."""
 
 from __future__ import annotations
 
@@ -152,15 +153,17 @@ def our_domains(cluster: Cluster) -> list[str]:
 
 
 def node_mounts(cluster: Cluster) -> list[str]:
-    """The mount points of the node's mount namespace (containerd's and the kubelet's) and their
-    types, but those of running containers (containerd's own state, the kubelet's pods)."""
+    """The mount points, with their types, in the node's mount namespace (containerd's and the
+    kubelet's) under the cluster's directory and the installer's default prefix, but containerd's
+    own (running containers'); mounts elsewhere are other processes' of the host."""
     pid = (cluster.dir / "containerd" / "containerd.pid").read_text().strip()
-    skip = (str(cluster.dir / "containerd" / "state"), str(cluster.dir / "containerd" / "root"), "/var/lib/kubelet/")
+    under = (f"{cluster.dir}/", "/opt/vmsandbox")
+    skip = (str(cluster.dir / "containerd" / "state"), str(cluster.dir / "containerd" / "root"))
     out = []
     for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
         fields = line.split()
         point, fstype = fields[4], fields[fields.index("-") + 1]
-        if not point.startswith(skip):
+        if point.startswith(under) and not point.startswith(skip):
             out.append(f"{point} {fstype}")
     return sorted(out)
 
