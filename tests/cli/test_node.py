@@ -1,15 +1,22 @@
 """``vmsandbox node install|uninstall`` on a host made of temporary directories: what the install
 writes (the drop-in, containerd's imports, the launcher's link, the daemon's directories), a
-failed restart undone, and the uninstall putting every file back as it was, byte for byte."""
+failed restart undone, and the uninstall putting every file back as it was, byte for byte; the
+node's label patched with the service account's token, else the kubeconfig's credentials."""
 
 from __future__ import annotations
 
 import hashlib
+import http.server
+import json
 import os
+import threading
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
+import yaml
 
 from cli import main as cli_main
 from tests.cli.vmsandbox_cmd import DEPLOY
@@ -167,3 +174,55 @@ def test_a_drop_in_that_is_not_ours_is_not_replaced(node: dict[str, Path]) -> No
 def test_uninstall_without_an_install_does_nothing(node: dict[str, Path]) -> None:
     assert run(node, "uninstall") == 0
     assert not node["restarts"].exists()
+
+
+class _ApiServer(http.server.BaseHTTPRequestHandler):
+    """Answers PATCH /api/v1/nodes/NAME: 401 to the token ``refused``, else 200; records each."""
+
+    seen: ClassVar[list[tuple[str, str, dict[str, Any]]]] = []
+
+    def do_PATCH(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        auth = self.headers.get("Authorization", "")
+        self.seen.append((self.path, auth, body))
+        assert self.headers["Content-Type"] == "application/merge-patch+json"
+        self.send_response(401 if auth == "Bearer refused" else 200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def api() -> Iterator[str]:
+    _ApiServer.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ApiServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_label_with_the_service_accounts_token(api: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VMSANDBOX_API_TOKEN", "sa-token")
+    assert cli_main.main(["node", "label", "node-1", "--server", api]) == 0
+    assert cli_main.main(["node", "label", "node-1", "--server", api, "--remove"]) == 0
+    assert _ApiServer.seen == [
+        ("/api/v1/nodes/node-1", "Bearer sa-token", {"metadata": {"labels": {"vmsandbox.dev/runtime": "true"}}}),
+        ("/api/v1/nodes/node-1", "Bearer sa-token", {"metadata": {"labels": {"vmsandbox.dev/runtime": None}}}),
+    ]
+
+
+def test_label_falls_back_to_the_kubeconfig_when_the_token_is_refused(
+    api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the service account went with the rest of deploy/install/ on `kubectl delete`
+    monkeypatch.setenv("VMSANDBOX_API_TOKEN", "refused")
+    kubeconfig = tmp_path / "kubelet.kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump({"clusters": [{"cluster": {"server": api}}], "users": [{"user": {"token": "node-token"}}]})
+    )
+    assert cli_main.main(["node", "label", "node-1", "--server", api, "--remove", "--kubeconfig", str(kubeconfig)]) == 0
+    assert [auth for _, auth, _ in _ApiServer.seen] == ["Bearer refused", "Bearer node-token"]
+    assert cli_main.main(["node", "label", "node-1", "--server", api]) == 1  # no fallback given: refused
