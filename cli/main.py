@@ -441,6 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--shim-dir", default="/run/vmsandbox/containerd", help="vmsandbox's containerd_shim_dir (default: %(default)s)"
     )
 
+    from cli import node
+
+    node.add_parser(sub, [_logging_options(argparse.SUPPRESS)])
+
     snapshot = sub.add_parser(
         "snapshot",
         parents=[_logging_options(argparse.SUPPRESS)],
@@ -492,7 +496,12 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(
         filter(
             None,
-            [args.command, getattr(args, "profile_command", None), getattr(args, "snapshot_command", None)],
+            [
+                args.command,
+                getattr(args, "profile_command", None),
+                getattr(args, "snapshot_command", None),
+                getattr(args, "node_command", None),
+            ],
         )
     )
     try:

@@ -23,7 +23,11 @@
 # which runs in the same mount namespace and on the same CNI bridge. CLUSTER_DOWNSTREAM=none leaves
 # containerd out: vmsandbox is then the only runtime and every pod is a VM. CLUSTER_MODE=shim runs
 # vmsandbox's shim mode instead (docs/containerd-shim.md): the kubelet talks to containerd, whose
-# drop-in maps each profile's handler to vmsandbox's runtime shim. kube-proxy and CoreDNS
+# drop-in maps each profile's handler to vmsandbox's runtime shim. CLUSTER_MODE=plain is a node with
+# plain containerd and no vmsandbox at all (the kubelet on containerd's socket, no drop-in, no
+# RuntimeClasses, the node labelled vmsandbox.dev/install=true rather than vmsandbox.dev/runtime=true),
+# where the installer of deploy/install/ puts shim mode; containerd's PATH starts with
+# $CLUSTER_DIR/bin, the launcher's directory, and `scripts/containerd.sh restart` restarts it. kube-proxy and CoreDNS
 # run in the host's namespaces: kube-proxy's chains are what `down` removes with the kubelet's.
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -54,7 +58,7 @@ POD_SUBNET=${CLUSTER_POD_SUBNET:-10.236.0.0/24}
 SHARED_CPUS=${CLUSTER_SHARED_CPUS:-}
 READY_TIMEOUT_S=${CLUSTER_READY_TIMEOUT_S:-240}
 DOWNSTREAM=${CLUSTER_DOWNSTREAM:-containerd} # or none
-MODE=${CLUSTER_MODE:-proxy} # or shim: the kubelet talks to containerd, vmsandbox is its runtime shim
+MODE=${CLUSTER_MODE:-proxy} # or shim: the kubelet talks to containerd, vmsandbox is its runtime shim; or plain
 KUBE_PROXY_HEALTHZ_PORT=${CLUSTER_KUBE_PROXY_HEALTHZ_PORT:-11256}
 KUBE_PROXY_METRICS_PORT=${CLUSTER_KUBE_PROXY_METRICS_PORT:-11249}
 # CoreDNS listens on the node's address at DNS_PORT; pods ask the kube-dns Service at DNS_IP:53,
@@ -75,10 +79,10 @@ SHIM_SOCKETS=$SHIM/containerd # shim mode: vmsandbox's ttrpc socket per handler
 CONTAINERD=$CLUSTER_DIR/containerd # containerd's config, root, state and socket (scripts/containerd.sh)
 case $MODE in
 proxy) RUNTIME_SOCKET=$SOCKET ;;  # the kubelet's CRI socket
-shim) RUNTIME_SOCKET=$CONTAINERD/containerd.sock ;;
-*) die "CLUSTER_MODE: proxy or shim, not $MODE" ;;
+shim | plain) RUNTIME_SOCKET=$CONTAINERD/containerd.sock ;;
+*) die "CLUSTER_MODE: proxy, shim or plain, not $MODE" ;;
 esac
-[[ $MODE == proxy || $DOWNSTREAM == containerd ]] || die "CLUSTER_MODE=shim needs containerd (CLUSTER_DOWNSTREAM=containerd)"
+[[ $MODE == proxy || $DOWNSTREAM == containerd ]] || die "CLUSTER_MODE=$MODE needs containerd (CLUSTER_DOWNSTREAM=containerd)"
 ADMIN_KUBECONFIG=$CLUSTER_DIR/admin.kubeconfig
 # the host paths the kubelet uses whatever its flags say, bound to directories of ours in its namespace
 NODE_BINDS=("/var/lib/kubelet:$NODE/kubelet" "/var/log/pods:$NODE/pod-logs" "/var/log/containers:$NODE/container-logs")
@@ -348,6 +352,8 @@ node_namespace() {
     done
     if [[ $MODE == shim ]]; then
         shim_mode_drop_in
+    elif [[ $MODE == plain ]]; then
+        containerd_bin_dir
     fi
     if [[ $DOWNSTREAM == containerd ]]; then
         # its sandbox image comes from the cluster's registry, which also stands in for docker.io
@@ -355,10 +361,15 @@ node_namespace() {
             "$CLUSTER_DIR/net.d" "127.0.0.1:$REGISTRY_PORT" >>"$LOGS/containerd-up.log" 2>&1 ||
             die "containerd did not start (see $LOGS/containerd-up.log, $CONTAINERD/containerd.log)"
     fi
-    start_shim
+    local labels=vmsandbox.dev/runtime=true
+    if [[ $MODE == plain ]]; then
+        labels=vmsandbox.dev/install=true # where the installer's DaemonSet runs
+    else
+        start_shim
+    fi
     start kubelet kubelet "$LOGS/kubelet.log" \
         "$KUBE_BIN/kubelet" --config="$NODE/kubelet-config.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" \
-        --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --node-labels=vmsandbox.dev/runtime=true \
+        --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --node-labels="$labels" \
         --volume-plugin-dir="$NODE/volume-plugins" \
         --cgroups-per-qos=true --enforce-node-allocatable=pods --fail-swap-on=false
 }
@@ -366,15 +377,22 @@ node_namespace() {
 # shim mode: containerd finds vmsandbox's launcher on its PATH (a directory of links beside its own
 # binaries), and a drop-in maps every profile's handler to vmsandbox's runtime shim
 shim_mode_drop_in() {
+    containerd_bin_dir
+    mkdir -p "$CONTAINERD/conf.d"
+    ln -sf "$(dirname "$PY")/containerd-shim-vmsandbox-v1" "$CLUSTER_DIR/bin/containerd-shim-vmsandbox-v1"
+    "$PY" -m cli.main profile containerd "$REPO_ROOT/deploy/profiles.yaml" --shim-dir "$SHIM_SOCKETS" \
+        >"$CONTAINERD/conf.d/vmsandbox.toml"
+}
+
+# containerd's binaries linked into $CLUSTER_DIR/bin, which comes first on its PATH (where it finds
+# its shims: runc's, and vmsandbox's launcher once linked there)
+containerd_bin_dir() {
     local bin=$CLUSTER_DIR/bin from
-    mkdir -p "$bin" "$CONTAINERD/conf.d"
+    mkdir -p "$bin"
     for from in containerd containerd-shim-runc-v2; do
         ln -sf "$(if [[ -n $CONTAINERD_BIN_DIR ]]; then echo "$CONTAINERD_BIN_DIR/$from"; else command -v "$from"; fi)" "$bin/$from"
     done
-    ln -sf "$(dirname "$PY")/containerd-shim-vmsandbox-v1" "$bin/containerd-shim-vmsandbox-v1"
     CONTAINERD_BIN_DIR=$bin
-    "$PY" -m cli.main profile containerd "$REPO_ROOT/deploy/profiles.yaml" --shim-dir "$SHIM_SOCKETS" \
-        >"$CONTAINERD/conf.d/vmsandbox.toml"
 }
 
 # ---- up -----------------------------------------------------------------------------------------------
@@ -642,7 +660,7 @@ up() {
     local ready_s
     ready_s=$(secs_since "$t0")
     log "node $NODE_NAME Ready ${ready_s} s after start"
-    kubectl apply -f "$REPO_ROOT/deploy/runtimeclass.yaml" >/dev/null
+    [[ $MODE == plain ]] || kubectl apply -f "$REPO_ROOT/deploy/runtimeclass.yaml" >/dev/null
     start_proxy_and_dns
     # pods are refused until the controller-manager has made their namespace's default service account
     wait_for 60 "the default service account" kubectl -n default get serviceaccount default ||

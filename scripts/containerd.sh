@@ -3,6 +3,7 @@
 #
 #   scripts/containerd.sh up DIR [SANDBOX_IMAGE [CNI_CONF_DIR [REGISTRY]]]
 #   scripts/containerd.sh down DIR
+#   scripts/containerd.sh restart DIR
 #
 # `up` writes DIR/config.toml and starts containerd (with runc) with its own root, state and socket,
 # DIR/containerd.sock, and waits for the CRI plugin to answer. The containerd is Debian's (1.6,
@@ -18,12 +19,15 @@
 # and gcr.io (what tests/critest_images.py serves). `down` stops that
 # containerd (by its pid file, checking it is still containerd), the shims and containers it
 # started, and unmounts what it mounted under DIR; DIR itself is left for its owner to delete.
+# `restart` stops that containerd only (its shims and containers run on) and starts it again on
+# DIR/config.toml as it is now (a drop-in added or removed), in the cgroups of the one it replaces
+# (whoever runs `restart`, e.g. an installer pod, may be in a cgroup that goes away).
 set -euo pipefail
 
 die() { echo "containerd.sh: $*" >&2; exit 1; }
 cmd=${1:-}
 dir=${2:-}
-[[ -n $cmd && -n $dir ]] || die "usage: $0 up DIR [SANDBOX_IMAGE [CNI_CONF_DIR [REGISTRY]]] | down DIR"
+[[ -n $cmd && -n $dir ]] || die "usage: $0 up DIR [SANDBOX_IMAGE [CNI_CONF_DIR [REGISTRY]]] | down DIR | restart DIR"
 dir=$(realpath -m "$dir")
 if [[ -n ${CONTAINERD_BIN_DIR:-} ]]; then
     for b in containerd containerd-shim-runc-v2; do
@@ -160,6 +164,11 @@ up() {
     else
         config_v2 "$image" "$conf" "$registry" >"$dir/config.toml"
     fi
+    start
+}
+
+# containerd on DIR/config.toml, waited for
+start() {
     rm -f "$dir/containerd.sock"
     local booted; booted=$(grep -c "containerd successfully booted" "$dir/containerd.log" 2>/dev/null || true)
     setsid containerd --config "$dir/config.toml" >>"$dir/containerd.log" 2>&1 < /dev/null &
@@ -174,6 +183,36 @@ up() {
     done
     tail -n 20 "$dir/containerd.log" >&2
     die "containerd did not listen on $dir/containerd.sock within 10 s"
+}
+
+# into the cgroups of process PID (cgroup v1 hierarchies and v2's), as far as they are there
+join_cgroups() {
+    local line ctrl path base
+    while IFS= read -r line; do
+        ctrl=${line#*:}
+        path=${ctrl#*:}
+        ctrl=${ctrl%%:*}
+        if [[ -z $ctrl ]]; then
+            base=/sys/fs/cgroup/unified
+            [[ -d $base ]] || base=/sys/fs/cgroup
+        else
+            base=/sys/fs/cgroup/${ctrl#name=}
+        fi
+        echo "$BASHPID" >"$base$path/cgroup.procs" 2>/dev/null || true
+    done <"/proc/$1/cgroup"
+}
+
+restart() {
+    local pidfile=$dir/containerd.pid pid
+    [[ -f $dir/config.toml ]] || die "no $dir/config.toml (run up first)"
+    pid=$(cat "$pidfile" 2>/dev/null || true)
+    if [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == containerd ]]; then
+        join_cgroups "$pid"
+        kill "$pid"
+        for _ in $(seq 100); do alive "$pid" || break; sleep 0.1; done
+        if alive "$pid"; then kill -9 "$pid"; fi
+    fi
+    start
 }
 
 down() {
@@ -204,5 +243,6 @@ down() {
 case $cmd in
     up) shift 2; up "$@" ;;
     down) down ;;
-    *) die "unknown command $cmd (up or down)" ;;
+    restart) restart ;;
+    *) die "unknown command $cmd (up, down or restart)" ;;
 esac
