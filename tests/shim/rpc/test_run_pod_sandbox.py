@@ -141,13 +141,17 @@ def remove(server: Server, sandbox_id: str) -> None:
 
 
 def test_every_step_is_declared_in_order() -> None:
-    assert [p.split(":", 1)[1] for p in POINTS] == [
-        "plan",
-        *UNDONE[:7],
-        "guest-start",
-        "ready",
-        *UNDONE[7:],
-    ]
+    assert (
+        [p.split(":", 1)[1] for p in POINTS]
+        == [
+            "plan",
+            *UNDONE[:7],
+            "guest-start",
+            "ready",
+            "loopback-forward",  # a namespace the shim made: nothing to forward (shim mode's own tests)
+            *UNDONE[7:],
+        ]
+    )
 
 
 @pytest.mark.parametrize("point", POINTS)
