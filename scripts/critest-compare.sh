@@ -16,7 +16,8 @@
 # three runs share one CNI bridge (CRITEST_BRIDGE, default vmsbr-crt0, 10.238.0.0/24, with portmap).
 # OUT_DIR gets each run's log (straight.log, default.log, vmsandbox.log, containerd-shim.log) and summary.txt:
 # ginkgo's count line and the failed specs of each. Everything it started is stopped on the way out.
-# CRITEST_RUNS picks some of the four runs (default "straight default vmsandbox containerd-shim").
+# CRITEST_RUNS picks some of the four runs (default "straight default vmsandbox containerd-shim");
+# CRITEST_FOCUS, a regex, runs only the specs it matches (ginkgo's --ginkgo.focus).
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib/common.sh
@@ -26,6 +27,7 @@ OUT=${1:-/var/tmp/vmsandbox-critest}
 BRIDGE=${CRITEST_BRIDGE:-vmsbr-crt0}
 SUBNET=${CRITEST_SUBNET:-10.238.0.0/24}
 SKIP=${CRITEST_SKIP:-NRI|AppArmor|SELinux}
+FOCUS=${CRITEST_FOCUS:-}
 
 log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
@@ -106,7 +108,7 @@ critest() {
     log "critest $name ($*)"
     t0=$(now_ms)
     "$BIN/critest" --runtime-endpoint "$endpoint" --image-endpoint "$endpoint" --ginkgo.skip "$SKIP" \
-        --ginkgo.no-color "$@" >"$OUT/$name.log" 2>&1 || true
+        ${FOCUS:+--ginkgo.focus "$FOCUS"} --ginkgo.no-color "$@" >"$OUT/$name.log" 2>&1 || true
     {
         echo "== $name ($(secs_since "$t0") s): $*"
         grep -E '^Ran [0-9]+ of [0-9]+ Specs|(SUCCESS|FAIL)! -- ' "$OUT/$name.log" || echo "no ginkgo summary (see $name.log)"
