@@ -1,11 +1,12 @@
 """RunPodSandbox (``shim.rpc.run_pod_sandbox``) through the real gRPC server in process
 (``tests/cri_server.py``, its guests faked by ``booting``, so that every step is reached).
 
-A fault injected after any of its steps unwinds exactly the steps done, newest first, and says
-so: no row, claim, domain, sandbox directory, pod network, node port or loopback forward (of a
-namespace the request gave) is left, and the pod's name is free again, so the same pod then runs. A node port another process holds and an NRI
-plugin's refusal unwind the same way. (A domain libvirt cannot remove: ``tests/shim/test_rollback.py``;
-the pod network's CNI and a real guest: ``tests/integration/test_rpc_rollback.py``.)
+A fault injected after any of its steps unwinds exactly the steps done, newest first, and says so:
+no row, claim, domain, sandbox directory, pod network, node port or loopback forward (of a namespace
+the request gave) is left, and the pod's name is free again, so the same pod then runs. A node port
+another process holds and an NRI plugin's refusal unwind the same way. (A domain libvirt cannot
+remove: ``tests/shim/test_rollback.py``; the pod network's CNI and a real guest:
+``tests/integration/test_rpc_rollback.py``.)
 """
 
 from __future__ import annotations
