@@ -32,8 +32,9 @@ LIBVIRTD_START_TIMEOUT=60
 # image store's registry transport; docker-registry: the local registry the image tests and
 # benchmark push to (never left running by the package: see below); apache2-utils: htpasswd for the
 # registry-auth tests. containernetworking-plugins (in /usr/lib/cni: bridge, host-local, portmap,
-# ...), iproute2, iptables (portmap's rules) and util-linux (unshare/nsenter): the pod network and
-# its tests. e2fsprogs (mkfs.ext4): each sandbox's directory is an ext4 image of its own.
+# ...), iproute2, iptables (portmap's rules, and the nat rule in a shim-mode pod's namespace that
+# forwards its loopback into the guest: shim/loopback_forwards.py) and util-linux (unshare/nsenter):
+# the pod network and its tests. e2fsprogs (mkfs.ext4): each sandbox's directory is an ext4 image of its own.
 APT_PACKAGES=(
     qemu-system-x86 qemu-utils
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config

@@ -1,6 +1,6 @@
 """``Pods``: the one owner the RuntimeService calls, for a pod and everything in it.
 
-A pod is four parts, each kept by the component that alone knows its storage:
+A pod is five parts, each kept by the component that alone knows its storage:
 - its record and VM (``shim.sandboxes``): admission against the declaration, the host resources
   it holds (through ``ResourceManager``), the libvirt domain, the pod network, and the ledger
   rows of the sandbox and of its containers (``shim.records``, read here directly);
@@ -9,6 +9,8 @@ A pod is four parts, each kept by the component that alone knows its storage:
 - its node ports, for host-network pods (``shim.host_ports``): those below the node's first
   unprivileged port open once a container holding CAP_NET_BIND_SERVICE is created (recorded on
   the container, so a restarted shim opens them again);
+- its loopback forward, for pods in a network namespace their caller made (``shim.loopback_forwards``):
+  containerd's PortForward dials the namespace's loopback, which is relayed into the guest;
 - what NRI plugins are told of it (``shim.nri.hooks``).
 
 Every RuntimeService RPC makes one call here, with the request already translated, but those
@@ -34,6 +36,7 @@ from collections.abc import Callable, Sequence
 
 from shim.containers import Containers
 from shim.host_ports import HostPorts
+from shim.loopback_forwards import LoopbackForwards
 from shim.model import (
     CONTAINER_EXITED,
     CONTAINER_RUNNING,
@@ -92,12 +95,14 @@ class Pods:
         containers: Containers,
         nri: NriHooks | None = None,
         host_ports: HostPorts | None = None,
+        loopback_forwards: LoopbackForwards | None = None,
     ) -> None:
         self.sandboxes = sandboxes
         self.records = sandboxes.records
         self.containers = containers
         self.nri = nri if nri is not None else NriHooks(None, sandboxes, containers)
         self.host_ports = host_ports
+        self.loopback_forwards = loopback_forwards
         self._rates = _CpuRates()
 
     # -- the runtime ---------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from shim.host_policy import qemu_reaches
 from shim.host_ports import HostPorts
 from shim.image_service import ImageServicer
 from shim.image_store import ImageStore
+from shim.loopback_forwards import LoopbackForwards
 from shim.model import SANDBOX_READY
 from shim.nri.hooks import NriHooks
 from shim.nri.host import NriHost
@@ -45,7 +46,7 @@ from shim.proxy.ids import DownstreamIds
 from shim.proxy.service import Proxy
 from shim.runtime_service import RUNTIME_NAME, RuntimeServicer
 from shim.sandboxes import Sandboxes
-from shim.streaming.backends import ShimBackends
+from shim.streaming.backends import ShimBackends, splice
 from shim.streaming.server import StreamingServer
 from shim.streaming.server import parse_address as parse_streaming_address
 from vmsandbox import __version__, validation
@@ -218,7 +219,9 @@ def start(config: ShimConfig) -> Running:
     if config.nri.enable:  # after the reconcile: plugins synchronize with the pods we have
         hooks.host = NriHost(config.nri, RUNTIME_NAME, __version__, hooks.snapshot, hooks.apply_updates)
         hooks.host.start()
-    pods = Pods(sandboxes, containers, hooks, HostPorts(backends.dial))
+    pods = Pods(
+        sandboxes, containers, hooks, HostPorts(backends.dial), LoopbackForwards(backends.guest_connect, splice)
+    )
     pods.resume_node_ports()  # host-network pods this shim ran before a restart
     runtime = RuntimeServicer(pods, streaming)
     image_servicer = ImageServicer(images, config.state_dir, containers.writable_usage, sandboxes.dirs.total_usage)

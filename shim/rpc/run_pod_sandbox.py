@@ -27,6 +27,9 @@ cgroup        its QEMU, all threads, moved into the pod's         moved back
 guest-start   its guest restored (or, when that fails,            (the domain's)
               cold-booted) or booted, its agent answering
 ready         the guest's report checked, the row READY           (the row's)
+loopback-     in a given namespace (shim mode): TCP to its        its rule deleted, closed
+forward       loopback redirected to a listener there, which
+              relays each connection into the guest
 node-ports    a host-network pod's node ports listened on         closed
 nri-started   NRI plugins told RunPodSandbox, and none refused    told RemovePodSandbox
 ============  ==================================================  ================================
@@ -70,6 +73,7 @@ rpc.declare(
     "cgroup",
     "guest-start",
     "ready",
+    "loopback-forward",
     "node-ports",
     "nri-started",
 )
@@ -119,6 +123,7 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
         s.done("guest-start")
         record = sb.boot.ready(record, guest, report, how, int((time.monotonic() - booting) * 1000))
         s.done("ready")
+        s.done("loopback-forward", _open_loopback_forward(pods, sandbox_id, req.given_netns))
         s.done("node-ports", _open_node_ports(pods, sandbox_id, spec))
         pods.nri.sandbox_started(sandbox_id)
         s.done("nri-started", functools.partial(pods.nri.sandbox_removed, record, []))
@@ -145,6 +150,17 @@ def _open_node_ports(pods: Pods, sandbox_id: str, spec: SandboxSpec) -> Callable
         return None
     ports.open(sandbox_id, spec.namespaces, spec.port_mappings)
     return functools.partial(ports.close, sandbox_id)
+
+
+def _open_loopback_forward(pods: Pods, sandbox_id: str, given_netns: str | None) -> Callable[[], None] | None:
+    """Forward the loopback of the namespace the caller gave into the guest (containerd's
+    PortForward dials it); the undo (None: nothing opened, as for a namespace of the shim's own,
+    whose PortForward the shim serves itself)."""
+    forwards = pods.loopback_forwards
+    if forwards is None or given_netns is None:
+        return None
+    forwards.open(sandbox_id, given_netns)
+    return functools.partial(forwards.close, sandbox_id)
 
 
 def _failed(pod: str, sandbox_id: str, exc: BaseException, outcome: str) -> BaseException | None:

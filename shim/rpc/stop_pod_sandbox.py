@@ -9,6 +9,8 @@ same steps first (``stop_steps``):
 step             what it did
 ===============  ============================================================================
 node-ports       a host-network pod's node ports closed, and the connections relayed there
+loopback-        a shim-mode pod's loopback forward closed: its rule in the namespace deleted,
+forward          its listener and the connections relayed there closed
 guest-destroy    its QEMU gone
 undefine         its libvirt domain undefined
 release          its CPUs, pages, memory and devices free for other pods
@@ -30,7 +32,16 @@ from shim.pods import Pods
 log = logging.getLogger(__name__)
 
 RPC = "StopPodSandbox"
-STOP_STEPS = ("node-ports", "guest-destroy", "undefine", "release", "notready", "network-detach", "containers-stop")
+STOP_STEPS = (
+    "node-ports",
+    "loopback-forward",
+    "guest-destroy",
+    "undefine",
+    "release",
+    "notready",
+    "network-detach",
+    "containers-stop",
+)
 rpc.declare(RPC, *STOP_STEPS, "nri-stopped")
 
 
@@ -57,6 +68,9 @@ def stop_steps(pods: Pods, record: SandboxRecord, s: rpc.Steps) -> None:
     if pods.host_ports is not None:
         pods.host_ports.close(sandbox_id)
     s.done("node-ports")
+    if pods.loopback_forwards is not None:
+        pods.loopback_forwards.close(sandbox_id)
+    s.done("loopback-forward")
     with sb.locks.lock_for(sandbox_id):
         current = sb.records.find(sandbox_id)
         if current is not None:  # else removed meanwhile, by a call that stopped it first

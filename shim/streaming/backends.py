@@ -7,6 +7,7 @@ import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Callable
 
 from shim.containers import Containers
 from shim.records import Records
@@ -25,10 +26,18 @@ log = logging.getLogger(__name__)
 
 def relay(agent: AgentClient, port: int) -> socket.socket:
     """A socket whose other end is a TCP connection the guest agent made to its own ``port``
-    (a stream session of the agent's ``tcp_*`` ops): two threads carry the bytes, one chunk in
-    flight each way."""
+    (a stream session of the agent's ``tcp_*`` ops), as ``splice`` carries it."""
     conn = agent_streams.tcp_connect(agent, port)
     ours, theirs = socket.socketpair()
+    splice(conn, ours)
+    return theirs
+
+
+def splice(conn: AgentStream, ours: socket.socket, on_end: Callable[[], None] | None = None) -> None:
+    """Carries bytes between the socket ``ours`` and the guest's connection ``conn`` (one of the
+    agent's ``tcp_*`` stream sessions): two threads, one chunk in flight each way. Once both
+    directions ended, the session is released, ``ours`` closed and ``on_end`` called; shutting
+    ``ours`` down ends both."""
     done = [False, False]
     lock = threading.Lock()
 
@@ -40,6 +49,8 @@ def relay(agent: AgentClient, port: int) -> socket.socket:
             with contextlib.suppress(VmSandboxError):
                 conn.release()
             ours.close()
+            if on_end is not None:
+                on_end()
 
     def guest_to_client() -> None:
         try:
@@ -69,7 +80,6 @@ def relay(agent: AgentClient, port: int) -> socket.socket:
 
     for fn in (guest_to_client, client_to_guest):
         threading.Thread(target=fn, name="streaming-relay", daemon=True).start()
-    return theirs
 
 
 class ShimBackends:
@@ -82,6 +92,11 @@ class ShimBackends:
         if not req.cmd:
             return self.containers.attach_start(req.container_id)
         return self.containers.proc_start(req.container_id, list(req.cmd), tty=req.tty, stdin=req.stdin)
+
+    def guest_connect(self, sandbox_id: str, port: int) -> AgentStream:
+        """A TCP connection the pod's guest agent makes to ``port`` on the guest's own loopback,
+        where the pod's containers listen (they share the guest's network namespace)."""
+        return agent_streams.tcp_connect(self.containers.pool.guest_agent(sandbox_id), port)
 
     def dial(self, sandbox_id: str, port: int) -> socket.socket:
         """A connection to ``port`` of the pod, from the node: the guest owns the pod's address (its

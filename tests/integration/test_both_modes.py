@@ -8,6 +8,8 @@ StartContainer), and one test proves that a pod gets the same VM either way."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ import pytest
 
 from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.containerd_shim_kit import Env, container_config, pod_config, shim_mode
+from tests.ports import quiet_port
 from tests.shim_kit import state_domains
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(900)]
@@ -139,6 +142,42 @@ def test_a_container_beyond_the_pods_vm_is_refused_with_the_reason(env: Env, mod
     cid = run.container(sid, pod, "small", ["/bin/sh", "-c", "echo fits; exec sleep 3600"])
     run("start", cid)
     run.until(lambda: "fits" in run("logs", cid))
+    run.remove_pod(sid)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_port_forward_reaches_a_server_in_the_guest(env: Env, mode: Mode) -> None:
+    """crictl port-forward: vmsandbox's streaming server connects to the pod's address in proxy
+    mode; containerd's dials the pod namespace's loopback in shim mode, which vmsandbox forwards
+    into the guest. Either way a line reaches the container's server and its answer comes back."""
+    run = Run(env, mode)
+    run("pull", env.image)
+    sid, pod = run.pod("forward")
+    script = "while true; do nc -l -p 8080 -e sh -c 'read l; echo pong:$l'; done"
+    run("start", run.container(sid, pod, "server", ["/bin/sh", "-c", script]))
+    local = quiet_port()
+    forward = subprocess.Popen(
+        [env.crictl_bin, "--runtime-endpoint", mode.endpoint(env), "port-forward", sid, f"{local}:8080"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    answers: list[bytes] = []
+
+    def answered() -> bool:  # once crictl listens and the container's server is up
+        try:
+            with socket.create_connection(("127.0.0.1", local), timeout=20) as c:
+                c.sendall(f"{mode.name}\n".encode())
+                answers.append(c.recv(100))
+        except OSError:
+            return False
+        return bool(answers[-1])
+
+    try:
+        run.until(answered, timeout_s=90)
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
+    assert answers[-1] == f"pong:{mode.name}\n".encode()
     run.remove_pod(sid)
 
 

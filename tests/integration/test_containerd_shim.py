@@ -2,13 +2,16 @@
 through vmsandbox's runtime shim (``runtime_type io.containerd.vmsandbox.v1``, ``sandboxer shim``,
 added by a drop-in), driven by crictl on containerd's socket: a pod sized from its config, a
 container from the image containerd pulled (its disk made once), its output in ``crictl logs``,
-``crictl exec``, a divergent container refused with vmsandbox's message, and stop/remove leaving
-nothing (no domain, no macvtap, no record) while containerd keeps its own bookkeeping."""
+``crictl exec``, ``crictl port-forward`` (containerd dials the pod namespace's loopback, which
+vmsandbox forwards into the guest), a divergent container refused with vmsandbox's message, and
+stop/remove leaving nothing (no domain, no macvtap, no record, no loopback rule or listener) while
+containerd keeps its own bookkeeping."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -20,6 +23,7 @@ import pytest
 from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.containerd_shim_kit import Env, container_config, pod_config, shim_mode
 from tests.integration.downstream_kit import pause_image
+from tests.ports import quiet_port
 from tests.shim_kit import start_shim, state_domains, stop_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(900)]
@@ -292,3 +296,61 @@ def test_the_disk_of_an_image_containerd_removed_leaves_vmsandboxs_store(env: En
         time.sleep(1)
     assert kept_id in stored()
     assert "no longer has, removed from vmsandbox's store" in env.shim.log_text()
+
+
+def in_netns(ns_fd: int, *argv: str) -> str:
+    done = subprocess.run(
+        ["nsenter", f"--net=/proc/{os.getpid()}/fd/{ns_fd}", *argv], capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+def test_port_forward_through_containerd_reaches_the_guest_and_goes_with_the_pod(env: Env) -> None:
+    """crictl port-forward on containerd's socket: containerd's streaming server dials
+    ``localhost:<port>`` in the pod's namespace, which vmsandbox redirects to its listener there and
+    relays to that port on the guest's loopback. Once the pod is removed, the namespace holds
+    neither vmsandbox's rule nor its listener."""
+    env.crictl("pull", env.image)
+    pod = env.write("pod7.json", pod_config("forwarded"))
+    sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
+    # a server in the guest: each connection gets "pong:" and its first line back
+    script = "while true; do nc -l -p 8080 -e sh -c 'read l; echo pong:$l'; done"
+    ctr = env.write("ctr7.json", container_config("server", ["/bin/sh", "-c", script], env.image))
+    cid = env.crictl("create", sid, ctr, pod).stdout.strip()
+    env.crictl("start", cid)
+    record = json.loads((env.shim.state_dir / "network" / f"{sid}.json").read_text())
+    ns_fd = os.open(record["netns"], os.O_RDONLY | os.O_CLOEXEC)  # the namespace, even once containerd drops it
+    try:
+        assert "vmsandbox port-forward" in in_netns(ns_fd, "iptables", "-t", "nat", "-S", "OUTPUT")
+        assert "127.0.0.1:" in in_netns(ns_fd, "ss", "-Hltn")
+
+        local = quiet_port()
+        proc = subprocess.Popen(
+            [env.crictl_bin, "--runtime-endpoint", env.ctd.endpoint, "port-forward", sid, f"{local}:8080"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            deadline = time.monotonic() + 90
+            answer = b""
+            while time.monotonic() < deadline:  # until the container's server listens
+                try:
+                    with socket.create_connection(("127.0.0.1", local), timeout=20) as c:
+                        c.sendall(b"ping\n")
+                        answer = c.recv(100)
+                    if answer:
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.5)
+            assert answer == b"pong:ping\n", (answer, env.shim.log_text()[-2000:])
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+        env.crictl("stopp", sid)
+        env.crictl("rmp", sid)
+        assert "vmsandbox port-forward" not in in_netns(ns_fd, "iptables", "-t", "nat", "-S", "OUTPUT")
+        assert in_netns(ns_fd, "ss", "-Hltn").strip() == ""
+    finally:
+        os.close(ns_fd)

@@ -8,14 +8,18 @@ the macvtap with it.
 
 A namespace someone else made (``given``: containerd's, when it runs CNI itself) is checked to be
 a network namespace file and held open while it is read (``read_network``, bounded) and its
-``eth0`` gets the macvtap; the shim never deletes it.
+``eth0`` gets the macvtap; the shim never deletes it. In such a namespace the shim also listens on
+the loopback (``listen_in``, from a thread that enters it) and adds a nat rule there (``run_in``),
+for the loopback forward of ``shim.loopback_forwards``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import os
+import socket
 import stat
 import subprocess
 import threading
@@ -29,6 +33,7 @@ from vmsandbox.given_netns import MAX_OUTPUT, check_path
 TIMEOUT_S = 30.0
 NS_GET_NSTYPE = 0xB703  # ioctl on a namespace file: its kind, as a CLONE_NEW* flag (linux/nsfs.h)
 CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
 _KINDS = {
     0x00020000: "mount",
     0x02000000: "cgroup",
@@ -124,13 +129,12 @@ def exists(path: Path) -> bool:
     return _mounted_on(path)
 
 
-@contextmanager
-def given(path: str) -> Iterator[Path]:
-    """The network namespace someone else made at ``path``, held open while the block runs: yields
-    a path (``/proc/<pid>/fd/<fd>``) that names that namespace even should ``path`` be replaced
-    meanwhile. InvalidArgument naming ``path`` unless it is a namespace file (nsfs, bind-mounted
-    as ``ip netns add`` and containerd do; not a symbolic link such as ``/proc/<pid>/ns/net``) of a
-    network namespace other than the shim's own."""
+def hold_given(path: str) -> int:
+    """An open descriptor of the network namespace someone else made at ``path``, which names that
+    namespace even should ``path`` be replaced meanwhile (the caller closes it). InvalidArgument
+    naming ``path`` unless it is a namespace file (nsfs, bind-mounted as ``ip netns add`` and
+    containerd do; not a symbolic link such as ``/proc/<pid>/ns/net``) of a network namespace other
+    than the shim's own."""
     check_path(path)
     own = os.stat("/proc/self/ns/net")
     try:
@@ -164,9 +168,65 @@ def given(path: str) -> Iterator[Path]:
             raise InvalidArgument(
                 f"network namespace {path!r} is the shim's own (the host's network): a pod needs one of its own"
             )
-        yield Path(f"/proc/{os.getpid()}/fd/{fd}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def held_path(fd: int) -> Path:
+    """A path naming the namespace the descriptor ``fd`` (``hold_given``'s) holds, for nsenter."""
+    return Path(f"/proc/{os.getpid()}/fd/{fd}")
+
+
+@contextmanager
+def given(path: str) -> Iterator[Path]:
+    """The network namespace someone else made at ``path`` (checked as ``hold_given`` checks it),
+    held open while the block runs: yields a path (``held_path``) that names that namespace even
+    should ``path`` be replaced meanwhile."""
+    fd = hold_given(path)
+    try:
+        yield held_path(fd)
     finally:
         os.close(fd)
+
+
+def listen_in(fd: int, address: str, backlog: int) -> socket.socket:
+    """A TCP socket listening on ``address`` (IPv4), on a port the kernel chooses, in the network
+    namespace the descriptor ``fd`` holds: made by a short-lived thread that enters that namespace
+    (``setns`` changes only the calling thread's), so this process stays in its own. The socket
+    belongs to that namespace for its life, whichever thread uses it."""
+    made: list[socket.socket] = []
+    failed: list[BaseException] = []
+
+    def inside() -> None:
+        try:
+            if _libc.setns(fd, CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns: {os.strerror(err)}")
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                sock.bind((address, 0))
+                sock.listen(backlog)
+            except BaseException:
+                sock.close()
+                raise
+            made.append(sock)
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=inside, name="netns-listen", daemon=True)
+    thread.start()
+    thread.join(TIMEOUT_S)
+    if made:
+        return made[0]
+    why = failed[0] if failed else f"no answer in {TIMEOUT_S:.0f} s"
+    raise NetnsError(f"listening on {address} in network namespace {held_path(fd)}: {why}")
+
+
+def run_in(fd: int, argv: list[str], what: str) -> str:
+    """What ``argv`` prints, run in the network namespace the descriptor ``fd`` holds."""
+    return _run(["nsenter", f"--net={held_path(fd)}", *argv], what)
 
 
 def _read_bounded(argv: list[str], what: str) -> str:

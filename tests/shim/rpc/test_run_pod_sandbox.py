@@ -1,11 +1,12 @@
 """RunPodSandbox (``shim.rpc.run_pod_sandbox``) through the real gRPC server in process
 (``tests/cri_server.py``, its guests faked by ``booting``, so that every step is reached).
 
-A fault injected after any of its steps unwinds exactly the steps done, newest first, and says
-so: no row, claim, domain, sandbox directory, pod network or node port is left, and the pod's
-name is free again, so the same pod then runs. A node port another process holds and an NRI
-plugin's refusal unwind the same way. (A domain libvirt cannot remove: ``tests/shim/test_rollback.py``;
-the pod network's CNI and a real guest: ``tests/integration/test_rpc_rollback.py``.)
+A fault injected after any of its steps unwinds exactly the steps done, newest first, and says so:
+no row, claim, domain, sandbox directory, pod network, node port or loopback forward (of a namespace
+the request gave) is left, and the pod's name is free again, so the same pod then runs. A node port
+another process holds and an NRI plugin's refusal unwind the same way. (A domain libvirt cannot
+remove: ``tests/shim/test_rollback.py``; the pod network's CNI and a real guest:
+``tests/integration/test_rpc_rollback.py``.)
 """
 
 from __future__ import annotations
@@ -141,13 +142,17 @@ def remove(server: Server, sandbox_id: str) -> None:
 
 
 def test_every_step_is_declared_in_order() -> None:
-    assert [p.split(":", 1)[1] for p in POINTS] == [
-        "plan",
-        *UNDONE[:7],
-        "guest-start",
-        "ready",
-        *UNDONE[7:],
-    ]
+    assert (
+        [p.split(":", 1)[1] for p in POINTS]
+        == [
+            "plan",
+            *UNDONE[:7],
+            "guest-start",
+            "ready",
+            "loopback-forward",  # a namespace the shim made: nothing to forward (shim mode's own tests)
+            *UNDONE[7:],
+        ]
+    )
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -249,4 +254,57 @@ def test_the_namespace_a_request_gives_reaches_the_network_step(
     sandbox_id = run_pod_sandbox(pods_of(server), replace(req, given_netns="/run/netns/cni-0a1b"))
     assert given == ["/run/netns/cni-0a1b"]
     remove(server, sandbox_id)
+    assert_left_nothing(server, request.config.port_mappings[0].host_port)
+
+
+class RecordingForwards:
+    """Stands in for ``shim.loopback_forwards.LoopbackForwards``: what was opened and closed."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.open_now: set[str] = set()
+
+    def open(self, sandbox_id: str, netns_path: str) -> int:
+        self.calls.append(("open", netns_path))
+        self.open_now.add(sandbox_id)
+        return 40000
+
+    def close(self, sandbox_id: str) -> None:
+        self.calls.append(("close", sandbox_id))
+        self.open_now.discard(sandbox_id)
+
+
+@pytest.mark.parametrize(
+    ("fault", "opened"),
+    [
+        (None, True),
+        (f"{RPC}:ready", False),  # before the step: nothing opened, nothing to close
+        (f"{RPC}:loopback-forward", True),
+        (f"{RPC}:node-ports", True),
+        (f"{RPC}:nri-started", True),
+    ],
+)
+def test_a_given_namespace_has_its_loopback_forwarded_until_stop_or_rollback(
+    server: Server, monkeypatch: pytest.MonkeyPatch, fault: str | None, opened: bool
+) -> None:
+    request = host_network_pod(quiet_port())
+    request.config.linux.security_context.namespace_options.network = pb.POD
+    req = replace(inbound.run_pod_sandbox(request), given_netns="/run/netns/cni-0a1b")
+    network = server.sandboxes.network
+    real = network.attach
+    monkeypatch.setattr(network, "attach", lambda *args, given_netns=None: real(*args))
+    pods = pods_of(server)
+    forwards = RecordingForwards()
+    monkeypatch.setattr(pods, "loopback_forwards", forwards)
+    if fault is None:
+        sandbox_id = run_pod_sandbox(pods, req)
+        assert forwards.calls == [("open", "/run/netns/cni-0a1b")]
+        assert forwards.open_now == {sandbox_id}
+        remove(server, sandbox_id)  # the stop closes it (the removal's stop again: nothing there is fine)
+        assert forwards.calls[1] == ("close", sandbox_id)
+    else:
+        with faults.raising(fault), pytest.raises(VmSandboxError, match=f"fault injected at {fault}"):
+            run_pod_sandbox(pods, req)
+        assert [c for c, _ in forwards.calls] == (["open", "close"] if opened else [])
+    assert forwards.open_now == set()
     assert_left_nothing(server, request.config.port_mappings[0].host_port)
