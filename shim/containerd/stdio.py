@@ -183,10 +183,10 @@ def pump_exec(
     stdout: str,
     stderr: str,
     exited: Callable[[int], None],
-) -> threading.Thread:
+) -> StdinFeed | None:
     """Carries an exec's stdio between its agent stream session and containerd's fifos, in two
     threads; calls ``exited`` with its exit code (255 when the session was lost) once its output
-    is drained, then releases the session."""
+    is drained, then releases the session. Its stdin's feed, if it has a stdin."""
     stop = threading.Event()
     out = Fifo(stdout, write=True) if stdout else None
     err = Fifo(stderr, write=True) if stderr else None
@@ -217,38 +217,54 @@ def pump_exec(
                 stream.release()
             exited(code)
 
-    if stdin:
-        feed_stdin(stream, stdin, stop)
-    t = threading.Thread(target=drain, name=f"exec-out-{stream.id[:8]}", daemon=True)
-    t.start()
-    return t
+    feed = StdinFeed(stream, stdin, stop) if stdin else None
+    threading.Thread(target=drain, name=f"exec-out-{stream.id[:8]}", daemon=True).start()
+    return feed
 
 
-def feed_stdin(stream: AgentStream, path: str, stop: threading.Event) -> threading.Thread:
+FINISH_WAIT_S = 10.0
+"""How long CloseIO waits for what containerd wrote to a stdin fifo to reach the guest."""
+
+
+class StdinFeed:
     """Carries what containerd writes to the stdin fifo ``path`` into the stream session, in a
-    thread; its end (containerd closed the fifo) closes the session's input."""
+    thread; the fifo's end (containerd closed it) closes the session's input, and so does
+    ``finish`` (CloseIO) once what was written before it has been carried: containerd writes the
+    client's stdin to the fifo, then calls CloseIO, so closing at once would drop the end of it."""
 
-    def feed() -> None:
+    def __init__(self, stream: AgentStream, path: str, stop: threading.Event) -> None:
+        self.stream = stream
+        self._stop = stop
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._feed, args=(path,), name=f"stdin-{stream.id[:8]}", daemon=True)
+        self._thread.start()
+
+    def _feed(self, path: str) -> None:
         fifo = Fifo(path, write=False)
         try:
-            while not stop.is_set():
-                data = fifo.read_some(1.0)
-                if data is None:
-                    stream.close_input()
+            while not self._stop.is_set():
+                closing = self._closing.is_set()
+                data = fifo.read_some(0 if closing else 1.0)
+                if data is None or (closing and not data):
+                    self.stream.close_input()
                     return
-                while data and not stop.is_set():
-                    n, closed = stream.write_some(data[:STREAM_WRITE_MAX])
+                while data and not self._stop.is_set():
+                    n, closed = self.stream.write_some(data[:STREAM_WRITE_MAX])
                     if closed:
                         return
                     data = data[n:]
         except (VmSandboxError, OSError) as exc:
-            log.debug("stdin of stream %s ends: %s", stream.id, exc)
+            log.debug("stdin of stream %s ends: %s", self.stream.id, exc)
         finally:
             fifo.close()
 
-    t = threading.Thread(target=feed, name=f"stdin-{stream.id[:8]}", daemon=True)
-    t.start()
-    return t
+    def finish(self, wait_s: float = FINISH_WAIT_S) -> None:
+        """CloseIO: the session's input closes after what the fifo holds now reaches it (waiting
+        up to ``wait_s``; a guest that takes nothing meanwhile has its input closed anyway)."""
+        self._closing.set()
+        self._thread.join(wait_s)
+        if self._thread.is_alive():
+            self.stream.close_input()
 
 
 def pump_attached(stream: AgentStream, stdout: str, stderr: str, stop: threading.Event) -> threading.Thread:

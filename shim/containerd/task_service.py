@@ -42,7 +42,7 @@ from gen.cri.runtime.v1 import api_pb2 as cri
 from shim.containerd.events import EventPublisher
 from shim.containerd.lookup import handler_sandbox, qemu_pid
 from shim.containerd.rootfs import ContainerdImages
-from shim.containerd.stdio import FifoSink, feed_stdin, pump_attached, pump_exec
+from shim.containerd.stdio import FifoSink, StdinFeed, pump_attached, pump_exec
 from shim.containerd.tasks import ExecProcess, TaskIO, Tasks, check_io
 from shim.containerd.wire import Handler, cgroup_metrics, handler, timestamp
 from shim.containers import OOM_KILLED
@@ -280,10 +280,8 @@ class TaskService:
             # reads them: an interactive shell's answer need not end with a newline), its stdin
             # (kubectl attach -i) and its terminal's size
             stream, stop = self.pods.containers.attach_start(c.id), threading.Event()
-            self.tasks.attach(c.id, stream)
             pump_attached(stream, io.stdout, io.stderr, stop)
-            if io.stdin:
-                feed_stdin(stream, io.stdin, stop)
+            self.tasks.attach(c.id, stream, StdinFeed(stream, io.stdin, stop) if io.stdin else None)
         self.watch(c.id)
         pid = self._pid(c)
         self.events.publish("/tasks/start", events_pb.TaskStart(container_id=c.id, pid=pid))
@@ -473,7 +471,7 @@ class TaskService:
                 )
                 self.events.publish("/tasks/exit", ended)
 
-        pump_exec(p.stream, p.io.stdin, p.io.stdout, p.io.stderr, exited)
+        p.feed = pump_exec(p.stream, p.io.stdin, p.io.stdout, p.io.stderr, exited)
         started = events_pb.TaskExecStarted(container_id=c.id, exec_id=exec_id, pid=pid)
         self.events.publish("/tasks/exec-started", started)
         return task.StartResponse(pid=pid)
@@ -495,11 +493,17 @@ class TaskService:
         return empty_pb2.Empty()
 
     def close_io(self, req: task.CloseIORequest) -> empty_pb2.Empty:
-        """The end of the process's stdin (containerd's StdinOnce after the first attach)."""
-        stream = self._session(self._container(req.id), req.exec_id)
+        """The end of the process's stdin (containerd's StdinOnce after the first attach, or the
+        end of an exec's stdin stream), after what containerd wrote to its fifo before it."""
+        c = self._container(req.id)
+        stream = self._session(c, req.exec_id)
         if req.stdin and stream is not None:
+            feed = self.tasks.exec(c.id, req.exec_id).feed if req.exec_id else self.tasks.attached_feed(c.id)
             try:
-                stream.close_input()
+                if feed is not None:
+                    feed.finish()
+                else:
+                    stream.close_input()
             except VmSandboxError as exc:
                 if self.pods.containers.refresh(self._container(req.id)).state != CONTAINER_EXITED:
                     raise WrongState(f"task {req.id[:12]}: its stdin was not closed: {exc}") from None

@@ -23,10 +23,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vmsandbox import validation
 from vmsandbox.adapters.agent_streams import AgentStream
 from vmsandbox.errors import AlreadyExists, InvalidArgument, NotFound
+
+if TYPE_CHECKING:
+    from shim.containerd.stdio import StdinFeed
 
 MAX_RECORD_BYTES = 16 * 1024
 
@@ -84,6 +88,7 @@ class ExecProcess:
     argv: tuple[str, ...]
     stream: AgentStream | None = None
     exit: Exit = field(default_factory=Exit)
+    feed: StdinFeed | None = None  # its stdin's, once started with one
 
 
 class Tasks:
@@ -94,6 +99,7 @@ class Tasks:
         self._exits: dict[str, Exit] = {}
         self._execs: dict[tuple[str, str], ExecProcess] = {}
         self._attached: dict[str, AgentStream] = {}  # a container's own stdio session (stdin, terminal)
+        self._feeds: dict[str, StdinFeed] = {}  # its stdin's feed
 
     def _path(self, cid: str) -> Path:
         if not validation.is_full_id(cid):
@@ -136,19 +142,28 @@ class Tasks:
         """The container's exit; False when it was known already."""
         return self.exit_of(cid).set(code, at_ns)
 
-    def attach(self, cid: str, stream: AgentStream) -> None:
+    def attach(self, cid: str, stream: AgentStream, feed: StdinFeed | None = None) -> None:
+        """The session on the container's own stdin and terminal, and its stdin's feed."""
         with self._lock:
             self._attached[cid] = stream
+            if feed is not None:
+                self._feeds[cid] = feed
 
     def attached(self, cid: str) -> AgentStream | None:
         """The session on the container's own stdin and terminal, while it has one."""
         with self._lock:
             return self._attached.get(cid)
 
+    def attached_feed(self, cid: str) -> StdinFeed | None:
+        """The feed of the container's own stdin, while it has one."""
+        with self._lock:
+            return self._feeds.get(cid)
+
     def forget(self, cid: str) -> None:
         with self._lock:
             self._exits.pop(cid, None)
             self._attached.pop(cid, None)
+            self._feeds.pop(cid, None)
             for key in [k for k in self._execs if k[0] == cid]:
                 del self._execs[key]
         with contextlib.suppress(FileNotFoundError, InvalidArgument):

@@ -172,3 +172,56 @@ def test_an_attached_containers_output_reaches_its_fifos_as_it_comes(tmp_path: P
     assert os.read(rout, 10) == b"" and os.read(rerr, 10) == b""  # containerd sees the end of its stdio
     os.close(rout)
     os.close(rerr)
+
+
+class InputSession:
+    """A stream session that records what reaches its input, and when the input closed; each write
+    takes ``delay_s`` (a guest that takes its time)."""
+
+    id = "i" * 16
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.got = b""
+        self.closed_after = b""
+        self.closed = threading.Event()
+
+    def write_some(self, data: bytes) -> tuple[int, bool]:
+        time.sleep(self.delay_s)
+        self.got += data
+        return len(data), False
+
+    def close_input(self) -> None:
+        if not self.closed.is_set():
+            self.closed_after = self.got
+            self.closed.set()
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.05])
+def test_close_io_closes_the_input_after_what_was_written_before_it(tmp_path: Path, delay_s: float) -> None:
+    """containerd writes a client's stdin to the fifo, then calls CloseIO (kubectl exec -i with its
+    input at an end): everything written reaches the session before its input closes."""
+    path = tmp_path / "stdin"
+    os.mkfifo(path)
+    session = InputSession(delay_s)
+    stop = threading.Event()
+    writer = os.open(path, os.O_RDWR)  # containerd's end, held open as containerd holds it
+    feed = stdio.StdinFeed(session, str(path), stop)  # type: ignore[arg-type]
+    for chunk in (b"over ", b"stdin\n", b"and more"):
+        os.write(writer, chunk)
+    feed.finish()
+    assert session.closed.is_set() and session.closed_after == b"over stdin\nand more"
+    os.close(writer)
+    stop.set()
+
+
+def test_the_end_of_the_fifo_closes_the_input(tmp_path: Path) -> None:
+    path = tmp_path / "stdin"
+    os.mkfifo(path)
+    session = InputSession()
+    writer = os.open(path, os.O_RDWR)
+    stdio.StdinFeed(session, str(path), threading.Event())  # type: ignore[arg-type]
+    os.write(writer, b"all of it")
+    time.sleep(0.2)
+    os.close(writer)
+    assert session.closed.wait(5) and session.closed_after == b"all of it"
