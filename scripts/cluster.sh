@@ -55,6 +55,11 @@ SHARED_CPUS=${CLUSTER_SHARED_CPUS:-}
 READY_TIMEOUT_S=${CLUSTER_READY_TIMEOUT_S:-240}
 DOWNSTREAM=${CLUSTER_DOWNSTREAM:-containerd} # or none
 MODE=${CLUSTER_MODE:-proxy} # or shim: the kubelet talks to containerd, vmsandbox is its runtime shim
+# 1: vmsandbox is also the DRA driver vmsandbox.dev (docs/dra.md), with one secondary network,
+# DRA_NETWORK on DRA_BRIDGE, and deploy/dra/ (its RBAC and device class) applied
+DRA=${CLUSTER_DRA:-0}
+DRA_BRIDGE=${CLUSTER_DRA_BRIDGE:-vmsbr-dra0}
+DRA_NETWORK=${CLUSTER_DRA_NETWORK:-10.237.0.0/24}
 KUBE_PROXY_HEALTHZ_PORT=${CLUSTER_KUBE_PROXY_HEALTHZ_PORT:-11256}
 KUBE_PROXY_METRICS_PORT=${CLUSTER_KUBE_PROXY_METRICS_PORT:-11249}
 # CoreDNS listens on the node's address at DNS_PORT; pods ask the kube-dns Service at DNS_IP:53,
@@ -200,6 +205,8 @@ make_pki() {
     # system:coredns gets its role from $CLUSTER_DIR/dns.yaml
     cert kube-proxy "/CN=system:kube-proxy" "$client"
     cert coredns "/CN=system:coredns" "$client"
+    # the DRA driver's credential: deploy/dra/rbac.yaml binds this user
+    cert vmsandbox-dra "/CN=system:vmsandbox-dra" "$client"
     new_key "$PKI/sa.key"
     openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
     chmod 0600 "$PKI"/*.key
@@ -231,6 +238,7 @@ write_configs() {
     kubeconfig "$PKI/kubelet.kubeconfig" "system:node:$NODE_NAME" kubelet
     kubeconfig "$PKI/kube-proxy.kubeconfig" system:kube-proxy kube-proxy
     kubeconfig "$PKI/coredns.kubeconfig" system:coredns coredns
+    kubeconfig "$PKI/vmsandbox-dra.kubeconfig" system:vmsandbox-dra vmsandbox-dra
 
     mkdir -p "$CLUSTER_DIR/net.d" "$CLUSTER_DIR/netns" "$CLUSTER_DIR/ipam" "$SHIM" "$CLUSTER_DIR/registry"
     cat >"$CLUSTER_DIR/net.d/10-vmsandbox-cluster.conflist" <<EOF
@@ -257,6 +265,8 @@ netns_dir: $CLUSTER_DIR/netns
 $([[ $DOWNSTREAM == containerd && $MODE == proxy ]] && echo "downstream_endpoint: unix://$CONTAINERD/containerd.sock")
 $([[ $MODE == shim ]] && printf 'containerd_address: %s\ncontainerd_root: %s\ncontainerd_shim_dir: %s\n' \
     "$CONTAINERD/containerd.sock" "$CONTAINERD/root" "$SHIM_SOCKETS")
+$([[ $DRA == 1 ]] && printf 'dra:\n  kubeconfig: %s\n  node_name: %s\n  networks:\n    - {name: net1, kind: bridge, interface: %s, subnet: "%s"}\n' \
+    "$PKI/vmsandbox-dra.kubeconfig" "$NODE_NAME" "$DRA_BRIDGE" "$DRA_NETWORK")
 registries:
   # the cluster's registry (127.0.0.1:$REGISTRY_PORT) mirrors docker.io: push busybox there and
   # \`image: busybox\` pulls it offline; images may also name 127.0.0.1:$REGISTRY_PORT/... directly
@@ -643,6 +653,9 @@ up() {
     ready_s=$(secs_since "$t0")
     log "node $NODE_NAME Ready ${ready_s} s after start"
     kubectl apply -f "$REPO_ROOT/deploy/runtimeclass.yaml" >/dev/null
+    if [[ $DRA == 1 ]]; then
+        kubectl apply -f "$REPO_ROOT/deploy/dra/rbac.yaml" -f "$REPO_ROOT/deploy/dra/deviceclass.yaml" >/dev/null
+    fi
     start_proxy_and_dns
     # pods are refused until the controller-manager has made their namespace's default service account
     wait_for 60 "the default service account" kubectl -n default get serviceaccount default ||
