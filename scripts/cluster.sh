@@ -644,6 +644,9 @@ up() {
         --authorization-kubeconfig="$PKI/scheduler.kubeconfig" \
         --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --leader-elect=false --profiling=false
 
+    if [[ $DRA == 1 ]]; then # before the shim starts: its first ResourceSlice sync needs its RBAC
+        kubectl apply -f "$REPO_ROOT/deploy/dra/rbac.yaml" -f "$REPO_ROOT/deploy/dra/deviceclass.yaml" >/dev/null
+    fi
     log "${DOWNSTREAM/none/no downstream}, vmsandbox shim and kubelet (node $NODE_NAME) in a private mount namespace"
     export CLUSTER_DIR KUBE_BIN NODE_NAME NODE_IP PY DOWNSTREAM REGISTRY_PORT CONTAINERD_BIN_DIR
     unshare -m --propagation private -- "$SELF" _node
@@ -653,9 +656,6 @@ up() {
     ready_s=$(secs_since "$t0")
     log "node $NODE_NAME Ready ${ready_s} s after start"
     kubectl apply -f "$REPO_ROOT/deploy/runtimeclass.yaml" >/dev/null
-    if [[ $DRA == 1 ]]; then
-        kubectl apply -f "$REPO_ROOT/deploy/dra/rbac.yaml" -f "$REPO_ROOT/deploy/dra/deviceclass.yaml" >/dev/null
-    fi
     start_proxy_and_dns
     # pods are refused until the controller-manager has made their namespace's default service account
     wait_for 60 "the default service account" kubectl -n default get serviceaccount default ||

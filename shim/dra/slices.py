@@ -1,8 +1,8 @@
 """The node's ResourceSlices, one owner: the network pool's slice is created (or brought back to what
 the configuration says) at start and checked again every ``interval_s`` (so a slice someone deleted
-or changed is put back, and its pool generation goes up when its devices change), and deleted at a
-clean stop. Slices of this driver on this node that are not ours now (a pool no longer configured)
-are deleted."""
+or changed is put back, and its pool generation goes up when its devices change; after a failed
+sync, every ``retry_s``), and deleted at a clean stop. Slices of this driver on this node that are
+not ours now (a pool no longer configured) are deleted."""
 
 from __future__ import annotations
 
@@ -18,9 +18,12 @@ log = logging.getLogger(__name__)
 
 
 class Slices:
-    def __init__(self, config: DraConfig, node: str, client: KubeClient, interval_s: float = 30.0) -> None:
+    def __init__(
+        self, config: DraConfig, node: str, client: KubeClient, interval_s: float = 30.0, retry_s: float = 5.0
+    ) -> None:
         self._config, self._node, self._client = config, node, client
-        self._interval = interval_s
+        self._interval, self._retry = interval_s, min(retry_s, interval_s)
+        self._failed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.name = slice_name(config.driver_name, node)
@@ -57,15 +60,19 @@ class Slices:
             self.sync()
         except VmSandboxError as exc:  # the API server may come up after us: the loop tries again
             log.warning("DRA: ResourceSlice sync: %s", exc)
+            self._failed = True
         self._thread = threading.Thread(target=self._run, name="dra-slices", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        wait = self._retry if self._failed else self._interval
+        while not self._stop.wait(wait):
             try:
                 self.sync()
+                wait = self._interval
             except VmSandboxError as exc:
                 log.warning("DRA: ResourceSlice sync: %s", exc)
+                wait = self._retry
 
     def stop(self) -> None:
         """A clean stop: the node's devices are not offered while the driver is away."""

@@ -74,7 +74,7 @@ def test_registered_and_slice_published(cluster: Cluster) -> None:
         ours = [s for s in items if s["spec"]["driver"] == DRIVER]
         return ours[0] if ours else None
 
-    found = until("the ResourceSlice", 90, published)
+    found = until("the ResourceSlice", 30, published)
     assert found["spec"]["pool"]["name"].endswith("-networks")
     assert [d["name"] for d in found["spec"]["devices"]] == ["net1"]
     assert found["spec"]["devices"][0]["attributes"]["vmsandbox.dev/kind"] == {"string": "bridge"}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 from shim.dra.kube import Conflict
 from shim.dra.slices import Slices
 from vmsandbox.dra import DraConfig, NetworkAttachment, network_slice
-from vmsandbox.errors import NotFound
+from vmsandbox.errors import InfrastructureError, NotFound
 
 DRIVER, NODE = "vmsandbox.dev", "node-a"
 LAN = NetworkAttachment("lan", "bridge", "br-lan", "192.168.50.0/24")
@@ -95,3 +96,25 @@ def test_stop_deletes_and_tolerates_gone() -> None:
     owner.stop()
     assert api.slices == {}
     owner.stop()  # already gone: nothing raised
+
+
+def test_a_failed_sync_is_retried_soon() -> None:
+    class Refusing(FakeApi):
+        def __init__(self) -> None:
+            super().__init__()
+            self.refusals = 2
+
+        def list_slices(self, driver: str, node: str) -> list[Any]:
+            if self.refusals:
+                self.refusals -= 1
+                raise InfrastructureError("403 forbidden")
+            return super().list_slices(driver, node)
+
+    api = Refusing()
+    owner = Slices(DraConfig(networks=(LAN,)), NODE, api, interval_s=3600, retry_s=0.05)  # type: ignore[arg-type]
+    owner.start()
+    deadline = time.monotonic() + 10
+    while not api.slices and time.monotonic() < deadline:
+        time.sleep(0.02)
+    owner.stop()
+    assert api.log == ["create node-a-vmsandbox.dev-networks", "delete node-a-vmsandbox.dev-networks"]
