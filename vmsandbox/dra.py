@@ -81,6 +81,7 @@ class PreparedDevice:
     pool: str
     device: str
     config: NetworkConfig = NetworkConfig()
+    share_id: str = ""  # this claim's share of a device allocated more than once (a network: one per pod)
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,9 @@ def network_device(driver: str, network: NetworkAttachment) -> dict[str, Any]:
     domain = driver
     return {
         "name": network.name,
+        # every pod on a network gets its own share (its own NIC): the scheduler may allocate the device
+        # to many claims at once (DRAConsumableCapacity, on by default since 1.36), each with a shareID
+        "allowMultipleAllocations": True,
         "attributes": {
             f"{domain}/type": {"string": "network"},
             f"{domain}/kind": {"string": network.kind},
@@ -226,13 +230,21 @@ def network_slice(driver: str, node: str, networks: tuple[NetworkAttachment, ...
 
 
 def slice_differs(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    """Whether the slice the API server has is not the one we publish (its devices or its node)."""
+    """Whether the slice the API server has is not the one we publish: its node, its pool, its devices'
+    names and attributes (fields an API server without a feature gate drops are not compared)."""
     spec = current.get("spec")
     want = wanted["spec"]
-    if not isinstance(spec, dict):
+    if not isinstance(spec, dict) or not isinstance(spec.get("devices"), list):
         return True
-    return any(spec.get(k) != want[k] for k in ("driver", "nodeName", "devices")) or (
-        not isinstance(spec.get("pool"), dict) or spec["pool"].get("name") != want["pool"]["name"]
+
+    def devices(items: list[Any]) -> list[Any]:
+        return [(d.get("name"), d.get("attributes")) if isinstance(d, dict) else None for d in items]
+
+    return (
+        any(spec.get(k) != want[k] for k in ("driver", "nodeName"))
+        or devices(spec["devices"]) != devices(want["devices"])
+        or not isinstance(spec.get("pool"), dict)
+        or spec["pool"].get("name") != want["pool"]["name"]
     )
 
 
@@ -354,6 +366,8 @@ def prepared_claim(
             pods.append(pod_uid)
     if not pods:
         raise InvalidArgument(f"{where}: reserved for no pod")
+    if len(pods) > 1:  # a device of this driver is a NIC of one VM
+        raise InvalidArgument(f"{where}: reserved for {len(pods)} pods; a vmsandbox.dev claim serves one pod")
     results = _get(allocation, "devices.results") or []
     configs = _get(allocation, "devices.config") or []
     if not isinstance(results, list) or len(results) > MAX_RESULTS:
@@ -377,7 +391,12 @@ def prepared_claim(
             raise InvalidArgument(f"{at}: pool {validation.quote(res_pool)} is not this node's ({pool})")
         if device not in devices:
             raise InvalidArgument(f"{at}: device {validation.quote(device)} is not published by this node")
-        out.append(PreparedDevice(request, res_pool, device, _device_config(configs, driver, request, where)))
+        share = result.get("shareID", "")
+        if not isinstance(share, str):
+            raise InvalidArgument(f"{at}.shareID: must be a string")
+        if share:
+            validation.uid(share, f"{at}.shareID")
+        out.append(PreparedDevice(request, res_pool, device, _device_config(configs, driver, request, where), share))
     if not out:
         raise InvalidArgument(f"{where}: no device of driver {driver} is allocated")
     return PreparedClaim(uid, namespace, name, tuple(pods), tuple(out))
@@ -396,6 +415,7 @@ def claim_record(claim: PreparedClaim) -> dict[str, Any]:
                 "device": d.device,
                 "interfaceName": d.config.interface_name,
                 "addresses": list(d.config.addresses),
+                "shareID": d.share_id,
             }
             for d in claim.devices
         ],
@@ -429,5 +449,10 @@ def claim_from_record(data: object) -> PreparedClaim:
         config = parse_network_config(
             {"interfaceName": d.get("interfaceName", ""), "addresses": d.get("addresses", [])}, where
         )
-        out.append(PreparedDevice(d["request"], d["pool"], d["device"], config))
+        share = d.get("shareID", "")
+        if not isinstance(share, str):
+            raise InvalidArgument(f"{where}.shareID: must be a string")
+        if share:
+            validation.uid(share, f"{where}.shareID")
+        out.append(PreparedDevice(d["request"], d["pool"], d["device"], config, share))
     return PreparedClaim(uid, namespace, name, tuple(pods), tuple(out))

@@ -97,7 +97,13 @@ class DraService(dra_grpc.DRAPluginServicer):
                 reply.claims[claim.uid].error = validation.bound(str(exc))
                 continue
             reply.claims[claim.uid].devices.extend(
-                dra_pb.Device(request_names=[d.request], pool_name=d.pool, device_name=d.device, cdi_device_ids=[])
+                dra_pb.Device(
+                    request_names=[d.request],
+                    pool_name=d.pool,
+                    device_name=d.device,
+                    cdi_device_ids=[],
+                    share_id=d.share_id or None,
+                )
                 for d in prepared.devices
             )
         return reply

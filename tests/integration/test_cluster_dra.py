@@ -45,20 +45,21 @@ def stored_claims(cluster: Cluster) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))] if directory.is_dir() else []
 
 
-def manifests(image: str) -> list[dict[str, Any]]:
+def manifests(image: str, pod: str, address: str) -> list[dict[str, Any]]:
+    """A ResourceClaimTemplate of the network class (interface net1 at ``address``) and a VM pod of it."""
     return [
         {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-         "metadata": {"name": "net1", "namespace": "default"},
+         "metadata": {"name": pod, "namespace": "default"},
          "spec": {"spec": {"devices": {
              "requests": [{"name": "net", "exactly": {"deviceClassName": "vmsandbox-network"}}],
              "config": [{"requests": ["net"], "opaque": {"driver": DRIVER, "parameters": {
-                 "interfaceName": "net1", "addresses": ["10.237.0.10/24"]}}}],
+                 "interfaceName": "net1", "addresses": [address]}}}],
          }}}},
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra-vm", "namespace": "default"},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": "default"},
          "spec": {
              "runtimeClassName": "vmsandbox",
              "terminationGracePeriodSeconds": 2,
-             "resourceClaims": [{"name": "net1", "resourceClaimTemplateName": "net1"}],
+             "resourceClaims": [{"name": "net1", "resourceClaimTemplateName": pod}],
              "containers": [{"name": "main", "image": image, "command": ["/bin/busybox", "sleep", "3600"],
                              "resources": {"claims": [{"name": "net1"}]}}],
          }},
@@ -80,28 +81,39 @@ def test_registered_and_slice_published(cluster: Cluster) -> None:
     assert found["spec"]["devices"][0]["attributes"]["vmsandbox.dev/kind"] == {"string": "bridge"}
 
 
-def test_a_vm_pod_with_a_network_claim_is_prepared_and_unprepared(cluster: Cluster, tmp_path: Path) -> None:
+def test_vm_pods_with_network_claims_are_prepared_and_unprepared(cluster: Cluster, tmp_path: Path) -> None:
+    """Two VM pods, each with its own claim on the one network device (each a share of it): each claim
+    is prepared with its pod's uid and its config, and unprepared when its pod is deleted."""
     image = push_image(tmp_path)
     until(
         "the ResourceSlice",
         90,
         lambda: any(s["spec"]["driver"] == DRIVER for s in kube_json(cluster, "get", "resourceslices")["items"]),
     )
-    apply(cluster, tmp_path, *manifests(image))
-    pod = running(cluster, "dra-vm", time.monotonic() + 300)
-    pod_uid = pod["metadata"]["uid"]
-    claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-    claim = kube_json(cluster, "get", "resourceclaim", claim_name)
-    assert claim["status"]["allocation"]["devices"]["results"][0]["driver"] == DRIVER
+    addresses = {"dra-vm-a": "10.237.0.10/24", "dra-vm-b": "10.237.0.11/24"}
+    for pod_name, address in addresses.items():
+        apply(cluster, tmp_path, *manifests(image, pod_name, address))
+    want = {}
+    for pod_name, address in addresses.items():
+        pod = running(cluster, pod_name, time.monotonic() + 300)
+        claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        claim = kube_json(cluster, "get", "resourceclaim", claim_name)
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["device"]) == (DRIVER, "net1")
+        assert any(s.metadata.uid == pod["metadata"]["uid"] for s in cluster.sandboxes())  # the pod is a VM
+        want[claim["metadata"]["uid"]] = {
+            "uid": claim["metadata"]["uid"],
+            "namespace": "default",
+            "name": claim_name,
+            "podUIDs": [pod["metadata"]["uid"]],
+            "devices": [{"request": "net", "pool": result["pool"], "device": "net1", "interfaceName": "net1",
+                         "addresses": [address], "shareID": result.get("shareID", "")}],
+        }  # fmt: skip
+    assert {c["uid"]: c for c in stored_claims(cluster)} == want
+    assert len({c["devices"][0]["shareID"] for c in want.values()}) == 2  # one share of the device each
 
-    stored = stored_claims(cluster)
-    assert [(c["uid"], c["name"], c["podUIDs"]) for c in stored] == [(claim["metadata"]["uid"], claim_name, [pod_uid])]
-    pool = claim["status"]["allocation"]["devices"]["results"][0]["pool"]
-    assert stored[0]["devices"] == [
-        {"request": "net", "pool": pool, "device": "net1", "interfaceName": "net1", "addresses": ["10.237.0.10/24"]}
-    ]
-    # the pod is a VM (its sandbox is vmsandbox's)
-    assert any(s.metadata.uid == pod_uid for s in cluster.sandboxes())
-
-    cluster.kubectl("delete", "pod", "dra-vm", "--wait=true", timeout=180)
-    until("the claim unprepared", 120, lambda: stored_claims(cluster) == [])
+    cluster.kubectl("delete", "pod", "dra-vm-a", "--wait=true", timeout=180)
+    until("dra-vm-a's claim unprepared", 120, lambda: len(stored_claims(cluster)) == 1)
+    assert stored_claims(cluster)[0]["name"] == want[next(u for u in want if "dra-vm-b" in want[u]["name"])]["name"]
+    cluster.kubectl("delete", "pod", "dra-vm-b", "--wait=true", timeout=180)
+    until("every claim unprepared", 120, lambda: stored_claims(cluster) == [])

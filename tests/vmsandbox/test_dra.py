@@ -88,6 +88,7 @@ def test_network_slice() -> None:
     assert body["spec"]["devices"] == [
         {
             "name": "lan",
+            "allowMultipleAllocations": True,
             "attributes": {
                 "vmsandbox.dev/type": {"string": "network"},
                 "vmsandbox.dev/kind": {"string": "bridge"},
@@ -99,6 +100,9 @@ def test_network_slice() -> None:
     assert not slice_differs(body, network_slice(DRIVER, NODE, nets, 4))  # the generation is ours to raise
     assert slice_differs(body, network_slice(DRIVER, NODE, (), 3))
     assert slice_differs({}, body)
+    dropped = copy.deepcopy(body)  # an API server without DRAConsumableCapacity drops the field
+    del dropped["spec"]["devices"][0]["allowMultipleAllocations"]
+    assert not slice_differs(dropped, body)
 
 
 POD = "0f4c5b5e-1111-2222-3333-444455556666"
@@ -167,6 +171,14 @@ def test_config_that_applies(changes: dict[str, Any], want: NetworkConfig) -> No
     assert prepare(claim(**changes)).devices[0].config == want
 
 
+def test_share_of_a_device() -> None:
+    c = claim()
+    c["status"]["allocation"]["devices"]["results"][0]["shareID"] = "9d7c0a4e-0000-4000-8000-000000000001"
+    prepared = prepare(c)
+    assert prepared.devices[0].share_id == "9d7c0a4e-0000-4000-8000-000000000001"
+    assert claim_from_record(claim_record(prepared)) == prepared
+
+
 def test_subrequest_takes_its_request_config() -> None:
     c = claim()
     c["status"]["allocation"]["devices"]["results"][0]["request"] = "net/bridge"
@@ -183,11 +195,16 @@ def test_subrequest_takes_its_request_config() -> None:
         ({"status__reservedFor": [{"resource": "deployments", "apiGroup": "apps", "uid": "x"}]}, "reserved for no pod"),
         ({"status__reservedFor": [{"resource": "pods", "uid": "a/b"}]}, "reservedFor[0].uid"),
         ({"status__reservedFor": "x"}, "reservedFor: must be a list"),
+        ({"status__reservedFor": [{"resource": "pods", "uid": "a"}, {"resource": "pods", "uid": "b"}]},
+         "reserved for 2 pods"),
         ({"status__allocation__devices__results": [
             {"request": "net", "driver": DRIVER, "pool": "node-b-networks", "device": "lan"}]}, "not this node's"),
         ({"status__allocation__devices__results": [
             {"request": "net", "driver": DRIVER, "pool": "node-a-networks", "device": "wan"}]}, "not published"),
         ({"status__allocation__devices__results": [{"driver": DRIVER}]}, "request, pool and device"),
+        ({"status__allocation__devices__results": [
+            {"request": "net", "driver": DRIVER, "pool": "node-a-networks", "device": "lan", "shareID": "../x"}]},
+         "shareID"),
         ({"status__allocation__devices__results": []}, "no device of driver vmsandbox.dev"),
         ({"status__allocation__devices__results": [{}] * 65}, "at most 64"),
         ({"status__allocation__devices__config": [{"source": "FromClaim",

@@ -22,6 +22,7 @@ from vmsandbox.errors import InfrastructureError, NotFound
 
 DRIVER, NODE = "vmsandbox.dev", "node-a"
 POD = "pod-uid-1"
+SHARE = "9d7c0a4e-0000-4000-8000-000000000001"
 
 
 def claim_json(uid: str, name: str) -> dict[str, Any]:
@@ -31,7 +32,15 @@ def claim_json(uid: str, name: str) -> dict[str, Any]:
             "reservedFor": [{"resource": "pods", "name": "p", "uid": POD}],
             "allocation": {
                 "devices": {
-                    "results": [{"request": "net", "driver": DRIVER, "pool": f"{NODE}-networks", "device": "lan"}]
+                    "results": [
+                        {
+                            "request": "net",
+                            "driver": DRIVER,
+                            "pool": f"{NODE}-networks",
+                            "device": "lan",
+                            "shareID": SHARE,
+                        }
+                    ]
                 }
             },
         },
@@ -104,9 +113,10 @@ def test_prepare_and_unprepare(setup: tuple[DraConfig, FakeApi, ClaimStore, DraP
     reply = stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=claims), timeout=5)
     good = reply.claims["u-good"]
     assert good.error == ""
-    assert [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in good.devices] == [
-        (["net"], "node-a-networks", "lan", [])
+    got = [
+        (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids), d.share_id) for d in good.devices
     ]
+    assert got == [(["net"], "node-a-networks", "lan", [], SHARE)]
     assert "the claim was replaced" in reply.claims["u-old"].error
     assert "not found" in reply.claims["u-missing"].error
     assert "is not a uid" in reply.claims["../escape"].error
