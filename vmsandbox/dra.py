@@ -11,6 +11,9 @@ what a prepared claim is (pure).
   device allocated to this driver on this node's pool, and the opaque configuration that applies to
   it (``NetworkConfig``: the interface's name inside the pod and static addresses).
 * ``claim_record`` / ``claim_from_record``: a prepared claim as the store keeps it.
+* ``plan_claims``: what ``vmsandbox plan`` shows of a pod's ResourceClaims, from the claim and
+  template manifests beside it: each request of a class of this driver, the networks that could
+  serve it and the config it would get.
 
 Every input is bounded and checked; a failure is ``InvalidArgument`` naming the field.
 """
@@ -456,3 +459,89 @@ def claim_from_record(data: object) -> PreparedClaim:
             validation.uid(share, f"{where}.shareID")
         out.append(PreparedDevice(d["request"], d["pool"], d["device"], config, share))
     return PreparedClaim(uid, namespace, name, tuple(pods), tuple(out))
+
+
+# ---- plan --------------------------------------------------------------------------------------
+
+NETWORK_CLASS = "vmsandbox-network"  # deploy/dra/deviceclass.yaml
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    claim: str  # the pod's name for the claim
+    source: str  # "template NAME", "claim NAME", or "" when its manifest was not given
+    request: str
+    device_class: str
+    networks: tuple[str, ...]  # of this node's, those that could serve it; () when not this driver's class
+    config: NetworkConfig = NetworkConfig()
+
+
+def _class_is_ours(name: str, docs: list[Any], driver: str) -> bool:
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == "DeviceClass" and _get(doc, "metadata.name") == name:
+            selectors = _get(doc, "spec.selectors") or []
+            return isinstance(selectors, list) and any(
+                f'device.driver == "{driver}"' in str(_get(sel, "cel.expression") or "") for sel in selectors
+            )
+    return name == NETWORK_CLASS
+
+
+def plan_claims(
+    claims: tuple[tuple[str, str, str], ...],
+    docs: list[Any],
+    namespace: str,
+    driver: str,
+    networks: tuple[NetworkAttachment, ...],
+) -> tuple[PlannedRequest, ...]:
+    """Each request of each of the pod's claims (``PodManifest.resource_claims``), as the claim or
+    template manifests among ``docs`` declare it. Selectors are not evaluated: every configured
+    network is a candidate for a request of this driver's class."""
+    out = []
+    for name, template, claim_name in claims:
+        kind, wanted = ("ResourceClaimTemplate", template) if template else ("ResourceClaim", claim_name)
+        doc = next(
+            (
+                d
+                for d in docs
+                if isinstance(d, dict)
+                and d.get("kind") == kind
+                and _get(d, "metadata.name") == wanted
+                and (_get(d, "metadata.namespace") or "default") == namespace
+            ),
+            None,
+        )
+        if doc is None:
+            out.append(PlannedRequest(name, "", "", "", ()))
+            continue
+        spec = _get(doc, "spec.spec" if template else "spec")
+        where = f"{kind} {wanted}"
+        requests = _get(spec, "devices.requests") or []
+        configs = _get(spec, "devices.config") or []
+        if not isinstance(requests, list) or not isinstance(configs, list):
+            raise InvalidArgument(f"{where}: spec.devices.requests and config must be lists")
+        claim_configs = [dict(c, source="FromClaim") if isinstance(c, dict) else c for c in configs]
+        for i, req in enumerate(requests):
+            req_name = _get(req, "name")
+            if not isinstance(req_name, str) or not req_name:
+                raise InvalidArgument(f"{where}: spec.devices.requests[{i}].name: missing")
+            choices = _get(req, "firstAvailable")
+            subs = (
+                [(f"{req_name}/{_get(c, 'name')}", _get(c, "deviceClassName")) for c in choices]
+                if isinstance(choices, list)
+                else [(req_name, _get(req, "exactly.deviceClassName"))]
+            )
+            for request, device_class in subs:
+                if not isinstance(device_class, str):
+                    raise InvalidArgument(f"{where}: request {validation.quote(request)}: no deviceClassName")
+                ours = _class_is_ours(device_class, docs, driver)
+                out.append(
+                    PlannedRequest(
+                        name,
+                        f"{'template' if template else 'claim'} {wanted}",
+                        request,
+                        device_class,
+                        tuple(n.name for n in networks) if ours else (),
+                        _device_config(claim_configs, driver, request, where) if ours else NetworkConfig(),
+                    )
+                )
+    return tuple(out)

@@ -14,12 +14,14 @@ from vmsandbox.dra import (
     DraConfig,
     NetworkAttachment,
     NetworkConfig,
+    PlannedRequest,
     PreparedClaim,
     PreparedDevice,
     claim_from_record,
     claim_record,
     network_slice,
     parse_dra_config,
+    plan_claims,
     prepared_claim,
     slice_differs,
 )
@@ -298,3 +300,50 @@ def test_any_json_is_a_record_or_refused(data: object) -> None:
 def test_any_network_is_parsed_or_refused(data: dict[str, Any]) -> None:
     with contextlib.suppress(InvalidArgument):
         parse_dra_config({"networks": [data]}, "c")
+
+
+TEMPLATE = {
+    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "t"},
+    "spec": {"spec": {"devices": {
+        "requests": [{"name": "net", "exactly": {"deviceClassName": "vmsandbox-network"}},
+                     {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}},
+                     {"name": "any", "firstAvailable": [{"name": "fast", "deviceClassName": "vmsandbox-network"}]}],
+        "config": [{"requests": ["net"], "opaque": {"driver": DRIVER, "parameters": {"interfaceName": "net1"}}}],
+    }}},
+}  # fmt: skip
+NETS = (NetworkAttachment("lan", "bridge", "br-lan", "192.168.50.0/24"),)
+
+
+@pytest.mark.parametrize(
+    ("claims", "docs", "want"),
+    [
+        ((("c", "t", ""),), [TEMPLATE], (
+            PlannedRequest("c", "template t", "net", "vmsandbox-network", ("lan",), NetworkConfig("net1")),
+            PlannedRequest("c", "template t", "gpu", "gpu.example.com", ()),
+            PlannedRequest("c", "template t", "any/fast", "vmsandbox-network", ("lan",)),
+        )),
+        ((("c", "", "shared"),), [TEMPLATE], (PlannedRequest("c", "", "", "", ()),)),
+        ((("c", "", "shared"),), [{"kind": "ResourceClaim", "metadata": {"name": "shared"},
+                                  "spec": TEMPLATE["spec"]["spec"]}],  # type: ignore[index]
+         (PlannedRequest("c", "claim shared", "net", "vmsandbox-network", ("lan",), NetworkConfig("net1")),
+          PlannedRequest("c", "claim shared", "gpu", "gpu.example.com", ()),
+          PlannedRequest("c", "claim shared", "any/fast", "vmsandbox-network", ("lan",)))),
+        # a DeviceClass in the manifest decides whether the class is ours
+        ((("c", "t", ""),), [TEMPLATE, {"kind": "DeviceClass", "metadata": {"name": "vmsandbox-network"},
+                                        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "x"'}}]}}],
+         (PlannedRequest("c", "template t", "net", "vmsandbox-network", ()),
+          PlannedRequest("c", "template t", "gpu", "gpu.example.com", ()),
+          PlannedRequest("c", "template t", "any/fast", "vmsandbox-network", ()))),
+    ],
+)  # fmt: skip
+def test_plan_claims(
+    claims: tuple[tuple[str, str, str], ...], docs: list[Any], want: tuple[PlannedRequest, ...]
+) -> None:
+    assert plan_claims(claims, docs, "default", DRIVER, NETS) == want
+
+
+def test_plan_claims_refuses_a_malformed_template() -> None:
+    bad = copy.deepcopy(TEMPLATE)
+    bad["spec"]["spec"]["devices"]["requests"] = [{"exactly": {}}]  # type: ignore[index]
+    with pytest.raises(InvalidArgument, match="name: missing"):
+        plan_claims((("c", "t", ""),), [bad], "default", DRIVER, NETS)
