@@ -129,7 +129,14 @@ def _plan(args: argparse.Namespace) -> int:
     host = plan.HostSource.fixture(args.host_sysfs) if args.host_sysfs else plan.HostSource.real(config)
     taken = inspect_state.claims(args.state_dir) if args.state_dir else {}
     result = plan.make_plan(
-        manifest, profiles, config, host, profile_name=args.profile or "", handler=args.handler or "", taken=taken
+        manifest,
+        profiles,
+        config,
+        host,
+        profile_name=args.profile or "",
+        handler=args.handler or "",
+        taken=taken,
+        docs=plan.load_documents(args.manifest),
     )
     if args.format == "json":
         print(textout.to_json(plan.plan_doc(result)))

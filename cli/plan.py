@@ -32,6 +32,7 @@ from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.claims import Claim
 from vmsandbox.domain import SandboxIdentity
 from vmsandbox.domain_xml import render
+from vmsandbox.dra import PlannedRequest, plan_claims
 from vmsandbox.errors import CannotFit, InvalidArgument
 from vmsandbox.host import choose_accel, format_cpulist
 from vmsandbox.lifecycle import plan_sandbox, pod_demand
@@ -104,6 +105,7 @@ class Plan:
     refusal: str | None
     shortfalls: tuple[Shortfall, ...]
     notes: tuple[str, ...]
+    claims: tuple[PlannedRequest, ...] = ()  # the pod's ResourceClaims' requests (vmsandbox.dra.plan_claims)
 
     @property
     def fits(self) -> bool:
@@ -111,17 +113,22 @@ class Plan:
 
 
 # -- inputs -----------------------------------------------------------------------------------------
-def load_manifest(path: str, index: int | None) -> PodManifest:
+def load_documents(path: str) -> list[Any]:
+    """Every YAML document of the manifest file (the pod's claim and template manifests among them)."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
         raise InvalidArgument(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        return [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else path
         raise InvalidArgument(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+
+
+def load_manifest(path: str, index: int | None) -> PodManifest:
+    docs = load_documents(path)
     try:
         found = workloads(docs)
         if index is None and len(found) > 1:
@@ -221,12 +228,22 @@ def make_plan(
     profile_name: str = "",
     handler: str = "",
     taken: Mapping[str, Claim] | None = None,
+    docs: Sequence[Any] = (),
 ) -> Plan:
-    """What the shim would do with ``manifest``; ``taken``: what a running shim holds (``--state-dir``)."""
+    """What the shim would do with ``manifest``; ``taken``: what a running shim holds (``--state-dir``);
+    ``docs``: the manifest file's documents, where the pod's ResourceClaims and templates are looked up."""
     profile, handler, notes = choose_profile(
         profiles, manifest, name=profile_name, handler=handler, default_handler=config.default_handler
     )
     notes = list(manifest.notes) + notes
+    claims = plan_claims(
+        manifest.resource_claims, list(docs), manifest.namespace, config.dra.driver_name, config.dra.networks
+    )
+    for c in claims:
+        if not c.source:
+            notes.append(f"resourceClaims {c.claim}: its ResourceClaim or template is not in the manifest")
+    if any(c.networks for c in claims):
+        notes.append("claimed networks are prepared by the DRA driver but not attached to the VM yet (docs/dra.md)")
     inv = read_inventory(host.sys_root, host.proc_root)
     if not inv.cpus:
         raise InvalidArgument(f"{host.sys_root}: no online CPUs found")
@@ -258,6 +275,7 @@ def make_plan(
             refusal=refusal,
             shortfalls=tuple(shortfalls),
             notes=tuple(notes),
+            claims=claims,
         )
 
     request = sandbox_request(manifest, handler)
@@ -410,6 +428,9 @@ def render_text(plan: Plan) -> str:
     pairs.append(("host", host))
     if plan.placement is not None and plan.shape is not None:
         pairs.append(("placement", _placement_line(plan.shape, plan.placement)))
+    for c in plan.claims:
+        if c.source:
+            pairs.append(("claim", _claim_line(c)))
     pairs.append(("verdict", "fits" if plan.fits else f"does not fit: {plan.refusal}"))
     out.append(textout.fields(pairs, width=9))
     if plan.shortfalls:
@@ -423,6 +444,18 @@ def render_text(plan: Plan) -> str:
         out.append("libvirt domain XML (placeholder sandbox id and uuid):")
         out.append(plan.domain_xml.rstrip("\n"))
     return "\n".join(out) + "\n"
+
+
+def _claim_line(c: PlannedRequest) -> str:
+    head = f"{c.claim} ({c.source}) request {c.request}, class {c.device_class}: "
+    if not c.networks:
+        return head + "not a vmsandbox.dev class (another driver's devices)"
+    line = head + f"a NIC on one of {', '.join(c.networks)}"
+    if c.config.interface_name:
+        line += f", interface {c.config.interface_name}"
+    if c.config.addresses:
+        line += f", addresses {', '.join(c.config.addresses)}"
+    return line
 
 
 def plan_doc(plan: Plan) -> dict[str, Any]:
@@ -471,5 +504,17 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
             else None
         ),
         "notes": list(plan.notes),
+        "claims": [
+            {
+                "claim": c.claim,
+                "source": c.source,
+                "request": c.request,
+                "device_class": c.device_class,
+                "networks": list(c.networks),
+                "interface_name": c.config.interface_name,
+                "addresses": list(c.config.addresses),
+            }
+            for c in plan.claims
+        ],
         "domain_xml": plan.domain_xml,
     }

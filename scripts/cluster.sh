@@ -59,6 +59,11 @@ SHARED_CPUS=${CLUSTER_SHARED_CPUS:-}
 READY_TIMEOUT_S=${CLUSTER_READY_TIMEOUT_S:-240}
 DOWNSTREAM=${CLUSTER_DOWNSTREAM:-containerd} # or none
 MODE=${CLUSTER_MODE:-proxy} # or shim: the kubelet talks to containerd, vmsandbox is its runtime shim; or plain
+# 1: vmsandbox is also the DRA driver vmsandbox.dev (docs/dra.md), with one secondary network,
+# DRA_NETWORK on DRA_BRIDGE, and deploy/dra/ (its RBAC and device class) applied
+DRA=${CLUSTER_DRA:-0}
+DRA_BRIDGE=${CLUSTER_DRA_BRIDGE:-vmsbr-dra0}
+DRA_NETWORK=${CLUSTER_DRA_NETWORK:-10.240.0.0/24}
 KUBE_PROXY_HEALTHZ_PORT=${CLUSTER_KUBE_PROXY_HEALTHZ_PORT:-11256}
 KUBE_PROXY_METRICS_PORT=${CLUSTER_KUBE_PROXY_METRICS_PORT:-11249}
 # CoreDNS listens on the node's address at DNS_PORT; pods ask the kube-dns Service at DNS_IP:53,
@@ -204,6 +209,8 @@ make_pki() {
     # system:coredns gets its role from $CLUSTER_DIR/dns.yaml
     cert kube-proxy "/CN=system:kube-proxy" "$client"
     cert coredns "/CN=system:coredns" "$client"
+    # the DRA driver's credential: deploy/dra/rbac.yaml binds this user
+    cert vmsandbox-dra "/CN=system:vmsandbox-dra" "$client"
     new_key "$PKI/sa.key"
     openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
     chmod 0600 "$PKI"/*.key
@@ -235,6 +242,7 @@ write_configs() {
     kubeconfig "$PKI/kubelet.kubeconfig" "system:node:$NODE_NAME" kubelet
     kubeconfig "$PKI/kube-proxy.kubeconfig" system:kube-proxy kube-proxy
     kubeconfig "$PKI/coredns.kubeconfig" system:coredns coredns
+    kubeconfig "$PKI/vmsandbox-dra.kubeconfig" system:vmsandbox-dra vmsandbox-dra
 
     mkdir -p "$CLUSTER_DIR/net.d" "$CLUSTER_DIR/netns" "$CLUSTER_DIR/ipam" "$SHIM" "$CLUSTER_DIR/registry"
     cat >"$CLUSTER_DIR/net.d/10-vmsandbox-cluster.conflist" <<EOF
@@ -261,6 +269,8 @@ netns_dir: $CLUSTER_DIR/netns
 $([[ $DOWNSTREAM == containerd && $MODE == proxy ]] && echo "downstream_endpoint: unix://$CONTAINERD/containerd.sock")
 $([[ $MODE == shim ]] && printf 'containerd_address: %s\ncontainerd_root: %s\ncontainerd_shim_dir: %s\n' \
     "$CONTAINERD/containerd.sock" "$CONTAINERD/root" "$SHIM_SOCKETS")
+$([[ $DRA == 1 ]] && printf 'dra:\n  kubeconfig: %s\n  node_name: %s\n  networks:\n    - {name: net1, kind: bridge, interface: %s, subnet: "%s"}\n' \
+    "$PKI/vmsandbox-dra.kubeconfig" "$NODE_NAME" "$DRA_BRIDGE" "$DRA_NETWORK")
 registries:
   # the cluster's registry (127.0.0.1:$REGISTRY_PORT) mirrors docker.io: push busybox there and
   # \`image: busybox\` pulls it offline; images may also name 127.0.0.1:$REGISTRY_PORT/... directly
@@ -652,6 +662,9 @@ up() {
         --authorization-kubeconfig="$PKI/scheduler.kubeconfig" \
         --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --leader-elect=false --profiling=false
 
+    if [[ $DRA == 1 ]]; then # before the shim starts: its first ResourceSlice sync needs its RBAC
+        kubectl apply -f "$REPO_ROOT/deploy/dra/rbac.yaml" -f "$REPO_ROOT/deploy/dra/deviceclass.yaml" >/dev/null
+    fi
     log "${DOWNSTREAM/none/no downstream}, vmsandbox shim and kubelet (node $NODE_NAME) in a private mount namespace"
     export CLUSTER_DIR KUBE_BIN NODE_NAME NODE_IP PY DOWNSTREAM REGISTRY_PORT CONTAINERD_BIN_DIR
     unshare -m --propagation private -- "$SELF" _node

@@ -15,6 +15,9 @@ else ever is); ``cdi_spec_dirs`` are where CDI specs are read, later directories
 its own uid and gid from.
 ``pod_network`` is ``cni`` (pods get a network from the CNI configuration in ``cni_conf_dir`` and
 the plugins in ``cni_bin_dirs``; namespaces live in ``netns_dir``) or ``none`` (no NIC at all).
+``dra`` configures the Dynamic Resource Allocation driver (``vmsandbox.dra.parse_dra_config``:
+``kubeconfig``, ``driver_name``, ``kubelet_plugins_registry_dir``, ``kubelet_plugins_dir``,
+``node_name``, ``networks``); it is off unless a kubeconfig is given.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import yaml
 
 from vmsandbox.cdi import DEFAULT_SPEC_DIRS
 from vmsandbox.devices import parse_pool_config
+from vmsandbox.dra import DraConfig, parse_dra_config
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import format_cpulist, parse_cpulist
 from vmsandbox.nri_rules import NriConfig
@@ -112,6 +116,8 @@ class ShimConfig:
     containerd_shim_dir: str = "/run/vmsandbox/containerd"
     # how often the disks of images containerd removed leave vmsandbox's store; 0 = never
     containerd_image_prune_s: int = 300
+    # the DRA driver (docs/dra.md, vmsandbox.dra): off unless ``dra.kubeconfig`` is given
+    dra: DraConfig = field(default_factory=DraConfig)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def memory_reserved_on(self, node: int) -> int:
@@ -122,6 +128,7 @@ class ShimConfig:
 
 
 _KEYS = {
+    "dra",
     "containerd_address",
     "containerd_image_prune_s",
     "containerd_root",
@@ -261,6 +268,7 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
             raise InvalidArgument(f"{source}: mount_allowlist: must be a list of absolute paths")
         kwargs["mount_allowlist"] = tuple(paths)
     kwargs["nri"] = parse_nri_config(data.get("nri"), source)
+    kwargs["dra"] = parse_dra_config(data.get("dra"), source)
     kwargs["registries"] = parse_registries(data.get("registries"), f"{source}: registries")
     if "qemu_uids" in data:
         kwargs["qemu_uids"] = parse_uid_range(str(data["qemu_uids"]), f"{source}: qemu_uids")

@@ -7,7 +7,8 @@ log directory are 0700 and the state database 0600 (SQLite gives its -wal and -s
 database's mode). With a downstream runtime and a ``front_binary``, the shim binds and secures the
 CRI socket the same way and hands it to its front (``shim/front.py``), serving gRPC itself on
 ``<state_dir>/shim.sock`` (0600). With ``containerd_address`` it also serves the node's containerd
-as its runtime shim (shim mode, ``shim.containerd.front``).
+as its runtime shim (shim mode, ``shim.containerd.front``). With ``dra.kubeconfig`` it is also a DRA
+driver, the kubelet's plugin (``shim.dra``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from shim import metrics, status
 from shim.config import ShimConfig
 from shim.containerd.front import ContainerdFront
 from shim.containers import Containers
+from shim.dra.driver import DraDriver
 from shim.front import Front, FrontLimits, check_binary, shim_socket
 from shim.health import Health
 from shim.host_policy import qemu_reaches
@@ -77,6 +79,7 @@ class Running:
     downstream: Downstream | None = None
     front: Front | None = None
     containerd: ContainerdFront | None = None
+    dra: DraDriver | None = None
 
     def stop(self, grace: float = 5.0) -> None:
         if self.front is not None:
@@ -86,6 +89,8 @@ class Running:
         if self.health is not None:
             self.health.shutting_down()
         self.server.stop(grace).wait()
+        if self.dra is not None:
+            self.dra.stop()
         if self.nri is not None:
             self.nri.close()
         if self.streaming is not None:
@@ -223,6 +228,7 @@ def start(config: ShimConfig) -> Running:
         sandboxes, containers, hooks, HostPorts(backends.dial), LoopbackForwards(backends.guest_connect, splice)
     )
     pods.resume_node_ports()  # host-network pods this shim ran before a restart
+    dra = DraDriver.start(config.dra, config.state_dir) if config.dra.enabled else None
     runtime = RuntimeServicer(pods, streaming)
     image_servicer = ImageServicer(images, config.state_dir, containers.writable_usage, sandboxes.dirs.total_usage)
     downstream = proxy = None
@@ -296,6 +302,7 @@ def start(config: ShimConfig) -> Running:
         downstream=downstream,
         front=front,
         containerd=containerd,
+        dra=dra,
     )
 
 

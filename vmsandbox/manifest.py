@@ -80,6 +80,8 @@ class PodManifest:
     overhead_cpu_millis: int = 0  # spec.overhead (RuntimeClass overhead)
     overhead_memory_bytes: int = 0
     pod_limits: ResourceList = field(default_factory=ResourceList)  # spec.resources.limits (KEP-2837)
+    # spec.resourceClaims: (name, resourceClaimTemplateName, resourceClaimName), one of the last two set
+    resource_claims: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def pod_level(self) -> bool:
@@ -379,7 +381,22 @@ def pod_from_manifest(doc: Mapping[str, Any]) -> PodManifest:
         overhead_cpu_millis=overhead_cpu.milli_value() if overhead_cpu is not None else 0,
         overhead_memory_bytes=overhead_memory.value_int() if overhead_memory is not None else 0,
         pod_limits=pod_limits,
+        resource_claims=_resource_claims(spec, spec_path),
     )
+
+
+def _resource_claims(spec: Mapping[str, Any], spec_path: str) -> tuple[tuple[str, str, str], ...]:
+    out = []
+    for i, item in enumerate(_list(spec.get("resourceClaims"), f"{spec_path}.resourceClaims")):
+        path = f"{spec_path}.resourceClaims[{i}]"
+        entry = _mapping(item, path, required=True)
+        name = _string(entry.get("name"), f"{path}.name")
+        template = _string(entry.get("resourceClaimTemplateName"), f"{path}.resourceClaimTemplateName", default="")
+        claim = _string(entry.get("resourceClaimName"), f"{path}.resourceClaimName", default="")
+        if bool(template) == bool(claim):
+            raise InvalidArgument(f"{path}: exactly one of resourceClaimTemplateName and resourceClaimName")
+        out.append((name, template, claim))
+    return tuple(out)
 
 
 def _init_raw(spec: Mapping[str, Any]) -> Sequence[Any]:

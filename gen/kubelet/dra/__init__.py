@@ -1,0 +1,1 @@
+"""Generated stubs of the kubelet's Dynamic Resource Allocation plugin API."""

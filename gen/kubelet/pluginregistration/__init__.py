@@ -1,0 +1,1 @@
+"""Generated stubs of the kubelet's plugin registration API."""

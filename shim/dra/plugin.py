@@ -1,0 +1,188 @@
+"""The DRA kubelet plugin: one gRPC server on two unix sockets (0600), the registration socket the
+kubelet's plugin watcher finds in its ``plugins_registry`` directory (``<driver>-reg.sock``: service
+``pluginregistration.Registration``) and the plugin's own endpoint (``<plugins_dir>/<driver>/dra.sock``:
+``v1.DRAPlugin``, the only DRA service version advertised; a 1.37 kubelet speaks v1 and v1beta1 and
+picks the first it knows of the plugin's list).
+
+NodePrepareResources reads each claim from the API server, reduces it to a prepared claim
+(``vmsandbox.dra.prepared_claim``: this driver's devices on this node, the pods it is reserved for,
+the opaque config) and keeps it in the store before answering its devices; a claim already prepared
+is answered from the store. NodeUnprepareResources forgets it, and a claim not prepared is not an
+error. Each claim's failure is that claim's ``error`` in the reply, as the API asks; the call itself
+fails only when it is malformed as a whole (too many claims)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent import futures
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+
+from gen.kubelet.dra.v1 import api_pb2 as dra_pb
+from gen.kubelet.dra.v1 import api_pb2_grpc as dra_grpc
+from gen.kubelet.pluginregistration.v1 import api_pb2 as reg_pb
+from gen.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from shim.dra.store import ClaimStore
+from vmsandbox import validation
+from vmsandbox.dra import DraConfig, PreparedClaim, check_claim_ref, prepared_claim
+from vmsandbox.errors import InfrastructureError, VmSandboxError
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+SERVICE_VERSIONS = ("v1.DRAPlugin",)
+MAX_CLAIMS_PER_CALL = 256
+
+
+class ClaimSource(Protocol):
+    def get_claim(self, namespace: str, name: str) -> Any: ...
+
+
+def registration_socket(config: DraConfig) -> Path:
+    return Path(config.plugins_registry_dir) / f"{config.driver_name}-reg.sock"
+
+
+def plugin_socket(config: DraConfig) -> Path:
+    return Path(config.plugins_dir) / config.driver_name / "dra.sock"
+
+
+class Registration(reg_grpc.RegistrationServicer):
+    def __init__(self, config: DraConfig) -> None:
+        self._config = config
+        self.registered = threading.Event()
+        self.error = ""
+
+    def GetInfo(self, request: reg_pb.InfoRequest, context: grpc.ServicerContext) -> reg_pb.PluginInfo:
+        return reg_pb.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=self._config.driver_name,
+            endpoint=str(plugin_socket(self._config)),
+            supported_versions=list(SERVICE_VERSIONS),
+        )
+
+    def NotifyRegistrationStatus(
+        self, request: reg_pb.RegistrationStatus, context: grpc.ServicerContext
+    ) -> reg_pb.RegistrationStatusResponse:
+        if request.plugin_registered:
+            log.info("DRA: registered with the kubelet as %s", self._config.driver_name)
+            self.error = ""
+            self.registered.set()
+        else:
+            self.error = validation.bound(request.error)
+            log.error("DRA: the kubelet refused the plugin: %s", self.error)
+        return reg_pb.RegistrationStatusResponse()
+
+
+class DraService(dra_grpc.DRAPluginServicer):
+    def __init__(self, config: DraConfig, node: str, store: ClaimStore, source: ClaimSource) -> None:
+        self._config, self._node, self._store, self._source = config, node, store, source
+        self._devices = frozenset(n.name for n in config.networks)
+        self._lock = threading.Lock()  # one prepare or unprepare of the store at a time
+
+    def NodePrepareResources(
+        self, request: dra_pb.NodePrepareResourcesRequest, context: grpc.ServicerContext
+    ) -> dra_pb.NodePrepareResourcesResponse:
+        if len(request.claims) > MAX_CLAIMS_PER_CALL:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"more than {MAX_CLAIMS_PER_CALL} claims in one call")
+        reply = dra_pb.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            try:
+                prepared = self._prepare(claim)
+            except VmSandboxError as exc:
+                log.warning("DRA: prepare %s/%s: %s", claim.namespace, claim.name, exc)
+                reply.claims[claim.uid].error = validation.bound(str(exc))
+                continue
+            reply.claims[claim.uid].devices.extend(
+                dra_pb.Device(
+                    request_names=[d.request],
+                    pool_name=d.pool,
+                    device_name=d.device,
+                    cdi_device_ids=[],
+                    share_id=d.share_id or None,
+                )
+                for d in prepared.devices
+            )
+        return reply
+
+    def _prepare(self, claim: dra_pb.Claim) -> PreparedClaim:
+        check_claim_ref(claim.namespace, claim.name, claim.uid)
+        with self._lock:
+            known = self._store.get(claim.uid)
+            if known is not None:
+                return known
+        got = self._source.get_claim(claim.namespace, claim.name)
+        prepared = prepared_claim(
+            got, claim.namespace, claim.name, claim.uid, self._config.driver_name, self._node, self._devices
+        )
+        with self._lock:
+            self._store.put(prepared)
+        log.info(
+            "DRA: prepared claim %s/%s (%s) for pods %s: %s",
+            claim.namespace,
+            claim.name,
+            claim.uid,
+            ",".join(prepared.pod_uids),
+            ",".join(d.device for d in prepared.devices),
+        )
+        return prepared
+
+    def NodeUnprepareResources(
+        self, request: dra_pb.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
+    ) -> dra_pb.NodeUnprepareResourcesResponse:
+        if len(request.claims) > MAX_CLAIMS_PER_CALL:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"more than {MAX_CLAIMS_PER_CALL} claims in one call")
+        reply = dra_pb.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            try:
+                check_claim_ref(claim.namespace, claim.name, claim.uid)
+                with self._lock:
+                    if self._store.remove(claim.uid):
+                        log.info("DRA: unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
+                reply.claims[claim.uid].error = ""
+            except (VmSandboxError, OSError) as exc:
+                reply.claims[claim.uid].error = validation.bound(str(exc))
+        return reply
+
+
+class DraPlugin:
+    """The plugin's server and sockets; ``start`` after the store is loaded, ``stop`` at a clean stop
+    (the registration socket goes, so the kubelet forgets the plugin)."""
+
+    def __init__(self, config: DraConfig, node: str, store: ClaimStore, source: ClaimSource) -> None:
+        self.config = config
+        self.registration = Registration(config)
+        self.service = DraService(config, node, store, source)
+        self._server: grpc.Server | None = None
+
+    def start(self) -> None:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="dra"))
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, server)
+        dra_grpc.add_DRAPluginServicer_to_server(self.service, server)
+        for path in (plugin_socket(self.config), registration_socket(self.config)):
+            path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            if path.is_socket():
+                path.unlink()  # left by a process that did not stop cleanly
+            old = os.umask(0o177)
+            try:
+                port = server.add_insecure_port(f"unix:{path}")
+            except RuntimeError:  # grpc's way of saying the bind failed
+                port = 0
+            finally:
+                os.umask(old)
+            if not port:
+                server.stop(0)
+                raise InfrastructureError(f"DRA: cannot listen on unix socket {path}")
+        server.start()
+        self._server = server
+        log.info("DRA: driver %s serving %s, registering at %s", self.config.driver_name,
+                 plugin_socket(self.config), registration_socket(self.config))  # fmt: skip
+
+    def stop(self, grace: float = 5.0) -> None:
+        registration_socket(self.config).unlink(missing_ok=True)
+        if self._server is not None:
+            self._server.stop(grace).wait()
+        plugin_socket(self.config).unlink(missing_ok=True)

@@ -1,0 +1,32 @@
+"""``vmsandbox plan`` of a pod with ResourceClaims: the requests of vmsandbox.dev's class, the
+networks that could serve them and their config, from the claim and template manifests beside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.cli.vmsandbox_cmd import REPO, TWO_SOCKET, vmsandbox, vmsandbox_json
+
+EXAMPLE = REPO / "deploy" / "dra" / "example-pod.yaml"
+CONFIG = "dra:\n  networks:\n    - {name: net1, kind: bridge, interface: br1, subnet: 10.237.0.0/24}\n"
+
+
+def test_plan_shows_the_claimed_network(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text(CONFIG)
+    code, doc = vmsandbox_json("plan", EXAMPLE, "--config", tmp_path / "config.yaml", "--host-sysfs", TWO_SOCKET)
+    assert code == 0
+    assert doc["claims"] == [
+        {"claim": "net1", "source": "template net1", "request": "net", "device_class": "vmsandbox-network",
+         "networks": ["net1"], "interface_name": "net1", "addresses": ["192.168.77.10/24"]}
+    ]  # fmt: skip
+    assert any("not attached to the VM yet" in n for n in doc["notes"])
+    text = vmsandbox("plan", EXAMPLE, "--config", tmp_path / "config.yaml", "--host-sysfs", TWO_SOCKET).stdout
+    assert "claim      net1 (template net1) request net, class vmsandbox-network: a NIC on one of net1" in text
+
+
+def test_plan_says_when_the_template_is_missing(tmp_path: Path) -> None:
+    pod = EXAMPLE.read_text().split("---\n")[-1]
+    (tmp_path / "pod.yaml").write_text(pod)
+    code, doc = vmsandbox_json("plan", tmp_path / "pod.yaml", "--host-sysfs", TWO_SOCKET)
+    assert code == 0
+    assert any("resourceClaims net1: its ResourceClaim or template is not in the manifest" in n for n in doc["notes"])

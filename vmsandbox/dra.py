@@ -1,0 +1,547 @@
+"""vmsandbox as a Dynamic Resource Allocation driver: its settings, the devices it publishes, and
+what a prepared claim is (pure).
+
+* ``DraConfig``: the driver's name, the kubelet's plugin directories, the API server credential
+  and the node; the driver is off unless a kubeconfig is given.
+* ``NetworkAttachment``: a secondary network the admin defines (a bridge or a macvlan on a host
+  interface, addresses from CNI host-local on a subnet); each is one device of the node's
+  ``networks`` pool, published as a ``resource.k8s.io/v1`` ResourceSlice (``network_slice``).
+* ``prepared_claim``: a ResourceClaim as the API server returns it (JSON) checked against what the
+  kubelet asked to prepare, reduced to what the VM will need: the pods it is reserved for, each
+  device allocated to this driver on this node's pool, and the opaque configuration that applies to
+  it (``NetworkConfig``: the interface's name inside the pod and static addresses).
+* ``claim_record`` / ``claim_from_record``: a prepared claim as the store keeps it.
+* ``plan_claims``: what ``vmsandbox plan`` shows of a pod's ResourceClaims, from the claim and
+  template manifests beside it: each request of a class of this driver, the networks that could
+  serve it and the config it would get.
+
+Every input is bounded and checked; a failure is ``InvalidArgument`` naming the field.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vmsandbox import validation
+from vmsandbox.errors import InvalidArgument
+
+DEFAULT_DRIVER = "vmsandbox.dev"
+NETWORK_POOL_SUFFIX = "networks"
+NETWORK_KINDS = ("bridge", "macvlan")
+MACVLAN_MODES = ("bridge", "vepa", "private", "passthru")
+MAX_NETWORKS = 64
+MAX_RESULTS = 64  # devices of one claim (the API's own bound is 32 requests)
+MAX_CONFIGS = 64
+MAX_ADDRESSES = 16
+MAX_RESERVED = 256  # the API's own bound on status.reservedFor
+_IFNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$")  # Linux: at most 15 bytes, no '/' or space
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class NetworkAttachment:
+    """One secondary network: ``kind`` bridge (``interface`` is a host bridge) or macvlan (on host
+    interface ``interface``, in ``mode``), addresses from ``subnet`` by CNI host-local."""
+
+    name: str
+    kind: str
+    interface: str
+    subnet: str
+    gateway: str = ""
+    mode: str = "bridge"  # macvlan only
+
+
+@dataclass(frozen=True)
+class DraConfig:
+    driver_name: str = DEFAULT_DRIVER
+    kubeconfig: str = ""  # the API server credential; empty: the driver is off
+    plugins_registry_dir: str = "/var/lib/kubelet/plugins_registry"
+    plugins_dir: str = "/var/lib/kubelet/plugins"
+    node_name: str = ""  # empty: the host's name, lower case
+    networks: tuple[NetworkAttachment, ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.kubeconfig)
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """A claim's opaque parameters for a network device: the interface's name in the pod, and
+    static addresses (CIDRs) instead of host-local's."""
+
+    interface_name: str = ""
+    addresses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    request: str
+    pool: str
+    device: str
+    config: NetworkConfig = NetworkConfig()
+    share_id: str = ""  # this claim's share of a device allocated more than once (a network: one per pod)
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    uid: str
+    namespace: str
+    name: str
+    pod_uids: tuple[str, ...]
+    devices: tuple[PreparedDevice, ...]
+
+
+# ---- settings ----------------------------------------------------------------------------------
+
+
+def _string(data: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
+    value = data.get(key, default)
+    if value is None:
+        raise InvalidArgument(f"{where}.{key}: missing")
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{where}.{key}: must be a string")
+    return value
+
+
+def parse_network(data: object, where: str) -> NetworkAttachment:
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{where}: must be a mapping (name, kind, interface, subnet)")
+    unknown = sorted(set(data) - {"name", "kind", "interface", "subnet", "gateway", "mode"})
+    if unknown:
+        raise InvalidArgument(f"{where}.{unknown[0]}: unknown key")
+    name = _string(data, "name", where)
+    validation.dns1123_label(name, f"{where}.name")
+    kind = _string(data, "kind", where)
+    if kind not in NETWORK_KINDS:
+        raise InvalidArgument(f"{where}.kind: must be one of {', '.join(NETWORK_KINDS)}")
+    interface = _string(data, "interface", where)
+    if not _IFNAME.match(interface):
+        raise InvalidArgument(f"{where}.interface: {validation.quote(interface)} is not a host interface name")
+    subnet = _string(data, "subnet", where)
+    try:
+        net = ipaddress.ip_network(subnet, strict=True)
+    except ValueError:
+        raise InvalidArgument(f"{where}.subnet: {validation.quote(subnet)} is not a network (CIDR)") from None
+    gateway = _string(data, "gateway", where, "")
+    if gateway:
+        try:
+            ok = ipaddress.ip_address(gateway) in net
+        except ValueError:
+            ok = False
+        if not ok:
+            raise InvalidArgument(f"{where}.gateway: {validation.quote(gateway)} is not an address of {subnet}")
+    mode = _string(data, "mode", where, "bridge")
+    if mode not in MACVLAN_MODES or (kind != "macvlan" and "mode" in data):
+        raise InvalidArgument(f"{where}.mode: macvlan only, one of {', '.join(MACVLAN_MODES)}")
+    return NetworkAttachment(name, kind, interface, str(net), gateway, mode)
+
+
+def parse_dra_config(data: object, source: str) -> DraConfig:
+    """The ``dra`` mapping of the shim's configuration."""
+    where = f"{source}: dra"
+    if data is None:
+        return DraConfig()
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{where}: must be a mapping")
+    keys = {"driver_name", "kubeconfig", "kubelet_plugins_registry_dir", "kubelet_plugins_dir", "node_name", "networks"}
+    unknown = sorted(set(data) - keys)
+    if unknown:
+        raise InvalidArgument(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(keys))})")
+    driver = _string(data, "driver_name", where, DEFAULT_DRIVER)
+    validation.dns1123_subdomain(driver, f"{where}.driver_name")
+    paths = {}
+    for key, default in (
+        ("kubeconfig", ""),
+        ("kubelet_plugins_registry_dir", DraConfig.plugins_registry_dir),
+        ("kubelet_plugins_dir", DraConfig.plugins_dir),
+    ):
+        value = _string(data, key, where, default)
+        if value and not value.startswith("/"):
+            raise InvalidArgument(f"{where}.{key}: must be an absolute path")
+        paths[key] = value
+    node = _string(data, "node_name", where, "")
+    if node:
+        validation.dns1123_subdomain(node, f"{where}.node_name")
+    networks = data.get("networks")
+    networks = [] if networks is None else networks
+    if not isinstance(networks, list) or len(networks) > MAX_NETWORKS:
+        raise InvalidArgument(f"{where}.networks: must be a list of at most {MAX_NETWORKS} networks")
+    parsed = tuple(parse_network(n, f"{where}.networks[{i}]") for i, n in enumerate(networks))
+    names = [n.name for n in parsed]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InvalidArgument(f"{where}.networks: {dup[0]} is defined twice")
+    return DraConfig(
+        driver_name=driver,
+        kubeconfig=paths["kubeconfig"],
+        plugins_registry_dir=paths["kubelet_plugins_registry_dir"],
+        plugins_dir=paths["kubelet_plugins_dir"],
+        node_name=node,
+        networks=parsed,
+    )
+
+
+# ---- ResourceSlices ----------------------------------------------------------------------------
+
+
+def network_pool(node: str) -> str:
+    return f"{node}-{NETWORK_POOL_SUFFIX}"
+
+
+def slice_name(driver: str, node: str) -> str:
+    """The object name of the node's network slice (a DNS subdomain: driver and node are)."""
+    name = f"{node}-{driver}-{NETWORK_POOL_SUFFIX}"
+    validation.dns1123_subdomain(name, "resourceslice name")
+    return name
+
+
+def network_device(driver: str, network: NetworkAttachment) -> dict[str, Any]:
+    """One ResourceSlice device (resource.k8s.io/v1 ``Device``) for a network attachment."""
+    domain = driver
+    return {
+        "name": network.name,
+        # every pod on a network gets its own share (its own NIC): the scheduler may allocate the device
+        # to many claims at once (DRAConsumableCapacity, on by default since 1.36), each with a shareID
+        "allowMultipleAllocations": True,
+        "attributes": {
+            f"{domain}/type": {"string": "network"},
+            f"{domain}/kind": {"string": network.kind},
+            f"{domain}/interface": {"string": network.interface},
+            f"{domain}/subnet": {"string": network.subnet},
+        },
+    }
+
+
+def network_slice(driver: str, node: str, networks: tuple[NetworkAttachment, ...], generation: int) -> dict[str, Any]:
+    """The node's network pool as one ResourceSlice (the whole pool: resourceSliceCount 1)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": slice_name(driver, node), "labels": {"app.kubernetes.io/managed-by": driver}},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": network_pool(node), "generation": generation, "resourceSliceCount": 1},
+            "devices": [network_device(driver, n) for n in networks],
+        },
+    }
+
+
+def slice_differs(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether the slice the API server has is not the one we publish: its node, its pool, its devices'
+    names and attributes (fields an API server without a feature gate drops are not compared)."""
+    spec = current.get("spec")
+    want = wanted["spec"]
+    if not isinstance(spec, dict) or not isinstance(spec.get("devices"), list):
+        return True
+
+    def devices(items: list[Any]) -> list[Any]:
+        return [(d.get("name"), d.get("attributes")) if isinstance(d, dict) else None for d in items]
+
+    return (
+        any(spec.get(k) != want[k] for k in ("driver", "nodeName"))
+        or devices(spec["devices"]) != devices(want["devices"])
+        or not isinstance(spec.get("pool"), dict)
+        or spec["pool"].get("name") != want["pool"]["name"]
+    )
+
+
+# ---- claims ------------------------------------------------------------------------------------
+
+
+def _get(data: object, path: str) -> Any:
+    """data[a][b]... for ``a.b``; None where a step is missing or not a mapping."""
+    for key in path.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def check_claim_ref(namespace: str, name: str, uid: str) -> None:
+    """What the kubelet passes for a claim."""
+    validation.dns1123_label(namespace, "claim namespace")
+    validation.dns1123_subdomain(name, "claim name")
+    claim_uid(uid)
+
+
+def claim_uid(uid: str) -> None:
+    if not isinstance(uid, str) or not _UID.match(uid):
+        raise InvalidArgument(f"claim uid: {validation.quote(str(uid))} is not a uid")
+
+
+def parse_network_config(params: object, where: str) -> NetworkConfig:
+    if params is None:
+        return NetworkConfig()
+    if not isinstance(params, dict):
+        raise InvalidArgument(f"{where}: must be an object (interfaceName, addresses)")
+    unknown = sorted(set(params) - {"apiVersion", "kind", "interfaceName", "addresses"})
+    if unknown:
+        raise InvalidArgument(f"{where}.{validation.quote(str(unknown[0]))}: unknown field")
+    ifname = params.get("interfaceName", "")
+    if not isinstance(ifname, str) or (ifname and (not _IFNAME.match(ifname) or ifname in ("lo", "eth0"))):
+        raise InvalidArgument(f"{where}.interfaceName: {validation.quote(str(ifname))} is not an interface name")
+    addresses = params.get("addresses", [])
+    if not isinstance(addresses, list) or len(addresses) > MAX_ADDRESSES:
+        raise InvalidArgument(f"{where}.addresses: must be a list of at most {MAX_ADDRESSES} CIDRs")
+    out = []
+    for i, text in enumerate(addresses):
+        try:
+            if not isinstance(text, str) or "/" not in text:
+                raise ValueError
+            out.append(str(ipaddress.ip_interface(text)))
+        except ValueError:
+            raise InvalidArgument(f"{where}.addresses[{i}]: {validation.quote(str(text))} is not a CIDR") from None
+    return NetworkConfig(ifname, tuple(out))
+
+
+def _applies(config_requests: object, request: str) -> bool:
+    if config_requests is None or config_requests == []:
+        return True  # no requests named: every request of the claim
+    if not isinstance(config_requests, list):
+        return False
+    return any(isinstance(r, str) and (r == request or request.startswith(r + "/")) for r in config_requests)
+
+
+def _device_config(configs: list[Any], driver: str, request: str, where: str) -> NetworkConfig:
+    """The opaque configuration for one device: FromClass entries first, then FromClaim (the claim's
+    win), each later entry overriding field by field (as the API documents its order)."""
+    merged = NetworkConfig()
+    for source in ("FromClass", "FromClaim"):
+        for i, entry in enumerate(configs):
+            if not isinstance(entry, dict) or entry.get("source") != source:
+                continue
+            opaque = entry.get("opaque")
+            if not isinstance(opaque, dict) or opaque.get("driver") != driver:
+                continue
+            if not _applies(entry.get("requests"), request):
+                continue
+            got = parse_network_config(opaque.get("parameters"), f"{where}.config[{i}].opaque.parameters")
+            merged = NetworkConfig(
+                got.interface_name or merged.interface_name,
+                got.addresses or merged.addresses,
+            )
+    return merged
+
+
+def prepared_claim(
+    claim: object,
+    namespace: str,
+    name: str,
+    uid: str,
+    driver: str,
+    node: str,
+    devices: frozenset[str],
+) -> PreparedClaim:
+    """A ResourceClaim read from the API server, as this node prepares it: the claim the kubelet
+    named (same namespace, name and uid), allocated, reserved for at least one pod; of its
+    allocation results those of ``driver``, each on this node's network pool and naming one of
+    ``devices``. The results of other drivers are theirs."""
+    check_claim_ref(namespace, name, uid)
+    where = f"resourceclaim {namespace}/{name}"
+    meta = _get(claim, "metadata")
+    if not isinstance(meta, dict) or meta.get("namespace") != namespace or meta.get("name") != name:
+        raise InvalidArgument(f"{where}: the API server answered another object")
+    if meta.get("uid") != uid:
+        raise InvalidArgument(f"{where}: its uid is not {validation.quote(uid)} (the claim was replaced)")
+    allocation = _get(claim, "status.allocation")
+    if not isinstance(allocation, dict):
+        raise InvalidArgument(f"{where}: not allocated")
+    reserved = _get(claim, "status.reservedFor") or []
+    if not isinstance(reserved, list) or len(reserved) > MAX_RESERVED:
+        raise InvalidArgument(f"{where}: status.reservedFor: must be a list")
+    pods = []
+    for i, ref in enumerate(reserved):
+        if not isinstance(ref, dict):
+            raise InvalidArgument(f"{where}: status.reservedFor[{i}]: must be an object")
+        if ref.get("resource") != "pods" or ref.get("apiGroup", "") not in ("", None):
+            continue
+        pod_uid = ref.get("uid")
+        if not isinstance(pod_uid, str):
+            raise InvalidArgument(f"{where}: status.reservedFor[{i}].uid: missing")
+        validation.uid(pod_uid, f"{where}: status.reservedFor[{i}].uid")
+        if pod_uid not in pods:
+            pods.append(pod_uid)
+    if not pods:
+        raise InvalidArgument(f"{where}: reserved for no pod")
+    if len(pods) > 1:  # a device of this driver is a NIC of one VM
+        raise InvalidArgument(f"{where}: reserved for {len(pods)} pods; a vmsandbox.dev claim serves one pod")
+    results = _get(allocation, "devices.results") or []
+    configs = _get(allocation, "devices.config") or []
+    if not isinstance(results, list) or len(results) > MAX_RESULTS:
+        raise InvalidArgument(f"{where}: status.allocation.devices.results: must be a list of at most {MAX_RESULTS}")
+    if not isinstance(configs, list) or len(configs) > MAX_CONFIGS:
+        raise InvalidArgument(f"{where}: status.allocation.devices.config: must be a list of at most {MAX_CONFIGS}")
+    pool = network_pool(node)
+    out = []
+    for i, result in enumerate(results):
+        at = f"{where}: status.allocation.devices.results[{i}]"
+        if not isinstance(result, dict):
+            raise InvalidArgument(f"{at}: must be an object")
+        if result.get("driver") != driver:
+            continue
+        request, res_pool, device = (result.get(k) for k in ("request", "pool", "device"))
+        if not all(isinstance(v, str) and v for v in (request, res_pool, device)):
+            raise InvalidArgument(f"{at}: request, pool and device must be given")
+        assert isinstance(request, str) and isinstance(res_pool, str) and isinstance(device, str)
+        validation.text(request, f"{at}.request", 127)
+        if res_pool != pool:
+            raise InvalidArgument(f"{at}: pool {validation.quote(res_pool)} is not this node's ({pool})")
+        if device not in devices:
+            raise InvalidArgument(f"{at}: device {validation.quote(device)} is not published by this node")
+        share = result.get("shareID", "")
+        if not isinstance(share, str):
+            raise InvalidArgument(f"{at}.shareID: must be a string")
+        if share:
+            validation.uid(share, f"{at}.shareID")
+        out.append(PreparedDevice(request, res_pool, device, _device_config(configs, driver, request, where), share))
+    if not out:
+        raise InvalidArgument(f"{where}: no device of driver {driver} is allocated")
+    return PreparedClaim(uid, namespace, name, tuple(pods), tuple(out))
+
+
+def claim_record(claim: PreparedClaim) -> dict[str, Any]:
+    return {
+        "uid": claim.uid,
+        "namespace": claim.namespace,
+        "name": claim.name,
+        "podUIDs": list(claim.pod_uids),
+        "devices": [
+            {
+                "request": d.request,
+                "pool": d.pool,
+                "device": d.device,
+                "interfaceName": d.config.interface_name,
+                "addresses": list(d.config.addresses),
+                "shareID": d.share_id,
+            }
+            for d in claim.devices
+        ],
+    }
+
+
+def claim_from_record(data: object) -> PreparedClaim:
+    """A stored prepared claim, checked as anything read back from disk is."""
+    if not isinstance(data, dict):
+        raise InvalidArgument("prepared claim: must be an object")
+    uid, namespace, name = (data.get(k) for k in ("uid", "namespace", "name"))
+    if not all(isinstance(v, str) for v in (uid, namespace, name)):
+        raise InvalidArgument("prepared claim: uid, namespace and name must be strings")
+    assert isinstance(uid, str) and isinstance(namespace, str) and isinstance(name, str)
+    check_claim_ref(namespace, name, uid)
+    pods = data.get("podUIDs")
+    if not isinstance(pods, list) or not pods or len(pods) > MAX_RESERVED:
+        raise InvalidArgument("prepared claim: podUIDs must be a non-empty list")
+    for pod in pods:
+        validation.uid(pod if isinstance(pod, str) else "", "prepared claim: podUIDs")
+    devices = data.get("devices")
+    if not isinstance(devices, list) or not devices or len(devices) > MAX_RESULTS:
+        raise InvalidArgument("prepared claim: devices must be a non-empty list")
+    out = []
+    for i, d in enumerate(devices):
+        where = f"prepared claim: devices[{i}]"
+        if not isinstance(d, dict) or not all(
+            isinstance(d.get(k), str) and d[k] for k in ("request", "pool", "device")
+        ):
+            raise InvalidArgument(f"{where}: request, pool and device must be given")
+        config = parse_network_config(
+            {"interfaceName": d.get("interfaceName", ""), "addresses": d.get("addresses", [])}, where
+        )
+        share = d.get("shareID", "")
+        if not isinstance(share, str):
+            raise InvalidArgument(f"{where}.shareID: must be a string")
+        if share:
+            validation.uid(share, f"{where}.shareID")
+        out.append(PreparedDevice(d["request"], d["pool"], d["device"], config, share))
+    return PreparedClaim(uid, namespace, name, tuple(pods), tuple(out))
+
+
+# ---- plan --------------------------------------------------------------------------------------
+
+NETWORK_CLASS = "vmsandbox-network"  # deploy/dra/deviceclass.yaml
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    claim: str  # the pod's name for the claim
+    source: str  # "template NAME", "claim NAME", or "" when its manifest was not given
+    request: str
+    device_class: str
+    networks: tuple[str, ...]  # of this node's, those that could serve it; () when not this driver's class
+    config: NetworkConfig = NetworkConfig()
+
+
+def _class_is_ours(name: str, docs: list[Any], driver: str) -> bool:
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == "DeviceClass" and _get(doc, "metadata.name") == name:
+            selectors = _get(doc, "spec.selectors") or []
+            return isinstance(selectors, list) and any(
+                f'device.driver == "{driver}"' in str(_get(sel, "cel.expression") or "") for sel in selectors
+            )
+    return name == NETWORK_CLASS
+
+
+def plan_claims(
+    claims: tuple[tuple[str, str, str], ...],
+    docs: list[Any],
+    namespace: str,
+    driver: str,
+    networks: tuple[NetworkAttachment, ...],
+) -> tuple[PlannedRequest, ...]:
+    """Each request of each of the pod's claims (``PodManifest.resource_claims``), as the claim or
+    template manifests among ``docs`` declare it. Selectors are not evaluated: every configured
+    network is a candidate for a request of this driver's class."""
+    out = []
+    for name, template, claim_name in claims:
+        kind, wanted = ("ResourceClaimTemplate", template) if template else ("ResourceClaim", claim_name)
+        doc = next(
+            (
+                d
+                for d in docs
+                if isinstance(d, dict)
+                and d.get("kind") == kind
+                and _get(d, "metadata.name") == wanted
+                and (_get(d, "metadata.namespace") or "default") == namespace
+            ),
+            None,
+        )
+        if doc is None:
+            out.append(PlannedRequest(name, "", "", "", ()))
+            continue
+        spec = _get(doc, "spec.spec" if template else "spec")
+        where = f"{kind} {wanted}"
+        requests = _get(spec, "devices.requests") or []
+        configs = _get(spec, "devices.config") or []
+        if not isinstance(requests, list) or not isinstance(configs, list):
+            raise InvalidArgument(f"{where}: spec.devices.requests and config must be lists")
+        claim_configs = [dict(c, source="FromClaim") if isinstance(c, dict) else c for c in configs]
+        for i, req in enumerate(requests):
+            req_name = _get(req, "name")
+            if not isinstance(req_name, str) or not req_name:
+                raise InvalidArgument(f"{where}: spec.devices.requests[{i}].name: missing")
+            choices = _get(req, "firstAvailable")
+            subs = (
+                [(f"{req_name}/{_get(c, 'name')}", _get(c, "deviceClassName")) for c in choices]
+                if isinstance(choices, list)
+                else [(req_name, _get(req, "exactly.deviceClassName"))]
+            )
+            for request, device_class in subs:
+                if not isinstance(device_class, str):
+                    raise InvalidArgument(f"{where}: request {validation.quote(request)}: no deviceClassName")
+                ours = _class_is_ours(device_class, docs, driver)
+                out.append(
+                    PlannedRequest(
+                        name,
+                        f"{'template' if template else 'claim'} {wanted}",
+                        request,
+                        device_class,
+                        tuple(n.name for n in networks) if ours else (),
+                        _device_config(claim_configs, driver, request, where) if ours else NetworkConfig(),
+                    )
+                )
+    return tuple(out)
