@@ -55,6 +55,7 @@ from shim.streaming.server import Target
 from vmsandbox import cri_metrics, shared_storage, stream_rules
 from vmsandbox.adapters.host_checks import host_warnings
 from vmsandbox.agent_ops import CgroupStats, ExecResult
+from vmsandbox.dra import PreparedClaim
 from vmsandbox.errors import DeadlineExceeded, InvalidArgument, VmSandboxError, WrongState
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class Pods:
         self.nri = nri if nri is not None else NriHooks(None, sandboxes, containers)
         self.host_ports = host_ports
         self.loopback_forwards = loopback_forwards
+        # the DRA claims prepared for a pod (by its uid), when vmsandbox is a DRA driver (shim.dra)
+        self.prepared_claims: Callable[[str], Sequence[PreparedClaim]] = lambda _uid: ()
         self._rates = _CpuRates()
 
     # -- the runtime ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +94,19 @@ class PreparedClaim:
     name: str
     pod_uids: tuple[str, ...]
     devices: tuple[PreparedDevice, ...]
+
+
+def unattached_refusal(pod: str, claims: Sequence[PreparedClaim]) -> str:
+    """Why RunPodSandbox refuses a pod whose claims this driver prepared: their devices do not
+    reach a VM yet, and a pod must not run without what it claimed."""
+    shown = ", ".join(
+        f"{c.namespace}/{c.name} ({', '.join(d.device for d in c.devices[:4]) or 'no devices'})" for c in claims[:4]
+    )
+    more = f" and {len(claims) - 4} more" if len(claims) > 4 else ""
+    return (
+        f"pod {pod} claims DRA devices of this node's driver, prepared as {shown}{more}, which VM pods do not "
+        "attach yet (docs/dra.md): refused rather than run without them"
+    )
 
 
 # ---- settings ----------------------------------------------------------------------------------

@@ -54,7 +54,8 @@ from shim.model import RunPodSandbox, SandboxRecord, SandboxSpec
 from shim.pods import Pods
 from shim.records import new_id
 from shim.sandboxes import Sandboxes
-from vmsandbox.errors import AlreadyExists, CannotFit, VmSandboxError
+from vmsandbox.dra import unattached_refusal
+from vmsandbox.errors import AlreadyExists, CannotFit, Unsupported, VmSandboxError
 from vmsandbox.lifecycle import SandboxPlan
 from vmsandbox.placement import Placement
 
@@ -86,6 +87,9 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
     sb = pods.sandboxes
     pod = f"{spec.meta.namespace}/{spec.meta.name}"
     logs.bind(pod=pod)
+    claims = pods.prepared_claims(spec.meta.uid)
+    if claims:
+        raise Unsupported(unattached_refusal(pod, claims))
     sandbox_id = req.sandbox_id or new_id()
     if req.sandbox_id and (sandbox_id in sb.locks.in_flight or sandbox_id in sb.records.ids_with_prefix(sandbox_id)):
         raise AlreadyExists(f"sandbox {sandbox_id} exists already")

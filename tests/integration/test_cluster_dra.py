@@ -2,21 +2,21 @@
 plugin registers with the real 1.37 kubelet, its network pool's ResourceSlice is published, a VM pod
 with a ResourceClaimTemplate of the ``vmsandbox-network`` class is scheduled onto it, the kubelet's
 NodePrepareResources keeps the claim (with the pod's uid and the claim's opaque config) in the
-driver's store, the pod runs, and deleting the pod unprepares the claim. The NIC is not attached to
-the VM yet (docs/dra.md)."""
+driver's store, RunPodSandbox refuses the pod (its NIC does not reach a VM yet, docs/dra.md: a pod
+never runs without what it claimed), and deleting the pod unprepares the claim."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.cluster_support import Cluster, apply, push_image, running, running_cluster, until
+from tests.integration.cluster_support import Cluster, apply, push_image, running_cluster, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(1800)]
 
@@ -66,6 +66,12 @@ def manifests(image: str, pod: str, address: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def refused(cluster: Cluster, pod_name: str) -> bool:
+    """The kubelet's events of ``pod_name`` carry vmsandbox's refusal of a pod with claims."""
+    events = cluster.kubectl("get", "events", "--field-selector", f"involvedObject.name={pod_name}", "-o", "json")
+    return "do not attach yet" in events.stdout
+
+
 def test_registered_and_slice_published(cluster: Cluster) -> None:
     shim_log = cluster.dir / "logs" / "shim.log"
     until("the kubelet registers the plugin", 60, lambda: "DRA: registered with the kubelet" in shim_log.read_text())
@@ -81,9 +87,11 @@ def test_registered_and_slice_published(cluster: Cluster) -> None:
     assert found["spec"]["devices"][0]["attributes"]["vmsandbox.dev/kind"] == {"string": "bridge"}
 
 
-def test_vm_pods_with_network_claims_are_prepared_and_unprepared(cluster: Cluster, tmp_path: Path) -> None:
+def test_vm_pods_with_network_claims_are_prepared_refused_and_unprepared(cluster: Cluster, tmp_path: Path) -> None:
     """Two VM pods, each with its own claim on the one network device (each a share of it): each claim
-    is prepared with its pod's uid and its config, and unprepared when its pod is deleted."""
+    is prepared with its pod's uid and its config; the pod is then refused at RunPodSandbox, its
+    claimed NIC not reaching a VM yet (a pod never runs without what it claimed: the kubelet's event
+    says why), and its claim is unprepared when it is deleted."""
     image = push_image(tmp_path)
     until(
         "the ResourceSlice",
@@ -93,24 +101,34 @@ def test_vm_pods_with_network_claims_are_prepared_and_unprepared(cluster: Cluste
     addresses = {"dra-vm-a": "10.240.0.10/24", "dra-vm-b": "10.240.0.11/24"}
     for pod_name, address in addresses.items():
         apply(cluster, tmp_path, *manifests(image, pod_name, address))
+
+    def claim_of(pod_name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        pod = kube_json(cluster, "get", "pod", pod_name)
+        statuses = pod["status"].get("resourceClaimStatuses") or []
+        if not statuses or not statuses[0].get("resourceClaimName"):
+            return None
+        claim = kube_json(cluster, "get", "resourceclaim", statuses[0]["resourceClaimName"])
+        return (pod, claim) if claim.get("status", {}).get("allocation") else None
+
     want = {}
     for pod_name, address in addresses.items():
-        pod = running(cluster, pod_name, time.monotonic() + 300)
-        claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-        claim = kube_json(cluster, "get", "resourceclaim", claim_name)
+        pod, claim = until(f"{pod_name}'s claim allocated", 300, functools.partial(claim_of, pod_name))
         (result,) = claim["status"]["allocation"]["devices"]["results"]
         assert (result["driver"], result["device"]) == (DRIVER, "net1")
-        assert any(s.metadata.uid == pod["metadata"]["uid"] for s in cluster.sandboxes())  # the pod is a VM
         want[claim["metadata"]["uid"]] = {
             "uid": claim["metadata"]["uid"],
             "namespace": "default",
-            "name": claim_name,
+            "name": claim["metadata"]["name"],
             "podUIDs": [pod["metadata"]["uid"]],
             "devices": [{"request": "net", "pool": result["pool"], "device": "net1", "interfaceName": "net1",
                          "addresses": [address], "shareID": result.get("shareID", "")}],
         }  # fmt: skip
-    assert {c["uid"]: c for c in stored_claims(cluster)} == want
+        until(f"{pod_name}'s refusal in its events", 180, functools.partial(refused, cluster, pod_name))
+        assert kube_json(cluster, "get", "pod", pod_name)["status"]["phase"] == "Pending"
+        assert not any(s.metadata.uid == pod["metadata"]["uid"] for s in cluster.sandboxes())  # no VM
+    until("both claims prepared", 60, lambda: {c["uid"]: c for c in stored_claims(cluster)} == want)
     assert len({c["devices"][0]["shareID"] for c in want.values()}) == 2  # one share of the device each
+    assert cluster.leftovers()["domains"] == []
 
     cluster.kubectl("delete", "pod", "dra-vm-a", "--wait=true", timeout=180)
     until("dra-vm-a's claim unprepared", 120, lambda: len(stored_claims(cluster)) == 1)

@@ -31,6 +31,7 @@ from tests.cri_server import SEED_SANDBOXES, Server, assert_no_leak, booting, cr
 from tests.ports import quiet_port
 from vmsandbox.adapters.host_cgroup import HostCgroups
 from vmsandbox.adapters.hypervisor import Hypervisor
+from vmsandbox.dra import PreparedClaim, PreparedDevice
 from vmsandbox.errors import CannotFit, VmSandboxError
 
 pytest.importorskip("libvirt")
@@ -232,6 +233,22 @@ def test_a_pod_that_does_not_fit_is_refused_as_such_naming_it_and_what_was_undon
     assert str(err.value).startswith("pod default/web: cannot place the VM: ")
     assert str(err.value).endswith(" (rolled back: reserve-name undone)")
     assert err.value.shortfalls, "the refusal still names each short resource"
+    assert_left_nothing(server, request.config.port_mappings[0].host_port)
+
+
+def test_a_pod_with_prepared_dra_claims_is_refused_before_anything_is_done(server: Server) -> None:
+    """Its claimed devices do not reach a VM yet: the pod is refused (UNIMPLEMENTED, naming the
+    claim) rather than run without them."""
+    claim = PreparedClaim("c-uid", "default", "web-net", ("u-1",), (PreparedDevice("net", "n1-networks", "net1"),))
+    pods = pods_of(server)
+    pods.prepared_claims = lambda uid: (claim,) if uid == "u-1" else ()
+    request = host_network_pod(quiet_port())
+    try:
+        code, details, _ = server.rpc("RunPodSandbox", request)
+    finally:
+        pods.prepared_claims = lambda _uid: ()
+    assert code == grpc.StatusCode.UNIMPLEMENTED, details
+    assert "default/web-net (net1)" in details and "do not attach yet" in details, details
     assert_left_nothing(server, request.config.port_mappings[0].host_port)
 
 
