@@ -32,3 +32,22 @@ def quiet_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free port in [{low}, {high}) after 200 tries")
+
+
+def answer_when_listening(port: int, send: bytes, timeout_s: float) -> bytes:
+    """The first answer to ``send`` on 127.0.0.1:``port``, trying again every half second while
+    nothing listens there or nothing answers yet (b"" if nothing did within ``timeout_s``)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=20) as c:
+                c.sendall(send)
+                answer = c.recv(100)
+            if answer:
+                return answer
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return b""

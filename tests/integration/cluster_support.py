@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -287,3 +289,29 @@ def resize_conditions(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
         for c in pod["status"].get("conditions", [])
         if c["type"] in ("PodResizePending", "PodResizeInProgress")
     }
+
+
+def port_forwarded(cluster: Cluster, pod: str, port: int) -> bytes:
+    """What a connection to ``kubectl port-forward pod/POD :PORT``'s local port reads until the
+    pod's server closes it."""
+    forward = subprocess.Popen(
+        cluster.kubectl_argv("port-forward", f"pod/{pod}", f":{port}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()
+        match = re.search(rf"127\.0\.0\.1:(\d+) -> {port}", line)
+        assert match, line
+        with socket.create_connection(("127.0.0.1", int(match.group(1))), timeout=30) as conn:
+            conn.settimeout(30)
+            answer = b""
+            while chunk := conn.recv(4096):
+                answer += chunk
+        return answer
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)

@@ -22,9 +22,7 @@ ones."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +37,7 @@ from tests.integration.cluster_support import (
     apply,
     exec_in,
     host_state,
+    port_forwarded,
     push_image,
     running,
     running_cluster,
@@ -314,29 +313,7 @@ def test_exec_attach_port_forward_and_logs_into_a_vm_pod(cluster: Cluster, pods:
     assert "got through attach" in done.stdout, done
 
     # port-forward from this host to the VM pod's port 8080
-    forward = subprocess.Popen(
-        cluster.kubectl_argv("port-forward", "pod/vm-app", ":8080"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert forward.stdout is not None
-        line = forward.stdout.readline()
-        match = re.search(r"127\.0\.0\.1:(\d+) -> 8080", line)
-        assert match, line
-        import socket
-
-        with socket.create_connection(("127.0.0.1", int(match.group(1))), timeout=30) as conn:
-            conn.settimeout(30)
-            answer = b""
-            while chunk := conn.recv(4096):
-                answer += chunk
-        assert answer == b"from-the-vm\n", answer
-    finally:
-        forward.terminate()
-        forward.wait(timeout=30)
+    assert port_forwarded(cluster, "vm-app", 8080) == b"from-the-vm\n"
 
     # logs: the serving container's own output, and the attached one's answer
     assert "serving on :8080" in cluster.kubectl("logs", "vm-app", "-c", "main").stdout

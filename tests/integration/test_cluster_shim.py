@@ -8,9 +8,6 @@ it; deleting it leaves nothing."""
 from __future__ import annotations
 
 import json
-import re
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +20,7 @@ from tests.integration.cluster_support import (
     apply,
     exec_in,
     pod_doc,
+    port_forwarded,
     push_image,
     resize,
     resize_conditions,
@@ -110,27 +108,7 @@ def test_a_deployment_runs_in_a_vm_through_containerd(cluster: Cluster, tmp_path
     done = cluster.kubectl("attach", "-i", name, "-c", "echo", check=False, input="through attach\n", timeout=90)
     assert "got through attach" in done.stdout, done
     # port-forward: containerd dials the pod namespace's loopback, which vmsandbox forwards into the guest
-    forward = subprocess.Popen(
-        cluster.kubectl_argv("port-forward", f"pod/{name}", ":8080"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert forward.stdout is not None
-        line = forward.stdout.readline()
-        match = re.search(r"127\.0\.0\.1:(\d+) -> 8080", line)
-        assert match, line
-        with socket.create_connection(("127.0.0.1", int(match.group(1))), timeout=30) as conn:
-            conn.settimeout(30)
-            answer = b""
-            while chunk := conn.recv(4096):
-                answer += chunk
-        assert answer == b"from-the-vm\n", answer
-    finally:
-        forward.terminate()
-        forward.wait(timeout=30)
+    assert port_forwarded(cluster, name, 8080) == b"from-the-vm\n"
     # a runc pod on the same node reaches the VM pod's address
     apply(cluster, tmp_path, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "runc-client", "namespace": "default"},

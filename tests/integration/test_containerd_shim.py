@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -23,7 +22,7 @@ import pytest
 from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.containerd_shim_kit import Env, container_config, pod_config, shim_mode
 from tests.integration.downstream_kit import pause_image
-from tests.ports import quiet_port
+from tests.ports import answer_when_listening, quiet_port
 from tests.shim_kit import start_shim, state_domains, stop_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(900)]
@@ -331,18 +330,7 @@ def test_port_forward_through_containerd_reaches_the_guest_and_goes_with_the_pod
             stderr=subprocess.PIPE,
         )
         try:
-            deadline = time.monotonic() + 90
-            answer = b""
-            while time.monotonic() < deadline:  # until the container's server listens
-                try:
-                    with socket.create_connection(("127.0.0.1", local), timeout=20) as c:
-                        c.sendall(b"ping\n")
-                        answer = c.recv(100)
-                    if answer:
-                        break
-                except OSError:
-                    pass
-                time.sleep(0.5)
+            answer = answer_when_listening(local, b"ping\n", 90)  # once the container's server listens
             assert answer == b"pong:ping\n", (answer, env.shim.log_text()[-2000:])
         finally:
             proc.terminate()

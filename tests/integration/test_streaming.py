@@ -26,7 +26,7 @@ import websocket  # websocket-client
 from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.cluster_support import built_crictl
 from tests.integration.cni_kit import cni_env
-from tests.ports import quiet_port
+from tests.ports import answer_when_listening, quiet_port
 from tests.registry_kit import Layout, Registry, busybox_entries, push
 from tests.shim_kit import Shim, container, pod, q, require_host, running_shim
 from vmsandbox import spdy
@@ -459,18 +459,7 @@ def test_crictl_port_forward_reaches_a_server_in_the_guest(env: Env) -> None:
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 60
-        answer = b""
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", local), timeout=20) as c:
-                    c.sendall(b"ping\n")
-                    answer = c.recv(100)
-                if answer:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
+        answer = answer_when_listening(local, b"ping\n", 60)  # once the container's server listens
         assert answer == b"pong:ping\n", (answer, env.shim.log_text()[-2000:])
     finally:
         proc.terminate()
