@@ -95,12 +95,6 @@ class SandboxService:
         spec = inbound.sandbox_spec(config, self.runtime_handler)
         if req.netns_path:
             validation.absolute_path(req.netns_path, "CreateSandboxRequest.netns_path")
-        elif spec.userns is not None and not spec.namespaces.host_network:
-            raise Unsupported(
-                "a pod with a user namespace of its own (hostUsers: false) is not supported in shim mode: containerd "
-                "makes its network namespace from the sandbox's process once it started, and a VM pod has none "
-                "(the CRI proxy mode runs such pods)"
-            )
         elif not spec.namespaces.host_network:
             raise InvalidArgument(
                 "CreateSandboxRequest.netns_path is empty for a pod that is not host-network: containerd's CRI "

@@ -203,3 +203,23 @@ def test_a_pod_gets_the_same_vm_in_both_modes(env: Env) -> None:
         run.remove_pod(sid)
     assert seen["proxy"] == seen["shim"], seen
     assert seen["proxy"][2] == str(96 << 20)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_a_pod_with_a_user_namespace_of_its_own_runs_its_container_mapped(env: Env, mode: Mode) -> None:
+    """``hostUsers: false``: the container runs in the pod's user namespace, with the kubelet's
+    mapping (containerd makes the shim-mode pod's network namespace inside it)."""
+    run = Run(env, mode)
+    run("pull", env.image)
+    mapping = [{"host_id": 20 * 65536, "container_id": 0, "length": 65536}]
+    config = pod_config(f"{mode.name}-userns")
+    config["log_directory"] = str(run.logs / "userns")
+    config["linux"]["security_context"] = {  # type: ignore[index]
+        "namespace_options": {"userns_options": {"mode": 1, "uids": mapping, "gids": mapping}}
+    }
+    pod = env.write(f"{mode.name}-userns-pod.json", config)
+    sid = run("runp", "--runtime", "vmsandbox", pod).strip()
+    cid = run.container(sid, pod, "mapped", ["/bin/sleep", "3600"])
+    run("start", cid)
+    assert run("exec", cid, "cat", "/proc/self/uid_map").split() == ["0", str(20 * 65536), "65536"]
+    run.remove_pod(sid)

@@ -37,7 +37,8 @@ def env() -> Iterator[Env]:
 def test_a_vm_pod_through_containerds_socket(env: Env) -> None:
     # containerd read the handler's features from the launcher's -info
     handlers = json.loads(env.crictl("info").stdout)["runtimeHandlers"]
-    assert {"name": "vmsandbox", "features": {"recursive_read_only_mounts": True}} in handlers, handlers
+    features = {"recursive_read_only_mounts": True, "user_namespaces": True}
+    assert {"name": "vmsandbox", "features": features} in handlers, handlers
     env.crictl("pull", env.image)
     pod = env.write("pod.json", pod_config("web"))
     sid = env.crictl("runp", "--runtime", "vmsandbox", pod).stdout.strip()
