@@ -41,6 +41,7 @@ from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.devices import NO_DEVICES
 from vmsandbox.domain import AGENT_CHANNEL, Domain, NetworkInterface, SandboxIdentity, SharedDir, domain_name
 from vmsandbox.domain_xml import render
+from vmsandbox.dra import ClaimedNic
 from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, VmSandboxError
 from vmsandbox.lifecycle import STATE_CREATING, SandboxPlan
 from vmsandbox.network import GuestNic, guest_network_args
@@ -136,9 +137,11 @@ class Boot(SandboxPart):
         placement: Placement,
         attachment: Attachment,
         shared: tuple[SharedDir, ...],
+        claimed_nics: tuple[ClaimedNic, ...] = (),
     ) -> Guest:
-        """The pod's domain (on ``placement``, its NIC from ``attachment``, its shares ``shared``) and
-        how its guest starts: restored from the snapshot of its shape when there is one."""
+        """The pod's domain (on ``placement``, its NIC from ``attachment``, then its claimed NICs,
+        its shares ``shared``) and how its guest starts: restored from the snapshot of its shape
+        when there is one (never with claimed NICs: ``restore_refusal``)."""
         profile = plan.profile
         image = Path(profile.image_dir)
         for f in (image / "vmlinux", image / "initramfs.img"):
@@ -170,6 +173,7 @@ class Boot(SandboxPart):
             qemu_uid=record.qemu_uid,
             interfaces=(attachment.interface,) if attachment.interface else (),
             guest_nic=nic,
+            claimed_nics=claimed_nics,
             hostname=record.hostname,
         )
         network_args = guest_network_args(nic, record.hostname)

@@ -11,6 +11,10 @@ what a prepared claim is (pure).
   device allocated to this driver on this node's pool, and the opaque configuration that applies to
   it (``NetworkConfig``: the interface's name inside the pod and static addresses).
 * ``claim_record`` / ``claim_from_record``: a prepared claim as the store keeps it.
+* ``claimed_nics``: what a pod's prepared claims put in its VM at RunPodSandbox, one NIC per
+  network device (a tap on the network's bridge, or a macvtap on its host interface, both made and
+  removed by libvirt with the domain), each with a MAC of its own, the name and addresses the guest
+  gives it; ``claimed_nic_args`` is how the guest's /init is told (its kernel command line).
 * ``plan_claims``: what ``vmsandbox plan`` shows of a pod's ResourceClaims, from the claim and
   template manifests beside it: each request of a class of this driver, the networks that could
   serve it and the config it would get.
@@ -20,6 +24,7 @@ Every input is bounded and checked; a failure is ``InvalidArgument`` naming the 
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmsandbox import validation
-from vmsandbox.errors import InvalidArgument
+from vmsandbox.errors import InvalidArgument, Unsupported, WrongState
 
 DEFAULT_DRIVER = "vmsandbox.dev"
 NETWORK_POOL_SUFFIX = "networks"
@@ -96,17 +101,114 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
 
 
-def unattached_refusal(pod: str, claims: Sequence[PreparedClaim]) -> str:
-    """Why RunPodSandbox refuses a pod whose claims this driver prepared: their devices do not
-    reach a VM yet, and a pod must not run without what it claimed."""
-    shown = ", ".join(
-        f"{c.namespace}/{c.name} ({', '.join(d.device for d in c.devices[:4]) or 'no devices'})" for c in claims[:4]
-    )
-    more = f" and {len(claims) - 4} more" if len(claims) > 4 else ""
-    return (
-        f"pod {pod} claims DRA devices of this node's driver, prepared as {shown}{more}, which VM pods do not "
-        "attach yet (docs/dra.md): refused rather than run without them"
-    )
+MAX_CLAIMED_NICS = 8
+MAX_CLAIMED_NIC_ARGS = 1024  # characters of the guest's kernel command line (2048 in all on x86)
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+
+
+@dataclass(frozen=True)
+class ClaimedNic:
+    """A claimed network device as the pod's VM gets it: ``kind`` bridge (a tap on bridge
+    ``host_interface``) or macvlan (a macvtap on ``host_interface`` in ``mode``); in the guest, the
+    NIC with ``mac`` is renamed ``name`` and given ``addresses``."""
+
+    claim: str  # namespace/name
+    device: str  # the network's name
+    kind: str
+    host_interface: str
+    mode: str
+    mac: str
+    name: str
+    addresses: tuple[str, ...]
+
+
+def claimed_mac(sandbox_id: str, claim_uid: str, index: int) -> str:
+    """A locally administered unicast MAC for a sandbox's ``index``-th claimed device: from a hash,
+    so pods on one secondary network do not share one."""
+    digest = hashlib.sha256(f"{sandbox_id}/{claim_uid}/{index}".encode()).digest()
+    return "02:" + ":".join(f"{b:02x}" for b in digest[:5])
+
+
+def claimed_nics(
+    pod: str, sandbox_id: str, claims: Sequence[PreparedClaim], networks: Sequence[NetworkAttachment]
+) -> tuple[ClaimedNic, ...]:
+    """The NICs a pod's prepared claims put in its VM, in the claims' order. A device that cannot
+    be attached as claimed is refused by name: its network no longer configured (WrongState),
+    without static addresses (host-local IPAM is not run for a VM's claimed NIC: Unsupported), an
+    address outside the network's subnet or two NICs with one name (InvalidArgument), too many."""
+    by_name = {n.name: n for n in networks}
+    devices = [(c, d) for c in claims for d in c.devices]
+    if len(devices) > MAX_CLAIMED_NICS:
+        raise Unsupported(f"pod {pod} claims {len(devices)} network devices; a VM takes at most {MAX_CLAIMED_NICS}")
+    explicit = {d.config.interface_name for _, d in devices if d.config.interface_name}
+    nics: list[ClaimedNic] = []
+    used: set[str] = set()
+    auto = 1
+    for index, (claim, device) in enumerate(devices):
+        what = f"claim {claim.namespace}/{claim.name} device {device.device} (request {device.request})"
+        network = by_name.get(device.device)
+        if network is None:
+            raise WrongState(f"pod {pod}: {what}: network {device.device} is not configured on this node any more")
+        if not device.config.addresses:
+            raise Unsupported(
+                f"pod {pod}: {what} has no static addresses; a VM's claimed NIC takes its addresses from the "
+                "claim's opaque config (addresses), host-local IPAM is not run for it (docs/dra.md)"
+            )
+        subnet = ipaddress.ip_network(network.subnet)
+        for address in device.config.addresses:
+            try:
+                inside = ipaddress.ip_interface(address).ip in subnet
+            except ValueError:
+                inside = False
+            if not inside:
+                raise InvalidArgument(
+                    f"pod {pod}: {what}: address {validation.quote(address)} is not in {network.subnet}"
+                )
+        name = device.config.interface_name
+        if not name:
+            while f"net{auto}" in explicit or f"net{auto}" in used:
+                auto += 1
+            name = f"net{auto}"
+        if name in used:
+            raise InvalidArgument(f"pod {pod}: {what}: interface name {name} is given to two claimed devices")
+        used.add(name)
+        nics.append(
+            ClaimedNic(
+                claim=f"{claim.namespace}/{claim.name}",
+                device=network.name,
+                kind=network.kind,
+                host_interface=network.interface,
+                mode=network.mode,
+                mac=claimed_mac(sandbox_id, claim.uid, index),
+                name=name,
+                addresses=device.config.addresses,
+            )
+        )
+    claimed_nic_args(tuple(nics))  # refused here, before anything is held, when they do not fit
+    return tuple(nics)
+
+
+def claimed_nic_args(nics: tuple[ClaimedNic, ...]) -> tuple[str, ...]:
+    """The guest kernel command line's parameters for claimed NICs, read by its /init
+    (``images/guest/init``): ``vmsandbox.xnic=MAC,NAME,CIDR[,CIDR...]``, one per NIC. Each value is
+    checked so none can split or extend the command line (InvalidArgument)."""
+    args = []
+    for nic in nics:
+        if not _MAC.fullmatch(nic.mac) or not _IFNAME.fullmatch(nic.name) or nic.name in ("eth0", "lo"):
+            raise InvalidArgument(
+                f"claimed NIC {validation.quote(nic.name)} ({validation.quote(nic.mac)}): bad name or MAC"
+            )
+        try:
+            cidrs = [ipaddress.ip_interface(a).with_prefixlen for a in nic.addresses]
+        except ValueError as exc:
+            raise InvalidArgument(f"claimed NIC {nic.name}: {exc}") from None
+        args.append(f"vmsandbox.xnic={','.join([nic.mac, nic.name, *cidrs])}")
+    if sum(len(a) + 1 for a in args) > MAX_CLAIMED_NIC_ARGS:
+        raise Unsupported(
+            f"the claimed NICs' names and addresses take more than {MAX_CLAIMED_NIC_ARGS} characters of the guest's "
+            "kernel command line"
+        )
+    return tuple(args)
 
 
 # ---- settings ----------------------------------------------------------------------------------
