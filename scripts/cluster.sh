@@ -604,6 +604,16 @@ up() {
         echo "NODE_IP=$NODE_IP"
         echo "POD_BRIDGE=$POD_BRIDGE"
     } >"$RUN/settings"
+    if [[ $DRA == 1 ]] && ! ip link show dev "$DRA_BRIDGE" >/dev/null 2>&1; then
+        # the DRA network's bridge: claimed NICs of VM pods are taps on it; the host holds its first
+        # address, so the host (and a runc pod routed through it) reaches them
+        local dra_host
+        dra_host=$("$PY" -c 'import ipaddress, sys; n = ipaddress.ip_network(sys.argv[1]); print(f"{next(n.hosts())}/{n.prefixlen}")' "$DRA_NETWORK")
+        ip link add name "$DRA_BRIDGE" type bridge || die "cannot make the DRA bridge $DRA_BRIDGE"
+        echo "DRA_BRIDGE=$DRA_BRIDGE" >>"$RUN/settings"
+        ip addr add "$dra_host" dev "$DRA_BRIDGE" && ip link set dev "$DRA_BRIDGE" up ||
+            die "cannot bring the DRA bridge $DRA_BRIDGE up at $dra_host"
+    fi
 
     log "certificates (openssl) and configuration in $CLUSTER_DIR"
     make_pki
@@ -790,7 +800,7 @@ down() {
     [[ -d $CLUSTER_DIR ]] || { log "no cluster in $CLUSTER_DIR"; return 0; }
     [[ $CLUSTER_DIR != / ]] || die "CLUSTER_DIR is /"
     if [[ -r $RUN/settings ]]; then
-        local KUBE_BIN NODE_NAME NODE_IP POD_BRIDGE CONTAINERD_BIN_DIR # the values `up` used
+        local KUBE_BIN NODE_NAME NODE_IP POD_BRIDGE CONTAINERD_BIN_DIR DRA_BRIDGE="" # the values `up` used
         # shellcheck disable=SC1091
         source "$RUN/settings"
     fi
@@ -824,6 +834,10 @@ down() {
     if [[ -n ${POD_BRIDGE:-} ]] && ip link show dev "$POD_BRIDGE" >/dev/null 2>&1; then
         log "removing the bridge $POD_BRIDGE"
         ip link del dev "$POD_BRIDGE" || problem "the bridge $POD_BRIDGE was not removed"
+    fi
+    if [[ -n ${DRA_BRIDGE:-} ]] && ip link show dev "$DRA_BRIDGE" >/dev/null 2>&1; then
+        log "removing the DRA bridge $DRA_BRIDGE"
+        ip link del dev "$DRA_BRIDGE" || problem "the bridge $DRA_BRIDGE was not removed"
     fi
     if [[ -r $RUN/iptables-chains ]]; then
         remove_new_chains || problem "not every KUBE-* chain was removed (see above)"

@@ -41,7 +41,7 @@ from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.devices import NO_DEVICES
 from vmsandbox.domain import AGENT_CHANNEL, Domain, NetworkInterface, SandboxIdentity, SharedDir, domain_name
 from vmsandbox.domain_xml import render
-from vmsandbox.dra import ClaimedNic
+from vmsandbox.dra import ClaimedNic, claimed_nic_problems
 from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, VmSandboxError
 from vmsandbox.lifecycle import STATE_CREATING, SandboxPlan
 from vmsandbox.network import GuestNic, guest_network_args
@@ -70,6 +70,7 @@ class Guest:
     snapshot: StoredSnapshot | None
     why: str
     make: MakeRequest | None  # the shape has no snapshot yet: the one to make once the pod is READY
+    claimed_nics: tuple[ClaimedNic, ...] = ()  # its DRA claims' NICs (vmsandbox.dra.claimed_nics)
 
 
 class Boot(SandboxPart):
@@ -179,7 +180,7 @@ class Boot(SandboxPart):
         network_args = guest_network_args(nic, record.hostname)
         refusal = restore_refusal(domain, enabled=profile.snapshots)
         if refusal:
-            return Guest(domain, plan, nic, network_args, console, None, refusal, None)
+            return Guest(domain, plan, nic, network_args, console, None, refusal, None, claimed_nics)
         inputs = self.snapshots.inputs(domain, network_args)
         found = self.snapshots.find(inputs)
         if found is None:
@@ -236,6 +237,9 @@ class Boot(SandboxPart):
         problems = [e for e in report.errors if e.startswith("network:")]
         if problems:
             raise InfrastructureError(f"the guest could not configure its network: {'; '.join(problems)[:512]}")
+        claimed = claimed_nic_problems(guest.claimed_nics, report.nics)
+        if claimed:
+            raise InfrastructureError(f"the guest's claimed NICs are not as claimed: {'; '.join(claimed)[:512]}")
         if report.vcpus != shape.vcpus:
             raise InfrastructureError(f"guest reports {report.vcpus} vCPUs, the domain has {shape.vcpus}")
         for size, count in shape.guest_hugepages:

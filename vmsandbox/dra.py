@@ -24,6 +24,7 @@ Every input is bounded and checked; a failure is ``InvalidArgument`` naming the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import re
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmsandbox import validation
+from vmsandbox.agent_protocol import NicReport
 from vmsandbox.errors import InvalidArgument, Unsupported, WrongState
 
 DEFAULT_DRIVER = "vmsandbox.dev"
@@ -209,6 +211,30 @@ def claimed_nic_args(nics: tuple[ClaimedNic, ...]) -> tuple[str, ...]:
             "kernel command line"
         )
     return tuple(args)
+
+
+def claimed_nic_problems(nics: Sequence[ClaimedNic], reported: Sequence[NicReport]) -> list[str]:
+    """What the guest's report (its NICs, by MAC) says is wrong with its claimed NICs: missing,
+    misnamed, down, or without an address it was given. Empty: each is as claimed."""
+    by_mac = {r.mac.lower(): r for r in reported}
+    problems = []
+    for nic in nics:
+        got = by_mac.get(nic.mac)
+        if got is None:
+            problems.append(f"{nic.name} ({nic.mac}, claim {nic.claim}): not in the guest")
+            continue
+        if got.name != nic.name:
+            problems.append(f"{nic.name} ({nic.mac}): named {validation.quote(got.name[:40])} in the guest")
+        if not got.up:
+            problems.append(f"{nic.name} ({nic.mac}): down in the guest")
+        have = set()
+        for a in got.addresses:
+            with contextlib.suppress(ValueError):
+                have.add(ipaddress.ip_interface(a))
+        missing = [a for a in nic.addresses if ipaddress.ip_interface(a) not in have]
+        if missing:
+            problems.append(f"{nic.name} ({nic.mac}): without {', '.join(missing)} in the guest")
+    return problems
 
 
 # ---- settings ----------------------------------------------------------------------------------

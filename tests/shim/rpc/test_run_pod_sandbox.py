@@ -28,6 +28,7 @@ from shim.pod_networks import Attachment
 from shim.pods import Pods
 from shim.rpc.run_pod_sandbox import RPC, run_pod_sandbox
 from shim.translate import inbound
+from tests import fake_guest as fg
 from tests.cri_server import SEED_SANDBOXES, Server, assert_no_leak, booting, cri_server
 from tests.ports import quiet_port
 from vmsandbox.adapters.host_cgroup import HostCgroups
@@ -249,22 +250,54 @@ def lan_claim(*addresses: str) -> PreparedClaim:
     )
 
 
+NICS: list[dict[str, object]] = []  # what the ``claimed`` fixture's guest reports of its NICs
+
+
 @pytest.fixture
-def claimed(server: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
-    """The server as a DRA driver with network ``lan``, claim default/web-net prepared for pod u-1."""
+def claimed(server: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    """The server as a DRA driver with network ``lan``, claim default/web-net prepared for pod u-1;
+    its guests report the NICs ``reporting_nics`` lists."""
+
+    def report(msg: dict[str, object]) -> bytes:
+        return fg.ok(msg["id"], {**fg.report_body(), "nics": list(NICS)})
+
+    NICS.clear()
+    guest = fg.FakeGuest(
+        server.root / "claimed.sock", lambda _n, peer: peer.serve(fg.agent(answers={"report": report}))
+    )
+    monkeypatch.setattr(server.sandboxes.hypervisor, "channel_path", lambda _domain, _channel: str(guest.path))
     monkeypatch.setattr(
         pods_of(server), "prepared_claims", lambda uid: (lan_claim("192.168.50.7/24"),) if uid == "u-1" else ()
     )
     sb = server.sandboxes
     monkeypatch.setattr(sb, "config", replace(sb.config, dra=replace(sb.config.dra, networks=(LAN,))))
-    return server
+    try:
+        yield server
+    finally:
+        guest.close()
+
+
+CLAIMED_SID = "5a" * 32
+
+
+def reporting_nics(*nics: dict[str, object]) -> None:
+    """The ``claimed`` fixture's guest reports ``nics`` (as the agent does: name, MAC, CIDRs, up)."""
+    NICS[:] = nics
+
+
+def run_claimed(server: Server, port: int) -> str:
+    """Run the pod as sandbox ``CLAIMED_SID`` (so its claimed NIC's MAC is known); its id."""
+    return run_pod_sandbox(
+        pods_of(server), replace(inbound.run_pod_sandbox(host_network_pod(port)), sandbox_id=CLAIMED_SID)
+    )
 
 
 def test_a_pod_with_a_prepared_network_claim_gets_its_nic_named_and_addressed_in_the_guest(claimed: Server) -> None:
     port = quiet_port()
-    sandbox_id = run(claimed, host_network_pod(port))
+    mac = claimed_mac(CLAIMED_SID, "c-uid", 0)
+    reporting_nics({"name": "net1", "mac": mac, "addresses": ["192.168.50.7/24", "fe80::1/64"], "up": True})
+    sandbox_id = run_claimed(claimed, port)
     xml = claimed.sandboxes.hypervisor.live_xml(domain_name(sandbox_id))
-    mac = claimed_mac(sandbox_id, "c-uid", 0)
     assert f"vmsandbox.xnic={mac},net1,192.168.50.7/24" in xml
     assert re.search(rf"<interface type='bridge'>\s*<mac address='{mac}'/>\s*<source bridge='br-lan'/>", xml), xml
     assert xml.count("<interface ") == 1  # the claimed one only: these pods have no network (pod_network: none)
@@ -272,12 +305,39 @@ def test_a_pod_with_a_prepared_network_claim_gets_its_nic_named_and_addressed_in
     assert_left_nothing(claimed, port)  # the domain, with it libvirt's tap, is gone
 
 
+@pytest.mark.parametrize(
+    ("nic", "says"),
+    [
+        (None, "net1 (MAC, claim default/web-net): not in the guest"),
+        ({"name": "eth1", "addresses": ["192.168.50.7/24"], "up": True}, 'net1 (MAC): named "eth1" in the guest'),
+        ({"name": "net1", "addresses": ["192.168.50.7/24"], "up": False}, "net1 (MAC): down in the guest"),
+        ({"name": "net1", "addresses": [], "up": True}, "net1 (MAC): without 192.168.50.7/24 in the guest"),
+    ],
+)
+def test_a_guest_whose_claimed_nic_is_not_as_claimed_is_torn_down(
+    claimed: Server, nic: dict[str, object] | None, says: str
+) -> None:
+    port = quiet_port()
+    mac = claimed_mac(CLAIMED_SID, "c-uid", 0)
+    reporting_nics(*([{**nic, "mac": mac}] if nic else []))
+    with pytest.raises(VmSandboxError) as err:
+        run_claimed(claimed, port)
+    assert "the guest's claimed NICs are not as claimed: " + says.replace("MAC", mac) in str(err.value)
+    assert "rolled back: " in str(err.value)
+    assert_left_nothing(claimed, port)
+
+
 @pytest.mark.parametrize("point", POINTS)
 def test_a_fault_after_any_step_of_a_pod_with_a_claimed_nic_leaves_nothing_behind(claimed: Server, point: str) -> None:
     port = quiet_port()
-    with faults.raising(point):
-        code, details, _ = claimed.rpc("RunPodSandbox", host_network_pod(port))
-    assert code == grpc.StatusCode.UNAVAILABLE and f"fault injected at {point}" in details, details
+    reporting_nics(
+        {"name": "net1", "mac": claimed_mac(CLAIMED_SID, "c-uid", 0), "addresses": ["192.168.50.7/24"], "up": True}
+    )
+    with faults.raising(point), pytest.raises(faults.InjectedFault) as err:
+        run_claimed(claimed, port)
+    assert f"fault injected at {point}" in str(err.value)
+    assert_left_nothing(claimed, port)
+    remove(claimed, run_claimed(claimed, port))  # then it runs, and goes as it came
     assert_left_nothing(claimed, port)
 
 
