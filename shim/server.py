@@ -231,6 +231,7 @@ def start(config: ShimConfig) -> Running:
     dra = DraDriver.start(config.dra, config.state_dir) if config.dra.enabled else None
     if dra is not None:  # RunPodSandbox attaches what it prepared for the pod
         pods.prepared_claims = dra.store.for_pod
+        pods.claim_status = dra.write_status
     runtime = RuntimeServicer(pods, streaming)
     image_servicer = ImageServicer(images, config.state_dir, containers.writable_usage, sandboxes.dirs.total_usage)
     downstream = proxy = None

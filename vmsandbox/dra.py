@@ -617,6 +617,71 @@ class PlannedRequest:
     config: NetworkConfig = NetworkConfig()
 
 
+MAX_STATUS_IPS = 16  # the API's bound on networkData.ips
+
+
+def claim_status(
+    claim: PreparedClaim,
+    driver: str,
+    nics: Sequence[ClaimedNic],
+    reported: Sequence[NicReport],
+    now: str,
+) -> dict[str, Any]:
+    """The server-side apply body of ``claim``'s ``status.devices[]`` once its pod's guest is up
+    (KEP-4817): for each of its devices (``nics`` in the same order), driver, pool, device, share
+    id, a ``Ready`` condition and ``networkData`` as the guest reports the NIC (its name, CIDRs and
+    MAC); a NIC the guest does not report is ``Ready`` ``False``. ``now``: RFC 3339."""
+    devices = []
+    by_mac = {r.mac.lower(): r for r in reported}
+    for device, nic in zip(claim.devices, nics, strict=True):
+        got = by_mac.get(nic.mac)
+        entry: dict[str, Any] = {"driver": driver, "pool": device.pool, "device": device.device}
+        if device.share_id:
+            entry["shareID"] = device.share_id
+        if got is None:
+            entry["conditions"] = [
+                {"type": "Ready", "status": "False", "reason": "NotInGuest", "lastTransitionTime": now,
+                 "message": f"the guest does not report the NIC {nic.mac}"}
+            ]  # fmt: skip
+        else:
+            entry["conditions"] = [
+                {"type": "Ready", "status": "True", "reason": "NicUp", "lastTransitionTime": now,
+                 "message": f"{got.name[:64]} is up in the pod's VM"}
+            ]  # fmt: skip
+            ips = []
+            for a in got.addresses:
+                with contextlib.suppress(ValueError):
+                    ips.append(ipaddress.ip_interface(a).with_prefixlen)
+            entry["networkData"] = {
+                "interfaceName": got.name[:256],
+                "ips": ips[:MAX_STATUS_IPS],
+                "hardwareAddress": nic.mac,
+            }
+        devices.append(entry)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+        "status": {"devices": devices},
+    }
+
+
+def planned_nics(
+    pod: str, sandbox_id: str, requests: Sequence[PlannedRequest], networks: Sequence[NetworkAttachment]
+) -> tuple[ClaimedNic, ...]:
+    """The NICs ``vmsandbox plan`` shows in the domain for a pod's requests of this driver's class:
+    each on the first configured network that could serve it (the scheduler picks one), as
+    ``claimed_nics`` makes them at RunPodSandbox, and refused as it refuses them."""
+    claims = [
+        PreparedClaim(
+            f"planned-{i}", pod.split("/")[0], r.claim, (), (PreparedDevice(r.request, "", r.networks[0], r.config),)
+        )
+        for i, r in enumerate(requests)
+        if r.networks
+    ]
+    return claimed_nics(pod, sandbox_id, claims, networks)
+
+
 def _class_is_ours(name: str, docs: list[Any], driver: str) -> bool:
     for doc in docs:
         if isinstance(doc, dict) and doc.get("kind") == "DeviceClass" and _get(doc, "metadata.name") == name:

@@ -134,6 +134,8 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
         s.done("guest-start")
         record = sb.boot.ready(record, guest, report, how, int((time.monotonic() - booting) * 1000))
         s.done("ready")
+        if claims:  # their status.devices[], as the guest reports their NICs (not undone: the claim's)
+            pods.claim_status(claims, nics, report.nics)
         s.done("loopback-forward", _open_loopback_forward(pods, sandbox_id, req.given_netns))
         s.done("node-ports", _open_node_ports(pods, sandbox_id, spec))
         pods.nri.sandbox_started(sandbox_id)

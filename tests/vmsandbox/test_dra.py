@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vmsandbox.agent_protocol import NicReport
 from vmsandbox.dra import (
     ClaimedNic,
     DraConfig,
@@ -20,6 +21,7 @@ from vmsandbox.dra import (
     PreparedDevice,
     claim_from_record,
     claim_record,
+    claim_status,
     claimed_mac,
     claimed_nic_args,
     claimed_nics,
@@ -469,3 +471,25 @@ def test_claimed_nic_args(nic: ClaimedNic, want: tuple[str, ...]) -> None:
 def test_claimed_nic_args_never_split_the_command_line(nic: ClaimedNic) -> None:
     with pytest.raises(InvalidArgument):
         claimed_nic_args((nic,))
+
+
+def test_claim_status_says_what_the_guest_reports_of_each_nic() -> None:
+    claim = PreparedClaim(
+        "u1", "default", "c1", ("pod-uid",),
+        (PreparedDevice("a", "node-a-networks", "lan", NetworkConfig("net1", ("192.168.50.7/24",)), share_id="s-1"),
+         PreparedDevice("b", "node-a-networks", "fast", NetworkConfig("net2", ("10.9.0.7/16",)))),
+    )  # fmt: skip
+    nics = claimed_nics("default/web", SB, (claim,), (LAN, FAST))
+    reported = (NicReport("net1", nics[0].mac.upper(), ("192.168.50.7/24", "fe80::1/64", "junk"), True),)
+    doc = claim_status(claim, DRIVER, nics, reported, "2026-01-01T00:00:00Z")
+    assert doc["metadata"] == {"name": "c1", "namespace": "default", "uid": "u1"}
+    first, second = doc["status"]["devices"]
+    assert first == {
+        "driver": DRIVER, "pool": "node-a-networks", "device": "lan", "shareID": "s-1",
+        "conditions": [{"type": "Ready", "status": "True", "reason": "NicUp",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z", "message": "net1 is up in the pod's VM"}],
+        "networkData": {"interfaceName": "net1", "ips": ["192.168.50.7/24", "fe80::1/64"],
+                        "hardwareAddress": nics[0].mac},
+    }  # fmt: skip
+    assert "shareID" not in second and "networkData" not in second
+    assert [(c["status"], c["reason"]) for c in second["conditions"]] == [("False", "NotInGuest")]

@@ -296,7 +296,12 @@ def test_a_pod_with_a_prepared_network_claim_gets_its_nic_named_and_addressed_in
     port = quiet_port()
     mac = claimed_mac(CLAIMED_SID, "c-uid", 0)
     reporting_nics({"name": "net1", "mac": mac, "addresses": ["192.168.50.7/24", "fe80::1/64"], "up": True})
+    written: list[tuple[Any, ...]] = []
+    pods_of(claimed).claim_status = lambda *args: written.append(args)
     sandbox_id = run_claimed(claimed, port)
+    ((claims, nics, reported),) = written  # the claim's status, once the guest is up, as it reports its NIC
+    assert [c.uid for c in claims] == ["c-uid"] and [n.mac for n in nics] == [mac]
+    assert [(r.name, r.mac) for r in reported] == [("net1", mac)]
     xml = claimed.sandboxes.hypervisor.live_xml(domain_name(sandbox_id))
     assert f"vmsandbox.xnic={mac},net1,192.168.50.7/24" in xml
     assert re.search(rf"<interface type='bridge'>\s*<mac address='{mac}'/>\s*<source bridge='br-lan'/>", xml), xml
