@@ -32,8 +32,8 @@ from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.claims import Claim
 from vmsandbox.domain import SandboxIdentity
 from vmsandbox.domain_xml import render
-from vmsandbox.dra import PlannedRequest, plan_claims
-from vmsandbox.errors import CannotFit, InvalidArgument
+from vmsandbox.dra import PlannedRequest, plan_claims, planned_nics
+from vmsandbox.errors import CannotFit, InvalidArgument, VmSandboxError
 from vmsandbox.host import choose_accel, format_cpulist
 from vmsandbox.lifecycle import plan_sandbox, pod_demand
 from vmsandbox.manifest import PodManifest, describe_all, pod_from_manifest, select_workload, workloads
@@ -242,8 +242,12 @@ def make_plan(
     for c in claims:
         if not c.source:
             notes.append(f"resourceClaims {c.claim}: its ResourceClaim or template is not in the manifest")
-    if any(c.networks for c in claims):
-        notes.append("claimed networks are prepared by the DRA driver but not attached to the VM yet (docs/dra.md)")
+    pod_name = f"{manifest.namespace}/{manifest.name}"
+    try:
+        nics = planned_nics(pod_name, PLACEHOLDER_SANDBOX_ID, claims, config.dra.networks)
+        nics_refused = ""
+    except VmSandboxError as exc:  # as RunPodSandbox refuses the pod
+        nics, nics_refused = (), f"{exc} (the shim refuses RunPodSandbox)"
     inv = read_inventory(host.sys_root, host.proc_root)
     if not inv.cpus:
         raise InvalidArgument(f"{host.sys_root}: no online CPUs found")
@@ -304,6 +308,8 @@ def make_plan(
         placement = manager.place(shape, profile, planned.devices)
     except CannotFit as exc:
         return result(demand, shape, None, None, str(exc), _shortfall_rows(exc, shape))
+    if nics_refused:
+        return result(demand, shape, placement, None, nics_refused)
     console = str(Path(config.console_dir) / f"{PLACEHOLDER_SANDBOX_ID}.log") if config.console_dir else None
     domain = domain_for(
         identity=SandboxIdentity(
@@ -320,6 +326,7 @@ def make_plan(
         profile=profile,
         accel=accel,
         console_log=console,
+        claimed_nics=nics,
     )
     return result(demand, shape, placement, render(domain), None)
 

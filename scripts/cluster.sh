@@ -64,6 +64,11 @@ MODE=${CLUSTER_MODE:-proxy} # or shim: the kubelet talks to containerd, vmsandbo
 DRA=${CLUSTER_DRA:-0}
 DRA_BRIDGE=${CLUSTER_DRA_BRIDGE:-vmsbr-dra0}
 DRA_NETWORK=${CLUSTER_DRA_NETWORK:-10.240.0.0/24}
+# the guest image the profiles boot: deploy/profiles.yaml's unless given (then a copy of it, naming
+# this directory, is the shim's: for a test of a guest image built from this tree)
+IMAGE_DIR=${CLUSTER_IMAGE_DIR:-}
+PROFILES=$REPO_ROOT/deploy/profiles.yaml
+[[ -z $IMAGE_DIR ]] || PROFILES=$CLUSTER_DIR/profiles.yaml
 KUBE_PROXY_HEALTHZ_PORT=${CLUSTER_KUBE_PROXY_HEALTHZ_PORT:-11256}
 KUBE_PROXY_METRICS_PORT=${CLUSTER_KUBE_PROXY_METRICS_PORT:-11249}
 # CoreDNS listens on the node's address at DNS_PORT; pods ask the kube-dns Service at DNS_IP:53,
@@ -236,6 +241,10 @@ EOF
 
 # ---- configuration files ------------------------------------------------------------------------------
 write_configs() {
+    if [[ -n $IMAGE_DIR ]]; then
+        [[ -f $IMAGE_DIR/vmlinux && -f $IMAGE_DIR/initramfs.img ]] || die "CLUSTER_IMAGE_DIR: no guest image in $IMAGE_DIR"
+        sed "s#image_dir: /var/lib/vmsandbox/images/default#image_dir: $IMAGE_DIR#" "$REPO_ROOT/deploy/profiles.yaml" >"$PROFILES"
+    fi
     kubeconfig "$ADMIN_KUBECONFIG" admin admin
     kubeconfig "$PKI/controller-manager.kubeconfig" system:kube-controller-manager controller-manager
     kubeconfig "$PKI/scheduler.kubeconfig" system:kube-scheduler scheduler
@@ -258,7 +267,7 @@ socket_path: $SOCKET
 state_dir: $SHIM/state
 console_dir: $SHIM/console
 libvirt_uri: qemu:///system
-profile_files: [$REPO_ROOT/deploy/profiles.yaml]
+profile_files: [$PROFILES]
 default_handler: vmsandbox
 shared_cpus: "$SHARED_CPUS"
 kubelet_pods_dir: /var/lib/kubelet/pods
@@ -390,7 +399,7 @@ shim_mode_drop_in() {
     containerd_bin_dir
     mkdir -p "$CONTAINERD/conf.d"
     ln -sf "$(dirname "$PY")/containerd-shim-vmsandbox-v1" "$CLUSTER_DIR/bin/containerd-shim-vmsandbox-v1"
-    "$PY" -m cli.main profile containerd "$REPO_ROOT/deploy/profiles.yaml" --shim-dir "$SHIM_SOCKETS" \
+    "$PY" -m cli.main profile containerd "$PROFILES" --shim-dir "$SHIM_SOCKETS" \
         >"$CONTAINERD/conf.d/vmsandbox.toml"
 }
 
@@ -604,13 +613,23 @@ up() {
         echo "NODE_IP=$NODE_IP"
         echo "POD_BRIDGE=$POD_BRIDGE"
     } >"$RUN/settings"
+    if [[ $DRA == 1 ]] && ! ip link show dev "$DRA_BRIDGE" >/dev/null 2>&1; then
+        # the DRA network's bridge: claimed NICs of VM pods are taps on it; the host holds its first
+        # address, so the host (and a runc pod routed through it) reaches them
+        local dra_host
+        dra_host=$("$PY" -c 'import ipaddress, sys; n = ipaddress.ip_network(sys.argv[1]); print(f"{next(n.hosts())}/{n.prefixlen}")' "$DRA_NETWORK")
+        ip link add name "$DRA_BRIDGE" type bridge || die "cannot make the DRA bridge $DRA_BRIDGE"
+        echo "DRA_BRIDGE=$DRA_BRIDGE" >>"$RUN/settings"
+        ip addr add "$dra_host" dev "$DRA_BRIDGE" && ip link set dev "$DRA_BRIDGE" up ||
+            die "cannot bring the DRA bridge $DRA_BRIDGE up at $dra_host"
+    fi
 
     log "certificates (openssl) and configuration in $CLUSTER_DIR"
     make_pki
     write_configs
     # deploy/profiles.yaml is written for larger nodes: say which RuntimeClasses this one cannot serve
     # (the shim refuses their pods at RunPodSandbox, naming the shortfall)
-    if ! "$PY" -m shim profile validate --config "$SHIM/config.yaml" "$REPO_ROOT/deploy/profiles.yaml" \
+    if ! "$PY" -m shim profile validate --config "$SHIM/config.yaml" "$PROFILES" \
         >"$LOGS/profiles.txt" 2>&1; then
         warn "profiles this node cannot serve (their RuntimeClasses' pods will be refused):"
         grep -vE ': [0-9]+ profiles? ' "$LOGS/profiles.txt" | sed 's/^/  /' >&2 || true
@@ -790,7 +809,7 @@ down() {
     [[ -d $CLUSTER_DIR ]] || { log "no cluster in $CLUSTER_DIR"; return 0; }
     [[ $CLUSTER_DIR != / ]] || die "CLUSTER_DIR is /"
     if [[ -r $RUN/settings ]]; then
-        local KUBE_BIN NODE_NAME NODE_IP POD_BRIDGE CONTAINERD_BIN_DIR # the values `up` used
+        local KUBE_BIN NODE_NAME NODE_IP POD_BRIDGE CONTAINERD_BIN_DIR DRA_BRIDGE="" # the values `up` used
         # shellcheck disable=SC1091
         source "$RUN/settings"
     fi
@@ -824,6 +843,10 @@ down() {
     if [[ -n ${POD_BRIDGE:-} ]] && ip link show dev "$POD_BRIDGE" >/dev/null 2>&1; then
         log "removing the bridge $POD_BRIDGE"
         ip link del dev "$POD_BRIDGE" || problem "the bridge $POD_BRIDGE was not removed"
+    fi
+    if [[ -n ${DRA_BRIDGE:-} ]] && ip link show dev "$DRA_BRIDGE" >/dev/null 2>&1; then
+        log "removing the DRA bridge $DRA_BRIDGE"
+        ip link del dev "$DRA_BRIDGE" || problem "the bridge $DRA_BRIDGE was not removed"
     fi
     if [[ -r $RUN/iptables-chains ]]; then
         remove_new_chains || problem "not every KUBE-* chain was removed (see above)"

@@ -41,6 +41,7 @@ from vmsandbox.agent_protocol import GuestReport, report_to_body
 from vmsandbox.devices import NO_DEVICES
 from vmsandbox.domain import AGENT_CHANNEL, Domain, NetworkInterface, SandboxIdentity, SharedDir, domain_name
 from vmsandbox.domain_xml import render
+from vmsandbox.dra import ClaimedNic, claimed_nic_problems
 from vmsandbox.errors import CannotFit, InfrastructureError, InvalidArgument, VmSandboxError
 from vmsandbox.lifecycle import STATE_CREATING, SandboxPlan
 from vmsandbox.network import GuestNic, guest_network_args
@@ -69,6 +70,7 @@ class Guest:
     snapshot: StoredSnapshot | None
     why: str
     make: MakeRequest | None  # the shape has no snapshot yet: the one to make once the pod is READY
+    claimed_nics: tuple[ClaimedNic, ...] = ()  # its DRA claims' NICs (vmsandbox.dra.claimed_nics)
 
 
 class Boot(SandboxPart):
@@ -136,9 +138,11 @@ class Boot(SandboxPart):
         placement: Placement,
         attachment: Attachment,
         shared: tuple[SharedDir, ...],
+        claimed_nics: tuple[ClaimedNic, ...] = (),
     ) -> Guest:
-        """The pod's domain (on ``placement``, its NIC from ``attachment``, its shares ``shared``) and
-        how its guest starts: restored from the snapshot of its shape when there is one."""
+        """The pod's domain (on ``placement``, its NIC from ``attachment``, then its claimed NICs,
+        its shares ``shared``) and how its guest starts: restored from the snapshot of its shape
+        when there is one (never with claimed NICs: ``restore_refusal``)."""
         profile = plan.profile
         image = Path(profile.image_dir)
         for f in (image / "vmlinux", image / "initramfs.img"):
@@ -170,12 +174,13 @@ class Boot(SandboxPart):
             qemu_uid=record.qemu_uid,
             interfaces=(attachment.interface,) if attachment.interface else (),
             guest_nic=nic,
+            claimed_nics=claimed_nics,
             hostname=record.hostname,
         )
         network_args = guest_network_args(nic, record.hostname)
         refusal = restore_refusal(domain, enabled=profile.snapshots)
         if refusal:
-            return Guest(domain, plan, nic, network_args, console, None, refusal, None)
+            return Guest(domain, plan, nic, network_args, console, None, refusal, None, claimed_nics)
         inputs = self.snapshots.inputs(domain, network_args)
         found = self.snapshots.find(inputs)
         if found is None:
@@ -232,6 +237,9 @@ class Boot(SandboxPart):
         problems = [e for e in report.errors if e.startswith("network:")]
         if problems:
             raise InfrastructureError(f"the guest could not configure its network: {'; '.join(problems)[:512]}")
+        claimed = claimed_nic_problems(guest.claimed_nics, report.nics)
+        if claimed:
+            raise InfrastructureError(f"the guest's claimed NICs are not as claimed: {'; '.join(claimed)[:512]}")
         if report.vcpus != shape.vcpus:
             raise InfrastructureError(f"guest reports {report.vcpus} vCPUs, the domain has {shape.vcpus}")
         for size, count in shape.guest_hugepages:

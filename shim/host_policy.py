@@ -20,6 +20,7 @@ from vmsandbox.adapters.passable_walk import image_reach, state_reach
 from vmsandbox.claims import Claim
 from vmsandbox.devices import DevicePools, resolve_pools
 from vmsandbox.domain import IMAGE_DISK_SLOTS, Domain, NetworkInterface, SandboxIdentity, SharedDir, build_domain
+from vmsandbox.dra import ClaimedNic
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory, format_cpulist
 from vmsandbox.host_pools import HostPools, HugepageBudget, host_pools
@@ -144,6 +145,7 @@ def domain_for(
     shared_dirs: tuple[SharedDir, ...] = (),
     interfaces: tuple[NetworkInterface, ...] = (),
     guest_nic: GuestNic | None = None,
+    claimed_nics: tuple[ClaimedNic, ...] = (),
     hostname: str = "",
     qemu_uid: int = 0,
 ) -> Domain:
@@ -169,6 +171,7 @@ def domain_for(
         shared_dirs=shared_dirs,
         interfaces=interfaces,
         guest_nic=guest_nic,
+        claimed_nics=claimed_nics,
         hostname=hostname,
         hotplug_ports=IMAGE_DISK_SLOTS,
         qemu_uid=qemu_uid,

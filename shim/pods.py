@@ -55,7 +55,8 @@ from shim.streaming.server import Target
 from vmsandbox import cri_metrics, shared_storage, stream_rules
 from vmsandbox.adapters.host_checks import host_warnings
 from vmsandbox.agent_ops import CgroupStats, ExecResult
-from vmsandbox.dra import PreparedClaim
+from vmsandbox.agent_protocol import NicReport
+from vmsandbox.dra import ClaimedNic, PreparedClaim
 from vmsandbox.errors import DeadlineExceeded, InvalidArgument, VmSandboxError, WrongState
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,10 @@ class Pods:
         self.loopback_forwards = loopback_forwards
         # the DRA claims prepared for a pod (by its uid), when vmsandbox is a DRA driver (shim.dra)
         self.prepared_claims: Callable[[str], Sequence[PreparedClaim]] = lambda _uid: ()
+        # write the claims' status once the pod's guest is up: (claims, their NICs, the guest's NICs)
+        self.claim_status: Callable[[Sequence[PreparedClaim], Sequence[ClaimedNic], Sequence[NicReport]], None] = (
+            lambda _c, _n, _r: None
+        )
         self._rates = _CpuRates()
 
     # -- the runtime ---------------------------------------------------------------------------------

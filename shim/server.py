@@ -229,8 +229,9 @@ def start(config: ShimConfig) -> Running:
     )
     pods.resume_node_ports()  # host-network pods this shim ran before a restart
     dra = DraDriver.start(config.dra, config.state_dir) if config.dra.enabled else None
-    if dra is not None:  # a pod whose claims it prepared is refused until their devices reach VMs
+    if dra is not None:  # RunPodSandbox attaches what it prepared for the pod
         pods.prepared_claims = dra.store.for_pod
+        pods.claim_status = dra.write_status
     runtime = RuntimeServicer(pods, streaming)
     image_servicer = ImageServicer(images, config.state_dir, containers.writable_usage, sandboxes.dirs.total_usage)
     downstream = proxy = None

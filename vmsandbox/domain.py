@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vmsandbox.dra import ClaimedNic, claimed_nic_args
 from vmsandbox.errors import InternalError
 from vmsandbox.network import GuestNic, guest_network_args
 from vmsandbox.placement import GuestCell
@@ -130,11 +131,15 @@ def free_disk_target(used: set[str]) -> str | None:
 class NetworkInterface:
     """A guest NIC. ``ethernet``: an existing host device handed to libvirt unmanaged (the pod's
     macvtap on its CNI ``eth0``, ``target_dev``; without one, a tap libvirt makes and connects to
-    nothing); ``user``: QEMU's user-mode network."""
+    nothing); ``user``: QEMU's user-mode network; ``bridge``: a tap libvirt makes on bridge
+    ``source`` and removes with the domain; ``direct``: a macvtap libvirt makes on host interface
+    ``source`` in ``mode`` and removes with the domain (a claimed network's NIC)."""
 
-    kind: Literal["ethernet", "user"]
+    kind: Literal["ethernet", "user", "bridge", "direct"]
     mac: str
     target_dev: str = ""
+    source: str = ""  # bridge, direct
+    mode: str = ""  # direct
 
 
 @dataclass(frozen=True)
@@ -199,6 +204,13 @@ def domain_name(sandbox_id: str) -> str:
     return f"{DOMAIN_PREFIX}{sandbox_id[:32]}"
 
 
+def claimed_interface(nic: ClaimedNic) -> NetworkInterface:
+    """A claimed network's NIC as libvirt makes it: a tap on a bridge, a macvtap on a host interface."""
+    if nic.kind == "bridge":
+        return NetworkInterface("bridge", nic.mac, source=nic.host_interface)
+    return NetworkInterface("direct", nic.mac, source=nic.host_interface, mode=nic.mode)
+
+
 def guest_cmdline(shape: VmShape, extra: str, network: tuple[str, ...] = ()) -> str:
     """Kernel command line: serial console, the vCPUs to bring up (``maxcpus=``, with vCPU
     headroom), the containers' hugepages, the pod's network and hostname
@@ -239,11 +251,13 @@ def build_domain(
     shared_dirs: tuple[SharedDir, ...] = (),
     interfaces: tuple[NetworkInterface, ...] = (),
     guest_nic: GuestNic | None = None,
+    claimed_nics: tuple[ClaimedNic, ...] = (),
     hostname: str = "",
     hotplug_ports: int = 0,
     qemu_uid: int = 0,
 ) -> Domain:
-    """Assemble the domain. With pinning, vCPU i runs on ``host_cpus[i]``; shared pods float."""
+    """Assemble the domain. With pinning, vCPU i runs on ``host_cpus[i]``; shared pods float. The
+    claimed NICs follow ``interfaces`` (the pod network's NIC), in their order."""
     pins: tuple[tuple[int, tuple[int, ...]], ...]
     # the headroom's vCPUs are present and pinned from the start (a QEMU thread each), offline in
     # the guest (``maxcpus=``) until a resize onlines them
@@ -285,7 +299,9 @@ def build_domain(
         boot=KernelBoot(
             kernel=kernel,
             initrd=initrd,
-            cmdline=guest_cmdline(shape, extra_cmdline, guest_network_args(guest_nic, hostname)),
+            cmdline=guest_cmdline(
+                shape, extra_cmdline, guest_network_args(guest_nic, hostname) + claimed_nic_args(claimed_nics)
+            ),
             machine=machine,
         ),
         cpu_mode="host-passthrough" if accel == "kvm" else "qemu64",
@@ -298,7 +314,7 @@ def build_domain(
         numa_cells=cells,
         hostdevs=tuple(hostdevs),
         shared_dirs=tuple(shared_dirs),
-        interfaces=tuple(interfaces),
+        interfaces=tuple(interfaces) + tuple(claimed_interface(n) for n in claimed_nics),
         rng=RngDevice(),
         hotplug_ports=hotplug_ports if "q35" in machine else 0,
         qemu_uid=qemu_uid,

@@ -49,9 +49,15 @@ def _metadata(parent: ET.Element, domain: Domain) -> None:
 
 def _interface(devices: ET.Element, nic: NetworkInterface) -> None:
     """``ethernet``: libvirt opens the existing macvtap (``/dev/tap<ifindex>``) and leaves it alone
-    (``managed='no'``), as its owner (the pod network) made it; ``user``: QEMU's user-mode network."""
+    (``managed='no'``), as its owner (the pod network) made it; ``user``: QEMU's user-mode network;
+    ``bridge`` and ``direct`` (a claimed network's NIC): a tap on the bridge, a macvtap on the host
+    interface, which libvirt makes when the domain starts and removes when it stops."""
     el = _sub(devices, "interface", type=nic.kind)
     _sub(el, "mac", address=nic.mac)
+    if nic.kind == "bridge":
+        _sub(el, "source", bridge=nic.source)
+    elif nic.kind == "direct":
+        _sub(el, "source", dev=nic.source, mode=nic.mode)
     if nic.kind == "ethernet" and nic.target_dev:  # no target: a tap libvirt makes (a snapshot's guest)
         _sub(el, "target", dev=nic.target_dev, managed="no")
     _sub(el, "model", type="virtio")

@@ -11,6 +11,10 @@ what a prepared claim is (pure).
   device allocated to this driver on this node's pool, and the opaque configuration that applies to
   it (``NetworkConfig``: the interface's name inside the pod and static addresses).
 * ``claim_record`` / ``claim_from_record``: a prepared claim as the store keeps it.
+* ``claimed_nics``: what a pod's prepared claims put in its VM at RunPodSandbox, one NIC per
+  network device (a tap on the network's bridge, or a macvtap on its host interface, both made and
+  removed by libvirt with the domain), each with a MAC of its own, the name and addresses the guest
+  gives it; ``claimed_nic_args`` is how the guest's /init is told (its kernel command line).
 * ``plan_claims``: what ``vmsandbox plan`` shows of a pod's ResourceClaims, from the claim and
   template manifests beside it: each request of a class of this driver, the networks that could
   serve it and the config it would get.
@@ -20,6 +24,8 @@ Every input is bounded and checked; a failure is ``InvalidArgument`` naming the 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
@@ -27,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmsandbox import validation
-from vmsandbox.errors import InvalidArgument
+from vmsandbox.agent_protocol import NicReport
+from vmsandbox.errors import InvalidArgument, Unsupported, WrongState
 
 DEFAULT_DRIVER = "vmsandbox.dev"
 NETWORK_POOL_SUFFIX = "networks"
@@ -96,17 +103,138 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
 
 
-def unattached_refusal(pod: str, claims: Sequence[PreparedClaim]) -> str:
-    """Why RunPodSandbox refuses a pod whose claims this driver prepared: their devices do not
-    reach a VM yet, and a pod must not run without what it claimed."""
-    shown = ", ".join(
-        f"{c.namespace}/{c.name} ({', '.join(d.device for d in c.devices[:4]) or 'no devices'})" for c in claims[:4]
-    )
-    more = f" and {len(claims) - 4} more" if len(claims) > 4 else ""
-    return (
-        f"pod {pod} claims DRA devices of this node's driver, prepared as {shown}{more}, which VM pods do not "
-        "attach yet (docs/dra.md): refused rather than run without them"
-    )
+MAX_CLAIMED_NICS = 8
+MAX_CLAIMED_NIC_ARGS = 1024  # characters of the guest's kernel command line (2048 in all on x86)
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+
+
+@dataclass(frozen=True)
+class ClaimedNic:
+    """A claimed network device as the pod's VM gets it: ``kind`` bridge (a tap on bridge
+    ``host_interface``) or macvlan (a macvtap on ``host_interface`` in ``mode``); in the guest, the
+    NIC with ``mac`` is renamed ``name`` and given ``addresses``."""
+
+    claim: str  # namespace/name
+    device: str  # the network's name
+    kind: str
+    host_interface: str
+    mode: str
+    mac: str
+    name: str
+    addresses: tuple[str, ...]
+
+
+def claimed_mac(sandbox_id: str, claim_uid: str, index: int) -> str:
+    """A locally administered unicast MAC for a sandbox's ``index``-th claimed device: from a hash,
+    so pods on one secondary network do not share one."""
+    digest = hashlib.sha256(f"{sandbox_id}/{claim_uid}/{index}".encode()).digest()
+    return "02:" + ":".join(f"{b:02x}" for b in digest[:5])
+
+
+def claimed_nics(
+    pod: str, sandbox_id: str, claims: Sequence[PreparedClaim], networks: Sequence[NetworkAttachment]
+) -> tuple[ClaimedNic, ...]:
+    """The NICs a pod's prepared claims put in its VM, in the claims' order. A device that cannot
+    be attached as claimed is refused by name: its network no longer configured (WrongState),
+    without static addresses (host-local IPAM is not run for a VM's claimed NIC: Unsupported), an
+    address outside the network's subnet or two NICs with one name (InvalidArgument), too many."""
+    by_name = {n.name: n for n in networks}
+    devices = [(c, d) for c in claims for d in c.devices]
+    if len(devices) > MAX_CLAIMED_NICS:
+        raise Unsupported(f"pod {pod} claims {len(devices)} network devices; a VM takes at most {MAX_CLAIMED_NICS}")
+    explicit = {d.config.interface_name for _, d in devices if d.config.interface_name}
+    nics: list[ClaimedNic] = []
+    used: set[str] = set()
+    auto = 1
+    for index, (claim, device) in enumerate(devices):
+        what = f"claim {claim.namespace}/{claim.name} device {device.device} (request {device.request})"
+        network = by_name.get(device.device)
+        if network is None:
+            raise WrongState(f"pod {pod}: {what}: network {device.device} is not configured on this node any more")
+        if not device.config.addresses:
+            raise Unsupported(
+                f"pod {pod}: {what} has no static addresses; a VM's claimed NIC takes its addresses from the "
+                "claim's opaque config (addresses), host-local IPAM is not run for it (docs/dra.md)"
+            )
+        subnet = ipaddress.ip_network(network.subnet)
+        for address in device.config.addresses:
+            try:
+                inside = ipaddress.ip_interface(address).ip in subnet
+            except ValueError:
+                inside = False
+            if not inside:
+                raise InvalidArgument(
+                    f"pod {pod}: {what}: address {validation.quote(address)} is not in {network.subnet}"
+                )
+        name = device.config.interface_name
+        if not name:
+            while f"net{auto}" in explicit or f"net{auto}" in used:
+                auto += 1
+            name = f"net{auto}"
+        if name in used:
+            raise InvalidArgument(f"pod {pod}: {what}: interface name {name} is given to two claimed devices")
+        used.add(name)
+        nics.append(
+            ClaimedNic(
+                claim=f"{claim.namespace}/{claim.name}",
+                device=network.name,
+                kind=network.kind,
+                host_interface=network.interface,
+                mode=network.mode,
+                mac=claimed_mac(sandbox_id, claim.uid, index),
+                name=name,
+                addresses=device.config.addresses,
+            )
+        )
+    claimed_nic_args(tuple(nics))  # refused here, before anything is held, when they do not fit
+    return tuple(nics)
+
+
+def claimed_nic_args(nics: tuple[ClaimedNic, ...]) -> tuple[str, ...]:
+    """The guest kernel command line's parameters for claimed NICs, read by its /init
+    (``images/guest/init``): ``vmsandbox.xnic=MAC,NAME,CIDR[,CIDR...]``, one per NIC. Each value is
+    checked so none can split or extend the command line (InvalidArgument)."""
+    args = []
+    for nic in nics:
+        if not _MAC.fullmatch(nic.mac) or not _IFNAME.fullmatch(nic.name) or nic.name in ("eth0", "lo"):
+            raise InvalidArgument(
+                f"claimed NIC {validation.quote(nic.name)} ({validation.quote(nic.mac)}): bad name or MAC"
+            )
+        try:
+            cidrs = [ipaddress.ip_interface(a).with_prefixlen for a in nic.addresses]
+        except ValueError as exc:
+            raise InvalidArgument(f"claimed NIC {nic.name}: {exc}") from None
+        args.append(f"vmsandbox.xnic={','.join([nic.mac, nic.name, *cidrs])}")
+    if sum(len(a) + 1 for a in args) > MAX_CLAIMED_NIC_ARGS:
+        raise Unsupported(
+            f"the claimed NICs' names and addresses take more than {MAX_CLAIMED_NIC_ARGS} characters of the guest's "
+            "kernel command line"
+        )
+    return tuple(args)
+
+
+def claimed_nic_problems(nics: Sequence[ClaimedNic], reported: Sequence[NicReport]) -> list[str]:
+    """What the guest's report (its NICs, by MAC) says is wrong with its claimed NICs: missing,
+    misnamed, down, or without an address it was given. Empty: each is as claimed."""
+    by_mac = {r.mac.lower(): r for r in reported}
+    problems = []
+    for nic in nics:
+        got = by_mac.get(nic.mac)
+        if got is None:
+            problems.append(f"{nic.name} ({nic.mac}, claim {nic.claim}): not in the guest")
+            continue
+        if got.name != nic.name:
+            problems.append(f"{nic.name} ({nic.mac}): named {validation.quote(got.name[:40])} in the guest")
+        if not got.up:
+            problems.append(f"{nic.name} ({nic.mac}): down in the guest")
+        have = set()
+        for a in got.addresses:
+            with contextlib.suppress(ValueError):
+                have.add(ipaddress.ip_interface(a))
+        missing = [a for a in nic.addresses if ipaddress.ip_interface(a) not in have]
+        if missing:
+            problems.append(f"{nic.name} ({nic.mac}): without {', '.join(missing)} in the guest")
+    return problems
 
 
 # ---- settings ----------------------------------------------------------------------------------
@@ -487,6 +615,71 @@ class PlannedRequest:
     device_class: str
     networks: tuple[str, ...]  # of this node's, those that could serve it; () when not this driver's class
     config: NetworkConfig = NetworkConfig()
+
+
+MAX_STATUS_IPS = 16  # the API's bound on networkData.ips
+
+
+def claim_status(
+    claim: PreparedClaim,
+    driver: str,
+    nics: Sequence[ClaimedNic],
+    reported: Sequence[NicReport],
+    now: str,
+) -> dict[str, Any]:
+    """The server-side apply body of ``claim``'s ``status.devices[]`` once its pod's guest is up
+    (KEP-4817): for each of its devices (``nics`` in the same order), driver, pool, device, share
+    id, a ``Ready`` condition and ``networkData`` as the guest reports the NIC (its name, CIDRs and
+    MAC); a NIC the guest does not report is ``Ready`` ``False``. ``now``: RFC 3339."""
+    devices = []
+    by_mac = {r.mac.lower(): r for r in reported}
+    for device, nic in zip(claim.devices, nics, strict=True):
+        got = by_mac.get(nic.mac)
+        entry: dict[str, Any] = {"driver": driver, "pool": device.pool, "device": device.device}
+        if device.share_id:
+            entry["shareID"] = device.share_id
+        if got is None:
+            entry["conditions"] = [
+                {"type": "Ready", "status": "False", "reason": "NotInGuest", "lastTransitionTime": now,
+                 "message": f"the guest does not report the NIC {nic.mac}"}
+            ]  # fmt: skip
+        else:
+            entry["conditions"] = [
+                {"type": "Ready", "status": "True", "reason": "NicUp", "lastTransitionTime": now,
+                 "message": f"{got.name[:64]} is up in the pod's VM"}
+            ]  # fmt: skip
+            ips = []
+            for a in got.addresses:
+                with contextlib.suppress(ValueError):
+                    ips.append(ipaddress.ip_interface(a).with_prefixlen)
+            entry["networkData"] = {
+                "interfaceName": got.name[:256],
+                "ips": ips[:MAX_STATUS_IPS],
+                "hardwareAddress": nic.mac,
+            }
+        devices.append(entry)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+        "status": {"devices": devices},
+    }
+
+
+def planned_nics(
+    pod: str, sandbox_id: str, requests: Sequence[PlannedRequest], networks: Sequence[NetworkAttachment]
+) -> tuple[ClaimedNic, ...]:
+    """The NICs ``vmsandbox plan`` shows in the domain for a pod's requests of this driver's class:
+    each on the first configured network that could serve it (the scheduler picks one), as
+    ``claimed_nics`` makes them at RunPodSandbox, and refused as it refuses them."""
+    claims = [
+        PreparedClaim(
+            f"planned-{i}", pod.split("/")[0], r.claim, (), (PreparedDevice(r.request, "", r.networks[0], r.config),)
+        )
+        for i, r in enumerate(requests)
+        if r.networks
+    ]
+    return claimed_nics(pod, sandbox_id, claims, networks)
 
 
 def _class_is_ours(name: str, docs: list[Any], driver: str) -> bool:

@@ -151,6 +151,8 @@ def restore_refusal(domain: Domain, *, enabled: bool) -> str:
         return "the guest spans NUMA nodes (snapshots are made for one-node guests only)"
     if len(domain.interfaces) > 1:
         return "the guest has more than one NIC"
+    if any(nic.kind in ("bridge", "direct") for nic in domain.interfaces):
+        return "the guest has a claimed network's NIC (its /init configures it at boot)"
     return ""
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from shim.dra.kube import KubeClient
@@ -14,7 +16,9 @@ from shim.dra.plugin import DraPlugin
 from shim.dra.slices import Slices
 from shim.dra.store import ClaimStore
 from vmsandbox import validation
-from vmsandbox.dra import DraConfig
+from vmsandbox.agent_protocol import NicReport
+from vmsandbox.dra import ClaimedNic, DraConfig, PreparedClaim, claim_status
+from vmsandbox.errors import VmSandboxError
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,8 @@ class DraDriver:
     store: ClaimStore
     plugin: DraPlugin
     slices: Slices
+    client: KubeClient | None = None
+    driver: str = ""
 
     @classmethod
     def start(cls, config: DraConfig, state_dir: str, slice_interval_s: float = 30.0) -> DraDriver:
@@ -47,7 +53,25 @@ class DraDriver:
         slices.start()
         plugin.start()
         log.info("DRA: driver %s on node %s, %d prepared claims kept", config.driver_name, node, len(store.all()))
-        return cls(store, plugin, slices)
+        return cls(store, plugin, slices, client, config.driver_name)
+
+    def write_status(
+        self, claims: Sequence[PreparedClaim], nics: Sequence[ClaimedNic], reported: Sequence[NicReport]
+    ) -> None:
+        """Write each claim's ``status.devices[]`` (``vmsandbox.dra.claim_status``) once its pod's
+        guest is up: ``nics`` are the claims' devices' NICs in order, ``reported`` the guest's. A
+        write that fails is logged: the pod runs with its NICs all the same."""
+        if self.client is None:
+            return
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        at = 0
+        for claim in claims:
+            mine, at = nics[at : at + len(claim.devices)], at + len(claim.devices)
+            try:
+                body = claim_status(claim, self.driver, mine, reported, now)
+                self.client.apply_claim_status(claim.namespace, claim.name, body, self.driver)
+            except (VmSandboxError, ValueError) as exc:
+                log.warning("DRA: status of claim %s/%s not written: %s", claim.namespace, claim.name, exc)
 
     def stop(self) -> None:
         self.plugin.stop()

@@ -40,13 +40,15 @@ class KubeClient:
         self.host, self.port, self._ssl, self._token = _from_kubeconfig(kubeconfig)
         self._timeout = timeout_s
 
-    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+    def _call(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, content_type: str = "application/json"
+    ) -> Any:
         conn = http.client.HTTPSConnection(self.host, self.port, timeout=self._timeout, context=self._ssl)
         headers = {"Accept": "application/json", "User-Agent": "vmsandbox-dra"}
         data = None
         if body is not None:
             data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
         try:
@@ -73,6 +75,14 @@ class KubeClient:
 
     def get_claim(self, namespace: str, name: str) -> Any:
         return self._call("GET", f"{RESOURCE}/namespaces/{_seg(namespace)}/resourceclaims/{_seg(name)}")
+
+    def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], manager: str) -> Any:
+        """Server-side apply of a ResourceClaim's status as field manager ``manager`` (the driver):
+        idempotent, and only the fields this manager owns change (``status.devices[]`` is a map
+        keyed by driver, pool, device and share id)."""
+        query = urllib.parse.urlencode({"fieldManager": manager, "force": "true"})
+        path = f"{RESOURCE}/namespaces/{_seg(namespace)}/resourceclaims/{_seg(name)}/status?{query}"
+        return self._call("PATCH", path, body, "application/apply-patch+yaml")
 
     def list_slices(self, driver: str, node: str) -> list[Any]:
         selector = urllib.parse.quote(f"spec.driver={driver},spec.nodeName={node}")

@@ -7,6 +7,12 @@ step          what it did                                         its undo
 ============  ==================================================  ================================
 plan          sized the pod from its declaration and the host's
               facts; nothing held yet
+claimed-nics  the NICs of the DRA claims prepared for the pod
+              (``vmsandbox.dra.claimed_nics``): a tap on each
+              claimed bridge network, a macvtap on each macvlan
+              one, which libvirt makes with the domain and
+              removes with it (``define``'s undo); nothing held
+              yet, a device that cannot be attached refused
 reserve-name  its name, namespace, uid and attempt name this      released
               sandbox
 claim         its CPUs, pages, memory and devices, taken back     released
@@ -54,8 +60,8 @@ from shim.model import RunPodSandbox, SandboxRecord, SandboxSpec
 from shim.pods import Pods
 from shim.records import new_id
 from shim.sandboxes import Sandboxes
-from vmsandbox.dra import unattached_refusal
-from vmsandbox.errors import AlreadyExists, CannotFit, Unsupported, VmSandboxError
+from vmsandbox.dra import claimed_nics
+from vmsandbox.errors import AlreadyExists, CannotFit, VmSandboxError
 from vmsandbox.lifecycle import SandboxPlan
 from vmsandbox.placement import Placement
 
@@ -65,6 +71,7 @@ RPC = "RunPodSandbox"
 rpc.declare(
     RPC,
     "plan",
+    "claimed-nics",
     "reserve-name",
     "claim",
     "record",
@@ -88,14 +95,14 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
     pod = f"{spec.meta.namespace}/{spec.meta.name}"
     logs.bind(pod=pod)
     claims = pods.prepared_claims(spec.meta.uid)
-    if claims:
-        raise Unsupported(unattached_refusal(pod, claims))
     sandbox_id = req.sandbox_id or new_id()
     if req.sandbox_id and (sandbox_id in sb.locks.in_flight or sandbox_id in sb.records.ids_with_prefix(sandbox_id)):
         raise AlreadyExists(f"sandbox {sandbox_id} exists already")
     with sb.locks.running(sandbox_id), rpc.steps(RPC, functools.partial(_failed, pod, sandbox_id)) as s:
         plan = sb.plan(spec)
         s.done("plan")
+        nics = claimed_nics(pod, sandbox_id, claims, sb.config.dra.networks) if claims else ()
+        s.done("claimed-nics")
         sb.records.reserve_name(spec.meta, sandbox_id)
         s.done("reserve-name", functools.partial(sb.records.release_name, spec.meta, sandbox_id))
         logs.bind(sandbox_id=sandbox_id)
@@ -115,7 +122,7 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
         record = replace(record, network=attachment.network)
         shared = sb.dirs.make(sandbox_id, record.qemu_uid, plan.shared_storage_bytes)
         s.done("share", functools.partial(sb.dirs.drop, sandbox_id))
-        guest = sb.boot.guest(record, plan, placement, attachment, shared)
+        guest = sb.boot.guest(record, plan, placement, attachment, shared, nics)
         booting = time.monotonic()
         define_ms = sb.boot.define(guest)
         s.done("define", functools.partial(sb.boot.remove_domain, guest.domain.name))
@@ -127,6 +134,8 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
         s.done("guest-start")
         record = sb.boot.ready(record, guest, report, how, int((time.monotonic() - booting) * 1000))
         s.done("ready")
+        if claims:  # their status.devices[], as the guest reports their NICs (not undone: the claim's)
+            pods.claim_status(claims, nics, report.nics)
         s.done("loopback-forward", _open_loopback_forward(pods, sandbox_id, req.given_netns))
         s.done("node-ports", _open_node_ports(pods, sandbox_id, spec))
         pods.nri.sandbox_started(sandbox_id)

@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.cli.vmsandbox_cmd import REPO, TWO_SOCKET, vmsandbox, vmsandbox_json
 
 EXAMPLE = REPO / "deploy" / "dra" / "example-pod.yaml"
-CONFIG = "dra:\n  networks:\n    - {name: net1, kind: bridge, interface: br1, subnet: 10.237.0.0/24}\n"
+CONFIG = "dra:\n  networks:\n    - {name: net1, kind: bridge, interface: br1, subnet: 192.168.77.0/24}\n"
 
 
 def test_plan_shows_the_claimed_network(tmp_path: Path) -> None:
@@ -19,7 +19,9 @@ def test_plan_shows_the_claimed_network(tmp_path: Path) -> None:
         {"claim": "net1", "source": "template net1", "request": "net", "device_class": "vmsandbox-network",
          "networks": ["net1"], "interface_name": "net1", "addresses": ["192.168.77.10/24"]}
     ]  # fmt: skip
-    assert any("not attached to the VM yet" in n for n in doc["notes"])
+    xml = doc["domain_xml"]  # the claimed NIC: a tap on the network's bridge, named and addressed by /init
+    assert '<interface type="bridge">' in xml and '<source bridge="br1" />' in xml, xml
+    assert ",net1,192.168.77.10/24" in xml
     text = vmsandbox("plan", EXAMPLE, "--config", tmp_path / "config.yaml", "--host-sysfs", TWO_SOCKET).stdout
     assert "claim      net1 (template net1) request net, class vmsandbox-network: a NIC on one of net1" in text
 
@@ -30,3 +32,15 @@ def test_plan_says_when_the_template_is_missing(tmp_path: Path) -> None:
     code, doc = vmsandbox_json("plan", tmp_path / "pod.yaml", "--host-sysfs", TWO_SOCKET)
     assert code == 0
     assert any("resourceClaims net1: its ResourceClaim or template is not in the manifest" in n for n in doc["notes"])
+
+
+def test_plan_refuses_a_claim_the_shim_cannot_attach(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text(CONFIG)
+    (tmp_path / "pod.yaml").write_text(EXAMPLE.read_text().replace('addresses: ["192.168.77.10/24"]', "addresses: []"))
+    code, doc = vmsandbox_json(
+        "plan", tmp_path / "pod.yaml", "--config", tmp_path / "config.yaml", "--host-sysfs", TWO_SOCKET
+    )
+    assert code == 1  # does not fit: as for any refusal
+    assert doc["domain_xml"] is None
+    reason = doc["refusal"]["reason"]
+    assert "has no static addresses" in reason and reason.endswith("(the shim refuses RunPodSandbox)"), doc

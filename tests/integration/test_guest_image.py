@@ -69,8 +69,9 @@ class Guest:
 
 
 @contextmanager
-def booted_guest(tmp: Path) -> Iterator[Guest]:
-    """QEMU running the image (q35, TCG); killed on exit whatever happened."""
+def booted_guest(tmp: Path, qemu_args: tuple[str, ...] = (), cmdline: str = "") -> Iterator[Guest]:
+    """QEMU running the image (q35, TCG), with ``qemu_args`` and ``cmdline`` appended to the kernel's;
+    killed on exit whatever happened."""
     assert QEMU is not None
     sock = str(tmp / "agent.sock")
     console = tmp / "console.log"
@@ -78,10 +79,11 @@ def booted_guest(tmp: Path) -> Iterator[Guest]:
         QEMU, "-accel", "tcg", "-machine", "q35", "-nographic", "-nodefaults", "-no-user-config",
         "-no-reboot", "-serial", "stdio",
         "-kernel", str(IMAGE_DIR / "vmlinux"), "-initrd", str(IMAGE_DIR / "initramfs.img"),
-        "-append", CMDLINE, "-smp", str(VCPUS), "-m", str(MEM_MIB),
+        "-append", f"{CMDLINE} {cmdline}".strip(), "-smp", str(VCPUS), "-m", str(MEM_MIB),
         "-chardev", f"socket,id=agent,path={sock},server=on,wait=off",
         "-device", "virtio-serial-pci",
         "-device", f"virtserialport,chardev=agent,name={CHANNEL_NAME}",
+        *qemu_args,
     ]  # fmt: skip
     with console.open("wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
@@ -213,3 +215,27 @@ def test_fresh_guest_greets_until_acked_then_powers_off(manifest: dict[str, obje
         f.flush()
         assert read_skipping_hellos(f) == Response(id="bye", ok=True, body={})
         assert g.proc.wait(timeout=20) == 0, g.console_tail()
+
+
+def test_claimed_nics_are_renamed_and_addressed_by_mac(manifest: dict[str, object], tmp_path: Path) -> None:
+    """/init gives each NIC of ``vmsandbox.xnic=MAC,NAME,CIDR...`` (vmsandbox.dra.claimed_nic_args)
+    its name and addresses and brings it up, whatever name the kernel gave it; the agent reports them."""
+    first, second = "02:00:00:00:0a:01", "02:00:00:00:0a:02"
+    nics = (
+        "-netdev", "user,id=n1,restrict=on", "-device", f"virtio-net-pci,netdev=n1,mac={first}",
+        "-netdev", "user,id=n2,restrict=on", "-device", f"virtio-net-pci,netdev=n2,mac={second}",
+    )  # fmt: skip
+    # the first gets the name the kernel gives the second (eth1): renamed in order, each by its MAC
+    cmdline = f"vmsandbox.xnic={second},lan0,192.168.50.7/24 vmsandbox.xnic={first},fast1,10.9.0.7/16,fd09::7/64"
+    with booted_guest(tmp_path, nics, cmdline) as guest:
+        try:
+            ch = GuestChannel.open(guest.socket_path, BOOT_TIMEOUT_S)
+        except Exception as e:
+            pytest.fail(f"{e}\n--- guest console ---\n{guest.console_tail()}")
+        with ch:
+            report = ch.report
+    assert not [e for e in report.errors if e.startswith("network:")], report.errors
+    got = {n.mac: n for n in report.nics}
+    assert (got[second].name, got[second].up, "192.168.50.7/24" in got[second].addresses) == ("lan0", True, True)
+    assert (got[first].name, got[first].up) == ("fast1", True)
+    assert {"10.9.0.7/16", "fd09::7/64"} <= set(got[first].addresses), got[first]

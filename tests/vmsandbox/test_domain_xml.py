@@ -40,6 +40,7 @@ from vmsandbox.domain_xml import (
     render,
     render_image_disk,
 )
+from vmsandbox.dra import ClaimedNic
 from vmsandbox.errors import InfrastructureError, InternalError, InvalidArgument
 from vmsandbox.network import GuestNic, Route, guest_network_args
 from vmsandbox.placement import GuestCell
@@ -74,6 +75,7 @@ class Case:
     shared_dirs: tuple[SharedDir, ...] = ()
     interfaces: tuple[NetworkInterface, ...] = ()
     guest_nic: GuestNic | None = None
+    claimed_nics: tuple[ClaimedNic, ...] = ()
     hostname: str = ""
     hotplug_ports: int = 0
     qemu_uid: int = 0
@@ -98,6 +100,7 @@ class Case:
             shared_dirs=self.shared_dirs,
             interfaces=self.interfaces,
             guest_nic=self.guest_nic,
+            claimed_nics=self.claimed_nics,
             hostname=self.hostname,
             hotplug_ports=self.hotplug_ports,
             qemu_uid=self.qemu_uid,
@@ -197,6 +200,42 @@ CASES = {
             ("10.88.0.5/16", "fd00:88::5/64"),
             (Route("0.0.0.0/0", "10.88.0.1"), Route("10.96.0.0/12")),
             mtu=1450,
+        ),
+        hostname="web-0",
+    ),
+    # (f') the same pod with two DRA-claimed networks after its own NIC: a tap on a bridge, a
+    # macvtap on a host interface, both libvirt's; their names and addresses on the command line
+    "pod-network-claimed-nics": Case(
+        identity=SandboxIdentity("d4" * 32, "web", "default", "uid-f", 0, "vmsandbox"),
+        shape=sized({"cpu": "1", "memory": "128Mi"}, Profile(name="p", handler="p")),
+        host_cpus=(3,),
+        hugepage_nodes=(0,),
+        accel="tcg",
+        extra_cmdline="",
+        console_log=None,
+        interfaces=(NetworkInterface("ethernet", "0a:58:0a:58:00:05", "vmsd4d4d4d4d4d4"),),
+        guest_nic=GuestNic("0a:58:0a:58:00:05", ("10.88.0.5/16",), (Route("0.0.0.0/0", "10.88.0.1"),)),
+        claimed_nics=(
+            ClaimedNic(
+                "default/web-lan",
+                "lan",
+                "bridge",
+                "br-lan",
+                "bridge",
+                "02:11:22:33:44:55",
+                "net1",
+                ("192.168.50.7/24",),
+            ),
+            ClaimedNic(
+                "default/web-fast",
+                "fast",
+                "macvlan",
+                "eth1",
+                "vepa",
+                "02:66:77:88:99:aa",
+                "fast0",
+                ("10.9.0.7/16", "fd09::7/64"),
+            ),
         ),
         hostname="web-0",
     ),

@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vmsandbox.agent_protocol import NicReport
 from vmsandbox.dra import (
+    ClaimedNic,
     DraConfig,
     NetworkAttachment,
     NetworkConfig,
@@ -19,13 +21,17 @@ from vmsandbox.dra import (
     PreparedDevice,
     claim_from_record,
     claim_record,
+    claim_status,
+    claimed_mac,
+    claimed_nic_args,
+    claimed_nics,
     network_slice,
     parse_dra_config,
     plan_claims,
     prepared_claim,
     slice_differs,
 )
-from vmsandbox.errors import InvalidArgument
+from vmsandbox.errors import InvalidArgument, Unsupported, WrongState
 
 DRIVER, NODE = "vmsandbox.dev", "node-a"
 NET = {"name": "lan", "kind": "bridge", "interface": "br-lan", "subnet": "192.168.50.0/24"}
@@ -347,3 +353,143 @@ def test_plan_claims_refuses_a_malformed_template() -> None:
     bad["spec"]["spec"]["devices"]["requests"] = [{"exactly": {}}]  # type: ignore[index]
     with pytest.raises(InvalidArgument, match="name: missing"):
         plan_claims((("c", "t", ""),), [bad], "default", DRIVER, NETS)
+
+
+# ---- the NICs a pod's prepared claims put in its VM ---------------------------------------------
+
+LAN = NetworkAttachment("lan", "bridge", "br-lan", "192.168.50.0/24")
+FAST = NetworkAttachment("fast", "macvlan", "eth1", "10.9.0.0/16", mode="vepa")
+SB = "ab" * 32
+
+
+def _claim(uid: str, *devices: tuple[str, str, tuple[str, ...]]) -> PreparedClaim:
+    return PreparedClaim(
+        uid,
+        "default",
+        f"c-{uid}",
+        ("pod-uid",),
+        tuple(
+            PreparedDevice(f"r{i}", "node-a-networks", dev, NetworkConfig(name, addrs))
+            for i, (dev, name, addrs) in enumerate(devices)
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("claims", "want"),
+    [
+        ((), ()),
+        (
+            (_claim("u1", ("lan", "net1", ("192.168.50.7/24",))),),
+            (("bridge", "br-lan", "net1", ("192.168.50.7/24",), claimed_mac(SB, "u1", 0)),),
+        ),
+        # no name given: net1, net2, ... skipping the names other devices were given
+        (
+            (_claim("u1", ("lan", "", ("192.168.50.7/24",)), ("fast", "net1", ("10.9.0.7/16",))),),
+            (
+                ("bridge", "br-lan", "net2", ("192.168.50.7/24",), claimed_mac(SB, "u1", 0)),
+                ("macvlan", "eth1", "net1", ("10.9.0.7/16",), claimed_mac(SB, "u1", 1)),
+            ),
+        ),
+        (
+            (_claim("u1", ("lan", "a", ("192.168.50.7/24",))), _claim("u2", ("fast", "b", ("10.9.0.7/16",)))),
+            (
+                ("bridge", "br-lan", "a", ("192.168.50.7/24",), claimed_mac(SB, "u1", 0)),
+                ("macvlan", "eth1", "b", ("10.9.0.7/16",), claimed_mac(SB, "u2", 1)),
+            ),
+        ),
+    ],
+)
+def test_claimed_nics(claims: tuple[PreparedClaim, ...], want: tuple[Any, ...]) -> None:
+    got = claimed_nics("default/web", SB, claims, (LAN, FAST))
+    assert tuple((n.kind, n.host_interface, n.name, n.addresses, n.mac) for n in got) == want
+    assert all(n.mode == ("vepa" if n.kind == "macvlan" else "bridge") for n in got)
+
+
+@pytest.mark.parametrize(
+    ("claims", "error", "says"),
+    [
+        ((_claim("u1", ("gone", "net1", ("192.168.50.7/24",))),), WrongState, "network gone is not configured"),
+        ((_claim("u1", ("lan", "net1", ())),), Unsupported, "has no static addresses"),
+        (
+            (_claim("u1", ("lan", "net1", ("10.9.0.7/16",))),),
+            InvalidArgument,
+            '"10.9.0.7/16" is not in 192.168.50.0/24',
+        ),
+        (
+            (_claim("u1", ("lan", "x", ("192.168.50.7/24",)), ("fast", "x", ("10.9.0.7/16",))),),
+            InvalidArgument,
+            "interface name x is given to two",
+        ),
+        ((_claim("u1", *[("lan", f"n{i}", ("192.168.50.7/24",)) for i in range(9)]),), Unsupported, "at most 8"),
+        (
+            (_claim("u1", *[("lan", f"n{i}", tuple(f"192.168.50.{j}/24" for j in range(16))) for i in range(5)]),),
+            Unsupported,
+            "kernel command line",
+        ),
+    ],
+)
+def test_claimed_nics_refused(claims: tuple[PreparedClaim, ...], error: type[Exception], says: str) -> None:
+    with pytest.raises(error) as err:
+        claimed_nics("default/web", SB, claims, (LAN, FAST))
+    assert says in str(err.value)
+
+
+def test_claimed_macs_are_local_unicast_and_differ_by_sandbox_claim_and_index() -> None:
+    macs = {claimed_mac(s, c, i) for s in ("a", "b") for c in ("u1", "u2") for i in (0, 1)}
+    assert len(macs) == 8
+    assert all(int(m[:2], 16) & 0b11 == 0b10 for m in macs)
+
+
+@pytest.mark.parametrize(
+    ("nic", "want"),
+    [
+        (
+            ClaimedNic("d/c", "lan", "bridge", "br", "bridge", "02:00:00:00:00:01", "net1", ("192.168.50.7/24",)),
+            ("vmsandbox.xnic=02:00:00:00:00:01,net1,192.168.50.7/24",),
+        ),
+        (
+            ClaimedNic("d/c", "lan", "bridge", "br", "bridge", "02:00:00:00:00:01", "net1", ("fd00::0007/64",)),
+            ("vmsandbox.xnic=02:00:00:00:00:01,net1,fd00::7/64",),
+        ),
+    ],
+)
+def test_claimed_nic_args(nic: ClaimedNic, want: tuple[str, ...]) -> None:
+    assert claimed_nic_args((nic,)) == want
+
+
+@pytest.mark.parametrize(
+    "nic",
+    [
+        ClaimedNic("d/c", "lan", "bridge", "br", "bridge", "02:00:00:00:00:01", "net1 x", ()),
+        ClaimedNic("d/c", "lan", "bridge", "br", "bridge", "02:00:00:00:00:01", "net1\n", ()),
+        ClaimedNic("d/c", "lan", "bridge", "br", "bridge", "02:00:00:00:00:01", "eth0", ()),
+        ClaimedNic("d/c", "lan", "bridge", "br", "bridge", "02:00:00:00:00:0G", "net1", ()),
+        ClaimedNic("d/c", "lan", "bridge", "br", "bridge", "02:00:00:00:00:01", "net1", ("1.2.3.4/24 x=y",)),
+    ],
+)
+def test_claimed_nic_args_never_split_the_command_line(nic: ClaimedNic) -> None:
+    with pytest.raises(InvalidArgument):
+        claimed_nic_args((nic,))
+
+
+def test_claim_status_says_what_the_guest_reports_of_each_nic() -> None:
+    claim = PreparedClaim(
+        "u1", "default", "c1", ("pod-uid",),
+        (PreparedDevice("a", "node-a-networks", "lan", NetworkConfig("net1", ("192.168.50.7/24",)), share_id="s-1"),
+         PreparedDevice("b", "node-a-networks", "fast", NetworkConfig("net2", ("10.9.0.7/16",)))),
+    )  # fmt: skip
+    nics = claimed_nics("default/web", SB, (claim,), (LAN, FAST))
+    reported = (NicReport("net1", nics[0].mac.upper(), ("192.168.50.7/24", "fe80::1/64", "junk"), True),)
+    doc = claim_status(claim, DRIVER, nics, reported, "2026-01-01T00:00:00Z")
+    assert doc["metadata"] == {"name": "c1", "namespace": "default", "uid": "u1"}
+    first, second = doc["status"]["devices"]
+    assert first == {
+        "driver": DRIVER, "pool": "node-a-networks", "device": "lan", "shareID": "s-1",
+        "conditions": [{"type": "Ready", "status": "True", "reason": "NicUp",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z", "message": "net1 is up in the pod's VM"}],
+        "networkData": {"interfaceName": "net1", "ips": ["192.168.50.7/24", "fe80::1/64"],
+                        "hardwareAddress": nics[0].mac},
+    }  # fmt: skip
+    assert "shareID" not in second and "networkData" not in second
+    assert [(c["status"], c["reason"]) for c in second["conditions"]] == [("False", "NotInGuest")]

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vmsandbox.domain import Domain, NetworkInterface, SandboxIdentity, SharedDir, build_domain
+from vmsandbox.dra import ClaimedNic
 from vmsandbox.errors import InfrastructureError, InvalidArgument
 from vmsandbox.network import GuestNic, Route, guest_network_args
 from vmsandbox.placement import GuestCell
@@ -72,6 +73,7 @@ def pod_domain(
     shape: VmShape | None = None,
     cells: tuple[GuestCell, ...] = (),
     hostdevs: tuple[str, ...] = (),
+    claimed: tuple[ClaimedNic, ...] = (),
 ) -> Domain:
     return build_domain(
         identity=SandboxIdentity(sandbox_id, "web-0", "default", "uid", 0, "p", owner="o" * 32),
@@ -96,8 +98,14 @@ def pod_domain(
         ),
         interfaces=(NetworkInterface("ethernet", nic.mac, f"vmt{sandbox_id[:12]}"),) if nic else (),
         guest_nic=nic,
+        claimed_nics=claimed,
         hostname=hostname,
     )
+
+
+CLAIMED = ClaimedNic(
+    "default/web-lan", "lan", "bridge", "br-lan", "bridge", "02:00:00:00:00:01", "net1", ("10.1.0.2/24",)
+)
 
 
 def inputs(domain: Domain, *, nic: GuestNic | None = NIC, hostname: str = "web-0", **host: str) -> SnapshotInputs:
@@ -170,6 +178,8 @@ def test_the_shape_and_host_change_the_key() -> None:
         pytest.param(pod_domain(nic=None), True, "", id="no-nic"),
         pytest.param(pod_domain(), False, "the profile turns snapshots off", id="profile-off"),
         pytest.param(pod_domain(hostdevs=("0000:3b:00.0",)), True, "VFIO", id="vfio"),
+        pytest.param(pod_domain(claimed=(CLAIMED,)), True, "more than one NIC", id="claimed-nic"),
+        pytest.param(pod_domain(nic=None, claimed=(CLAIMED,)), True, "claimed network's NIC", id="claimed-nic-only"),
         pytest.param(
             pod_domain(
                 cpus=(3, 4),

@@ -59,7 +59,7 @@ class Api(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    do_GET = do_POST = do_PUT = do_DELETE = _serve
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 
     def log_message(self, *args: object) -> None:
         pass
@@ -121,6 +121,16 @@ def test_calls(tmp_path: Path, pki: Path, server: int, inline: bool) -> None:
         ("DELETE", "/apis/resource.k8s.io/v1/resourceslices/gone"),
     ]
     assert Api.seen[2][2] == {"metadata": {"name": "s"}}
+
+
+def test_claim_status_is_applied_server_side(tmp_path: Path, pki: Path, server: int) -> None:
+    client = KubeClient(kubeconfig(tmp_path, pki, server))
+    client.apply_claim_status("ns", "c1", {"status": {"devices": []}}, "vmsandbox.dev")
+    method, path, body, _ = Api.seen[-1]
+    assert (method, body) == ("PATCH", {"status": {"devices": []}})
+    assert (
+        path == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c1/status?fieldManager=vmsandbox.dev&force=true"
+    )
 
 
 def test_token_and_escaped_names(tmp_path: Path, pki: Path, server: int) -> None:

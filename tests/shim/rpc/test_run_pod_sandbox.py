@@ -11,6 +11,7 @@ remove: ``tests/shim/test_rollback.py``; the pod network's CNI and a real guest:
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Iterator
 from dataclasses import replace
@@ -27,11 +28,13 @@ from shim.pod_networks import Attachment
 from shim.pods import Pods
 from shim.rpc.run_pod_sandbox import RPC, run_pod_sandbox
 from shim.translate import inbound
+from tests import fake_guest as fg
 from tests.cri_server import SEED_SANDBOXES, Server, assert_no_leak, booting, cri_server
 from tests.ports import quiet_port
 from vmsandbox.adapters.host_cgroup import HostCgroups
 from vmsandbox.adapters.hypervisor import Hypervisor
-from vmsandbox.dra import PreparedClaim, PreparedDevice
+from vmsandbox.domain import domain_name
+from vmsandbox.dra import NetworkAttachment, NetworkConfig, PreparedClaim, PreparedDevice, claimed_mac
 from vmsandbox.errors import CannotFit, VmSandboxError
 
 pytest.importorskip("libvirt")
@@ -147,6 +150,7 @@ def test_every_step_is_declared_in_order() -> None:
         [p.split(":", 1)[1] for p in POINTS]
         == [
             "plan",
+            "claimed-nics",  # nothing held: libvirt makes (and removes) the claimed NICs with the domain
             *UNDONE[:7],
             "guest-start",
             "ready",
@@ -236,20 +240,143 @@ def test_a_pod_that_does_not_fit_is_refused_as_such_naming_it_and_what_was_undon
     assert_left_nothing(server, request.config.port_mappings[0].host_port)
 
 
-def test_a_pod_with_prepared_dra_claims_is_refused_before_anything_is_done(server: Server) -> None:
-    """Its claimed devices do not reach a VM yet: the pod is refused (UNIMPLEMENTED, naming the
-    claim) rather than run without them."""
-    claim = PreparedClaim("c-uid", "default", "web-net", ("u-1",), (PreparedDevice("net", "n1-networks", "net1"),))
-    pods = pods_of(server)
-    pods.prepared_claims = lambda uid: (claim,) if uid == "u-1" else ()
-    request = host_network_pod(quiet_port())
+LAN = NetworkAttachment("lan", "bridge", "br-lan", "192.168.50.0/24")
+
+
+def lan_claim(*addresses: str) -> PreparedClaim:
+    config = NetworkConfig("net1", addresses)
+    return PreparedClaim(
+        "c-uid", "default", "web-net", ("u-1",), (PreparedDevice("net", "n1-networks", "lan", config),)
+    )
+
+
+NICS: list[dict[str, object]] = []  # what the ``claimed`` fixture's guest reports of its NICs
+
+
+@pytest.fixture
+def claimed(server: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    """The server as a DRA driver with network ``lan``, claim default/web-net prepared for pod u-1;
+    its guests report the NICs ``reporting_nics`` lists."""
+
+    def report(msg: dict[str, object]) -> bytes:
+        return fg.ok(msg["id"], {**fg.report_body(), "nics": list(NICS)})
+
+    NICS.clear()
+    guest = fg.FakeGuest(
+        server.root / "claimed.sock", lambda _n, peer: peer.serve(fg.agent(answers={"report": report}))
+    )
+    monkeypatch.setattr(server.sandboxes.hypervisor, "channel_path", lambda _domain, _channel: str(guest.path))
+    monkeypatch.setattr(
+        pods_of(server), "prepared_claims", lambda uid: (lan_claim("192.168.50.7/24"),) if uid == "u-1" else ()
+    )
+    sb = server.sandboxes
+    monkeypatch.setattr(sb, "config", replace(sb.config, dra=replace(sb.config.dra, networks=(LAN,))))
     try:
-        code, details, _ = server.rpc("RunPodSandbox", request)
+        yield server
     finally:
-        pods.prepared_claims = lambda _uid: ()
-    assert code == grpc.StatusCode.UNIMPLEMENTED, details
-    assert "default/web-net (net1)" in details and "do not attach yet" in details, details
-    assert_left_nothing(server, request.config.port_mappings[0].host_port)
+        guest.close()
+
+
+CLAIMED_SID = "5a" * 32
+
+
+def reporting_nics(*nics: dict[str, object]) -> None:
+    """The ``claimed`` fixture's guest reports ``nics`` (as the agent does: name, MAC, CIDRs, up)."""
+    NICS[:] = nics
+
+
+def run_claimed(server: Server, port: int) -> str:
+    """Run the pod as sandbox ``CLAIMED_SID`` (so its claimed NIC's MAC is known); its id."""
+    return run_pod_sandbox(
+        pods_of(server), replace(inbound.run_pod_sandbox(host_network_pod(port)), sandbox_id=CLAIMED_SID)
+    )
+
+
+def test_a_pod_with_a_prepared_network_claim_gets_its_nic_named_and_addressed_in_the_guest(claimed: Server) -> None:
+    port = quiet_port()
+    mac = claimed_mac(CLAIMED_SID, "c-uid", 0)
+    reporting_nics({"name": "net1", "mac": mac, "addresses": ["192.168.50.7/24", "fe80::1/64"], "up": True})
+    written: list[tuple[Any, ...]] = []
+    pods_of(claimed).claim_status = lambda *args: written.append(args)
+    sandbox_id = run_claimed(claimed, port)
+    ((claims, nics, reported),) = written  # the claim's status, once the guest is up, as it reports its NIC
+    assert [c.uid for c in claims] == ["c-uid"] and [n.mac for n in nics] == [mac]
+    assert [(r.name, r.mac) for r in reported] == [("net1", mac)]
+    xml = claimed.sandboxes.hypervisor.live_xml(domain_name(sandbox_id))
+    assert f"vmsandbox.xnic={mac},net1,192.168.50.7/24" in xml
+    assert re.search(rf"<interface type='bridge'>\s*<mac address='{mac}'/>\s*<source bridge='br-lan'/>", xml), xml
+    assert xml.count("<interface ") == 1  # the claimed one only: these pods have no network (pod_network: none)
+    remove(claimed, sandbox_id)
+    assert_left_nothing(claimed, port)  # the domain, with it libvirt's tap, is gone
+
+
+@pytest.mark.parametrize(
+    ("nic", "says"),
+    [
+        (None, "net1 (MAC, claim default/web-net): not in the guest"),
+        ({"name": "eth1", "addresses": ["192.168.50.7/24"], "up": True}, 'net1 (MAC): named "eth1" in the guest'),
+        ({"name": "net1", "addresses": ["192.168.50.7/24"], "up": False}, "net1 (MAC): down in the guest"),
+        ({"name": "net1", "addresses": [], "up": True}, "net1 (MAC): without 192.168.50.7/24 in the guest"),
+    ],
+)
+def test_a_guest_whose_claimed_nic_is_not_as_claimed_is_torn_down(
+    claimed: Server, nic: dict[str, object] | None, says: str
+) -> None:
+    port = quiet_port()
+    mac = claimed_mac(CLAIMED_SID, "c-uid", 0)
+    reporting_nics(*([{**nic, "mac": mac}] if nic else []))
+    with pytest.raises(VmSandboxError) as err:
+        run_claimed(claimed, port)
+    assert "the guest's claimed NICs are not as claimed: " + says.replace("MAC", mac) in str(err.value)
+    assert "rolled back: " in str(err.value)
+    assert_left_nothing(claimed, port)
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_fault_after_any_step_of_a_pod_with_a_claimed_nic_leaves_nothing_behind(claimed: Server, point: str) -> None:
+    port = quiet_port()
+    reporting_nics(
+        {"name": "net1", "mac": claimed_mac(CLAIMED_SID, "c-uid", 0), "addresses": ["192.168.50.7/24"], "up": True}
+    )
+    with faults.raising(point), pytest.raises(faults.InjectedFault) as err:
+        run_claimed(claimed, port)
+    assert f"fault injected at {point}" in str(err.value)
+    assert_left_nothing(claimed, port)
+    remove(claimed, run_claimed(claimed, port))  # then it runs, and goes as it came
+    assert_left_nothing(claimed, port)
+
+
+@pytest.mark.parametrize(
+    ("addresses", "code", "says"),
+    [
+        ((), grpc.StatusCode.UNIMPLEMENTED, "claim default/web-net device lan (request net) has no static addresses"),
+        (("10.1.0.7/24",), grpc.StatusCode.INVALID_ARGUMENT, '"10.1.0.7/24" is not in 192.168.50.0/24'),
+    ],
+)
+def test_a_claimed_device_that_cannot_be_attached_is_refused_before_anything_is_done(
+    claimed: Server, monkeypatch: pytest.MonkeyPatch, addresses: tuple[str, ...], code: grpc.StatusCode, says: str
+) -> None:
+    """Never run without what it claimed: refused, naming the claim and why."""
+    monkeypatch.setattr(
+        pods_of(claimed), "prepared_claims", lambda uid: (lan_claim(*addresses),) if uid == "u-1" else ()
+    )
+    request = host_network_pod(quiet_port())
+    got, details, _ = claimed.rpc("RunPodSandbox", request)
+    assert got == code, details
+    assert details.startswith("pod default/web: ") and says in details, details
+    assert_left_nothing(claimed, request.config.port_mappings[0].host_port)
+
+
+def test_a_claim_whose_network_is_no_longer_configured_is_refused(
+    claimed: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sb = claimed.sandboxes
+    monkeypatch.setattr(sb, "config", replace(sb.config, dra=replace(sb.config.dra, networks=())))
+    request = host_network_pod(quiet_port())
+    code, details, _ = claimed.rpc("RunPodSandbox", request)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION, details
+    assert "network lan is not configured on this node any more" in details
+    assert_left_nothing(claimed, request.config.port_mappings[0].host_port)
 
 
 def test_the_namespace_a_request_gives_reaches_the_network_step(
