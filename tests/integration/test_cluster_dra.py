@@ -7,8 +7,8 @@ and addressed in its guest, the host reaches each over that bridge, each claim's
 ``status.devices[]`` says what the guest has (the NIC's name, CIDRs and MAC), and deleting a pod
 unprepares its claim and removes its tap.
 
-The cluster boots a guest image built from this tree (``images/build.sh``, into a directory of its
-own, ``CLUSTER_IMAGE_DIR``): its /init configures the claimed NICs."""
+The guest image is the host's (``scripts/setup-host.sh`` builds it from this tree): its /init
+configures the claimed NICs."""
 
 from __future__ import annotations
 
@@ -30,19 +30,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, 
 
 DRIVER = "vmsandbox.dev"
 BRIDGE = "vmsbr-dra0"  # scripts/cluster.sh's DRA bridge, 10.240.0.1/24 on the host
-IMAGE_DIR = Path("/var/tmp/vmsandbox-dra-image")  # built from this tree; build.sh does nothing when current
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    built = subprocess.run(
-        ["bash", str(REPO / "images" / "build.sh"), str(IMAGE_DIR)], capture_output=True, text=True, timeout=900
-    )
-    assert built.returncode == 0, f"images/build.sh failed:\n{built.stderr[-4000:]}"
-    IMAGE_DIR.chmod(0o755)  # read by each sandbox's QEMU, as a uid of its own
-    # scripts/cluster.sh reads them (running_cluster passes the environment on)
-    settings = {"CLUSTER_DRA": "1", "CLUSTER_IMAGE_DIR": str(IMAGE_DIR)}
+    settings = {"CLUSTER_DRA": "1"}
     before = {k: os.environ.get(k) for k in settings}
     os.environ.update(settings)
     try:
