@@ -63,17 +63,18 @@ OCI_VERSION_MAX = "1.2.1"  # containerd 2.4 writes specs of this version
 def runtime_features() -> dict[str, Any]:
     """What the launcher's ``-info`` reports as the runtime's OCI features (runtime-spec
     ``features.md``), from the rules above: the mount options the read-back takes (``rro``: so
-    containerd reports recursive read-only mounts), and the namespaces, ``user`` with idmapped
-    mounts among them (containerd then reports user namespaces: it makes a pod's network namespace
-    inside the pod's user namespace and gives it to CreateSandbox; the container's mappings are
-    read back as the pod's, as on the CRI socket)."""
+    containerd reports recursive read-only mounts), and the namespaces, without ``user`` and with
+    idmapped mounts off, so containerd reports user namespaces unsupported for the handler (the
+    kubelet then refuses ``hostUsers: false`` pods for it): containerd 2.4 starts a container of
+    such a pod with runc's task options (its fifos' owner), which a task of a runtime with options
+    of its own cannot take, so its StartContainer would fail."""
     return {
         "ociVersionMin": "1.0.0",
         "ociVersionMax": OCI_VERSION_MAX,
         "mountOptions": sorted(_BIND_OPTIONS | _PROPAGATION.keys()),
         "linux": {
-            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "user", "uts"],
-            "mountExtensions": {"idmap": {"enabled": True}},
+            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "uts"],
+            "mountExtensions": {"idmap": {"enabled": False}},
         },
     }
 

@@ -116,10 +116,10 @@ def test_info_answers_runtime_info(tmp_path: Path) -> None:
     reply = introspection_pb2.RuntimeInfo()
     reply.ParseFromString(done.stdout)
     assert reply.name == "io.containerd.vmsandbox.v1" and reply.version.version
-    # the OCI features containerd reads its handler's features from: recursive read-only mounts,
-    # and user namespaces (a user namespace plus idmapped mounts)
+    # the OCI features containerd reads its handler's features from: recursive read-only mounts
+    # yes, user namespaces (a user namespace plus idmapped mounts) no
     assert reply.features.type_url == "types.containerd.io/opencontainers/runtime-spec/1/features/Features"
     features = json.loads(reply.features.value)
     assert "rro" in features["mountOptions"] and "rshared" in features["mountOptions"]
-    assert "user" in features["linux"]["namespaces"]
-    assert features["linux"]["mountExtensions"]["idmap"]["enabled"] is True
+    assert "user" not in features["linux"]["namespaces"]
+    assert features["linux"]["mountExtensions"]["idmap"]["enabled"] is False

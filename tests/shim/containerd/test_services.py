@@ -37,6 +37,16 @@ def pod_config() -> cri.PodSandboxConfig:
     return cri.PodSandboxConfig(metadata=cri.PodSandboxMetadata(name="p", namespace="n", uid="u-1"))
 
 
+def userns_pod_config() -> cri.PodSandboxConfig:
+    """A pod with a user namespace of its own (``hostUsers: false``)."""
+    config = pod_config()
+    mapping = [cri.IDMapping(host_id=65536, container_id=0, length=65536)]
+    config.linux.security_context.namespace_options.userns_options.CopyFrom(
+        cri.UserNamespace(mode=cri.POD, uids=mapping, gids=mapping)
+    )
+    return config
+
+
 def test_the_pod_config_is_read_from_options() -> None:
     assert pod_sandbox_config(config_any(pod_config())).metadata.name == "p"
 
@@ -63,6 +73,11 @@ def test_the_pod_config_is_read_from_options() -> None:
             "no sandbox container",
         ),
         (sb.CreateSandboxRequest(sandbox_id=SID, options=config_any(pod_config())), InvalidArgument, "netns_path"),
+        (
+            sb.CreateSandboxRequest(sandbox_id=SID, options=config_any(userns_pod_config()), netns_path="/run/netns/x"),
+            Unsupported,
+            "hostUsers: false.*not supported in shim mode",
+        ),
         (
             sb.CreateSandboxRequest(sandbox_id=SID, options=config_any(pod_config()), netns_path="relative"),
             InvalidArgument,
