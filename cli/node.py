@@ -107,7 +107,7 @@ def install(args: argparse.Namespace) -> int:
     if source is None:
         raise InvalidArgument(f"no profiles in the payload ({layout.payload}/profiles.yaml)")
     host.make_dirs(layout.etc)
-    profiles_text = plan.profiles_for_node(source.decode("utf-8"), layout.image_dir)
+    profiles_text = host.profiles_for_node(source.decode("utf-8"), layout.image_dir)
     host.write_atomic(layout.profiles, profiles_text.encode(), 0o644)
     address, dirs = _daemon_dirs(layout)
     handlers = sorted(load_profiles([layout.profiles]))

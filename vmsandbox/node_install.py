@@ -12,11 +12,9 @@ import json
 import posixpath
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import yaml
 
 from vmsandbox import validation
 from vmsandbox.errors import InvalidArgument
@@ -69,7 +67,7 @@ class NodeLayout:
 
     @property
     def profiles(self) -> str:
-        """The installed profiles (``profiles_for_node`` of the image's)."""
+        """The installed profiles (``profiles_on_image`` of the image's)."""
         return posixpath.join(self.etc, "profiles.yaml")
 
     @property
@@ -220,17 +218,20 @@ def config_with_import(text: str | None, drop_in: str) -> str | None:
     return head + line + "\n" + "".join(lines[first_table:])
 
 
-def profiles_for_node(text: str, image_dir: str) -> str:
-    """The default profiles (one YAML document each) with the guest image the install brought:
-    a profile that names the default image, or none, boots ``image_dir``; one that names another
-    keeps it."""
+PROFILES_HEADER = (
+    "# Installed by the vmsandbox installer (deploy/install/): the default profiles, on its guest image.\n"
+)
+
+
+def profiles_on_image(docs: Sequence[object], image_dir: str) -> list[dict[str, Any]]:
+    """The default profiles (one document each, as parsed) with the guest image the install
+    brought: a profile that names the default image, or none, boots ``image_dir``; one that names
+    another keeps it."""
     validation.absolute_path(image_dir, "guest image directory")
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        raise InvalidArgument(f"profiles: not YAML: {e}") from None
     out: list[dict[str, Any]] = []
     for doc in docs:
+        if doc is None:
+            continue
         if not isinstance(doc, Mapping):
             raise InvalidArgument("profiles: a document is not a mapping")
         profile = dict(doc)
@@ -242,8 +243,7 @@ def profiles_for_node(text: str, image_dir: str) -> str:
             guest["image_dir"] = image_dir
         profile["guest"] = guest
         out.append(profile)
-    header = "# Installed by the vmsandbox installer (deploy/install/): the default profiles, on its guest image.\n"
-    return header + yaml.safe_dump_all(out, sort_keys=False)
+    return out
 
 
 def label_patch(present: bool) -> bytes:

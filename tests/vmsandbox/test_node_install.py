@@ -9,6 +9,7 @@ import tomllib
 import pytest
 import yaml
 
+from vmsandbox.adapters.node_host import profiles_for_node
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.node_install import (
     DEFAULT_IMAGE_DIR,
@@ -18,7 +19,6 @@ from vmsandbox.node_install import (
     config_with_import,
     first_missing,
     label_patch,
-    profiles_for_node,
     record_from_json,
 )
 

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from vmsandbox.errors import InfrastructureError, InvalidArgument
+from vmsandbox.node_install import PROFILES_HEADER, profiles_on_image
 
 READ_LIMIT = 16 << 20
 """The largest configuration file read (bytes)."""
@@ -207,3 +208,13 @@ def patch_node_label(
             raise InfrastructureError(f"PATCH node {node}: HTTP {e.code}: {detail}") from None
         except (urllib.error.URLError, OSError) as e:
             raise InfrastructureError(f"PATCH node {node} at {server}: {e}") from None
+
+
+def profiles_for_node(text: str, image_dir: str) -> str:
+    """The payload's profiles file, as the installed one: ``node_install.profiles_on_image`` of its
+    YAML documents."""
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as e:
+        raise InvalidArgument(f"profiles: not YAML: {e}") from None
+    return PROFILES_HEADER + yaml.safe_dump_all(profiles_on_image(docs, image_dir), sort_keys=False)
