@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from vmsandbox import validation
 from vmsandbox.containerd_rootfs import MAX_LAYERS, ImageLayers
 from vmsandbox.errors import InvalidArgument, Unsupported
+from vmsandbox.mountinfo import filesystem_at
 
 IMAGE_VOLUMES = "image-volumes"
 MAX_MOUNTINFO_BYTES = 16 << 20
@@ -46,19 +47,6 @@ def image_volume_at(source: str, sandbox_id: str) -> ImageVolumeAt | None:
     if not validation.is_full_id(manifest) or any(p in (".", "..") for p in sub):
         return None
     return ImageVolumeAt(source[: at + len(marker)] + manifest, manifest, "/".join(sub))
-
-
-def _unescape(field: str) -> str:
-    """A mountinfo field with the kernel's octal escapes (space, tab, newline, backslash) undone."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and all(c in "01234567" for c in field[i + 1 : i + 4]):
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
 
 
 def _split_options(options: str) -> list[str]:
@@ -105,14 +93,7 @@ def mounted_layers(mountinfo: str, mount_point: str) -> ImageLayers | None:
     text); None when nothing, or not an overlay, is mounted there. Its layers are its lower
     directories, top first (the upper directory is the snapshot's own, empty: containerd binds it
     read-only)."""
-    found: tuple[str, str] | None = None
-    for line in mountinfo.splitlines():
-        pre, sep, post = line.partition(" - ")
-        fields = pre.split(" ")
-        if not sep or len(fields) < 5 or _unescape(fields[4]) != mount_point:
-            continue
-        tail = post.split(" ")
-        found = (tail[0], tail[2] if len(tail) > 2 else "") if tail else None
+    found = filesystem_at(mountinfo, mount_point)
     if found is None or found[0] != "overlay":
         return None
     lower: list[str] = []

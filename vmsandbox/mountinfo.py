@@ -2,7 +2,8 @@
 a mount's own options.
 
 Each line's fifth field is a mount point, with space, tab, newline and backslash written as octal
-escapes (proc(5)); the sixth is the mount's options (``ro``, ``nosuid``, ...).
+escapes (proc(5)); the sixth is the mount's options (``ro``, ``nosuid``, ...); after the `` - ``
+separator come the file system type, the source and the super block's options.
 """
 
 from __future__ import annotations
@@ -66,4 +67,17 @@ def options_at(mountinfo: str, point: str) -> frozenset[str] | None:
         fields = line.split(" ")
         if len(fields) >= 6 and unescape(fields[4]) == point:
             found = frozenset(fields[5].split(","))
+    return found
+
+
+def filesystem_at(mountinfo: str, point: str) -> tuple[str, str] | None:
+    """(file system type, super block options) of the topmost mount at ``point`` in ``mountinfo``
+    (the last one attached there); None when nothing is mounted there."""
+    found = None
+    for line in mountinfo.splitlines():
+        pre, sep, post = line.partition(" - ")
+        fields = pre.split(" ")
+        if sep and len(fields) >= 5 and unescape(fields[4]) == point:
+            tail = post.split(" ")
+            found = (tail[0], tail[2] if len(tail) > 2 else "")
     return found

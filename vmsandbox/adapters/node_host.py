@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from vmsandbox.errors import InfrastructureError, InvalidArgument
+from vmsandbox.mountinfo import unescape
 from vmsandbox.node_install import PROFILES_HEADER, profiles_on_image
 
 READ_LIMIT = 16 << 20
@@ -97,7 +98,7 @@ def remove_file(path: str) -> None:
 
 def _mounts() -> list[str]:
     with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        return [line.split()[4].replace("\\040", " ") for line in f if len(line.split()) > 4]
+        return [unescape(line.split()[4]) for line in f if len(line.split()) > 4]
 
 
 def remove_tree(path: str) -> None:
