@@ -177,6 +177,43 @@ class FifoSink:
                 f.close()
 
 
+def _drain_output(stream: AgentStream, stdout: str, stderr: str, stop: threading.Event, what: str) -> Callable[[], int]:
+    """Opens containerd's stdout and stderr fifos now (their reader sees their end whether or not
+    anything is written) and returns the loop that copies the session's output into them until
+    the process ends or ``stop`` is set; it then sets ``stop``, closes the fifos, releases the
+    session and returns the exit code (255 when the session was lost or none came)."""
+    out = Fifo(stdout, write=True) if stdout else None
+    err = Fifo(stderr, write=True) if stderr else None
+    for f in (out, err):
+        if f is not None:
+            f.open_now()
+
+    def drain() -> int:
+        code = 255
+        try:
+            while not stop.is_set():
+                got = stream.read(STREAM_READ_MAX, READ_WAIT_S)
+                if got.stdout and out is not None:
+                    out.write_all(got.stdout, stop)
+                if got.stderr and err is not None:
+                    err.write_all(got.stderr, stop)
+                if got.done:
+                    code = got.exit_code if got.exit_code is not None else 255
+                    break
+        except (VmSandboxError, OSError) as exc:
+            log.warning("%s session %s ends: %s", what, stream.id, exc)
+        finally:
+            stop.set()
+            for f in (out, err):
+                if f is not None:
+                    f.close()
+            with contextlib.suppress(VmSandboxError):
+                stream.release()
+        return code
+
+    return drain
+
+
 def pump_exec(
     stream: AgentStream,
     stdin: str,
@@ -188,37 +225,9 @@ def pump_exec(
     threads; calls ``exited`` with its exit code (255 when the session was lost) once its output
     is drained, then releases the session. Its stdin's feed, if it has a stdin."""
     stop = threading.Event()
-    out = Fifo(stdout, write=True) if stdout else None
-    err = Fifo(stderr, write=True) if stderr else None
-    for f in (out, err):
-        if f is not None:
-            f.open_now()
-
-    def drain() -> None:
-        code = 255
-        try:
-            while True:
-                got = stream.read(STREAM_READ_MAX, READ_WAIT_S)
-                if got.stdout and out is not None:
-                    out.write_all(got.stdout)
-                if got.stderr and err is not None:
-                    err.write_all(got.stderr)
-                if got.done:
-                    code = got.exit_code if got.exit_code is not None else 255
-                    return
-        except (VmSandboxError, OSError) as exc:
-            log.warning("exec session %s lost: %s", stream.id, exc)
-        finally:
-            stop.set()
-            for f in (out, err):
-                if f is not None:
-                    f.close()
-            with contextlib.suppress(VmSandboxError):
-                stream.release()
-            exited(code)
-
+    drain = _drain_output(stream, stdout, stderr, stop, "exec")
     feed = StdinFeed(stream, stdin, stop) if stdin else None
-    threading.Thread(target=drain, name=f"exec-out-{stream.id[:8]}", daemon=True).start()
+    threading.Thread(target=lambda: exited(drain()), name=f"exec-out-{stream.id[:8]}", daemon=True).start()
     return feed
 
 
@@ -273,32 +282,7 @@ def pump_attached(stream: AgentStream, stdout: str, stderr: str, stop: threading
     passes whole lines only, so an attach would not see those until a newline came), in a thread,
     until the container ends and its output is drained or ``stop`` is set; then closes the fifos
     (containerd's end of the container's stdio) and releases the session."""
-    out = Fifo(stdout, write=True) if stdout else None
-    err = Fifo(stderr, write=True) if stderr else None
-    for f in (out, err):
-        if f is not None:
-            f.open_now()
-
-    def drain() -> None:
-        try:
-            while not stop.is_set():
-                got = stream.read(STREAM_READ_MAX, READ_WAIT_S)
-                if got.stdout and out is not None:
-                    out.write_all(got.stdout, stop)
-                if got.stderr and err is not None:
-                    err.write_all(got.stderr, stop)
-                if got.done:
-                    return
-        except (VmSandboxError, OSError) as exc:
-            log.warning("attach session %s ends: %s", stream.id, exc)
-        finally:
-            stop.set()
-            for f in (out, err):
-                if f is not None:
-                    f.close()
-            with contextlib.suppress(VmSandboxError):
-                stream.release()
-
+    drain = _drain_output(stream, stdout, stderr, stop, "attach")
     t = threading.Thread(target=drain, name=f"attached-{stream.id[:8]}", daemon=True)
     t.start()
     return t
