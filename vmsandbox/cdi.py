@@ -33,9 +33,9 @@ from typing import Any
 DEFAULT_SPEC_DIRS: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
 SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 
-_VENDOR = re.compile(r"^[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
-_CLASS = re.compile(r"^[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?$")
-_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_VENDOR = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
+_CLASS = re.compile(r"[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?")
+_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 
 
 class CdiError(ValueError):
@@ -54,7 +54,7 @@ class CdiDevice:
 def parse_kind(kind: str) -> tuple[str, str]:
     """``vendor.com/class`` -> (vendor, class); CdiError when malformed."""
     vendor, slash, cls = kind.partition("/")
-    if not slash or not _VENDOR.match(vendor) or not _CLASS.match(cls):
+    if not slash or not _VENDOR.fullmatch(vendor) or not _CLASS.fullmatch(cls):
         raise CdiError(f"kind {kind!r} is not vendor.com/class")
     return vendor, cls
 
@@ -68,7 +68,7 @@ def parse_qualified_name(name: str) -> tuple[str, str, str]:
         vendor, cls = parse_kind(kind)
     except CdiError:
         raise CdiError(f"{name!r} is not a qualified CDI device name (vendor.com/class=name)") from None
-    if not _NAME.match(device):
+    if not _NAME.fullmatch(device):
         raise CdiError(f"{name!r}: device name {device!r} is not valid")
     return vendor, cls, device
 
@@ -116,7 +116,7 @@ def parse_spec(data: Any, source: str) -> tuple[CdiDevice, ...]:
         if not isinstance(dev, Mapping) or not isinstance(dev.get("name"), str):
             raise CdiError(f"{source}: devices[{i}] needs a name")
         name = dev["name"]
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise CdiError(f"{source}: devices[{i}]: device name {name!r} is not valid")
         if name in seen:
             raise CdiError(f"{source}: device {name!r} is defined twice")

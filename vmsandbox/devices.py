@@ -34,8 +34,8 @@ from vmsandbox.resources import PodDeclaration, is_extended
 VFIO_DIR = "/dev/vfio/"
 VFIO_CONTAINER = "/dev/vfio/vfio"  # the VFIO container node: no device of its own
 
-_IDS = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{4})$")
-_POOL_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$")
+_IDS = re.compile(r"([0-9a-f]{4}):([0-9a-f]{4})")
+_POOL_NAME = re.compile(r"[a-z0-9]([a-z0-9._-]*[a-z0-9])?")
 
 SelectorKind = Literal["address", "ids"]
 
@@ -43,7 +43,7 @@ SelectorKind = Literal["address", "ids"]
 def parse_selector(text: str) -> tuple[SelectorKind, str]:
     """A pool entry: a PCI address (canonicalised) or a ``vendor:device`` id pair; ValueError on junk."""
     value = text.strip().lower()
-    m = _IDS.match(value)
+    m = _IDS.fullmatch(value)
     if m:
         return "ids", value
     try:
@@ -60,7 +60,7 @@ def parse_pool_config(data: object) -> dict[str, tuple[str, ...]]:
         raise ValueError("must map pool names to lists of PCI addresses or vendor:device ids")
     out: dict[str, tuple[str, ...]] = {}
     for name, entries in data.items():
-        if not isinstance(name, str) or not _POOL_NAME.match(name):
+        if not isinstance(name, str) or not _POOL_NAME.fullmatch(name):
             raise ValueError(f"{name!r}: a pool name is lower-case letters, digits, '.', '_' and '-'")
         if not isinstance(entries, list) or not entries:
             raise ValueError(f"{name}: must be a non-empty list of PCI addresses or vendor:device ids")

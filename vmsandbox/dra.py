@@ -45,8 +45,8 @@ MAX_RESULTS = 64  # devices of one claim (the API's own bound is 32 requests)
 MAX_CONFIGS = 64
 MAX_ADDRESSES = 16
 MAX_RESERVED = 256  # the API's own bound on status.reservedFor
-_IFNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$")  # Linux: at most 15 bytes, no '/' or space
-_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_IFNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")  # Linux: at most 15 bytes, no '/' or space
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class PreparedClaim:
 
 MAX_CLAIMED_NICS = 8
 MAX_CLAIMED_NIC_ARGS = 1024  # characters of the guest's kernel command line (2048 in all on x86)
-_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
 
 @dataclass(frozen=True)
@@ -261,7 +261,7 @@ def parse_network(data: object, where: str) -> NetworkAttachment:
     if kind not in NETWORK_KINDS:
         raise InvalidArgument(f"{where}.kind: must be one of {', '.join(NETWORK_KINDS)}")
     interface = _string(data, "interface", where)
-    if not _IFNAME.match(interface):
+    if not _IFNAME.fullmatch(interface):
         raise InvalidArgument(f"{where}.interface: {validation.quote(interface)} is not a host interface name")
     subnet = _string(data, "subnet", where)
     try:
@@ -412,7 +412,7 @@ def check_claim_ref(namespace: str, name: str, uid: str) -> None:
 
 
 def claim_uid(uid: str) -> None:
-    if not isinstance(uid, str) or not _UID.match(uid):
+    if not isinstance(uid, str) or not _UID.fullmatch(uid):
         raise InvalidArgument(f"claim uid: {validation.quote(str(uid))} is not a uid")
 
 
@@ -425,7 +425,7 @@ def parse_network_config(params: object, where: str) -> NetworkConfig:
     if unknown:
         raise InvalidArgument(f"{where}.{validation.quote(str(unknown[0]))}: unknown field")
     ifname = params.get("interfaceName", "")
-    if not isinstance(ifname, str) or (ifname and (not _IFNAME.match(ifname) or ifname in ("lo", "eth0"))):
+    if not isinstance(ifname, str) or (ifname and (not _IFNAME.fullmatch(ifname) or ifname in ("lo", "eth0"))):
         raise InvalidArgument(f"{where}.interfaceName: {validation.quote(str(ifname))} is not an interface name")
     addresses = params.get("addresses", [])
     if not isinstance(addresses, list) or len(addresses) > MAX_ADDRESSES:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_PCI_ADDRESS = re.compile(r"^(?:([0-9a-f]{4}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
+_PCI_ADDRESS = re.compile(r"(?:([0-9a-f]{4}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])")
 
 
 @dataclass(frozen=True, order=True)
@@ -94,7 +94,7 @@ class HostInventory:
 
 def parse_pci_address(text: str) -> str:
     """``[domain:]bus:slot.function`` (hex) to the canonical ``0000:3b:00.0``; ValueError on junk."""
-    m = _PCI_ADDRESS.match(text.strip().lower())
+    m = _PCI_ADDRESS.fullmatch(text.strip().lower())
     if not m:
         raise ValueError(f"bad PCI address {text!r} (expected [dddd:]bb:ss.f, hexadecimal)")
     domain, bus, slot, function = m.groups()

@@ -19,7 +19,7 @@ from typing import Any
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.image_ref import ImageReference, parse_image_id, parse_reference
 
-_HEX_PREFIX = re.compile(r"^(?:sha256:)?([a-f0-9]{6,63})$")
+_HEX_PREFIX = re.compile(r"(?:sha256:)?([a-f0-9]{6,63})")
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def lookup(images: Catalogue, query: str) -> ImageRecord | None:
         found = _by_reference(images, ref)
         if found is not None:
             return found
-    m = _HEX_PREFIX.match(query)
+    m = _HEX_PREFIX.fullmatch(query)
     if m:
         hits = [r for i, r in images.items() if i[len("sha256:") :].startswith(m.group(1))]
         if len(hits) == 1:

@@ -21,15 +21,13 @@ DEFAULT_TAG = "latest"
 MAX_NAME = 255  # the distribution spec's limit on the repository name, domain included
 MAX_INPUT = 1024  # longest reference text we read at all (echoed back bounded too)
 
-_COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 _DOMAIN_LABEL = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = re.compile(
-    rf"^{_DOMAIN_LABEL}(?:\.{_DOMAIN_LABEL})*(?::[0-9]{{1,5}})?$|^\[[0-9a-fA-F:.]+\](?::[0-9]{{1,5}})?$"
-)
-_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
-_DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
-_ANY_DIGEST = re.compile(r"^[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]+$")
-_HEX64 = re.compile(r"^[a-f0-9]{64}$")
+_DOMAIN = re.compile(rf"{_DOMAIN_LABEL}(?:\.{_DOMAIN_LABEL})*(?::[0-9]{{1,5}})?|\[[0-9a-fA-F:.]+\](?::[0-9]{{1,5}})?")
+_TAG = re.compile(r"[\w][\w.-]{0,127}")
+_DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
+_ANY_DIGEST = re.compile(r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]+")
+_HEX64 = re.compile(r"[a-f0-9]{64}")
 
 
 def bounded(text: str, limit: int = 128) -> str:
@@ -76,9 +74,9 @@ class ImageReference:
 
 def parse_image_id(text: str) -> str | None:
     """``sha256:<64 hex>`` or the bare 64 hex -> ``sha256:<hex>``; anything else -> None."""
-    if _DIGEST.match(text):
+    if _DIGEST.fullmatch(text):
         return text
-    if _HEX64.match(text):
+    if _HEX64.fullmatch(text):
         return f"sha256:{text}"
     return None
 
@@ -110,9 +108,9 @@ def parse_reference(text: str) -> ImageReference:
         raise InvalidArgument(f"{bounded(text)} is an image id, not a reference a registry can serve")
     remainder, at, digest = text.partition("@")
     if at:
-        if not _ANY_DIGEST.match(digest):
+        if not _ANY_DIGEST.fullmatch(digest):
             raise InvalidArgument(f"image reference {bounded(text)}: {bounded(digest)} is not a digest")
-        if not _DIGEST.match(digest):
+        if not _DIGEST.fullmatch(digest):
             raise InvalidArgument(
                 f"image reference {bounded(text)}: only sha256 digests (64 lower-case hex) are supported"
             )
@@ -120,15 +118,15 @@ def parse_reference(text: str) -> ImageReference:
     colon = remainder.rfind(":")
     if colon > remainder.rfind("/"):
         name, tag = remainder[:colon], remainder[colon + 1 :]
-        if not _TAG.match(tag):
+        if not _TAG.fullmatch(tag):
             raise InvalidArgument(f"image reference {bounded(text)}: {bounded(tag)} is not a valid tag")
     if not name:
         raise InvalidArgument(f"image reference {bounded(text)} has no repository name")
     domain, path = _split_domain(name)
-    if not _DOMAIN.match(domain):
+    if not _DOMAIN.fullmatch(domain):
         raise InvalidArgument(f"image reference {bounded(text)}: {bounded(domain)} is not a registry host[:port]")
     for component in path.split("/"):
-        if not _COMPONENT.match(component):
+        if not _COMPONENT.fullmatch(component):
             what = "is empty" if not component else "must be lower-case letters and digits separated by . _ __ or -"
             raise InvalidArgument(f"image reference {bounded(text)}: path component {bounded(component)} {what}")
     if len(domain) + 1 + len(path) > MAX_NAME:

@@ -56,7 +56,7 @@ WORKLOAD_KINDS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "CronJob": (("batch/v1",), ("spec", "jobTemplate", "spec", "template")),
 }
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _KUBELET_MOUNTS_NOTE = (
     "mounts list container paths only: the kubelet sends host paths under /var/lib/kubelet/pods/<uid>/ "
     "and adds its own (/etc/hosts, /dev/termination-log, the service-account token), which a manifest "
@@ -300,7 +300,7 @@ def _mounts(container: Mapping[str, Any], path: str) -> frozenset[Mount]:
 def _container(item: object, path: str) -> ContainerDeclaration:
     container = _mapping(item, path, required=True)
     name = _string(container.get("name"), f"{path}.name")
-    if len(name) > 63 or not _DNS_LABEL.match(name):
+    if len(name) > 63 or not _DNS_LABEL.fullmatch(name):
         raise InvalidArgument(f"{path}.name: {name!r} is not a valid container name (a DNS-1123 label)")
     where = f'{path} ("{name}")'
     requests, limits = _resources(container, where)

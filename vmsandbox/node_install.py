@@ -201,7 +201,7 @@ def config_with_import(text: str | None, drop_in: str) -> str | None:
     lines = text.splitlines(keepends=True)
     first_table = next((n for n, ln in enumerate(lines) if ln.lstrip().startswith("[")), len(lines))
     for n, ln in enumerate(lines[:first_table]):
-        m = re.match(r"^(\s*imports\s*=\s*\[)(.*)\](\s*(#.*)?)$", ln.rstrip("\n"))
+        m = re.fullmatch(r"(\s*imports\s*=\s*\[)(.*)\](\s*(#.*)?)", ln.rstrip("\n"))
         if m:
             inner = m.group(2).strip().rstrip(",").strip()
             entries = f"{inner}, '{drop_in}'" if inner else f"'{drop_in}'"

@@ -49,7 +49,7 @@ _LAYER_TYPES = {
     "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip": LAYER_GZIP,
 }  # no Docker zstd type: Docker's schema 2 defines none and skopeo 1.9 refuses containerd's
 
-_DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
+_DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
 MAX_DOCUMENT = 4 << 20  # the distribution spec lets registries refuse manifests over 4 MiB; so do we
 
 
@@ -114,7 +114,7 @@ def _descriptor(doc: Any, where: str) -> Descriptor:
     if not isinstance(doc, dict):
         raise _bad(where, "descriptor is not an object")
     digest, size, media_type = doc.get("digest"), doc.get("size"), doc.get("mediaType", "")
-    if not isinstance(digest, str) or not _DIGEST.match(digest):
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
         raise _bad(where, f"descriptor digest {str(digest)[:80]!r} is not a sha256 digest")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise _bad(where, f"descriptor {digest} has no valid size")
@@ -210,7 +210,7 @@ def parse_config(data: bytes, where: str) -> ImageConfig:
         raise _bad(where, "rootfs is not an object")
     diff_ids = _strings(rootfs.get("diff_ids"), where, "rootfs.diff_ids")
     for i, d in enumerate(diff_ids):
-        if not _DIGEST.match(d):
+        if not _DIGEST.fullmatch(d):
             raise _bad(where, f"rootfs.diff_ids[{i}] {d[:80]!r} is not a sha256 digest")
     labels = cfg.get("Labels") or {}
     if not isinstance(labels, dict):

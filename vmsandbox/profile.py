@@ -126,7 +126,7 @@ _SECTION_KEYS: Mapping[str, frozenset[str]] = {
     "resize_headroom": frozenset({"vcpus", "memory"}),
 }
 # a RuntimeClass handler is a DNS-1123 label: lower-case alphanumerics and '-', at most 63 characters
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 class _Invalid(Exception):
@@ -210,7 +210,7 @@ def profile_problems(data: Mapping[str, Any], *, source: str) -> tuple[Profile |
 
     def handler() -> str:
         value = string("handler", data.get("handler", data.get("name")))
-        if len(value) > 63 or not _DNS_LABEL.match(value):
+        if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
             key = "handler" if "handler" in data else "name"
             raise fail(
                 key,

@@ -19,7 +19,7 @@ from typing import Any
 from vmsandbox.errors import InvalidArgument, PermissionDenied
 from vmsandbox.image_ref import ImageReference
 
-_LOCATION = re.compile(r"^[A-Za-z0-9.\-\[\]:]+(?:/[a-z0-9._\-/]+)?$")
+_LOCATION = re.compile(r"[A-Za-z0-9.\-\[\]:]+(?:/[a-z0-9._\-/]+)?")
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,11 @@ class Endpoint:
 
 def is_loopback(host: str) -> bool:
     name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]", 1)[0] + "]"
-    return name in ("localhost", "[::1]") or bool(re.match(r"^127(?:\.\d{1,3}){3}$", name))
+    return name in ("localhost", "[::1]") or bool(re.fullmatch(r"127(?:\.\d{1,3}){3}", name))
 
 
 def _location(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not _LOCATION.match(value) or value.endswith("/"):
+    if not isinstance(value, str) or not _LOCATION.fullmatch(value) or value.endswith("/"):
         raise InvalidArgument(f"{where}: {str(value)[:100]!r} is not host[:port][/namespace]")
     return value
 

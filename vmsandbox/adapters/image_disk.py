@@ -42,7 +42,7 @@ from vmsandbox.adapters.layers import Limits, tree_usage
 from vmsandbox.errors import CannotFit, InfrastructureError, InternalError, InvalidArgument
 
 CATALOGUE_VERSION = 2
-_DIGEST = re.compile(r"^sha256:([a-f0-9]{64})$")
+_DIGEST = re.compile(r"sha256:([a-f0-9]{64})")
 MAX_ETC_FILE_BYTES = 1 << 20
 """How much of an image's ``/etc/passwd`` or ``/etc/group`` the host keeps (and reads)."""
 
@@ -73,7 +73,7 @@ def etc_lines(tree: Path, name: str) -> tuple[str, ...]:
 
 
 def _hex(digest: str) -> str:
-    m = _DIGEST.match(digest)
+    m = _DIGEST.fullmatch(digest)
     if not m:
         raise InternalError(f"not a sha256 digest: {digest[:100]!r}")
     return m.group(1)

@@ -69,7 +69,7 @@ def _cause(stderr: str) -> str:
     """skopeo's last message line, without logrus' prefix, bounded."""
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     text = lines[-1] if lines else "no message"
-    m = re.search(r'msg="(.*)"\s*$', text)
+    m = re.search(r'msg="(.*)"\s*\Z', text)
     if m:
         text = m.group(1).replace('\\"', '"')
     text = re.sub(r'^Error parsing image name "[^"]*": ', "", text)  # skopeo's wrapper adds nothing

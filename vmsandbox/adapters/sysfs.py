@@ -18,7 +18,7 @@ from vmsandbox.host import HostCpu, HostInventory, HugepagePool, PciFunction, pa
 
 _LINK_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,14}")  # a kernel interface name (IFNAMSIZ - 1)
 _COUNTER_BYTES = 24  # a u64 in decimal and its newline fit
-_PAGES_DIR = re.compile(r"^hugepages-(\d+)kB$")
+_PAGES_DIR = re.compile(r"hugepages-(\d+)kB")
 _MEM_TOTAL = re.compile(r"^(?:Node \d+ )?MemTotal:\s+(\d+) kB$", re.MULTILINE)
 
 
@@ -34,7 +34,7 @@ def _pools(base: Path, node: int) -> list[HugepagePool]:
     if not base.is_dir():
         return pools
     for entry in sorted(base.iterdir()):
-        m = _PAGES_DIR.match(entry.name)
+        m = _PAGES_DIR.fullmatch(entry.name)
         if not m:
             continue
         total = int(_read(entry / "nr_hugepages", "0") or 0)
