@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from vmsandbox.claims import Claim
 from vmsandbox.domain import SandboxIdentity
 from vmsandbox.domain_xml import render
 from vmsandbox.dra import PlannedRequest, plan_claims, planned_nics
+from vmsandbox.dra_pci import planned_groups, published_groups, with_claimed_groups
 from vmsandbox.errors import CannotFit, InvalidArgument, VmSandboxError
 from vmsandbox.host import choose_accel, format_cpulist
 from vmsandbox.lifecycle import plan_sandbox, pod_demand
@@ -106,6 +107,7 @@ class Plan:
     shortfalls: tuple[Shortfall, ...]
     notes: tuple[str, ...]
     claims: tuple[PlannedRequest, ...] = ()  # the pod's ResourceClaims' requests (vmsandbox.dra.plan_claims)
+    pci_devices: Mapping[str, str] = field(default_factory=dict)  # claim/request -> passthrough device it shows
 
     @property
     def fits(self) -> bool:
@@ -280,8 +282,10 @@ def make_plan(
             shortfalls=tuple(shortfalls),
             notes=tuple(notes),
             claims=claims,
+            pci_devices=pci_devices,
         )
 
+    pci_devices: dict[str, str] = {}
     request = sandbox_request(manifest, handler)
     sidecars = frozenset(manifest.sidecars)
     try:
@@ -304,8 +308,15 @@ def make_plan(
         demand = pod_demand(request, profile, sidecars=sidecars)[1]
         return result(demand, None, None, None, str(exc), _shortfall_rows(exc, None))
     demand, shape = planned.demand, planned.shape
+    published = published_groups(manager.pools.devices, config.dra.pci_pools)
+    try:  # the passthrough devices of its claims, as RunPodSandbox adds them (vmsandbox.dra_pci)
+        chosen = planned_groups(claims, published, {a for c in (taken or {}).values() for a in c.pci})
+    except CannotFit as exc:
+        return result(demand, shape, None, None, str(exc))
+    pci_devices.update((f"{r.claim}/{r.request}", name) for r, name in chosen)
+    devices = with_claimed_groups(planned.devices, [published[name] for _, name in chosen])
     try:
-        placement = manager.place(shape, profile, planned.devices)
+        placement = manager.place(shape, profile, devices)
     except CannotFit as exc:
         return result(demand, shape, None, None, str(exc), _shortfall_rows(exc, shape))
     if nics_refused:
@@ -437,7 +448,7 @@ def render_text(plan: Plan) -> str:
         pairs.append(("placement", _placement_line(plan.shape, plan.placement)))
     for c in plan.claims:
         if c.source:
-            pairs.append(("claim", _claim_line(c)))
+            pairs.append(("claim", _claim_line(c, plan.pci_devices.get(f"{c.claim}/{c.request}", ""))))
     pairs.append(("verdict", "fits" if plan.fits else f"does not fit: {plan.refusal}"))
     out.append(textout.fields(pairs, width=9))
     if plan.shortfalls:
@@ -453,8 +464,10 @@ def render_text(plan: Plan) -> str:
     return "\n".join(out) + "\n"
 
 
-def _claim_line(c: PlannedRequest) -> str:
+def _claim_line(c: PlannedRequest, pci_device: str = "") -> str:
     head = f"{c.claim} ({c.source}) request {c.request}, class {c.device_class}: "
+    if c.pci:
+        return head + (f"passthrough device {pci_device}" if pci_device else "a passthrough device, none free")
     if not c.networks:
         return head + "not a vmsandbox.dev class (another driver's devices)"
     line = head + f"a NIC on one of {', '.join(c.networks)}"
@@ -520,6 +533,7 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
                 "networks": list(c.networks),
                 "interface_name": c.config.interface_name,
                 "addresses": list(c.config.addresses),
+                "pci_device": plan.pci_devices.get(f"{c.claim}/{c.request}", "") if c.pci else None,
             }
             for c in plan.claims
         ],

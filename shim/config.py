@@ -17,7 +17,8 @@ its own uid and gid from.
 the plugins in ``cni_bin_dirs``; namespaces live in ``netns_dir``) or ``none`` (no NIC at all).
 ``dra`` configures the Dynamic Resource Allocation driver (``vmsandbox.dra.parse_dra_config``:
 ``kubeconfig``, ``driver_name``, ``kubelet_plugins_registry_dir``, ``kubelet_plugins_dir``,
-``node_name``, ``networks``); it is off unless a kubeconfig is given.
+``node_name``, ``networks``, ``pci_pools``: device pools whose IOMMU groups it publishes, checked
+against ``device_pools``); it is off unless a kubeconfig is given.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import yaml
 from vmsandbox.cdi import DEFAULT_SPEC_DIRS
 from vmsandbox.devices import parse_pool_config
 from vmsandbox.dra import DraConfig, parse_dra_config
+from vmsandbox.dra_pci import check_pci_pools
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import format_cpulist, parse_cpulist
 from vmsandbox.nri_rules import NriConfig
@@ -366,6 +368,7 @@ def config_from_mapping(data: dict[str, Any], source: str) -> ShimConfig:
             raise InvalidArgument(f"{source}: profile_files: must be a list of paths")
         base = Path(source).parent
         kwargs["profile_files"] = tuple(str(base / f) for f in files)
+    check_pci_pools(kwargs["dra"].pci_pools, kwargs.get("device_pools", {}), source)
     return ShimConfig(**kwargs)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shim.config import ShimConfig
@@ -162,6 +162,15 @@ class ResourceManager:
     def held(self, sandbox_id: str) -> Claim:
         with self._lock:
             return self._held.get(sandbox_id, Claim())
+
+    def pci_holder(self, addresses: Sequence[str]) -> str | None:
+        """The sandbox holding one of these PCI functions, or None (the DRA driver's check at prepare)."""
+        wanted = set(addresses)
+        with self._lock:
+            for sandbox_id, claim in sorted(self._held.items()):
+                if wanted & set(claim.pci):
+                    return sandbox_id
+        return None
 
     def owners(self) -> frozenset[str]:
         """The sandboxes holding anything."""

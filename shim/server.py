@@ -31,6 +31,7 @@ from shim.config import ShimConfig
 from shim.containerd.front import ContainerdFront
 from shim.containers import Containers
 from shim.dra.driver import DraDriver
+from shim.dra.pci import PciDevices
 from shim.front import Front, FrontLimits, check_binary, shim_socket
 from shim.health import Health
 from shim.host_policy import qemu_reaches
@@ -228,7 +229,16 @@ def start(config: ShimConfig) -> Running:
         sandboxes, containers, hooks, HostPorts(backends.dial), LoopbackForwards(backends.guest_connect, splice)
     )
     pods.resume_node_ports()  # host-network pods this shim ran before a restart
-    dra = DraDriver.start(config.dra, config.state_dir) if config.dra.enabled else None
+    dra = None
+    if config.dra.enabled:  # its passthrough devices: groups of the device pools, held in the one ledger
+        pci = None
+        if config.dra.pci_pools:
+            pci = PciDevices(
+                config.dra.pci_pools,
+                lambda: sandboxes.resources.pools.devices,
+                sandboxes.resources.pci_holder,
+            )
+        dra = DraDriver.start(config.dra, config.state_dir, pci=pci)
     if dra is not None:  # RunPodSandbox attaches what it prepared for the pod
         pods.prepared_claims = dra.store.for_pod
         pods.claim_status = dra.write_status

@@ -38,6 +38,8 @@ from vmsandbox.errors import InvalidArgument, Unsupported, WrongState
 
 DEFAULT_DRIVER = "vmsandbox.dev"
 NETWORK_POOL_SUFFIX = "networks"
+PCI_POOL_SUFFIX = "pci"  # the node's passthrough devices (vmsandbox.dra_pci)
+MAX_PCI_POOLS = 16
 NETWORK_KINDS = ("bridge", "macvlan")
 MACVLAN_MODES = ("bridge", "vepa", "private", "passthru")
 MAX_NETWORKS = 64
@@ -70,6 +72,7 @@ class DraConfig:
     plugins_dir: str = "/var/lib/kubelet/plugins"
     node_name: str = ""  # empty: the host's name, lower case
     networks: tuple[NetworkAttachment, ...] = ()
+    pci_pools: tuple[str, ...] = ()  # device_pools whose IOMMU groups are published (vmsandbox.dra_pci)
 
     @property
     def enabled(self) -> bool:
@@ -289,7 +292,15 @@ def parse_dra_config(data: object, source: str) -> DraConfig:
         return DraConfig()
     if not isinstance(data, dict):
         raise InvalidArgument(f"{where}: must be a mapping")
-    keys = {"driver_name", "kubeconfig", "kubelet_plugins_registry_dir", "kubelet_plugins_dir", "node_name", "networks"}
+    keys = {
+        "driver_name",
+        "kubeconfig",
+        "kubelet_plugins_registry_dir",
+        "kubelet_plugins_dir",
+        "node_name",
+        "networks",
+        "pci_pools",
+    }
     unknown = sorted(set(data) - keys)
     if unknown:
         raise InvalidArgument(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(keys))})")
@@ -317,6 +328,16 @@ def parse_dra_config(data: object, source: str) -> DraConfig:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise InvalidArgument(f"{where}.networks: {dup[0]} is defined twice")
+    pci_pools = data.get("pci_pools")
+    pci_pools = [] if pci_pools is None else pci_pools
+    if (
+        not isinstance(pci_pools, list)
+        or len(pci_pools) > MAX_PCI_POOLS
+        or not all(isinstance(p, str) and p for p in pci_pools)
+    ):
+        raise InvalidArgument(f"{where}.pci_pools: must be a list of at most {MAX_PCI_POOLS} device_pools names")
+    if len(set(pci_pools)) != len(pci_pools):
+        raise InvalidArgument(f"{where}.pci_pools: a pool is named twice")
     return DraConfig(
         driver_name=driver,
         kubeconfig=paths["kubeconfig"],
@@ -324,6 +345,7 @@ def parse_dra_config(data: object, source: str) -> DraConfig:
         plugins_dir=paths["kubelet_plugins_dir"],
         node_name=node,
         networks=parsed,
+        pci_pools=tuple(pci_pools),
     )
 
 
@@ -332,6 +354,15 @@ def parse_dra_config(data: object, source: str) -> DraConfig:
 
 def network_pool(node: str) -> str:
     return f"{node}-{NETWORK_POOL_SUFFIX}"
+
+
+def pci_pool(node: str) -> str:
+    return f"{node}-{PCI_POOL_SUFFIX}"
+
+
+def is_pci(device: PreparedDevice) -> bool:
+    """Whether a prepared device is a passthrough device (of a node's PCI pool), not a network."""
+    return device.pool.endswith(f"-{PCI_POOL_SUFFIX}")
 
 
 def slice_name(driver: str, node: str) -> str:
@@ -478,11 +509,13 @@ def prepared_claim(
     driver: str,
     node: str,
     devices: frozenset[str],
+    pci_devices: frozenset[str] = frozenset(),
 ) -> PreparedClaim:
     """A ResourceClaim read from the API server, as this node prepares it: the claim the kubelet
     named (same namespace, name and uid), allocated, reserved for at least one pod; of its
     allocation results those of ``driver``, each on this node's network pool and naming one of
-    ``devices``. The results of other drivers are theirs."""
+    ``devices``, or on its PCI pool and naming one of ``pci_devices`` (a whole IOMMU group, never
+    shared). The results of other drivers are theirs."""
     check_claim_ref(namespace, name, uid)
     where = f"resourceclaim {namespace}/{name}"
     meta = _get(claim, "metadata")
@@ -531,11 +564,18 @@ def prepared_claim(
             raise InvalidArgument(f"{at}: request, pool and device must be given")
         assert isinstance(request, str) and isinstance(res_pool, str) and isinstance(device, str)
         validation.text(request, f"{at}.request", 127)
+        share = result.get("shareID", "")
+        if res_pool == pci_pool(node):
+            if device not in pci_devices:
+                raise InvalidArgument(f"{at}: PCI device {validation.quote(device)} is not published by this node")
+            if share:
+                raise InvalidArgument(f"{at}: PCI device {device} has a shareID; a passthrough device is not shared")
+            out.append(PreparedDevice(request, res_pool, device))
+            continue
         if res_pool != pool:
             raise InvalidArgument(f"{at}: pool {validation.quote(res_pool)} is not this node's ({pool})")
         if device not in devices:
             raise InvalidArgument(f"{at}: device {validation.quote(device)} is not published by this node")
-        share = result.get("shareID", "")
         if not isinstance(share, str):
             raise InvalidArgument(f"{at}.shareID: must be a string")
         if share:
@@ -605,6 +645,7 @@ def claim_from_record(data: object) -> PreparedClaim:
 # ---- plan --------------------------------------------------------------------------------------
 
 NETWORK_CLASS = "vmsandbox-network"  # deploy/dra/deviceclass.yaml
+PCI_CLASS = "vmsandbox-pci"  # deploy/dra/deviceclass.yaml: the passthrough devices (vmsandbox.dra_pci)
 
 
 @dataclass(frozen=True)
@@ -615,6 +656,7 @@ class PlannedRequest:
     device_class: str
     networks: tuple[str, ...]  # of this node's, those that could serve it; () when not this driver's class
     config: NetworkConfig = NetworkConfig()
+    pci: bool = False  # a request of this driver's passthrough class (served by vmsandbox.dra_pci.planned_groups)
 
 
 MAX_STATUS_IPS = 16  # the API's bound on networkData.ips
@@ -630,10 +672,20 @@ def claim_status(
     """The server-side apply body of ``claim``'s ``status.devices[]`` once its pod's guest is up
     (KEP-4817): for each of its devices (``nics`` in the same order), driver, pool, device, share
     id, a ``Ready`` condition and ``networkData`` as the guest reports the NIC (its name, CIDRs and
-    MAC); a NIC the guest does not report is ``Ready`` ``False``. ``now``: RFC 3339."""
+    MAC); a NIC the guest does not report is ``Ready`` ``False``. A passthrough device (``nics``
+    has none for it) is ``Ready`` with its PCI address in ``data`` (``pci_device_status``).
+    ``now``: RFC 3339."""
     devices = []
     by_mac = {r.mac.lower(): r for r in reported}
-    for device, nic in zip(claim.devices, nics, strict=True):
+    network_devices = [d for d in claim.devices if not is_pci(d)]
+    if len(network_devices) != len(nics):
+        raise ValueError(f"claim {claim.uid}: {len(network_devices)} network devices, {len(nics)} NICs")
+    in_order = iter(nics)
+    for device in claim.devices:
+        if is_pci(device):
+            devices.append(pci_device_status(device, driver, now))
+            continue
+        nic = next(in_order)
         got = by_mac.get(nic.mac)
         entry: dict[str, Any] = {"driver": driver, "pool": device.pool, "device": device.device}
         if device.share_id:
@@ -666,6 +718,45 @@ def claim_status(
     }
 
 
+PCI_DEVICE_PREFIX = "pci-"  # a passthrough device's name: pci-0000-3b-00-0 for 0000:3b:00.0
+
+
+def pci_device_name(address: str) -> str:
+    """A passthrough device's name in the node's PCI pool (a DNS label): its IOMMU group's primary
+    function's address, ``:`` and ``.`` as ``-``."""
+    return PCI_DEVICE_PREFIX + address.replace(":", "-").replace(".", "-")
+
+
+def pci_address_of(name: str) -> str:
+    """The PCI address a device name of the PCI pool stands for (the inverse of ``pci_device_name``);
+    InvalidArgument for any other name."""
+    parts = name.removeprefix(PCI_DEVICE_PREFIX).split("-")
+    if not name.startswith(PCI_DEVICE_PREFIX) or len(parts) != 4 or not all(p.isascii() and p.isalnum() for p in parts):
+        raise InvalidArgument(f"{validation.quote(name)} is not a PCI device name (pci-dddd-bb-ss-f)")
+    return f"{parts[0]}:{parts[1]}:{parts[2]}.{parts[3]}"
+
+
+def pci_device_status(device: PreparedDevice, driver: str, now: str) -> dict[str, Any]:
+    """A passthrough device's ``status.devices[]`` entry once its pod's VM runs with it: ``Ready``
+    (reason ``Attached``) and its PCI address in ``data``."""
+    address = pci_address_of(device.device)
+    return {
+        "driver": driver,
+        "pool": device.pool,
+        "device": device.device,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Attached",
+                "lastTransitionTime": now,
+                "message": f"{address} is passed through to the pod's VM",
+            }
+        ],
+        "data": {"pciAddress": address},
+    }
+
+
 def planned_nics(
     pod: str, sandbox_id: str, requests: Sequence[PlannedRequest], networks: Sequence[NetworkAttachment]
 ) -> tuple[ClaimedNic, ...]:
@@ -689,7 +780,18 @@ def _class_is_ours(name: str, docs: list[Any], driver: str) -> bool:
             return isinstance(selectors, list) and any(
                 f'device.driver == "{driver}"' in str(_get(sel, "cel.expression") or "") for sel in selectors
             )
-    return name == NETWORK_CLASS
+    return name in (NETWORK_CLASS, PCI_CLASS)
+
+
+def _class_is_pci(name: str, docs: list[Any]) -> bool:
+    """Whether a class of this driver selects its passthrough devices (``type == "pci"``)."""
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == "DeviceClass" and _get(doc, "metadata.name") == name:
+            selectors = _get(doc, "spec.selectors") or []
+            return isinstance(selectors, list) and any(
+                re.search(r"""\.type\s*==\s*["']pci["']""", str(_get(sel, "cel.expression") or "")) for sel in selectors
+            )
+    return name == PCI_CLASS
 
 
 def plan_claims(
@@ -740,6 +842,8 @@ def plan_claims(
                 if not isinstance(device_class, str):
                     raise InvalidArgument(f"{where}: request {validation.quote(request)}: no deviceClassName")
                 ours = _class_is_ours(device_class, docs, driver)
+                pci = ours and _class_is_pci(device_class, docs)
+                ours = ours and not pci
                 out.append(
                     PlannedRequest(
                         name,
@@ -748,6 +852,7 @@ def plan_claims(
                         device_class,
                         tuple(n.name for n in networks) if ours else (),
                         _device_config(claim_configs, driver, request, where) if ours else NetworkConfig(),
+                        pci,
                     )
                 )
     return tuple(out)

@@ -12,12 +12,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from shim.dra.kube import KubeClient
+from shim.dra.pci import PciDevices
 from shim.dra.plugin import DraPlugin
 from shim.dra.slices import Slices
 from shim.dra.store import ClaimStore
 from vmsandbox import validation
 from vmsandbox.agent_protocol import NicReport
-from vmsandbox.dra import ClaimedNic, DraConfig, PreparedClaim, claim_status
+from vmsandbox.dra import ClaimedNic, DraConfig, PreparedClaim, claim_status, is_pci
 from vmsandbox.errors import VmSandboxError
 
 log = logging.getLogger(__name__)
@@ -43,13 +44,16 @@ class DraDriver:
     driver: str = ""
 
     @classmethod
-    def start(cls, config: DraConfig, state_dir: str, slice_interval_s: float = 30.0) -> DraDriver:
+    def start(
+        cls, config: DraConfig, state_dir: str, slice_interval_s: float = 30.0, pci: PciDevices | None = None
+    ) -> DraDriver:
+        """``pci``: the passthrough devices to publish (None: no PCI pool)."""
         node = node_name(config)
         (Path(state_dir) / "dra").mkdir(mode=0o700, exist_ok=True)
         store = ClaimStore(claims_dir(state_dir))
         client = KubeClient(config.kubeconfig)
-        plugin = DraPlugin(config, node, store, client)
-        slices = Slices(config, node, client, slice_interval_s)
+        plugin = DraPlugin(config, node, store, client, pci)
+        slices = Slices(config, node, client, slice_interval_s, pci=pci.groups if pci is not None else None)
         slices.start()
         plugin.start()
         log.info("DRA: driver %s on node %s, %d prepared claims kept", config.driver_name, node, len(store.all()))
@@ -59,14 +63,16 @@ class DraDriver:
         self, claims: Sequence[PreparedClaim], nics: Sequence[ClaimedNic], reported: Sequence[NicReport]
     ) -> None:
         """Write each claim's ``status.devices[]`` (``vmsandbox.dra.claim_status``) once its pod's
-        guest is up: ``nics`` are the claims' devices' NICs in order, ``reported`` the guest's. A
-        write that fails is logged: the pod runs with its NICs all the same."""
+        guest is up: ``nics`` are the claims' network devices' NICs in order, ``reported`` the
+        guest's (a passthrough device has no NIC). A write that fails is logged: the pod runs with
+        its NICs all the same."""
         if self.client is None:
             return
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         at = 0
         for claim in claims:
-            mine, at = nics[at : at + len(claim.devices)], at + len(claim.devices)
+            count = sum(1 for d in claim.devices if not is_pci(d))
+            mine, at = nics[at : at + count], at + count
             try:
                 body = claim_status(claim, self.driver, mine, reported, now)
                 self.client.apply_claim_status(claim.namespace, claim.name, body, self.driver)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from concurrent import futures
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,8 +29,9 @@ from gen.kubelet.pluginregistration.v1 import api_pb2 as reg_pb
 from gen.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from shim.dra.store import ClaimStore
 from vmsandbox import validation
-from vmsandbox.dra import DraConfig, PreparedClaim, check_claim_ref, prepared_claim
-from vmsandbox.errors import InfrastructureError, VmSandboxError
+from vmsandbox.devices import DeviceGroup
+from vmsandbox.dra import DraConfig, PreparedClaim, check_claim_ref, is_pci, prepared_claim
+from vmsandbox.errors import InfrastructureError, VmSandboxError, WrongState
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,13 @@ MAX_CLAIMS_PER_CALL = 256
 
 class ClaimSource(Protocol):
     def get_claim(self, namespace: str, name: str) -> Any: ...
+
+
+class PciHost(Protocol):
+    """The node's published passthrough devices (by device name) and which sandbox holds a group."""
+
+    def devices(self) -> Mapping[str, DeviceGroup]: ...
+    def holder(self, group: DeviceGroup) -> str | None: ...
 
 
 def registration_socket(config: DraConfig) -> Path:
@@ -78,9 +87,12 @@ class Registration(reg_grpc.RegistrationServicer):
 
 
 class DraService(dra_grpc.DRAPluginServicer):
-    def __init__(self, config: DraConfig, node: str, store: ClaimStore, source: ClaimSource) -> None:
+    def __init__(
+        self, config: DraConfig, node: str, store: ClaimStore, source: ClaimSource, pci: PciHost | None = None
+    ) -> None:
         self._config, self._node, self._store, self._source = config, node, store, source
         self._devices = frozenset(n.name for n in config.networks)
+        self._pci = pci
         self._lock = threading.Lock()  # one prepare or unprepare of the store at a time
 
     def NodePrepareResources(
@@ -115,10 +127,19 @@ class DraService(dra_grpc.DRAPluginServicer):
             if known is not None:
                 return known
         got = self._source.get_claim(claim.namespace, claim.name)
+        published = self._pci.devices() if self._pci is not None else {}
         prepared = prepared_claim(
-            got, claim.namespace, claim.name, claim.uid, self._config.driver_name, self._node, self._devices
+            got,
+            claim.namespace,
+            claim.name,
+            claim.uid,
+            self._config.driver_name,
+            self._node,
+            self._devices,
+            frozenset(published),
         )
         with self._lock:
+            self._check_pci_free(prepared, published)
             self._store.put(prepared)
         log.info(
             "DRA: prepared claim %s/%s (%s) for pods %s: %s",
@@ -129,6 +150,27 @@ class DraService(dra_grpc.DRAPluginServicer):
             ",".join(d.device for d in prepared.devices),
         )
         return prepared
+
+    def _check_pci_free(self, prepared: PreparedClaim, published: Mapping[str, DeviceGroup]) -> None:
+        """A passthrough device is prepared for one claim at a time and not held by a sandbox now (a
+        pod that took its IOMMU group through its device pool): WrongState naming who has it."""
+        mine = {d.device for d in prepared.devices if is_pci(d)}
+        if not mine:
+            return
+        for other in self._store.all():
+            both = sorted(mine & {d.device for d in other.devices if is_pci(d)})
+            if both and other.uid != prepared.uid:
+                raise WrongState(
+                    f"resourceclaim {prepared.namespace}/{prepared.name}: PCI device {both[0]} is prepared for "
+                    f"claim {other.namespace}/{other.name} already"
+                )
+        for name in sorted(mine):
+            holder = self._pci.holder(published[name]) if self._pci is not None else None
+            if holder is not None:
+                raise WrongState(
+                    f"resourceclaim {prepared.namespace}/{prepared.name}: PCI device {name} "
+                    f"({published[name].describe()}) is held by sandbox {holder[:12]}"
+                )
 
     def NodeUnprepareResources(
         self, request: dra_pb.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
@@ -152,10 +194,12 @@ class DraPlugin:
     """The plugin's server and sockets; ``start`` after the store is loaded, ``stop`` at a clean stop
     (the registration socket goes, so the kubelet forgets the plugin)."""
 
-    def __init__(self, config: DraConfig, node: str, store: ClaimStore, source: ClaimSource) -> None:
+    def __init__(
+        self, config: DraConfig, node: str, store: ClaimStore, source: ClaimSource, pci: PciHost | None = None
+    ) -> None:
         self.config = config
         self.registration = Registration(config)
-        self.service = DraService(config, node, store, source)
+        self.service = DraService(config, node, store, source, pci)
         self._server: grpc.Server | None = None
 
     def start(self) -> None:

@@ -13,6 +13,12 @@ claimed-nics  the NICs of the DRA claims prepared for the pod
               one, which libvirt makes with the domain and
               removes with it (``define``'s undo); nothing held
               yet, a device that cannot be attached refused
+claimed-      the IOMMU groups of the DRA claims' passthrough
+devices       devices (``vmsandbox.dra_pci.claimed_groups``)
+              join the groups the pod names, so ``claim`` holds
+              them in the ledger beside its vCPUs and pages and
+              ``define`` gives the domain their ``<hostdev>``s;
+              nothing held yet, a device not published refused
 reserve-name  its name, namespace, uid and attempt name this      released
               sandbox
 claim         its CPUs, pages, memory and devices, taken back     released
@@ -52,7 +58,7 @@ import copy
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from shim import logs, metrics, rpc
@@ -60,7 +66,8 @@ from shim.model import RunPodSandbox, SandboxRecord, SandboxSpec
 from shim.pods import Pods
 from shim.records import new_id
 from shim.sandboxes import Sandboxes
-from vmsandbox.dra import claimed_nics
+from vmsandbox.dra import PreparedClaim, claimed_nics
+from vmsandbox.dra_pci import claimed_groups, network_claims, published_groups, with_claimed_groups
 from vmsandbox.errors import AlreadyExists, CannotFit, VmSandboxError
 from vmsandbox.lifecycle import SandboxPlan
 from vmsandbox.placement import Placement
@@ -72,6 +79,7 @@ rpc.declare(
     RPC,
     "plan",
     "claimed-nics",
+    "claimed-devices",
     "reserve-name",
     "claim",
     "record",
@@ -101,8 +109,11 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
     with sb.locks.running(sandbox_id), rpc.steps(RPC, functools.partial(_failed, pod, sandbox_id)) as s:
         plan = sb.plan(spec)
         s.done("plan")
-        nics = claimed_nics(pod, sandbox_id, claims, sb.config.dra.networks) if claims else ()
+        nic_claims = network_claims(claims)
+        nics = claimed_nics(pod, sandbox_id, nic_claims, sb.config.dra.networks) if nic_claims else ()
         s.done("claimed-nics")
+        plan = _with_claimed_devices(sb, pod, claims, plan)
+        s.done("claimed-devices")
         sb.records.reserve_name(spec.meta, sandbox_id)
         s.done("reserve-name", functools.partial(sb.records.release_name, spec.meta, sandbox_id))
         logs.bind(sandbox_id=sandbox_id)
@@ -143,6 +154,14 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
     metrics.observe_start(record.runtime_handler, time.monotonic() - started)
     sb.boot.make_snapshot_later(guest)
     return sandbox_id
+
+
+def _with_claimed_devices(sb: Sandboxes, pod: str, claims: Sequence[PreparedClaim], plan: SandboxPlan) -> SandboxPlan:
+    """The plan with the passthrough devices of the pod's claims among the groups it names."""
+    if not claims:
+        return plan
+    groups = claimed_groups(pod, claims, published_groups(sb.resources.pools.devices, sb.config.dra.pci_pools))
+    return replace(plan, devices=with_claimed_groups(plan.devices, groups)) if groups else plan
 
 
 def _claim(sb: Sandboxes, sandbox_id: str, plan: SandboxPlan) -> Placement:
