@@ -21,7 +21,7 @@ import pytest
 
 from gen.kubelet.dra.v1 import api_pb2 as dra_pb
 from shim import faults
-from shim.config import ShimConfig
+from shim.config import ShimConfig, config_from_mapping
 from shim.dra.pci import PciDevices
 from shim.dra.plugin import DraService
 from shim.dra.slices import Slices
@@ -38,7 +38,7 @@ from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.domain_xml import read_hostdevs
 from vmsandbox.dra import DraConfig
-from vmsandbox.errors import CannotFit, NotFound, WrongState
+from vmsandbox.errors import CannotFit, InvalidArgument, NotFound, WrongState
 from vmsandbox.profile import Profile
 from vmsandbox.resources import ContainerDeclaration, ContainerResources, PodDeclaration, ResourceList
 
@@ -288,3 +288,20 @@ def test_a_failure_after_the_claim_rolls_back_the_device(node: Node, point: str)
     assert node.hypervisor.list_ours() == []
     sid = run_pod_sandbox(node.pods, pod("p-1"))  # the group is free again
     assert read_hostdevs(node.hypervisor.live_xml(node.sb.records.get(sid).domain)) == ("0000:d8:00.0",)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"device_pools": {"gpu": ["10de:2330"]}, "dra": {"pci_pools": ["gpu"]}}, None),
+        ({"dra": {"pci_pools": ["gpu"]}}, r'c.yaml: dra.pci_pools: "gpu" is not a device pool \(device_pools: none\)'),
+        ({"device_pools": {"nic": ["86:00.0"]}, "dra": {"pci_pools": ["nic", "gpu"]}}, r'"gpu" is not a device pool'),
+    ],
+)
+def test_config_names_device_pools_only(data: dict[str, Any], message: str | None) -> None:
+    """One ledger: the driver publishes groups of configured device pools, nothing of its own."""
+    if message is None:
+        assert config_from_mapping(data, "c.yaml").dra.pci_pools == ("gpu",)
+    else:
+        with pytest.raises(InvalidArgument, match=message):
+            config_from_mapping(data, "c.yaml")

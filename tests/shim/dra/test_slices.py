@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import copy
 import time
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from shim.dra.kube import Conflict
 from shim.dra.slices import Slices
-from vmsandbox.dra import DraConfig, NetworkAttachment, network_slice
+from vmsandbox.adapters.sysfs import read_inventory
+from vmsandbox.devices import resolve_pools
+from vmsandbox.dra import DraConfig, NetworkAttachment, network_slice, pci_device_name
+from vmsandbox.dra_pci import published_groups
 from vmsandbox.errors import InfrastructureError, NotFound
 
 DRIVER, NODE = "vmsandbox.dev", "node-a"
@@ -118,3 +124,46 @@ def test_a_failed_sync_is_retried_soon() -> None:
         time.sleep(0.02)
     owner.stop()
     assert api.log == ["create node-a-vmsandbox.dev-networks", "delete node-a-vmsandbox.dev-networks"]
+
+
+# -- the PCI pool's slice beside the networks' ------------------------------------------------------
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "sysfs" / "vfio-two-node"
+POOLS = resolve_pools({"gpu": ("10de:2330", "10de:22a3")}, read_inventory(FIXTURE / "sys", FIXTURE / "proc"))
+GROUPS = list(published_groups(POOLS, ("gpu",)).values())  # IOMMU groups 12, 40 and 41
+PCI = "node-a-vmsandbox.dev-pci"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "log"),
+    [
+        (GROUPS, GROUPS, [f"create {PCI}"]),
+        (GROUPS[:1], GROUPS, [f"create {PCI}", f"update {PCI} 2"]),  # a group came back: generation 2
+        (GROUPS, GROUPS[1:], [f"create {PCI}", f"update {PCI} 2"]),
+        (GROUPS, [], [f"create {PCI}", f"update {PCI} 2"]),  # an empty pool is still published
+    ],
+)
+def test_pci_slice_published_and_kept_current(before: list[Any], after: list[Any], log: list[str]) -> None:
+    api = FakeApi()
+    groups = list(before)
+    owner = Slices(DraConfig(networks=(LAN,)), NODE, api, interval_s=3600, pci=lambda: groups)  # type: ignore[arg-type]
+    owner.sync()
+    groups[:] = after
+    owner.sync()
+    assert [e for e in api.log if "pci" in e] == log
+    assert api.log[0] == "create node-a-vmsandbox.dev-networks"
+    spec = api.slices[PCI]["spec"]
+    assert spec["pool"]["name"] == "node-a-pci"
+    assert [d["name"] for d in spec["devices"]] == [pci_device_name(g.primary.address) for g in after]
+    assert api.slices["node-a-vmsandbox.dev-networks"]["spec"]["pool"]["generation"] == 1
+
+
+def test_pci_slice_deleted_when_no_longer_configured_and_at_stop() -> None:
+    api = FakeApi()
+    Slices(DraConfig(), NODE, api, interval_s=3600, pci=lambda: GROUPS).sync()  # type: ignore[arg-type]
+    assert sorted(api.slices) == ["node-a-vmsandbox.dev-networks", PCI]
+    slices(api).sync()  # dra.pci_pools emptied: the PCI slice is a stray now
+    assert sorted(api.slices) == ["node-a-vmsandbox.dev-networks"]
+    owner = Slices(DraConfig(), NODE, api, interval_s=3600, pci=lambda: GROUPS)  # type: ignore[arg-type]
+    owner.start()
+    owner.stop()
+    assert api.slices == {}
