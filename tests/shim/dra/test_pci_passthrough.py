@@ -22,8 +22,10 @@ import pytest
 from gen.kubelet.dra.v1 import api_pb2 as dra_pb
 from shim import faults
 from shim.config import ShimConfig, config_from_mapping
+from shim.dra.driver import DraDriver
+from shim.dra.kube import KubeClient
 from shim.dra.pci import PciDevices
-from shim.dra.plugin import DraService
+from shim.dra.plugin import DraPlugin, DraService
 from shim.dra.slices import Slices
 from shim.dra.store import ClaimStore
 from shim.model import PodMeta, RunPodSandbox, SandboxSpec, StopPodSandbox
@@ -36,8 +38,10 @@ from tests.cri_server import pods_for
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.sysfs import read_inventory
+from vmsandbox.agent_protocol import NicReport
 from vmsandbox.domain_xml import read_hostdevs
-from vmsandbox.dra import DraConfig
+from vmsandbox.dra import DraConfig, NetworkAttachment, NetworkConfig, PreparedClaim, PreparedDevice, claimed_nics
+from vmsandbox.dra_pci import network_claims
 from vmsandbox.errors import CannotFit, InvalidArgument, NotFound, WrongState
 from vmsandbox.profile import Profile
 from vmsandbox.resources import ContainerDeclaration, ContainerResources, PodDeclaration, ResourceList
@@ -47,6 +51,7 @@ VFIO = read_inventory(FIXTURE / "sys", FIXTURE / "proc")
 DRIVER = "vmsandbox.dev"
 NODE = "node-a"
 POOLS = {"gpu": ("10de:2330", "10de:22a3"), "nic": ("0000:86:00.0",)}
+LAN = NetworkAttachment("lan", "bridge", "br-lan", "10.0.0.0/24")
 
 
 class FakeApi:
@@ -70,6 +75,9 @@ class FakeApi:
 
     def delete_slice(self, name: str) -> None:
         self.slices.pop(name, None)
+
+    def apply_claim_status(self, namespace: str, name: str, body: Any, manager: str) -> None:
+        self.status.append((namespace, name, body, manager))
 
     def get_claim(self, namespace: str, name: str) -> Any:
         if (namespace, name) not in self.claims:
@@ -135,7 +143,8 @@ def node(tmp_path: Path) -> Iterator[Node]:
     service = DraService(dra, NODE, store, api, pci)
     pods = pods_for(sb)
     pods.prepared_claims = store.for_pod
-    pods.claim_status = lambda claims, nics, reported: api.status.append((claims, nics))
+    driver = DraDriver(store, cast(DraPlugin, None), cast(Slices, None), cast(KubeClient, api), DRIVER)
+    pods.claim_status = driver.write_status
     try:
         yield Node(sb, pods, api, store, service, hypervisor)
     finally:
@@ -203,8 +212,15 @@ def test_published_slice_to_hostdev_and_back(node: Node) -> None:
     # NUMA-aligned: the vCPU on node 1 (exclusive CPUs 2 and 6 there), as the GPU
     held = node.sb.ledger.held()[sid]
     assert set(held.cpus) <= {2, 6} and set(held.pci) == {"0000:af:00.0", "0000:af:00.1"}
-    [(claims, nics)] = node.api.status
-    assert [c.uid for c in claims] == ["c-1"] and nics == ()
+    [(namespace, name, body, manager)] = node.api.status  # once READY
+    assert (namespace, name, manager, body["metadata"]["uid"]) == ("ml", "gpu", DRIVER, "c-1")
+    [entry] = body["status"]["devices"]
+    assert (entry["pool"], entry["device"], entry["data"]) == (
+        "node-a-pci",
+        gpu["name"],
+        {"pciAddress": "0000:af:00.0"},
+    )
+    assert [(c["type"], c["status"], c["reason"]) for c in entry["conditions"]] == [("Ready", "True", "Attached")]
 
     # a second pod whose claim names the same device: refused at prepare while the first has it
     allocate(node.api, "gpu2", "c-2", "p-2", gpu["name"])
@@ -305,3 +321,20 @@ def test_config_names_device_pools_only(data: dict[str, Any], message: str | Non
     else:
         with pytest.raises(InvalidArgument, match=message):
             config_from_mapping(data, "c.yaml")
+
+
+def test_status_of_claims_with_both_kinds_of_device() -> None:
+    """Each claim's network devices take their NICs in order; a passthrough device takes none."""
+    api = FakeApi()
+    driver = DraDriver(cast(ClaimStore, None), cast(DraPlugin, None), cast(Slices, None), cast(KubeClient, api), DRIVER)
+    lan = PreparedDevice("net", "node-a-networks", "lan", NetworkConfig("net1", ("10.0.0.2/24",)))
+    gpu = PreparedDevice("gpu", "node-a-pci", "pci-0000-3b-00-0")
+    both = PreparedClaim("u-1", "ml", "both", ("p",), (gpu, lan))
+    net = PreparedClaim("u-2", "ml", "net", ("p",), (replace(lan, config=NetworkConfig("net2", ("10.0.0.3/24",))),))
+    nics = claimed_nics("ml/p", "s" * 64, network_claims([both, net]), (LAN,))
+    reported = (NicReport("net1", nics[0].mac, ("10.0.0.2/24",), True), NicReport("net2", nics[1].mac, (), True))
+    driver.write_status([both, net], nics, reported)
+    first, second = (body["status"]["devices"] for _, _, body, _ in api.status)
+    assert [e.get("data") for e in first] == [{"pciAddress": "0000:3b:00.0"}, None]
+    assert first[1]["networkData"]["hardwareAddress"] == nics[0].mac
+    assert second[0]["networkData"]["hardwareAddress"] == nics[1].mac
