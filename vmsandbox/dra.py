@@ -8,8 +8,10 @@ what a prepared claim is (pure).
   ``networks`` pool, published as a ``resource.k8s.io/v1`` ResourceSlice (``network_slice``).
 * ``prepared_claim``: a ResourceClaim as the API server returns it (JSON) checked against what the
   kubelet asked to prepare, reduced to what the VM will need: the pods it is reserved for, each
-  device allocated to this driver on this node's pool, and the opaque configuration that applies to
-  it (``NetworkConfig``: the interface's name inside the pod and static addresses).
+  device allocated to this driver on this node's network pool, and the opaque configuration that
+  applies to it (``NetworkConfig``: the interface's name inside the pod and static addresses), or
+  on its PCI pool (``is_pci``: a passthrough device, ``vmsandbox.dra_pci``; named by
+  ``pci_device_name``, its status by ``pci_device_status``).
 * ``claim_record`` / ``claim_from_record``: a prepared claim as the store keeps it.
 * ``claimed_nics``: what a pod's prepared claims put in its VM at RunPodSandbox, one NIC per
   network device (a tap on the network's bridge, or a macvtap on its host interface, both made and

@@ -6,10 +6,12 @@ picks the first it knows of the plugin's list).
 
 NodePrepareResources reads each claim from the API server, reduces it to a prepared claim
 (``vmsandbox.dra.prepared_claim``: this driver's devices on this node, the pods it is reserved for,
-the opaque config) and keeps it in the store before answering its devices; a claim already prepared
-is answered from the store. NodeUnprepareResources forgets it, and a claim not prepared is not an
-error. Each claim's failure is that claim's ``error`` in the reply, as the API asks; the call itself
-fails only when it is malformed as a whole (too many claims)."""
+the opaque config) and keeps it in the store before answering its devices; a passthrough device
+must not be prepared for another claim nor held by a sandbox (``PciHost``: the one placement
+ledger). A claim already prepared is answered from the store. NodeUnprepareResources forgets it,
+and a claim not prepared is not an error. Each claim's failure is that claim's ``error`` in the
+reply, as the API asks; the call itself fails only when it is malformed as a whole (too many
+claims)."""
 
 from __future__ import annotations
 
