@@ -37,6 +37,7 @@ from typing import Any
 from vmsandbox import validation
 from vmsandbox.agent_protocol import NicReport
 from vmsandbox.errors import InvalidArgument, Unsupported, WrongState
+from vmsandbox.host import parse_pci_address
 
 DEFAULT_DRIVER = "vmsandbox.dev"
 NETWORK_POOL_SUFFIX = "networks"
@@ -733,9 +734,12 @@ def pci_address_of(name: str) -> str:
     """The PCI address a device name of the PCI pool stands for (the inverse of ``pci_device_name``);
     InvalidArgument for any other name."""
     parts = name.removeprefix(PCI_DEVICE_PREFIX).split("-")
-    if not name.startswith(PCI_DEVICE_PREFIX) or len(parts) != 4 or not all(p.isascii() and p.isalnum() for p in parts):
-        raise InvalidArgument(f"{validation.quote(name)} is not a PCI device name (pci-dddd-bb-ss-f)")
-    return f"{parts[0]}:{parts[1]}:{parts[2]}.{parts[3]}"
+    if name.startswith(PCI_DEVICE_PREFIX) and len(parts) == 4:
+        address = f"{parts[0]}:{parts[1]}:{parts[2]}.{parts[3]}"
+        with contextlib.suppress(ValueError):
+            if parse_pci_address(address) == address:
+                return address
+    raise InvalidArgument(f"{validation.quote(name)} is not a PCI device name (pci-dddd-bb-ss-f)")
 
 
 def pci_device_status(device: PreparedDevice, driver: str, now: str) -> dict[str, Any]:

@@ -111,7 +111,7 @@ def test_pci_pools_must_be_device_pools(names: tuple[str, ...], pools: dict[str,
     [
         ("0000:3b:00.0", "pci-0000-3b-00-0"),
         ("0000:af:00.1", "pci-0000-af-00-1"),
-        ("10000:00:1f.7", "pci-10000-00-1f-7"),
+        ("0001:00:1f.7", "pci-0001-00-1f-7"),
     ],
 )
 def test_device_names_round_trip(address: str, name: str) -> None:
@@ -120,7 +120,17 @@ def test_device_names_round_trip(address: str, name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["lan", "pci-0000-3b-00", "pci-0000-3b-00-0-1", "pci-0000-3b-00-0/x", "gpu-0000-3b-00-0"]
+    "name",
+    [
+        "lan",
+        "pci-0000-3b-00",
+        "pci-0000-3b-00-0-1",
+        "pci-0000-3b-00-0/x",
+        "gpu-0000-3b-00-0",
+        "pci-0000-zz-00-0",
+        "pci-0000-3B-00-0",
+        "pci-0000-3b-00-9",
+    ],
 )
 def test_other_names_are_not_pci_devices(name: str) -> None:
     with pytest.raises(InvalidArgument, match="is not a PCI device name"):
