@@ -60,7 +60,8 @@ READY_TIMEOUT_S=${CLUSTER_READY_TIMEOUT_S:-240}
 DOWNSTREAM=${CLUSTER_DOWNSTREAM:-containerd} # or none
 MODE=${CLUSTER_MODE:-proxy} # or shim: the kubelet talks to containerd, vmsandbox is its runtime shim; or plain
 # 1: vmsandbox is also the DRA driver vmsandbox.dev (docs/dra.md), with one secondary network,
-# DRA_NETWORK on DRA_BRIDGE, and deploy/dra/ (its RBAC and device class) applied
+# DRA_NETWORK on DRA_BRIDGE, and deploy/dra/ (its RBAC and device class) applied; with containerd,
+# NRI is on, on $CONTAINERD/nri.sock, where the driver gives ordinary pods their claimed devices
 DRA=${CLUSTER_DRA:-0}
 DRA_BRIDGE=${CLUSTER_DRA_BRIDGE:-vmsbr-dra0}
 DRA_NETWORK=${CLUSTER_DRA_NETWORK:-10.240.0.0/24}
@@ -280,6 +281,7 @@ $([[ $MODE == shim ]] && printf 'containerd_address: %s\ncontainerd_root: %s\nco
     "$CONTAINERD/containerd.sock" "$CONTAINERD/root" "$SHIM_SOCKETS")
 $([[ $DRA == 1 ]] && printf 'dra:\n  kubeconfig: %s\n  node_name: %s\n  networks:\n    - {name: net1, kind: bridge, interface: %s, subnet: "%s"}\n' \
     "$PKI/vmsandbox-dra.kubeconfig" "$NODE_NAME" "$DRA_BRIDGE" "$DRA_NETWORK")
+$([[ $DRA == 1 && $DOWNSTREAM == containerd ]] && printf '  nri_socket: %s\n' "$CONTAINERD/nri.sock")
 registries:
   # the cluster's registry (127.0.0.1:$REGISTRY_PORT) mirrors docker.io: push busybox there and
   # \`image: busybox\` pulls it offline; images may also name 127.0.0.1:$REGISTRY_PORT/... directly
@@ -376,7 +378,10 @@ node_namespace() {
     fi
     if [[ $DOWNSTREAM == containerd ]]; then
         # its sandbox image comes from the cluster's registry, which also stands in for docker.io
-        CONTAINERD_BIN_DIR=$CONTAINERD_BIN_DIR bash "$REPO_ROOT/scripts/containerd.sh" up "$CONTAINERD" "127.0.0.1:$REGISTRY_PORT/vmsandbox/pause:1" \
+        # with the DRA driver, NRI on, on a socket of its own: the driver gives ordinary pods their
+        # claimed devices from there (docs/dra.md)
+        CONTAINERD_NRI_SOCKET=$([[ $DRA == 1 ]] && echo "$CONTAINERD/nri.sock") \
+            CONTAINERD_BIN_DIR=$CONTAINERD_BIN_DIR bash "$REPO_ROOT/scripts/containerd.sh" up "$CONTAINERD" "127.0.0.1:$REGISTRY_PORT/vmsandbox/pause:1" \
             "$CLUSTER_DIR/net.d" "127.0.0.1:$REGISTRY_PORT" >>"$LOGS/containerd-up.log" 2>&1 ||
             die "containerd did not start (see $LOGS/containerd-up.log, $CONTAINERD/containerd.log)"
     fi

@@ -19,6 +19,9 @@
 # and gcr.io (what tests/critest_images.py serves). `down` stops that
 # containerd (by its pid file, checking it is still containerd), the shims and containers it
 # started, and unmounts what it mounted under DIR; DIR itself is left for its owner to delete.
+# With containerd 2.x and CONTAINERD_NRI_SOCKET set, NRI is on, on that socket only, for external
+# plugins (vmsandbox's DRA driver connects there, docs/dra.md), with no plugins of its own
+# (DIR/nri/plugins is empty) and a 10 s bound on each plugin call; otherwise NRI is off.
 # `restart` stops that containerd only (its shims and containers run on) and starts it again on
 # DIR/config.toml as it is now (a drop-in added or removed), in the cgroups of the one it replaces
 # (whoever runs `restart`, e.g. an installer pod, may be in a cgroup that goes away).
@@ -86,10 +89,24 @@ TOML
 # containerd 2.x: configuration version 3 (the CRI plugin split into io.containerd.cri.v1.images and
 # io.containerd.cri.v1.runtime; the sandbox image is a pinned image; registry hosts come from
 # hosts.toml files under DIR/certs.d; drop-ins from DIR/conf.d/*.toml, e.g. a runtime handler of
-# vmsandbox's shim mode). NRI is off (2.x turns it on, on a host-wide socket), and
-# network namespaces are mounted under DIR/state rather than the host's /var/run/netns.
+# vmsandbox's shim mode). NRI is off (2.x turns it on, on a host-wide socket) unless
+# CONTAINERD_NRI_SOCKET names a socket of this containerd's own, and network namespaces are
+# mounted under DIR/state rather than the host's /var/run/netns.
 config_v3() {
-    local image=$1 conf=$2 registry=$3 upstream server
+    local image=$1 conf=$2 registry=$3 upstream server nri_off=', "io.containerd.nri.v1.nri"' nri=""
+    if [[ -n ${CONTAINERD_NRI_SOCKET:-} ]]; then
+        mkdir -p "$dir/nri/plugins" "$dir/nri/conf.d"
+        nri_off=""
+        nri="
+[plugins.'io.containerd.nri.v1.nri']
+  disable = false
+  disable_connections = false
+  socket_path = '$CONTAINERD_NRI_SOCKET'
+  plugin_path = '$dir/nri/plugins'
+  plugin_config_path = '$dir/nri/conf.d'
+  plugin_registration_timeout = '5s'
+  plugin_request_timeout = '10s'"
+    fi
     rm -rf "$dir/certs.d"
     mkdir -p "$dir/certs.d"
     if [[ -n $registry ]]; then
@@ -111,7 +128,7 @@ TOML
 version = 3
 root = "$dir/root"
 state = "$dir/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri"]
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"$nri_off]
 imports = ['$dir/conf.d/*.toml'] # its own drop-ins only (2.x reads /etc/containerd/conf.d/*.toml by default)
 [grpc]
   address = "$dir/containerd.sock"
@@ -144,7 +161,7 @@ imports = ['$dir/conf.d/*.toml'] # its own drop-ins only (2.x reads /etc/contain
     max_conf_num = 1
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = '127.0.0.1'
-  stream_server_port = '0'
+  stream_server_port = '0'$nri
 TOML
 }
 

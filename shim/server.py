@@ -8,7 +8,8 @@ database's mode). With a downstream runtime and a ``front_binary``, the shim bin
 CRI socket the same way and hands it to its front (``shim/front.py``), serving gRPC itself on
 ``<state_dir>/shim.sock`` (0600). With ``containerd_address`` it also serves the node's containerd
 as its runtime shim (shim mode, ``shim.containerd.front``). With ``dra.kubeconfig`` it is also a DRA
-driver, the kubelet's plugin (``shim.dra``).
+driver, the kubelet's plugin (``shim.dra``), and with ``dra.nri_socket`` an NRI plugin of the node's
+containerd that gives ordinary pods their claimed network devices (``shim.dra.nri_plugin``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from shim.config import ShimConfig
 from shim.containerd.front import ContainerdFront
 from shim.containers import Containers
 from shim.dra.driver import DraDriver
+from shim.dra.nri_plugin import NriPlugin, start_runc_nics
 from shim.dra.pci import PciDevices
 from shim.front import Front, FrontLimits, check_binary, shim_socket
 from shim.health import Health
@@ -81,6 +83,7 @@ class Running:
     front: Front | None = None
     containerd: ContainerdFront | None = None
     dra: DraDriver | None = None
+    dra_nri: NriPlugin | None = None
 
     def stop(self, grace: float = 5.0) -> None:
         if self.front is not None:
@@ -90,6 +93,8 @@ class Running:
         if self.health is not None:
             self.health.shutting_down()
         self.server.stop(grace).wait()
+        if self.dra_nri is not None:
+            self.dra_nri.stop()
         if self.dra is not None:
             self.dra.stop()
         if self.nri is not None:
@@ -242,6 +247,9 @@ def start(config: ShimConfig) -> Running:
     if dra is not None:  # RunPodSandbox attaches what it prepared for the pod
         pods.prepared_claims = dra.store.for_pod
         pods.claim_status = dra.write_status
+    dra_nri = None
+    if dra is not None and config.dra.nri_socket:  # ordinary pods' claimed devices, through containerd's NRI
+        dra_nri = start_runc_nics(dra, config.dra, config.state_dir, frozenset(profiles))
     runtime = RuntimeServicer(pods, streaming)
     image_servicer = ImageServicer(images, config.state_dir, containers.writable_usage, sandboxes.dirs.total_usage)
     downstream = proxy = None
@@ -316,6 +324,7 @@ def start(config: ShimConfig) -> Running:
         front=front,
         containerd=containerd,
         dra=dra,
+        dra_nri=dra_nri,
     )
 
 

@@ -76,6 +76,7 @@ class DraConfig:
     node_name: str = ""  # empty: the host's name, lower case
     networks: tuple[NetworkAttachment, ...] = ()
     pci_pools: tuple[str, ...] = ()  # device_pools whose IOMMU groups are published (vmsandbox.dra_pci)
+    nri_socket: str = ""  # containerd's NRI socket: ordinary pods' claimed devices (shim.dra.nri_plugin); "": none
 
     @property
     def enabled(self) -> bool:
@@ -303,6 +304,7 @@ def parse_dra_config(data: object, source: str) -> DraConfig:
         "node_name",
         "networks",
         "pci_pools",
+        "nri_socket",
     }
     unknown = sorted(set(data) - keys)
     if unknown:
@@ -314,6 +316,7 @@ def parse_dra_config(data: object, source: str) -> DraConfig:
         ("kubeconfig", ""),
         ("kubelet_plugins_registry_dir", DraConfig.plugins_registry_dir),
         ("kubelet_plugins_dir", DraConfig.plugins_dir),
+        ("nri_socket", ""),
     ):
         value = _string(data, key, where, default)
         if value and not value.startswith("/"):
@@ -349,6 +352,7 @@ def parse_dra_config(data: object, source: str) -> DraConfig:
         node_name=node,
         networks=parsed,
         pci_pools=tuple(pci_pools),
+        nri_socket=paths["nri_socket"],
     )
 
 
@@ -671,13 +675,15 @@ def claim_status(
     nics: Sequence[ClaimedNic],
     reported: Sequence[NicReport],
     now: str,
+    where: str = "the pod's VM",
 ) -> dict[str, Any]:
     """The server-side apply body of ``claim``'s ``status.devices[]`` once its pod's guest is up
     (KEP-4817): for each of its devices (``nics`` in the same order), driver, pool, device, share
     id, a ``Ready`` condition and ``networkData`` as the guest reports the NIC (its name, CIDRs and
     MAC); a NIC the guest does not report is ``Ready`` ``False``. A passthrough device (``nics``
     has none for it) is ``Ready`` with its PCI address in ``data`` (``pci_device_status``).
-    ``now``: RFC 3339."""
+    ``now``: RFC 3339; ``where`` the NIC is (an ordinary pod's: its network namespace, read as the
+    guest's report is)."""
     devices = []
     by_mac = {r.mac.lower(): r for r in reported}
     network_devices = [d for d in claim.devices if not is_pci(d)]
@@ -701,7 +707,7 @@ def claim_status(
         else:
             entry["conditions"] = [
                 {"type": "Ready", "status": "True", "reason": "NicUp", "lastTransitionTime": now,
-                 "message": f"{got.name[:64]} is up in the pod's VM"}
+                 "message": f"{got.name[:64]} is up in {where}"}
             ]  # fmt: skip
             ips = []
             for a in got.addresses:

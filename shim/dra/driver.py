@@ -60,12 +60,17 @@ class DraDriver:
         return cls(store, plugin, slices, client, config.driver_name)
 
     def write_status(
-        self, claims: Sequence[PreparedClaim], nics: Sequence[ClaimedNic], reported: Sequence[NicReport]
+        self,
+        claims: Sequence[PreparedClaim],
+        nics: Sequence[ClaimedNic],
+        reported: Sequence[NicReport],
+        where: str = "the pod's VM",
     ) -> None:
         """Write each claim's ``status.devices[]`` (``vmsandbox.dra.claim_status``) once its pod's
         guest is up: ``nics`` are the claims' network devices' NICs in order, ``reported`` the
         guest's (a passthrough device has no NIC). A write that fails is logged: the pod runs with
-        its NICs all the same."""
+        its NICs all the same. An ordinary pod's devices (``shim.dra.runc_nics``) are written so
+        too, ``reported`` read from its namespace."""
         if self.client is None:
             return
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -74,7 +79,7 @@ class DraDriver:
             count = sum(1 for d in claim.devices if not is_pci(d))
             mine, at = nics[at : at + count], at + count
             try:
-                body = claim_status(claim, self.driver, mine, reported, now)
+                body = claim_status(claim, self.driver, mine, reported, now, where)
                 self.client.apply_claim_status(claim.namespace, claim.name, body, self.driver)
             except (VmSandboxError, ValueError) as exc:
                 log.warning("DRA: status of claim %s/%s not written: %s", claim.namespace, claim.name, exc)

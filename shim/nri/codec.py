@@ -1,12 +1,14 @@
 """NRI's protobufs <-> the core's types: the shim's records as NRI's PodSandbox and Container, a
 plugin's ContainerAdjustment (or a ContainerUpdate's resources) as ``vmsandbox.nri_rules.Adjustment``,
-and LinuxResources both ways. NRI's protobuf types stop here."""
+LinuxResources both ways, and another runtime's PodSandbox as ``vmsandbox.dra_runc.RuncPod`` (for
+vmsandbox as that runtime's plugin, ``shim.dra.nri_plugin``). NRI's protobuf types stop here."""
 
 from __future__ import annotations
 
 from gen.nri import api_pb2 as api
 from shim.model import CONTAINER_CREATED, CONTAINER_EXITED, CONTAINER_RUNNING, ContainerRecord, SandboxRecord
 from vmsandbox import nri_rules
+from vmsandbox.dra_runc import RuncPod, pod_netns
 from vmsandbox.sizing import LinuxResources, PodDemand
 
 _STATES = {
@@ -62,6 +64,19 @@ def pod(r: SandboxRecord) -> api.PodSandbox:
     if r.network is not None:
         out.ips.extend(r.network.ips)
     return out
+
+
+def runc_pod(p: api.PodSandbox) -> RuncPod:
+    """A pod of another runtime as its NRI tells of it (ids and names bounded; the namespace path
+    is checked where it is opened)."""
+    return RuncPod(
+        sandbox_id=p.id[:128],
+        uid=p.uid[:128],
+        namespace=p.namespace[:253],
+        name=p.name[:253],
+        runtime_handler=p.runtime_handler[:253],
+        netns=pod_netns([(ns.type, ns.path) for ns in p.linux.namespaces[:16]]),
+    )
 
 
 def container(c: ContainerRecord) -> api.Container:

@@ -4,7 +4,9 @@ It owns the socket, one reader thread and the calls in flight. On logical connec
 the ttrpc client of the plugin's Plugin service (odd stream ids, one answer per request, each
 call with a deadline); on connection 2 we serve the Runtime service (RegisterPlugin,
 UpdateContainers) through ``handler``, each request on its own thread, at most
-``MAX_SERVED`` at once. Any framing error, EOF or missed deadline closes the connection: NRI
+``MAX_SERVED`` at once. With ``plugin_side`` the roles turn round, for vmsandbox as a plugin of
+another runtime (``shim.dra.nri_plugin``): we serve the Plugin service on connection 1 and call
+the Runtime service on connection 2. Any framing error, EOF or missed deadline closes the connection: NRI
 drops a plugin that breaks the protocol or hangs, and so do we. Buffers are bounded by the
 framing's maximum sizes (``vmsandbox.ttrpc``).
 """
@@ -57,7 +59,15 @@ class _Call:
 
 
 class PluginConn:
-    def __init__(self, sock: socket.socket, name: str, handler: Handler, on_close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        name: str,
+        handler: Handler,
+        on_close: Callable[[], None],
+        *,
+        plugin_side: bool = False,
+    ) -> None:
         self.name = name  # for log lines until the plugin registers
         self._sock = sock
         self._handler = handler
@@ -70,6 +80,12 @@ class PluginConn:
         self._last_served_stream = 0
         self._closed = False
         self.close_reason = ""
+        if plugin_side:
+            self._call_conn, self._call_service = ttrpc.RUNTIME_SERVICE_CONN, RUNTIME_SERVICE
+            self._serve_conn, self._serve_service = ttrpc.PLUGIN_SERVICE_CONN, PLUGIN_SERVICE
+        else:
+            self._call_conn, self._call_service = ttrpc.PLUGIN_SERVICE_CONN, PLUGIN_SERVICE
+            self._serve_conn, self._serve_service = ttrpc.RUNTIME_SERVICE_CONN, RUNTIME_SERVICE
         self._reader = threading.Thread(target=self._read_loop, name=f"nri-{name}", daemon=True)
 
     def start(self) -> None:
@@ -106,7 +122,8 @@ class PluginConn:
                 raise PluginGone(f"cannot write to the plugin: {exc.strerror or exc}") from None
 
     def call(self, method: str, request: Message, reply: type[M], timeout_s: float) -> M:
-        """Call ``method`` of the plugin's Plugin service; PluginGone closes the connection."""
+        """Call ``method`` of the peer's service (the plugin's Plugin service, or with ``plugin_side``
+        the runtime's Runtime service); PluginGone closes the connection."""
         with self._lock:
             if self._closed:
                 raise PluginGone(self.close_reason or "connection closed")
@@ -114,8 +131,8 @@ class PluginConn:
             self._next_stream += 2
             pending = self._calls[stream] = _Call()
         try:
-            req = wire.Request(PLUGIN_SERVICE, method, request.SerializeToString(), int(timeout_s * 1e9))
-            self._send(ttrpc.PLUGIN_SERVICE_CONN, wire.request_frame(stream, req))
+            req = wire.Request(self._call_service, method, request.SerializeToString(), int(timeout_s * 1e9))
+            self._send(self._call_conn, wire.request_frame(stream, req))
         except (PluginGone, ttrpc.ProtocolError) as exc:
             self.close(str(exc))
             raise PluginGone(str(exc)) from None
@@ -153,7 +170,7 @@ class PluginConn:
                         continue  # NRI's multiplexer drops data for connections nobody opened
                     frames, streams[conn_id] = ttrpc.decode_frames(streams[conn_id] + chunk)
                     for frame in frames:
-                        if conn_id == ttrpc.PLUGIN_SERVICE_CONN:
+                        if conn_id == self._call_conn:
                             self._answered(frame)
                         else:
                             self._serve(frame)
@@ -174,7 +191,9 @@ class PluginConn:
 
     def _serve(self, frame: ttrpc.Frame) -> None:
         if frame.type != ttrpc.TYPE_REQUEST:
-            raise ttrpc.ProtocolError(f"unexpected ttrpc message type {frame.type} on the runtime service")
+            raise ttrpc.ProtocolError(
+                f"unexpected ttrpc message type {frame.type} on the {self._serve_service} service"
+            )
         if frame.stream_id % 2 != 1 or frame.stream_id <= self._last_served_stream:
             raise ttrpc.ProtocolError(f"ttrpc stream id {frame.stream_id} is not odd and increasing")
         self._last_served_stream = frame.stream_id
@@ -188,7 +207,7 @@ class PluginConn:
 
     def _handle(self, stream: int, request: wire.Request) -> None:
         try:
-            if request.service != RUNTIME_SERVICE:
+            if request.service != self._serve_service:
                 self._reply(stream, ttrpc.UNIMPLEMENTED, f"service {request.service[:128]} is not served", b"")
                 return
             try:
@@ -209,4 +228,4 @@ class PluginConn:
     def _reply(self, stream: int, code: int, message: str, payload: bytes) -> None:
         # a failure means the connection is gone; its reader reports why
         with contextlib.suppress(PluginGone, ttrpc.ProtocolError):
-            self._send(ttrpc.RUNTIME_SERVICE_CONN, wire.response_frame(stream, wire.Response(code, message, payload)))
+            self._send(self._serve_conn, wire.response_frame(stream, wire.Response(code, message, payload)))

@@ -11,6 +11,11 @@ a network namespace file and held open while it is read (``read_network``, bound
 ``eth0`` gets the macvtap; the shim never deletes it. In such a namespace the shim also listens on
 the loopback (``listen_in``, from a thread that enters it) and adds a nat rule there (``run_in``),
 for the loopback forward of ``shim.loopback_forwards``.
+
+An ordinary (runc) pod's claimed network devices (``shim.dra.runc_nics``) are made in such a
+namespace too: a veth pair whose host end joins a bridge (``add_veth_into``), or a macvlan on a
+host interface made straight into the namespace (``add_macvlan_into``), then addressed and brought
+up there (``address_in``) and read back (``addresses_in``).
 """
 
 from __future__ import annotations
@@ -110,6 +115,56 @@ def add_macvtap(path: Path, lower: str, name: str) -> None:
         delete_link(name)
         subprocess.run([*inside, "del", "dev", name], capture_output=True, check=False, timeout=TIMEOUT_S)
         raise
+
+
+def add_veth_into(path: Path, host: str, name: str, mac: str, bridge: str) -> None:
+    """A veth pair: ``host`` in this namespace, a port of ``bridge``, up; its peer ``name`` (MAC
+    ``mac``) made straight into the namespace ``path`` (iproute2 opens a netns argument with a '/'
+    as a path). Deleting ``host`` deletes both ends."""
+    _run(
+        ["ip", "link", "add", host, "type", "veth", "peer", "name", name, "address", mac, "netns", str(path)],
+        f"adding the veth pair {host}/{name} into {path}",
+    )
+    try:
+        _run(["ip", "link", "set", "dev", host, "master", bridge, "up"], f"putting {host} on the bridge {bridge}")
+    except BaseException:
+        delete_link(host)
+        raise
+
+
+def add_macvlan_into(path: Path, lower: str, mode: str, name: str, mac: str) -> None:
+    """A macvlan ``name`` (MAC ``mac``) on the host interface ``lower`` in ``mode``, made straight
+    into the namespace ``path``; it goes with the namespace."""
+    _run(
+        ["ip", "link", "add", "link", lower, "name", name, "address", mac, "netns", str(path),
+         "type", "macvlan", "mode", mode],
+        f"adding the macvlan {name} on {lower} into {path}",
+    )  # fmt: skip
+
+
+def address_in(path: Path, name: str, cidrs: tuple[str, ...]) -> None:
+    """``cidrs`` on the link ``name`` of the namespace ``path``, and the link up."""
+    inside = ["nsenter", f"--net={path}", "ip"]
+    for cidr in cidrs:
+        _run([*inside, "addr", "add", cidr, "dev", name], f"adding {cidr} to {name} in {path}")
+    _run([*inside, "link", "set", "dev", name, "up"], f"bringing {name} up in {path}")
+
+
+def addresses_in(path: Path, name: str) -> str:
+    """What ``ip -j addr show dev NAME`` prints in the namespace ``path`` (bounded)."""
+    return _read_bounded(
+        ["nsenter", f"--net={path}", "ip", "-j", "addr", "show", "dev", name], f"reading {name} in {path}"
+    )
+
+
+def delete_link_in(path: Path, name: str) -> None:
+    """Deletes the link ``name`` of the namespace ``path``; an absent one is fine."""
+    subprocess.run(
+        ["nsenter", f"--net={path}", "ip", "link", "del", "dev", name],
+        capture_output=True,
+        check=False,
+        timeout=TIMEOUT_S,
+    )
 
 
 def link_exists(name: str) -> bool:
