@@ -23,6 +23,7 @@ import socket
 import threading
 from typing import TypeVar
 
+import grpc
 from google.protobuf.message import DecodeError, Message
 
 from gen.nri import api_pb2 as api
@@ -49,8 +50,14 @@ def event_mask() -> int:
 
 
 def status_code(exc: VmSandboxError) -> int:
-    """The gRPC code of a typed error (``shim.status``'s one mapping), as ttrpc's status carries it."""
-    return int(code_for(exc).value[0])
+    """The gRPC code of a typed error (``shim.status``'s one mapping), as ttrpc's status carries it;
+    but never UNIMPLEMENTED: NRI's runtime side reads that answer to a pod event as a plugin without
+    the method, calls StateChange instead (the refusal twice) and keeps to StateChange from then on.
+    A device we do not support (no static addresses) is FAILED_PRECONDITION here."""
+    code = code_for(exc)
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        code = grpc.StatusCode.FAILED_PRECONDITION
+    return int(code.value[0])
 
 
 class NriPlugin:

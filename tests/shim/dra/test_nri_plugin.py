@@ -164,7 +164,7 @@ def test_state_change_events_and_other_methods(
     ("exc", "code"),
     [
         (InvalidArgument("x"), ttrpc.INVALID_ARGUMENT),
-        (Unsupported("x"), ttrpc.UNIMPLEMENTED),
+        (Unsupported("x"), ttrpc.FAILED_PRECONDITION),  # UNIMPLEMENTED would turn NRI to StateChange
         (WrongState("x"), ttrpc.FAILED_PRECONDITION),
         (InfrastructureError("x"), ttrpc.UNAVAILABLE),
     ],
