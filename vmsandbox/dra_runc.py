@@ -26,13 +26,13 @@ from typing import Any
 
 from vmsandbox import validation
 from vmsandbox.agent_protocol import NicReport
-from vmsandbox.dra import ClaimedNic, NetworkAttachment, PreparedClaim, claimed_nics
+from vmsandbox.dra import ClaimedNic, NetworkAttachment, PreparedClaim, claimed_nics, is_pci
 from vmsandbox.errors import InvalidArgument, Unsupported
 from vmsandbox.given_netns import IpOutputError, parse_interfaces
 
 HOST_LINK_PREFIX = "vdr"  # every host link made for a runc pod's claim starts so (and only those)
-_HOST_LINK = re.compile(r"^vdr[0-9a-f]{12}$")
-_SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_HOST_LINK = re.compile(r"vdr[0-9a-f]{12}")
+_SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_LINKS = 8  # the claimed NICs of one pod (vmsandbox.dra.MAX_CLAIMED_NICS)
 
 
@@ -84,10 +84,17 @@ def runc_nics(
     pod: str, sandbox_id: str, claims: Sequence[PreparedClaim], networks: Sequence[NetworkAttachment]
 ) -> tuple[RuncNic, ...]:
     """The links a pod's prepared claims put in its network namespace, in the claims' order. A
-    device without static addresses is refused (``Unsupported``: the claim's opaque config gives
-    them; host-local IPAM is not run); the rest is refused as a VM's NIC is (``claimed_nics``)."""
+    PCI passthrough device (a VM's only) and a device without static addresses are refused
+    (``Unsupported``: the claim's opaque config gives them; host-local IPAM is not run); the rest
+    is refused as a VM's NIC is (``claimed_nics``)."""
     for claim in claims:
         for device in claim.devices:
+            if is_pci(device):
+                raise Unsupported(
+                    f"pod {pod}: claim {claim.namespace}/{claim.name} device {device.device} (request "
+                    f"{device.request}) is a PCI passthrough device; vmsandbox passes devices through to VM "
+                    "pods only, an ordinary pod cannot take one (docs/dra.md)"
+                )
             if not device.config.addresses:
                 raise Unsupported(
                     f"pod {pod}: claim {claim.namespace}/{claim.name} device {device.device} (request "
@@ -129,21 +136,21 @@ def made_from_record(data: object) -> Made:
     if not isinstance(data, Mapping):
         raise InvalidArgument("runc pod record: not a mapping")
     sandbox_id, pod_uid, links = data.get("sandboxID"), data.get("podUID"), data.get("hostLinks")
-    if not isinstance(sandbox_id, str) or not _SANDBOX_ID.match(sandbox_id):
+    if not isinstance(sandbox_id, str) or not _SANDBOX_ID.fullmatch(sandbox_id):
         raise InvalidArgument(f"runc pod record: sandboxID {validation.quote(str(sandbox_id)[:80])} is not an id")
     if not isinstance(pod_uid, str) or len(pod_uid) > 128:
         raise InvalidArgument("runc pod record: podUID is not a string of at most 128 characters")
     if not isinstance(links, list) or len(links) > MAX_LINKS:
         raise InvalidArgument(f"runc pod record: hostLinks is not a list of at most {MAX_LINKS}")
     for link in links:
-        if not isinstance(link, str) or not _HOST_LINK.match(link):
+        if not isinstance(link, str) or not _HOST_LINK.fullmatch(link):
             raise InvalidArgument(f"runc pod record: {validation.quote(str(link)[:40])} is not a link vmsandbox makes")
     return Made(sandbox_id, pod_uid, tuple(links))
 
 
 def check_sandbox_id(sandbox_id: str) -> str:
     """A sandbox id as the record's file name takes it."""
-    if not _SANDBOX_ID.match(sandbox_id):
+    if not _SANDBOX_ID.fullmatch(sandbox_id):
         raise InvalidArgument(f"sandbox id {validation.quote(sandbox_id[:80])} is not an id")
     return sandbox_id
 

@@ -50,7 +50,7 @@ from vmsandbox.errors import InvalidArgument, VmSandboxError
 log = logging.getLogger(__name__)
 
 StatusWriter = Callable[[Sequence[PreparedClaim], Sequence[ClaimedNic], Sequence[NicReport], str], None]
-_OURS = re.compile(rf"^{HOST_LINK_PREFIX}[0-9a-f]{{12}}$")
+_OURS = re.compile(rf"{HOST_LINK_PREFIX}[0-9a-f]{{12}}")
 WHERE = "the pod's network namespace"
 
 
@@ -207,7 +207,7 @@ class RuncNics:
                 self._remove(made)
                 cleaned += 1
             for link in self._links.host_links():
-                if _OURS.match(link) and link not in kept:
+                if _OURS.fullmatch(link) and link not in kept:
                     with contextlib.suppress(VmSandboxError, OSError):
                         self._links.delete(link)
                         log.warning("DRA: host link %s of no pod removed", link)

@@ -85,6 +85,11 @@ def test_runc_nics(claims: tuple[PreparedClaim, ...], want: tuple[Any, ...]) -> 
     ("claims", "error", "says"),
     [
         ((_claim("u1", ("lan", "net1", ())),), Unsupported, "ordinary pod takes its addresses from the claim's"),
+        (
+            (PreparedClaim("u1", "default", "c", ("p",), (PreparedDevice("gpu", "n-pci", "0000-65-00-0"),)),),
+            Unsupported,
+            "is a PCI passthrough device; vmsandbox passes devices through to VM pods only",
+        ),
         ((_claim("u1", ("gone", "net1", ("192.168.50.7/24",))),), WrongState, "network gone is not configured"),
         (
             (_claim("u1", ("lan", "net1", ("10.9.0.7/16",))),),
