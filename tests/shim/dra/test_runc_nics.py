@@ -254,3 +254,27 @@ def test_real_veth_on_a_bridge_in_a_namespace(store: ClaimStore, tmp_path: Path)
     finally:
         _ip("link", "del", bridge)
         subprocess.run(["umount", str(ns)], check=False)
+
+
+@needs_root
+def test_real_macvlan_in_a_namespace(store: ClaimStore, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:6]
+    lower, ns = f"vtdm{tag}", tmp_path / "ns"
+    ns.touch()
+    assert subprocess.run(["unshare", f"--net={ns}", "true"], check=False).returncode == 0
+    assert _ip("link", "add", lower, "type", "veth", "peer", "name", f"vtdp{tag}").returncode == 0  # no dummy module
+    try:
+        net = NetworkAttachment("fast", "macvlan", lower, "10.9.0.0/16", mode="bridge")
+        store.put(_claim("u1", "pod-1", ("fast", "data", ("10.9.0.7/16",))))
+        nics = RuncNics(store, (net,), frozenset(), tmp_path / "runc", None, HostLinks())
+        (made,) = nics.attach(RuncPod(SB, "pod-1", "default", "web", "", str(ns)))
+        assert made.host_link == ""
+        shown = subprocess.run(
+            ["nsenter", f"--net={ns}", "ip", "-d", "addr", "show", "data"], capture_output=True, text=True
+        )
+        assert "inet 10.9.0.7/16" in shown.stdout and "macvlan mode bridge" in shown.stdout, shown.stdout
+        assert nics.detach(SB)  # nothing on the host: the macvlan goes with the namespace
+        assert [m for m in nics.recorded()] == []
+    finally:
+        _ip("link", "del", lower)
+        subprocess.run(["umount", str(ns)], check=False)
