@@ -229,9 +229,9 @@ def test_real_veth_on_a_bridge_in_a_namespace(store: ClaimStore, tmp_path: Path)
     tag = uuid.uuid4().hex[:6]
     bridge, ns = f"vtbr{tag}", tmp_path / "ns"
     ns.touch()
-    assert subprocess.run(["unshare", f"--net={ns}", "true"], check=False).returncode == 0
-    assert _ip("link", "add", bridge, "type", "bridge").returncode == 0
     try:
+        assert subprocess.run(["unshare", f"--net={ns}", "true"], check=False).returncode == 0
+        assert _ip("link", "add", bridge, "type", "bridge").returncode == 0
         net = NetworkAttachment("lan", "bridge", bridge, "192.168.77.0/24")
         store.put(_claim("u1", "pod-1", ("lan", "", ("192.168.77.7/24",))))
         status = Status()
@@ -253,7 +253,7 @@ def test_real_veth_on_a_bridge_in_a_namespace(store: ClaimStore, tmp_path: Path)
         assert "net1" not in gone.stdout
     finally:
         _ip("link", "del", bridge)
-        subprocess.run(["umount", str(ns)], check=False)
+        subprocess.run(["umount", str(ns)], capture_output=True, check=False)
 
 
 @needs_root
@@ -261,9 +261,9 @@ def test_real_macvlan_in_a_namespace(store: ClaimStore, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex[:6]
     lower, ns = f"vtdm{tag}", tmp_path / "ns"
     ns.touch()
-    assert subprocess.run(["unshare", f"--net={ns}", "true"], check=False).returncode == 0
-    assert _ip("link", "add", lower, "type", "veth", "peer", "name", f"vtdp{tag}").returncode == 0  # no dummy module
     try:
+        assert subprocess.run(["unshare", f"--net={ns}", "true"], check=False).returncode == 0
+        assert _ip("link", "add", lower, "type", "veth", "peer", "name", f"vtdp{tag}").returncode == 0  # no dummy
         net = NetworkAttachment("fast", "macvlan", lower, "10.9.0.0/16", mode="bridge")
         store.put(_claim("u1", "pod-1", ("fast", "data", ("10.9.0.7/16",))))
         nics = RuncNics(store, (net,), frozenset(), tmp_path / "runc", None, HostLinks())
@@ -277,4 +277,4 @@ def test_real_macvlan_in_a_namespace(store: ClaimStore, tmp_path: Path) -> None:
         assert [m for m in nics.recorded()] == []
     finally:
         _ip("link", "del", lower)
-        subprocess.run(["umount", str(ns)], check=False)
+        subprocess.run(["umount", str(ns)], capture_output=True, check=False)
