@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,9 @@ from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.claims import Claim
 from vmsandbox.domain import SandboxIdentity
 from vmsandbox.domain_xml import render
-from vmsandbox.dra import PlannedRequest, plan_claims, planned_nics
-from vmsandbox.dra_pci import planned_groups, published_groups, with_claimed_groups
+from vmsandbox.dra import PlannedRequest, network_device, plan_claims, planned_nics
+from vmsandbox.dra_pci import pci_device, planned_groups, published_groups, with_claimed_groups
+from vmsandbox.dra_select import Selection, select_claims
 from vmsandbox.errors import CannotFit, InvalidArgument, VmSandboxError
 from vmsandbox.host import choose_accel, format_cpulist
 from vmsandbox.lifecycle import plan_sandbox, pod_demand
@@ -107,7 +108,8 @@ class Plan:
     shortfalls: tuple[Shortfall, ...]
     notes: tuple[str, ...]
     claims: tuple[PlannedRequest, ...] = ()  # the pod's ResourceClaims' requests (vmsandbox.dra.plan_claims)
-    pci_devices: Mapping[str, str] = field(default_factory=dict)  # claim/request -> passthrough device it shows
+    pci_devices: Mapping[str, str] = field(default_factory=dict)  # claim/request -> passthrough devices it shows
+    selections: tuple[Selection, ...] = ()  # each of ``claims``: its selectors over this node's devices
 
     @property
     def fits(self) -> bool:
@@ -244,16 +246,18 @@ def make_plan(
     for c in claims:
         if not c.source:
             notes.append(f"resourceClaims {c.claim}: its ResourceClaim or template is not in the manifest")
+    inv = read_inventory(host.sys_root, host.proc_root)
+    if not inv.cpus:
+        raise InvalidArgument(f"{host.sys_root}: no online CPUs found")
+    manager = ResourceManager.open(config, inv, held=taken or {}, label=host.label)
+    published = published_groups(manager.pools.devices, config.dra.pci_pools)
+    claims, selections, claims_refused = _selected(claims, docs, manifest.namespace, config, published)
     pod_name = f"{manifest.namespace}/{manifest.name}"
     try:
         nics = planned_nics(pod_name, PLACEHOLDER_SANDBOX_ID, claims, config.dra.networks)
         nics_refused = ""
     except VmSandboxError as exc:  # as RunPodSandbox refuses the pod
         nics, nics_refused = (), f"{exc} (the shim refuses RunPodSandbox)"
-    inv = read_inventory(host.sys_root, host.proc_root)
-    if not inv.cpus:
-        raise InvalidArgument(f"{host.sys_root}: no online CPUs found")
-    manager = ResourceManager.open(config, inv, held=taken or {}, label=host.label)
     policy = manager.policy
     owned = policy.owned_cpus
     accel = choose_accel(profile.accel, inv.hw_virt, host.kvm_device)
@@ -283,6 +287,7 @@ def make_plan(
             notes=tuple(notes),
             claims=claims,
             pci_devices=pci_devices,
+            selections=selections,
         )
 
     pci_devices: dict[str, str] = {}
@@ -308,12 +313,24 @@ def make_plan(
         demand = pod_demand(request, profile, sidecars=sidecars)[1]
         return result(demand, None, None, None, str(exc), _shortfall_rows(exc, None))
     demand, shape = planned.demand, planned.shape
-    published = published_groups(manager.pools.devices, config.dra.pci_pools)
+    if claims_refused:
+        return result(demand, shape, None, None, claims_refused)
+    candidates = {
+        f"{c.claim}/{c.request}": (
+            tuple(d for d in s.matches if d in published),
+            max(1, sum(d in published for d in s.devices)),
+        )
+        for c, s in zip(claims, selections, strict=True)
+        if c.pci
+    }
+    held = {a for c in (taken or {}).values() for a in c.pci}
     try:  # the passthrough devices of its claims, as RunPodSandbox adds them (vmsandbox.dra_pci)
-        chosen = planned_groups(claims, published, {a for c in (taken or {}).values() for a in c.pci})
+        chosen = planned_groups(claims, published, held, candidates)
     except CannotFit as exc:
         return result(demand, shape, None, None, str(exc))
-    pci_devices.update((f"{r.claim}/{r.request}", name) for r, name in chosen)
+    for r, name in chosen:
+        key = f"{r.claim}/{r.request}"
+        pci_devices[key] = f"{pci_devices[key]}, {name}" if key in pci_devices else name
     devices = with_claimed_groups(planned.devices, [published[name] for _, name in chosen])
     try:
         placement = manager.place(shape, profile, devices)
@@ -340,6 +357,32 @@ def make_plan(
         claimed_nics=nics,
     )
     return result(demand, shape, placement, render(domain), None)
+
+
+def _selected(
+    claims: tuple[PlannedRequest, ...],
+    docs: Sequence[Any],
+    namespace: str,
+    config: ShimConfig,
+    published: Mapping[str, Any],
+) -> tuple[tuple[PlannedRequest, ...], tuple[Selection, ...], str]:
+    """The requests with the devices their selectors pick of those this node's vmsandbox publishes
+    (``vmsandbox.dra_select``): the networks it would get, and whether it takes passthrough devices;
+    and the refusal, when a selector fails (the scheduler allocates nothing) or a request of this
+    driver's class finds too few devices here (the scheduler puts the pod on no such node)."""
+    driver = config.dra.driver_name
+    devices = [network_device(driver, n) for n in config.dra.networks]
+    devices += [pci_device(driver, g) for g in published.values()]
+    selections = select_claims(claims, list(docs), namespace, driver, devices)
+    out, refused = [], ""
+    for c, s in zip(claims, selections, strict=True):
+        if c.source and (s.error or (s.ours and not s.devices and (not c.pci or s.matches))) and not refused:
+            refused = s.error or f"resourceClaims {c.claim} request {c.request}: {s.reason}"
+            refused += " (the scheduler allocates the claim no devices on this node)"
+        networks = tuple(d for d in s.devices if d not in published)
+        pci = any(d in published for d in s.devices) or (c.pci and not networks)
+        out.append(replace(c, networks=networks, pci=pci))
+    return tuple(out), selections, refused
 
 
 def _sidecar_note(
@@ -446,9 +489,10 @@ def render_text(plan: Plan) -> str:
     pairs.append(("host", host))
     if plan.placement is not None and plan.shape is not None:
         pairs.append(("placement", _placement_line(plan.shape, plan.placement)))
-    for c in plan.claims:
+    selections = plan.selections or tuple(Selection() for _ in plan.claims)
+    for c, sel in zip(plan.claims, selections, strict=True):
         if c.source:
-            pairs.append(("claim", _claim_line(c, plan.pci_devices.get(f"{c.claim}/{c.request}", ""))))
+            pairs.append(("claim", _claim_line(c, plan.pci_devices.get(f"{c.claim}/{c.request}", ""), sel)))
     pairs.append(("verdict", "fits" if plan.fits else f"does not fit: {plan.refusal}"))
     out.append(textout.fields(pairs, width=9))
     if plan.shortfalls:
@@ -464,13 +508,24 @@ def render_text(plan: Plan) -> str:
     return "\n".join(out) + "\n"
 
 
-def _claim_line(c: PlannedRequest, pci_device: str = "") -> str:
+def _claim_line(c: PlannedRequest, pci_device: str = "", sel: Selection | None = None) -> str:
     head = f"{c.claim} ({c.source}) request {c.request}, class {c.device_class}: "
-    if c.pci:
-        return head + (f"passthrough device {pci_device}" if pci_device else "a passthrough device, none free")
+    sel = sel or Selection()
+    if sel.error:
+        return head + sel.error
+    matching = f" (its selectors match: {', '.join(sel.matches)})" if sel.matches else ""
+    if c.pci and not c.networks:
+        return (
+            head + (f"passthrough device {pci_device}" if pci_device else "a passthrough device, none free") + matching
+        )
     if not c.networks:
-        return head + "not a vmsandbox.dev class (another driver's devices)"
-    line = head + f"a NIC on one of {', '.join(c.networks)}"
+        return head + (sel.reason or "no device of this node's driver")
+    if len(c.networks) == 1:
+        line = head + f"a NIC on one of {', '.join(sel.matches or c.networks)} (plan: {c.networks[0]})"
+    else:
+        line = head + f"{len(c.networks)} NICs, on {', '.join(c.networks)}{matching}"
+    if pci_device:
+        line += f", passthrough device {pci_device}"
     if c.config.interface_name:
         line += f", interface {c.config.interface_name}"
     if c.config.addresses:
@@ -534,8 +589,12 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
                 "interface_name": c.config.interface_name,
                 "addresses": list(c.config.addresses),
                 "pci_device": plan.pci_devices.get(f"{c.claim}/{c.request}", "") if c.pci else None,
+                "devices": list(sel.devices),  # what its selectors pick of this node's devices
+                "matching": list(sel.matches),  # every device its class's and its own selectors accept
+                "unselected": sel.reason or None,  # why it gets none, or fewer than it asks for
+                "selector_error": sel.error or None,
             }
-            for c in plan.claims
+            for c, sel in zip(plan.claims, plan.selections or tuple(Selection() for _ in plan.claims), strict=True)
         ],
         "domain_xml": plan.domain_xml,
     }

@@ -773,11 +773,15 @@ def planned_nics(
     pod: str, sandbox_id: str, requests: Sequence[PlannedRequest], networks: Sequence[NetworkAttachment]
 ) -> tuple[ClaimedNic, ...]:
     """The NICs ``vmsandbox plan`` shows in the domain for a pod's requests of this driver's class:
-    each on the first configured network that could serve it (the scheduler picks one), as
-    ``claimed_nics`` makes them at RunPodSandbox, and refused as it refuses them."""
+    one on each network a request is given (``vmsandbox.dra_select`` picks them as the scheduler
+    would), as ``claimed_nics`` makes them at RunPodSandbox, and refused as it refuses them."""
     claims = [
         PreparedClaim(
-            f"planned-{i}", pod.split("/")[0], r.claim, (), (PreparedDevice(r.request, "", r.networks[0], r.config),)
+            f"planned-{i}",
+            pod.split("/")[0],
+            r.claim,
+            (),
+            tuple(PreparedDevice(r.request, "", n, r.config) for n in r.networks),
         )
         for i, r in enumerate(requests)
         if r.networks

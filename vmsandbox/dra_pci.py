@@ -133,28 +133,40 @@ def with_claimed_groups(request: DeviceRequest, groups: Sequence[DeviceGroup]) -
 
 
 def planned_groups(
-    requests: Sequence[PlannedRequest], published: Mapping[str, DeviceGroup], held: Collection[str]
+    requests: Sequence[PlannedRequest],
+    published: Mapping[str, DeviceGroup],
+    held: Collection[str],
+    candidates: Mapping[str, tuple[tuple[str, ...], int]] | None = None,
 ) -> tuple[tuple[PlannedRequest, str], ...]:
     """What ``vmsandbox plan`` shows for each request of this driver's passthrough class: the device
     the scheduler could allocate it, the first published one none of whose functions is ``held``
-    (by a running sandbox) nor given to an earlier request. RunPodSandbox takes the device the
-    scheduler allocated; the plan shows where such a device puts the VM. A request no free device
-    is left for is refused (CannotFit) by name."""
+    (by a running sandbox) nor given to an earlier request. With ``candidates`` ("claim/request" ->
+    the devices its selectors match and how many it takes, ``vmsandbox.dra_select``) a request
+    takes that many, of those only. RunPodSandbox takes the device the scheduler allocated; the
+    plan shows where such a device puts the VM. A request no free device is left for is refused
+    (CannotFit) by name."""
     out = []
     given: set[str] = set()
     for r in requests:
         if not r.pci:
             continue
-        name = next(
-            (n for n, g in published.items() if n not in given and not set(g.addresses) & set(held)),
-            None,
-        )
-        if name is None:
-            have = ", ".join(published) or "none"
-            raise CannotFit(
-                f"resourceClaims {r.claim} request {r.request}: no free passthrough device on this node "
-                f"(published: {have})"
+        matching, count = (candidates or {}).get(f"{r.claim}/{r.request}", (tuple(published), 1))
+        for _ in range(count):
+            name = next(
+                (
+                    n
+                    for n, g in published.items()
+                    if n in matching and n not in given and not set(g.addresses) & set(held)
+                ),
+                None,
             )
-        given.add(name)
-        out.append((r, name))
+            if name is None:
+                have = ", ".join(published) or "none"
+                chosen = "" if candidates is None else f"; its selectors match: {', '.join(matching) or 'none'}"
+                raise CannotFit(
+                    f"resourceClaims {r.claim} request {r.request}: no free passthrough device on this node "
+                    f"(published: {have}){chosen}"
+                )
+            given.add(name)
+            out.append((r, name))
     return tuple(out)

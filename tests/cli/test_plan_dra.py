@@ -17,7 +17,8 @@ def test_plan_shows_the_claimed_network(tmp_path: Path) -> None:
     assert code == 0
     assert doc["claims"] == [
         {"claim": "net1", "source": "template net1", "request": "net", "device_class": "vmsandbox-network",
-         "networks": ["net1"], "interface_name": "net1", "addresses": ["192.168.77.10/24"], "pci_device": None}
+         "networks": ["net1"], "interface_name": "net1", "addresses": ["192.168.77.10/24"], "pci_device": None,
+         "devices": ["net1"], "matching": ["net1"], "unselected": None, "selector_error": None}
     ]  # fmt: skip
     xml = doc["domain_xml"]  # the claimed NIC: a tap on the network's bridge, named and addressed by /init
     assert '<interface type="bridge">' in xml and '<source bridge="br1" />' in xml, xml

@@ -34,7 +34,9 @@ def test_plan_shows_the_claimed_device_and_its_hostdevs(tmp_path: Path) -> None:
     assert code == 0, doc
     assert doc["claims"] == [
         {"claim": "gpu", "source": "template gpu", "request": "gpu", "device_class": "vmsandbox-pci",
-         "networks": [], "interface_name": "", "addresses": [], "pci_device": "pci-0000-3b-00-0"}
+         "networks": [], "interface_name": "", "addresses": [], "pci_device": "pci-0000-3b-00-0",
+         "devices": ["pci-0000-3b-00-0"], "matching": ["pci-0000-3b-00-0", "pci-0000-af-00-0", "pci-0000-d8-00-0"],
+         "unselected": None, "selector_error": None}
     ]  # fmt: skip
     assert doc["placement"]["devices"] == [
         {"pool": "a100", "iommu_group": 12, "node": 0, "functions": ["0000:3b:00.0", "0000:3b:00.1"]}
