@@ -511,8 +511,8 @@ def render_text(plan: Plan) -> str:
 def _claim_line(c: PlannedRequest, pci_device: str = "", sel: Selection | None = None) -> str:
     head = f"{c.claim} ({c.source}) request {c.request}, class {c.device_class}: "
     sel = sel or Selection()
-    if sel.error:
-        return head + sel.error
+    if sel.error:  # its claim and request are the line's
+        return head + "selector error: " + sel.error.removeprefix(f"resourceClaims {c.claim} request {c.request}: ")
     matching = f" (its selectors match: {', '.join(sel.matches)})" if sel.matches else ""
     if c.pci and not c.networks:
         return (

@@ -818,8 +818,8 @@ def plan_claims(
     networks: tuple[NetworkAttachment, ...],
 ) -> tuple[PlannedRequest, ...]:
     """Each request of each of the pod's claims (``PodManifest.resource_claims``), as the claim or
-    template manifests among ``docs`` declare it. Selectors are not evaluated: every configured
-    network is a candidate for a request of this driver's class."""
+    template manifests among ``docs`` declare it. Selectors are not evaluated here: every configured
+    network is a candidate for a request of this driver's class (``vmsandbox.dra_select`` evaluates them)."""
     out = []
     for name, template, claim_name in claims:
         kind, wanted = ("ResourceClaimTemplate", template) if template else ("ResourceClaim", claim_name)
