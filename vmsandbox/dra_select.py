@@ -25,6 +25,7 @@ evaluation error here. A ``version`` attribute is seen as a string, a capacity a
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -40,7 +41,7 @@ from vmsandbox.errors import InvalidArgument
 MAX_EXPRESSION = 10 * 1024  # the API server's bound on a CEL selector's length
 SHOWN = 120  # characters of an expression an error quotes
 MAX_SELECTORS = 32  # the API's bound on a class's and on a request's selectors
-MAX_COUNT = 128  # the API's bound on a request's count (resource.k8s.io/v1 AllocationResultsMaxSize)
+MAX_COUNT = 32  # the API's bound on a claim's allocated devices (resource.k8s.io AllocationResultsMaxSize)
 
 # deploy/dra/deviceclass.yaml: the selectors of the driver's classes, for a pod file without them
 KNOWN_CLASSES = {
@@ -127,7 +128,10 @@ def _message(exc: BaseException) -> str:
     return validation.bound(text.split(" (in activation")[0].split("\n")[0], 200)
 
 
-_ENV = celpy.Environment()
+@functools.cache
+def _env() -> celpy.Environment:
+    """The one CEL environment, made on first use (cel-python builds its parser from the grammar it ships)."""
+    return celpy.Environment()
 
 
 def compile_selector(selector: Selector) -> Any:
@@ -137,7 +141,7 @@ def compile_selector(selector: Selector) -> Any:
             f"{_shown(selector)}: {len(selector.expression)} characters, more than the API's {MAX_EXPRESSION}"
         )
     try:
-        return _ENV.program(_ENV.compile(selector.expression))
+        return _env().program(_env().compile(selector.expression))
     except Exception as exc:  # the parser's errors are of many kinds; each is the selector's
         raise InvalidArgument(f"{_shown(selector)}: does not compile: {_message(exc)}") from None
 

@@ -257,7 +257,7 @@ def test_select_claims_refuses_a_bad_count() -> None:
     from vmsandbox.errors import InvalidArgument
 
     bad = {"name": "n", "exactly": {"deviceClassName": "vmsandbox-network", "count": 0}}
-    with pytest.raises(InvalidArgument, match="count must be an integer from 1 to 128"):
+    with pytest.raises(InvalidArgument, match="count must be an integer from 1 to 32"):
         select_claims(
             [PlannedRequest("c", "template t", "n", "vmsandbox-network", ())],
             [template(bad)],
