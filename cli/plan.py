@@ -533,6 +533,14 @@ def _claim_line(c: PlannedRequest, pci_device: str = "", sel: Selection | None =
     return line
 
 
+def _got(c: PlannedRequest, sel: Selection, pci_device: str) -> list[str]:
+    """The devices a request gets: its networks and the passthrough devices free of ``--state-dir``'s
+    sandboxes (the first its selectors match may be held)."""
+    if not c.pci:
+        return list(sel.devices)
+    return list(c.networks) + [d for d in pci_device.split(", ") if d]
+
+
 def plan_doc(plan: Plan) -> dict[str, Any]:
     m = plan.manifest
     return {
@@ -589,7 +597,7 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
                 "interface_name": c.config.interface_name,
                 "addresses": list(c.config.addresses),
                 "pci_device": plan.pci_devices.get(f"{c.claim}/{c.request}", "") if c.pci else None,
-                "devices": list(sel.devices),  # what its selectors pick of this node's devices
+                "devices": _got(c, sel, plan.pci_devices.get(f"{c.claim}/{c.request}", "")),
                 "matching": list(sel.matches),  # every device its class's and its own selectors accept
                 "unselected": sel.reason or None,  # why it gets none, or fewer than it asks for
                 "selector_error": sel.error or None,

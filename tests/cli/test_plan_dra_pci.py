@@ -58,6 +58,7 @@ def test_plan_skips_devices_a_running_shim_holds_and_refuses_when_none_is_free(t
     code, doc = vmsandbox_json(*args)
     assert code == 0, doc
     assert doc["claims"][0]["pci_device"] == "pci-0000-af-00-0"
+    assert doc["claims"][0]["devices"] == ["pci-0000-af-00-0"]  # not the first match, which is held
     assert doc["placement"]["nodes"] == [1]
     ledger = Ledger(state / "state.db")
     ledger.claim(
