@@ -200,6 +200,7 @@ class TaskService:
             raise Unsupported("CreateTaskRequest.checkpoint: containers of VM pods are not restored from checkpoints")
         if not validation.is_full_id(req.id):
             raise InvalidArgument(f"task id {validation.quote(req.id[:80])} is not 64 hex digits")
+        containerd_spec.task_options(req.options)
         io = check_io(TaskIO(req.stdin, req.stdout, req.stderr, req.terminal), "CreateTaskRequest")
         asked = containerd_spec.container_config(read_spec(req.bundle), stdin=bool(req.stdin))
         sandbox = handler_sandbox(self.pods, self.runtime_handler, asked.sandbox_id)
