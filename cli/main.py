@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 from shim import logs
 from vmsandbox import __version__
+from vmsandbox.containerd_config import DEFAULT_SHIM_DIR
 from vmsandbox.errors import InvalidArgument, NotFound, VmSandboxError
 from vmsandbox.host import parse_cpulist
 
@@ -52,6 +54,8 @@ RUNTIMECLASS_EXAMPLES = """examples:
 """
 CONTAINERD_EXAMPLES = """examples:
   vmsandbox profile containerd /etc/vmsandbox/profiles.yaml > /etc/containerd/conf.d/vmsandbox.toml
+  vmsandbox profile containerd /etc/vmsandbox/profiles.yaml --launchers /usr/local/bin \\
+      --shim-dir /run/vmsandbox/containerd > /etc/containerd/conf.d/vmsandbox.toml
 """
 SNAPSHOT_EXAMPLES = """examples:
   vmsandbox snapshot make my-pod.yaml --config /etc/vmsandbox/config.yaml   # while the shim is stopped
@@ -237,8 +241,29 @@ def _profile_containerd(args: argparse.Namespace) -> int:
     from vmsandbox.containerd_config import drop_in
 
     profiles = load_profiles(args.files)
-    sys.stdout.write(drop_in(sorted(profiles), args.shim_dir))
+    handlers = sorted(profiles)
+    toml = drop_in(handlers)
+    if args.launchers:
+        _link_launchers(args.launchers, handlers, args.shim_dir or DEFAULT_SHIM_DIR)
+    elif args.shim_dir:
+        raise InvalidArgument("--shim-dir is written beside the launchers: it goes with --launchers")
+    sys.stdout.write(toml)
     return EXIT_OK
+
+
+def _link_launchers(directory: str, handlers: list[str], shim_dir: str) -> None:
+    """Each handler's launcher linked in ``directory`` (on containerd's PATH) to this installation's
+    launcher, and the shim directory's file beside them (``vmsandbox.containerd_config``)."""
+    from vmsandbox.adapters import node_host
+    from vmsandbox.containerd_config import LAUNCHER, SHIM_DIR_FILE, launcher_name, shim_dir_text
+
+    target = os.path.join(os.path.dirname(sys.executable), LAUNCHER)
+    if not os.path.isfile(target):
+        raise InvalidArgument(f"no launcher at {target} (beside this Python)")
+    text = shim_dir_text(shim_dir)
+    for handler in handlers:
+        node_host.link(target, os.path.join(directory, launcher_name(handler)))
+    node_host.write_atomic(os.path.join(directory, SHIM_DIR_FILE), text.encode(), 0o644)
 
 
 # -- snapshot -------------------------------------------------------------------------------------
@@ -445,7 +470,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ctd.add_argument("files", metavar="FILE", nargs="+", help="profile YAML files")
     ctd.add_argument(
-        "--shim-dir", default="/run/vmsandbox/containerd", help="vmsandbox's containerd_shim_dir (default: %(default)s)"
+        "--launchers",
+        metavar="DIR",
+        help="also link each handler's launcher into DIR (on containerd's PATH), with the shim directory's file",
+    )
+    ctd.add_argument(
+        "--shim-dir",
+        help=f"vmsandbox's containerd_shim_dir, written beside the launchers (default: {DEFAULT_SHIM_DIR})",
     )
 
     from cli import node

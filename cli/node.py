@@ -3,13 +3,15 @@ the DaemonSet of ``deploy/install/`` (its entrypoint runs these on the host; doc
 
 ``install`` (the payload and the daemon's ``config.yaml`` already under the prefix): the default
 profiles on the installed guest image, the daemon's directories, containerd's drop-in, its main
-configuration importing it (the original kept), the launcher linked onto containerd's ``PATH``,
-containerd restarted and waited for; a failed restart undoes it all and restarts containerd again.
+configuration importing it (the original kept), each handler's launcher linked onto containerd's
+``PATH`` with the file naming the daemon's shim directory beside them, containerd restarted and
+waited for; a failed restart undoes it all and restarts containerd again.
 Every change is recorded first (``vmsandbox/node_install.py``'s ``InstallRecord``), and
-``uninstall`` undoes what the record names: link, drop-in, containerd's configuration byte for
-byte, the directories the install made; then containerd restarted. ``label`` sets or removes the
-Node's ``vmsandbox.dev/runtime`` label with the service account's token and CA from the
-environment (``VMSANDBOX_API_TOKEN``, ``VMSANDBOX_API_CA``), else a kubeconfig's credentials.
+``uninstall`` undoes what the record names: links, the shim directory's file, drop-in,
+containerd's configuration byte for byte, the directories the install made; then containerd
+restarted. ``label`` sets or removes the Node's ``vmsandbox.dev/runtime`` label with the service
+account's token and CA from the environment (``VMSANDBOX_API_TOKEN``, ``VMSANDBOX_API_CA``), else a
+kubeconfig's credentials.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from shim.config import load_config
 from vmsandbox import node_install as plan
 from vmsandbox.adapters import node_host as host
 from vmsandbox.adapters.profile_loader import load_profiles
-from vmsandbox.containerd_config import drop_in
+from vmsandbox.containerd_config import drop_in, shim_dir_text
 from vmsandbox.errors import InfrastructureError, InvalidArgument, VmSandboxError
 
 DEFAULT_RESTART = "systemctl restart containerd"
@@ -72,7 +74,10 @@ def _undo(record: plan.InstallRecord) -> list[str]:
         except (OSError, VmSandboxError) as e:
             problems.append(f"{what}: {e}")
 
-    step("launcher link", host.unlink_ours, layout.launcher_link, layout.launcher)
+    for name in record.launchers:
+        step(f"launcher link {name}", host.unlink_ours, layout.launcher_link(name), layout.launcher)
+    if record.shim_dir_file:
+        step("the shim directory's file", host.remove_file, layout.shim_dir_file)
     step("drop-in", host.remove_file, layout.drop_in)
     if record.config_changed:
         if record.config_existed:
@@ -112,7 +117,9 @@ def install(args: argparse.Namespace) -> int:
     address, dirs = _daemon_dirs(layout)
     handlers = sorted(load_profiles([layout.profiles]))
     config = load_config(layout.config)
-    toml = drop_in(handlers, config.containerd_shim_dir)
+    toml = drop_in(handlers)
+    shim_dir = shim_dir_text(config.containerd_shim_dir)
+    launchers = plan.launchers_for(handlers)
 
     made: list[str] = []
     for d in [*dirs, posixpath.dirname(layout.drop_in)]:
@@ -122,8 +129,9 @@ def install(args: argparse.Namespace) -> int:
         if top == layout.prefix or top.startswith(layout.prefix + "/"):
             continue  # goes with the prefix
         made.append(top)
-    if os.path.lexists(layout.drop_in):
-        raise InvalidArgument(f"{layout.drop_in} exists already: not the installer's to replace")
+    for path in (layout.drop_in, layout.shim_dir_file):
+        if os.path.lexists(path):
+            raise InvalidArgument(f"{path} exists already: not the installer's to replace")
     current = host.read_bytes(layout.containerd_config)
     text = None if current is None else current.decode("utf-8")
     new = plan.config_with_import(text, layout.drop_in)
@@ -133,6 +141,8 @@ def install(args: argparse.Namespace) -> int:
         config_existed=current is not None,
         config_changed=new is not None,
         config_mode=host.file_mode(layout.containerd_config) if current is not None else 0o644,
+        launchers=launchers,
+        shim_dir_file=True,
     )
     if current is not None and new is not None:
         host.make_dirs(posixpath.dirname(layout.config_backup), 0o700)
@@ -148,8 +158,11 @@ def install(args: argparse.Namespace) -> int:
         if new is not None:
             host.write_atomic(layout.containerd_config, new.encode(), record.config_mode)
             _say(f"{layout.containerd_config} imports the drop-in (the original kept at {layout.config_backup})")
-        host.link(layout.launcher, layout.launcher_link)
-        _say(f"launcher {layout.launcher_link} -> {layout.launcher}")
+        for name in launchers:
+            host.link(layout.launcher, layout.launcher_link(name))
+            _say(f"launcher {layout.launcher_link(name)} -> {layout.launcher}")
+        host.write_atomic(layout.shim_dir_file, shim_dir.encode(), 0o644)
+        _say(f"{layout.shim_dir_file}: {config.containerd_shim_dir}")
         _restart(args.restart_command, address, args.timeout)
     except (OSError, VmSandboxError) as e:
         _say(f"install failed ({e}): undoing it")
@@ -225,7 +238,7 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     nsub = node.add_subparsers(dest="node_command", required=True, metavar="SUBCOMMAND")
     defaults = plan.NodeLayout()
     for name, func, text in (
-        ("install", install, "install: drop-in, containerd's imports, launcher link; containerd restarted"),
+        ("install", install, "install: drop-in, containerd's imports, launcher links; containerd restarted"),
         ("uninstall", uninstall, "undo what the install's record names; containerd restarted"),
     ):
         p = nsub.add_parser(name, parents=parents, help=text, description=text)

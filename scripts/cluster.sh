@@ -27,7 +27,7 @@
 # plain containerd and no vmsandbox at all (the kubelet on containerd's socket, no drop-in, no
 # RuntimeClasses, the node labelled vmsandbox.dev/install=true rather than vmsandbox.dev/runtime=true),
 # where the installer of deploy/install/ puts shim mode; containerd's PATH starts with
-# $CLUSTER_DIR/bin, the launcher's directory, and `scripts/containerd.sh restart` restarts it. kube-proxy and CoreDNS
+# $CLUSTER_DIR/bin, the launchers' directory, and `scripts/containerd.sh restart` restarts it. kube-proxy and CoreDNS
 # run in the host's namespaces: kube-proxy's chains are what `down` removes with the kubelet's.
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -398,18 +398,18 @@ node_namespace() {
         --cgroups-per-qos=true --enforce-node-allocatable=pods --fail-swap-on=false
 }
 
-# shim mode: containerd finds vmsandbox's launcher on its PATH (a directory of links beside its own
-# binaries), and a drop-in maps every profile's handler to vmsandbox's runtime shim
+# shim mode: containerd finds vmsandbox's launchers on its PATH (a directory of links beside its own
+# binaries: one per profile's handler, with the file naming the shim directory), and a drop-in maps
+# every profile's handler to its runtime type (`vmsandbox profile containerd` makes both)
 shim_mode_drop_in() {
     containerd_bin_dir
     mkdir -p "$CONTAINERD/conf.d"
-    ln -sf "$(dirname "$PY")/containerd-shim-vmsandbox-v1" "$CLUSTER_DIR/bin/containerd-shim-vmsandbox-v1"
-    "$PY" -m cli.main profile containerd "$PROFILES" --shim-dir "$SHIM_SOCKETS" \
+    "$PY" -m cli.main profile containerd "$PROFILES" --launchers "$CLUSTER_DIR/bin" --shim-dir "$SHIM_SOCKETS" \
         >"$CONTAINERD/conf.d/vmsandbox.toml"
 }
 
 # containerd's binaries linked into $CLUSTER_DIR/bin, which comes first on its PATH (where it finds
-# its shims: runc's, and vmsandbox's launcher once linked there)
+# its shims: runc's, and vmsandbox's launchers once linked there)
 containerd_bin_dir() {
     local bin=$CLUSTER_DIR/bin from
     mkdir -p "$bin"

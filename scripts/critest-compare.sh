@@ -6,7 +6,7 @@
 #      every pod goes on to containerd
 #   3. through the same vmsandbox with --runtime-handler vmsandbox: every pod is a VM
 #   4. shim mode: against containerd's own socket with --runtime-handler vmsandbox, the handler a
-#      drop-in maps to vmsandbox's runtime shim (containerd-shim-vmsandbox-v1): every pod is a VM
+#      drop-in maps to vmsandbox's runtime shim (its launcher containerd-shim-vmsandbox-v1): every pod is a VM
 #
 #   scripts/critest-compare.sh [OUT_DIR]    # default /var/tmp/vmsandbox-critest; K8S_PIN picks the pin
 #
@@ -81,21 +81,12 @@ cat >"$WORK/net.d/10-critest.conflist" <<EOF
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOF
 # containerd finds a runtime type's shim binary on its PATH: the pin's containerd and runc shim, and
-# vmsandbox's launcher; its drop-in maps the handler "vmsandbox" to vmsandbox's runtime shim
+# vmsandbox's launchers, one per profile's handler, linked by `vmsandbox profile containerd`, which
+# also writes the drop-in mapping each handler to its runtime type (vmsandbox/containerd_config.py)
 mkdir -p "$WORK/bin" "$CONTAINERD/conf.d"
 ln -sf "$BIN/containerd" "$BIN/containerd-shim-runc-v2" "$WORK/bin/"
-ln -sf "$(dirname "$PY")/containerd-shim-vmsandbox-v1" "$WORK/bin/"
-cat >"$CONTAINERD/conf.d/vmsandbox.toml" <<TOML
-version = 3
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.vmsandbox]
-  runtime_type = 'io.containerd.vmsandbox.v1'
-  sandboxer = 'shim'
-  snapshotter = 'overlayfs'
-  disable_pause_image_pull = true
-  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.vmsandbox.options]
-    Handler = 'vmsandbox'
-    ShimDir = '$SHIM/containerd'
-TOML
+"$PY" -m cli.main profile containerd "$REPO_ROOT/deploy/profiles.yaml" --launchers "$WORK/bin" \
+    --shim-dir "$SHIM/containerd" >"$CONTAINERD/conf.d/vmsandbox.toml"
 log "containerd from $BIN"
 CONTAINERD_BIN_DIR=$WORK/bin bash "$REPO_ROOT/scripts/containerd.sh" up "$CONTAINERD" registry.k8s.io/pause:3.10 \
     "$WORK/net.d" "$REGISTRY" >&2

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from vmsandbox.cdi import DEFAULT_SPEC_DIRS
+from vmsandbox.containerd_config import DEFAULT_SHIM_DIR
 from vmsandbox.devices import parse_pool_config
 from vmsandbox.dra import DraConfig, parse_dra_config
 from vmsandbox.dra_pci import check_pci_pools
@@ -115,7 +116,7 @@ class ShimConfig:
     containerd_address: str = ""
     containerd_root: str = "/var/lib/containerd"
     containerd_namespace: str = "k8s.io"
-    containerd_shim_dir: str = "/run/vmsandbox/containerd"
+    containerd_shim_dir: str = DEFAULT_SHIM_DIR
     # how often the disks of images containerd removed leave vmsandbox's store; 0 = never
     containerd_image_prune_s: int = 300
     # the DRA driver (docs/dra.md, vmsandbox.dra): off unless ``dra.kubeconfig`` is given

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmsandbox import validation
+from vmsandbox.containerd_config import LAUNCHER, SHIM_DIR_FILE, handler_of_launcher, launcher_name
 from vmsandbox.errors import InvalidArgument
 
 RUNTIME_LABEL = "vmsandbox.dev/runtime"
 """The label the RuntimeClasses of deploy/runtimeclass.yaml schedule their pods by."""
 DEFAULT_IMAGE_DIR = "/var/lib/vmsandbox/images/default"
 """The guest image a profile boots when it names none (``vmsandbox/profile.py``)."""
-LAUNCHER = "containerd-shim-vmsandbox-v1"
 RECORD_LIMIT = 1 << 20
 """The largest install record read back (bytes)."""
 
@@ -31,8 +31,8 @@ RECORD_LIMIT = 1 << 20
 @dataclass(frozen=True)
 class NodeLayout:
     """Where an install puts its files: everything of its own under ``prefix``; on the host,
-    containerd's main configuration, the drop-in, and the launcher's link in a directory on
-    containerd's ``PATH``."""
+    containerd's main configuration, the drop-in, and each handler's launcher link in a directory
+    on containerd's ``PATH``, with the shim directory's file beside them."""
 
     prefix: str = "/opt/vmsandbox"
     containerd_config: str = "/etc/containerd/config.toml"
@@ -83,9 +83,14 @@ class NodeLayout:
     def launcher(self) -> str:
         return posixpath.join(self.venv, "bin", LAUNCHER)
 
+    def launcher_link(self, name: str) -> str:
+        """Where the launcher called ``name`` (``containerd_config.launcher_name``) is linked."""
+        return posixpath.join(self.launcher_dir, name)
+
     @property
-    def launcher_link(self) -> str:
-        return posixpath.join(self.launcher_dir, LAUNCHER)
+    def shim_dir_file(self) -> str:
+        """The file beside the launchers' links naming the daemon's shim directory."""
+        return posixpath.join(self.launcher_dir, SHIM_DIR_FILE)
 
     @property
     def record(self) -> str:
@@ -101,14 +106,22 @@ class NodeLayout:
 class InstallRecord:
     """What an install made or changed, written before it changes anything and read back by the
     uninstall: the directories it made (removed with what is in them), whether containerd's main
-    configuration existed and was changed (then its backup and mode are kept), the drop-in and
-    the launcher's link."""
+    configuration existed and was changed (then its backup and mode are kept), the drop-in, the
+    launchers' links (by name: one per handler) and whether the shim directory's file was written.
+    A record without ``launchers`` (an install from before the launchers were per handler) names
+    the one link ``containerd-shim-vmsandbox-v1``, and no shim directory's file."""
 
     layout: NodeLayout
     made_dirs: tuple[str, ...] = ()
     config_existed: bool = True
     config_changed: bool = False
     config_mode: int = 0o644
+    launchers: tuple[str, ...] = (LAUNCHER,)
+    shim_dir_file: bool = False
+
+    def __post_init__(self) -> None:
+        for name in self.launchers:
+            handler_of_launcher(name)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -122,6 +135,8 @@ class InstallRecord:
                 "config_existed": self.config_existed,
                 "config_changed": self.config_changed,
                 "config_mode": self.config_mode,
+                "launchers": list(self.launchers),
+                "shim_dir_file": self.shim_dir_file,
             },
             indent=1,
         )
@@ -161,7 +176,26 @@ def record_from_json(text: str) -> InstallRecord:
     mode = data.get("config_mode")
     if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777:
         raise InvalidArgument("install record: config_mode is not a file mode")
-    return InstallRecord(layout, tuple(dirs), flag("config_existed"), flag("config_changed"), mode)
+    launchers = data.get("launchers", [LAUNCHER])
+    if not isinstance(launchers, list) or not all(isinstance(n, str) for n in launchers):
+        raise InvalidArgument("install record: launchers is not a list of names")
+    shim_dir_file = data.get("shim_dir_file", False)
+    if not isinstance(shim_dir_file, bool):
+        raise InvalidArgument("install record: shim_dir_file is not true or false")
+    return InstallRecord(
+        layout,
+        tuple(dirs),
+        flag("config_existed"),
+        flag("config_changed"),
+        mode,
+        tuple(launchers),
+        shim_dir_file,
+    )
+
+
+def launchers_for(handlers: Iterable[str]) -> tuple[str, ...]:
+    """The launchers' names an install links for ``handlers`` (one each)."""
+    return tuple(launcher_name(h) for h in handlers)
 
 
 def first_missing(path: str, exists: Iterable[str]) -> str | None:

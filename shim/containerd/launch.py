@@ -1,20 +1,24 @@
-"""``containerd-shim-vmsandbox-v1``: the runtime shim binary containerd runs for the runtime type
-``io.containerd.vmsandbox.v1`` (shim mode).
+"""``containerd-shim-vmsandbox-v1``: the runtime shim binary containerd runs for vmsandbox's
+runtime types (shim mode), under the name of each handler's runtime (``containerd-shim-vmsandbox-v1``
+for handler ``vmsandbox``, a link ``containerd-shim-vmsandbox-H-v1`` to it for handler ``H``:
+``vmsandbox.containerd_config``, the one rule).
 
 containerd runs it as ``<binary> -namespace NS -address A -publish-binary B -id ID [-debug]
-start|delete`` in the sandbox's bundle directory. For ``start`` it writes containerd's
-``BootstrapParams`` (protobuf) on stdin, whose extensions carry the runtime's ``options`` from
-containerd's configuration (``runtimeoptions.v1.Options``; the TOML of the options table in
-``config_body``). The table's ``Handler`` names vmsandbox's runtime handler (a profile's; default
-``vmsandbox``) and ``ShimDir`` vmsandbox's ``containerd_shim_dir`` (default
-``/run/vmsandbox/containerd``), and the answer is a ``BootstrapResult`` (protobuf, version 3, ttrpc) whose address
-is the ttrpc socket vmsandbox serves that handler on (``shim.containerd.front``): every pod and
+start|delete`` in the sandbox's bundle directory. The handler is read from the name it was run by
+(``argv[0]``'s file name, not the file a link leads to); vmsandbox's ``containerd_shim_dir`` from
+the file ``containerd-shim-vmsandbox.shim-dir`` beside that name, else from
+``$VMSANDBOX_CONTAINERD_SHIM_DIR``, else ``/run/vmsandbox/containerd``. The runtime has no options
+in containerd's configuration: ``BootstrapParams`` (protobuf, on stdin for ``start``) carrying
+runtime options (a drop-in of an older vmsandbox, with ``Handler`` and ``ShimDir``) is refused,
+naming the fix. The answer is a ``BootstrapResult`` (protobuf, version 3, ttrpc) whose address is
+the ttrpc socket vmsandbox serves that handler on (``shim.containerd.front``): every pod and
 container of the handler is served by the running vmsandbox, which must be up (else ``start``
 fails, saying so, and containerd fails RunPodSandbox with it). Nothing is started here.
 
-``-info`` answers containerd's introspection (``RuntimeInfo``: the runtime type and vmsandbox's
-version). ``delete`` is what containerd runs when it lost a shim's connection: vmsandbox holds the task's
-state, so this answers a ``DeleteResponse`` (exit status 255, now) for containerd's bookkeeping.
+``-info`` answers containerd's introspection (``RuntimeInfo``: the handler's runtime type,
+vmsandbox's version and the runtime's OCI features). ``delete`` is what containerd runs when it
+lost a shim's connection: vmsandbox holds the task's state, so this answers a ``DeleteResponse``
+(exit status 255, now) for containerd's bookkeeping.
 
 Only the answer goes to stdout (containerd reads stdout and stderr together as the answer);
 errors go to stderr with exit status 1.
@@ -28,7 +32,6 @@ import os
 import socket
 import sys
 import time
-import tomllib
 from collections.abc import Sequence
 
 from google.protobuf import any_pb2
@@ -36,14 +39,19 @@ from google.protobuf import any_pb2
 from gen.containerd.runtime.bootstrap.v1 import bootstrap_pb2 as boot
 from gen.containerd.runtime.task.v3 import shim_pb2 as task
 from gen.containerd.types import introspection_pb2 as introspection
-from gen.containerd.types.runtimeoptions.v1 import api_pb2 as runtimeoptions
 from shim.containerd.wire import handler_socket, timestamp
 from shim.translate import containerd_spec
 from vmsandbox import __version__
-from vmsandbox.containerd_config import RUNTIME_TYPE
+from vmsandbox.containerd_config import (
+    DEFAULT_SHIM_DIR,
+    SHIM_DIR_FILE,
+    SHIM_DIR_FILE_LIMIT,
+    handler_of_launcher,
+    runtime_type,
+    shim_dir_of,
+)
+from vmsandbox.errors import InvalidArgument
 
-DEFAULT_HANDLER = "vmsandbox"
-DEFAULT_SHIM_DIR = "/run/vmsandbox/containerd"
 SHIM_DIR_ENV = "VMSANDBOX_CONTAINERD_SHIM_DIR"
 MAX_STDIN = 1 << 20
 RUNTIME_OPTIONS = "runtimeoptions.v1.Options"
@@ -53,40 +61,50 @@ class LaunchError(Exception):
     pass
 
 
-def runtime_handler(params: boot.BootstrapParams, default_dir: str) -> tuple[str, str]:
-    """The vmsandbox runtime handler the runtime's options name (``Handler``, else the default)
-    and the directory of vmsandbox's shim sockets (``ShimDir``, else ``default_dir``)."""
+def launched_as(argv0: str) -> tuple[str, str]:
+    """The runtime handler the launcher's name (``argv0``, the path containerd ran) names, and
+    vmsandbox's shim directory: from the file beside that path, else the environment, else the
+    default."""
+    try:
+        handler = handler_of_launcher(os.path.basename(argv0))
+    except InvalidArgument as exc:
+        raise LaunchError(str(exc)) from None
+    beside = os.path.join(os.path.dirname(os.path.abspath(argv0)), SHIM_DIR_FILE)
+    try:
+        fd = os.open(beside, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return handler, os.environ.get(SHIM_DIR_ENV) or DEFAULT_SHIM_DIR
+    except OSError as exc:
+        raise LaunchError(f"{beside}: {exc.strerror}") from None
+    try:
+        data = os.read(fd, SHIM_DIR_FILE_LIMIT + 1)
+    finally:
+        os.close(fd)
+    try:
+        if len(data) > SHIM_DIR_FILE_LIMIT:
+            raise InvalidArgument(f"more than {SHIM_DIR_FILE_LIMIT} bytes")
+        return handler, shim_dir_of(data.decode())
+    except (UnicodeDecodeError, InvalidArgument) as exc:
+        raise LaunchError(f"{beside}: {exc}") from None
+
+
+def check_params(params: boot.BootstrapParams) -> None:
+    """Refuse runtime options: the handler is the launcher's name, and a runtime with options
+    cannot take the runc options containerd gives a user-namespaced container's task."""
     for ext in params.extensions:
-        if not ext.value.type_url.endswith(RUNTIME_OPTIONS):
-            continue
-        opts = runtimeoptions.Options()
-        opts.ParseFromString(ext.value.value)
-        if opts.config_path:
+        if ext.value.type_url.endswith(RUNTIME_OPTIONS):
             raise LaunchError(
-                f"runtime options: ConfigPath {opts.config_path!r} is not read; put Handler in the options table"
+                "the runtime has options in containerd's configuration (an older vmsandbox's drop-in, with Handler "
+                "and ShimDir): vmsandbox's runtimes have none; write the drop-in again with `vmsandbox profile "
+                "containerd`, and its launchers' links with its --launchers"
             )
-        try:
-            table = tomllib.loads(opts.config_body.decode())
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise LaunchError(f"runtime options: not TOML: {exc}") from None
-        unknown = sorted(set(table) - {"Handler", "ShimDir", "TypeUrl", "ConfigPath", "ConfigBody"})
-        if unknown:
-            raise LaunchError(f"runtime options: unknown key {unknown[0]!r} (known: Handler, ShimDir)")
-        handler = table.get("Handler", DEFAULT_HANDLER)
-        shim_dir = table.get("ShimDir", default_dir)
-        if not isinstance(handler, str) or not handler:
-            raise LaunchError("runtime options: Handler must be a runtime handler's name")
-        if not isinstance(shim_dir, str) or not shim_dir.startswith("/"):
-            raise LaunchError("runtime options: ShimDir must be an absolute path (vmsandbox's containerd_shim_dir)")
-        return handler, shim_dir
-    return DEFAULT_HANDLER, default_dir
 
 
-def start(stdin: bytes, shim_dir: str) -> bytes:
+def start(stdin: bytes, handler: str, shim_dir: str) -> bytes:
     params = boot.BootstrapParams()
     if stdin:
         params.ParseFromString(stdin)
-    handler, shim_dir = runtime_handler(params, shim_dir)
+    check_params(params)
     try:
         path = handler_socket(shim_dir, handler)
     except Exception as exc:
@@ -109,38 +127,39 @@ FEATURES_TYPE = "types.containerd.io/opencontainers/runtime-spec/1/features/Feat
 """The type URL containerd's typeurl registry gives runtime-spec's ``features.Features`` (JSON)."""
 
 
-def info() -> bytes:
-    """``-info``: what containerd's introspection reports of this runtime."""
+def info(handler: str) -> bytes:
+    """``-info``: what containerd's introspection reports of this handler's runtime."""
     version = introspection.RuntimeVersion(version=__version__)
     features = any_pb2.Any(type_url=FEATURES_TYPE, value=json.dumps(containerd_spec.runtime_features()).encode())
-    return introspection.RuntimeInfo(name=RUNTIME_TYPE, version=version, features=features).SerializeToString()
+    return introspection.RuntimeInfo(name=runtime_type(handler), version=version, features=features).SerializeToString()
 
 
 def delete() -> bytes:
     return task.DeleteResponse(exit_status=255, exited_at=timestamp(time.time_ns())).SerializeToString()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="containerd-shim-vmsandbox-v1", add_help=True)
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """The launcher; ``prog`` is the path it was run by (``sys.argv[0]`` when not given)."""
+    prog = sys.argv[0] if prog is None else prog
+    parser = argparse.ArgumentParser(prog=os.path.basename(prog), add_help=True)
     for flag in ("-namespace", "-address", "-publish-binary", "-id", "-bundle", "-socket"):
         parser.add_argument(flag, default="")
     parser.add_argument("-debug", action="store_true")
     parser.add_argument("-info", action="store_true")
     parser.add_argument("action", choices=("start", "delete"), nargs="?")
     args = parser.parse_args(argv)
-    if args.info:
-        sys.stdout.buffer.write(info())
-        return 0
-    if args.action is None:
+    if not args.info and args.action is None:
         parser.error("an action is needed: start or delete")
-    shim_dir = os.environ.get(SHIM_DIR_ENV, DEFAULT_SHIM_DIR)
     try:
-        if args.action == "start":
-            out = start(sys.stdin.buffer.read(MAX_STDIN) if not sys.stdin.isatty() else b"", shim_dir)
+        handler, shim_dir = launched_as(prog)
+        if args.info:
+            out = info(handler)
+        elif args.action == "start":
+            out = start(sys.stdin.buffer.read(MAX_STDIN) if not sys.stdin.isatty() else b"", handler, shim_dir)
         else:
             out = delete()
     except LaunchError as exc:
-        print(f"containerd-shim-vmsandbox-v1: {exc}", file=sys.stderr)
+        print(f"{os.path.basename(prog)}: {exc}", file=sys.stderr)
         return 1
     sys.stdout.buffer.write(out)
     sys.stdout.flush()

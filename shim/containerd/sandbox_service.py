@@ -93,12 +93,6 @@ class SandboxService:
             raise Unsupported("CreateSandboxRequest.rootfs: a VM pod has no sandbox container, so no root file system")
         config = pod_sandbox_config(req.options)
         spec = inbound.sandbox_spec(config, self.runtime_handler)
-        if spec.userns is not None:
-            raise Unsupported(
-                "a pod with a user namespace of its own (hostUsers: false) is not supported in shim mode: containerd "
-                "starts its containers with runc's task options, which vmsandbox's runtime does not take (the CRI "
-                "proxy mode runs such pods)"
-            )
         if req.netns_path:
             validation.absolute_path(req.netns_path, "CreateSandboxRequest.netns_path")
         elif not spec.namespaces.host_network:

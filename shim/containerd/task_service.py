@@ -3,11 +3,12 @@ and exec processes of its VM pods.
 
 A task is a container of a pod this handler runs (its id containerd's container id). ``Create``
 reads the OCI spec containerd's CRI plugin wrote into the bundle back as the CRI config it was
-made from (``shim.translate.containerd_spec``), takes the image's disk from containerd's snapshot
-(``shim.containerd.rootfs``) and makes the container by the same CreateContainer as on the CRI
-socket: the same checks, the same admission against the pod's declaration and VM (a container
-that diverges is refused with the same message, which containerd hands the kubelet as the
-container's CreateContainerError event). ``Start``/``Kill``/``Delete`` are StartContainer, the
+made from (``shim.translate.containerd_spec``; the task's options, none or runc's with only the
+task API's endpoint and the fifos' owner, are checked there too), takes the image's disk from
+containerd's snapshot (``shim.containerd.rootfs``) and makes the container by the same
+CreateContainer as on the CRI socket: the same checks, the same admission against the pod's
+declaration and VM (a container that diverges is refused with the same message, which containerd
+hands the kubelet as the container's CreateContainerError event). ``Start``/``Kill``/``Delete`` are StartContainer, the
 guest's kill, and RemoveContainer; a waiter per started container reports its exit
 (``Tasks.exited`` and containerd's ``/tasks/exit`` event, after ``/tasks/oom`` when the guest's
 kernel killed it for memory). The container's output reaches
@@ -200,6 +201,7 @@ class TaskService:
             raise Unsupported("CreateTaskRequest.checkpoint: containers of VM pods are not restored from checkpoints")
         if not validation.is_full_id(req.id):
             raise InvalidArgument(f"task id {validation.quote(req.id[:80])} is not 64 hex digits")
+        containerd_spec.task_options(req.options)
         io = check_io(TaskIO(req.stdin, req.stdout, req.stderr, req.terminal), "CreateTaskRequest")
         asked = containerd_spec.container_config(read_spec(req.bundle), stdin=bool(req.stdin))
         sandbox = handler_sandbox(self.pods, self.runtime_handler, asked.sandbox_id)

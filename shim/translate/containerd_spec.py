@@ -23,6 +23,10 @@ a VM pod uses and refused where it is not (``Unsupported``/``InvalidArgument``, 
   left out: the VM pod has its own, made from the same PodSandboxConfig; the kernel's file
   systems (proc, sysfs, tmpfs, devpts, mqueue, cgroup) are the guest's own;
 - the annotations containerd sets name the sandbox, the container and its image.
+
+The task's own options (``CreateTaskRequest.options``, ``task_options``) are none, or runc's with
+only the task API's endpoint and the owner of the stdio fifos set (containerd's CRI fills those
+for a runtime without options of its own).
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf import any_pb2, unknown_fields
+from google.protobuf.message import DecodeError
+
+from gen.containerd.types.runc.options import oci_pb2 as runc_options
 from gen.cri.runtime.v1 import api_pb2 as pb
 from vmsandbox import validation
 from vmsandbox.errors import InvalidArgument, Unsupported
@@ -63,18 +71,18 @@ OCI_VERSION_MAX = "1.2.1"  # containerd 2.4 writes specs of this version
 def runtime_features() -> dict[str, Any]:
     """What the launcher's ``-info`` reports as the runtime's OCI features (runtime-spec
     ``features.md``), from the rules above: the mount options the read-back takes (``rro``: so
-    containerd reports recursive read-only mounts), and the namespaces, without ``user`` and with
-    idmapped mounts off, so containerd reports user namespaces unsupported for the handler (the
-    kubelet then refuses ``hostUsers: false`` pods for it): containerd 2.4 starts a container of
-    such a pod with runc's task options (its fifos' owner), which a task of a runtime with options
-    of its own cannot take, so its StartContainer would fail."""
+    containerd reports recursive read-only mounts), and the namespaces, ``user`` with idmapped
+    mounts among them (containerd then reports user namespaces: it makes a pod's network namespace
+    inside the pod's user namespace and gives it to CreateSandbox; the container's mappings are
+    read back as the pod's, as on the CRI socket; the runc options containerd then gives the
+    container's task are taken by ``task_options``)."""
     return {
         "ociVersionMin": "1.0.0",
         "ociVersionMax": OCI_VERSION_MAX,
         "mountOptions": sorted(_BIND_OPTIONS | _PROPAGATION.keys()),
         "linux": {
-            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "uts"],
-            "mountExtensions": {"idmap": {"enabled": False}},
+            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "user", "uts"],
+            "mountExtensions": {"idmap": {"enabled": True}},
         },
     }
 
@@ -88,6 +96,50 @@ class ContainerdContainer:
     sysctls: Mapping[str, str]
     seccomp: Mapping[str, Any] | None  # the OCI LinuxSeccomp containerd resolved; None: unconfined
     rlimits: tuple[tuple[str, int, int], ...]  # (type, hard, soft)
+
+
+RUNC_OPTIONS = "containerd.runc.v1.Options"
+"""The type URL of runc's task options as containerd's typeurl forms it."""
+_TAKEN_RUNC_OPTIONS = frozenset(("io_uid", "io_gid", "task_api_address", "task_api_version"))
+
+
+def task_options(options: any_pb2.Any) -> None:
+    """``CreateTaskRequest.options``: none, or runc's ``Options`` whose only set fields are the
+    ones containerd 2.4's CRI fills for a runtime without options of its own, which it takes to be
+    runc-like (``getRuncOptions``):
+
+    - ``task_api_address``/``task_api_version`` (``WithTaskAPIEndpoint``, deprecated fields kept
+      for older containerds): the sandbox's task API, that is the handler's socket this request
+      came in on, so they name what is already the case;
+    - ``io_uid``/``io_gid`` (``WithUIDOwner``/``WithGIDOwner``, for a container with a user
+      namespace of its own): the host ids the container's user maps to, made the owner of the
+      task's stdio fifos so that runc's container process can open them. vmsandbox opens the fifos
+      itself, on the host, as containerd's peer, and the container's stdio is carried from the
+      guest: nothing in the container opens them, so the owner has nothing to do.
+
+    Any other field asks runc for what a VM pod's task has no use for, and is refused naming it."""
+    if not options.type_url and not options.value:
+        return
+    if options.type_url.removeprefix("type.googleapis.com/") != RUNC_OPTIONS:
+        raise InvalidArgument(
+            f"CreateTaskRequest.options is {validation.quote(options.type_url[:128])}: vmsandbox's tasks take none, "
+            f"or {RUNC_OPTIONS} with only io_uid, io_gid and the task API's endpoint (a runtime with options in "
+            "containerd's configuration is an older vmsandbox's drop-in: write it again with `vmsandbox profile "
+            "containerd`)"
+        )
+    opts = runc_options.Options()
+    try:
+        opts.ParseFromString(options.value)
+    except DecodeError as exc:
+        raise InvalidArgument(f"CreateTaskRequest.options: not a {RUNC_OPTIONS}: {exc}") from None
+    if len(unknown_fields.UnknownFieldSet(opts)):
+        raise InvalidArgument(f"CreateTaskRequest.options: {RUNC_OPTIONS} with fields vmsandbox does not know")
+    for field, _ in opts.ListFields():
+        if field.name not in _TAKEN_RUNC_OPTIONS:
+            raise InvalidArgument(
+                f"CreateTaskRequest.options: {RUNC_OPTIONS}.{field.name} is set; a VM pod's task takes only io_uid "
+                "and io_gid (the owner of its stdio fifos) and the task API's endpoint"
+            )
 
 
 def _obj(value: object, where: str) -> Mapping[str, Any]:

@@ -1,6 +1,6 @@
 """``vmsandbox node install|uninstall`` on a host made of temporary directories: what the install
-writes (the drop-in, containerd's imports, the launcher's link, the daemon's directories), a
-failed restart undone, and the uninstall putting every file back as it was, byte for byte; the
+writes (the drop-in, containerd's imports, the launchers' links and the shim directory's file, the
+daemon's directories), a failed restart undone, and the uninstall putting every file back as it was, byte for byte; the
 node's label patched with the service account's token, else the kubeconfig's credentials."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import yaml
 from cli import main as cli_main
 from tests.cli.vmsandbox_cmd import DEPLOY
 from vmsandbox.adapters import node_host
+from vmsandbox.containerd_config import SHIM_DIR_FILE, launcher_name
 from vmsandbox.errors import InfrastructureError
 
 CONFIG = """version = 3
@@ -101,9 +102,13 @@ def test_install_then_uninstall_puts_the_host_back(node: dict[str, Path]) -> Non
         "vmsandbox-hugepages",
         "vmsandbox-resizable",
     }
-    assert runtimes["vmsandbox"]["options"]["ShimDir"] == f"{host}/run/vmsandbox/containerd"
-    link = host / "bin" / "containerd-shim-vmsandbox-v1"
-    assert os.readlink(link) == str(node["prefix"] / "venv" / "bin" / "containerd-shim-vmsandbox-v1")
+    assert "options" not in runtimes["vmsandbox"]
+    # each handler's launcher, linked under the name its runtime type gives, the shim directory beside
+    for handler in runtimes:
+        link = host / "bin" / launcher_name(handler)
+        assert os.readlink(link) == str(node["prefix"] / "venv" / "bin" / "containerd-shim-vmsandbox-v1")
+    assert (host / "bin" / "containerd-shim-vmsandbox-v1").is_symlink()
+    assert (host / "bin" / SHIM_DIR_FILE).read_text() == f"{host}/run/vmsandbox/containerd\n"
     for d in ("run/vmsandbox/containerd", "lib/vmsandbox/state", "log/vmsandbox/console"):
         assert (host / d).is_dir()
     assert "/images/default" in (node["prefix"] / "etc" / "profiles.yaml").read_text()
@@ -167,6 +172,15 @@ def test_a_drop_in_that_is_not_ours_is_not_replaced(node: dict[str, Path]) -> No
     (host / "containerd" / "vmsandbox.d").mkdir()
     (host / "containerd" / "vmsandbox.d" / "vmsandbox.toml").write_text("version = 3\n")
     assert run(node, "install") == 2
+    assert (host / "containerd" / "config.toml").read_text() == CONFIG
+    assert not node["restarts"].exists()
+
+
+def test_a_shim_directory_file_that_is_not_ours_is_not_replaced(node: dict[str, Path]) -> None:
+    host = node["host"]
+    (host / "bin" / SHIM_DIR_FILE).write_text("/run/elsewhere\n")
+    assert run(node, "install") == 2
+    assert (host / "bin" / SHIM_DIR_FILE).read_text() == "/run/elsewhere\n"
     assert (host / "containerd" / "config.toml").read_text() == CONFIG
     assert not node["restarts"].exists()
 

@@ -19,9 +19,11 @@ from gen.containerd.runtime.bootstrap.v1 import bootstrap_pb2
 from gen.containerd.runtime.sandbox.v1 import sandbox_pb2
 from gen.containerd.runtime.task.v3 import shim_pb2
 from gen.containerd.services.ttrpc.events.v1 import events_pb2
+from gen.containerd.types.runc.options import oci_pb2 as runc_options
 from gen.containerd.types.runtimeoptions.v1 import api_pb2 as runtimeoptions
 from gen.cri.runtime.v1 import api_pb2 as cri
 from shim.containerd import launch, sandbox_service
+from shim.translate import containerd_spec
 
 def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
     assert_up_to_date(tmp_path, "containerd")
@@ -61,6 +63,10 @@ def test_services_as_containerd_calls_them(descriptor: object, service: str, met
         (bootstrap_pb2.BootstrapResult, {"version": 1, "address": 2, "protocol": 3, "capabilities": 4,
                                          "metadata": 5, "extensions": 6}),
         (runtimeoptions.Options, {"type_url": 1, "config_path": 2, "config_body": 3}),
+        (runc_options.Options, {"no_pivot_root": 1, "no_new_keyring": 2, "shim_cgroup": 3, "io_uid": 4,
+                                "io_gid": 5, "binary_name": 6, "root": 7, "systemd_cgroup": 9,
+                                "criu_image_path": 10, "criu_work_path": 11, "task_api_address": 12,
+                                "task_api_version": 13}),
     ],
 )  # fmt: skip
 def test_field_numbers(message: type, fields: dict[str, int]) -> None:
@@ -72,7 +78,8 @@ def test_field_numbers(message: type, fields: dict[str, int]) -> None:
 # protobuf-go message that nobody registered by its full name, with no "type.googleapis.com/"
 # prefix: the task events ("containerd.events.TaskExit", the Envelope's event), the CRI plugin's
 # PodSandboxConfig in CreateSandboxRequest.options (k8s.io/cri-api v0.37.0 is protobuf-go), the
-# runtime options of the bootstrap, and the cgroup v2 metrics a shim answers Stats with.
+# runtime options of the bootstrap, runc's task options (CreateTaskRequest.options), and the
+# cgroup v2 metrics a shim answers Stats with.
 @pytest.mark.parametrize(
     ("message", "type_url"),
     [
@@ -87,6 +94,7 @@ def test_field_numbers(message: type, fields: dict[str, int]) -> None:
         (events.TaskResumed, "containerd.events.TaskResumed"),
         (cri.PodSandboxConfig, "runtime.v1.PodSandboxConfig"),
         (runtimeoptions.Options, "runtimeoptions.v1.Options"),
+        (runc_options.Options, "containerd.runc.v1.Options"),
         (cgroup_metrics.Metrics, "io.containerd.cgroups.v2.Metrics"),
     ],
 )
@@ -97,3 +105,4 @@ def test_type_urls_as_containerds_typeurl_forms_them(message: type, type_url: st
 def test_shim_modes_type_urls_are_those() -> None:
     assert sandbox_service.POD_SANDBOX_CONFIG == cri.PodSandboxConfig.DESCRIPTOR.full_name
     assert launch.RUNTIME_OPTIONS == runtimeoptions.Options.DESCRIPTOR.full_name
+    assert containerd_spec.RUNC_OPTIONS == runc_options.Options.DESCRIPTOR.full_name

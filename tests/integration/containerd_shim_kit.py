@@ -23,7 +23,7 @@ from tests.integration.cluster_support import kube_bin
 from tests.integration.cni_kit import CniEnv, cni_env
 from tests.integration.downstream_kit import Containerd, containerd, tools_image
 from tests.shim_kit import REPO, Shim, busybox_registry, require_host, start_shim, stop_shim
-from vmsandbox.containerd_config import drop_in
+from vmsandbox.containerd_config import SHIM_DIR_FILE, drop_in, launcher_name, shim_dir_text
 
 SHIM_BINARY = REPO / ".venv" / "bin" / "containerd-shim-vmsandbox-v1"
 
@@ -78,19 +78,21 @@ def shim_mode(prefix: str, bridge: str, subnet: str, *, proxy: bool = False) -> 
     (tmp / "cni").mkdir()
     shim_dir = tmp / "shim-sockets"
     # containerd finds a runtime type's shim binary on its PATH, as it finds runc's: the pinned
-    # containerd and runc shim, and vmsandbox's launcher
+    # containerd and runc shim, and vmsandbox's launcher under the handler's name, the shim
+    # directory's file beside it
     path_dir = tmp / "bin"
     path_dir.mkdir()
     for name in ("containerd", "containerd-shim-runc-v2"):
         (path_dir / name).symlink_to(Path(bin_dir) / name)
-    (path_dir / SHIM_BINARY.name).symlink_to(SHIM_BINARY)
+    (path_dir / launcher_name("vmsandbox")).symlink_to(SHIM_BINARY)
+    (path_dir / SHIM_DIR_FILE).write_text(shim_dir_text(str(shim_dir)))
     old = os.environ.get("CONTAINERD_BIN_DIR")
     os.environ["CONTAINERD_BIN_DIR"] = str(path_dir)
     try:
         with cni_env(tmp / "cni", bridge=bridge, subnet=subnet) as cni:
             ctd_dir = tmp / "ctd"
             (ctd_dir / "conf.d").mkdir(parents=True)
-            (ctd_dir / "conf.d" / "vmsandbox.toml").write_text(drop_in(["vmsandbox"], str(shim_dir)))
+            (ctd_dir / "conf.d" / "vmsandbox.toml").write_text(drop_in(["vmsandbox"]))
             with containerd(ctd_dir, cni.conf_dir) as ctd:
                 (tmp / "shim").mkdir()
                 config: dict[str, object] = {

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from gen.cri.runtime.v1 import api_pb2 as pb
 from gen.cri.runtime.v1 import api_pb2_grpc as pb_grpc
 from tests.integration.cluster_support import REGISTRY, Cluster, apply, push_image, running_cluster, until
 from tests.shim_kit import REPO, state_domains
+from vmsandbox.containerd_config import SHIM_DIR_FILE, launcher_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(2400)]
 
@@ -181,6 +183,7 @@ def host_snapshot(cluster: Cluster) -> dict[str, Any]:
             c / "containerd" / "vmsandbox.d",
             Path("/opt/vmsandbox"),
             Path("/usr/local/bin/containerd-shim-vmsandbox-v1"),
+            Path(f"/usr/local/bin/{SHIM_DIR_FILE}"),
             Path("/etc/containerd/conf.d/vmsandbox.toml"),
         ),
         "containerd config": (c / "containerd" / "config.toml").read_text(),
@@ -252,8 +255,15 @@ def test_install_runs_vm_pods_and_its_removal_puts_the_node_back(cluster: Cluste
         raise
     print(f"node ready for VM pods {time.monotonic() - t0:.1f} s after kubectl apply")
     drop_in = cluster.dir / "containerd" / "vmsandbox.d" / "vmsandbox.toml"
-    assert "io.containerd.vmsandbox.v1" in drop_in.read_text()
+    runtimes = tomllib.loads(drop_in.read_text())["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+    assert runtimes["vmsandbox"]["runtime_type"] == "io.containerd.vmsandbox.v1"
+    assert all("options" not in r for r in runtimes.values()), runtimes
     assert str(drop_in) in (cluster.dir / "containerd" / "config.toml").read_text()
+    # each handler's launcher on containerd's PATH, the daemon's shim directory named beside them
+    for handler in runtimes:
+        assert (cluster.dir / "bin" / launcher_name(handler)).is_symlink(), handler
+    shim_dir = (cluster.dir / "bin" / SHIM_DIR_FILE).read_text()
+    assert shim_dir == f"{installed(cluster)}/run/containerd\n"
 
     try:
         apply(cluster, tmp_path, vm_pod(hello))

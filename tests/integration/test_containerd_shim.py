@@ -37,7 +37,7 @@ def env() -> Iterator[Env]:
 def test_a_vm_pod_through_containerds_socket(env: Env) -> None:
     # containerd read the handler's features from the launcher's -info
     handlers = json.loads(env.crictl("info").stdout)["runtimeHandlers"]
-    features = {"recursive_read_only_mounts": True}
+    features = {"recursive_read_only_mounts": True, "user_namespaces": True}
     assert {"name": "vmsandbox", "features": features} in handlers, handlers
     env.crictl("pull", env.image)
     pod = env.write("pod.json", pod_config("web"))

@@ -19,6 +19,7 @@ from vmsandbox.node_install import (
     config_with_import,
     first_missing,
     label_patch,
+    launchers_for,
     record_from_json,
 )
 
@@ -109,8 +110,24 @@ def test_first_missing(path: str, there: list[str], made: str | None) -> None:
 
 
 def test_the_record_reads_back() -> None:
-    record = InstallRecord(NodeLayout(prefix="/opt/v"), ("/var/lib/vmsandbox", "/run/vmsandbox"), True, True, 0o640)
+    record = InstallRecord(
+        NodeLayout(prefix="/opt/v"),
+        ("/var/lib/vmsandbox", "/run/vmsandbox"),
+        True,
+        True,
+        0o640,
+        launchers_for(["vmsandbox", "fast"]),
+        True,
+    )
+    assert record.launchers == ("containerd-shim-vmsandbox-v1", "containerd-shim-vmsandbox-fast-v1")
     assert record_from_json(record.to_json()) == record
+
+
+def test_a_record_from_before_the_launchers_per_handler_names_the_one_link() -> None:
+    data = json.loads(InstallRecord(NodeLayout()).to_json())
+    del data["launchers"], data["shim_dir_file"]
+    record = record_from_json(json.dumps(data))
+    assert (record.launchers, record.shim_dir_file) == (("containerd-shim-vmsandbox-v1",), False)
 
 
 @pytest.mark.parametrize(
@@ -123,6 +140,9 @@ def test_the_record_reads_back() -> None:
         ({"config_changed": "yes"}, "true or false"),
         ({"prefix": "/"}, "root"),
         ({"drop_in": "/etc/containerd/conf.d/x.conf"}, ".toml"),
+        ({"launchers": ["../../etc/passwd"]}, "no runtime handler is named"),
+        ({"launchers": "containerd-shim-vmsandbox-v1"}, "list of names"),
+        ({"shim_dir_file": 1}, "true or false"),
     ],
 )
 def test_a_bad_record_is_refused(change: dict[str, object], message: str) -> None:

@@ -1,5 +1,5 @@
 """The host side of a node install (``vmsandbox node``, ``cli/node.py``): files written atomically
-with their mode, the launcher's link, directories made and removed (never across a mount),
+with their mode, the launchers' links, directories made and removed (never across a mount),
 containerd restarted by the admin's command and waited for on its CRI socket, and the Node's
 label patched through the API server. What is changed is decided by ``vmsandbox/node_install.py``."""
 

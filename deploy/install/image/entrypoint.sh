@@ -3,7 +3,7 @@
 # deploy/install/daemonset.yaml; the host's / at /host). Install: the payload (wheels, guest image,
 # default profiles) and the daemon's config.yaml copied under $VMSANDBOX_PREFIX, a venv made there
 # with the host's Python from the wheels, `vmsandbox node install` (containerd's drop-in, its
-# imports, the launcher's link, containerd restarted), the daemon started on the host, the node
+# imports, the launchers' links, containerd restarted), the daemon started on the host, the node
 # labelled vmsandbox.dev/runtime=true. Then it waits; SIGTERM (the DaemonSet deleted) undoes it all:
 # the label, the daemon's VM pods and the daemon, `vmsandbox node uninstall`, the prefix.
 # Host commands run in the host's mount namespace (nsenter; pid 1's, or that of the pid in

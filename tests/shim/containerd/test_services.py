@@ -1,5 +1,6 @@
 """What shim mode's services refuse before anything is made: bad ids, a missing or foreign pod
-config, a rootfs for the sandbox, no network namespace, a bundle without a spec, checkpoints."""
+config, a rootfs for the sandbox, no network namespace, a bundle without a spec, checkpoints,
+task options other than none or runc's fifo owner."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from google.protobuf import any_pb2
 from gen.containerd.runtime.sandbox.v1 import sandbox_pb2 as sb
 from gen.containerd.runtime.task.v3 import shim_pb2 as task
 from gen.containerd.types import mount_pb2
+from gen.containerd.types.runc.options import oci_pb2 as runc_options
 from gen.cri.runtime.v1 import api_pb2 as cri
 from shim.containerd.sandbox_service import SandboxService, pod_sandbox_config
 from shim.containerd.task_service import TaskService, oci_document, read_spec
@@ -27,6 +29,11 @@ class NoPods:
     """Pods that hold nothing: a refusal must come before the core is asked anything else."""
 
     records = SimpleNamespace(find=lambda _: None, find_container=lambda _: None)
+
+
+def runc_any(**fields: Any) -> any_pb2.Any:
+    value = runc_options.Options(**fields).SerializeToString()
+    return any_pb2.Any(type_url="containerd.runc.v1.Options", value=value)
 
 
 def config_any(config: cri.PodSandboxConfig, type_url: str = "runtime.v1.PodSandboxConfig") -> any_pb2.Any:
@@ -73,10 +80,10 @@ def test_the_pod_config_is_read_from_options() -> None:
             "no sandbox container",
         ),
         (sb.CreateSandboxRequest(sandbox_id=SID, options=config_any(pod_config())), InvalidArgument, "netns_path"),
-        (
-            sb.CreateSandboxRequest(sandbox_id=SID, options=config_any(userns_pod_config()), netns_path="/run/netns/x"),
-            Unsupported,
-            "hostUsers: false.*not supported in shim mode",
+        (  # a pod with a user namespace of its own is taken: it gets as far as its network namespace
+            sb.CreateSandboxRequest(sandbox_id=SID, options=config_any(userns_pod_config()), netns_path="relative"),
+            InvalidArgument,
+            "netns_path",
         ),
         (
             sb.CreateSandboxRequest(sandbox_id=SID, options=config_any(pod_config()), netns_path="relative"),
@@ -117,6 +124,22 @@ def tasks_service() -> TaskService:
         (task.CreateTaskRequest(id=SID, stdout="relative"), InvalidArgument, "absolute fifo path"),
         (task.CreateTaskRequest(id=SID, bundle="relative"), InvalidArgument, "bundle"),
         (task.CreateTaskRequest(id=SID), InvalidArgument, "bundle is empty"),
+        # the task's options: none, or runc's with only the fifos' owner (then it gets as far as its bundle)
+        (
+            task.CreateTaskRequest(id=SID, options=runc_any(io_uid=1 << 20, io_gid=1 << 20)),
+            InvalidArgument,
+            "bundle is empty",
+        ),
+        (
+            task.CreateTaskRequest(id=SID, options=runc_any(io_uid=1, systemd_cgroup=True)),
+            InvalidArgument,
+            "containerd.runc.v1.Options.systemd_cgroup is set",
+        ),
+        (
+            task.CreateTaskRequest(id=SID, options=any_pb2.Any(type_url="runtimeoptions.v1.Options", value=b"")),
+            InvalidArgument,
+            "an older vmsandbox's drop-in",
+        ),
     ],
 )
 def test_create_task_refuses(request_: task.CreateTaskRequest, error: type[Exception], says: str) -> None:

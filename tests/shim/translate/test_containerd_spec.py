@@ -6,10 +6,12 @@ import copy
 from typing import Any
 
 import pytest
+from google.protobuf import any_pb2
 
+from gen.containerd.types.runc.options import oci_pb2 as runc_options
 from gen.cri.runtime.v1 import api_pb2 as pb
 from shim.translate import inbound
-from shim.translate.containerd_spec import container_config
+from shim.translate.containerd_spec import container_config, task_options
 from vmsandbox.errors import InvalidArgument, Unsupported
 from vmsandbox.oci_spec import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
 
@@ -228,3 +230,44 @@ def test_every_annotation_it_needs_is_required() -> None:
         del s["annotations"][key]
         with pytest.raises(InvalidArgument, match=key):
             container_config(s, stdin=False)
+
+
+def _runc(type_url: str = "containerd.runc.v1.Options", **fields: Any) -> any_pb2.Any:
+    return any_pb2.Any(type_url=type_url, value=runc_options.Options(**fields).SerializeToString())
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        any_pb2.Any(),  # the runtime has no options and the container no user namespace
+        _runc(),
+        _runc(io_uid=1 << 20, io_gid=1 << 20),  # containerd's WithUIDOwner/WithGIDOwner (a user namespace)
+        _runc(io_uid=0, io_gid=65536),
+        _runc("type.googleapis.com/containerd.runc.v1.Options", io_gid=7),
+        # containerd's WithTaskAPIEndpoint: the sandbox's task API, in runc's deprecated fields too
+        _runc(task_api_address="ttrpc+unix:///run/vmsandbox/containerd/vmsandbox.sock", task_api_version=3),
+        _runc(task_api_address="ttrpc+unix:///x.sock", task_api_version=3, io_uid=1 << 20, io_gid=1 << 20),
+    ],
+)
+def test_task_options_of_no_kind_or_only_the_endpoint_and_the_fifos_owner_are_taken(options: any_pb2.Any) -> None:
+    task_options(options)
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (_runc(io_uid=1, no_pivot_root=True), "containerd.runc.v1.Options.no_pivot_root is set"),
+        (_runc(binary_name="crun"), "binary_name is set"),
+        (_runc(shim_cgroup="/x"), "shim_cgroup is set"),
+        (_runc(root="/run/runc"), r"\.root is set"),
+        (_runc(criu_work_path="/x"), "criu_work_path is set"),
+        (_runc(systemd_cgroup=True, task_api_version=3), "systemd_cgroup is set"),
+        (any_pb2.Any(type_url="containerd.runc.v1.Options", value=b"\xff"), "not a containerd.runc.v1.Options"),
+        (any_pb2.Any(type_url="containerd.runc.v1.Options", value=b"\xa0\x06\x01"), "fields vmsandbox does not know"),
+        (any_pb2.Any(type_url="runtimeoptions.v1.Options", value=b""), "older vmsandbox's drop-in"),
+        (any_pb2.Any(type_url="runhcs.v1.Options", value=b"\x08\x01"), "runhcs.v1.Options"),
+    ],
+)
+def test_other_task_options_are_refused_naming_them(options: any_pb2.Any, says: str) -> None:
+    with pytest.raises(InvalidArgument, match=says):
+        task_options(options)
