@@ -54,8 +54,7 @@ RUNTIMECLASS_EXAMPLES = """examples:
 """
 CONTAINERD_EXAMPLES = """examples:
   vmsandbox profile containerd /etc/vmsandbox/profiles.yaml > /etc/containerd/conf.d/vmsandbox.toml
-  vmsandbox profile containerd /etc/vmsandbox/profiles.yaml --launchers /usr/local/bin \\
-      --shim-dir /run/vmsandbox/containerd > /etc/containerd/conf.d/vmsandbox.toml
+  vmsandbox profile containerd profiles.yaml --launchers /usr/local/bin --shim-dir /run/vmsandbox/containerd
 """
 SNAPSHOT_EXAMPLES = """examples:
   vmsandbox snapshot make my-pod.yaml --config /etc/vmsandbox/config.yaml   # while the shim is stopped
