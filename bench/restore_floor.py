@@ -34,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ from bench.sandbox_start import (
     IMAGE_DIR,
     RESTORE,
     SNAPSHOT_WAIT_S,
+    STACK_SHAPE,
     _stats_shape,
     live_xml,
     machine_cgroup,
@@ -53,6 +56,7 @@ from bench.sandbox_start import (
     remove_pod,
     restore_phases,
     snapshot_made,
+    stack_versions,
     stats,
     timed_run,
     write_profiles,
@@ -116,68 +120,140 @@ def bare_argv(libvirt_argv: list[str], tmp: Path) -> list[str]:
     return [*out, "-incoming", "defer"]
 
 
-def bare_restore(argv: list[str], image: Path, guest: DirectGuest, tmp: Path) -> dict[str, float]:
-    """Restore the snapshot with bare QEMU; the seconds of each step (see the module docstring)."""
+@contextmanager
+def paused_qemu(
+    argv: list[str], guest: DirectGuest, tmp: Path, fds: tuple[int, ...] = ()
+) -> Iterator[tuple[Qmp, float]]:
+    """Start ``argv`` (``bare_argv``'s: paused, ``-incoming defer``) confined like the guest, passing
+    ``fds``; yields its QMP connection and the seconds from spawn to its greeting. QEMU is killed
+    on the way out."""
     stderr = tmp / "qemu.stderr"
+    cpus = set(guest.host_cpus)
+    wait_for_hugepages(guest)
+    with open(stderr, "wb") as err:
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            pass_fds=fds,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
+    try:
+        qmp = Qmp(str(tmp / "charmonitor.sock"), time.monotonic() + TIMEOUT_S, proc, stderr)
+        try:
+            yield qmp, time.monotonic() - start
+        finally:
+            qmp.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def wait_migration(qmp: Qmp, tmp: Path) -> None:
+    """Poll ``query-migrate`` (either direction) until ``completed``; raise on failure or timeout."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while (status := qmp.call("query-migrate").get("status")) != "completed":
+        if status == "failed" or time.monotonic() > deadline:
+            said = (tmp / "qemu.stderr").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"migration {status}: {said}")
+        time.sleep(0.002)
+
+
+def stream_fd(image: Path) -> int:
+    """A descriptor on ``image`` at its migration stream (past libvirt's header), as libvirt hands
+    it to QEMU."""
     with open(image, "rb") as f:
         offset = parse_save_header(f.read(2 << 20)).stream_offset
     fd = os.open(image, os.O_RDONLY)
     os.lseek(fd, offset, os.SEEK_SET)
-    cpus = set(guest.host_cpus)
-    wait_for_hugepages(guest)
+    return fd
+
+
+def read_back_cpu(qmp: Qmp) -> int:
+    """libvirt's guest-CPU read-back (1 ``qom-list``, one ``qom-get`` per boolean property: 9.0 and
+    11.3 alike, whatever the QEMU); the number of QMP commands."""
+    flags = [p["name"] for p in qmp.call("qom-list", path=VCPU_PATH) if p.get("type") == "bool"]
+    for name in flags:
+        qmp.call("qom-get", path=VCPU_PATH, property=name)
+    return 1 + len(flags)
+
+
+def bare_restore(argv: list[str], image: Path, guest: DirectGuest, tmp: Path) -> dict[str, float]:
+    """Restore the snapshot with bare QEMU; the seconds of each step (see the module docstring)."""
+    fd = stream_fd(image)
     out: dict[str, float] = {}
     try:
-        with open(stderr, "wb") as err:
-            start = time.monotonic()
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                pass_fds=(fd,),
-                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-            )
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
-        qmp = Qmp(str(tmp / "charmonitor.sock"), time.monotonic() + TIMEOUT_S, proc, stderr)
-        up = time.monotonic()
-        out["qemu_start"] = up - start
-        qmp.call("migrate-incoming", uri=f"fd:{fd}")
-        deadline = up + TIMEOUT_S
-        while (status := qmp.call("query-migrate").get("status")) != "completed":
-            if status == "failed" or time.monotonic() > deadline:
-                raise RuntimeError(f"incoming migration {status}: {stderr.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.002)
-        loaded = time.monotonic()
-        out["load"] = loaded - up
-        flags = [p["name"] for p in qmp.call("qom-list", path=VCPU_PATH) if p.get("type") == "bool"]
-        for name in flags:
-            qmp.call("qom-get", path=VCPU_PATH, property=name)
-        read_back = time.monotonic()
-        out["cpu_readback"] = read_back - loaded
-        qmp.call("cont")
-        running = time.monotonic()
-        out["cont"] = running - read_back
-        if SETTLE_S:
-            time.sleep(SETTLE_S)
+        with paused_qemu(argv, guest, tmp, (fd,)) as (qmp, started):
+            up = time.monotonic()
+            out["qemu_start"] = started
+            qmp.call("migrate-incoming", uri=f"fd:{fd}")
+            wait_migration(qmp, tmp)
+            loaded = time.monotonic()
+            out["load"] = loaded - up
+            out["cpu_readback_commands"] = read_back_cpu(qmp)
+            read_back = time.monotonic()
+            out["cpu_readback"] = read_back - loaded
+            qmp.call("cont")
             running = time.monotonic()
-        with GuestChannel.open(str(tmp / "charchannel0.sock"), TIMEOUT_S, "bare restore") as channel:
-            answered = time.monotonic()
-            out["agent_first_answer"] = answered - running
-            args = personalize_args(None, "bench", seed=os.urandom(SEED_BYTES), time_ns=time.time_ns())
-            channel.request("personalize", TIMEOUT_S, args)
-            personalized = time.monotonic()
-            out["personalize_request"] = personalized - answered
-            channel.request("report", TIMEOUT_S)  # one more round trip: the channel's own floor
-            out["report_request"] = time.monotonic() - personalized
-        qmp.close()
+            out["cont"] = running - read_back
+            if SETTLE_S:
+                time.sleep(SETTLE_S)
+                running = time.monotonic()
+            with GuestChannel.open(str(tmp / "charchannel0.sock"), TIMEOUT_S, "bare restore") as channel:
+                answered = time.monotonic()
+                out["agent_first_answer"] = answered - running
+                args = personalize_args(None, "bench", seed=os.urandom(SEED_BYTES), time_ns=time.time_ns())
+                channel.request("personalize", TIMEOUT_S, args)
+                personalized = time.monotonic()
+                out["personalize_request"] = personalized - answered
+                channel.request("report", TIMEOUT_S)  # one more round trip: the channel's own floor
+                out["report_request"] = time.monotonic() - personalized
     finally:
         os.close(fd)
-        proc.kill()
-        proc.wait()
     out["bare_qemu"] = out["qemu_start"] + out["load"] + out["cont"]
+    return out
+
+
+def has_mapped_ram(argv: list[str], guest: DirectGuest, tmp: Path) -> bool:
+    """Whether this QEMU offers the ``mapped-ram`` migration capability (QEMU 9.0 and later)."""
+    with paused_qemu(argv, guest, tmp) as (qmp, _):
+        return any(c.get("capability") == "mapped-ram" for c in qmp.call("query-migrate-capabilities"))
+
+
+def bare_mapped_ram(argv: list[str], image: Path, guest: DirectGuest, tmp: Path) -> dict[str, float]:
+    """The same saved guest loaded from a ``mapped-ram`` file (each RAM page at a fixed offset, zero
+    pages absent; what libvirt 11's ``save_image_format = "sparse"`` writes): one bare QEMU loads the
+    snapshot's stream and migrates to such a file (not timed), a second loads that file, paused,
+    then runs and answers the agent (to show the guest survived). The seconds of the load and of
+    the first answer, and the file's allocated MiB."""
+    ram = tmp / "mapped-ram.img"
+    on = [{"capability": "mapped-ram", "state": True}]
+    fd = stream_fd(image)
+    try:
+        with paused_qemu(argv, guest, tmp, (fd,)) as (qmp, _):
+            qmp.call("migrate-incoming", uri=f"fd:{fd}")
+            wait_migration(qmp, tmp)
+            qmp.call("migrate-set-capabilities", capabilities=on)
+            qmp.call("migrate", uri=f"file:{ram}")
+            wait_migration(qmp, tmp)
+    finally:
+        os.close(fd)
+    out: dict[str, float] = {"file_mib": round(os.stat(ram).st_blocks * 512 / 2**20, 1)}
+    with paused_qemu(argv, guest, tmp) as (qmp, _):
+        qmp.call("migrate-set-capabilities", capabilities=on)
+        start = time.monotonic()
+        qmp.call("migrate-incoming", uri=f"file:{ram}")
+        wait_migration(qmp, tmp)
+        loaded = time.monotonic()
+        out["load"] = loaded - start
+        read_back_cpu(qmp)
+        qmp.call("cont")
+        running = time.monotonic()
+        with GuestChannel.open(str(tmp / "charchannel0.sock"), TIMEOUT_S, "mapped-ram restore"):
+            out["agent_first_answer"] = time.monotonic() - running
+    ram.unlink()
     return out
 
 
@@ -185,6 +261,7 @@ SHAPE: dict[str, Any] = {
     "benchmark": "restore_floor",
     "runs": smoke.COUNT,
     "load_avg_1m": smoke.NON_NEGATIVE,
+    "stack": STACK_SHAPE,
     "snapshot": {"size_mib": smoke.POSITIVE, "make_s": smoke.POSITIVE},
     "shim_restore_s": _stats_shape(),
     "shim_split_s": {k: _stats_shape(smoke.FINITE) for k in ("copy", "restore", "personalize", "other")},
@@ -201,6 +278,10 @@ SHAPE: dict[str, Any] = {
             "bare_qemu",
         )
     },
+    "cpu_readback_commands": smoke.COUNT,
+    "mapped_ram": smoke.Maybe(
+        {"file_mib": smoke.POSITIVE, "load_s": _stats_shape(), "agent_first_answer_s": _stats_shape()}
+    ),
     "direct_boot_s": _stats_shape(),
     "libvirt_overhead_s": smoke.FINITE,
     "ratio_restore_p50": smoke.POSITIVE,
@@ -216,6 +297,10 @@ def main() -> int:
     shim_split: dict[str, list[float]] = {k: [] for k in ("copy", "restore", "personalize", "other")}
     bare: dict[str, list[float]] = {k: [] for k in SHAPE["bare_split_s"]}
     direct_s: list[float] = []
+    readback_commands = 0
+    mapped: dict[str, list[float]] | None = None  # None: this QEMU has no mapped-ram
+    mapped_mib = 0.0
+    stack: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="vmsandbox-bench-") as tmp:
         profiles = Path(tmp) / "profiles.yaml"
         write_profiles(profiles)
@@ -252,22 +337,36 @@ def main() -> int:
                     shim_split[k].append(ph[k] / 1000)
                 shim_split["other"].append(total - sum(ph.values()) / 1000)
                 if not libvirt_argv:
+                    stack.update(stack_versions())
                     libvirt_argv = qemu_cmdline(info["domain"])
                     guest = DirectGuest.from_domain_xml(live_xml(info["domain"]), cgroup_parent=machine_cgroup())
                 remove(sid)
 
             def bare_run() -> None:
+                nonlocal readback_commands, mapped, mapped_mib
                 assert guest is not None
                 with tempfile.TemporaryDirectory(prefix="vmsandbox-bare-") as run_tmp:
                     steps = bare_restore(bare_argv(libvirt_argv, Path(run_tmp)), images[0], guest, Path(run_tmp))
+                readback_commands = int(steps.pop("cpu_readback_commands"))
                 for k, v in steps.items():
                     bare[k].append(v)
+                if mapped is None:
+                    return
+                with tempfile.TemporaryDirectory(prefix="vmsandbox-bare-") as run_tmp:
+                    got = bare_mapped_ram(bare_argv(libvirt_argv, Path(run_tmp)), images[0], guest, Path(run_tmp))
+                mapped_mib = got["file_mib"]
+                mapped["load"].append(got["load"])
+                mapped["agent_first_answer"].append(got["agent_first_answer"])
 
             def direct() -> None:
                 assert guest is not None
                 direct_s.append(boot_direct(guest).seconds)
 
             restored()  # the first: it gives the command line and the guest the others copy
+            with tempfile.TemporaryDirectory(prefix="vmsandbox-bare-") as run_tmp:
+                assert guest is not None
+                if has_mapped_ram(bare_argv(libvirt_argv, Path(run_tmp)), guest, Path(run_tmp)):
+                    mapped = {"load": [], "agent_first_answer": []}
             for i in range(args.runs):
                 for step in [bare_run, direct, restored] if i % 2 == 0 else [restored, bare_run, direct]:
                     if step is not restored or i > 0:
@@ -278,6 +377,7 @@ def main() -> int:
         "benchmark": "restore_floor",
         "runs": args.runs,
         "load_avg_1m": round(os.getloadavg()[0], 2),
+        "stack": stack,
         "snapshot": snapshot,
         "shim_restore_s": stats(shim_s),
         # copy: the image to the pod's copy; restore: libvirt's (QEMU start, read-back, load, cont);
@@ -285,6 +385,17 @@ def main() -> int:
         "shim_split_s": {k: stats(v) for k, v in shim_split.items()},
         # bare_qemu = qemu_start + load + cont (no read-back): what QEMU itself needs
         "bare_split_s": {k: stats(v) for k, v in bare.items()},
+        # QMP commands of the read-back (libvirt issues the same number against this QEMU)
+        "cpu_readback_commands": readback_commands,
+        # the same guest loaded by a bare QEMU from a mapped-ram file instead of the stream
+        # (bare_split_s.load), when this QEMU has mapped-ram; null when it has not
+        "mapped_ram": None
+        if mapped is None
+        else {
+            "file_mib": mapped_mib,
+            "load_s": stats(mapped["load"]),
+            "agent_first_answer_s": stats(mapped["agent_first_answer"]),
+        },
         "direct_boot_s": stats(direct_s),
         # libvirt's restore beyond QEMU's own start, load, cont and the CPU read-back
         "libvirt_overhead_s": round(percentile(shim_split["restore"], 50) - p50["bare_qemu"] - p50["cpu_readback"], 3),
