@@ -128,17 +128,14 @@ def paused_qemu(
     ``fds``; yields its QMP connection and the seconds from spawn to its greeting. QEMU is killed
     on the way out."""
     stderr = tmp / "qemu.stderr"
-    cpus = set(guest.host_cpus)
+    # confined by taskset, not a preexec_fn: this process runs gRPC's threads (the shim's client),
+    # and a child forked to run Python code before exec can abort in gRPC's fork handler
+    cpus = ["taskset", "--cpu-list", ",".join(map(str, guest.host_cpus))] if guest.host_cpus else []
     wait_for_hugepages(guest)
     with open(stderr, "wb") as err:
         start = time.monotonic()
         proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            pass_fds=fds,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+            [*cpus, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, pass_fds=fds
         )
     try:
         qmp = Qmp(str(tmp / "charmonitor.sock"), time.monotonic() + TIMEOUT_S, proc, stderr)

@@ -13,7 +13,8 @@
 #   scripts/backports-stack.sh status
 #
 # Both libvirts use /dev/hugepages and the machine cgroups; domain names must differ (the shim's
-# are per pod). `down` is safe to run again and after an interrupted `up`.
+# are per pod). An `up` that fails or is interrupted tears down what it started; `down` is safe to
+# run again. The benchmarks clean up their own pods when interrupted; `down` destroys any left.
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -168,7 +169,8 @@ down() {
 case ${1:-} in
 up)
     require_root
-    trap 'warn "up failed; run: $0 down"' ERR
+    # failed or interrupted half-way: take down what was started (nothing of the host's)
+    trap 'trap - ERR INT TERM; warn "up did not finish: tearing down"; down; exit 1' ERR INT TERM
     fetch
     extract
     namespace
