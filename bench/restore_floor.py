@@ -14,10 +14,15 @@ A shim makes the shape's snapshot (its first pod cold-boots). Then, interleaved 
   libvirt hands QEMU; no copy): QEMU's start to its QMP greeting, the load of the saved state
   (``migrate-incoming`` to ``completed``), ``cont``; then the agent's first answer on the channel
   (it notices a host) and the ``personalize`` round trip, as the shim sends it;
-- ``readback``: libvirt 9.0's guest-CPU read-back (``bench/cpu_readback.py``), replayed against that
-  paused QEMU between the load and ``cont``, where libvirt issues it;
+- ``readback``: libvirt's guest-CPU read-back (``bench/cpu_readback.py``; 9.0 and 11.3 alike), replayed
+  against that paused QEMU between the load and ``cont``;
+- ``mapped_ram`` (QEMU 9.0 and later; null on older): the same saved guest migrated by a bare QEMU
+  into a ``mapped-ram`` file (untimed), then loaded from it by another (timed), run and answering;
 - ``direct``: a cold boot of the same guest with bare QEMU (``bench/qemu_direct.py``), the ratio's
   denominator.
+
+Run it on another libvirt and QEMU than the host's with ``scripts/backports-stack.sh run`` (the JSON's
+``stack`` names what was measured).
 
 The JSON gives p50/p95 of each part, the shim's restore against the direct boot
 (``ratio_restore_p50``), the floors as ratios (QEMU alone: ``ratio_bare_qemu_p50``; QEMU plus the
