@@ -19,7 +19,9 @@ A shim makes the shape's snapshot (its first pod cold-boots). Then, interleaved 
 - ``mapped_ram`` (QEMU 9.0 and later; null on older): the same saved guest migrated by a bare QEMU
   into a ``mapped-ram`` file (untimed), then loaded from it by another (timed), run and answering;
 - ``direct``: a cold boot of the same guest with bare QEMU (``bench/qemu_direct.py``), the ratio's
-  denominator.
+  denominator;
+- last, on libvirt 11 and later (null before), on one more restored pod: libvirt's own restore of its
+  guest from a raw save image (the shim's) and from a sparse one (mapped-ram), alternately.
 
 Run it on another libvirt and QEMU than the host's with ``scripts/backports-stack.sh run`` (the JSON's
 ``stack`` names what was measured).
@@ -51,6 +53,7 @@ from bench.cpu_readback import VCPU_PATH, Qmp
 from bench.qemu_direct import DirectGuest, boot_direct, percentile, wait_for_hugepages
 from bench.sandbox_start import (
     IMAGE_DIR,
+    LIBVIRT_URI,
     RESTORE,
     SNAPSHOT_WAIT_S,
     STACK_SHAPE,
@@ -259,6 +262,43 @@ def bare_mapped_ram(argv: list[str], image: Path, guest: DirectGuest, tmp: Path)
     return out
 
 
+def libvirt_formats(domain: str, tmp: Path, runs: int) -> dict[str, Any] | None:
+    """libvirt's own restore of one running pod's guest from a ``raw`` save image (the shim's) and from
+    a ``sparse`` one (mapped-ram, libvirt 11), alternately ``runs`` times each; the seconds of each
+    ``virDomainRestoreParams`` to a running guest, or None where libvirt writes no sparse images.
+    The domain is left destroyed (its pod is removed next)."""
+    import libvirt
+
+    conn = libvirt.open(LIBVIRT_URI)
+    try:
+        if conn.getLibVersion() < 11_000_000:
+            return None
+        tmp.mkdir()
+        images = {"raw": tmp / "raw.save", "sparse": tmp / "sparse.save"}
+        file = libvirt.VIR_DOMAIN_SAVE_PARAM_FILE
+        conn.lookupByName(domain).saveParams({file: str(images["raw"])}, 0)
+        conn.restoreParams({file: str(images["raw"])}, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+        try:  # libvirt's VIR_DOMAIN_SAVE_PARAM_IMAGE_FORMAT, newer than the binding
+            conn.lookupByName(domain).saveParams({file: str(images["sparse"]), "image_format": "sparse"}, 0)
+        except libvirt.libvirtError:
+            conn.lookupByName(domain).destroy()
+            return None
+        seconds: dict[str, list[float]] = {"raw": [], "sparse": []}
+        for i in range(runs):
+            for fmt in ("raw", "sparse") if i % 2 == 0 else ("sparse", "raw"):
+                start = time.monotonic()
+                conn.restoreParams({file: str(images[fmt])}, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+                seconds[fmt].append(time.monotonic() - start)
+                conn.lookupByName(domain).destroy()
+        return {
+            "raw_s": stats(seconds["raw"]),
+            "sparse_s": stats(seconds["sparse"]),
+            "sparse_file_mib": round(os.stat(images["sparse"]).st_blocks * 512 / 2**20, 1),
+        }
+    finally:
+        conn.close()
+
+
 SHAPE: dict[str, Any] = {
     "benchmark": "restore_floor",
     "runs": smoke.COUNT,
@@ -283,6 +323,9 @@ SHAPE: dict[str, Any] = {
     "cpu_readback_commands": smoke.COUNT,
     "mapped_ram": smoke.Maybe(
         {"file_mib": smoke.POSITIVE, "load_s": _stats_shape(), "agent_first_answer_s": _stats_shape()}
+    ),
+    "libvirt_restore_by_format": smoke.Maybe(
+        {"raw_s": _stats_shape(), "sparse_s": _stats_shape(), "sparse_file_mib": smoke.POSITIVE}
     ),
     "direct_boot_s": _stats_shape(),
     "libvirt_overhead_s": smoke.FINITE,
@@ -373,6 +416,10 @@ def main() -> int:
                 for step in [bare_run, direct, restored] if i % 2 == 0 else [restored, bare_run, direct]:
                     if step is not restored or i > 0:
                         step()
+            # last, on a pod of its own: libvirt's restore from a raw and from a sparse image
+            sid, _, info = run()
+            by_format = libvirt_formats(info["domain"], Path(tmp) / "formats", args.runs)
+            remove(sid)
     p50 = {k: percentile(v, 50) for k, v in bare.items()}
     p50_direct = percentile(direct_s, 50)
     result = {
@@ -398,6 +445,9 @@ def main() -> int:
             "load_s": stats(mapped["load"]),
             "agent_first_answer_s": stats(mapped["agent_first_answer"]),
         },
+        # libvirt's restore (virDomainRestoreParams, QEMU start to running guest) of one pod's guest
+        # from the raw image the shim uses and from a sparse one (mapped-ram); null before libvirt 11
+        "libvirt_restore_by_format": by_format,
         "direct_boot_s": stats(direct_s),
         # libvirt's restore beyond QEMU's own start, load, cont and the CPU read-back
         "libvirt_overhead_s": round(percentile(shim_split["restore"], 50) - p50["bare_qemu"] - p50["cpu_readback"], 3),
