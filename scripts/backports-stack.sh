@@ -142,6 +142,7 @@ daemons() {
 down() {
     if ! ns_up; then
         rm -f "$NS"
+        if findmnt -n "$NS_DIR" >/dev/null 2>&1; then umount "$NS_DIR"; fi
         echo "backports stack: not up"
         return
     fi
@@ -163,14 +164,18 @@ down() {
     # the namespace's mounts go with it once nothing holds it
     umount "$NS"
     rm -f "$NS"
+    # and the bind mount that made $NS_DIR private
+    if findmnt -n "$NS_DIR" >/dev/null 2>&1; then umount "$NS_DIR"; fi
     echo "backports stack: down"
 }
 
 case ${1:-} in
 up)
     require_root
-    # failed or interrupted half-way: take down what was started (nothing of the host's)
-    trap 'trap - ERR INT TERM; warn "up did not finish: tearing down"; down; exit 1' ERR INT TERM
+    # failed or interrupted half-way: take down what was started (nothing of the host's); on the
+    # script's own stdout and stderr (3, 4), not those of the command the signal interrupted
+    exec 3>&1 4>&2
+    trap 'trap - ERR INT TERM; { warn "up did not finish: tearing down"; down; } >&3 2>&4; exit 1' ERR INT TERM
     fetch
     extract
     namespace
