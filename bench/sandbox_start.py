@@ -112,6 +112,23 @@ def live_xml(domain: str) -> str:
         conn.close()
 
 
+STACK_SHAPE = {"libvirt": smoke.TEXT, "qemu": smoke.TEXT}
+
+
+def stack_versions() -> dict[str, str]:
+    """The versions of the libvirt daemon behind ``LIBVIRT_URI`` and of its QEMU ("11.3.0", "10.0.2")."""
+    import libvirt
+
+    def dotted(v: int) -> str:
+        return f"{v // 1_000_000}.{v // 1000 % 1000}.{v % 1000}"
+
+    conn = libvirt.openReadOnly(LIBVIRT_URI)
+    try:
+        return {"libvirt": dotted(conn.getLibVersion()), "qemu": dotted(conn.getVersion())}
+    finally:
+        conn.close()
+
+
 def machine_cgroup() -> str | None:
     """libvirt's machine partition in the CPU controller (cgroup v1 or v2), where its guests run."""
     for path in ("/sys/fs/cgroup/cpu/machine", "/sys/fs/cgroup/machine"):
@@ -145,6 +162,7 @@ SHAPE: dict[str, Any] = {
     "benchmark": "sandbox_start",
     "runs": smoke.COUNT,
     "load_avg_1m": smoke.NON_NEGATIVE,
+    "stack": STACK_SHAPE,
     "guest": {
         "vcpus": smoke.COUNT,
         "memory_mib": smoke.COUNT,
@@ -317,6 +335,7 @@ def main() -> int:
         "benchmark": "sandbox_start",
         "runs": args.runs,
         "load_avg_1m": round(os.getloadavg()[0], 2),
+        "stack": stack_versions(),
         "guest": {
             "vcpus": guest.vcpus,
             "memory_mib": guest.mem_mib,
