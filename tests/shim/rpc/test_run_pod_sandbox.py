@@ -20,9 +20,12 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import any_pb2
 
+from gen.containerd.runtime.sandbox.v1 import sandbox_pb2
 from gen.cri.runtime.v1 import api_pb2 as pb
 from shim import faults, rpc
+from shim.containerd.sandbox_service import SandboxService
 from shim.nri.hooks import NriHooks
 from shim.pod_networks import Attachment
 from shim.pods import Pods
@@ -35,7 +38,7 @@ from vmsandbox.adapters.host_cgroup import HostCgroups
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.domain import domain_name
 from vmsandbox.dra import NetworkAttachment, NetworkConfig, PreparedClaim, PreparedDevice, claimed_mac
-from vmsandbox.errors import CannotFit, VmSandboxError
+from vmsandbox.errors import CannotFit, Unsupported, VmSandboxError
 
 pytest.importorskip("libvirt")
 
@@ -378,6 +381,60 @@ def test_a_claim_whose_network_is_no_longer_configured_is_refused(
     assert code == grpc.StatusCode.FAILED_PRECONDITION, details
     assert "network lan is not configured on this node any more" in details
     assert_left_nothing(claimed, request.config.port_mappings[0].host_port)
+
+
+class SandboxIds:
+    """Stands in for ``shim.containerd.tasks.Tasks``: the sandbox ids CreateSandbox adds and forgets."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+
+    def add_sandbox(self, sandbox_id: str) -> None:
+        self.ids.add(sandbox_id)
+
+    def forget_sandbox(self, sandbox_id: str) -> None:
+        self.ids.discard(sandbox_id)
+
+
+def test_shim_modes_create_sandbox_attaches_the_claims_prepared_for_the_pods_uid(claimed: Server) -> None:
+    """containerd's CreateSandbox (shim mode) carries the kubelet's PodSandboxConfig: the claims are
+    found by its uid, as on the CRI socket, the NIC is checked in the guest's report at READY and the
+    claim's status written."""
+    port = quiet_port()
+    mac = claimed_mac(CLAIMED_SID, "c-uid", 0)
+    reporting_nics({"name": "net1", "mac": mac, "addresses": ["192.168.50.7/24"], "up": True})
+    written: list[tuple[Any, ...]] = []
+    pods_of(claimed).claim_status = lambda *args: written.append(args)
+    ids = SandboxIds()
+    service = SandboxService(pods_of(claimed), "vmsandbox", ids)  # type: ignore[arg-type]
+    options = any_pb2.Any(type_url="runtime.v1.PodSandboxConfig")
+    options.value = host_network_pod(port).config.SerializeToString()
+    service.create(sandbox_pb2.CreateSandboxRequest(sandbox_id=CLAIMED_SID, options=options))
+    assert ids.ids == {CLAIMED_SID}
+    ((claims, nics, reported),) = written
+    assert [c.uid for c in claims] == ["c-uid"] and [n.mac for n in nics] == [mac]
+    assert [(r.name, r.mac) for r in reported] == [("net1", mac)]
+    assert f"vmsandbox.xnic={mac},net1,192.168.50.7/24" in claimed.sandboxes.hypervisor.live_xml(
+        domain_name(CLAIMED_SID)
+    )
+    remove(claimed, CLAIMED_SID)
+    assert_left_nothing(claimed, port)
+
+
+def test_shim_modes_create_sandbox_refuses_a_claim_it_cannot_attach_and_forgets_the_sandbox(
+    claimed: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pods_of(claimed), "prepared_claims", lambda uid: (lan_claim(),) if uid == "u-1" else ())
+    port = quiet_port()
+    ids = SandboxIds()
+    service = SandboxService(pods_of(claimed), "vmsandbox", ids)  # type: ignore[arg-type]
+    options = any_pb2.Any(type_url="runtime.v1.PodSandboxConfig")
+    options.value = host_network_pod(port).config.SerializeToString()
+    says = "claim default/web-net device lan (request net) has no static addresses"
+    with pytest.raises(Unsupported, match=re.escape(says)):
+        service.create(sandbox_pb2.CreateSandboxRequest(sandbox_id=CLAIMED_SID, options=options))
+    assert ids.ids == set()
+    assert_left_nothing(claimed, port)
 
 
 def test_the_namespace_a_request_gives_reaches_the_network_step(
