@@ -326,11 +326,16 @@ def test_a_guest_whose_claimed_nic_is_not_as_claimed_is_torn_down(
     port = quiet_port()
     mac = claimed_mac(CLAIMED_SID, "c-uid", 0)
     reporting_nics(*([{**nic, "mac": mac}] if nic else []))
+    failed: list[tuple[Any, ...]] = []
+    pods_of(claimed).claim_failure = lambda *args: failed.append(args)
     with pytest.raises(VmSandboxError) as err:
         run_claimed(claimed, port)
     assert "the guest's claimed NICs are not as claimed: " + says.replace("MAC", mac) in str(err.value)
     assert "rolled back: " in str(err.value)
     assert_left_nothing(claimed, port)
+    ((claims, reason, message),) = failed  # the claim's devices Ready False, saying why
+    assert [c.uid for c in claims] == ["c-uid"] and reason == "NotAsClaimed"
+    assert message.startswith("RunPodSandbox failed: ") and says.replace("MAC", mac) in message
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -350,7 +355,7 @@ def test_a_fault_after_any_step_of_a_pod_with_a_claimed_nic_leaves_nothing_behin
 @pytest.mark.parametrize(
     ("addresses", "code", "says"),
     [
-        ((), grpc.StatusCode.UNIMPLEMENTED, "claim default/web-net device lan (request net) has no static addresses"),
+        ((), grpc.StatusCode.FAILED_PRECONDITION, "device lan (request net) has no static addresses and none from"),
         (("10.1.0.7/24",), grpc.StatusCode.INVALID_ARGUMENT, '"10.1.0.7/24" is not in 192.168.50.0/24'),
     ],
 )
@@ -362,10 +367,13 @@ def test_a_claimed_device_that_cannot_be_attached_is_refused_before_anything_is_
         pods_of(claimed), "prepared_claims", lambda uid: (lan_claim(*addresses),) if uid == "u-1" else ()
     )
     request = host_network_pod(quiet_port())
+    failed: list[tuple[Any, ...]] = []
+    pods_of(claimed).claim_failure = lambda *args: failed.append(args)
     got, details, _ = claimed.rpc("RunPodSandbox", request)
     assert got == code, details
     assert details.startswith("pod default/web: ") and says in details, details
     assert_left_nothing(claimed, request.config.port_mappings[0].host_port)
+    assert [(r, says in m) for _, r, m in failed] == [("AttachFailed", True)]
 
 
 def test_a_claim_whose_network_is_no_longer_configured_is_refused(
