@@ -461,3 +461,28 @@ def test_a_given_namespace_has_its_loopback_forwarded_until_stop_or_rollback(
         assert [c for c, _ in forwards.calls] == (["open", "close"] if opened else [])
     assert forwards.open_now == set()
     assert_left_nothing(server, request.config.port_mappings[0].host_port)
+
+
+def test_a_failure_status_that_cannot_be_written_leaves_the_pods_own_error(
+    claimed: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Best effort: the claims' status write failing is logged, the answer is still why the pod failed."""
+    monkeypatch.setattr(pods_of(claimed), "prepared_claims", lambda uid: (lan_claim("10.1.0.7/24"),))
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("the API server is away")
+
+    pods_of(claimed).claim_failure = broken
+    request = host_network_pod(quiet_port())
+    code, details, _ = claimed.rpc("RunPodSandbox", request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and '"10.1.0.7/24" is not in 192.168.50.0/24' in details
+    assert_left_nothing(claimed, request.config.port_mappings[0].host_port)
+
+
+def test_a_pod_without_claims_writes_no_claim_status(server: Server) -> None:
+    written: list[tuple[Any, ...]] = []
+    pods_of(server).claim_failure = lambda *args: written.append(args)
+    pods_of(server).claim_status = lambda *args: written.append(args)
+    with faults.raising("RunPodSandbox:ready"), pytest.raises(faults.InjectedFault):
+        run_pod_sandbox(pods_of(server), inbound.run_pod_sandbox(host_network_pod(quiet_port())))
+    assert written == []
