@@ -4,8 +4,9 @@ of NodePrepareResources -> RunPodSandbox -> the claim's status write -> NodeUnpr
 
 First a VM pod whose claim has no static address Runs with the one host-local gave (kept in the
 claim's record, its file in host-local's dataDir under the shim's state), its claim's status saying
-what its guest has (the NIC's name, CIDRs and MAC, as ``ip addr`` in the guest shows them), and
-deleting it frees the claim, the allocation and the tap. Then, for each crash point: the shim is
+what its guest has (the NIC's name, CIDRs and MAC, as ``ip addr`` in the guest shows them), written
+again after a restart, and deleting it frees the claim, the allocation and the tap. A claim that
+cannot be attached has its device Ready False with the reason. Then, for each crash point: the shim is
 restarted armed with it (``scripts/cluster.sh restart-shim``, ``VMSANDBOX_FAULT``), a pod of such a
 claim is applied, the shim dies at that point and is started again as usual; the kubelet retries,
 the pod Runs with its NIC addressed from host-local, and once it is deleted nothing is left: no
@@ -236,6 +237,32 @@ def test_a_claim_without_static_addresses_gets_one_from_host_local(
     until("the status written again", 120, lambda: "status of 1 running pods written again" in shim_log.read_text())
     check_running_with_host_local_address(cluster, "dra-ipam", 60)
     delete_and_check_nothing_left(cluster, "dra-ipam")
+
+
+def test_a_claim_that_cannot_be_attached_says_why_in_its_status(cluster: Cluster, image: str, tmp_path: Path) -> None:
+    """A claim whose static address is not of its network's subnet: RunPodSandbox refuses the pod
+    (before anything is held), and the claim's device is Ready False, reason AttachFailed, the
+    refusal its message; deleting the pod leaves nothing."""
+    docs = manifests(image, "dra-refused")
+    docs[0]["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["addresses"] = ["10.9.9.9/24"]
+    apply(cluster, tmp_path, *docs)
+
+    def not_ready() -> Any:
+        statuses = kube_json(cluster, "get", "pod", "dra-refused")["status"].get("resourceClaimStatuses")
+        if not statuses:
+            return None
+        claim = kube_json(cluster, "get", "resourceclaim", statuses[0]["resourceClaimName"])
+        devices = claim.get("status", {}).get("devices") or []
+        return devices[0] if devices else None
+
+    device = until("the claim's status says why the pod has no NIC", 300, not_ready)
+    (cond,) = device["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("Ready", "False", "AttachFailed"), cond
+    assert '"10.9.9.9/24" is not in 10.240.0.0/24' in cond["message"], cond
+    assert "networkData" not in device
+    assert kube_json(cluster, "get", "pod", "dra-refused")["status"].get("phase") == "Pending"
+    assert allocations(cluster) == [] and taps() == []  # a static address: host-local not run
+    delete_and_check_nothing_left(cluster, "dra-refused")
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)

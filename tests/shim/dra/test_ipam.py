@@ -195,3 +195,18 @@ def test_container_ids_are_the_claims() -> None:
     )
     assert dra_ipam.claim_of("k8s-pod-sandbox") is None
     assert POD  # the claims are reserved for this pod
+
+
+def test_a_network_no_longer_configured_has_its_files_removed(tmp_path: Path) -> None:
+    """host-local needs the network's config to DEL: the driver's own files go instead (others' stay)."""
+    run = FakeHostLocal()
+    api, store, ipam, svc = service(tmp_path, run)
+    api.claims[("ns", "c-u1")] = claim_json("u1", "c-u1")
+    prepare(svc, "u1")
+    (tmp_path / "ipam" / "lan" / "192.168.50.200").write_bytes(b"other-container\r\neth0")
+    (tmp_path / "claims" / "u1.json").unlink()
+    store = ClaimStore(tmp_path / "claims")
+    calls = len(run.calls)
+    HostLocal((), tmp_path / "ipam", [str(REAL.parent)], run).reconcile(store)
+    assert len(run.calls) == calls  # no plugin run
+    assert files(ipam) == ["192.168.50.200"]
