@@ -26,7 +26,7 @@ PLUGIN = "host-local"
 CNI_VERSION = "1.0.0"
 NETNS_PLACEHOLDER = "none"  # host-local requires CNI_NETNS for ADD and CHECK, and never opens it
 MAX_ALLOCATION_FILE = 1024
-_CONTAINER = re.compile(r"^dra-([A-Za-z0-9][A-Za-z0-9._-]{0,127})-([0-9]{1,2})$")
+_CONTAINER = re.compile(r"dra-([A-Za-z0-9][A-Za-z0-9._-]{0,127})-([0-9]{1,2})")
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def container_id(claim_uid: str, index: int) -> str:
 
 def claim_of(container: str) -> str | None:
     """The claim uid of one of this driver's container ids, else None (not ours)."""
-    got = _CONTAINER.match(container)
+    got = _CONTAINER.fullmatch(container)
     return got.group(1) if got else None
 
 
