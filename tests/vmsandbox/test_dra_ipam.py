@@ -108,3 +108,10 @@ def test_stale_allocations() -> None:
     prepared = {"u1": claim("u1"), "u2": claim("u2", IPAM_ADDING)}
     got = dra_ipam.stale_allocations([held, other_ifname, static_index, no_claim, adding, not_ours], prepared)
     assert got == [other_ifname, static_index, no_claim, adding]
+
+
+def test_a_passthrough_device_takes_no_address() -> None:
+    pci = PreparedDevice("gpu", "node-a-pci", "pci-0000-3b-00-0")
+    network = PreparedDevice("net", "node-a-networks", "lan")
+    got = dra_ipam.ipam_devices(PreparedClaim("u1", "ns", "c", ("pod",), (pci, network)))
+    assert got == (IpamDevice(1, "lan", "dra-u1-1", "dra1"),)

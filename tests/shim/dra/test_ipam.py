@@ -73,7 +73,7 @@ def service(tmp: Path, run: Any) -> tuple[FakeApi, ClaimStore, HostLocal, DraSer
     api = FakeApi()
     store = ClaimStore(tmp / "claims")
     ipam = HostLocal(config.networks, tmp / "ipam", [str(REAL.parent)], run)
-    return api, store, ipam, DraService(config, NODE, store, api, ipam)
+    return api, store, ipam, DraService(config, NODE, store, api, ipam=ipam)
 
 
 def prepare(svc: DraService, *uids: str) -> dra_pb.NodePrepareResourcesResponse:
