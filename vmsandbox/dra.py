@@ -914,11 +914,11 @@ MAX_CONDITION_MESSAGE = 1024  # of the API's 32768
 
 
 def claim_failure_status(claim: PreparedClaim, driver: str, reason: str, message: str, now: str) -> dict[str, Any]:
-    """The server-side apply body of ``claim``'s ``status.devices[]`` when its NICs could not be
-    given to its pod (RunPodSandbox failed: refused, not attached, or not as claimed in the guest):
-    each device's ``Ready`` condition ``False`` with ``reason`` (a CamelCase word) and ``message``
-    (bounded), and no ``networkData`` (this manager's earlier one goes: server-side apply drops
-    the fields it no longer sends)."""
+    """The server-side apply body of ``claim``'s ``status.devices[]`` when its devices could not be
+    given to its pod (RunPodSandbox failed: refused, not attached, or a NIC not as claimed in the
+    guest): each device's ``Ready`` condition ``False`` with ``reason`` (a CamelCase word) and
+    ``message`` (bounded), and no ``networkData`` or ``data`` (this manager's earlier ones go:
+    server-side apply drops the fields it no longer sends)."""
     if not re.fullmatch(r"[A-Z][A-Za-z0-9]{0,63}", reason):
         raise InvalidArgument(f"condition reason {validation.quote(reason)} is not a CamelCase word")
     text = " ".join(message.split())
