@@ -530,6 +530,8 @@ def _claim_line(c: PlannedRequest, pci_device: str = "", sel: Selection | None =
         line += f", interface {c.config.interface_name}"
     if c.config.addresses:
         line += f", addresses {', '.join(c.config.addresses)}"
+    else:
+        line += ", addresses from host-local at NodePrepareResources"
     return line
 
 

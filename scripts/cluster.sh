@@ -103,11 +103,13 @@ NODE_SYSCTLS=(kernel/panic kernel/panic_on_oops vm/overcommit_memory)
 
 usage() {
     cat <<EOF
-usage: $0 up [KUBE_BIN_DIR] | down
+usage: $0 up [KUBE_BIN_DIR] | down | restart-shim
 
   up    start a one-node cluster on vmsandbox (state in \$CLUSTER_DIR, default /var/lib/vmsandbox-cluster);
         the binaries: KUBE_BIN_DIR, else \$KUBE_BIN, else scripts/build-k8s.sh's
   down  stop everything 'up' started (by pid) and remove what it made
+  restart-shim  stop the shim (SHIM_STOP_SIGNAL=KILL: as a crash) and start it again in the node's
+        mount namespace (with VMSANDBOX_FAULT when set: a test's crash point, shim/faults.py)
 EOF
     exit 2
 }
@@ -341,6 +343,25 @@ start_shim() {
         "$PY" -m shim serve --config "$SHIM/config.yaml"
     wait_for 60 "the shim's socket" test -S "$SOCKET" ||
         die "the shim did not listen on $SOCKET within 60 s (see $LOGS/shim.log)"
+}
+
+# `restart-shim`: the running cluster's shim stopped (SIGTERM; SIGKILL with SHIM_STOP_SIGNAL=KILL, as
+# a crash) and started again in the kubelet's mount namespace, as `up` started it; the environment's
+# VMSANDBOX_FAULT, if any, reaches the new shim (shim/faults.py: a test's crash point). A shim that
+# is not running (it died) is only started.
+restart_shim() {
+    require_root
+    local pid kubelet
+    if pid=$(running shim); then
+        if [[ ${SHIM_STOP_SIGNAL:-TERM} == KILL ]]; then
+            kill -KILL "$pid" 2>/dev/null || true
+            wait_gone "$pid" 20 || die "the shim (pid $pid) survived SIGKILL"
+        else
+            stop_pid "$pid" shim 60
+        fi
+    fi
+    kubelet=$(running kubelet) || die "the kubelet is not running: no node to restart the shim in"
+    nsenter --mount="/proc/$kubelet/ns/mnt" -- "$SELF" _shim
 }
 
 # A sandbox image for containerd, offline: busybox-static sleeping (what a pause container does),
@@ -887,6 +908,7 @@ up)
     up
     ;;
 down) down ;;
+restart-shim) restart_shim ;;
 _node) node_namespace ;;
 _shim) start_shim ;;
 *) usage ;;

@@ -53,6 +53,7 @@ from vmsandbox.sizing import VmShape
 from vmsandbox.snapshot_rules import PLACEHOLDER_MAC, restore_domain, restore_refusal, snapshot_domain_name
 
 log = logging.getLogger(__name__)
+CLAIMED_NICS_WRONG = "the guest's claimed NICs are not as claimed"  # the ready check's error, for the claims' status
 _CONSOLE_TAIL_BYTES = 16 * 1024
 _CONSOLE_LINE_CHARS = 300
 
@@ -239,7 +240,7 @@ class Boot(SandboxPart):
             raise InfrastructureError(f"the guest could not configure its network: {'; '.join(problems)[:512]}")
         claimed = claimed_nic_problems(guest.claimed_nics, report.nics)
         if claimed:
-            raise InfrastructureError(f"the guest's claimed NICs are not as claimed: {'; '.join(claimed)[:512]}")
+            raise InfrastructureError(f"{CLAIMED_NICS_WRONG}: {'; '.join(claimed)[:512]}")
         if report.vcpus != shape.vcpus:
             raise InfrastructureError(f"guest reports {report.vcpus} vCPUs, the domain has {shape.vcpus}")
         for size, count in shape.guest_hugepages:

@@ -31,6 +31,11 @@ inside the owners' own work:
 ``snapshot:after-save``        the snapshot's image is written, not yet moved into the store
 ``hot-plug:after-vcpus``       a resize's vCPUs are online in the guest, its memory not yet plugged
 ``hot-plug:after-dimm``        a resize's DIMM is plugged too; the guest has not shown them online
+``dra:after-record``           NodePrepareResources kept a claim's record saying ``adding``; no host-local ADD yet
+``dra:after-ipam-add``         host-local ADDed the claim's addresses; its record still says ``adding``
+``dra:after-ipam-del``         NodeUnprepareResources DELeted the claim's addresses; its record is still kept
+``dra:before-status``          the pod is READY with its claimed NICs; their claims' status not written yet
+``dra:after-status``           the claims' status is written; RunPodSandbox has not answered yet
 """
 
 from __future__ import annotations
@@ -56,6 +61,11 @@ POINTS = (
     "snapshot:after-save",
     "hot-plug:after-vcpus",
     "hot-plug:after-dimm",
+    "dra:after-record",
+    "dra:after-ipam-add",
+    "dra:after-ipam-del",
+    "dra:before-status",
+    "dra:after-status",
 )
 
 RAISE = "raise:"

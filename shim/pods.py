@@ -111,6 +111,8 @@ class Pods:
         self.claim_status: Callable[[Sequence[PreparedClaim], Sequence[ClaimedNic], Sequence[NicReport]], None] = (
             lambda _c, _n, _r: None
         )
+        # set the claims' devices Ready False when the pod's RunPodSandbox failed: (claims, reason, message)
+        self.claim_failure: Callable[[Sequence[PreparedClaim], str, str], None] = lambda _c, _r, _m: None
         self._rates = _CpuRates()
 
     # -- the runtime ---------------------------------------------------------------------------------

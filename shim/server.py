@@ -61,6 +61,7 @@ from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.adapters.layers import Limits
 from vmsandbox.adapters.ledger import Ledger
 from vmsandbox.adapters.profile_loader import default_profiles, load_profiles
+from vmsandbox.agent_protocol import NicReport, report_from_body
 from vmsandbox.errors import InfrastructureError, InvalidArgument
 from vmsandbox.passable import reach_problems
 
@@ -243,10 +244,12 @@ def start(config: ShimConfig) -> Running:
                 lambda: sandboxes.resources.pools.devices,
                 sandboxes.resources.pci_holder,
             )
-        dra = DraDriver.start(config.dra, config.state_dir, pci=pci)
+        dra = DraDriver.start(config.dra, config.state_dir, pci=pci, cni_bin_dirs=config.cni_bin_dirs)
     if dra is not None:  # RunPodSandbox attaches what it prepared for the pod
         pods.prepared_claims = dra.store.for_pod
         pods.claim_status = dra.write_status
+        pods.claim_failure = dra.write_failure
+        _resync_claim_status(dra, sandboxes, containers)
     dra_nri = None
     if dra is not None and config.dra.nri_socket:  # ordinary pods' claimed devices, through containerd's NRI
         dra_nri = start_runc_nics(dra, config.dra, config.state_dir, frozenset(profiles))
@@ -326,6 +329,27 @@ def start(config: ShimConfig) -> Running:
         dra=dra,
         dra_nri=dra_nri,
     )
+
+
+def _resync_claim_status(dra: DraDriver, sandboxes: Sandboxes, containers: Containers) -> None:
+    """The claims of the READY pods this shim ran before a restart get their status written again,
+    from what each guest reports now (in the background: each guest answers in its own time)."""
+    ready = [
+        (s.id, f"{s.meta.namespace}/{s.meta.name}", s.meta.uid)
+        for s in sandboxes.records.list_sandboxes()
+        if s.state == SANDBOX_READY
+    ]
+
+    def report(sandbox_id: str) -> tuple[NicReport, ...]:
+        body = containers.pool.client(sandbox_id).request("report", {}, timeout_s=10)
+        return report_from_body(body).nics
+
+    def run() -> None:
+        done = dra.resync_status(ready, report)
+        if done:
+            log.info("DRA: the claims' status of %d running pods written again", done)
+
+    threading.Thread(target=run, name="dra-status", daemon=True).start()
 
 
 def _vmm_memory(sandboxes: Sandboxes) -> Iterator[tuple[str, int]]:

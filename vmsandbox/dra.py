@@ -65,6 +65,8 @@ class NetworkAttachment:
     subnet: str
     gateway: str = ""
     mode: str = "bridge"  # macvlan only
+    range_start: str = ""  # host-local's range within the subnet (empty: its whole subnet)
+    range_end: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class DraConfig:
     networks: tuple[NetworkAttachment, ...] = ()
     pci_pools: tuple[str, ...] = ()  # device_pools whose IOMMU groups are published (vmsandbox.dra_pci)
     nri_socket: str = ""  # containerd's NRI socket: ordinary pods' claimed devices (shim.dra.nri_plugin); "": none
+    ipam_dir: str = ""  # host-local's dataDir for claimed NICs; empty: <state_dir>/dra/ipam
 
     @property
     def enabled(self) -> bool:
@@ -99,6 +102,11 @@ class PreparedDevice:
     device: str
     config: NetworkConfig = NetworkConfig()
     share_id: str = ""  # this claim's share of a device allocated more than once (a network: one per pod)
+    allocated: tuple[str, ...] = ()  # CIDRs host-local gave a device without static addresses
+
+
+IPAM_ADDING = "adding"  # the claim's host-local ADDs may have run (a crash here: DEL them, the claim is not prepared)
+IPAM_ADDED = "added"  # every device without static addresses has its ``allocated`` addresses
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,7 @@ class PreparedClaim:
     name: str
     pod_uids: tuple[str, ...]
     devices: tuple[PreparedDevice, ...]
+    ipam: str = ""  # "": no device of it takes addresses from host-local; else IPAM_ADDING or IPAM_ADDED
 
 
 MAX_CLAIMED_NICS = 8
@@ -139,12 +148,17 @@ def claimed_mac(sandbox_id: str, claim_uid: str, index: int) -> str:
 
 
 def claimed_nics(
-    pod: str, sandbox_id: str, claims: Sequence[PreparedClaim], networks: Sequence[NetworkAttachment]
+    pod: str,
+    sandbox_id: str,
+    claims: Sequence[PreparedClaim],
+    networks: Sequence[NetworkAttachment],
+    planned: bool = False,
 ) -> tuple[ClaimedNic, ...]:
     """The NICs a pod's prepared claims put in its VM, in the claims' order. A device that cannot
-    be attached as claimed is refused by name: its network no longer configured (WrongState),
-    without static addresses (host-local IPAM is not run for a VM's claimed NIC: Unsupported), an
-    address outside the network's subnet or two NICs with one name (InvalidArgument), too many."""
+    be attached as claimed is refused by name: its network no longer configured or, without static
+    addresses, none from host-local (its NodePrepareResources did not finish: WrongState), an
+    address outside the network's subnet or two NICs with one name (InvalidArgument), too many.
+    ``planned``: ``vmsandbox plan``'s, where host-local has not run (such a NIC has no addresses)."""
     by_name = {n.name: n for n in networks}
     devices = [(c, d) for c in claims for d in c.devices]
     if len(devices) > MAX_CLAIMED_NICS:
@@ -158,13 +172,14 @@ def claimed_nics(
         network = by_name.get(device.device)
         if network is None:
             raise WrongState(f"pod {pod}: {what}: network {device.device} is not configured on this node any more")
-        if not device.config.addresses:
-            raise Unsupported(
-                f"pod {pod}: {what} has no static addresses; a VM's claimed NIC takes its addresses from the "
-                "claim's opaque config (addresses), host-local IPAM is not run for it (docs/dra.md)"
+        addresses = device.config.addresses or device.allocated
+        if not addresses and not planned:
+            raise WrongState(
+                f"pod {pod}: {what} has no static addresses and none from host-local on network {network.name}: "
+                "its claim was not prepared to the end (NodePrepareResources runs again)"
             )
         subnet = ipaddress.ip_network(network.subnet)
-        for address in device.config.addresses:
+        for address in addresses:
             try:
                 inside = ipaddress.ip_interface(address).ip in subnet
             except ValueError:
@@ -190,7 +205,7 @@ def claimed_nics(
                 mode=network.mode,
                 mac=claimed_mac(sandbox_id, claim.uid, index),
                 name=name,
-                addresses=device.config.addresses,
+                addresses=addresses,
             )
         )
     claimed_nic_args(tuple(nics))  # refused here, before anything is held, when they do not fit
@@ -259,7 +274,7 @@ def _string(data: Mapping[str, Any], key: str, where: str, default: str | None =
 def parse_network(data: object, where: str) -> NetworkAttachment:
     if not isinstance(data, dict):
         raise InvalidArgument(f"{where}: must be a mapping (name, kind, interface, subnet)")
-    unknown = sorted(set(data) - {"name", "kind", "interface", "subnet", "gateway", "mode"})
+    unknown = sorted(set(data) - {"name", "kind", "interface", "subnet", "gateway", "mode", "range_start", "range_end"})
     if unknown:
         raise InvalidArgument(f"{where}.{unknown[0]}: unknown key")
     name = _string(data, "name", where)
@@ -286,7 +301,19 @@ def parse_network(data: object, where: str) -> NetworkAttachment:
     mode = _string(data, "mode", where, "bridge")
     if mode not in MACVLAN_MODES or (kind != "macvlan" and "mode" in data):
         raise InvalidArgument(f"{where}.mode: macvlan only, one of {', '.join(MACVLAN_MODES)}")
-    return NetworkAttachment(name, kind, interface, str(net), gateway, mode)
+    ends = []
+    for key in ("range_start", "range_end"):
+        value = _string(data, key, where, "")
+        try:
+            ok = not value or ipaddress.ip_address(value) in net
+        except ValueError:
+            ok = False
+        if not ok:
+            raise InvalidArgument(f"{where}.{key}: {validation.quote(value)} is not an address of {subnet}")
+        ends.append(value)
+    if all(ends) and int(ipaddress.ip_address(ends[0])) > int(ipaddress.ip_address(ends[1])):
+        raise InvalidArgument(f"{where}: range_start {ends[0]} is after range_end {ends[1]}")
+    return NetworkAttachment(name, kind, interface, str(net), gateway, mode, ends[0], ends[1])
 
 
 def parse_dra_config(data: object, source: str) -> DraConfig:
@@ -305,6 +332,7 @@ def parse_dra_config(data: object, source: str) -> DraConfig:
         "networks",
         "pci_pools",
         "nri_socket",
+        "ipam_dir",
     }
     unknown = sorted(set(data) - keys)
     if unknown:
@@ -317,6 +345,7 @@ def parse_dra_config(data: object, source: str) -> DraConfig:
         ("kubelet_plugins_registry_dir", DraConfig.plugins_registry_dir),
         ("kubelet_plugins_dir", DraConfig.plugins_dir),
         ("nri_socket", ""),
+        ("ipam_dir", ""),
     ):
         value = _string(data, key, where, default)
         if value and not value.startswith("/"):
@@ -353,6 +382,7 @@ def parse_dra_config(data: object, source: str) -> DraConfig:
         networks=parsed,
         pci_pools=tuple(pci_pools),
         nri_socket=paths["nri_socket"],
+        ipam_dir=paths["ipam_dir"],
     )
 
 
@@ -607,9 +637,11 @@ def claim_record(claim: PreparedClaim) -> dict[str, Any]:
                 "interfaceName": d.config.interface_name,
                 "addresses": list(d.config.addresses),
                 "shareID": d.share_id,
+                **({"allocated": list(d.allocated)} if d.allocated else {}),
             }
             for d in claim.devices
         ],
+        **({"ipam": claim.ipam} if claim.ipam else {}),
     }
 
 
@@ -645,8 +677,12 @@ def claim_from_record(data: object) -> PreparedClaim:
             raise InvalidArgument(f"{where}.shareID: must be a string")
         if share:
             validation.uid(share, f"{where}.shareID")
-        out.append(PreparedDevice(d["request"], d["pool"], d["device"], config, share))
-    return PreparedClaim(uid, namespace, name, tuple(pods), tuple(out))
+        allocated = parse_network_config({"addresses": d.get("allocated", [])}, f"{where}.allocated").addresses
+        out.append(PreparedDevice(d["request"], d["pool"], d["device"], config, share, allocated))
+    ipam = data.get("ipam", "")
+    if ipam not in ("", IPAM_ADDING, IPAM_ADDED):
+        raise InvalidArgument(f"prepared claim: ipam: {validation.quote(str(ipam))} is not a state")
+    return PreparedClaim(uid, namespace, name, tuple(pods), tuple(out), ipam)
 
 
 # ---- plan --------------------------------------------------------------------------------------
@@ -786,7 +822,7 @@ def planned_nics(
         for i, r in enumerate(requests)
         if r.networks
     ]
-    return claimed_nics(pod, sandbox_id, claims, networks)
+    return claimed_nics(pod, sandbox_id, claims, networks, planned=True)
 
 
 def _class_is_ours(name: str, docs: list[Any], driver: str) -> bool:
@@ -872,3 +908,34 @@ def plan_claims(
                     )
                 )
     return tuple(out)
+
+
+MAX_CONDITION_MESSAGE = 1024  # of the API's 32768
+
+
+def claim_failure_status(claim: PreparedClaim, driver: str, reason: str, message: str, now: str) -> dict[str, Any]:
+    """The server-side apply body of ``claim``'s ``status.devices[]`` when its devices could not be
+    given to its pod (RunPodSandbox failed: refused, not attached, or a NIC not as claimed in the
+    guest): each device's ``Ready`` condition ``False`` with ``reason`` (a CamelCase word) and
+    ``message`` (bounded), and no ``networkData`` or ``data`` (this manager's earlier ones go:
+    server-side apply drops the fields it no longer sends)."""
+    if not re.fullmatch(r"[A-Z][A-Za-z0-9]{0,63}", reason):
+        raise InvalidArgument(f"condition reason {validation.quote(reason)} is not a CamelCase word")
+    text = " ".join(message.split())
+    if len(text) > MAX_CONDITION_MESSAGE:
+        text = text[: MAX_CONDITION_MESSAGE - 1] + "…"
+    devices = []
+    for device in claim.devices:
+        entry: dict[str, Any] = {"driver": driver, "pool": device.pool, "device": device.device}
+        if device.share_id:
+            entry["shareID"] = device.share_id
+        entry["conditions"] = [
+            {"type": "Ready", "status": "False", "reason": reason, "lastTransitionTime": now, "message": text}
+        ]
+        devices.append(entry)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+        "status": {"devices": devices},
+    }

@@ -85,7 +85,8 @@ def runc_nics(
 ) -> tuple[RuncNic, ...]:
     """The links a pod's prepared claims put in its network namespace, in the claims' order. A
     PCI passthrough device (a VM's only) and a device without static addresses are refused
-    (``Unsupported``: the claim's opaque config gives them; host-local IPAM is not run); the rest
+    (``Unsupported``: the claim's opaque config gives them; the addresses host-local gave the device
+    at NodePrepareResources are not used for an ordinary pod yet); the rest
     is refused as a VM's NIC is (``claimed_nics``)."""
     for claim in claims:
         for device in claim.devices:
@@ -99,8 +100,8 @@ def runc_nics(
                 raise Unsupported(
                     f"pod {pod}: claim {claim.namespace}/{claim.name} device {device.device} (request "
                     f"{device.request}) has no static addresses; a claimed network device of an ordinary "
-                    "pod takes its addresses from the claim's opaque config (addresses), host-local IPAM is "
-                    "not run (docs/dra.md)"
+                    "pod takes its addresses from the claim's opaque config (addresses), not from host-local "
+                    "(docs/dra.md)"
                 )
     nics = claimed_nics(pod, sandbox_id, claims, networks)
     uids = [c.uid for c in claims for _ in c.devices]

@@ -8,10 +8,13 @@ NodePrepareResources reads each claim from the API server, reduces it to a prepa
 (``vmsandbox.dra.prepared_claim``: this driver's devices on this node, the pods it is reserved for,
 the opaque config) and keeps it in the store before answering its devices; a passthrough device
 must not be prepared for another claim nor held by a sandbox (``PciHost``: the one placement
-ledger). A claim already prepared is answered from the store. NodeUnprepareResources forgets it,
-and a claim not prepared is not an error. Each claim's failure is that claim's ``error`` in the
-reply, as the API asks; the call itself fails only when it is malformed as a whole (too many
-claims)."""
+ledger). A claim already prepared is answered from the store. A network device without static
+addresses gets them from CNI host-local (``shim.dra.ipam``): the claim's record is kept saying
+``adding`` before the first ADD and ``added``, with the addresses, after the last.
+NodeUnprepareResources DELetes those (a DEL that fails is the claim's error and its record stays,
+so the kubelet's next unprepare runs it again), then forgets the claim; a claim not prepared is not
+an error. Each claim's failure is that claim's ``error`` in the reply, as the API asks; the call
+itself fails only when it is malformed as a whole (too many claims)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import os
 import threading
 from collections.abc import Mapping
 from concurrent import futures
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,10 +33,13 @@ from gen.kubelet.dra.v1 import api_pb2 as dra_pb
 from gen.kubelet.dra.v1 import api_pb2_grpc as dra_grpc
 from gen.kubelet.pluginregistration.v1 import api_pb2 as reg_pb
 from gen.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from shim import faults
+from shim.dra.ipam import HostLocal
 from shim.dra.store import ClaimStore
 from vmsandbox import validation
 from vmsandbox.devices import DeviceGroup
-from vmsandbox.dra import DraConfig, PreparedClaim, check_claim_ref, is_pci, prepared_claim
+from vmsandbox.dra import IPAM_ADDING, DraConfig, PreparedClaim, check_claim_ref, is_pci, prepared_claim
+from vmsandbox.dra_ipam import ipam_devices
 from vmsandbox.errors import InfrastructureError, VmSandboxError, WrongState
 
 log = logging.getLogger(__name__)
@@ -90,9 +97,16 @@ class Registration(reg_grpc.RegistrationServicer):
 
 class DraService(dra_grpc.DRAPluginServicer):
     def __init__(
-        self, config: DraConfig, node: str, store: ClaimStore, source: ClaimSource, pci: PciHost | None = None
+        self,
+        config: DraConfig,
+        node: str,
+        store: ClaimStore,
+        source: ClaimSource,
+        pci: PciHost | None = None,
+        ipam: HostLocal | None = None,
     ) -> None:
         self._config, self._node, self._store, self._source = config, node, store, source
+        self._ipam = ipam
         self._devices = frozenset(n.name for n in config.networks)
         self._pci = pci
         self._lock = threading.Lock()  # one prepare or unprepare of the store at a time
@@ -126,8 +140,10 @@ class DraService(dra_grpc.DRAPluginServicer):
         check_claim_ref(claim.namespace, claim.name, claim.uid)
         with self._lock:
             known = self._store.get(claim.uid)
-            if known is not None:
-                return known
+        if known is not None and known.ipam != IPAM_ADDING:
+            return known
+        if known is not None and self._ipam is not None:  # a prepare cut short: what it added goes first
+            self._ipam.delete(known)
         got = self._source.get_claim(claim.namespace, claim.name)
         published = self._pci.devices() if self._pci is not None else {}
         prepared = prepared_claim(
@@ -140,9 +156,24 @@ class DraService(dra_grpc.DRAPluginServicer):
             self._devices,
             frozenset(published),
         )
-        with self._lock:
-            self._check_pci_free(prepared, published)
-            self._store.put(prepared)
+        if ipam_devices(prepared) and self._ipam is not None:
+            prepared = replace(prepared, ipam=IPAM_ADDING)
+            with self._lock:  # its passthrough devices are this record's from here
+                self._check_pci_free(prepared, published)
+                self._store.put(prepared)  # before the first ADD: a crash after it is DELeted at start
+            faults.checkpoint("dra:after-record")
+            try:
+                prepared = self._ipam.add(prepared)
+            except VmSandboxError:
+                with self._lock:
+                    self._store.remove(claim.uid)
+                raise
+            with self._lock:
+                self._store.put(prepared)
+        else:
+            with self._lock:
+                self._check_pci_free(prepared, published)
+                self._store.put(prepared)
         log.info(
             "DRA: prepared claim %s/%s (%s) for pods %s: %s",
             claim.namespace,
@@ -184,6 +215,11 @@ class DraService(dra_grpc.DRAPluginServicer):
             try:
                 check_claim_ref(claim.namespace, claim.name, claim.uid)
                 with self._lock:
+                    known = self._store.get(claim.uid)
+                if known is not None and known.ipam and self._ipam is not None:
+                    self._ipam.delete(known)  # raises: the record stays, the kubelet's next unprepare DELs again
+                    faults.checkpoint("dra:after-ipam-del")
+                with self._lock:
                     if self._store.remove(claim.uid):
                         log.info("DRA: unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
                 reply.claims[claim.uid].error = ""
@@ -197,11 +233,17 @@ class DraPlugin:
     (the registration socket goes, so the kubelet forgets the plugin)."""
 
     def __init__(
-        self, config: DraConfig, node: str, store: ClaimStore, source: ClaimSource, pci: PciHost | None = None
+        self,
+        config: DraConfig,
+        node: str,
+        store: ClaimStore,
+        source: ClaimSource,
+        pci: PciHost | None = None,
+        ipam: HostLocal | None = None,
     ) -> None:
         self.config = config
         self.registration = Registration(config)
-        self.service = DraService(config, node, store, source, pci)
+        self.service = DraService(config, node, store, source, pci, ipam)
         self._server: grpc.Server | None = None
 
     def start(self) -> None:

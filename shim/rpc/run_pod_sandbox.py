@@ -39,6 +39,8 @@ cgroup        its QEMU, all threads, moved into the pod's         moved back
 guest-start   its guest restored (or, when that fails,            (the domain's)
               cold-booted) or booted, its agent answering
 ready         the guest's report checked, the row READY           (the row's)
+              (and the DRA claims' status written: their NICs
+              as the guest reports them)
 loopback-     in a given namespace (shim mode): TCP to its        its rule deleted, closed
 forward       loopback redirected to a listener there, which
               relays each connection into the guest
@@ -49,7 +51,9 @@ nri-started   NRI plugins told RunPodSandbox, and none refused    told RemovePod
 When the domain cannot be torn down the unwinding stops there: the guest may still hold the
 pod's CPUs and pages, so they stay claimed (with the row, network, directory and name) until the
 reconcile removes the domain, and the error says so. Once READY and answered, the snapshot of a
-shape that has none yet is made in the background.
+shape that has none yet is made in the background. A pod with DRA claims that fails, once unwound,
+has each claimed device's ``Ready`` condition ``False`` with the reason (``NotAsClaimed``: the
+guest's NIC is not as claimed; else ``AttachFailed``) and the error as its message.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from shim import logs, metrics, rpc
+from shim.boot import CLAIMED_NICS_WRONG
 from shim.model import RunPodSandbox, SandboxRecord, SandboxSpec
 from shim.pods import Pods
 from shim.records import new_id
@@ -106,7 +111,8 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
     sandbox_id = req.sandbox_id or new_id()
     if req.sandbox_id and (sandbox_id in sb.locks.in_flight or sandbox_id in sb.records.ids_with_prefix(sandbox_id)):
         raise AlreadyExists(f"sandbox {sandbox_id} exists already")
-    with sb.locks.running(sandbox_id), rpc.steps(RPC, functools.partial(_failed, pod, sandbox_id)) as s:
+    failed = functools.partial(_claims_failed, pods, claims, functools.partial(_failed, pod, sandbox_id))
+    with sb.locks.running(sandbox_id), rpc.steps(RPC, failed) as s:
         plan = sb.plan(spec)
         s.done("plan")
         nic_claims = network_claims(claims)
@@ -193,6 +199,24 @@ def _open_loopback_forward(pods: Pods, sandbox_id: str, given_netns: str | None)
         return None
     forwards.open(sandbox_id, given_netns)
     return functools.partial(forwards.close, sandbox_id)
+
+
+def _claims_failed(
+    pods: Pods,
+    claims: Sequence[PreparedClaim],
+    then: Callable[[BaseException, str], BaseException | None],
+    exc: BaseException,
+    outcome: str,
+) -> BaseException | None:
+    """Once unwound, a pod with DRA claims has their devices' ``Ready`` condition set ``False``
+    with the reason (best effort, bounded: ``DraDriver.write_failure``); then ``then``'s error."""
+    if claims and isinstance(exc, Exception):
+        reason = "NotAsClaimed" if CLAIMED_NICS_WRONG in str(exc) else "AttachFailed"
+        try:
+            pods.claim_failure(claims, reason, f"RunPodSandbox failed: {exc}")
+        except Exception as write_exc:  # never in place of the pod's own error
+            log.warning("claims' failure status not written: %s", write_exc)
+    return then(exc, outcome)
 
 
 def _failed(pod: str, sandbox_id: str, exc: BaseException, outcome: str) -> BaseException | None:

@@ -37,11 +37,24 @@ def test_plan_says_when_the_template_is_missing(tmp_path: Path) -> None:
 
 def test_plan_refuses_a_claim_the_shim_cannot_attach(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text(CONFIG)
-    (tmp_path / "pod.yaml").write_text(EXAMPLE.read_text().replace('addresses: ["192.168.77.10/24"]', "addresses: []"))
+    (tmp_path / "pod.yaml").write_text(EXAMPLE.read_text().replace("192.168.77.10/24", "10.1.0.7/24"))
     code, doc = vmsandbox_json(
         "plan", tmp_path / "pod.yaml", "--config", tmp_path / "config.yaml", "--host-sysfs", TWO_SOCKET
     )
     assert code == 1  # does not fit: as for any refusal
     assert doc["domain_xml"] is None
     reason = doc["refusal"]["reason"]
-    assert "has no static addresses" in reason and reason.endswith("(the shim refuses RunPodSandbox)"), doc
+    assert '"10.1.0.7/24" is not in 192.168.77.0/24' in reason, doc
+    assert reason.endswith("(the shim refuses RunPodSandbox)"), doc
+
+
+def test_plan_of_a_claim_without_static_addresses_says_host_local_gives_them(tmp_path: Path) -> None:
+    """host-local runs at NodePrepareResources: the plan has the NIC, named, with no address yet."""
+    (tmp_path / "config.yaml").write_text(CONFIG)
+    (tmp_path / "pod.yaml").write_text(EXAMPLE.read_text().replace('addresses: ["192.168.77.10/24"]', "addresses: []"))
+    args = ("plan", tmp_path / "pod.yaml", "--config", tmp_path / "config.yaml", "--host-sysfs", TWO_SOCKET)
+    code, doc = vmsandbox_json(*args)
+    assert code == 0, doc
+    assert doc["claims"][0]["addresses"] == []
+    assert '<source bridge="br1" />' in doc["domain_xml"] and ",net1</cmdline>" in doc["domain_xml"], doc["domain_xml"]
+    assert "addresses from host-local at NodePrepareResources" in vmsandbox(*args).stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 
 from vmsandbox.agent_protocol import NicReport
 from vmsandbox.dra import (
+    IPAM_ADDED,
+    IPAM_ADDING,
     ClaimedNic,
     DraConfig,
     NetworkAttachment,
@@ -19,6 +22,7 @@ from vmsandbox.dra import (
     PlannedRequest,
     PreparedClaim,
     PreparedDevice,
+    claim_failure_status,
     claim_from_record,
     claim_record,
     claim_status,
@@ -50,6 +54,11 @@ NET = {"name": "lan", "kind": "bridge", "interface": "br-lan", "subnet": "192.16
         ({"driver_name": "net.example.com", "node_name": "n1", "kubelet_plugins_dir": "/p",
           "kubelet_plugins_registry_dir": "/r"},
          DraConfig(driver_name="net.example.com", node_name="n1", plugins_dir="/p", plugins_registry_dir="/r")),
+        ({"ipam_dir": "/var/lib/ipam",
+          "networks": [dict(NET, range_start="192.168.50.100", range_end="192.168.50.199")]},
+         DraConfig(ipam_dir="/var/lib/ipam", networks=(NetworkAttachment("lan", "bridge", "br-lan", "192.168.50.0/24",
+                                                                         range_start="192.168.50.100",
+                                                                         range_end="192.168.50.199"),))),
     ],
 )  # fmt: skip
 def test_config(data: object, want: DraConfig) -> None:
@@ -78,6 +87,10 @@ def test_enabled_only_with_a_kubeconfig() -> None:
         ({"networks": [dict(NET, mode="vepa")]}, "networks[0].mode: macvlan only"),
         ({"networks": [dict(NET, extra=1)]}, "networks[0].extra: unknown key"),
         ({"networks": [NET, NET]}, "lan is defined twice"),
+        ({"networks": [dict(NET, range_start="10.0.0.1")]}, "networks[0].range_start"),
+        ({"networks": [dict(NET, range_end="nonsense")]}, "networks[0].range_end"),
+        ({"networks": [dict(NET, range_start="192.168.50.9", range_end="192.168.50.8")]}, "is after range_end"),
+        ({"ipam_dir": "rel"}, "ipam_dir: must be an absolute path"),
         ({"networks": [dict(NET, name=f"n{i}") for i in range(65)]}, "at most 64"),
     ],
 )  # fmt: skip
@@ -241,6 +254,12 @@ def test_claim_reference_refused(namespace: str, name: str, uid: str) -> None:
 def test_record_round_trip() -> None:
     prepared = prepare(claim())
     assert claim_from_record(copy.deepcopy(claim_record(prepared))) == prepared
+    assert "ipam" not in claim_record(prepared) and "allocated" not in claim_record(prepared)["devices"][0]
+    allocated = replace(prepared, devices=(replace(prepared.devices[0], allocated=("192.168.50.100/24",)),))
+    for state in (IPAM_ADDING, IPAM_ADDED):
+        record = claim_record(replace(allocated, ipam=state))
+        assert record["ipam"] == state and record["devices"][0]["allocated"] == ["192.168.50.100/24"]
+        assert claim_from_record(copy.deepcopy(record)) == replace(allocated, ipam=state)
 
 
 @pytest.mark.parametrize(
@@ -252,6 +271,8 @@ def test_record_round_trip() -> None:
         dict(claim_record(prepare(claim())), podUIDs=[]),
         dict(claim_record(prepare(claim())), devices=[{"request": "net"}]),
         dict(claim_record(prepare(claim())), devices=[{"request": "n", "pool": "p", "device": "d", "addresses": [1]}]),
+        dict(claim_record(prepare(claim())), devices=[{"request": "n", "pool": "p", "device": "d", "allocated": [1]}]),
+        dict(claim_record(prepare(claim())), ipam="halfway"),
     ],
 )
 def test_record_refused(record: object) -> None:
@@ -406,11 +427,22 @@ def test_claimed_nics(claims: tuple[PreparedClaim, ...], want: tuple[Any, ...]) 
     assert all(n.mode == ("vepa" if n.kind == "macvlan" else "bridge") for n in got)
 
 
+def test_claimed_nics_take_host_locals_addresses_without_static_ones() -> None:
+    (unallocated,) = _claim("u1", ("lan", "net1", ())).devices
+    allocated = PreparedClaim("u1", "default", "c-u1", ("pod-uid",),
+                              (replace(unallocated, allocated=("192.168.50.100/24",)),), IPAM_ADDED)  # fmt: skip
+    (nic,) = claimed_nics("default/web", SB, (allocated,), (LAN, FAST))
+    assert (nic.name, nic.addresses) == ("net1", ("192.168.50.100/24",))
+    # vmsandbox plan's NIC: host-local has not run, the NIC has no address yet
+    (planned,) = claimed_nics("default/web", SB, (_claim("u1", ("lan", "net1", ())),), (LAN,), planned=True)
+    assert planned.addresses == ()
+
+
 @pytest.mark.parametrize(
     ("claims", "error", "says"),
     [
         ((_claim("u1", ("gone", "net1", ("192.168.50.7/24",))),), WrongState, "network gone is not configured"),
-        ((_claim("u1", ("lan", "net1", ())),), Unsupported, "has no static addresses"),
+        ((_claim("u1", ("lan", "net1", ())),), WrongState, "has no static addresses and none from host-local"),
         (
             (_claim("u1", ("lan", "net1", ("10.9.0.7/16",))),),
             InvalidArgument,
@@ -493,3 +525,20 @@ def test_claim_status_says_what_the_guest_reports_of_each_nic() -> None:
     }  # fmt: skip
     assert "shareID" not in second and "networkData" not in second
     assert [(c["status"], c["reason"]) for c in second["conditions"]] == [("False", "NotInGuest")]
+
+
+def test_claim_failure_status_sets_each_device_not_ready_with_the_reason() -> None:
+    claim = _claim("u1", ("lan", "net1", ()), ("fast", "net2", ()))
+    claim = replace(claim, devices=(replace(claim.devices[0], share_id="s-1"), claim.devices[1]))
+    body = claim_failure_status(claim, DRIVER, "AttachFailed", "RunPodSandbox failed:\n " + "x" * 2000, "T")
+    assert body["metadata"] == {"name": "c-u1", "namespace": "default", "uid": "u1"}
+    first, second = body["status"]["devices"]
+    assert (first["device"], first["shareID"], second["device"]) == ("lan", "s-1", "fast") and "shareID" not in second
+    for device in (first, second):
+        assert "networkData" not in device
+        (cond,) = device["conditions"]
+        assert (cond["type"], cond["status"], cond["reason"], cond["lastTransitionTime"]) == (
+            "Ready", "False", "AttachFailed", "T")  # fmt: skip
+        assert cond["message"].startswith("RunPodSandbox failed: xxx") and len(cond["message"]) == 1024
+    with pytest.raises(InvalidArgument):
+        claim_failure_status(claim, DRIVER, "not a reason", "m", "T")

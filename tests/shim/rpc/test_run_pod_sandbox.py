@@ -329,11 +329,16 @@ def test_a_guest_whose_claimed_nic_is_not_as_claimed_is_torn_down(
     port = quiet_port()
     mac = claimed_mac(CLAIMED_SID, "c-uid", 0)
     reporting_nics(*([{**nic, "mac": mac}] if nic else []))
+    failed: list[tuple[Any, ...]] = []
+    pods_of(claimed).claim_failure = lambda *args: failed.append(args)
     with pytest.raises(VmSandboxError) as err:
         run_claimed(claimed, port)
     assert "the guest's claimed NICs are not as claimed: " + says.replace("MAC", mac) in str(err.value)
     assert "rolled back: " in str(err.value)
     assert_left_nothing(claimed, port)
+    ((claims, reason, message),) = failed  # the claim's devices Ready False, saying why
+    assert [c.uid for c in claims] == ["c-uid"] and reason == "NotAsClaimed"
+    assert message.startswith("RunPodSandbox failed: ") and says.replace("MAC", mac) in message
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -353,7 +358,7 @@ def test_a_fault_after_any_step_of_a_pod_with_a_claimed_nic_leaves_nothing_behin
 @pytest.mark.parametrize(
     ("addresses", "code", "says"),
     [
-        ((), grpc.StatusCode.UNIMPLEMENTED, "claim default/web-net device lan (request net) has no static addresses"),
+        ((), grpc.StatusCode.FAILED_PRECONDITION, "device lan (request net) has no static addresses and none from"),
         (("10.1.0.7/24",), grpc.StatusCode.INVALID_ARGUMENT, '"10.1.0.7/24" is not in 192.168.50.0/24'),
     ],
 )
@@ -365,10 +370,13 @@ def test_a_claimed_device_that_cannot_be_attached_is_refused_before_anything_is_
         pods_of(claimed), "prepared_claims", lambda uid: (lan_claim(*addresses),) if uid == "u-1" else ()
     )
     request = host_network_pod(quiet_port())
+    failed: list[tuple[Any, ...]] = []
+    pods_of(claimed).claim_failure = lambda *args: failed.append(args)
     got, details, _ = claimed.rpc("RunPodSandbox", request)
     assert got == code, details
     assert details.startswith("pod default/web: ") and says in details, details
     assert_left_nothing(claimed, request.config.port_mappings[0].host_port)
+    assert [(r, says in m) for _, r, m in failed] == [("AttachFailed", True)]
 
 
 def test_a_claim_whose_network_is_no_longer_configured_is_refused(
@@ -510,3 +518,28 @@ def test_a_given_namespace_has_its_loopback_forwarded_until_stop_or_rollback(
         assert [c for c, _ in forwards.calls] == (["open", "close"] if opened else [])
     assert forwards.open_now == set()
     assert_left_nothing(server, request.config.port_mappings[0].host_port)
+
+
+def test_a_failure_status_that_cannot_be_written_leaves_the_pods_own_error(
+    claimed: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Best effort: the claims' status write failing is logged, the answer is still why the pod failed."""
+    monkeypatch.setattr(pods_of(claimed), "prepared_claims", lambda uid: (lan_claim("10.1.0.7/24"),))
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("the API server is away")
+
+    pods_of(claimed).claim_failure = broken
+    request = host_network_pod(quiet_port())
+    code, details, _ = claimed.rpc("RunPodSandbox", request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and '"10.1.0.7/24" is not in 192.168.50.0/24' in details
+    assert_left_nothing(claimed, request.config.port_mappings[0].host_port)
+
+
+def test_a_pod_without_claims_writes_no_claim_status(server: Server) -> None:
+    written: list[tuple[Any, ...]] = []
+    pods_of(server).claim_failure = lambda *args: written.append(args)
+    pods_of(server).claim_status = lambda *args: written.append(args)
+    with faults.raising("RunPodSandbox:ready"), pytest.raises(faults.InjectedFault):
+        run_pod_sandbox(pods_of(server), inbound.run_pod_sandbox(host_network_pod(quiet_port())))
+    assert written == []
