@@ -38,7 +38,7 @@ from vmsandbox.adapters.host_cgroup import HostCgroups
 from vmsandbox.adapters.hypervisor import Hypervisor
 from vmsandbox.domain import domain_name
 from vmsandbox.dra import NetworkAttachment, NetworkConfig, PreparedClaim, PreparedDevice, claimed_mac
-from vmsandbox.errors import CannotFit, Unsupported, VmSandboxError
+from vmsandbox.errors import CannotFit, VmSandboxError, WrongState
 
 pytest.importorskip("libvirt")
 
@@ -439,7 +439,7 @@ def test_shim_modes_create_sandbox_refuses_a_claim_it_cannot_attach_and_forgets_
     options = any_pb2.Any(type_url="runtime.v1.PodSandboxConfig")
     options.value = host_network_pod(port).config.SerializeToString()
     says = "claim default/web-net device lan (request net) has no static addresses"
-    with pytest.raises(Unsupported, match=re.escape(says)):
+    with pytest.raises(WrongState, match=re.escape(says)):
         service.create(sandbox_pb2.CreateSandboxRequest(sandbox_id=CLAIMED_SID, options=options))
     assert ids.ids == set()
     assert_left_nothing(claimed, port)
