@@ -83,11 +83,10 @@ def host_link_name(sandbox_id: str, claim_uid: str, index: int) -> str:
 def runc_nics(
     pod: str, sandbox_id: str, claims: Sequence[PreparedClaim], networks: Sequence[NetworkAttachment]
 ) -> tuple[RuncNic, ...]:
-    """The links a pod's prepared claims put in its network namespace, in the claims' order. A
-    PCI passthrough device (a VM's only) and a device without static addresses are refused
-    (``Unsupported``: the claim's opaque config gives them; the addresses host-local gave the device
-    at NodePrepareResources are not used for an ordinary pod yet); the rest
-    is refused as a VM's NIC is (``claimed_nics``)."""
+    """The links a pod's prepared claims put in its network namespace, in the claims' order, each
+    with the claim's static addresses or those host-local gave it at NodePrepareResources, as a VM's
+    NIC has. A PCI passthrough device (a VM's only) is refused (``Unsupported``); the rest is
+    refused as a VM's NIC is (``claimed_nics``)."""
     for claim in claims:
         for device in claim.devices:
             if is_pci(device):
@@ -95,13 +94,6 @@ def runc_nics(
                     f"pod {pod}: claim {claim.namespace}/{claim.name} device {device.device} (request "
                     f"{device.request}) is a PCI passthrough device; vmsandbox passes devices through to VM "
                     "pods only, an ordinary pod cannot take one (docs/dra.md)"
-                )
-            if not device.config.addresses:
-                raise Unsupported(
-                    f"pod {pod}: claim {claim.namespace}/{claim.name} device {device.device} (request "
-                    f"{device.request}) has no static addresses; a claimed network device of an ordinary "
-                    "pod takes its addresses from the claim's opaque config (addresses), not from host-local "
-                    "(docs/dra.md)"
                 )
     nics = claimed_nics(pod, sandbox_id, claims, networks)
     uids = [c.uid for c in claims for _ in c.devices]

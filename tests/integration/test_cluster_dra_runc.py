@@ -148,17 +148,47 @@ def test_runc_pod_and_vm_pod_reach_each_other_over_the_claimed_network(cluster: 
     assert cluster.leftovers()["domains"] == []
 
 
-def test_a_runc_pod_whose_claim_has_no_address_is_refused_with_the_reason(cluster: Cluster, tmp_path: Path) -> None:
-    """A claimed device without static addresses fails the runc pod's RunPodSandbox (through NRI)
-    with the driver's reason, and leaves nothing behind."""
+def test_a_runc_pod_whose_claim_has_no_address_gets_one_from_host_local(cluster: Cluster, tmp_path: Path) -> None:
+    """A claimed device without static addresses takes the one host-local gave it at
+    NodePrepareResources, in the runc pod's namespace as in a VM; its status says so; deleting the
+    pod frees the allocation."""
+    image = push_image(tmp_path)
+    docs = manifests(image, "dra-runc-ipam", RUNC_ADDRESS, None)
+    docs[0]["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"] = {"interfaceName": "net1"}
+    apply(cluster, tmp_path, *docs)
+    pod = running(cluster, "dra-runc-ipam", time.monotonic() + 300)
+    shown = exec_in(cluster, "dra-runc-ipam", "/bin/busybox", "ip", "addr", "show", "net1")
+    assert shown.returncode == 0, shown.stderr
+    (given,) = re.findall(r"inet (10\.240\.0\.[0-9]+/24) ", shown.stdout)
+    (status,) = pod["status"]["resourceClaimStatuses"]
+
+    def ips() -> Any:
+        devices = kube_json(cluster, "get", "resourceclaim", status["resourceClaimName"]).get("status", {})
+        data = (devices.get("devices") or [{}])[0].get("networkData")
+        return data["ips"] if data else None
+
+    assert given in until("the claim's status", 60, ips)
+    allocations = cluster.state_dir / "dra" / "ipam"
+    assert any(given.split("/")[0] == p.name for p in allocations.rglob("*")), sorted(allocations.rglob("*"))
+    cluster.kubectl("delete", "pod", "dra-runc-ipam", "--wait=true", timeout=240)
+    until("its claim unprepared", 120, lambda: stored_claims(cluster) == [])
+    assert not any(given.split("/")[0] == p.name for p in allocations.rglob("*"))
+    assert our_veths() == []
+
+
+def test_a_host_network_runc_pod_with_a_claimed_network_is_refused_with_the_reason(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A claimed network device needs the pod's own network namespace: a host-network pod's
+    RunPodSandbox fails through NRI with the driver's reason, and nothing is left."""
     image = push_image(tmp_path)
     docs = manifests(image, "dra-runc-bad", RUNC_ADDRESS, None)
-    docs[0]["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"] = {"interfaceName": "net1"}
+    docs[1]["spec"]["hostNetwork"] = True
     apply(cluster, tmp_path, *docs)
 
     def refused() -> str:
         events = kube_json(cluster, "get", "events", "--field-selector", "involvedObject.name=dra-runc-bad")["items"]
-        return next((e["message"] for e in events if "has no static addresses" in e.get("message", "")), "")
+        return next((e["message"] for e in events if "has no network namespace of its own" in e.get("message", "")), "")
 
     message = until("the pod's sandbox refused", 300, refused)
     assert "vmsandbox-dra" in message, message

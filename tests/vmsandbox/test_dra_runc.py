@@ -84,7 +84,7 @@ def test_runc_nics(claims: tuple[PreparedClaim, ...], want: tuple[Any, ...]) -> 
 @pytest.mark.parametrize(
     ("claims", "error", "says"),
     [
-        ((_claim("u1", ("lan", "net1", ())),), Unsupported, "ordinary pod takes its addresses from the claim's"),
+        ((_claim("u1", ("lan", "net1", ())),), WrongState, "has no static addresses and none from host-local"),
         (
             (PreparedClaim("u1", "default", "c", ("p",), (PreparedDevice("gpu", "n-pci", "0000-65-00-0"),)),),
             Unsupported,
@@ -182,3 +182,10 @@ def test_nic_report() -> None:
 def test_nic_report_refused(text: str) -> None:
     with pytest.raises(IpOutputError):
         nic_report(text, "net1")
+
+
+def test_a_runc_nic_takes_the_addresses_host_local_gave() -> None:
+    device = PreparedDevice("net", "n-networks", "lan", NetworkConfig("net1", ()), allocated=("192.168.50.9/24",))
+    claim = PreparedClaim("u1", "default", "c", ("p",), (device,), ipam="added")
+    (nic,) = runc_nics("default/web", SB, (claim,), (LAN, FAST))
+    assert (nic.nic.name, nic.nic.addresses) == ("net1", ("192.168.50.9/24",))
