@@ -463,7 +463,7 @@ def slice_differs(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool
 # ---- claims ------------------------------------------------------------------------------------
 
 
-def _get(data: object, path: str) -> Any:
+def get_path(data: object, path: str) -> Any:
     """data[a][b]... for ``a.b``; None where a step is missing or not a mapping."""
     for key in path.split("."):
         if not isinstance(data, dict):
@@ -555,15 +555,15 @@ def prepared_claim(
     shared). The results of other drivers are theirs."""
     check_claim_ref(namespace, name, uid)
     where = f"resourceclaim {namespace}/{name}"
-    meta = _get(claim, "metadata")
+    meta = get_path(claim, "metadata")
     if not isinstance(meta, dict) or meta.get("namespace") != namespace or meta.get("name") != name:
         raise InvalidArgument(f"{where}: the API server answered another object")
     if meta.get("uid") != uid:
         raise InvalidArgument(f"{where}: its uid is not {validation.quote(uid)} (the claim was replaced)")
-    allocation = _get(claim, "status.allocation")
+    allocation = get_path(claim, "status.allocation")
     if not isinstance(allocation, dict):
         raise InvalidArgument(f"{where}: not allocated")
-    reserved = _get(claim, "status.reservedFor") or []
+    reserved = get_path(claim, "status.reservedFor") or []
     if not isinstance(reserved, list) or len(reserved) > MAX_RESERVED:
         raise InvalidArgument(f"{where}: status.reservedFor: must be a list")
     pods = []
@@ -582,8 +582,8 @@ def prepared_claim(
         raise InvalidArgument(f"{where}: reserved for no pod")
     if len(pods) > 1:  # a device of this driver is a NIC of one VM
         raise InvalidArgument(f"{where}: reserved for {len(pods)} pods; a vmsandbox.dev claim serves one pod")
-    results = _get(allocation, "devices.results") or []
-    configs = _get(allocation, "devices.config") or []
+    results = get_path(allocation, "devices.results") or []
+    configs = get_path(allocation, "devices.config") or []
     if not isinstance(results, list) or len(results) > MAX_RESULTS:
         raise InvalidArgument(f"{where}: status.allocation.devices.results: must be a list of at most {MAX_RESULTS}")
     if not isinstance(configs, list) or len(configs) > MAX_CONFIGS:
@@ -755,12 +755,7 @@ def claim_status(
                 "hardwareAddress": nic.mac,
             }
         devices.append(entry)
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
-        "status": {"devices": devices},
-    }
+    return _status_patch(claim, devices)
 
 
 PCI_DEVICE_PREFIX = "pci-"  # a passthrough device's name: pci-0000-3b-00-0 for 0000:3b:00.0
@@ -827,10 +822,10 @@ def planned_nics(
 
 def _class_is_ours(name: str, docs: list[Any], driver: str) -> bool:
     for doc in docs:
-        if isinstance(doc, dict) and doc.get("kind") == "DeviceClass" and _get(doc, "metadata.name") == name:
-            selectors = _get(doc, "spec.selectors") or []
+        if isinstance(doc, dict) and doc.get("kind") == "DeviceClass" and get_path(doc, "metadata.name") == name:
+            selectors = get_path(doc, "spec.selectors") or []
             return isinstance(selectors, list) and any(
-                f'device.driver == "{driver}"' in str(_get(sel, "cel.expression") or "") for sel in selectors
+                f'device.driver == "{driver}"' in str(get_path(sel, "cel.expression") or "") for sel in selectors
             )
     return name in (NETWORK_CLASS, PCI_CLASS)
 
@@ -838,10 +833,11 @@ def _class_is_ours(name: str, docs: list[Any], driver: str) -> bool:
 def _class_is_pci(name: str, docs: list[Any]) -> bool:
     """Whether a class of this driver selects its passthrough devices (``type == "pci"``)."""
     for doc in docs:
-        if isinstance(doc, dict) and doc.get("kind") == "DeviceClass" and _get(doc, "metadata.name") == name:
-            selectors = _get(doc, "spec.selectors") or []
+        if isinstance(doc, dict) and doc.get("kind") == "DeviceClass" and get_path(doc, "metadata.name") == name:
+            selectors = get_path(doc, "spec.selectors") or []
             return isinstance(selectors, list) and any(
-                re.search(r"""\.type\s*==\s*["']pci["']""", str(_get(sel, "cel.expression") or "")) for sel in selectors
+                re.search(r"""\.type\s*==\s*["']pci["']""", str(get_path(sel, "cel.expression") or ""))
+                for sel in selectors
             )
     return name == PCI_CLASS
 
@@ -865,30 +861,30 @@ def plan_claims(
                 for d in docs
                 if isinstance(d, dict)
                 and d.get("kind") == kind
-                and _get(d, "metadata.name") == wanted
-                and (_get(d, "metadata.namespace") or "default") == namespace
+                and get_path(d, "metadata.name") == wanted
+                and (get_path(d, "metadata.namespace") or "default") == namespace
             ),
             None,
         )
         if doc is None:
             out.append(PlannedRequest(name, "", "", "", ()))
             continue
-        spec = _get(doc, "spec.spec" if template else "spec")
+        spec = get_path(doc, "spec.spec" if template else "spec")
         where = f"{kind} {wanted}"
-        requests = _get(spec, "devices.requests") or []
-        configs = _get(spec, "devices.config") or []
+        requests = get_path(spec, "devices.requests") or []
+        configs = get_path(spec, "devices.config") or []
         if not isinstance(requests, list) or not isinstance(configs, list):
             raise InvalidArgument(f"{where}: spec.devices.requests and config must be lists")
         claim_configs = [dict(c, source="FromClaim") if isinstance(c, dict) else c for c in configs]
         for i, req in enumerate(requests):
-            req_name = _get(req, "name")
+            req_name = get_path(req, "name")
             if not isinstance(req_name, str) or not req_name:
                 raise InvalidArgument(f"{where}: spec.devices.requests[{i}].name: missing")
-            choices = _get(req, "firstAvailable")
+            choices = get_path(req, "firstAvailable")
             subs = (
-                [(f"{req_name}/{_get(c, 'name')}", _get(c, "deviceClassName")) for c in choices]
+                [(f"{req_name}/{get_path(c, 'name')}", get_path(c, "deviceClassName")) for c in choices]
                 if isinstance(choices, list)
-                else [(req_name, _get(req, "exactly.deviceClassName"))]
+                else [(req_name, get_path(req, "exactly.deviceClassName"))]
             )
             for request, device_class in subs:
                 if not isinstance(device_class, str):
@@ -933,6 +929,11 @@ def claim_failure_status(claim: PreparedClaim, driver: str, reason: str, message
             {"type": "Ready", "status": "False", "reason": reason, "lastTransitionTime": now, "message": text}
         ]
         devices.append(entry)
+    return _status_patch(claim, devices)
+
+
+def _status_patch(claim: PreparedClaim, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """The server-side apply document of a claim's ``status.devices[]`` (its uid a precondition)."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",

@@ -36,6 +36,7 @@ from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
 from vmsandbox import validation
+from vmsandbox.dra import get_path
 from vmsandbox.errors import InvalidArgument
 
 MAX_EXPRESSION = 10 * 1024  # the API server's bound on a CEL selector's length
@@ -186,14 +187,6 @@ def select_request(
 # ---- the manifests beside the pod --------------------------------------------------------------
 
 
-def _get(data: object, path: str) -> Any:
-    for key in path.split("."):
-        if not isinstance(data, dict):
-            return None
-        data = data.get(key)
-    return data
-
-
 def _expressions(selectors: object, where: str) -> list[str]:
     if selectors is None:
         return []
@@ -201,7 +194,7 @@ def _expressions(selectors: object, where: str) -> list[str]:
         raise InvalidArgument(f"{where}: selectors must be a list of at most {MAX_SELECTORS}")
     out = []
     for i, sel in enumerate(selectors):
-        expression = _get(sel, "cel.expression")
+        expression = get_path(sel, "cel.expression")
         if not isinstance(expression, str):
             raise InvalidArgument(f"{where}: selectors[{i}].cel.expression: missing (only CEL selectors exist)")
         out.append(expression)
@@ -212,8 +205,8 @@ def class_selectors(name: str, docs: Sequence[Any], driver: str) -> tuple[Select
     """The DeviceClass's selectors, from its manifest among ``docs`` or the driver's own classes;
     None when neither has it."""
     for doc in docs:
-        if isinstance(doc, dict) and doc.get("kind") == "DeviceClass" and _get(doc, "metadata.name") == name:
-            found = _expressions(_get(doc, "spec.selectors"), f"DeviceClass {name}")
+        if isinstance(doc, dict) and doc.get("kind") == "DeviceClass" and get_path(doc, "metadata.name") == name:
+            found = _expressions(get_path(doc, "spec.selectors"), f"DeviceClass {name}")
             return tuple(Selector(f"class {name} selector {i}", e) for i, e in enumerate(found))
     if name in KNOWN_CLASSES:
         return tuple(
@@ -229,24 +222,24 @@ def _claim_spec(docs: Sequence[Any], namespace: str, source: str) -> Any:
         if (
             isinstance(d, dict)
             and d.get("kind") == kind
-            and _get(d, "metadata.name") == wanted
-            and (_get(d, "metadata.namespace") or "default") == namespace
+            and get_path(d, "metadata.name") == wanted
+            and (get_path(d, "metadata.namespace") or "default") == namespace
         ):
-            return _get(d, "spec.spec" if kind == "ResourceClaimTemplate" else "spec")
+            return get_path(d, "spec.spec" if kind == "ResourceClaimTemplate" else "spec")
     return None
 
 
 def _request(spec: Any, request: str) -> Mapping[str, Any]:
     """The ``exactly`` (or the ``firstAvailable`` sub-request) a request name ("r" or "r/sub") names."""
     top, _, sub = request.partition("/")
-    for req in _get(spec, "devices.requests") or []:
-        if _get(req, "name") != top:
+    for req in get_path(spec, "devices.requests") or []:
+        if get_path(req, "name") != top:
             continue
         if not sub:
-            exactly = _get(req, "exactly")
+            exactly = get_path(req, "exactly")
             return exactly if isinstance(exactly, dict) else {}
-        for choice in _get(req, "firstAvailable") or []:
-            if _get(choice, "name") == sub and isinstance(choice, dict):
+        for choice in get_path(req, "firstAvailable") or []:
+            if get_path(choice, "name") == sub and isinstance(choice, dict):
                 return choice
     return {}
 

@@ -29,7 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from shim.dra.store import ClaimStore, _fsync_dir, _read_bounded
+from shim.dra.record_files import fsync_dir, read_bounded, write_atomically
+from shim.dra.store import ClaimStore
 from vmsandbox.adapters import netns
 from vmsandbox.agent_protocol import NicReport
 from vmsandbox.dra import ClaimedNic, NetworkAttachment, PreparedClaim
@@ -232,7 +233,7 @@ class RuncNics:
 
     def _read(self, path: Path) -> Made | None:
         try:
-            made = made_from_record(json.loads(_read_bounded(path)))
+            made = made_from_record(json.loads(read_bounded(path)))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, InvalidArgument) as exc:
@@ -247,15 +248,7 @@ class RuncNics:
 
     def _write(self, made: Made) -> None:
         data = json.dumps(made_record(made), sort_keys=True).encode()
-        final, tmp = self._dir / f"{made.sandbox_id}.json", self._dir / f".{made.sandbox_id}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        _fsync_dir(self._dir)
+        write_atomically(self._dir, f"{made.sandbox_id}.json", data)
 
     def _remove(self, made: Made) -> None:
         """Delete the host links, then the record (kept while a link could not be deleted)."""
@@ -269,4 +262,4 @@ class RuncNics:
             log.error("DRA: sandbox %s: host links not removed: %s", made.sandbox_id[:12], "; ".join(failed))
             return
         (self._dir / f"{made.sandbox_id}.json").unlink(missing_ok=True)
-        _fsync_dir(self._dir)
+        fsync_dir(self._dir)

@@ -1,7 +1,7 @@
 """The prepared claims of the DRA driver, one owner: a JSON file per claim uid under
 ``<state_dir>/dra/claims`` (directory 0700, files 0600), written atomically (temporary file, fsync,
 rename, fsync of the directory) so that a claim is either prepared with all of its record or not at
-all, and read back at start with the core's checks. RunPodSandbox will look a pod's claims up here
+all, and read back at start with the core's checks. RunPodSandbox looks a pod's claims up here
 (``for_pod``)."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import os
 import threading
 from pathlib import Path
 
+from shim.dra.record_files import fsync_dir, read_bounded, write_atomically
 from vmsandbox.dra import PreparedClaim, claim_from_record, claim_record, claim_uid
 from vmsandbox.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 
-MAX_RECORD_BYTES = 256 << 10
 MAX_CLAIMS = 4096
 
 
@@ -38,7 +38,7 @@ class ClaimStore:
             if not entry.name.endswith(".json"):
                 continue
             try:
-                claim = claim_from_record(json.loads(_read_bounded(entry)))
+                claim = claim_from_record(json.loads(read_bounded(entry)))
             except (OSError, ValueError, InvalidArgument) as exc:
                 log.warning("prepared claim %s unreadable, left out: %s", entry.name, exc)
                 continue
@@ -65,16 +65,7 @@ class ClaimStore:
         with self._lock:
             if claim.uid not in self._claims and len(self._claims) >= MAX_CLAIMS:
                 raise InvalidArgument(f"more than {MAX_CLAIMS} prepared claims on this node")
-            final = self._dir / f"{claim.uid}.json"
-            tmp = self._dir / f".{claim.uid}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, final)
-            _fsync_dir(self._dir)
+            write_atomically(self._dir, f"{claim.uid}.json", data)
             self._claims[claim.uid] = claim
 
     def remove(self, uid: str) -> bool:
@@ -86,24 +77,5 @@ class ClaimStore:
             except FileNotFoundError:
                 pass
             else:
-                _fsync_dir(self._dir)
+                fsync_dir(self._dir)
             return self._claims.pop(uid, None) is not None
-
-
-def _read_bounded(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        data = os.read(fd, MAX_RECORD_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_RECORD_BYTES:
-        raise ValueError(f"larger than {MAX_RECORD_BYTES} bytes")
-    return data
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -12,8 +12,6 @@ configures the claimed NICs."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
 import time
@@ -23,37 +21,16 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster_support import Cluster, apply, exec_in, push_image, running, running_cluster, until
+from tests.integration.cluster_support import Cluster, apply, exec_in, push_image, running, until
+from tests.integration.dra_cluster_kit import BRIDGE, DRIVER, bridge_ports, dra_cluster, kube_json, stored_claims
 from tests.registry_kit import BUSYBOX
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(1800)]
 
-DRIVER = "vmsandbox.dev"
-BRIDGE = "vmsbr-dra0"  # scripts/cluster.sh's DRA bridge, 10.240.0.1/24 on the host
-
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    settings = {"CLUSTER_DRA": "1"}
-    before = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
-    try:
-        yield from running_cluster()
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def kube_json(cluster: Cluster, *args: str) -> Any:
-    return json.loads(cluster.kubectl(*args, "-o", "json").stdout)
-
-
-def stored_claims(cluster: Cluster) -> list[dict[str, Any]]:
-    directory = cluster.state_dir / "dra" / "claims"
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))] if directory.is_dir() else []
+    yield from dra_cluster()
 
 
 def manifests(image: str, pod: str, address: str) -> list[dict[str, Any]]:
@@ -75,12 +52,6 @@ def manifests(image: str, pod: str, address: str) -> list[dict[str, Any]]:
                              "resources": {"claims": [{"name": "net1"}]}}],
          }},
     ]  # fmt: skip
-
-
-def taps() -> list[str]:
-    """The ports of the DRA bridge: each running VM pod's claimed NIC."""
-    brif = Path("/sys/class/net", BRIDGE, "brif")
-    return sorted(p.name for p in brif.iterdir()) if brif.is_dir() else []
 
 
 def test_registered_and_slice_published(cluster: Cluster) -> None:
@@ -154,13 +125,13 @@ def test_vm_pods_with_network_claims_run_with_their_nics_and_unprepare_when_dele
         assert (data["interfaceName"], data["hardwareAddress"], set(data["ips"])) == ("net1", mac.group(1), cidrs)
     assert {c["uid"]: c for c in stored_claims(cluster)} == want
     assert len({c["devices"][0]["shareID"] for c in want.values()}) == 2  # one share of the device each
-    assert len(taps()) == 2
+    assert len(bridge_ports()) == 2
 
     cluster.kubectl("delete", "pod", "dra-vm-a", "--wait=true", timeout=180)
     until("dra-vm-a's claim unprepared", 120, lambda: len(stored_claims(cluster)) == 1)
     assert stored_claims(cluster)[0]["name"] == want[next(u for u in want if "dra-vm-b" in want[u]["name"])]["name"]
-    assert len(taps()) == 1
+    assert len(bridge_ports()) == 1
     cluster.kubectl("delete", "pod", "dra-vm-b", "--wait=true", timeout=180)
     until("every claim unprepared", 120, lambda: stored_claims(cluster) == [])
-    assert taps() == []
+    assert bridge_ports() == []
     assert cluster.leftovers()["domains"] == []

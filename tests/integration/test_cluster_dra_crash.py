@@ -16,7 +16,6 @@ ResourceClaim."""
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
 import subprocess
@@ -34,15 +33,19 @@ from tests.integration.cluster_support import (
     exec_in,
     push_image,
     running,
-    running_cluster,
     until,
 )
+from tests.integration.dra_cluster_kit import BRIDGE, DRIVER, bridge_ports, dra_cluster, kube_json, stored_claims
 from tests.registry_kit import BUSYBOX
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(3600)]
 
-DRIVER = "vmsandbox.dev"
-BRIDGE = "vmsbr-dra0"  # scripts/cluster.sh's DRA bridge, 10.240.0.1/24 on the host
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    yield from dra_cluster()
+
+
 SUBNET = ipaddress.ip_network("10.240.0.0/24")
 
 # the shim dies at each: NodePrepareResources with its record kept (adding) and after host-local's
@@ -58,32 +61,8 @@ CRASH_POINTS = (
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    settings = {"CLUSTER_DRA": "1"}
-    before = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
-    try:
-        yield from running_cluster()
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@pytest.fixture(scope="module")
 def image(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
     return push_image(tmp_path_factory.mktemp("image"))
-
-
-def kube_json(cluster: Cluster, *args: str) -> Any:
-    return json.loads(cluster.kubectl(*args, "-o", "json").stdout)
-
-
-def stored_claims(cluster: Cluster) -> list[dict[str, Any]]:
-    directory = cluster.state_dir / "dra" / "claims"
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))] if directory.is_dir() else []
 
 
 def allocations(cluster: Cluster) -> list[str]:
@@ -97,11 +76,6 @@ def allocations(cluster: Cluster) -> list[str]:
             continue
         out.append(p.name)
     return out
-
-
-def taps() -> list[str]:
-    brif = Path("/sys/class/net", BRIDGE, "brif")
-    return sorted(p.name for p in brif.iterdir()) if brif.is_dir() else []
 
 
 def links_on_bridge() -> list[str]:
@@ -222,7 +196,7 @@ def nothing_left(cluster: Cluster, pod_name: str) -> None:
     until(f"{pod_name}'s claim unprepared", 180, lambda: stored_claims(cluster) == [])
     until(f"{pod_name}'s ResourceClaim gone", 120, lambda: kube_json(cluster, "get", "resourceclaims")["items"] == [])
     assert allocations(cluster) == []
-    assert taps() == [] and links_on_bridge() == []
+    assert bridge_ports() == [] and links_on_bridge() == []
     assert cluster.leftovers()["domains"] == []
     cluster.kubectl("delete", "resourceclaimtemplate", pod_name, "--wait=true")
 
@@ -267,7 +241,7 @@ def test_a_claim_that_cannot_be_attached_says_why_in_its_status(cluster: Cluster
     assert '"10.9.9.9/24" is not in 10.240.0.0/24' in cond["message"], cond
     assert "networkData" not in device
     assert kube_json(cluster, "get", "pod", "dra-refused")["status"].get("phase") == "Pending"
-    assert allocations(cluster) == [] and taps() == []  # a static address: host-local not run
+    assert allocations(cluster) == [] and bridge_ports() == []  # a static address: host-local not run
     delete_and_check_nothing_left(cluster, "dra-refused")
 
 
@@ -284,7 +258,7 @@ def test_killed_at_each_point_leaves_nothing(cluster: Cluster, image: str, tmp_p
     assert f"fault injection: SIGKILL at {point}" in said, said[-3000:]
     restart_shim(cluster)
     check_running_with_host_local_address(cluster, pod_name, 900)
-    assert len(stored_claims(cluster)) == 1 and len(allocations(cluster)) == 1 and len(taps()) == 1
+    assert len(stored_claims(cluster)) == 1 and len(allocations(cluster)) == 1 and len(bridge_ports()) == 1
     delete_and_check_nothing_left(cluster, pod_name)
 
 

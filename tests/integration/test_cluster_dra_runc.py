@@ -8,10 +8,7 @@ no veth on the host."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,37 +16,18 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster_support import Cluster, apply, exec_in, push_image, running, running_cluster, until
+from tests.integration.cluster_support import Cluster, apply, exec_in, push_image, running, until
+from tests.integration.dra_cluster_kit import DRIVER, bridge_ports, dra_cluster, kube_json, our_veths, stored_claims
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(1800)]
-
-DRIVER = "vmsandbox.dev"
-BRIDGE = "vmsbr-dra0"  # scripts/cluster.sh's DRA bridge, 10.240.0.1/24 on the host
-VM_ADDRESS, RUNC_ADDRESS = "10.240.0.21/24", "10.240.0.22/24"
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    settings = {"CLUSTER_DRA": "1"}
-    before = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
-    try:
-        yield from running_cluster()
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    yield from dra_cluster()
 
 
-def kube_json(cluster: Cluster, *args: str) -> Any:
-    return json.loads(cluster.kubectl(*args, "-o", "json").stdout)
-
-
-def stored_claims(cluster: Cluster) -> list[dict[str, Any]]:
-    directory = cluster.state_dir / "dra" / "claims"
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))] if directory.is_dir() else []
+VM_ADDRESS, RUNC_ADDRESS = "10.240.0.21/24", "10.240.0.22/24"
 
 
 def manifests(image: str, pod: str, address: str, runtime_class: str | None) -> list[dict[str, Any]]:
@@ -74,17 +52,6 @@ def manifests(image: str, pod: str, address: str, runtime_class: str | None) -> 
          }}}},
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": "default"}, "spec": spec},
     ]  # fmt: skip
-
-
-def our_veths() -> list[str]:
-    """The host ends of runc pods' claimed devices (``vdr...``), as ``ip -o link`` lists them."""
-    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
-    return sorted(m.group(1) for m in re.finditer(r"^\d+: (vdr[0-9a-f]+)[@:]", out, re.M))
-
-
-def bridge_ports() -> list[str]:
-    brif = Path("/sys/class/net", BRIDGE, "brif")
-    return sorted(p.name for p in brif.iterdir()) if brif.is_dir() else []
 
 
 def test_runc_pod_and_vm_pod_reach_each_other_over_the_claimed_network(cluster: Cluster, tmp_path: Path) -> None:

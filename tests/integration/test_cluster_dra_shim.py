@@ -10,7 +10,6 @@ deleting both unprepares the claims and leaves no tap or veth on the host."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -20,41 +19,27 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster_support import Cluster, apply, exec_in, push_image, running, running_cluster, until
+from tests.integration.cluster_support import Cluster, apply, exec_in, push_image, running, until
+from tests.integration.dra_cluster_kit import (
+    DRIVER,
+    bridge_ports,
+    dra_cluster,
+    kube_json,
+    our_veths,
+    records,
+    stored_claims,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.exclusive, pytest.mark.timeout(1800)]
-
-DRIVER = "vmsandbox.dev"
-BRIDGE = "vmsbr-dra0"  # scripts/cluster.sh's DRA bridge, 10.240.0.1/24 on the host
-VM_ADDRESS, RUNC_ADDRESS = "10.240.0.31/24", "10.240.0.32/24"
-RUNC_SLEEP = "3607"  # the runc pod's `sleep` argument: its process is found on the host by it
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    before = os.environ.get("CLUSTER_DRA")
-    os.environ["CLUSTER_DRA"] = "1"
-    try:
-        yield from running_cluster(mode="shim")
-    finally:
-        if before is None:
-            os.environ.pop("CLUSTER_DRA", None)
-        else:
-            os.environ["CLUSTER_DRA"] = before
+    yield from dra_cluster("shim")
 
 
-def kube_json(cluster: Cluster, *args: str) -> Any:
-    return json.loads(cluster.kubectl(*args, "-o", "json").stdout)
-
-
-def stored_claims(cluster: Cluster) -> list[dict[str, Any]]:
-    directory = cluster.state_dir / "dra" / "claims"
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))] if directory.is_dir() else []
-
-
-def runc_records(cluster: Cluster) -> list[dict[str, Any]]:
-    directory = cluster.state_dir / "dra" / "runc"
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))] if directory.is_dir() else []
+VM_ADDRESS, RUNC_ADDRESS = "10.240.0.31/24", "10.240.0.32/24"
+RUNC_SLEEP = "3607"  # the runc pod's `sleep` argument: its process is found on the host by it
 
 
 def manifests(image: str, pod: str, address: str, runtime_class: str | None, sleep: str) -> list[dict[str, Any]]:
@@ -79,18 +64,6 @@ def manifests(image: str, pod: str, address: str, runtime_class: str | None, sle
          }}}},
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": "default"}, "spec": spec},
     ]  # fmt: skip
-
-
-def our_veths() -> list[str]:
-    """The host ends of runc pods' claimed devices (``vdr...``), as ``ip -o link`` lists them."""
-    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
-    return sorted(m.group(1) for m in re.finditer(r"^\d+: (vdr[0-9a-f]+)[@:]", out, re.M))
-
-
-def bridge_ports() -> list[str]:
-    """The ports of the DRA bridge: a VM pod's tap, a runc pod's veth host end."""
-    brif = Path("/sys/class/net", BRIDGE, "brif")
-    return sorted(p.name for p in brif.iterdir()) if brif.is_dir() else []
 
 
 def runc_pid() -> int | None:
@@ -169,8 +142,8 @@ def test_vm_pod_and_runc_pod_with_claims_reach_each_other_through_containerd(clu
     uids = {vm["metadata"]["uid"], runc["metadata"]["uid"]}
     assert sorted(u for c in stored_claims(cluster) for u in c["podUIDs"]) == sorted(uids)
     # NRI's RunPodSandbox made a veth for the runc pod only: the VM pod's NIC is its domain's tap
-    records = runc_records(cluster)
-    assert [r["podUID"] for r in records] == [runc["metadata"]["uid"]], records
+    made = records(cluster, "runc")
+    assert [r["podUID"] for r in made] == [runc["metadata"]["uid"]], made
     veths = our_veths()
     assert len(veths) == 1 and veths[0] in bridge_ports(), (veths, bridge_ports())
     assert len(bridge_ports()) == 2, bridge_ports()  # the veth's host end and the VM's tap
@@ -210,6 +183,6 @@ def test_vm_pod_and_runc_pod_with_claims_reach_each_other_through_containerd(clu
     until("both claims unprepared", 120, lambda: stored_claims(cluster) == [])
     until("no veth of a runc pod left", 60, lambda: our_veths() == [])
     until("nothing on the bridge", 60, lambda: bridge_ports() == [])
-    assert runc_records(cluster) == []
+    assert records(cluster, "runc") == []
     until("no VM pod left", 120, lambda: cluster.sandboxes() == [])
     until("no domain left", 60, lambda: cluster.leftovers()["domains"] == [])

@@ -21,7 +21,7 @@ from vmsandbox.adapters.netns import NetnsError
 from vmsandbox.agent_protocol import NicReport
 from vmsandbox.dra import ClaimedNic, NetworkAttachment, NetworkConfig, PreparedClaim, PreparedDevice, claimed_mac
 from vmsandbox.dra_runc import RuncPod, host_link_name
-from vmsandbox.errors import InvalidArgument, Unsupported
+from vmsandbox.errors import InvalidArgument, WrongState
 
 SB = "b" * 64
 LAN = NetworkAttachment("lan", "bridge", "br-lan", "192.168.50.0/24")
@@ -164,7 +164,7 @@ def test_pods_left_alone(store: ClaimStore, tmp_path: Path, pod: RuncPod) -> Non
 @pytest.mark.parametrize(
     ("claim", "netns", "error", "says"),
     [
-        (_claim("u1", "pod-1", ("lan", "", ())), "/n", Unsupported, "has no static addresses"),
+        (_claim("u1", "pod-1", ("lan", "", ())), "/n", WrongState, "has no static addresses and none from host-local"),
         (
             _claim("u1", "pod-1", ("lan", "", ("192.168.50.7/24",))),
             "",

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shim.dra.store import MAX_RECORD_BYTES, ClaimStore
+from shim.dra.record_files import MAX_RECORD_BYTES
+from shim.dra.store import ClaimStore
 from vmsandbox.dra import NetworkConfig, PreparedClaim, PreparedDevice, claim_record
 from vmsandbox.errors import InvalidArgument
 
