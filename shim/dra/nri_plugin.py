@@ -24,13 +24,13 @@ import threading
 from typing import TypeVar
 
 import grpc
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from gen.nri import api_pb2 as api
 from shim.dra.driver import DraDriver
 from shim.dra.runc_nics import RuncNics, runc_dir
 from shim.nri import codec
-from shim.nri.conn import PluginCallError, PluginConn, PluginGone
+from shim.nri.conn import PluginCallError, PluginConn, PluginGone, parse_request
 from shim.status import code_for
 from vmsandbox import nri_rules, ttrpc
 from vmsandbox.dra import DraConfig
@@ -130,26 +130,26 @@ class NriPlugin:
     # -- what containerd calls ----------------------------------------------------------------
     def _serve(self, method: str, payload: bytes) -> bytes:
         if method == "Configure":
-            _parse(api.ConfigureRequest, payload)
+            parse_request(api.ConfigureRequest, payload)
             return api.ConfigureResponse(events=event_mask()).SerializeToString()
         if method == "Synchronize":
-            sync = _parse(api.SynchronizeRequest, payload)
+            sync = parse_request(api.SynchronizeRequest, payload)
             self._synced.update(p.id for p in sync.pods)
             if not sync.more:
                 live, self._synced = self._synced, set()
                 self._nics.reconcile(live)
             return api.SynchronizeResponse(more=sync.more).SerializeToString()
         if method == "RunPodSandbox":
-            self._run_pod(_parse(api.RunPodSandboxRequest, payload).pod)
+            self._run_pod(parse_request(api.RunPodSandboxRequest, payload).pod)
             return api.RunPodSandboxResponse().SerializeToString()
         if method == "StopPodSandbox":
-            self._gone(_parse(api.StopPodSandboxRequest, payload).pod)
+            self._gone(parse_request(api.StopPodSandboxRequest, payload).pod)
             return api.StopPodSandboxResponse().SerializeToString()
         if method == "RemovePodSandbox":
-            self._gone(_parse(api.RemovePodSandboxRequest, payload).pod)
+            self._gone(parse_request(api.RemovePodSandboxRequest, payload).pod)
             return api.RemovePodSandboxResponse().SerializeToString()
         if method == "StateChange":
-            event = _parse(api.StateChangeEvent, payload)
+            event = parse_request(api.StateChangeEvent, payload)
             if event.event == api.RUN_POD_SANDBOX:
                 self._run_pod(event.pod)
             elif event.event in (api.STOP_POD_SANDBOX, api.REMOVE_POD_SANDBOX):
@@ -170,15 +170,6 @@ class NriPlugin:
     def _gone(self, pod: api.PodSandbox) -> None:
         with contextlib.suppress(VmSandboxError):  # logged there; containerd goes on
             self._nics.detach(pod.id[:128])
-
-
-def _parse(cls: type[M], payload: bytes) -> M:
-    msg = cls()
-    try:
-        msg.ParseFromString(payload)
-    except DecodeError:
-        raise PluginCallError(ttrpc.INVALID_ARGUMENT, f"malformed {cls.__name__}") from None
-    return msg
 
 
 def start_runc_nics(driver: DraDriver, config: DraConfig, state_dir: str, vm_handlers: frozenset[str]) -> NriPlugin:

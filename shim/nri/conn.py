@@ -50,6 +50,16 @@ class PluginCallError(Exception):
         self.fatal = fatal  # serving: close the connection once the error is sent
 
 
+def parse_request(cls: type[M], payload: bytes) -> M:
+    """A call's request payload as ``cls``; a malformed one is the caller's INVALID_ARGUMENT."""
+    msg = cls()
+    try:
+        msg.ParseFromString(payload)
+    except DecodeError:
+        raise PluginCallError(ttrpc.INVALID_ARGUMENT, f"malformed {cls.__name__}") from None
+    return msg
+
+
 class _Call:
     __slots__ = ("done", "response")
 

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from gen.nri import api_pb2 as api
 from shim.nri import codec
-from shim.nri.conn import PluginCallError, PluginConn, PluginGone
+from shim.nri.conn import PluginCallError, PluginConn, PluginGone, parse_request
 from vmsandbox import nri_rules, ttrpc
 from vmsandbox.errors import InvalidArgument, PermissionDenied
 
@@ -233,7 +233,7 @@ class NriHost:
 
     def _serve(self, plugin: Plugin, method: str, payload: bytes) -> bytes:
         if method == "RegisterPlugin":
-            req = _parse(api.RegisterPluginRequest, payload)
+            req = parse_request(api.RegisterPluginRequest, payload)
             if plugin.registered.is_set():
                 raise PluginCallError(ttrpc.FAILED_PRECONDITION, "plugin already registered")
             try:
@@ -257,7 +257,7 @@ class NriHost:
         if method == "UpdateContainers":
             if plugin not in self._active():
                 raise PluginCallError(ttrpc.FAILED_PRECONDITION, "plugin is not registered")
-            req2 = _parse(api.UpdateContainersRequest, payload)
+            req2 = parse_request(api.UpdateContainersRequest, payload)
             if req2.evict:
                 log.warning("NRI: plugin %s asked to evict %d container(s); ignored", plugin.name, len(req2.evict))
             failed = self._update(plugin.name, list(req2.update))
@@ -449,15 +449,6 @@ class NriHost:
     def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         req = api.RemoveContainerRequest(pod=pod, container=container)
         self._notify(api.REMOVE_CONTAINER, "RemoveContainer", req, api.RemoveContainerResponse, fail=False)
-
-
-def _parse(cls: type[M], payload: bytes) -> M:
-    msg = cls()
-    try:
-        msg.ParseFromString(payload)
-    except DecodeError:
-        raise PluginCallError(ttrpc.INVALID_ARGUMENT, f"malformed {cls.__name__}") from None
-    return msg
 
 
 def _spawn(path: Path, base: str, idx: str, sock: socket.socket) -> int:
