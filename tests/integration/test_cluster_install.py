@@ -299,6 +299,10 @@ def test_install_runs_vm_pods_and_its_removal_puts_the_node_back(cluster: Cluste
         )
     try:
         cluster.kubectl("delete", "-f", str(dir_), "--wait=true", "--timeout=420s", timeout=480)
+    except AssertionError:
+        node_log = cluster.dir / "opt" / "vmsandbox" / "node.log"  # the uninstall's own log on the host
+        print(f"--- {node_log}\n" + (node_log.read_text()[-8000:] if node_log.is_file() else "(none)"))
+        raise
     finally:
         if follow.poll() is None:
             follow.terminate()
