@@ -219,15 +219,26 @@ join_cgroups() {
     done <"/proc/$1/cgroup"
 }
 
+# PID TENTHS: SIGTERM, up to TENTHS tenths of a second for it to end, then SIGKILL and wait until it
+# is gone (its metadata database's lock with it). It may end at any moment in between: a kill that
+# finds no process is no error (a containerd still finishing a call took over 10 s, exited just as
+# the SIGKILL came, and the restart stopped there with containerd down).
+stop_pid() {
+    local pid=$1 tenths=$2
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq "$tenths"); do alive "$pid" || return 0; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do alive "$pid" || return 0; sleep 0.1; done
+    die "containerd (pid $pid) did not end after SIGKILL"
+}
+
 restart() {
     local pidfile=$dir/containerd.pid pid
     [[ -f $dir/config.toml ]] || die "no $dir/config.toml (run up first)"
     pid=$(cat "$pidfile" 2>/dev/null || true)
     if [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == containerd ]]; then
         join_cgroups "$pid"
-        kill "$pid"
-        for _ in $(seq 100); do alive "$pid" || break; sleep 0.1; done
-        if alive "$pid"; then kill -9 "$pid"; fi
+        stop_pid "$pid" 100
     fi
     start
 }
@@ -237,9 +248,7 @@ down() {
     if [[ -f $pidfile ]]; then
         local pid; pid=$(cat "$pidfile")
         if [[ $(cat "/proc/$pid/comm" 2>/dev/null) == containerd ]]; then
-            kill "$pid"
-            for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
-            if alive "$pid"; then kill -9 "$pid"; fi
+            stop_pid "$pid" 50
         fi
         rm -f "$pidfile"
     fi
