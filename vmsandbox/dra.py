@@ -732,19 +732,12 @@ def claim_status(
             continue
         nic = next(in_order)
         got = by_mac.get(nic.mac)
-        entry: dict[str, Any] = {"driver": driver, "pool": device.pool, "device": device.device}
-        if device.share_id:
-            entry["shareID"] = device.share_id
         if got is None:
-            entry["conditions"] = [
-                {"type": "Ready", "status": "False", "reason": "NotInGuest", "lastTransitionTime": now,
-                 "message": f"the guest does not report the NIC {nic.mac}"}
-            ]  # fmt: skip
+            entry = _device_entry(
+                device, driver, False, "NotInGuest", f"the guest does not report the NIC {nic.mac}", now
+            )
         else:
-            entry["conditions"] = [
-                {"type": "Ready", "status": "True", "reason": "NicUp", "lastTransitionTime": now,
-                 "message": f"{got.name[:64]} is up in {where}"}
-            ]  # fmt: skip
+            entry = _device_entry(device, driver, True, "NicUp", f"{got.name[:64]} is up in {where}", now)
             ips = []
             for a in got.addresses:
                 with contextlib.suppress(ValueError):
@@ -783,21 +776,9 @@ def pci_device_status(device: PreparedDevice, driver: str, now: str) -> dict[str
     """A passthrough device's ``status.devices[]`` entry once its pod's VM runs with it: ``Ready``
     (reason ``Attached``) and its PCI address in ``data``."""
     address = pci_address_of(device.device)
-    return {
-        "driver": driver,
-        "pool": device.pool,
-        "device": device.device,
-        "conditions": [
-            {
-                "type": "Ready",
-                "status": "True",
-                "reason": "Attached",
-                "lastTransitionTime": now,
-                "message": f"{address} is passed through to the pod's VM",
-            }
-        ],
-        "data": {"pciAddress": address},
-    }
+    entry = _device_entry(device, driver, True, "Attached", f"{address} is passed through to the pod's VM", now)
+    entry["data"] = {"pciAddress": address}
+    return entry
 
 
 def planned_nics(
@@ -920,16 +901,21 @@ def claim_failure_status(claim: PreparedClaim, driver: str, reason: str, message
     text = " ".join(message.split())
     if len(text) > MAX_CONDITION_MESSAGE:
         text = text[: MAX_CONDITION_MESSAGE - 1] + "…"
-    devices = []
-    for device in claim.devices:
-        entry: dict[str, Any] = {"driver": driver, "pool": device.pool, "device": device.device}
-        if device.share_id:
-            entry["shareID"] = device.share_id
-        entry["conditions"] = [
-            {"type": "Ready", "status": "False", "reason": reason, "lastTransitionTime": now, "message": text}
-        ]
-        devices.append(entry)
-    return _status_patch(claim, devices)
+    return _status_patch(claim, [_device_entry(d, driver, False, reason, text, now) for d in claim.devices])
+
+
+def _device_entry(
+    device: PreparedDevice, driver: str, ready: bool, reason: str, message: str, now: str
+) -> dict[str, Any]:
+    """One ``status.devices[]`` entry: the device (its share id when shared) and its ``Ready`` condition."""
+    entry: dict[str, Any] = {"driver": driver, "pool": device.pool, "device": device.device}
+    if device.share_id:
+        entry["shareID"] = device.share_id
+    entry["conditions"] = [
+        {"type": "Ready", "status": "True" if ready else "False", "reason": reason, "lastTransitionTime": now,
+         "message": message}
+    ]  # fmt: skip
+    return entry
 
 
 def _status_patch(claim: PreparedClaim, devices: list[dict[str, Any]]) -> dict[str, Any]:
