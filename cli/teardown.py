@@ -6,7 +6,8 @@ run, and the benchmarks and test helpers call the same functions:
 ``sandboxes SOCKET --state-dir DIR``  every sandbox through the shim: the state's own (VM) sandboxes
                                       first, then the downstream's; one failure never stops the rest
 ``domains --state-dir DIR``           with the shim stopped: every domain libvirt still has of that
-                                      state (its metadata's owner is the state's instance id)
+                                      state (its metadata's owner is the state's instance id), then
+                                      the pod networks the state records (``remove_state_networks``)
 ``orphans``                           every vmsandbox domain whose state directory is gone (its
                                       metadata names it; see ``orphaned``)
 
@@ -18,14 +19,19 @@ the first failure. This owns no state: it acts through the shim, libvirt and the
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sqlite3
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 
 from cli.inspect_state import DB_NAME, open_state, read_sandboxes
+from shim.pod_networks import MACVTAP_PREFIX, NETNS_PREFIX, OWNER_CALLER
+from vmsandbox.adapters import netns
 from vmsandbox.adapters.hypervisor import DomainInfo, Hypervisor
 from vmsandbox.domain import DOMAIN_PREFIX
 from vmsandbox.domain_xml import read_identity, read_shared_dirs
@@ -138,6 +144,51 @@ def remove_state_domains(state_dir: str | Path, uri: str = DEFAULT_URI) -> Outco
         hypervisor.close()
 
 
+MAX_NETWORK_RECORD_BYTES = 1 << 20
+
+
+def remove_state_networks(state_dir: str | Path) -> Outcome:
+    """With the shim stopped: the macvtap and, unless its caller gave it, the network namespace
+    each pod network record of the state names (``<state>/network/<sandbox id>.json``, as
+    ``shim.pod_networks`` writes it), then the record. A record's names are used only when they are
+    the ones the shim gives that sandbox (``vmt`` + 12 hex digits of its id; a namespace file named
+    ``vmsandbox-<id>``), so a damaged record never removes another link or file. No CNI DEL runs:
+    the plugins' directories are the stopped shim's configuration; its next start's reconcile, or
+    the network's own clean-up, releases what IPAM holds."""
+    records = Path(state_dir) / "network"
+    if not records.is_dir():
+        return Outcome()
+    done, problems = [], []
+    for path in sorted(records.glob("*.json")):
+        sid = path.stem
+        try:
+            st = os.lstat(path)
+            if (
+                not re.fullmatch(r"[0-9a-f]{64}", sid)
+                or not S_ISREG(st.st_mode)
+                or st.st_size > MAX_NETWORK_RECORD_BYTES
+            ):
+                raise ValueError("not a pod network record of the shim's (a regular file named by a sandbox id)")
+            doc = json.loads(path.read_text())
+            if not isinstance(doc, dict):
+                raise ValueError("not a JSON object")
+            link = doc.get("macvtap")
+            if link is not None and link != f"{MACVTAP_PREFIX}{sid[:12]}":
+                raise ValueError(f"names the link {str(link)[:40]!r}, not its sandbox's")
+            ns = Path(str(doc.get("netns", "")))
+            own_ns = doc.get("owner") != OWNER_CALLER and ns.name == f"{NETNS_PREFIX}{sid}"
+            if link is not None:
+                netns.delete_link(link)
+            if own_ns:
+                netns.delete(ns)
+            path.unlink(missing_ok=True)
+        except (OSError, ValueError, VmSandboxError) as exc:
+            problems.append(f"pod network of {sid[:12]} (state {state_dir}) not removed: {exc}")
+        else:
+            done.append(f"removed the pod network of {sid[:12]} (state {state_dir})")
+    return Outcome(tuple(done), tuple(problems))
+
+
 def remove_orphans(uri: str = DEFAULT_URI) -> Outcome:
     """Destroy and undefine every vmsandbox domain whose state directory is gone."""
     hypervisor = Hypervisor(uri, attempts=2)
@@ -200,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("sandboxes", help="remove every sandbox through the shim, the state's own first")
     p.add_argument("socket")
     p.add_argument("--state-dir", required=True)
-    p = sub.add_parser("domains", help="remove the domains of a state whose shim is stopped")
+    p = sub.add_parser("domains", help="remove the domains and pod networks of a state whose shim is stopped")
     p.add_argument("--state-dir", required=True)
     p.add_argument("--libvirt-uri", default=DEFAULT_URI)
     p = sub.add_parser("orphans", help="remove the vmsandbox domains whose state directory is gone")
@@ -215,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ids, unread = set(), Outcome(problems=(f"the state's sandboxes not read: {exc}",))
             outcome = unread + remove_through_shim(args.socket, ids)
         elif args.command == "domains":
-            outcome = remove_state_domains(args.state_dir, args.libvirt_uri)
+            outcome = remove_state_domains(args.state_dir, args.libvirt_uri) + remove_state_networks(args.state_dir)
         else:
             outcome = remove_orphans(args.libvirt_uri)
     except Exception as exc:  # one plain line for the script that runs this, never a traceback

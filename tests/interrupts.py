@@ -65,11 +65,12 @@ def run_main(main: Callable[[], int | None]) -> int:
 
 
 def remove_guests(state_dir: str | Path) -> list[str]:
-    """Destroy every domain libvirt still has of the (stopped) shim whose state is ``state_dir``;
-    the problems, each also printed on stderr."""
-    from cli.teardown import remove_state_domains
+    """Destroy every domain libvirt still has of the (stopped) shim whose state is ``state_dir``,
+    and delete the pod networks' macvtaps and namespaces it records; the problems, each also printed
+    on stderr."""
+    from cli.teardown import remove_state_domains, remove_state_networks
 
-    outcome = remove_state_domains(state_dir)
+    outcome = remove_state_domains(state_dir) + remove_state_networks(state_dir)
     for line in (*outcome.done, *outcome.problems):
         print(f"clean-up: {line}", file=sys.stderr, flush=True)
     return list(outcome.problems)

@@ -1,8 +1,16 @@
-"""The pure decisions of ``cli.teardown``: which sandbox goes first, which domain is an orphan."""
+"""The pure decisions of ``cli.teardown``: which sandbox goes first, which domain is an orphan,
+which recorded pod network links and namespaces a stopped shim's state lets it delete."""
 
 from __future__ import annotations
 
-from cli.teardown import Outcome, orphaned, owned_by, removal_order
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from cli.teardown import Outcome, orphaned, owned_by, removal_order, remove_state_networks
+from vmsandbox.adapters import netns
 from vmsandbox.adapters.hypervisor import DomainInfo
 from vmsandbox.domain import METADATA_NS
 
@@ -66,3 +74,82 @@ def test_owned_by_takes_the_states_domains_only() -> None:
 
 def test_outcomes_add_up() -> None:
     assert Outcome(("a",), ("x",)) + Outcome(("b",), ()) == Outcome(("a", "b"), ("x",))
+
+
+SID = "ab" * 32
+
+
+def _networks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, records: dict[str, str]) -> tuple[Path, list[str]]:
+    state = tmp_path / "state"
+    (state / "network").mkdir(parents=True)
+    for name, text in records.items():
+        (state / "network" / name).write_text(text)
+    calls: list[str] = []
+    monkeypatch.setattr(netns, "delete_link", lambda name: calls.append(f"link {name}"))
+    monkeypatch.setattr(netns, "delete", lambda path: calls.append(f"netns {path}"))
+    return state, calls
+
+
+@pytest.mark.parametrize(
+    ("doc", "deleted"),
+    [
+        # the shim's own namespace: its macvtap, then the namespace
+        ({"macvtap": f"vmt{SID[:12]}", "netns": f"/run/netns/vmsandbox-{SID}"},
+         [f"link vmt{SID[:12]}", f"netns /run/netns/vmsandbox-{SID}"]),
+        # a namespace its caller gave stays: only the macvtap goes
+        ({"macvtap": f"vmt{SID[:12]}", "netns": "/var/run/netns/cni-1", "owner": "caller"}, [f"link vmt{SID[:12]}"]),
+        # a namespace that is not the sandbox's own name is never deleted
+        ({"macvtap": f"vmt{SID[:12]}", "netns": "/etc/passwd"}, [f"link vmt{SID[:12]}"]),
+        # a record written before the macvtap was named
+        ({"netns": f"/run/netns/vmsandbox-{SID}"}, [f"netns /run/netns/vmsandbox-{SID}"]),
+    ],
+)  # fmt: skip
+def test_a_stopped_shims_pod_networks_go_with_their_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, doc: dict[str, str], deleted: list[str]
+) -> None:
+    state, calls = _networks(tmp_path, monkeypatch, {f"{SID}.json": json.dumps(doc)})
+    outcome = remove_state_networks(state)
+    assert calls == deleted
+    assert outcome.problems == ()
+    assert outcome.done == (f"removed the pod network of {SID[:12]} (state {state})",)
+    assert not (state / "network" / f"{SID}.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "why"),
+    [
+        (f"{SID}.json", json.dumps({"macvtap": "eth0", "netns": f"/run/netns/x-{SID}"}), "names the link 'eth0'"),
+        (f"{SID}.json", "{not json", "Expecting property name"),
+        (f"{SID}.json", "[]", "not a JSON object"),
+        ("not-a-sandbox.json", json.dumps({"macvtap": "vmtnot-a-sandb"}), "not a pod network record"),
+    ],
+)  # fmt: skip
+def test_a_damaged_record_removes_nothing_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str, why: str
+) -> None:
+    state, calls = _networks(tmp_path, monkeypatch, {name: text})
+    outcome = remove_state_networks(state)
+    assert calls == []
+    (problem,) = outcome.problems
+    assert why in problem
+    assert (state / "network" / name).exists()
+
+
+def test_a_record_that_is_not_a_regular_file_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state, calls = _networks(tmp_path, monkeypatch, {})
+    os.mkfifo(state / "network" / f"{SID}.json")  # reading it would wait for a writer
+    assert "not a pod network record" in remove_state_networks(state).problems[0]
+    assert calls == []
+
+
+def test_a_linked_record_is_not_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state, calls = _networks(tmp_path, monkeypatch, {})
+    target = tmp_path / "elsewhere.json"
+    target.write_text(json.dumps({"macvtap": f"vmt{SID[:12]}"}))
+    (state / "network" / f"{SID}.json").symlink_to(target)
+    assert "not a pod network record" in remove_state_networks(state).problems[0]
+    assert calls == []
+
+
+def test_a_state_without_network_records_has_nothing_to_remove(tmp_path: Path) -> None:
+    assert remove_state_networks(tmp_path) == Outcome()
