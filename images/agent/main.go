@@ -81,6 +81,9 @@ type port struct {
 	wmu   sync.Mutex
 	acked bool
 	amu   sync.Mutex
+	// unacked gets a token when acked turns false (the host went away): greet waits on it, not
+	// on a timer, while a host is there
+	unacked chan struct{}
 	// host gets a token each time the kernel signals the port (SIGIO): a host connected or went
 	// away, or data arrived. A read that found no host waits on it instead of polling, so a host
 	// that connects (a restored guest's first one above all) is answered at once.
@@ -165,8 +168,15 @@ func (p *port) sendExec(id json.RawMessage, body *execBody) {
 
 func (p *port) setAcked(v bool) {
 	p.amu.Lock()
+	was := p.acked
 	p.acked = v
 	p.amu.Unlock()
+	if was && !v {
+		select {
+		case p.unacked <- struct{}{}:
+		default: // a token is there already
+		}
+	}
 }
 
 func (p *port) isAcked() bool {
@@ -215,17 +225,20 @@ func main() {
 		os.Exit(1)
 	}
 	logf("agent %s on %s", currentInstance(), dev)
-	p := &port{f: f, host: watchHost(f)}
+	p := &port{f: f, host: watchHost(f), unacked: make(chan struct{}, 1)}
 	go p.greet()
 	p.serve()
 }
 
-// greet sends hello every second while no host has acked (or sent anything).
+// greet sends hello every second while no host has acked (or sent anything), and sleeps until
+// the host goes away while one has: an idle guest's agent does not wake for it.
 func (p *port) greet() {
 	for {
-		if !p.isAcked() {
-			p.sendIf(func() bool { return !p.isAcked() }, helloMessage())
+		if p.isAcked() {
+			<-p.unacked
+			continue
 		}
+		p.sendIf(func() bool { return !p.isAcked() }, helloMessage())
 		time.Sleep(time.Second)
 	}
 }

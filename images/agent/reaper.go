@@ -67,7 +67,10 @@ func waitTracked(cmd *exec.Cmd) error {
 	return err
 }
 
-func reapOrphans() {
+// reapOrphans reaps the zombies reparented to the agent that nobody else waits for. It answers
+// whether it left one because a create was in flight (the new container's pid is not tracked yet,
+// so the zombie may be it): that one is looked at again after reapRetry.
+func reapOrphans() (deferred bool) {
 	self := os.Getpid()
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	for _, path := range stats {
@@ -90,26 +93,41 @@ func reapOrphans() {
 			continue
 		}
 		reap.Lock()
-		skip := reap.tracked[pid] || reap.creating > 0
+		owned, creating := reap.tracked[pid], reap.creating > 0
 		reap.Unlock()
-		if !skip {
-			var ws syscall.WaitStatus
-			syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		if owned {
+			continue
 		}
+		if creating {
+			deferred = true
+			continue
+		}
+		var ws syscall.WaitStatus
+		syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
 	}
+	return deferred
 }
 
+// reapRetry: how soon a zombie left while a create was in flight is looked at again.
+const reapRetry = 200 * time.Millisecond
+
+// startReaper reaps at each SIGCHLD, and again after reapRetry while a zombie was left for a
+// create in flight; an idle guest's agent wakes for neither (a scan of /proc, each wake of an
+// emulated guest, costs the host CPU).
 func startReaper() {
 	ch := make(chan os.Signal, 8)
 	signal.Notify(ch, syscall.SIGCHLD)
 	go func() {
-		tick := time.NewTicker(2 * time.Second)
+		var retry <-chan time.Time // nil (never ready) unless a zombie waits for a create
 		for {
 			select {
 			case <-ch:
-			case <-tick.C:
+			case <-retry:
 			}
-			reapOrphans()
+			retry = nil
+			if reapOrphans() {
+				retry = time.After(reapRetry)
+			}
 		}
 	}()
 }
