@@ -124,12 +124,13 @@ def _resize(d: dict[str, Any]) -> list[Row]:
 
 
 def _cluster_start(d: dict[str, Any]) -> list[Row]:
-    a, b = d["apply_to_ready_s"], d["burst"]
+    a, b, f = d["apply_to_ready_s"], d["burst"], d["floor"]
     return [
         Row("kubectl apply to Ready, one pod (p50)", _s(a["vmsandbox"]["p50"]), f"runc pod {_s(a['runc']['p50'])}",
-            d["ratio_p50"], f"≤ {d['target_ratio_p50']}", d["met_ratio_p50"]),
+            d["ratio_p50"], f"≤ {d['target_ratio_p50']} (floor here {f['ratio_p50']:.2f})", d["met_ratio_p50"]),
         Row(f"{b['pods']} VM pods applied at once, all Ready", _s(b["all_ready_s"]),
-            f"one VM pod {_s(b['one_pod_p50_s'])}", b["ratio"], f"≤ {b['target_ratio']}", b["met"]),
+            f"one VM pod {_s(b['one_pod_p50_s'])}", b["ratio"],
+            f"≤ {b['target_ratio']} (floor here {f['burst_ratio']:.2f})", b["met"]),
     ]  # fmt: skip
 
 

@@ -1,15 +1,27 @@
 """What the cluster start benchmark reads from the kubelet and the pods' logs: the kubelet's CRI
-call seconds from its /metrics text, their split into phases, the CRI log timestamps, and the
-Deployments it applies (the two runtimes' pods alike but for the RuntimeClass)."""
+call seconds from its /metrics text, their split into phases, the CRI log timestamps, the
+Deployments it applies (the two runtimes' pods alike but for the RuntimeClass), and the floor from
+the pods' QEMU processes."""
 
 from __future__ import annotations
 
 import calendar
+import os
 import time
+from pathlib import Path
 
 import pytest
 
-from bench.cluster_start import deployment, kubelet_ops, log_timestamp_ns, ops_delta
+from bench.cluster_start import (
+    QemuCpu,
+    cpu_list,
+    deployment,
+    floor,
+    kubelet_ops,
+    log_timestamp_ns,
+    ops_delta,
+    pod_qemu_cpu,
+)
 
 METRICS = """\
 # HELP kubelet_runtime_operations_duration_seconds [ALPHA] Duration in seconds of runtime operations.
@@ -78,3 +90,47 @@ def test_the_runtimes_pods_differ_only_by_their_runtime_class() -> None:
     assert runc["spec"]["replicas"] == 3
     # the Deployment selects its own pods: its labels are on its template
     assert runc["spec"]["selector"]["matchLabels"].items() <= runc["spec"]["template"]["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [("1\n", {1}), ("0-3", {0, 1, 2, 3}), ("0,2-3,7", {0, 2, 3, 7}), ("", set())],
+)
+def test_a_kernel_cpu_list_is_read_as_its_cpus(text: str, cpus: set[int]) -> None:
+    assert cpu_list(text) == cpus
+
+
+def _process(proc: Path, pid: int, comm: str, cgroup: str, utime: int, stime: int, allowed: list[str]) -> None:
+    d = proc / str(pid)
+    d.mkdir(parents=True)
+    (d / "comm").write_text(comm + "\n")
+    (d / "cgroup").write_text(cgroup)
+    # the command's name may hold spaces and parentheses: fields are counted after its last ")"
+    fields = ["S"] + ["0"] * 10 + [str(utime), str(stime)] + ["0"] * 30
+    (d / "stat").write_text(f"{pid} ({comm} (x) y) " + " ".join(fields) + "\n")
+    for i, cpus in enumerate(allowed):
+        t = d / "task" / str(pid + i)
+        t.mkdir(parents=True)
+        (t / "status").write_text(f"Name:\t{comm}\nCpus_allowed_list:\t{cpus}\nVoluntary: 1\n")
+
+
+def test_only_qemus_in_pod_cgroups_count(tmp_path: Path) -> None:
+    ticks = os.sysconf("SC_CLK_TCK")
+    pod = "12:cpuacct:/kubepods/burstable/pod1\n0::/\n"
+    _process(tmp_path, 10, "qemu-system-x86", pod, ticks, ticks // 2, ["1", "1-2"])
+    _process(tmp_path, 11, "qemu-system-x86", pod, 2 * ticks, 0, ["1"])
+    _process(tmp_path, 12, "qemu-system-x86", "12:cpuacct:/machine/qemu-9\n", 50 * ticks, 0, ["0"])  # not a pod's
+    _process(tmp_path, 13, "pause", pod, 50 * ticks, 0, ["0"])  # a pod's, not a QEMU
+    (tmp_path / "self").mkdir()
+    got = pod_qemu_cpu(tmp_path)
+    assert got == QemuCpu(seconds=3.5, processes=2, cpus=frozenset({1, 2}))
+
+
+def test_a_process_gone_while_read_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "20").mkdir()  # its files already gone
+    assert pod_qemu_cpu(tmp_path) == QemuCpu(0.0, 0, frozenset())
+
+
+def test_the_floor_replaces_runcs_calls_by_the_guests_cpu_time() -> None:
+    got = floor(runc_ready_s=0.5, runc_runtime_s=0.1, vm_cpu_s=1.2, burst_cpu_s=12.0, cpus=2, one_vm_s=2.0)
+    assert got == {"ready_s": 1.0, "ratio_p50": 2.0, "burst_all_ready_s": 6.0, "burst_ratio": 3.0}
