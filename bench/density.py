@@ -86,6 +86,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import smoke
+from bench.proc_cpu import cpu_s
 from bench.sandbox_start import snapshot_made
 from bench.shim_process import shim_process
 from gen.cri.apimachinery.resource.generated_pb2 import Quantity
@@ -96,6 +97,7 @@ from tests import interrupts
 from vmsandbox.adapters.sysfs import read_inventory
 from vmsandbox.errors import InvalidArgument
 from vmsandbox.host import HostInventory
+from vmsandbox.profile import Profile
 from vmsandbox.qemu_memory import guest_ram_mapping_kib, parse_smaps_rollup
 from vmsandbox.quantity import parse_nonnegative_quantity
 
@@ -311,11 +313,16 @@ def push_image(registry: Any, work: Path) -> str:
     return f"{registry.host}/bench/sleep:1"
 
 
-def write_profile(path: Path) -> dict[str, Any]:
+def write_profile(path: Path, tb_cache_mib: int | None = None) -> dict[str, Any]:
+    """The sample profile for the run, its guest image this host's, its TCG translation cache
+    ``tb_cache_mib`` when given."""
     found = [d for d in yaml.safe_load_all(PROFILES.read_text()) if isinstance(d, dict) and d.get("name") == PROFILE]
     if len(found) != 1 or found[0].get("cpu_policy") != "shared":
         raise SystemExit(f"{PROFILES}: no shared-CPU profile named {PROFILE!r}")
-    profile = {**found[0], "guest": {**found[0].get("guest", {}), "image_dir": IMAGE_DIR}}
+    guest = {**found[0].get("guest", {}), "image_dir": IMAGE_DIR}
+    if tb_cache_mib is not None:
+        guest["tcg_tb_cache_mib"] = tb_cache_mib
+    profile = {**found[0], "guest": guest}
     path.write_text(json.dumps(profile))
     return profile
 
@@ -324,7 +331,7 @@ def qemu_memory(rt: pb_grpc.RuntimeServiceStub, sandbox_id: str) -> dict[str, An
     """How the pod's guest started, and its QEMU's memory in MiB: guest RAM reserved and resident,
     VMM private (anonymous beyond guest RAM), the rest of its PSS (file pages), PSS and RSS."""
     info = sandbox_info(rt, sandbox_id)
-    pid = int(Path(f"/run/libvirt/qemu/{info['domain']}.pid").read_text())
+    pid = domain_pid(info["domain"])
     ram_kib = int(info["shape"]["memory_bytes"]) // 1024
     fields = rollup(pid)
     ram = guest_ram_mapping_kib(Path(f"/proc/{pid}/smaps").read_text(errors="replace"), ram_kib)
@@ -340,6 +347,40 @@ def qemu_memory(rt: pb_grpc.RuntimeServiceStub, sandbox_id: str) -> dict[str, An
         "qemu_pss_mib": mib(fields["Pss"]),
         "qemu_rss_mib": mib(fields["Rss"]),
     }
+
+
+def domain_pid(domain: str) -> int:
+    return int(Path(f"/run/libvirt/qemu/{domain}.pid").read_text())
+
+
+def qemu_pid(rt: pb_grpc.RuntimeServiceStub, sandbox_id: str) -> int:
+    return domain_pid(sandbox_info(rt, sandbox_id)["domain"])
+
+
+@dataclass
+class Idle:
+    """CPU time of each pod's processes and of the runtime's over an idle wait, as a percentage of
+    one host CPU."""
+
+    pods: list[list[int]]  # per pod, its processes
+    runtime: tuple[int, ...]
+    t0: float
+    used0: list[float]
+    runtime0: float
+
+    @classmethod
+    def begin(cls, pods: list[list[int]], runtime: tuple[int, ...]) -> Idle:
+        used = [sum(cpu_s(pid) for pid in pp) for pp in pods]
+        return cls(pods, runtime, time.monotonic(), used, sum(cpu_s(pid) for pid in runtime))
+
+    def end(self, n: int) -> dict[str, Any]:
+        """``each``: every pod's percentage; ``p50`` of them; ``runtime_share``: the runtime's
+        processes' percentage over the ``n`` pods."""
+        wall = time.monotonic() - self.t0
+        used = [sum(cpu_s(pid) for pid in pp) - u for pp, u in zip(self.pods, self.used0, strict=True)]
+        each = [round(100 * u / wall, 2) for u in used]
+        runtime = 100 * (sum(cpu_s(pid) for pid in self.runtime) - self.runtime0) / wall
+        return {"each": each, "p50": round(statistics.median(each), 2), "runtime_share": round(runtime / n, 2)}
 
 
 def vm_phase(
@@ -378,9 +419,11 @@ def vm_phase(
     if not pods:
         raise SystemExit(f"not one VM pod fits: {refusal}")
     full = ledger_memory(metrics_url)
+    idle = Idle.begin([[qemu_pid(rt, p.sandbox_id)] for p in pods], (shim_pid, front_pid, libvirtd_pid()))
     time.sleep(settle_s)
+    idle_cpu = idle.end(len(pods))
     per_pod: list[dict[str, Any]] = []
-    for p in pods:
+    for p, used in zip(pods, idle_cpu.pop("each"), strict=True):
         figures = qemu_memory(rt, p.sandbox_id)
         per_pod.append(
             {
@@ -389,6 +432,7 @@ def vm_phase(
                 "create_s": round(p.create_s, 3),
                 "start_s": round(p.start_s, 3),
                 "total_s": round(p.total_s, 3),
+                "idle_cpu_percent": used,
                 **figures,
             }
         )
@@ -425,6 +469,9 @@ def vm_phase(
             },
             "rss_mib": {k: {"before": mib(before[k]), "after": mib(after[k])} for k in before},
             "host_memory_per_pod_mib": round(mean("qemu_pss_mib") + shim_share, 1),
+            # host CPU while idle (the settle): each pod's QEMU, and the shim's, front's and
+            # libvirtd's CPU over the pods
+            "idle_cpu_percent_per_pod": idle_cpu,
         },
     }
 
@@ -438,8 +485,7 @@ def runc_phase(
     for n in range(pods_wanted):
         pods.append(start_pod(rt, runc_pod_config(n + 1, logs), image, "", vm=False))
         print(f"runc pod {n + 1}: {pods[-1].total_s:.2f} s", file=sys.stderr, flush=True)
-    time.sleep(settle_s)
-    per_pod: list[dict[str, Any]] = []
+    pids: list[tuple[int, int, int]] = []  # (container, pause, shim) of each pod
     for p in pods:
         pause = int(sandbox_info(rt, p.sandbox_id)["pid"])
         status = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=p.container_id, verbose=True), timeout=30)
@@ -447,6 +493,12 @@ def runc_phase(
         shim = parent_of(pause)
         if not comm_of(shim).startswith("containerd-shim") or parent_of(app) != shim:
             raise SystemExit(f"runc pod {p.sandbox_id[:12]}: pause {pause} and container {app} under no one shim")
+        pids.append((app, pause, shim))
+    idle = Idle.begin([list(each) for each in pids], (containerd_pid,))
+    time.sleep(settle_s)
+    idle_cpu = idle.end(len(pods))
+    per_pod: list[dict[str, Any]] = []
+    for p, (app, pause, shim), used in zip(pods, pids, idle_cpu.pop("each"), strict=True):
         procs = {"container": rollup(app), "pause": rollup(pause), "shim": rollup(shim)}
         per_pod.append(
             {
@@ -454,6 +506,7 @@ def runc_phase(
                 "create_s": round(p.create_s, 3),
                 "start_s": round(p.start_s, 3),
                 "total_s": round(p.total_s, 3),
+                "idle_cpu_percent": used,
                 **{f"{k}_pss_mib": mib(v["Pss"]) for k, v in procs.items()},
                 "pss_mib": mib(sum(v["Pss"] for v in procs.values())),
                 "rss_mib": mib(sum(v["Rss"] for v in procs.values())),
@@ -482,10 +535,13 @@ def runc_phase(
         },
         "containerd_rss_mib": {"before": mib(before), "after": mib(after)},
         "host_memory_per_pod_mib": round(mean("pss_mib") + share, 1),
+        # host CPU while idle (the settle): each pod's container, pause and shim, and containerd's
+        # CPU over the pods
+        "idle_cpu_percent_per_pod": idle_cpu,
     }
 
 
-def measure(capacity: int, settle_s: float) -> dict[str, Any]:
+def measure(capacity: int, settle_s: float, tb_cache_mib: int | None) -> dict[str, Any]:
     from tests.registry_kit import Registry, free_port
 
     script = REPO / "scripts" / "containerd.sh"
@@ -508,7 +564,7 @@ def measure(capacity: int, settle_s: float) -> dict[str, Any]:
                 version = pb_grpc.RuntimeServiceStub(channel).Version(pb.VersionRequest(), timeout=30)
             reserved = memory_reserved_for(capacity, read_inventory())
             port = free_port()
-            profile = write_profile(work / "profile.yaml")
+            profile = write_profile(work / "profile.yaml", tb_cache_mib)
             config = {
                 "downstream_endpoint": endpoint,
                 "shared_cpus": Path("/sys/devices/system/cpu/online").read_text().strip(),  # every CPU it owns
@@ -535,6 +591,7 @@ def measure(capacity: int, settle_s: float) -> dict[str, Any]:
             "cpu_policy": profile["cpu_policy"],
             "page_size": str(profile.get("page_size", "")),
             "memory_min": str(profile.get("memory", {}).get("min", "")),
+            "tcg_tb_cache_mib": int(profile["guest"].get("tcg_tb_cache_mib", Profile.tcg_tb_cache_mib)),
         },
         "pod": {**POD_RESOURCES, "command": CONTAINER_CMD},
         "capacity": {
@@ -553,7 +610,14 @@ def _start_shape() -> dict[str, Any]:
     return dict.fromkeys(keys, smoke.POSITIVE)
 
 
-_TIMES = {"run_s": smoke.POSITIVE, "create_s": smoke.POSITIVE, "start_s": smoke.POSITIVE, "total_s": smoke.POSITIVE}
+_TIMES = {
+    "run_s": smoke.POSITIVE,
+    "create_s": smoke.POSITIVE,
+    "start_s": smoke.POSITIVE,
+    "total_s": smoke.POSITIVE,
+    "idle_cpu_percent": smoke.NON_NEGATIVE,
+}
+_IDLE_CPU = {"p50": smoke.NON_NEGATIVE, "runtime_share": smoke.FINITE}
 _QEMU_MEMORY = {
     "by": smoke.TEXT,
     "guest_ram_reserved_mib": smoke.POSITIVE,
@@ -567,7 +631,13 @@ SHAPE: dict[str, Any] = {
     "benchmark": "density",
     "load_avg_1m": smoke.NON_NEGATIVE,
     "settle_s": smoke.NON_NEGATIVE,
-    "profile": {"name": PROFILE, "cpu_policy": "shared", "page_size": smoke.TEXT, "memory_min": smoke.TEXT},
+    "profile": {
+        "name": PROFILE,
+        "cpu_policy": "shared",
+        "page_size": smoke.TEXT,
+        "memory_min": smoke.TEXT,
+        "tcg_tb_cache_mib": smoke.COUNT,
+    },
     "pod": {"cpu": smoke.TEXT, "memory": smoke.TEXT, "command": smoke.Each(smoke.TEXT)},
     "capacity": {
         "configured_mib": smoke.COUNT,
@@ -597,6 +667,7 @@ SHAPE: dict[str, Any] = {
             {"before": smoke.POSITIVE, "after": smoke.POSITIVE}, frozenset({"shim", "front", "libvirtd"})
         ),
         "host_memory_per_pod_mib": smoke.POSITIVE,
+        "idle_cpu_percent_per_pod": _IDLE_CPU,
     },
     "runc": {
         "pods": smoke.Each(
@@ -622,6 +693,7 @@ SHAPE: dict[str, Any] = {
         },
         "containerd_rss_mib": {"before": smoke.POSITIVE, "after": smoke.POSITIVE},
         "host_memory_per_pod_mib": smoke.POSITIVE,
+        "idle_cpu_percent_per_pod": _IDLE_CPU,
     },
     "ratio_memory_vm_runc": smoke.POSITIVE,
 }
@@ -649,6 +721,9 @@ def main() -> int:
         "--capacity", default=CAPACITY, help=f"ordinary memory the ledger gives VM guests (default {CAPACITY})"
     )
     parser.add_argument("--settle", type=float, default=20.0, help="seconds idle before the memory is read")
+    parser.add_argument(
+        "--tb-cache-mib", type=int, default=None, help="the profile's guest.tcg_tb_cache_mib (default: the profile's)"
+    )
     parser.add_argument("--smoke", action="store_true", help=f"capacity {SMOKE_CAPACITY}, 3 s settle; check the JSON")
     args = parser.parse_args()
     if args.smoke:
@@ -665,7 +740,7 @@ def main() -> int:
         smoke.missing_image_tools(),
         smoke.missing_guest_host(),
     )
-    result = measure(capacity, args.settle)
+    result = measure(capacity, args.settle, args.tb_cache_mib)
     doc = {
         "benchmark": "density",
         "load_avg_1m": round(os.getloadavg()[0], 2),
