@@ -14,6 +14,7 @@ import pytest
 
 from bench.cluster_start import (
     QemuCpu,
+    cgroup_pod_uid,
     cpu_list,
     deployment,
     floor,
@@ -114,21 +115,40 @@ def _process(proc: Path, pid: int, comm: str, cgroup: str, utime: int, stime: in
         (t / "status").write_text(f"Name:\t{comm}\nCpus_allowed_list:\t{cpus}\nVoluntary: 1\n")
 
 
-def test_only_qemus_in_pod_cgroups_count(tmp_path: Path) -> None:
+UID_A = "98e85a07-87e7-4708-8185-7c721e73d037"
+UID_B = "0a1b2c3d-0000-4000-8000-000000000001"
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "uid"),
+    [
+        (f"12:cpuacct:/kubepods/burstable/pod{UID_A}\n0::/\n", UID_A),
+        (f"4:cpu:/kubepods/pod{UID_A}\n", UID_A),  # a Guaranteed pod's
+        (f"0::/kubepods.slice/kubepods-besteffort-pod{UID_A.replace('-', '_')}.slice\n", UID_A),  # systemd
+        ("12:cpuacct:/machine/qemu-9-vmsandbox\n", None),
+        ("12:cpuacct:/kubepods/burstable\n", None),
+    ],
+)  # fmt: skip
+def test_a_process_cgroup_names_its_pod_by_uid(cgroup: str, uid: str | None) -> None:
+    assert cgroup_pod_uid(cgroup) == uid
+
+
+def test_only_the_given_pods_qemus_count(tmp_path: Path) -> None:
     ticks = os.sysconf("SC_CLK_TCK")
-    pod = "12:cpuacct:/kubepods/burstable/pod1\n0::/\n"
-    _process(tmp_path, 10, "qemu-system-x86", pod, ticks, ticks // 2, ["1", "1-2"])
-    _process(tmp_path, 11, "qemu-system-x86", pod, 2 * ticks, 0, ["1"])
+    pod_a = f"12:cpuacct:/kubepods/burstable/pod{UID_A}\n0::/\n"
+    _process(tmp_path, 10, "qemu-system-x86", pod_a, ticks, ticks // 2, ["1", "1-2"])
+    _process(tmp_path, 11, "qemu-system-x86", f"12:cpuacct:/kubepods/pod{UID_B}\n", 2 * ticks, 0, ["1"])
     _process(tmp_path, 12, "qemu-system-x86", "12:cpuacct:/machine/qemu-9\n", 50 * ticks, 0, ["0"])  # not a pod's
-    _process(tmp_path, 13, "pause", pod, 50 * ticks, 0, ["0"])  # a pod's, not a QEMU
+    _process(tmp_path, 13, "pause", pod_a, 50 * ticks, 0, ["0"])  # a pod's, not a QEMU
     (tmp_path / "self").mkdir()
-    got = pod_qemu_cpu(tmp_path)
-    assert got == QemuCpu(seconds=3.5, processes=2, cpus=frozenset({1, 2}))
+    assert pod_qemu_cpu({UID_A, UID_B}, tmp_path) == QemuCpu(seconds=3.5, processes=2, cpus=frozenset({1, 2}))
+    # another pod's QEMU (one still going away, say) is not counted
+    assert pod_qemu_cpu({UID_A}, tmp_path) == QemuCpu(seconds=1.5, processes=1, cpus=frozenset({1, 2}))
 
 
 def test_a_process_gone_while_read_is_skipped(tmp_path: Path) -> None:
     (tmp_path / "20").mkdir()  # its files already gone
-    assert pod_qemu_cpu(tmp_path) == QemuCpu(0.0, 0, frozenset())
+    assert pod_qemu_cpu({UID_A}, tmp_path) == QemuCpu(0.0, 0, frozenset())
 
 
 def test_the_floor_replaces_runcs_calls_by_the_guests_cpu_time() -> None:
