@@ -29,7 +29,7 @@ are what they are on this host (guests under TCG here).
 
 The floor of both (``floor``), measured in the same run: the CPU time of each VM pod's QEMU from
 its start to the pod's Ready (user + system time of the process, every thread; read at Ready from
-``/proc`` for the QEMU processes in the kubelet's pod cgroups), spread over the host CPUs its
+``/proc`` for the QEMU in each measured pod's cgroup, by the pod's uid), spread over the host CPUs its
 threads may run on. Whatever runtime starts the guest, that work is the guest's (its restore, its
 first code translated again, its agent, crun and the container) and runs on those CPUs, so a VM
 pod cannot be Ready before the runc pod's time less runc's own RunPodSandbox, CreateContainer and
