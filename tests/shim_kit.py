@@ -291,6 +291,17 @@ def start_shim(
     )
 
 
+def exit_code(shim: Shim, timeout_s: float) -> int | None:
+    """The shim's exit status if it ended by itself within ``timeout_s`` (a fault point's SIGKILL),
+    else None; either way it is stopped after: no shim outlives its test."""
+    try:
+        return shim.process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        stop_shim(shim)
+
+
 def stop_shim(shim: Shim, *, kill: bool = False) -> None:
     shim.channel.close()
     if shim.process.poll() is None:

@@ -24,7 +24,7 @@ import pytest
 
 from gen.cri.runtime.v1 import api_pb2 as pb
 from tests.integration.state_check import assert_consistent, read_domains, read_ledger, vmsandbox_free_baseline
-from tests.shim_kit import LIBVIRT_URI, Shim, container, pod, q, require_host, start_shim, stop_shim
+from tests.shim_kit import LIBVIRT_URI, Shim, container, exit_code, pod, q, require_host, start_shim, stop_shim
 from vmsandbox.domain_xml import read_identity
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.exclusive]
@@ -126,8 +126,7 @@ def remove_everything(shim: Shim) -> None:
 
 def expect_killed(shim: Shim, err: pytest.ExceptionInfo[grpc.RpcError], point: str) -> str:
     """The shim died by SIGKILL at ``point`` and the RPC in flight failed UNAVAILABLE."""
-    code = shim.process.wait(timeout=60)
-    stop_shim(shim)
+    code = exit_code(shim, 60)
     text = shim.log_text()
     assert code == -signal.SIGKILL, f"shim exited {code}, not by SIGKILL:\n{text}"
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value

@@ -31,6 +31,7 @@ from tests.shim_kit import (
     SNAPSHOT_HANDLER,
     Shim,
     container,
+    exit_code,
     pod,
     q,
     require_host,
@@ -308,10 +309,11 @@ def crash_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
 def test_kill_9_during_restore_leaves_nothing_behind(crash_dir: tuple[Path, int], point: str) -> None:
     tmp, baseline = crash_dir
     shim = start_shim(tmp, env={"VMSANDBOX_FAULT": point})
-    with pytest.raises(grpc.RpcError) as err:
-        run(shim, snap_pod(f"crash-{point.split(':')[1]}"))
-    code = shim.process.wait(timeout=60)
-    stop_shim(shim)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            run(shim, snap_pod(f"crash-{point.split(':')[1]}"))
+    finally:
+        code = exit_code(shim, 60)
     assert code == -signal.SIGKILL, shim.log_text()
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert f"fault injection: SIGKILL at {point}" in shim.log_text()
@@ -403,10 +405,13 @@ def test_kill_9_while_a_snapshot_is_made_leaves_nothing_behind(tmp_path: Path, p
     baseline = vmsandbox_free_baseline()
     mine_before = set(snapshot_domains())
     shim = start_shim(tmp_path, env={"VMSANDBOX_FAULT": point})
-    first = run(shim, snap_pod("first"))  # answered: the make starts after the pod is READY
-    assert started_by(shim, first)["by"] == "boot"
-    code = shim.process.wait(timeout=SNAPSHOT_WAIT_S)
-    stop_shim(shim)
+    try:
+        first = run(shim, snap_pod("first"))  # answered: the make starts after the pod is READY
+        assert started_by(shim, first)["by"] == "boot"
+    except BaseException:
+        stop_shim(shim)
+        raise
+    code = exit_code(shim, SNAPSHOT_WAIT_S)
     assert code == -signal.SIGKILL and f"fault injection: SIGKILL at {point}" in shim.log_text(), shim.log_text()
 
     after = start_shim(tmp_path)
