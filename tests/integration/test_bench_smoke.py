@@ -38,6 +38,7 @@ HELPERS = {
     "smoke.py": "the smoke mode's JSON shape check and prerequisites, shared by the benchmarks",
     "nri_noop_plugin.py": "the NRI plugin bench/nri.py starts when NRI_PLUGIN is unset; measures nothing itself",
     "table.py": "renders the README's performance table from the benchmarks' JSON; measures nothing itself",
+    "proc_cpu.py": "reads processes' CPU time from /proc for cluster_start and density; measures nothing itself",
 }
 TIMEOUT_S = 150  # a smoke run boots at most three guests (a few seconds each under TCG)
 # benchmarks that bring up the one-node cluster (scripts/cluster.sh): one cluster fits on a host, so
