@@ -115,13 +115,7 @@ func opExec(raw json.RawMessage) (interface{}, error) {
 	case werr = <-done:
 	case <-timeout:
 		timedOut = true
-		if t, err := os.ReadFile(pidFile); err == nil {
-			if pid, err := strconv.Atoi(strings.TrimSpace(string(t))); err == nil && pid > 0 {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-		cmd.Process.Kill()
-		werr = <-done
+		werr = stopTimedOut(cmd, pidFile, done, execPidWait)
 	}
 	code := 0
 	if werr != nil {
@@ -146,6 +140,36 @@ func opExec(raw json.RawMessage) (interface{}, error) {
 		stdout: stdout.buf.Bytes(),
 		stderr: stderr.buf.Bytes(),
 	}, nil
+}
+
+// execPidWait is how long an exec whose timeout passed waits for crun to name the process it started.
+const execPidWait = 3 * time.Second
+
+// stopTimedOut ends an exec whose timeout passed: first the process crun started (the pid crun
+// wrote to pidFile), then crun (cmd); it answers crun's Wait (from done). crun writes the pid file
+// once the process runs, which in a loaded emulated guest can be after the timeout; killing crun
+// before then left the process running, holding the output pipes (and so the exec's answer) open
+// until it ended by itself. So the pid file is waited for, up to wait, while crun runs.
+func stopTimedOut(cmd *exec.Cmd, pidFile string, done <-chan error, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		if t, err := os.ReadFile(pidFile); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(t))); err == nil && pid > 0 {
+				syscall.Kill(pid, syscall.SIGKILL)
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		select {
+		case err := <-done: // crun ended meanwhile, and its process with it
+			return err
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cmd.Process.Kill()
+	return <-done
 }
 
 // execBody is the body of an exec response, written to the channel as it is encoded: its
