@@ -30,7 +30,7 @@ from pathlib import Path
 from stat import S_ISREG
 
 from cli.inspect_state import DB_NAME, open_state, read_sandboxes
-from shim.pod_networks import MACVTAP_PREFIX, NETNS_PREFIX, OWNER_CALLER
+from shim.pod_networks import OWNER_CALLER, macvtap_name, netns_name
 from vmsandbox.adapters import netns
 from vmsandbox.adapters.hypervisor import DomainInfo, Hypervisor
 from vmsandbox.domain import DOMAIN_PREFIX
@@ -173,10 +173,10 @@ def remove_state_networks(state_dir: str | Path) -> Outcome:
             if not isinstance(doc, dict):
                 raise ValueError("not a JSON object")
             link = doc.get("macvtap")
-            if link is not None and link != f"{MACVTAP_PREFIX}{sid[:12]}":
+            if link is not None and link != macvtap_name(sid):
                 raise ValueError(f"names the link {str(link)[:40]!r}, not its sandbox's")
             ns = Path(str(doc.get("netns", "")))
-            own_ns = doc.get("owner") != OWNER_CALLER and ns.name == f"{NETNS_PREFIX}{sid}"
+            own_ns = doc.get("owner") != OWNER_CALLER and ns.name == netns_name(sid)
             if link is not None:
                 netns.delete_link(link)
             if own_ns:

@@ -58,6 +58,16 @@ class Attachment:
     interface: NetworkInterface | None
 
 
+def macvtap_name(sandbox_id: str) -> str:
+    """The macvtap a sandbox's guest NIC uses: 15 characters, the kernel's limit."""
+    return f"{MACVTAP_PREFIX}{sandbox_id[:12]}"
+
+
+def netns_name(sandbox_id: str) -> str:
+    """The file name of the network namespace the shim makes for a sandbox."""
+    return f"{NETNS_PREFIX}{sandbox_id}"
+
+
 def _user_mac(sandbox_id: str) -> str:
     """A locally administered MAC derived from the sandbox id (QEMU's 52:54:00 prefix)."""
     return "52:54:00:" + ":".join(sandbox_id[i : i + 2] for i in (0, 2, 4))
@@ -192,7 +202,7 @@ class PodNetworks:
         network, _ = self._current()
         if network is None:
             raise WrongState(self.ready()[2])
-        path = self.netns_dir / f"{NETNS_PREFIX}{sandbox_id}"
+        path = self.netns_dir / netns_name(sandbox_id)
         args = cni.PodArgs(sandbox_id, str(path), meta.namespace, meta.name, meta.uid)
         capabilities = cni.runtime_config(ports, annotations)
         doc: dict[str, Any] = {
@@ -201,7 +211,7 @@ class PodNetworks:
             "args": {"namespace": meta.namespace, "name": meta.name, "uid": meta.uid},
             "capabilities": capabilities,
             "result": None,
-            "macvtap": f"{MACVTAP_PREFIX}{sandbox_id[:12]}",
+            "macvtap": macvtap_name(sandbox_id),
             "state": "adding",
         }
         self._write(sandbox_id, doc)  # before anything exists, so a crash from here on is cleaned up
@@ -239,7 +249,7 @@ class PodNetworks:
         doc: dict[str, Any] = {
             "owner": OWNER_CALLER,
             "netns": path,
-            "macvtap": f"{MACVTAP_PREFIX}{sandbox_id[:12]}",
+            "macvtap": macvtap_name(sandbox_id),
             "state": "adding",
         }
         started = time.monotonic()
