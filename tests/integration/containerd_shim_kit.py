@@ -147,3 +147,13 @@ def container_config(name: str, command: list[str], image: str, memory: int = 64
         "log_path": f"{name}.log",
         "linux": {"resources": {"memory_limit_in_bytes": memory, "cpu_period": 100000, "cpu_quota": 20000}},
     }
+
+
+def listening(proc_net_tcp: str, port: int) -> bool:
+    """Whether ``/proc/net/tcp`` or ``tcp6`` text (one or both, headers anywhere) has a socket
+    listening on ``port`` (state 0A)."""
+    for line in proc_net_tcp.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[0] != "sl" and fields[1].endswith(f":{port:04X}") and fields[3] == "0A":
+            return True
+    return False
