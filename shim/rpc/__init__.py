@@ -51,7 +51,8 @@ class Steps:
     rpc: str
     _undo: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
     _clock: Callable[[], float] = time.monotonic
-    _marks: list[tuple[str, float]] = field(default_factory=list)  # (step, when it was done)
+    # (step, when it was done, its own ms when it ran inside another step, see ``timed``)
+    _marks: list[tuple[str, float, float | None]] = field(default_factory=list)
     _started: float = 0.0
 
     def __post_init__(self) -> None:
@@ -59,11 +60,22 @@ class Steps:
 
     def done(self, step: str, undo: Callable[[], object] | None = None) -> None:
         """``step`` succeeded; ``undo`` (if any) reverses it should a later step fail."""
+        self._mark(step, undo, None)
+
+    def timed(self, step: str, work: Callable[[], Callable[[], object] | None]) -> None:
+        """``step`` is ``work``, run in the middle of the step around it (e.g. from a callback of
+        the guest's start): done with the undo ``work`` returns, and its time its own, which the
+        timings take out of the surrounding step's instead of giving it all that went before."""
+        began = self._clock()
+        undo = work()
+        self._mark(step, undo, self._clock() - began)
+
+    def _mark(self, step: str, undo: Callable[[], object] | None, own: float | None) -> None:
         if step not in _POINTS.get(self.rpc, ()):
             raise AssertionError(f"{self.rpc}: step {step!r} is not declared")
         if undo is not None:
             self._undo.append((step, undo))
-        self._marks.append((step, self._clock()))
+        self._marks.append((step, self._clock(), own))
         faults.checkpoint(f"{self.rpc}:{step}")
 
     def unwind(self) -> str:
@@ -84,13 +96,18 @@ class Steps:
         return f"rolled back: {', '.join(undone)} undone" if undone else NOTHING_UNDONE
 
     def timings(self) -> str:
-        """How long the call took and each step done (since the one before it), in ms: the log
-        line of a call that succeeded, e.g. ``312 ms: admit 2, hold-image 1, guest-create 290``."""
+        """How long the call took and each step done (since the one before it, less the steps
+        ``timed`` inside it), in ms: the log line of a call that succeeded, e.g. ``312 ms: admit 2,
+        hold-image 1, guest-create 290``."""
         now = self._clock()
-        parts, last = [], self._started
-        for step, when in self._marks:
-            parts.append(f"{step} {round((when - last) * 1000)}")
-            last = when
+        parts, last, inside = [], self._started, 0.0
+        for step, when, own in self._marks:
+            if own is not None:
+                parts.append(f"{step} {round(own * 1000)}")
+                inside += own
+                continue
+            parts.append(f"{step} {round((when - last - inside) * 1000)}")
+            last, inside = when, 0.0
         return f"{round((now - self._started) * 1000)} ms: {', '.join(parts)}"
 
 

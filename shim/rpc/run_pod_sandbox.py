@@ -145,7 +145,7 @@ def run_pod_sandbox(pods: Pods, req: RunPodSandbox) -> str:
         s.done("define", functools.partial(sb.boot.remove_domain, guest.domain.name))
 
         def placed(record: SandboxRecord = record) -> None:  # its QEMU runs: into the pod's cgroup
-            s.done("cgroup", sb.boot.place(record))
+            s.timed("cgroup", functools.partial(sb.boot.place, record))
 
         report, how = sb.boot.start(record, guest, define_ms, placed)
         s.done("guest-start")

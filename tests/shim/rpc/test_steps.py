@@ -91,6 +91,18 @@ def test_a_call_says_how_long_each_step_took() -> None:
     assert s.timings() == "501 ms: one 2, two 10, three 488"
 
 
+def test_a_step_timed_inside_another_counts_only_its_own_time() -> None:
+    # one done at 10.002; two runs from 10.300 to 10.310 (inside three); three done at 10.500
+    ticks = iter([10.0, 10.002, 10.300, 10.310, 10.310, 10.5, 10.501])
+    s = rpc.Steps("test-rpc", _clock=lambda: next(ticks))
+    undone: list[str] = []
+    s.done("one")
+    s.timed("two", lambda: functools.partial(undone.append, "two"))
+    s.done("three")
+    assert s.timings() == "501 ms: one 2, two 10, three 488"
+    assert s.unwind() == "rolled back: two undone" and undone == ["two"]
+
+
 def test_a_call_that_succeeded_logs_its_timings(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("INFO", logger="shim.rpc"):
         _run(None, [])
