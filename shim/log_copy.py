@@ -40,8 +40,11 @@ log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 256 * 1024
 """At most this much is asked of the guest at once (and so held by the shim per container)."""
-_WAIT_S = 2.0
-"""How long one request waits in the guest for output (long poll)."""
+_WAIT_S = 20.0
+"""How long one request waits in the guest for output (long poll). The guest answers as soon as
+output comes or the log ends, so this only sets how often an idle container's guest wakes to say
+there is nothing: every 2 s was a quarter of an idle pod's host CPU under TCG (bench/density.py).
+A copy being stopped does not wait for it (``_Copy.stop``)."""
 _PARTIAL_WAIT_S = 0.2
 """Pause before asking again for a line the guest has not finished (a well-behaved agent sends
 whole lines only)."""
@@ -49,6 +52,8 @@ _RETRY_S = 1.0
 """Pause after the channel failed (the guest reboots, the shim reconnects)."""
 _DRAIN_S = 60.0
 """After its container exited, a copy goes on until the guest says the log ends, at most this long."""
+_STOP_JOIN_S = 1.0
+"""How long stopping a copy waits for its thread (one not waiting on the guest ends at once)."""
 _PROGRESS_MAX_BYTES = 96
 
 Reader = Callable[[int, int, float], LogChunk]
@@ -149,16 +154,18 @@ class _Copy:
                 )
                 self._offset = chunk.offset
             cut = whole_lines(chunk.data, chunk.eof, CHUNK_BYTES)
-            if cut.text:
-                checked = check_records(cut.text, self._records, time.time_ns(), tty=self.tty)
-                self._records = checked.state
-                self._report(checked.fixes)
-                if checked.text and self._out is not None:
-                    with self._lock:
+            with self._lock:  # a copy stopped meanwhile writes and records nothing more
+                if self._stop.is_set():
+                    return
+                if cut.text:
+                    checked = check_records(cut.text, self._records, time.time_ns(), tty=self.tty)
+                    self._records = checked.state
+                    self._report(checked.fixes)
+                    if checked.text and self._out is not None:
                         self._out.write(checked.text)
-            if cut.consumed:
-                self._offset += cut.consumed
-                self._progress.record(self.cid, self._offset, self._records)
+                if cut.consumed:
+                    self._offset += cut.consumed
+                    self._progress.record(self.cid, self._offset, self._records)
             if chunk.eof and cut.consumed == len(chunk.data):
                 return
             delay = 0.0
@@ -189,8 +196,15 @@ class _Copy:
         self._thread.join(timeout=wait_s)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=_WAIT_S + 5)
+        """From now on the copy writes and records nothing and its sink is closed. A copy waiting
+        in the guest for output ends when the answer comes (within ``_WAIT_S``), unawaited: it
+        drops the answer."""
+        with self._lock:
+            self._stop.set()
+            if self._out is not None:
+                self._out.close()
+                self._out = None
+        self._thread.join(timeout=_STOP_JOIN_S)
 
 
 class LogCopies:

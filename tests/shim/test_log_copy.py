@@ -331,6 +331,36 @@ def test_a_new_copy_resumes_from_the_recorded_offset(tmp_path: Path) -> None:
     second.close()
 
 
+def test_stopping_a_copy_waiting_on_its_guest_does_not_wait_and_drops_the_answer(tmp_path: Path) -> None:
+    """An idle container's copy waits long in the guest (the long poll); stopping it returns at
+    once with the sink closed, and the answer that comes later is neither written nor recorded."""
+    first, late = rec(b"first"), rec(b"late")
+    asked, release = threading.Event(), threading.Event()
+    waits: list[float] = []
+
+    def read(offset: int, max_bytes: int, wait_s: float) -> LogChunk:
+        waits.append(wait_s)
+        if offset == 0:
+            return LogChunk(0, first, False)
+        asked.set()
+        release.wait(30)  # the guest holds the request until output comes
+        return LogChunk(offset, late, False)
+
+    dst = tmp_path / "c.log"
+    logs = LogCopies(tmp_path / "state", 1 << 30, 1 << 30)
+    logs.start(CID, CriLogFile(dst), read)
+    assert asked.wait(10)
+    t0 = time.monotonic()
+    logs.forget(CID)
+    assert time.monotonic() - t0 < 2
+    release.set()
+    time.sleep(0.3)
+    assert dst.read_bytes() == first
+    assert not (tmp_path / "state" / "logs" / CID).exists()  # forgotten, not recorded again
+    assert waits and max(waits) >= 10  # an idle guest is asked rarely
+    logs.close()
+
+
 def test_reopen_moves_to_a_new_file(tmp_path: Path) -> None:
     old, new = rec(b"old"), rec(b"new")
     stream = Stream(old)
