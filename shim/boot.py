@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from shim.console_logs import console_path, console_tail
 from shim.host_policy import domain_for
 from shim.model import SANDBOX_READY, PassedGroup, SandboxRecord, SandboxSpec
 from shim.pod_networks import Attachment
@@ -54,8 +55,6 @@ from vmsandbox.snapshot_rules import PLACEHOLDER_MAC, restore_domain, restore_re
 
 log = logging.getLogger(__name__)
 CLAIMED_NICS_WRONG = "the guest's claimed NICs are not as claimed"  # the ready check's error, for the claims' status
-_CONSOLE_TAIL_BYTES = 16 * 1024
-_CONSOLE_LINE_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -152,7 +151,7 @@ class Boot(SandboxPart):
         console = None
         if self.config.console_dir:
             Path(self.config.console_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-            console = str(Path(self.config.console_dir) / f"{record.id}.log")
+            console = console_path(self.config.console_dir, record.id)
         nic = attachment.network.nic
         domain = domain_for(
             identity=SandboxIdentity(
@@ -487,21 +486,6 @@ class Boot(SandboxPart):
                 self.locks.in_flight.discard(key)
 
         self.snapshots.make_in_background(key, work)
-
-
-def console_tail(console: str | None) -> str:
-    """The guest console's last lines for an error message: the guest writes the console, so
-    only its last ``_CONSOLE_TAIL_BYTES`` are read and each line is cut short."""
-    if not console:
-        return ""
-    try:
-        with open(console, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - _CONSOLE_TAIL_BYTES))
-            text = f.read(_CONSOLE_TAIL_BYTES).decode(errors="replace")
-    except OSError:
-        return ""
-    lines = [validation.bound(line, _CONSOLE_LINE_CHARS) for line in text.strip().splitlines()[-5:]]
-    return "; last console lines: " + " | ".join(lines) if lines else "; the guest console is empty"
 
 
 def _report_doc(report: GuestReport) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from shim.console_logs import console_path, console_tail, remove_console_log
 from shim.model import CONTAINER_EXITED, SANDBOX_NOTREADY, SANDBOX_READY, SandboxRecord
 from shim.sandbox_part import SandboxPart
 from vmsandbox import validation
@@ -30,12 +31,6 @@ log = logging.getLogger(__name__)
 LOST_EXIT_CODE = 255
 LOST_REASON = "Unknown"
 """Exit code and reason of the containers of a lost agent (containerd's for a task it lost)."""
-
-
-def remove_console_log(console_dir: str, sandbox_id: str) -> None:
-    """Remove the console log of a sandbox being forgotten (none without a ``console_dir``)."""
-    if console_dir and validation.is_id(sandbox_id):
-        (Path(console_dir) / f"{sandbox_id}.log").unlink(missing_ok=True)
 
 
 class Reconciler(SandboxPart):
@@ -257,11 +252,12 @@ class Reconciler(SandboxPart):
             self._turn_notready(record, "lost", why, reason=LOST_REASON, message=message, exit_code=LOST_EXIT_CODE)
         log.warning(
             "sandbox %s of pod %s/%s is NOTREADY: its guest agent was lost: %s (its resources stay held until "
-            "StopPodSandbox)",
+            "StopPodSandbox)%s",
             sandbox_id[:12],
             record.meta.namespace,
             record.meta.name,
             why,
+            console_tail(console_path(self.config.console_dir, sandbox_id)),
         )
         return True
 

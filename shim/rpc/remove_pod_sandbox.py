@@ -20,9 +20,9 @@ record             its row and its containers' rows deleted, its name free for a
 from __future__ import annotations
 
 from shim import rpc
+from shim.console_logs import remove_console_log
 from shim.model import RemovePodSandbox
 from shim.pods import Pods
-from shim.reconcile import remove_console_log
 from shim.rpc.stop_pod_sandbox import STOP_STEPS, find, stop_steps
 
 RPC = "RemovePodSandbox"

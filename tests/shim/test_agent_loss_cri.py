@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import pytest
@@ -208,3 +209,17 @@ def test_a_lost_agent_reported_twice_or_for_a_removed_sandbox_changes_nothing(se
     assert server.sandboxes.reconciler.agent_lost(SANDBOX, "second") is False
     assert server.sandboxes.records.get(SANDBOX).guest["lost"] == "first"
     assert server.sandboxes.reconciler.agent_lost("f" * 64, "gone") is False
+
+
+def test_a_lost_agent_is_logged_with_the_last_lines_of_its_guest_console(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Why the agent started over is in the guest's console (its init logs the agent's exit)."""
+    console_dir = tmp_path / "console"
+    console_dir.mkdir()
+    (console_dir / f"{SANDBOX}.log").write_bytes(b"booted\nvmsandbox-init: agent stopped (status 2), restarting\n")
+    reconciler = server.sandboxes.reconciler
+    monkeypatch.setattr(reconciler, "config", replace(reconciler.config, console_dir=str(console_dir)))
+    with caplog.at_level("WARNING", logger="shim.reconcile"):
+        assert reconciler.agent_lost(SANDBOX, "it started over") is True
+    assert "last console lines: booted | vmsandbox-init: agent stopped (status 2), restarting" in caplog.text

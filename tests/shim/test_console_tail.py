@@ -7,7 +7,7 @@ import os
 import tracemalloc
 from pathlib import Path
 
-from shim.boot import console_tail
+from shim.console_logs import console_tail
 
 
 def test_only_the_tail_of_a_huge_console_is_read(tmp_path: Path) -> None:
