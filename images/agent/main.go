@@ -121,12 +121,34 @@ func watchHost(f *os.File) <-chan os.Signal {
 }
 
 func (p *port) send(obj map[string]interface{}) {
-	p.sendIf(nil, obj)
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	p.writeLocked(obj)
 }
 
-// sendIf writes obj unless cond, asked while holding the write lock, says no: a hello must not
-// follow a response to a host that has acked us (it would tell the host the agent started over).
-func (p *port) sendIf(cond func() bool, obj map[string]interface{}) {
+// helloBuilt, when set (tests), runs after sendHello built its hello, before writing it.
+var helloBuilt func()
+
+// sendHello writes a hello unless a host has acked us, and builds it only then, under the write
+// lock: a hello must not follow a response to a host that has acked us (it would tell the host the
+// agent started over), nor carry an instance older than a response written before it. A hello
+// built before the lock (as a restored guest's greeter did, slowly, while a personalize request
+// gave the agent its new instance and its host went away) reached the next host with the
+// snapshot's instance, which it took for an agent that had started over.
+func (p *port) sendHello() {
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	if p.isAcked() {
+		return
+	}
+	hello := helloMessage()
+	if helloBuilt != nil {
+		helloBuilt()
+	}
+	p.writeLocked(hello)
+}
+
+func (p *port) writeLocked(obj map[string]interface{}) {
 	obj["v"] = protocolVersion
 	b, err := json.Marshal(obj)
 	if err != nil {
@@ -134,11 +156,6 @@ func (p *port) sendIf(cond func() bool, obj map[string]interface{}) {
 		return
 	}
 	b = append(b, '\n')
-	p.wmu.Lock()
-	defer p.wmu.Unlock()
-	if cond != nil && !cond() {
-		return
-	}
 	if _, err := p.f.Write(b); err != nil {
 		logf("write to the channel failed: %v", err)
 	}
@@ -238,7 +255,7 @@ func (p *port) greet() {
 			<-p.unacked
 			continue
 		}
-		p.sendIf(func() bool { return !p.isAcked() }, helloMessage())
+		p.sendHello()
 		time.Sleep(time.Second)
 	}
 }
