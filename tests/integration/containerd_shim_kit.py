@@ -59,6 +59,14 @@ class Env:
         """crictl on containerd's socket."""
         return self.crictl_on(self.ctd.endpoint, *args, check=check)
 
+    def until_listening(self, endpoint: str, cid: str, port: int, timeout_s: float = 90) -> None:
+        """Wait until container ``cid`` has a socket listening on ``port`` (its /proc/net/tcp or
+        tcp6, read with crictl exec on ``endpoint``)."""
+        deadline = time.monotonic() + timeout_s
+        while not listening(self.crictl_on(endpoint, "exec", cid, "sh", "-c", "cat /proc/net/tcp*").stdout, port):
+            assert time.monotonic() < deadline, f"container {cid[:12]} never listened on {port}"
+            time.sleep(0.5)
+
     def write(self, name: str, doc: dict[str, object]) -> str:
         path = self.tmp / name
         path.write_text(json.dumps(doc))

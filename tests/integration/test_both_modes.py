@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 from gen.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.containerd_shim_kit import Env, container_config, listening, pod_config, shim_mode
+from tests.integration.containerd_shim_kit import Env, container_config, pod_config, shim_mode
 from tests.ports import quiet_port
 from tests.shim_kit import state_domains
 
@@ -157,7 +157,7 @@ def test_port_forward_reaches_a_server_in_the_guest(env: Env, mode: Mode) -> Non
     cid = run.container(sid, pod, "server", ["/bin/sh", "-c", script])
     run("start", cid)
     # the first connection a port-forward cannot make ends crictl's forwarding: the server listens first
-    run.until(lambda: listening(run("exec", cid, "sh", "-c", "cat /proc/net/tcp*"), 8080), timeout_s=90)
+    env.until_listening(mode.endpoint(env), cid, 8080)
     local = quiet_port()
     forward = subprocess.Popen(
         [env.crictl_bin, "--runtime-endpoint", mode.endpoint(env), "port-forward", sid, f"{local}:8080"],

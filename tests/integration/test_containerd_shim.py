@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gen.cri.runtime.v1 import api_pb2 as pb
-from tests.integration.containerd_shim_kit import Env, container_config, listening, pod_config, shim_mode
+from tests.integration.containerd_shim_kit import Env, container_config, pod_config, shim_mode
 from tests.integration.downstream_kit import pause_image
 from tests.ports import answer_when_listening, quiet_port
 from tests.shim_kit import start_shim, state_domains, stop_shim
@@ -319,10 +319,7 @@ def test_port_forward_through_containerd_reaches_the_guest_and_goes_with_the_pod
     cid = env.crictl("create", sid, ctr, pod).stdout.strip()
     env.crictl("start", cid)
     # the first connection a port-forward cannot make ends crictl's forwarding: the server listens first
-    deadline = time.monotonic() + 90
-    while not listening(env.crictl("exec", cid, "sh", "-c", "cat /proc/net/tcp*").stdout, 8080):
-        assert time.monotonic() < deadline, "the container's server never listened on 8080"
-        time.sleep(0.5)
+    env.until_listening(env.ctd.endpoint, cid, 8080)
     record = json.loads((env.shim.state_dir / "network" / f"{sid}.json").read_text())
     ns_fd = os.open(record["netns"], os.O_RDONLY | os.O_CLOEXEC)  # the namespace, even once containerd drops it
     try:
